@@ -1,0 +1,1 @@
+"""The bookie: the storage server of bookkeeper-aio."""

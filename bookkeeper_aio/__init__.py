@@ -1,0 +1,1 @@
+"""bookkeeper-aio: asyncio-native BookKeeper client."""

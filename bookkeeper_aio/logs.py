@@ -1,0 +1,46 @@
+"""structlog set up once per process: console lines on a TTY, JSON lines otherwise.
+
+Every process (bookie, CLI, sandbox, benchmarks) calls :func:`configure_logging` once at start.
+Libraries only call ``structlog.get_logger(__name__)`` and bind identifiers as fields
+(``log.info("ensemble.changed", ledger_id=..., bookie=...)``); nothing per entry at INFO.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import structlog
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def configure_logging(level: str | None = None, json: bool | None = None, stream: Any = None) -> None:
+    """Configure structlog for this process.
+
+    ``level`` defaults to ``$BKAIO_LOG_LEVEL`` or ``info``; ``json`` defaults to "stream is not a
+    TTY" (``$BKAIO_LOG_FORMAT=json|console`` overrides).
+    """
+    out = stream if stream is not None else sys.stderr
+    name = (level or os.environ.get("BKAIO_LOG_LEVEL") or "info").lower()
+    if name not in _LEVELS:
+        raise ValueError(f"log level {name!r}: use one of {', '.join(_LEVELS)}")
+    if json is None:
+        fmt = os.environ.get("BKAIO_LOG_FORMAT", "")
+        json = fmt == "json" or (fmt != "console" and not out.isatty())
+    renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[name]),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
+        cache_logger_on_first_use=True,
+    )

@@ -1,0 +1,118 @@
+"""Entry bytes as stored on bookies and verified by readers.
+
+An entry body is::
+
+    header  = ledger_id:i64 | entry_id:i64 | lac:i64 | length:i64     (32 bytes, big-endian)
+    digest  = over header + payload: CRC32C (4 bytes) | HMAC-SHA256 (32 bytes) | none (0 bytes)
+    payload = the application's bytes
+
+``lac`` is the writer's last-add-confirmed when the entry was sent (piggybacked), ``length`` the
+ledger's cumulative payload length up to and including this entry. The bookie treats the body as
+opaque except for the header (:func:`peek_header`); only readers verify the digest, and a body that
+fails verification is never handed to an application.
+
+Keys derive from the ledger password with domain separation: the *master key* (sent with adds and
+fences, stored hashed in metadata, checked by bookies) and the *MAC key* (HMAC digests) differ, so
+knowing one does not give the other.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import struct
+from typing import NamedTuple
+
+import crc32c
+
+from bookkeeper_aio.protocol.errors import DigestMismatch, ProtocolError
+
+HEADER = struct.Struct(">qqqq")
+HEADER_BYTES = HEADER.size
+_CRC = struct.Struct(">I")
+
+
+class DigestType(enum.StrEnum):
+    CRC32C = "crc32c"
+    HMAC_SHA256 = "hmac-sha256"
+    NONE = "none"
+
+
+DIGEST_BYTES = {DigestType.CRC32C: 4, DigestType.HMAC_SHA256: 32, DigestType.NONE: 0}
+
+
+class EntryHeader(NamedTuple):
+    ledger_id: int
+    entry_id: int
+    lac: int
+    length: int
+
+
+class Entry(NamedTuple):
+    ledger_id: int
+    entry_id: int
+    lac: int
+    length: int
+    payload: bytes
+
+
+def master_key(password: bytes) -> bytes:
+    """The key a ledger's bookies check on every add and fence (32 bytes)."""
+    return hashlib.sha256(b"bookkeeper-aio/master-key\x00" + password).digest()
+
+
+def _mac_key(password: bytes) -> bytes:
+    return hashlib.sha256(b"bookkeeper-aio/mac-key\x00" + password).digest()
+
+
+def peek_header(body: bytes | memoryview) -> EntryHeader:
+    """The header of an entry body, without checking the digest (what a bookie needs)."""
+    if len(body) < HEADER_BYTES:
+        raise ProtocolError(f"entry body of {len(body)} bytes is shorter than its {HEADER_BYTES}-byte header")
+    return EntryHeader._make(HEADER.unpack_from(body, 0))
+
+
+class EntryCodec:
+    """Encodes and verifies entry bodies for one ledger's digest type and password."""
+
+    __slots__ = ("_mac_key", "digest_bytes", "digest_type")
+
+    def __init__(self, digest_type: DigestType | str, password: bytes = b"") -> None:
+        self.digest_type = DigestType(digest_type)
+        self.digest_bytes = DIGEST_BYTES[self.digest_type]
+        self._mac_key = _mac_key(password)
+
+    def _digest(self, header: bytes, payload: bytes | memoryview) -> bytes:
+        if self.digest_type is DigestType.CRC32C:
+            return _CRC.pack(crc32c.crc32c(payload, crc32c.crc32c(header)))
+        if self.digest_type is DigestType.HMAC_SHA256:
+            mac = hmac.new(self._mac_key, header, hashlib.sha256)
+            mac.update(payload)
+            return mac.digest()
+        return b""
+
+    def encode(self, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
+        header = HEADER.pack(ledger_id, entry_id, lac, length)
+        return b"".join((header, self._digest(header, payload), payload))
+
+    def decode(self, body: bytes, ledger_id: int, entry_id: int) -> Entry:
+        """Verify ``body`` is entry ``entry_id`` of ``ledger_id`` and return it.
+
+        Raises :class:`DigestMismatch` for a corrupt body, a wrong digest or the wrong ids.
+        """
+        start = HEADER_BYTES + self.digest_bytes
+        if len(body) < start:
+            raise DigestMismatch(f"entry {ledger_id}:{entry_id}: body of {len(body)} bytes is truncated")
+        view = memoryview(body)
+        header = bytes(view[:HEADER_BYTES])
+        payload = view[start:]
+        expected = self._digest(header, payload)
+        if not hmac.compare_digest(expected, view[HEADER_BYTES:start]):
+            raise DigestMismatch(f"entry {ledger_id}:{entry_id}: digest mismatch ({self.digest_type})")
+        got = EntryHeader._make(HEADER.unpack(header))
+        if got.ledger_id != ledger_id or got.entry_id != entry_id:
+            raise DigestMismatch(
+                f"asked for entry {ledger_id}:{entry_id}, body is {got.ledger_id}:{got.entry_id}"
+            )
+        return Entry(got.ledger_id, got.entry_id, got.lac, got.length, bytes(payload))

@@ -1,0 +1,1 @@
+"""Metadata: ledger metadata, bookie registration and id generation on a versioned CAS store."""

@@ -1,0 +1,187 @@
+"""The wire codec: round trips, byte-at-a-time framing, and hostile bytes that must only ever raise
+ProtocolError (never anything else, never a hang or a big allocation)."""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import FRAME_BYTES_MAX, ID_MAX, OpCode, StatusCode
+from bookkeeper_aio.protocol.errors import FrameTooLarge, ProtocolError
+from bookkeeper_aio.protocol.framing import FrameDecoder, encode_frame
+
+ids = st.integers(0, ID_MAX)
+rids = st.integers(0, (1 << 64) - 1)
+lacs = st.integers(-1, ID_MAX)
+keys = st.binary(max_size=64)
+
+requests = st.one_of(
+    st.builds(m.HelloRequest, rids, st.integers(0, 0xFFFF), st.text(max_size=50)),
+    st.builds(m.AddEntryRequest, rids, ids, ids, st.integers(0, 1), keys, st.binary(max_size=2000)),
+    st.builds(
+        m.ReadEntryRequest, rids, ids, lacs, st.integers(0, 7), st.none() | keys, lacs, st.integers(0, 60000)
+    ),
+    st.builds(m.ReadLacRequest, rids, ids),
+    st.builds(m.WriteLacRequest, rids, ids, keys, lacs),
+    st.builds(m.ForceLedgerRequest, rids, ids, keys),
+    st.builds(
+        m.BatchReadRequest,
+        rids,
+        ids,
+        ids,
+        st.integers(1, 10000),
+        st.integers(1, FRAME_BYTES_MAX),
+        st.integers(0, 1),
+        st.none() | keys,
+    ),
+    st.builds(m.GetBookieInfoRequest, rids),
+    st.builds(m.GetListOfEntriesRequest, rids, ids),
+)
+ok = st.just(0)
+responses = st.one_of(
+    st.builds(
+        m.HelloResponse, rids, ok, st.none(), st.integers(0, 9), st.text(max_size=30), st.integers(1, 100)
+    ),
+    st.builds(m.AddEntryResponse, rids, ok, st.none(), ids, ids),
+    st.builds(m.ReadEntryResponse, rids, ok, st.none(), ids, lacs, st.none() | st.binary(max_size=500), lacs),
+    st.builds(m.ReadLacResponse, rids, ok, st.none(), ids, lacs),
+    st.builds(m.WriteLacResponse, rids, ok, st.none(), ids),
+    st.builds(m.ForceLedgerResponse, rids, ok, st.none(), ids),
+    st.builds(
+        m.BatchReadResponse, rids, ok, st.none(), ids, ids, st.lists(st.binary(max_size=50), max_size=5), lacs
+    ),
+    st.builds(
+        m.GetBookieInfoResponse,
+        rids,
+        ok,
+        st.none(),
+        st.dictionaries(st.text(max_size=10), st.integers(0, 2**40) | st.text(max_size=10), max_size=5),
+    ),
+    st.builds(
+        m.GetListOfEntriesResponse,
+        rids,
+        ok,
+        st.none(),
+        ids,
+        st.lists(st.tuples(st.integers(0, 100), st.integers(0, 100)).map(lambda t: sorted(t)), max_size=5),
+    ),
+)
+
+
+@given(requests)
+def test_request_round_trip(msg: m.Request) -> None:
+    frame = m.encode(msg)
+    assert m.decode_request(frame[4:]) == msg
+
+
+@given(responses)
+def test_response_round_trip(msg: m.Response) -> None:
+    assert m.decode_response(m.encode(msg)[4:]) == msg
+
+
+@given(st.binary(max_size=300))
+@settings(max_examples=2000)
+def test_arbitrary_bytes_raise_only_protocol_error(data: bytes) -> None:
+    for decode in (m.decode_request, m.decode_response):
+        with contextlib.suppress(ProtocolError):
+            decode(data)
+
+
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=5), st.integers(1, 50))
+def test_framing_whole_and_byte_at_a_time(bodies: list[bytes], chunk: int) -> None:
+    stream = b"".join(encode_frame(b) for b in bodies)
+    for step in (len(stream), 1, chunk):
+        decoder = FrameDecoder()
+        got = []
+        for i in range(0, len(stream), step):
+            decoder.feed(stream[i : i + step])
+            while (frame := decoder.next_frame()) is not None:
+                got.append(frame)
+        assert got == bodies
+        assert decoder.buffered_bytes == 0
+
+
+def test_oversized_frame_refused_before_buffering() -> None:
+    decoder = FrameDecoder(frame_bytes_max=1000)
+    decoder.feed(struct.pack(">I", 1001))
+    with pytest.raises(FrameTooLarge):
+        decoder.next_frame()
+    decoder = FrameDecoder()
+    decoder.feed(struct.pack(">I", 0xFFFFFFFF) + b"x")
+    with pytest.raises(FrameTooLarge):
+        decoder.next_frame()
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b"\xdd\xff\xff\xff\xff", "array bomb"),
+        (b"\xdf\xff\xff\xff\xff", "map bomb"),
+        (b"\xdb\xff\xff\xff\xff", "str bomb"),
+        (b"\xc6\xff\xff\xff\xff", "bin bomb"),
+        (b"\x91" * 5000 + b"\xc0", "deep nesting"),
+        (b"\xc1", "reserved byte"),
+        (b"\x93\x01\x02", "truncated array"),
+        (msgpack.packb([1, 2, 3]) + b"\x00", "trailing bytes"),
+        (msgpack.packb({"op": 1}), "map instead of array"),
+        (msgpack.packb([99, 1]), "unknown op"),
+        (msgpack.packb([True, 1]), "bool op"),
+        (msgpack.packb([1, -1]), "negative request id"),
+        (msgpack.packb([1, 1, -5, 0, 0, b"k", b"b"]), "negative ledger id"),
+        (msgpack.packb([1, 1, 1 << 63, 0, 0, b"k", b"b"]), "ledger id 2^63"),
+        (msgpack.packb([1, 1, 2, 3, 0, "key", b"b"]), "str instead of bin"),
+        (msgpack.packb([1, 1, 2, 3, 0, b"k" * 65, b"b"]), "oversized key"),
+        (msgpack.packb([1, 1, 2, 3, True, b"k", b"b"]), "bool flags"),
+        (msgpack.packb([1, 1, 2, 3]), "missing fields"),
+        (msgpack.packb([2, 1, 2, -2, 0, None, -1, 0]), "entry id -2"),
+        (msgpack.packb([2, 1, 2, 0, 4, None, -1, 10**9]), "long poll timeout too large"),
+        (b"\xd6\xff\x00\x00\x00\x01", "timestamp ext"),
+    ],
+)
+def test_hostile_request_is_protocol_error(raw: bytes, why: str) -> None:
+    with pytest.raises(ProtocolError):
+        m.decode_request(raw)
+
+
+def test_bad_field_error_carries_request_id_and_op() -> None:
+    with pytest.raises(ProtocolError) as info:
+        m.decode_request(msgpack.packb([1, 77, 2, 3, 0, "key", b"b"]))
+    assert info.value.request_id == 77
+    assert info.value.op == OpCode.ADD_ENTRY
+
+
+def test_unknown_op_error_carries_request_id() -> None:
+    with pytest.raises(ProtocolError) as info:
+        m.decode_request(msgpack.packb([42, 9]))
+    assert (info.value.request_id, info.value.op) == (9, 42)
+
+
+def test_error_response_may_stop_after_message() -> None:
+    frame = m.encode_error(OpCode.READ_ENTRY, 5, StatusCode.ENOLEDGER, "no such ledger 3")
+    resp = m.decode_response(frame[4:])
+    assert isinstance(resp, m.ReadEntryResponse)
+    assert (resp.request_id, resp.status, resp.message, resp.body) == (5, 402, "no such ledger 3", None)
+
+
+def test_ok_response_needs_all_fields() -> None:
+    with pytest.raises(ProtocolError):
+        m.decode_response(msgpack.packb([int(OpCode.ADD_ENTRY), 5, 0, None]))
+
+
+def test_trailing_fields_are_ignored_for_evolution() -> None:
+    raw = msgpack.packb([int(OpCode.READ_LAC), 3, 10, "future field"])
+    assert m.decode_request(raw) == m.ReadLacRequest(3, 10)
+
+
+def test_fast_path_and_generic_path_agree_on_rejections() -> None:
+    # rejected by the fast path (wrong arity) but fine for the generic one: trailing field
+    raw = msgpack.packb([1, 1, 2, 3, 0, b"k", b"body", "extra"])
+    assert m.decode_request(raw) == m.AddEntryRequest(1, 2, 3, 0, b"k", b"body")
+    with pytest.raises(ProtocolError):
+        m.decode_response(msgpack.packb([1, 1, 0, None, 2, -3]))

@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from bookkeeper_aio import errors
+from bookkeeper_aio.protocol.codes import StatusCode
+
+
+def test_every_error_status_maps_to_one_class() -> None:
+    seen = set()
+    for status in StatusCode:
+        if status is StatusCode.EOK:
+            continue
+        exc = errors.error_for_status(status)
+        assert isinstance(exc, errors.BKError)
+        assert exc.code == status
+        seen.add(type(exc))
+    assert len(seen) == len(StatusCode) - 1
+
+
+def test_unknown_status_is_bad_request_not_crash() -> None:
+    assert isinstance(errors.error_for_status(999, "x"), errors.BadRequest)
+
+
+def test_fenced_is_not_retriable_and_io_is() -> None:
+    assert not errors.LedgerFenced.retriable
+    assert errors.BookieIOError.retriable
