@@ -1,0 +1,51 @@
+"""The data directory guard: a cookie names the bookie a data directory belongs to.
+
+``<data-dir>/COOKIE`` (JSON: bookie_id, instance_id, layout_version) is written atomically the first
+time a bookie starts on an empty directory. A later start with another bookie id, or on a directory
+that holds a journal but no cookie (copied or half-wiped), refuses: serving another bookie's data
+under our name would make the cluster believe entries are where they are not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+from bookie.fileio import FileIO
+
+COOKIE_FILE = "COOKIE"
+LAYOUT_VERSION = 1
+
+
+class CookieMismatch(Exception):
+    """The data directory belongs to another bookie or is in an unknown state."""
+
+
+def ensure_cookie(fileio: FileIO, data_dir: str, bookie_id: str, has_data: bool) -> str:
+    """Check or create the cookie; returns the instance id. Raises :class:`CookieMismatch`."""
+    path = os.path.join(data_dir, COOKIE_FILE)
+    if not fileio.exists(path):
+        if has_data:
+            raise CookieMismatch(
+                f"data dir {data_dir} holds a journal but no {COOKIE_FILE}: refusing to adopt it "
+                "(restore the cookie, or wipe the directory if its data is truly unwanted)"
+            )
+        instance_id = uuid.uuid4().hex
+        body = {"bookie_id": bookie_id, "instance_id": instance_id, "layout_version": LAYOUT_VERSION}
+        fileio.write_file_atomic(path, json.dumps(body, sort_keys=True).encode())
+        return instance_id
+    try:
+        cookie = json.loads(fileio.read_file(path))
+        found, instance_id, layout = cookie["bookie_id"], cookie["instance_id"], cookie["layout_version"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CookieMismatch(f"{path} is unreadable: {exc}") from exc
+    if found != bookie_id:
+        raise CookieMismatch(
+            f"data dir {data_dir} belongs to bookie {found!r}, not {bookie_id!r}: refusing to start"
+        )
+    if layout != LAYOUT_VERSION:
+        raise CookieMismatch(
+            f"data dir {data_dir} has layout version {layout}, this bookie reads {LAYOUT_VERSION}"
+        )
+    return str(instance_id)

@@ -1,0 +1,146 @@
+"""The only door from the bookie to the disk.
+
+Every byte the bookie persists or reads back goes through a :class:`FileIO`: the journal's hot path
+(append, fdatasync), cold paths (index checkpoints and the cookie: write a temp file, fsync, rename,
+fsync the directory) and reads (pread). Production uses :class:`OsFileIO`; tests pass a twin that
+injects faults at this seam (DESIGN §8). The named failpoints of the durability steps are hit here
+(DESIGN §9), so enabling ``journal.write=partial:100`` tears a journal write exactly as a crash would.
+
+Everything here blocks: callers run it on the journal's writer thread or a cold-path executor,
+never on the event loop (the one exception is startup, before the server accepts anything).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+
+from bookkeeper_aio import failpoints
+
+
+class FileIO:
+    """Blocking file operations on file descriptors; subclass to inject faults."""
+
+    def open_append(self, path: str) -> int:
+        """Open (creating if needed) ``path`` for positional writes."""
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    def open_read(self, path: str) -> int:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def preallocate(self, fd: int, length: int) -> None:
+        """Reserve ``length`` bytes so appends do not grow the file's metadata on every sync."""
+        try:
+            os.posix_fallocate(fd, 0, length)
+        except OSError as exc:  # filesystems without fallocate (tmpfs on old kernels) still work
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+
+    def journal_write(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        """Write all of ``data`` at ``offset`` (failpoint ``journal.write``, may tear the write)."""
+        partial = failpoints.hit(failpoints.JOURNAL_WRITE, len(data))
+        if partial is not None:
+            self._pwrite_all(fd, memoryview(data)[:partial], offset)
+            failpoints.die()
+        self._pwrite_all(fd, data, offset)
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        self._pwrite_all(fd, data, offset)
+
+    @staticmethod
+    def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view = view[written:]
+            offset += written
+
+    def journal_sync(self, fd: int) -> None:
+        """fdatasync for the journal (failpoints before and after the sync)."""
+        failpoints.hit(failpoints.JOURNAL_BEFORE_SYNC)
+        os.fdatasync(fd)
+        failpoints.hit(failpoints.JOURNAL_AFTER_SYNC)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        """Exactly ``length`` bytes at ``offset``; raises ``OSError(EIO)`` on a short read."""
+        data = os.pread(fd, length, offset)
+        if len(data) != length:
+            raise OSError(errno.EIO, f"short read: {len(data)} of {length} bytes at offset {offset}")
+        return data
+
+    def size(self, fd: int) -> int:
+        return os.fstat(fd).st_size
+
+    def truncate(self, fd: int, length: int) -> None:
+        os.ftruncate(fd, length)
+
+    def read_file(self, path: str) -> bytes:
+        with open(path, "rb") as handle:
+            return handle.read()
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def remove(self, path: str) -> None:
+        os.remove(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        failpoints.hit(failpoints.RENAME)
+        os.rename(src, dst)
+
+    def fsync_dir(self, path: str) -> None:
+        """Make a directory's entries (a new or renamed file) durable."""
+        failpoints.hit(failpoints.DIR_FSYNC)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def write_file_atomic(self, path: str, data: bytes, failpoint: str | None = None) -> None:
+        """Replace ``path`` with ``data`` so that a crash leaves the old or the new file, whole.
+
+        Temp file, write, fsync, rename over ``path``, fsync the directory. ``failpoint`` (e.g.
+        ``index.checkpoint``) is hit after the temp file is durable and before the rename.
+        """
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            self._pwrite_all(fd, data, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if failpoint is not None:
+            failpoints.hit(failpoint)
+        self.rename(tmp, path)
+        self.fsync_dir(os.path.dirname(path) or ".")
+
+    def lock_dir(self, path: str) -> int:
+        """Take an exclusive lock on ``path``/LOCK for this process's lifetime; returns the fd.
+
+        Raises ``BlockingIOError`` when another process holds it.
+        """
+        fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+OS_FILE_IO = FileIO()
+"""The real disk; the default everywhere."""

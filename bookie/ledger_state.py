@@ -1,0 +1,126 @@
+"""Per-ledger state on a bookie: master key, fence bit, LAC, the index, long-poll waiters.
+
+LAC = max(piggybacked LAC of durable entries, explicit LAC from WRITE_LAC). Long-poll readers wait
+for the LAC to pass their ``previous_lac``; they are woken on advance, on fence, or at their timeout.
+Waiters per ledger are bounded (:data:`LONG_POLL_WAITERS_PER_LEDGER_MAX`): each holds a timer and a
+pending request, and a flood of tailers must get ETOOMANYREQUESTS, not unbounded memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable
+
+from bookie.index import LedgerIndex
+
+LONG_POLL_WAITERS_PER_LEDGER_MAX = 1024
+"""Tailing readers per ledger per bookie; BookKeeper deployments see a handful, 1024 is generous."""
+
+
+class WakeReason(enum.Enum):
+    ADVANCED = "advanced"
+    FENCED = "fenced"
+    TIMEOUT = "timeout"
+
+
+class Waiter:
+    """One long-poll read parked on a ledger; ``cancel()`` when its connection goes away."""
+
+    __slots__ = ("_callback", "_ledger", "_timer", "previous_lac")
+
+    def __init__(
+        self, ledger: LedgerState, previous_lac: int, callback: Callable[[WakeReason], None]
+    ) -> None:
+        self._ledger: LedgerState | None = ledger
+        self.previous_lac = previous_lac
+        self._callback = callback
+        self._timer: asyncio.TimerHandle | None = None
+
+    def fire(self, reason: WakeReason) -> None:
+        if self._ledger is None:
+            return
+        self._detach()
+        self._callback(reason)
+
+    def cancel(self) -> None:
+        self._detach()
+
+    def _detach(self) -> None:
+        if self._ledger is not None:
+            self._ledger.waiters.discard(self)
+            self._ledger = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class LedgerState:
+    __slots__ = (
+        "explicit_lac",
+        "fence_durable",
+        "fenced",
+        "index",
+        "lac_body",
+        "ledger_id",
+        "master_key",
+        "piggyback_lac",
+        "waiters",
+    )
+
+    def __init__(self, ledger_id: int) -> None:
+        self.ledger_id = ledger_id
+        self.master_key: bytes | None = None
+        self.fenced = False
+        self.fence_durable = False
+        self.piggyback_lac = -1
+        self.explicit_lac = -1
+        self.lac_body = b""
+        self.index = LedgerIndex()
+        self.waiters: set[Waiter] = set()
+
+    @property
+    def lac(self) -> int:
+        return max(self.piggyback_lac, self.explicit_lac)
+
+    def advance_piggyback(self, lac: int) -> None:
+        if lac > self.piggyback_lac:
+            before = self.lac
+            self.piggyback_lac = lac
+            if self.waiters and self.lac > before:
+                self._wake_advanced()
+
+    def advance_explicit(self, lac: int, body: bytes) -> None:
+        if lac > self.explicit_lac:
+            before = self.lac
+            self.explicit_lac = lac
+            self.lac_body = body
+            if self.waiters and self.lac > before:
+                self._wake_advanced()
+
+    def set_fenced(self) -> None:
+        """Fence in memory (adds are refused from now on) and wake every waiter."""
+        self.fenced = True
+        for waiter in list(self.waiters):
+            waiter.fire(WakeReason.FENCED)
+
+    def _wake_advanced(self) -> None:
+        lac = self.lac
+        for waiter in list(self.waiters):
+            if waiter.previous_lac < lac:
+                waiter.fire(WakeReason.ADVANCED)
+
+    def add_waiter(
+        self,
+        previous_lac: int,
+        timeout_s: float,
+        callback: Callable[[WakeReason], None],
+        loop: asyncio.AbstractEventLoop,
+    ) -> Waiter | None:
+        """Park a long poll; None when this ledger already has the maximum number of waiters."""
+        if len(self.waiters) >= LONG_POLL_WAITERS_PER_LEDGER_MAX:
+            return None
+        waiter = Waiter(self, previous_lac, callback)
+        waiter._timer = loop.call_later(timeout_s, waiter.fire, WakeReason.TIMEOUT)
+        self.waiters.add(waiter)
+        return waiter

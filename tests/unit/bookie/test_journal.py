@@ -1,0 +1,151 @@
+"""Journal group commit: durability before callbacks, ordering, grouping, rolls, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from bookie import journal_format as fmt
+from bookie.journal import Journal, JournalConfig, JournalError, Position
+
+from .fakes import FaultyFileIO
+
+SMALL = JournalConfig(segment_bytes=64 * 1024, record_bytes_max=4096)
+
+
+def _record(i: int, size: int = 100) -> tuple[bytes, ...]:
+    return fmt.encode_entry_parts(1, i, bytes([i % 256]) * size)
+
+
+def _read_all(directory: Path) -> list[tuple[int, int]]:
+    out = []
+    for name in sorted(os.listdir(directory)):
+        segment_id = fmt.parse_segment_name(name)
+        assert segment_id is not None
+        data = (directory / name).read_bytes()
+        if not fmt.check_segment_header(data, segment_id):
+            continue
+        scan = fmt.scan(data, fmt.SEGMENT_HEADER_BYTES)
+        assert scan.tail is fmt.Tail.CLEAN
+        out += [fmt.parse_ledger_entry(r.body) for r in scan.records]
+    return out
+
+
+async def test_callbacks_fire_after_sync_in_order_on_the_loop(tmp_path: Path) -> None:
+    fileio = FaultyFileIO()
+    fileio.sync_gate = threading.Event()
+    journal = Journal(fileio, str(tmp_path), Position(1, fmt.SEGMENT_HEADER_BYTES), SMALL)
+    done: list[int] = []
+    loop_thread = threading.current_thread()
+
+    def callback(i: int) -> object:
+        def cb(error: BaseException | None) -> None:
+            assert error is None
+            assert threading.current_thread() is loop_thread
+            done.append(i)
+
+        return cb
+
+    for i in range(10):
+        journal.append(_record(i), callback(i))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    assert done == []  # the sync has not returned: nothing may be acknowledged
+    fileio.sync_gate.set()
+    await journal.close()
+    assert done == list(range(10))
+    assert fileio.sync_threads == {next(iter(fileio.sync_threads))}
+    assert next(iter(fileio.sync_threads)).startswith("journal-writer")
+    assert _read_all(tmp_path) == [(1, i) for i in range(10)]
+
+
+async def test_records_gather_while_a_sync_is_in_flight(tmp_path: Path) -> None:
+    fileio = FaultyFileIO()
+    fileio.sync_gate = threading.Event()
+    journal = Journal(fileio, str(tmp_path), Position(1, fmt.SEGMENT_HEADER_BYTES), SMALL)
+    journal.append(_record(0), None)
+    await asyncio.sleep(0.02)  # group 1 is now blocked in its sync
+    for i in range(1, 50):
+        journal.append(_record(i), None)
+    fileio.sync_gate.set()
+    await journal.close()
+    assert journal.groups_written == 2
+    assert _read_all(tmp_path) == [(1, i) for i in range(50)]
+
+
+async def test_segments_roll_and_replay_in_order(tmp_path: Path) -> None:
+    journal = Journal(FaultyFileIO(), str(tmp_path), Position(1, fmt.SEGMENT_HEADER_BYTES), SMALL)
+    positions = [journal.append(_record(i, 3000), None) for i in range(100)]
+    await journal.close()
+    assert len({p.segment_id for p in positions}) > 3
+    assert _read_all(tmp_path) == [(1, i) for i in range(100)]
+
+
+async def test_sync_barrier_waits_for_earlier_records(tmp_path: Path) -> None:
+    journal = Journal(FaultyFileIO(), str(tmp_path), Position(1, fmt.SEGMENT_HEADER_BYTES), SMALL)
+    order: list[str] = []
+    journal.append(_record(0), lambda e: order.append("record"))
+    journal.sync(lambda e: order.append("barrier"))
+    await journal.close()
+    assert order == ["record", "barrier"]
+
+
+async def test_sync_failure_fails_callbacks_and_later_appends(tmp_path: Path) -> None:
+    fileio = FaultyFileIO()
+    fileio.fail_sync = True
+    journal = Journal(fileio, str(tmp_path), Position(1, fmt.SEGMENT_HEADER_BYTES), SMALL)
+    errors: list[BaseException | None] = []
+    journal.append(_record(0), errors.append)
+    await asyncio.sleep(0.1)
+    assert len(errors) == 1
+    assert isinstance(errors[0], JournalError)
+    with pytest.raises(JournalError):
+        journal.append(_record(1), None)
+    await journal.close()
+
+
+async def test_timed_policy_waits_then_flushes(tmp_path: Path) -> None:
+    config = JournalConfig(segment_bytes=64 * 1024, record_bytes_max=4096, group_wait_ms=30)
+    journal = Journal(FaultyFileIO(), str(tmp_path), Position(1, fmt.SEGMENT_HEADER_BYTES), config)
+    done: list[float] = []
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    journal.append(_record(0), lambda e: done.append(loop.time() - start))
+    await asyncio.sleep(0.2)
+    assert done
+    assert done[0] >= 0.025
+    await journal.close()
+
+
+async def test_pressure_signalled_over_queue_bound(tmp_path: Path) -> None:
+    fileio = FaultyFileIO()
+    fileio.sync_gate = threading.Event()
+    config = JournalConfig(segment_bytes=256 * 1024, record_bytes_max=4096, queue_bytes_max=10_000)
+    journal = Journal(fileio, str(tmp_path), Position(1, fmt.SEGMENT_HEADER_BYTES), config)
+    signals: list[bool] = []
+    journal.on_pressure = signals.append
+    journal.append(_record(0), None)
+    await asyncio.sleep(0.02)
+    for i in range(1, 200):
+        journal.append(_record(i), None)
+    assert signals == [True]
+    fileio.sync_gate.set()
+    await journal.close()
+    assert signals == [True, False]
+
+
+async def test_oversized_record_refused(tmp_path: Path) -> None:
+    journal = Journal(FaultyFileIO(), str(tmp_path), Position(1, fmt.SEGMENT_HEADER_BYTES), SMALL)
+    with pytest.raises(JournalError):
+        journal.append(_record(0, 5000), None)
+    await journal.close()
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="segment_bytes"):
+        JournalConfig(segment_bytes=1000).validate()
+    with pytest.raises(ValueError, match="group_wait_ms"):
+        JournalConfig(group_wait_ms=-1).validate()

@@ -1,0 +1,265 @@
+"""Storage: durable adds, fence, LAC, restart replay, checkpoints, torn tails, guards."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from bookie import journal_format as fmt
+from bookie.checkpoint import CheckpointCorrupt
+from bookie.cookie import CookieMismatch
+from bookie.journal import JournalConfig
+from bookie.ledger_state import LONG_POLL_WAITERS_PER_LEDGER_MAX, WakeReason
+from bookie.storage import EntryCorrupt, Fenced, NoEntry, NoLedger, Storage, StorageConfig, Unauthorized
+
+KEY = b"k" * 32
+JOURNAL = JournalConfig(segment_bytes=256 * 1024, record_bytes_max=8192)
+
+
+def body(ledger_id: int, entry_id: int, lac: int, payload: bytes = b"") -> bytes:
+    payload = payload or f"entry-{ledger_id}-{entry_id}".encode()
+    return struct.pack(">qqqq", ledger_id, entry_id, lac, len(payload)) + b"\0\0\0\0" + payload
+
+
+def config(path: Path, bookie_id: str = "bookie-1") -> StorageConfig:
+    return StorageConfig(data_dir=str(path), bookie_id=bookie_id, journal=JOURNAL, checkpoint_interval_s=3600)
+
+
+async def add(
+    storage: Storage, ledger_id: int, entry_id: int, *, recovery: bool = False, key: bytes = KEY
+) -> None:
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def done(error: BaseException | None) -> None:
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+    storage.add_entry(ledger_id, entry_id, key, body(ledger_id, entry_id, entry_id - 1), recovery, done)
+    await future
+
+
+async def durable(start: object) -> None:
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    start(lambda error: future.set_result(None) if error is None else future.set_exception(error))  # type: ignore[operator]
+    await future
+
+
+async def test_add_then_read_back(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    for i in range(20):
+        await add(storage, 1, i)
+    assert (await storage.read_entry(1, 7))[1] == body(1, 7, 6)
+    assert (await storage.read_entry(1, -1)) == (19, body(1, 19, 18))
+    assert storage.ledger(1).lac == 18
+    assert await storage.read_range(1, 5, 3, 1 << 20) == [body(1, i, i - 1) for i in (5, 6, 7)]
+    with pytest.raises(NoEntry):
+        await storage.read_entry(1, 20)
+    with pytest.raises(NoLedger):
+        await storage.read_entry(2, 0)
+    await storage.close()
+
+
+async def test_read_range_bounded_by_bytes_returns_at_least_one(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    for i in range(5):
+        await add(storage, 1, i)
+    assert len(await storage.read_range(1, 0, 100, 1)) == 1
+    assert len(await storage.read_range(1, 0, 2, 1 << 20)) == 2
+    await storage.close()
+
+
+async def test_master_key_checked(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    await add(storage, 1, 0)
+    with pytest.raises(Unauthorized):
+        await add(storage, 1, 1, key=b"x" * 32)
+    await storage.close()
+
+
+async def test_fence_rejects_adds_but_not_recovery_adds(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    await add(storage, 1, 0)
+    await durable(lambda cb: storage.fence(1, KEY, cb))
+    with pytest.raises(Fenced):
+        await add(storage, 1, 1)
+    await add(storage, 1, 1, recovery=True)
+    await durable(lambda cb: storage.fence(1, None, cb))  # idempotent
+    await storage.close()
+
+
+async def test_restart_keeps_entries_fence_key_and_lac(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    for i in range(10):
+        await add(storage, 1, i)
+    await durable(lambda cb: storage.write_lac(1, KEY, 42, b"lacbody", cb))
+    await durable(lambda cb: storage.fence(1, KEY, cb))
+    await durable(lambda cb: storage.fence(99, None, cb))  # unknown ledger: created fenced
+    storage.abort()  # no final checkpoint: state must come from replay alone
+    storage = await Storage.open(config(tmp_path))
+    state = storage.ledger(1)
+    assert state.fenced
+    assert state.lac == 42
+    assert state.lac_body == b"lacbody"
+    assert state.master_key == KEY
+    assert storage.ledger(99).fenced
+    assert [(await storage.read_entry(1, i))[1] for i in range(10)] == [body(1, i, i - 1) for i in range(10)]
+    with pytest.raises(Fenced):
+        await add(storage, 1, 10)
+    with pytest.raises(Unauthorized):
+        await add(storage, 1, 10, recovery=True, key=b"y" * 32)
+    await storage.close()
+
+
+async def test_checkpoint_then_replay_only_the_rest(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    for i in range(10):
+        await add(storage, 1, i)
+    assert await storage.checkpoint()
+    assert not await storage.checkpoint()  # nothing moved
+    for i in range(10, 15):
+        await add(storage, 1, i)
+    storage.abort()
+    storage = await Storage.open(config(tmp_path))
+    assert storage.ledger(1).index.last_entry_id == 14
+    assert (await storage.read_entry(1, 12))[1] == body(1, 12, 11)
+    await storage.close()
+    storage = await Storage.open(config(tmp_path))  # after a clean close: all from the checkpoint
+    assert len(storage.ledger(1).index) == 15
+    await storage.close()
+
+
+async def test_corrupt_checkpoint_refuses(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    await add(storage, 1, 0)
+    await storage.close()
+    path = tmp_path / "index" / "checkpoint"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorrupt):
+        await Storage.open(config(tmp_path))
+
+
+async def test_segments_roll_and_everything_replays(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    payload = b"p" * 4000
+    for i in range(200):
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        storage.add_entry(
+            1, i, KEY, body(1, i, i - 1, payload), False, lambda e, f=future: f.set_result(None)
+        )
+        await future
+    storage.abort()
+    assert len(os.listdir(tmp_path / "journal")) > 3
+    storage = await Storage.open(config(tmp_path))
+    assert [(await storage.read_entry(1, i))[1] for i in range(200)] == [
+        body(1, i, i - 1, payload) for i in range(200)
+    ]
+    await storage.close()
+
+
+def patch(path: Path, offset: int, data: bytes) -> None:
+    """Overwrite bytes in place (damage on disk)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, data, offset)
+    finally:
+        os.close(fd)
+
+
+def _journal_file(path: Path) -> Path:
+    return path / "journal" / fmt.segment_name(1)
+
+
+async def test_torn_tail_sweep_every_offset_in_last_three_records(tmp_path: Path) -> None:
+    origin = tmp_path / "origin"
+    storage = await Storage.open(config(origin))
+    for i in range(50):
+        await add(storage, 1, i)
+    ends = [loc.offset + loc.length for _, loc in storage.ledger(1).index.items()]
+    storage.abort()
+    segment = _journal_file(origin).read_bytes()
+    first_cut = ends[46]  # start of record 47
+    for cut in range(first_cut, ends[49]):
+        work = tmp_path / f"cut-{cut}"
+        shutil.copytree(origin, work)
+        os.truncate(_journal_file(work), cut)
+        assert len(segment) > cut
+        storage = await Storage.open(config(work))
+        expected = sum(1 for end in ends if end <= cut)
+        assert storage.ledger(1).index.last_entry_id == expected - 1, cut
+        await add(storage, 1, expected)  # the journal continues cleanly after the cut
+        storage.abort()
+        storage = await Storage.open(config(work))
+        assert storage.ledger(1).index.last_entry_id == expected, cut
+        storage.abort()
+        shutil.rmtree(work)
+
+
+async def test_corrupt_middle_record_refuses_to_start(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    for i in range(10):
+        await add(storage, 1, i)
+    location = storage.ledger(1).index.get(3)
+    assert location is not None
+    storage.abort()
+    patch(_journal_file(tmp_path), location.offset + 30, b"\xff\xfe")
+    with pytest.raises(fmt.JournalCorrupt, match="refusing to start"):
+        await Storage.open(config(tmp_path))
+
+
+async def test_corrupt_record_read_is_eio_not_no_entry(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    for i in range(3):
+        await add(storage, 1, i)
+    location = storage.ledger(1).index.get(1)
+    assert location is not None
+    offset = location.offset + location.length - 1
+    patch(_journal_file(tmp_path), offset, bytes([_journal_file(tmp_path).read_bytes()[offset] ^ 0xFF]))
+    with pytest.raises(EntryCorrupt):
+        await storage.read_entry(1, 1)
+    await storage.close()
+
+
+async def test_cookie_guards_the_data_dir(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    await add(storage, 1, 0)
+    with pytest.raises(BlockingIOError):
+        await Storage.open(config(tmp_path))  # the directory is locked by the running bookie
+    await storage.close()
+    with pytest.raises(CookieMismatch, match="belongs to bookie"):
+        await Storage.open(config(tmp_path, bookie_id="bookie-2"))
+    os.remove(tmp_path / "COOKIE")
+    with pytest.raises(CookieMismatch, match="no COOKIE"):
+        await Storage.open(config(tmp_path))
+
+
+async def test_long_poll_waiters_wake_on_advance_fence_and_timeout(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    loop = asyncio.get_running_loop()
+    await add(storage, 1, 0)
+    state = storage.ledger(1)
+    reasons: list[WakeReason] = []
+    state.add_waiter(-1, 5.0, reasons.append, loop)
+    state.add_waiter(0, 0.05, reasons.append, loop)
+    await add(storage, 1, 1)  # piggybacks LAC 0: wakes the waiter at -1 only
+    assert reasons == [WakeReason.ADVANCED]
+    await asyncio.sleep(0.1)
+    assert reasons == [WakeReason.ADVANCED, WakeReason.TIMEOUT]
+    state.add_waiter(5, 5.0, reasons.append, loop)
+    await durable(lambda cb: storage.fence(1, None, cb))
+    assert reasons[-1] is WakeReason.FENCED
+    assert not state.waiters
+    for _ in range(LONG_POLL_WAITERS_PER_LEDGER_MAX):
+        assert state.add_waiter(100, 5.0, reasons.append, loop) is not None
+    assert state.add_waiter(100, 5.0, reasons.append, loop) is None
+    for waiter in list(state.waiters):
+        waiter.cancel()
+    await storage.close()
