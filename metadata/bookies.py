@@ -1,0 +1,379 @@
+"""Bookie registration (lease-bound keys under writable/ and readonly/), discovery, and cookies.
+
+Keys: ``<root>/bookies/writable/<bookie id>`` or ``<root>/bookies/readonly/<bookie id>``, bound to the
+bookie's lease, value = msgpack map (`BookieInfo`). ``<root>/cookies/<bookie id>``: the bookie's
+data-directory identity (`Cookie`), created once and changed only by CAS.
+
+`BookieRegistration` owns one background task (started in ``start()``, ended in ``close()``/``abort()``)
+that keeps the lease alive every ``ttl_s / 3`` seconds and checks that the key is still ours. When the
+lease is gone (the process was paused past the TTL, or etcd lost it), it grants a new lease and
+registers again; when the store is unreachable it retries with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import types
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import msgpack
+import structlog
+
+from metadata.backoff import Backoff
+from metadata.errors import (
+    CasResultUnknown,
+    InvalidMetadata,
+    LeaseExpired,
+    MetadataError,
+    MetadataFormatError,
+    NodeExists,
+    NoNode,
+    WatchCompacted,
+)
+from metadata.keys import ClusterKeys, validate_name
+from metadata.store import EventKind, KeyValue, MetadataStore, list_all
+
+log = structlog.get_logger("metadata.bookies")
+
+BOOKIE_FORMAT_VERSION = 1
+COOKIE_FORMAT_VERSION = 1
+REGISTRATION_TTL_S_DEFAULT = 10
+VALUE_BYTES_MAX = 64 * 1024
+# How long start() waits for a previous incarnation's key (same bookie id, old lease) to expire.
+STALE_KEY_WAIT_TTLS = 2
+
+
+class BookieState(enum.Enum):
+    WRITABLE = "writable"
+    READONLY = "readonly"
+
+
+BOOKIE_TRANSITIONS: Mapping[BookieState, frozenset[BookieState]] = types.MappingProxyType(
+    {
+        BookieState.WRITABLE: frozenset({BookieState.READONLY}),
+        BookieState.READONLY: frozenset({BookieState.WRITABLE}),
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BookieInfo:
+    """What a bookie publishes about itself. ``attributes``: free-form str -> str (e.g. disk info)."""
+
+    bookie_id: str
+    host: str
+    port: int
+    state: BookieState = BookieState.WRITABLE
+    attributes: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate_name(self.bookie_id, "bookie id")
+        if not 0 < self.port < 65536:
+            raise InvalidMetadata(f"bad port {self.port} for bookie {self.bookie_id}")
+        object.__setattr__(self, "attributes", types.MappingProxyType(dict(self.attributes)))
+
+    def encode(self) -> bytes:
+        body = {
+            "format_version": BOOKIE_FORMAT_VERSION,
+            "bookie_id": self.bookie_id,
+            "host": self.host,
+            "port": self.port,
+            "state": self.state.value,
+            "attributes": dict(self.attributes),
+        }
+        return msgpack.packb(body, use_bin_type=True)
+
+    @classmethod
+    def decode(cls, key: str, data: bytes) -> BookieInfo:
+        body = _unpack_map(key, data, BOOKIE_FORMAT_VERSION)
+        attributes = _field(key, body, "attributes", dict)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()):
+            raise MetadataFormatError(key, "bookie attributes must map str -> str")
+        try:
+            return cls(
+                bookie_id=_field(key, body, "bookie_id", str),
+                host=_field(key, body, "host", str),
+                port=_field(key, body, "port", int),
+                state=BookieState(_field(key, body, "state", str)),
+                attributes=attributes,
+            )
+        except (InvalidMetadata, ValueError) as error:
+            raise MetadataFormatError(key, f"bad bookie registration: {error!r}") from error
+
+
+FieldT = TypeVar("FieldT")
+
+
+def _field(key: str, body: dict[str, Any], name: str, kind: type[FieldT]) -> FieldT:
+    value = body.get(name)
+    if not isinstance(value, kind):
+        raise MetadataFormatError(key, f"field {name!r} missing or not a {kind.__name__}")
+    return value
+
+
+def _unpack_map(key: str, data: bytes, version_max: int) -> dict[str, Any]:
+    if len(data) > VALUE_BYTES_MAX:
+        raise MetadataFormatError(key, f"value of {len(data)} bytes exceeds {VALUE_BYTES_MAX}")
+    try:
+        body = msgpack.unpackb(data, raw=False)
+    except (ValueError, msgpack.UnpackException) as error:
+        raise MetadataFormatError(key, f"corrupt msgpack: {error}") from error
+    if not isinstance(body, dict):
+        raise MetadataFormatError(key, f"expected a map, got {type(body).__name__}")
+    version = body.get("format_version")
+    if not isinstance(version, int) or not 1 <= version <= version_max:
+        raise MetadataFormatError(key, f"unsupported format_version {version!r} (max {version_max})")
+    return body
+
+
+# ---- discovery ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BookieSet:
+    """The registered bookies at one store revision."""
+
+    writable: Mapping[str, BookieInfo]
+    readonly: Mapping[str, BookieInfo]
+    revision: int
+
+
+def _bookie_set(keys: ClusterKeys, items: list[KeyValue], revision: int) -> BookieSet:
+    found: dict[BookieState, dict[str, BookieInfo]] = {state: {} for state in BookieState}
+    for kv in items:
+        for state in BookieState:
+            prefix = keys.bookies_state_prefix(state.value)
+            if kv.key.startswith(prefix):
+                found[state][kv.key[len(prefix) :]] = BookieInfo.decode(kv.key, kv.value)
+    return BookieSet(found[BookieState.WRITABLE], found[BookieState.READONLY], revision)
+
+
+async def list_bookies(store: MetadataStore, root: str) -> BookieSet:
+    """The registered bookies now. Raises `MetadataFormatError` for a garbage registration."""
+    keys = ClusterKeys(root)
+    items, revision = await list_all(store, keys.bookies_prefix)
+    return _bookie_set(keys, items, revision)
+
+
+async def watch_bookies(store: MetadataStore, root: str) -> AsyncGenerator[BookieSet, None]:
+    """The current `BookieSet`, then a new one after every registration change (re-lists on compaction)."""
+    keys = ClusterKeys(root)
+    while True:
+        items, revision = await list_all(store, keys.bookies_prefix)
+        current = {kv.key: kv for kv in items}
+        yield _bookie_set(keys, list(current.values()), revision)
+        events = store.watch(keys.bookies_prefix, prefix=True, start_revision=revision + 1)
+        try:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    if event.kind is EventKind.DELETE or event.value is None:
+                        current.pop(event.key, None)
+                    else:
+                        current[event.key] = KeyValue(
+                            event.key, event.value, event.revision, 0, event.lease_id
+                        )
+                    yield _bookie_set(keys, list(current.values()), event.revision)
+        except WatchCompacted:
+            log.info("bookies.watch_compacted", root=root)
+
+
+# ---- registration ---------------------------------------------------------------------------------
+
+
+class BookieRegistration:
+    """Keeps ``info`` registered while started. ``start()`` / ``set_state()`` / ``close()`` / ``abort()``."""
+
+    def __init__(
+        self, store: MetadataStore, root: str, info: BookieInfo, *, ttl_s: int = REGISTRATION_TTL_S_DEFAULT
+    ) -> None:
+        self._store = store
+        self._keys = ClusterKeys(root)
+        self._info = info
+        self._ttl_s = ttl_s
+        self._lease_id = 0
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self.registrations = 0  # how many times the key was (re)created: 1 + re-registrations
+        self.failure: BaseException | None = None
+
+    @property
+    def info(self) -> BookieInfo:
+        return self._info
+
+    @property
+    def key(self) -> str:
+        return self._keys.bookie(self._info.state.value, self._info.bookie_id)
+
+    @property
+    def lease_id(self) -> int:
+        return self._lease_id
+
+    async def start(self) -> None:
+        """Register (waiting up to 2 TTLs for a previous incarnation's key to expire), start keepalive.
+
+        Raises `NodeExists` if another live registration holds this bookie id.
+        """
+        assert self._task is None, "already started"
+        await self._register(wait_stale_s=self._ttl_s * STALE_KEY_WAIT_TTLS)
+        self._task = asyncio.get_running_loop().create_task(
+            self._keepalive_loop(), name=f"bookie-lease-{self.key}"
+        )
+        self._task.add_done_callback(self._on_task_done)
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.failure = task.exception()
+            log.error("bookie.registration_failed", key=self.key, error=repr(self.failure))
+
+    async def _register(self, *, wait_stale_s: float) -> None:
+        async with self._lock:
+            self._lease_id = await self._store.grant_lease(self._ttl_s)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait_stale_s
+            while True:
+                try:
+                    await self._store.create(self.key, self._info.encode(), lease_id=self._lease_id)
+                    break
+                except CasResultUnknown:
+                    if await self._is_ours():
+                        break
+                except NodeExists:
+                    if await self._is_ours():
+                        break
+                    if loop.time() >= deadline:
+                        raise
+                    await asyncio.sleep(min(0.5, self._ttl_s / 4))
+            self.registrations += 1
+            log.info(
+                "bookie.registered", key=self.key, lease_id=self._lease_id, registrations=self.registrations
+            )
+
+    async def _is_ours(self) -> bool:
+        current = await self._store.get(self.key)
+        return current is not None and current.lease_id == self._lease_id and self._lease_id != 0
+
+    async def _keepalive_loop(self) -> None:
+        backoff = Backoff(initial_s=0.1, max_s=max(1.0, self._ttl_s / 3))
+        while True:
+            await asyncio.sleep(self._ttl_s / 3)
+            try:
+                await self._store.keepalive(self._lease_id)
+                if not await self._is_ours():
+                    raise LeaseExpired(self._lease_id)  # noqa: TRY301 -- key lost: same remedy
+                backoff.reset()
+            except LeaseExpired:
+                log.warning("bookie.lease_lost", key=self.key, lease_id=self._lease_id)
+                await self._reregister(backoff)
+            except MetadataError as error:
+                log.warning("bookie.keepalive_failed", key=self.key, error=str(error))
+                await asyncio.sleep(backoff.next_delay_s())
+
+    async def _reregister(self, backoff: Backoff) -> None:
+        while True:
+            try:
+                with contextlib.suppress(MetadataError):
+                    await self._store.revoke_lease(self._lease_id)
+                await self._register(wait_stale_s=self._ttl_s * STALE_KEY_WAIT_TTLS)
+                return
+            except MetadataError as error:
+                log.warning("bookie.reregister_failed", key=self.key, error=str(error))
+                await asyncio.sleep(backoff.next_delay_s())
+
+    async def set_state(self, state: BookieState) -> None:
+        """Move the registration between writable/ and readonly/ (same lease)."""
+        if state is self._info.state:
+            return
+        if state not in BOOKIE_TRANSITIONS[self._info.state]:
+            raise InvalidMetadata(
+                f"bookie {self._info.bookie_id}: illegal {self._info.state.name} -> {state.name}"
+            )
+        async with self._lock:
+            old_key = self.key
+            new_info = BookieInfo(
+                self._info.bookie_id, self._info.host, self._info.port, state, self._info.attributes
+            )
+            await self._store.put(
+                self._keys.bookie(state.value, new_info.bookie_id), new_info.encode(), lease_id=self._lease_id
+            )
+            self._info = new_info
+            with contextlib.suppress(NoNode):
+                await self._store.delete(old_key)
+            log.info("bookie.state_changed", bookie_id=new_info.bookie_id, state=state.value)
+
+    async def _stop_task(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Stop keepalive and deregister (revoke the lease: the key disappears at once)."""
+        await self._stop_task()
+        if self._lease_id:
+            with contextlib.suppress(MetadataError, TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await self._store.revoke_lease(self._lease_id)
+            log.info("bookie.deregistered", key=self.key)
+            self._lease_id = 0
+
+    async def abort(self) -> None:
+        """Stop keepalive without deregistering (the key expires with the lease)."""
+        await self._stop_task()
+
+
+# ---- cookies --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Cookie:
+    """A bookie's identity: which cluster instance and data directories it was formatted with."""
+
+    bookie_id: str
+    instance_id: str
+    journal_dirs: tuple[str, ...]
+    ledger_dirs: tuple[str, ...]
+
+    def encode(self) -> bytes:
+        body = {
+            "format_version": COOKIE_FORMAT_VERSION,
+            "bookie_id": self.bookie_id,
+            "instance_id": self.instance_id,
+            "journal_dirs": list(self.journal_dirs),
+            "ledger_dirs": list(self.ledger_dirs),
+        }
+        return msgpack.packb(body, use_bin_type=True)
+
+    @classmethod
+    def decode(cls, key: str, data: bytes) -> Cookie:
+        body = _unpack_map(key, data, COOKIE_FORMAT_VERSION)
+        journal = _field(key, body, "journal_dirs", list)
+        ledger = _field(key, body, "ledger_dirs", list)
+        if not all(isinstance(d, str) for d in journal + ledger):
+            raise MetadataFormatError(key, "cookie dirs must be strings")
+        bookie_id = _field(key, body, "bookie_id", str)
+        return cls(bookie_id, _field(key, body, "instance_id", str), tuple(journal), tuple(ledger))
+
+
+async def read_cookie(store: MetadataStore, root: str, bookie_id: str) -> tuple[Cookie, int] | None:
+    """The stored cookie and its version, or None."""
+    key = ClusterKeys(root).cookie(bookie_id)
+    current = await store.get(key)
+    return None if current is None else (Cookie.decode(key, current.value), current.version)
+
+
+async def write_cookie(store: MetadataStore, root: str, cookie: Cookie, expected_version: int | None) -> int:
+    """Create (``expected_version=None``) or CAS the cookie. Raises `NodeExists`, `BadVersion`."""
+    key = ClusterKeys(root).cookie(cookie.bookie_id)
+    if expected_version is None:
+        return await store.create(key, cookie.encode())
+    return await store.compare_and_set(key, cookie.encode(), expected_version)
+
+
+async def delete_cookie(store: MetadataStore, root: str, bookie_id: str, expected_version: int) -> None:
+    """Remove the cookie (decommissioning). Raises `NoNode`, `BadVersion`."""
+    await store.delete(ClusterKeys(root).cookie(bookie_id), expected_version)

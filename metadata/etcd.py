@@ -1,0 +1,482 @@
+"""`MetadataStore` on etcd v3, through aetcd's gRPC stubs (``aetcd.rpc``).
+
+Why the stubs and not ``aetcd.Client``: we need per-call deadlines, paged ranges (``limit``), txn failure
+branches, ``ignore_lease`` and a watch stream we can resume ourselves; the stubs give all of that with
+aetcd's generated protobufs, and nothing else of aetcd's client state is involved.
+
+Rules:
+- Every operation has a budget (`EtcdConfig.op_timeout_s`) covering connect, retries and the RPC.
+- Endpoints are tried in turn: one lazily created gRPC channel per endpoint, kept for the store's life
+  (gRPC reconnects a channel by itself); on a connection failure we move to the next endpoint and
+  back off (capped, jittered) until the budget is spent, then raise `MetadataUnavailable`.
+- Reads retry freely. A mutation is retried only when it provably was not applied (channel not ready,
+  "no leader"); once sent, a lost answer is `CasResultUnknown`, never success or failure.
+- Versions are mod_revisions: create = txn ``If(create_revision == 0)``, CAS = txn ``If(mod_revision == v)``
+  with a failure branch that reads the key so `BadVersion` and `NoNode` are told apart.
+- Watches resume from the last delivered revision on a new stream (any endpoint); etcd's
+  "require leader" metadata makes a member that lost its leader end the stream instead of going quiet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import structlog
+from aetcd import rpc
+
+from metadata.backoff import Backoff
+from metadata.errors import (
+    BadVersion,
+    CasResultUnknown,
+    LeaseExpired,
+    MetadataError,
+    MetadataUnavailable,
+    NodeExists,
+    NoNode,
+    WatchCompacted,
+)
+from metadata.store import (
+    EventKind,
+    KeyValue,
+    MetadataStore,
+    Page,
+    WatchEvent,
+    validate_list_limit,
+    validate_ttl,
+)
+
+log = structlog.get_logger("metadata.etcd")
+T = TypeVar("T")
+
+# A member that lost its leader cancels our watch instead of silently delivering nothing.
+_WATCH_METADATA = (("hasleader", "true"),)
+# Errors whose text proves that the server did not apply a mutation (safe to retry elsewhere).
+_NOT_APPLIED_MARKERS = ("no leader", "failed to connect", "connection refused", "not capable")
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdConfig:
+    """Connection settings. ``endpoints``: (host, port) pairs of the cluster's client URLs."""
+
+    endpoints: tuple[tuple[str, int], ...]
+    op_timeout_s: float = 5.0
+    # How long to wait for one endpoint's channel to connect before trying the next.
+    connect_timeout_s: float = 1.0
+    backoff_initial_s: float = 0.05
+    backoff_max_s: float = 1.0
+    # gRPC keepalive detects a dead peer on an idle watch; etcd rejects pings more often than 5 s.
+    keepalive_time_ms: int = 10_000
+    keepalive_timeout_ms: int = 5_000
+
+    def __post_init__(self) -> None:
+        if not self.endpoints:
+            raise ValueError("EtcdConfig needs at least one endpoint")
+        if self.op_timeout_s <= 0 or self.connect_timeout_s <= 0:
+            raise ValueError("timeouts must be positive")
+
+
+@dataclass(slots=True)
+class _Endpoint:
+    target: str
+    channel: Any
+    kv: Any
+    lease: Any
+    watch: Any
+
+
+def _key_end(prefix: bytes) -> bytes:
+    """etcd's range_end for "every key starting with prefix"."""
+    end = bytearray(prefix)
+    while end and end[-1] == 0xFF:
+        end.pop()
+    if not end:
+        return b"\x00"
+    end[-1] += 1
+    return bytes(end)
+
+
+def _kv(kv: Any) -> KeyValue:
+    return KeyValue(
+        key=kv.key.decode("utf-8", "surrogateescape"),
+        value=bytes(kv.value),
+        version=kv.mod_revision,
+        create_revision=kv.create_revision,
+        lease_id=kv.lease,
+    )
+
+
+def _code_name(error: Any) -> str:
+    return str(error.code().name)
+
+
+class EtcdStore(MetadataStore):
+    """The etcd driver. Create with `EtcdStore(EtcdConfig(...))`; ``close()`` when done."""
+
+    def __init__(self, config: EtcdConfig) -> None:
+        self._config = config
+        self._endpoints: list[_Endpoint | None] = [None] * len(config.endpoints)
+        self._current = 0
+        self._closed = False
+
+    @property
+    def config(self) -> EtcdConfig:
+        return self._config
+
+    # ---- connection management -------------------------------------------------------------------
+
+    def _endpoint(self, index: int) -> _Endpoint:
+        endpoint = self._endpoints[index]
+        if endpoint is None:
+            host, port = self._config.endpoints[index]
+            options = [
+                ("grpc.keepalive_time_ms", self._config.keepalive_time_ms),
+                ("grpc.keepalive_timeout_ms", self._config.keepalive_timeout_ms),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.max_pings_without_data", 0),
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+                ("grpc.enable_retries", 0),
+            ]
+            channel = rpc.insecure_channel(f"{host}:{port}", options=options)
+            endpoint = _Endpoint(
+                target=f"{host}:{port}",
+                channel=channel,
+                kv=rpc.KVStub(channel),
+                lease=rpc.LeaseStub(channel),
+                watch=rpc.WatchStub(channel),
+            )
+            self._endpoints[index] = endpoint
+        return endpoint
+
+    def _rotate(self, failed_index: int, reason: str) -> None:
+        if self._current == failed_index:
+            self._current = (failed_index + 1) % len(self._endpoints)
+            log.info(
+                "metadata.etcd.endpoint_switched",
+                failed=self._endpoint(failed_index).target,
+                next=self._endpoint(self._current).target,
+                reason=reason,
+            )
+
+    async def _ready(self, deadline: float) -> tuple[int, _Endpoint]:
+        """A connected endpoint, trying each in turn until ``deadline``."""
+        loop = asyncio.get_running_loop()
+        backoff = Backoff(self._config.backoff_initial_s, self._config.backoff_max_s)
+        while True:
+            if self._closed:
+                raise MetadataUnavailable("etcd store is closed")
+            index = self._current
+            endpoint = self._endpoint(index)
+            if endpoint.channel.get_state(try_to_connect=True).name == "READY":
+                return index, endpoint
+            remaining_s = deadline - loop.time()
+            if remaining_s <= 0:
+                raise MetadataUnavailable(f"no etcd endpoint reachable of {self._targets()} in time")
+            try:
+                async with asyncio.timeout(min(self._config.connect_timeout_s, remaining_s)):
+                    await endpoint.channel.channel_ready()
+                return index, endpoint
+            except TimeoutError:
+                self._rotate(index, "connect timeout")
+            await self._sleep_within(backoff.next_delay_s(), deadline)
+
+    async def _sleep_within(self, delay_s: float, deadline: float) -> None:
+        remaining_s = deadline - asyncio.get_running_loop().time()
+        await asyncio.sleep(max(0.0, min(delay_s, remaining_s)))
+
+    def _targets(self) -> list[str]:
+        return [f"{host}:{port}" for host, port in self._config.endpoints]
+
+    async def _call(
+        self, op: Callable[[_Endpoint, float], Awaitable[T]], *, mutation_key: str | None = None
+    ) -> T:
+        """Run ``op(endpoint, timeout_s)`` within the operation budget, retrying where it is safe."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.op_timeout_s
+        backoff = Backoff(self._config.backoff_initial_s, self._config.backoff_max_s)
+        while True:
+            index, endpoint = await self._ready(deadline)
+            remaining_s = deadline - loop.time()
+            if remaining_s <= 0:
+                raise MetadataUnavailable(f"etcd operation timed out after {self._config.op_timeout_s} s")
+            try:
+                return await op(endpoint, remaining_s)
+            except rpc.AioRpcError as error:
+                code, details = _code_name(error), str(error.details() or "")
+                retry = code == "UNAVAILABLE" and (
+                    mutation_key is None or any(m in details.lower() for m in _NOT_APPLIED_MARKERS)
+                )
+                if not retry:
+                    raise self._translate(error, mutation_key) from error
+                self._rotate(index, details)
+                if deadline - loop.time() <= 0:
+                    raise MetadataUnavailable(f"etcd unavailable: {details}") from error
+            await self._sleep_within(backoff.next_delay_s(), deadline)
+
+    def _translate(self, error: Any, mutation_key: str | None) -> MetadataError:
+        code, details = _code_name(error), str(error.details() or "")
+        if mutation_key is not None and code in {"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN"}:
+            return CasResultUnknown(mutation_key, f"etcd {code}: {details}")
+        if code in {"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"}:
+            return MetadataUnavailable(f"etcd {code}: {details}")
+        if code == "OUT_OF_RANGE" and "compacted" in details:
+            return WatchCompacted(mutation_key or "<range>", 0)
+        return MetadataError(f"etcd {code}: {details}")
+
+    # ---- key-value -------------------------------------------------------------------------------
+
+    async def get(self, key: str) -> KeyValue | None:
+        request = rpc.RangeRequest(key=key.encode())
+
+        async def op(endpoint: _Endpoint, timeout_s: float) -> Any:
+            return await endpoint.kv.Range(request, timeout=timeout_s)
+
+        response = await self._call(op)
+        return _kv(response.kvs[0]) if response.kvs else None
+
+    async def _txn(self, key: str, request: Any) -> Any:
+        async def op(endpoint: _Endpoint, timeout_s: float) -> Any:
+            return await endpoint.kv.Txn(request, timeout=timeout_s)
+
+        try:
+            return await self._call(op, mutation_key=key)
+        except MetadataError as error:
+            cause = error.__cause__
+            if isinstance(cause, rpc.AioRpcError) and "lease not found" in str(cause.details()):
+                raise LeaseExpired(self._lease_of(request)) from error
+            raise
+
+    @staticmethod
+    def _lease_of(request: Any) -> int:
+        for op in request.success:
+            if op.WhichOneof("request") == "request_put":
+                return int(op.request_put.lease)
+        return 0
+
+    async def create(self, key: str, value: bytes, *, lease_id: int = 0) -> int:
+        raw = key.encode()
+        request = rpc.TxnRequest(
+            compare=[
+                rpc.Compare(key=raw, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)
+            ],
+            success=[rpc.RequestOp(request_put=rpc.PutRequest(key=raw, value=value, lease=lease_id))],
+            failure=[],
+        )
+        response = await self._txn(key, request)
+        if not response.succeeded:
+            raise NodeExists(key)
+        return int(response.header.revision)
+
+    async def put(self, key: str, value: bytes, *, lease_id: int = 0) -> int:
+        raw = key.encode()
+        request = rpc.TxnRequest(
+            compare=[],
+            success=[rpc.RequestOp(request_put=rpc.PutRequest(key=raw, value=value, lease=lease_id))],
+            failure=[],
+        )
+        response = await self._txn(key, request)
+        return int(response.header.revision)
+
+    def _versioned_txn(self, raw: bytes, expected_version: int, then: Any) -> Any:
+        return rpc.TxnRequest(
+            compare=[
+                rpc.Compare(
+                    key=raw, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=expected_version
+                )
+            ],
+            success=[then],
+            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=raw))],
+        )
+
+    def _raise_conflict(self, key: str, expected_version: int, response: Any) -> None:
+        kvs = response.responses[0].response_range.kvs
+        if not kvs:
+            raise NoNode(key)
+        raise BadVersion(key, expected_version, int(kvs[0].mod_revision))
+
+    async def compare_and_set(self, key: str, value: bytes, expected_version: int) -> int:
+        raw = key.encode()
+        put = rpc.RequestOp(request_put=rpc.PutRequest(key=raw, value=value, ignore_lease=True))
+        response = await self._txn(key, self._versioned_txn(raw, expected_version, put))
+        if not response.succeeded:
+            self._raise_conflict(key, expected_version, response)
+        return int(response.header.revision)
+
+    async def delete(self, key: str, expected_version: int | None = None) -> None:
+        raw = key.encode()
+        remove = rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=raw))
+        if expected_version is None:
+            request = rpc.TxnRequest(compare=[], success=[remove], failure=[])
+            response = await self._txn(key, request)
+            if response.responses[0].response_delete_range.deleted == 0:
+                raise NoNode(key)
+            return
+        response = await self._txn(key, self._versioned_txn(raw, expected_version, remove))
+        if not response.succeeded:
+            self._raise_conflict(key, expected_version, response)
+
+    async def list(
+        self,
+        prefix: str,
+        *,
+        start_after: str | None = None,
+        limit: int = 1000,
+        revision: int | None = None,
+    ) -> Page:
+        validate_list_limit(limit)
+        raw_prefix = prefix.encode()
+        start = raw_prefix
+        if start_after is not None and start_after.encode() >= raw_prefix:
+            start = start_after.encode() + b"\x00"
+        request = rpc.RangeRequest(
+            key=start, range_end=_key_end(raw_prefix), limit=limit, revision=revision or 0
+        )
+
+        async def op(endpoint: _Endpoint, timeout_s: float) -> Any:
+            return await endpoint.kv.Range(request, timeout=timeout_s)
+
+        try:
+            response = await self._call(op)
+        except MetadataError as error:
+            if "compacted" in str(error):
+                raise WatchCompacted(prefix, revision or 0) from error
+            raise
+        return Page(tuple(_kv(kv) for kv in response.kvs), bool(response.more), int(response.header.revision))
+
+    async def current_revision(self) -> int:
+        request = rpc.RangeRequest(key=b"\x00", limit=1, count_only=True)
+
+        async def op(endpoint: _Endpoint, timeout_s: float) -> Any:
+            return await endpoint.kv.Range(request, timeout=timeout_s)
+
+        return int((await self._call(op)).header.revision)
+
+    # ---- leases ----------------------------------------------------------------------------------
+
+    async def grant_lease(self, ttl_s: int) -> int:
+        validate_ttl(ttl_s)
+        request = rpc.LeaseGrantRequest(TTL=ttl_s, ID=0)
+
+        async def op(endpoint: _Endpoint, timeout_s: float) -> Any:
+            return await endpoint.lease.LeaseGrant(request, timeout=timeout_s)
+
+        response = await self._call(op)
+        if response.error:
+            raise MetadataError(f"etcd lease grant failed: {response.error}")
+        return int(response.ID)
+
+    async def keepalive(self, lease_id: int) -> int:
+        async def op(endpoint: _Endpoint, timeout_s: float) -> int:
+            call = endpoint.lease.LeaseKeepAlive(
+                iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=timeout_s
+            )
+            try:
+                async for response in call:
+                    return int(response.TTL)
+            finally:
+                call.cancel()
+            raise MetadataUnavailable("etcd keepalive stream ended without an answer")
+
+        ttl_s = await self._call(op)
+        if ttl_s <= 0:
+            raise LeaseExpired(lease_id)
+        return ttl_s
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        request = rpc.LeaseRevokeRequest(ID=lease_id)
+
+        async def op(endpoint: _Endpoint, timeout_s: float) -> None:
+            await endpoint.lease.LeaseRevoke(request, timeout=timeout_s)
+
+        try:
+            await self._call(op)
+        except MetadataError as error:
+            if "lease not found" not in str(error):
+                raise
+
+    # ---- watch -----------------------------------------------------------------------------------
+
+    async def watch(
+        self, key: str, *, prefix: bool = False, start_revision: int | None = None
+    ) -> AsyncGenerator[WatchEvent, None]:
+        raw = key.encode()
+        cursor = _WatchCursor(start_revision)
+        backoff = Backoff(self._config.backoff_initial_s, self._config.backoff_max_s)
+        loop = asyncio.get_running_loop()
+        while True:
+            index, endpoint = await self._ready(loop.time() + self._config.op_timeout_s)
+            create = rpc.WatchCreateRequest(
+                key=raw,
+                range_end=_key_end(raw) if prefix else b"",
+                start_revision=cursor.next_revision or 0,
+                progress_notify=True,
+            )
+            call = endpoint.watch.Watch(
+                iter([rpc.WatchRequest(create_request=create)]), metadata=_WATCH_METADATA
+            )
+            try:
+                async for response in call:
+                    for event in cursor.accept(key, response):
+                        yield event
+                    backoff.reset()
+                raise MetadataUnavailable("etcd watch stream ended")  # noqa: TRY301 -- reconnect below
+            except (rpc.AioRpcError, MetadataUnavailable) as error:
+                if self._closed:
+                    raise MetadataUnavailable("etcd store is closed") from error
+                reason = str(error.details()) if isinstance(error, rpc.AioRpcError) else str(error)
+                self._rotate(index, reason)
+                log.warning(
+                    "metadata.etcd.watch_reconnect",
+                    key=key,
+                    next_revision=cursor.next_revision,
+                    reason=reason,
+                )
+            finally:
+                call.cancel()
+            await asyncio.sleep(backoff.next_delay_s())
+
+    async def close(self) -> None:
+        self._closed = True
+        endpoints = [e for e in self._endpoints if e is not None]
+        self._endpoints = [None] * len(self._endpoints)
+        for endpoint in endpoints:
+            await endpoint.channel.close()
+
+
+class _WatchCursor:
+    """Turns watch responses into events and remembers where to resume (the next unseen revision)."""
+
+    def __init__(self, start_revision: int | None) -> None:
+        self.next_revision = start_revision
+
+    def accept(self, key: str, response: Any) -> list[WatchEvent]:
+        if response.compact_revision:
+            raise WatchCompacted(key, int(response.compact_revision))
+        if response.canceled:
+            raise MetadataUnavailable(f"etcd canceled the watch on {key!r}: {response.cancel_reason}")
+        if response.created:
+            if self.next_revision is None:
+                self.next_revision = int(response.header.revision) + 1
+            return []
+        events = []
+        for event in response.events:
+            kind = EventKind.DELETE if event.type == rpc.Event.DELETE else EventKind.PUT
+            value = None if kind is EventKind.DELETE else bytes(event.kv.value)
+            events.append(
+                WatchEvent(
+                    kind,
+                    event.kv.key.decode("utf-8", "surrogateescape"),
+                    value,
+                    event.kv.mod_revision,
+                    event.kv.lease,
+                )
+            )
+            self.next_revision = int(event.kv.mod_revision) + 1
+        if not response.events and response.header.revision:
+            # A progress notification: everything up to header.revision has been delivered.
+            self.next_revision = max(self.next_revision or 0, int(response.header.revision) + 1)
+        return events

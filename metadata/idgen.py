@@ -1,0 +1,80 @@
+"""Unique 63-bit ids from a counter key, allocated in blocks with CAS.
+
+The counter key holds the next unallocated id as ASCII decimal. A generator claims ``[n, n + block)`` by
+CAS-ing the counter from ``n`` to ``n + block`` and then hands out ids from memory, so one store round
+trip serves ``block_size`` ids (1000 creates/s need ~1 CAS/s). Uniqueness across processes and restarts
+follows from the CAS: a block belongs to exactly one successful writer. A block whose CAS outcome is
+unknown (`CasResultUnknown`) is never used: we re-read and claim a later one. Ids of a block left unused
+at shutdown are skipped forever (the space is 2^63).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from metadata.errors import (
+    BadVersion,
+    CasResultUnknown,
+    MetadataError,
+    MetadataFormatError,
+    NodeExists,
+    NoNode,
+    UpdateRetriesExhausted,
+)
+from metadata.ledger import LEDGER_ID_MAX
+from metadata.store import MetadataStore
+
+FIRST_ID = 1  # id 0 is never handed out: it stays free as a "no ledger" marker for callers
+BLOCK_SIZE_DEFAULT = 1000
+BLOCK_SIZE_MAX = 1_000_000
+CLAIM_ATTEMPTS_MAX = 100
+COUNTER_DIGITS_MAX = 19
+
+
+def _decode_counter(key: str, raw: bytes) -> int:
+    if not raw.isdigit() or len(raw) > COUNTER_DIGITS_MAX:
+        raise MetadataFormatError(key, f"id counter is not a decimal number: {raw[:32]!r}")
+    return int(raw)
+
+
+class IdGenerator:
+    """``await next_id()`` -> a never-repeating id in ``[1, 2^63 - 1]``. Safe for concurrent tasks."""
+
+    def __init__(self, store: MetadataStore, key: str, *, block_size: int = BLOCK_SIZE_DEFAULT) -> None:
+        if not 1 <= block_size <= BLOCK_SIZE_MAX:
+            raise ValueError(f"block_size must be in [1, {BLOCK_SIZE_MAX}], got {block_size}")
+        self._store = store
+        self._key = key
+        self._block_size = block_size
+        self._next = 0
+        self._end = 0
+        self._lock = asyncio.Lock()
+
+    async def next_id(self) -> int:
+        """Raises `MetadataUnavailable` (store down), `MetadataError` (id space exhausted)."""
+        while self._next >= self._end:
+            async with self._lock:
+                if self._next >= self._end:
+                    await self._claim_block()
+        ledger_id = self._next
+        self._next += 1
+        return ledger_id
+
+    async def _claim_block(self) -> None:
+        for _ in range(CLAIM_ATTEMPTS_MAX):
+            current = await self._store.get(self._key)
+            start = FIRST_ID if current is None else _decode_counter(self._key, current.value)
+            end = start + self._block_size
+            if end - 1 > LEDGER_ID_MAX:
+                raise MetadataError(f"id space exhausted at {start} (counter {self._key!r})")
+            value = str(end).encode()
+            try:
+                if current is None:
+                    await self._store.create(self._key, value)
+                else:
+                    await self._store.compare_and_set(self._key, value, current.version)
+            except (BadVersion, NoNode, NodeExists, CasResultUnknown):
+                continue  # lost the race, or cannot know whether we won: claim a later block
+            self._next, self._end = start, end
+            return
+        raise UpdateRetriesExhausted(self._key, CLAIM_ATTEMPTS_MAX)

@@ -1,0 +1,321 @@
+"""`LedgerMetadata`: the replicated ledger's metadata, its state machine, validation and serde.
+
+Pure: no I/O, no asyncio. The rules come from the BookKeeper replication protocol (seeds 000, 001):
+
+- E >= Qw >= Qa >= 1 (ensemble size, write quorum, ack quorum).
+- Ensembles (fragments) are ``(first_entry_id, bookies)`` pairs in strictly increasing first-entry order,
+  the first starting at entry 0; each has exactly E distinct bookies.
+- State OPEN -> IN_RECOVERY -> CLOSED, or OPEN -> CLOSED; CLOSED is final (`TRANSITIONS`).
+- ``last_entry_id`` is set only when CLOSED (-1: closed empty); ``length`` (bytes) likewise.
+- The client stores a *hash* of the ledger password, never the password.
+
+Wire format: ``MAGIC`` + one msgpack map (maps, not arrays: here evolution matters more than speed).
+The map carries ``format_version``; a decoder rejects versions newer than `FORMAT_VERSION` and any value
+that is not our format with a `MetadataFormatError` naming the key and the ledger id.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import enum
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from metadata.errors import InvalidMetadata, MetadataFormatError
+
+FORMAT_VERSION = 1
+MAGIC = b"BKLM"
+LEDGER_ID_MAX = 2**63 - 1
+# Bounds: a ledger's metadata must stay far below etcd's 1.5 MiB request limit.
+ENSEMBLE_SIZE_MAX = 64
+ENSEMBLES_MAX = 100_000
+CUSTOM_METADATA_KEYS_MAX = 64
+CUSTOM_METADATA_VALUE_BYTES_MAX = 8 * 1024
+PASSWORD_HASH_BYTES_MAX = 128
+BOOKIE_ID_CHARS_MAX = 256
+ENCODED_BYTES_MAX = 1024 * 1024
+DIGEST_TYPES = frozenset({"crc32c", "hmac-sha256", "none"})
+
+
+class LedgerState(enum.Enum):
+    OPEN = "OPEN"
+    IN_RECOVERY = "IN_RECOVERY"
+    CLOSED = "CLOSED"
+
+
+# The one transition table. A recoverer finding IN_RECOVERY proceeds without a transition.
+TRANSITIONS: Mapping[LedgerState, frozenset[LedgerState]] = types.MappingProxyType(
+    {
+        LedgerState.OPEN: frozenset({LedgerState.IN_RECOVERY, LedgerState.CLOSED}),
+        LedgerState.IN_RECOVERY: frozenset({LedgerState.CLOSED}),
+        LedgerState.CLOSED: frozenset(),
+    }
+)
+
+Ensemble = tuple[str, ...]
+Fragment = tuple[int, Ensemble]
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerMetadata:
+    """Immutable ledger metadata. Build with `LedgerMetadata.new`, change with the ``with_*`` helpers."""
+
+    ledger_id: int
+    ensemble_size: int
+    write_quorum: int
+    ack_quorum: int
+    state: LedgerState
+    ensembles: tuple[Fragment, ...]
+    digest_type: str = "crc32c"
+    password_hash: bytes = b""
+    custom_metadata: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
+    last_entry_id: int | None = None
+    length: int = 0
+    ctime_ms: int = 0
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        ensembles = tuple((int(first), tuple(bookies)) for first, bookies in self.ensembles)
+        object.__setattr__(self, "ensembles", ensembles)
+        object.__setattr__(self, "custom_metadata", types.MappingProxyType(dict(self.custom_metadata)))
+        validate(self)
+
+    @classmethod
+    def new(
+        cls,
+        ledger_id: int,
+        ensemble: Ensemble | list[str],
+        *,
+        write_quorum: int,
+        ack_quorum: int,
+        digest_type: str = "crc32c",
+        password_hash: bytes = b"",
+        custom_metadata: Mapping[str, bytes] | None = None,
+        ctime_ms: int = 0,
+    ) -> LedgerMetadata:
+        """An OPEN ledger whose first ensemble starts at entry 0; E is ``len(ensemble)``."""
+        return cls(
+            ledger_id=ledger_id,
+            ensemble_size=len(ensemble),
+            write_quorum=write_quorum,
+            ack_quorum=ack_quorum,
+            state=LedgerState.OPEN,
+            ensembles=((0, tuple(ensemble)),),
+            digest_type=digest_type,
+            password_hash=password_hash,
+            custom_metadata=custom_metadata or {},
+            ctime_ms=ctime_ms,
+        )
+
+    # ---- queries ---------------------------------------------------------------------------------
+
+    @property
+    def is_closed(self) -> bool:
+        return self.state is LedgerState.CLOSED
+
+    @property
+    def current_ensemble(self) -> Ensemble:
+        return self.ensembles[-1][1]
+
+    def ensemble_for(self, entry_id: int) -> Ensemble:
+        """The ensemble that stores ``entry_id`` (the last fragment starting at or before it)."""
+        if entry_id < 0:
+            raise InvalidMetadata(f"entry id must be >= 0, got {entry_id}")
+        index = bisect.bisect_right(self.ensembles, entry_id, key=lambda fragment: fragment[0]) - 1
+        return self.ensembles[index][1]
+
+    # ---- changes (each returns a new, validated instance) -----------------------------------------
+
+    def _transition(self, target: LedgerState, **changes: Any) -> LedgerMetadata:
+        if target not in TRANSITIONS[self.state]:
+            raise InvalidMetadata(
+                f"ledger {self.ledger_id}: illegal transition {self.state.name} -> {target.name}"
+            )
+        return dataclasses.replace(self, state=target, **changes)
+
+    def in_recovery(self) -> LedgerMetadata:
+        """OPEN -> IN_RECOVERY (a recoverer marks the ledger before fencing)."""
+        return self._transition(LedgerState.IN_RECOVERY)
+
+    def closed(self, last_entry_id: int, length: int) -> LedgerMetadata:
+        """OPEN/IN_RECOVERY -> CLOSED at ``last_entry_id`` (-1: empty) with ``length`` bytes."""
+        return self._transition(LedgerState.CLOSED, last_entry_id=last_entry_id, length=length)
+
+    def with_ensemble_change(self, first_entry_id: int, bookies: Ensemble | list[str]) -> LedgerMetadata:
+        """A new fragment from ``first_entry_id`` on (replaces the last one if it starts there too)."""
+        if self.is_closed:
+            raise InvalidMetadata(f"ledger {self.ledger_id}: cannot change the ensemble of a closed ledger")
+        last_first = self.ensembles[-1][0]
+        if first_entry_id < last_first:
+            raise InvalidMetadata(
+                f"ledger {self.ledger_id}: ensemble change at entry {first_entry_id} "
+                f"precedes the current fragment starting at {last_first}"
+            )
+        kept = self.ensembles[:-1] if first_entry_id == last_first else self.ensembles
+        return dataclasses.replace(self, ensembles=(*kept, (first_entry_id, tuple(bookies))))
+
+    def with_custom_metadata(self, updates: Mapping[str, bytes]) -> LedgerMetadata:
+        """Custom metadata with ``updates`` merged in."""
+        return dataclasses.replace(self, custom_metadata={**self.custom_metadata, **updates})
+
+
+def validate(md: LedgerMetadata) -> None:
+    """Raise `InvalidMetadata` naming the first broken invariant."""
+    problem = _first_problem(md) or _ensembles_problem(md)
+    if problem is not None:
+        raise InvalidMetadata(f"invalid metadata for ledger {md.ledger_id}: {problem}")
+
+
+def _is(value: object, kind: type) -> bool:
+    """isinstance for values typed more narrowly than what a decoder may hand us."""
+    return isinstance(value, kind)
+
+
+def _first_problem(md: LedgerMetadata) -> str | None:
+    if not 0 <= md.ledger_id <= LEDGER_ID_MAX:
+        return f"ledger id {md.ledger_id} out of [0, 2^63-1]"
+    if not ENSEMBLE_SIZE_MAX >= md.ensemble_size >= md.write_quorum >= md.ack_quorum >= 1:
+        return f"need {ENSEMBLE_SIZE_MAX} >= E >= Qw >= Qa >= 1, got E={md.ensemble_size} " + (
+            f"Qw={md.write_quorum} Qa={md.ack_quorum}"
+        )
+    if not _is(md.state, LedgerState):
+        return f"unknown state {md.state!r}"
+    if md.state is LedgerState.CLOSED:
+        if md.last_entry_id is None or md.last_entry_id < -1:
+            return f"a CLOSED ledger needs last_entry_id >= -1, got {md.last_entry_id}"
+        if md.length < 0 or (md.last_entry_id == -1 and md.length != 0):
+            return f"bad length {md.length} for last entry {md.last_entry_id}"
+    elif md.last_entry_id is not None or md.length != 0:
+        return f"last_entry_id/length are set only when CLOSED (state {md.state.name})"
+    if md.digest_type not in DIGEST_TYPES:
+        return f"digest type {md.digest_type!r} not in {sorted(DIGEST_TYPES)}"
+    if len(md.password_hash) > PASSWORD_HASH_BYTES_MAX:
+        return f"password hash longer than {PASSWORD_HASH_BYTES_MAX} bytes"
+    if len(md.custom_metadata) > CUSTOM_METADATA_KEYS_MAX:
+        return f"more than {CUSTOM_METADATA_KEYS_MAX} custom metadata keys"
+    for name, value in md.custom_metadata.items():
+        if not _is(name, str) or not _is(value, bytes):
+            return f"custom metadata must map str -> bytes, got {name!r}: {type(value).__name__}"
+        if len(value) > CUSTOM_METADATA_VALUE_BYTES_MAX:
+            return f"custom metadata {name!r} longer than {CUSTOM_METADATA_VALUE_BYTES_MAX} bytes"
+    if md.ctime_ms < 0 or md.format_version < 1:
+        return "ctime_ms and format_version must be non-negative / >= 1"
+    return None
+
+
+def _ensembles_problem(md: LedgerMetadata) -> str | None:
+    if not 1 <= len(md.ensembles) <= ENSEMBLES_MAX:
+        return f"need 1..{ENSEMBLES_MAX} ensembles, got {len(md.ensembles)}"
+    if md.ensembles[0][0] != 0:
+        return f"the first ensemble must start at entry 0, starts at {md.ensembles[0][0]}"
+    previous = -1
+    for first, bookies in md.ensembles:
+        if first <= previous:
+            return f"ensembles not in strictly increasing first-entry order at entry {first}"
+        previous = first
+        if len(bookies) != md.ensemble_size:
+            return f"ensemble at entry {first} has {len(bookies)} bookies, E is {md.ensemble_size}"
+        if len(set(bookies)) != len(bookies):
+            return f"ensemble at entry {first} repeats a bookie: {list(bookies)}"
+        for bookie in bookies:
+            if not _is(bookie, str) or not 0 < len(bookie) <= BOOKIE_ID_CHARS_MAX:
+                return f"bad bookie id {bookie!r} in ensemble at entry {first}"
+    last = md.last_entry_id
+    if last is not None and md.ensembles[-1][0] > last + 1:
+        return f"ensemble starting at {md.ensembles[-1][0]} is beyond last entry {last} + 1"
+    return None
+
+
+# ---- serde ---------------------------------------------------------------------------------------
+
+
+def encode(md: LedgerMetadata) -> bytes:
+    """``MAGIC`` + msgpack map. Raises `InvalidMetadata` when the result exceeds `ENCODED_BYTES_MAX`."""
+    body = {
+        "format_version": md.format_version,
+        "ledger_id": md.ledger_id,
+        "ensemble_size": md.ensemble_size,
+        "write_quorum": md.write_quorum,
+        "ack_quorum": md.ack_quorum,
+        "state": md.state.value,
+        "last_entry_id": md.last_entry_id,
+        "length": md.length,
+        "ensembles": [[first, list(bookies)] for first, bookies in md.ensembles],
+        "digest_type": md.digest_type,
+        "password_hash": md.password_hash,
+        "custom_metadata": dict(md.custom_metadata),
+        "ctime_ms": md.ctime_ms,
+    }
+    data = MAGIC + msgpack.packb(body, use_bin_type=True)
+    if len(data) > ENCODED_BYTES_MAX:
+        raise InvalidMetadata(
+            f"ledger {md.ledger_id}: encoded metadata is {len(data)} bytes > {ENCODED_BYTES_MAX}"
+        )
+    return data
+
+
+_FIELD_TYPES: Mapping[str, type | tuple[type, ...]] = types.MappingProxyType(
+    {
+        "format_version": int,
+        "ledger_id": int,
+        "ensemble_size": int,
+        "write_quorum": int,
+        "ack_quorum": int,
+        "state": str,
+        "last_entry_id": (int, type(None)),
+        "length": int,
+        "ensembles": list,
+        "digest_type": str,
+        "password_hash": bytes,
+        "custom_metadata": dict,
+        "ctime_ms": int,
+    }
+)
+
+
+def decode(data: bytes, *, key: str, ledger_id: int | None = None) -> LedgerMetadata:
+    """Parse stored metadata; raise `MetadataFormatError` naming ``key`` and the ledger on any problem."""
+    who = f"ledger {ledger_id}" if ledger_id is not None else "ledger"
+    if len(data) > ENCODED_BYTES_MAX:
+        raise MetadataFormatError(key, f"{who}: value of {len(data)} bytes exceeds {ENCODED_BYTES_MAX}")
+    if not data.startswith(MAGIC):
+        raise MetadataFormatError(key, f"{who}: not ledger metadata (bad magic {data[:4]!r})")
+    try:
+        body = msgpack.unpackb(data[len(MAGIC) :], raw=False, strict_map_key=True)
+    except (ValueError, msgpack.UnpackException) as error:
+        raise MetadataFormatError(key, f"{who}: corrupt msgpack: {error}") from error
+    if not isinstance(body, dict):
+        raise MetadataFormatError(key, f"{who}: expected a map, got {type(body).__name__}")
+    version = body.get("format_version")
+    if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise MetadataFormatError(
+            key, f"{who}: unsupported format_version {version!r} (max {FORMAT_VERSION})"
+        )
+    for name, expected in _FIELD_TYPES.items():
+        if not isinstance(body.get(name), expected):
+            raise MetadataFormatError(key, f"{who}: field {name!r} missing or of wrong type")
+    if ledger_id is not None and body["ledger_id"] != ledger_id:
+        raise MetadataFormatError(key, f"{who}: value names ledger {body['ledger_id']}")
+    try:
+        return LedgerMetadata(
+            ledger_id=body["ledger_id"],
+            ensemble_size=body["ensemble_size"],
+            write_quorum=body["write_quorum"],
+            ack_quorum=body["ack_quorum"],
+            state=LedgerState(body["state"]),
+            ensembles=tuple((first, tuple(bookies)) for first, bookies in body["ensembles"]),
+            digest_type=body["digest_type"],
+            password_hash=body["password_hash"],
+            custom_metadata=body["custom_metadata"],
+            last_entry_id=body["last_entry_id"],
+            length=body["length"],
+            ctime_ms=body["ctime_ms"],
+            format_version=version,
+        )
+    except (InvalidMetadata, ValueError, TypeError) as error:
+        raise MetadataFormatError(key, f"{who}: {error}") from error

@@ -1,0 +1,249 @@
+"""The ledger manager: create / read / update (CAS loop) / delete / list / watch ledger metadata.
+
+Keys: ``<root>/ledgers/<19-digit id>`` (see `metadata.keys`). Values: `metadata.ledger.encode`.
+
+The read-modify-write loop (`LedgerManager.update`): read (metadata, version) -> ``transform(current)``
+-> CAS at that version. ``transform`` returns the new metadata, or `UNCHANGED` to stop without writing,
+or raises to abort (the exception propagates). On `BadVersion` the loop re-reads and calls ``transform``
+again on the fresh metadata, so decisions are always taken on the latest state (seed 000: "If the CAS
+write fails ... reread the metadata" and decide again). Retries are bounded and jittered.
+
+`CasResultUnknown` from the CAS is propagated, not guessed: the caller re-runs its update, and a
+well-written transform recognises that its change is already there (e.g. close finds CLOSED at the same
+last entry) and returns `UNCHANGED`. Create is the exception: a new id is ours alone, so an unknown
+create is resolved by reading the key back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import structlog
+
+from metadata import ledger as serde
+from metadata.errors import (
+    BadVersion,
+    CasResultUnknown,
+    NodeExists,
+    NoNode,
+    NoSuchLedger,
+    UpdateRetriesExhausted,
+    WatchCompacted,
+)
+from metadata.idgen import IdGenerator
+from metadata.keys import ClusterKeys
+from metadata.ledger import LedgerMetadata
+from metadata.store import EventKind, MetadataStore
+
+log = structlog.get_logger("metadata.ledgers")
+
+CAS_ATTEMPTS_MAX = 200
+# Jitter after a lost CAS so that many writers of one ledger spread out instead of colliding again.
+CAS_CONFLICT_SLEEP_S_MAX = 0.02
+LIST_PAGE_SIZE_DEFAULT = 1000
+
+
+class _Unchanged:
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+UNCHANGED: Final = _Unchanged()
+Transform = Callable[[LedgerMetadata], "LedgerMetadata | _Unchanged"]
+
+
+@dataclass(frozen=True, slots=True)
+class VersionedLedger:
+    """Ledger metadata with the store version it was read at (the CAS token)."""
+
+    metadata: LedgerMetadata
+    version: int
+
+    @property
+    def ledger_id(self) -> int:
+        return self.metadata.ledger_id
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerIdPage:
+    """Ledger ids in increasing order; pass ``ledger_ids[-1]`` as ``start_after`` while ``more``."""
+
+    ledger_ids: tuple[int, ...]
+    more: bool
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class LedgerManager:
+    """Ledger metadata under one cluster root. Stateless apart from its id generator."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        root: str,
+        *,
+        id_block_size: int = 1000,
+        now_ms: Callable[[], int] = _now_ms,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._store = store
+        self.keys = ClusterKeys(root)
+        self._ids = IdGenerator(store, self.keys.idgen, block_size=id_block_size)
+        self._now_ms = now_ms
+        self._rng = rng or random.Random()
+
+    # ---- create / read ---------------------------------------------------------------------------
+
+    async def create(
+        self,
+        ensemble: tuple[str, ...] | list[str],
+        *,
+        write_quorum: int,
+        ack_quorum: int,
+        digest_type: str = "crc32c",
+        password_hash: bytes = b"",
+        custom_metadata: Mapping[str, bytes] | None = None,
+    ) -> VersionedLedger:
+        """A new OPEN ledger with a fresh unique id. Raises `InvalidMetadata`, `MetadataUnavailable`."""
+        ledger_id = await self._ids.next_id()
+        metadata = LedgerMetadata.new(
+            ledger_id,
+            ensemble,
+            write_quorum=write_quorum,
+            ack_quorum=ack_quorum,
+            digest_type=digest_type,
+            password_hash=password_hash,
+            custom_metadata=custom_metadata,
+            ctime_ms=self._now_ms(),
+        )
+        return await self.create_metadata(metadata)
+
+    async def create_metadata(self, metadata: LedgerMetadata) -> VersionedLedger:
+        """Store metadata under its own id. Raises `NodeExists` if the ledger exists."""
+        key = self.keys.ledger(metadata.ledger_id)
+        data = serde.encode(metadata)
+        for _ in range(2):
+            try:
+                version = await self._store.create(key, data)
+                return VersionedLedger(metadata, version)
+            except CasResultUnknown:
+                current = await self._store.get(key)
+                if current is None:
+                    continue  # not applied (yet): creating again is safe, the id is ours alone
+                if current.value == data:
+                    return VersionedLedger(metadata, current.version)
+                raise NodeExists(key) from None
+        raise CasResultUnknown(key, "create outcome lost twice")
+
+    async def read(self, ledger_id: int) -> VersionedLedger:
+        """Raises `NoSuchLedger`, `MetadataFormatError` (naming the ledger), `MetadataUnavailable`."""
+        key = self.keys.ledger(ledger_id)
+        current = await self._store.get(key)
+        if current is None:
+            raise NoSuchLedger(ledger_id, key)
+        return VersionedLedger(serde.decode(current.value, key=key, ledger_id=ledger_id), current.version)
+
+    async def exists(self, ledger_id: int) -> bool:
+        return await self._store.get(self.keys.ledger(ledger_id)) is not None
+
+    # ---- update ----------------------------------------------------------------------------------
+
+    async def write(self, metadata: LedgerMetadata, expected_version: int) -> VersionedLedger:
+        """One CAS of ``metadata`` at ``expected_version``. Raises `BadVersion`, `NoSuchLedger`."""
+        key = self.keys.ledger(metadata.ledger_id)
+        try:
+            version = await self._store.compare_and_set(key, serde.encode(metadata), expected_version)
+        except NoNode:
+            raise NoSuchLedger(metadata.ledger_id, key) from None
+        return VersionedLedger(metadata, version)
+
+    async def update(
+        self, ledger_id: int, transform: Transform, *, attempts_max: int = CAS_ATTEMPTS_MAX
+    ) -> VersionedLedger:
+        """Read-modify-write with CAS until it applies, ``transform`` says `UNCHANGED`, or it raises.
+
+        Returns the metadata as stored afterwards. Raises whatever ``transform`` raises, `NoSuchLedger`,
+        `UpdateRetriesExhausted`, `CasResultUnknown`, `MetadataUnavailable`.
+        """
+        current = await self.read(ledger_id)
+        for attempt in range(1, attempts_max + 1):
+            proposed = transform(current.metadata)
+            if isinstance(proposed, _Unchanged):
+                return current
+            if proposed.ledger_id != ledger_id:
+                raise ValueError(f"transform changed the ledger id {ledger_id} -> {proposed.ledger_id}")
+            try:
+                return await self.write(proposed, current.version)
+            except BadVersion:
+                log.debug("ledger.cas_conflict", ledger_id=ledger_id, attempt=attempt)
+            await asyncio.sleep(self._rng.uniform(0, min(CAS_CONFLICT_SLEEP_S_MAX, 0.001 * attempt)))
+            current = await self.read(ledger_id)
+        raise UpdateRetriesExhausted(self.keys.ledger(ledger_id), attempts_max)
+
+    # ---- delete / list / watch -------------------------------------------------------------------
+
+    async def delete(self, ledger_id: int, expected_version: int | None = None) -> None:
+        """Delete the ledger's metadata. Raises `NoSuchLedger`, `BadVersion`, `CasResultUnknown`."""
+        key = self.keys.ledger(ledger_id)
+        try:
+            await self._store.delete(key, expected_version)
+        except NoNode:
+            raise NoSuchLedger(ledger_id, key) from None
+
+    async def list_page(
+        self, *, start_after: int | None = None, limit: int = LIST_PAGE_SIZE_DEFAULT
+    ) -> LedgerIdPage:
+        """Up to ``limit`` ledger ids greater than ``start_after``, in increasing order."""
+        after = None if start_after is None else self.keys.ledger(start_after)
+        page = await self._store.list(self.keys.ledgers_prefix, start_after=after, limit=limit)
+        return LedgerIdPage(tuple(self.keys.ledger_id_of(kv.key) for kv in page.items), page.more)
+
+    async def iter_ledger_ids(self, *, page_size: int = LIST_PAGE_SIZE_DEFAULT) -> AsyncIterator[int]:
+        """Every ledger id, page by page (memory bounded by ``page_size``; not a snapshot)."""
+        start_after: int | None = None
+        while True:
+            page = await self.list_page(start_after=start_after, limit=page_size)
+            for ledger_id in page.ledger_ids:
+                yield ledger_id
+            if not page.more or not page.ledger_ids:
+                return
+            start_after = page.ledger_ids[-1]
+
+    async def watch(self, ledger_id: int) -> AsyncGenerator[VersionedLedger | None, None]:
+        """The current metadata, then every change; ``None`` once deleted (then the iterator ends).
+
+        Survives reconnects; after a compaction it re-reads and continues from the fresh state.
+        Raises `NoSuchLedger` if the ledger does not exist when the watch starts.
+        """
+        key = self.keys.ledger(ledger_id)
+        current = await self.read(ledger_id)
+        yield current
+        while True:
+            events = self._store.watch(key, start_revision=current.version + 1)
+            try:
+                async with contextlib.aclosing(events):
+                    async for event in events:
+                        if event.kind is EventKind.DELETE or event.value is None:
+                            yield None
+                            return
+                        metadata = serde.decode(event.value, key=key, ledger_id=ledger_id)
+                        current = VersionedLedger(metadata, event.revision)
+                        yield current
+            except WatchCompacted:
+                log.info("ledger.watch_compacted", ledger_id=ledger_id)
+                try:
+                    fresh = await self.read(ledger_id)
+                except NoSuchLedger:
+                    yield None
+                    return
+                if fresh.version != current.version:
+                    current = fresh
+                    yield current

@@ -1,0 +1,177 @@
+"""The async metadata store interface: a versioned key-value store with CAS, leases and watches.
+
+Strategy: the interface is the smallest set of operations BookKeeper needs from ZooKeeper, phrased the
+way etcd offers them, so the etcd driver is a thin mapping and the in-memory driver can copy etcd's
+semantics exactly:
+
+- A key's *version* is its etcd ``mod_revision``: a cluster-wide, strictly increasing number. Any write
+  gives the key a new, larger version; a deleted-and-recreated key never reuses an old version.
+- ``create`` succeeds only if the key is absent (etcd ``create_revision == 0``).
+- ``compare_and_set`` / ``delete`` with an expected version succeed only if the key's version still
+  equals it; otherwise ``BadVersion`` (or ``NoNode`` when the key is gone).
+- Watches are async generators of `WatchEvent`, resuming from the last seen revision across reconnects.
+  A watch started without ``start_revision`` begins when it is first iterated; to watch "from this read
+  on" without a gap, pass ``start_revision = version + 1`` (single key) or ``page.revision + 1`` (prefix).
+- Leases: keys bound to a lease are deleted by the store when the lease expires or is revoked.
+
+Every method may raise `MetadataUnavailable` (store unreachable within its time budget); mutations may
+raise `CasResultUnknown` (sent, outcome lost). Keys are ``str`` (UTF-8 on the wire), values ``bytes``.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+# One page of a listing holds at most this many keys: bounds the memory of one response.
+LIST_PAGE_LIMIT_MAX = 10_000
+# Lease TTLs are whole seconds (etcd's unit); below 2 s a single GC pause expires a lease.
+LEASE_TTL_S_MIN = 2
+LEASE_TTL_S_MAX = 3600
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    """One stored key: its value, its version (mod revision) and the lease it is bound to (0: none)."""
+
+    key: str
+    value: bytes
+    version: int
+    create_revision: int
+    lease_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a prefix listing, in key order.
+
+    ``more`` says whether keys after the last one remain; pass ``items[-1].key`` as ``start_after`` and
+    ``revision`` as ``revision`` to read the next page from the same snapshot.
+    """
+
+    items: tuple[KeyValue, ...]
+    more: bool
+    revision: int
+
+
+class EventKind(enum.Enum):
+    PUT = "put"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """A change of one key. ``revision`` is the store revision of the change (the new version for a PUT)."""
+
+    kind: EventKind
+    key: str
+    value: bytes | None
+    revision: int
+    lease_id: int = 0
+
+
+class MetadataStore(abc.ABC):
+    """A versioned, watchable key-value store. See the module docstring for the rules."""
+
+    @abc.abstractmethod
+    async def get(self, key: str) -> KeyValue | None:
+        """The key's value and version, or None when absent."""
+
+    @abc.abstractmethod
+    async def create(self, key: str, value: bytes, *, lease_id: int = 0) -> int:
+        """Create the key; return its version. Raises `NodeExists`, `CasResultUnknown`."""
+
+    @abc.abstractmethod
+    async def put(self, key: str, value: bytes, *, lease_id: int = 0) -> int:
+        """Write the key unconditionally; return its version. Raises `CasResultUnknown`."""
+
+    @abc.abstractmethod
+    async def compare_and_set(self, key: str, value: bytes, expected_version: int) -> int:
+        """Write only if the key's version equals ``expected_version``; return the new version.
+
+        Raises `BadVersion`, `NoNode`, `CasResultUnknown`. The key keeps its lease binding (if any).
+        """
+
+    @abc.abstractmethod
+    async def delete(self, key: str, expected_version: int | None = None) -> None:
+        """Delete the key (only at ``expected_version`` if given). Raises `NoNode`, `BadVersion`."""
+
+    @abc.abstractmethod
+    async def list(
+        self,
+        prefix: str,
+        *,
+        start_after: str | None = None,
+        limit: int = 1000,
+        revision: int | None = None,
+    ) -> Page:
+        """Up to ``limit`` keys starting with ``prefix`` and greater than ``start_after``, in key order."""
+
+    @abc.abstractmethod
+    async def current_revision(self) -> int:
+        """The store's current revision (every write increments it)."""
+
+    @abc.abstractmethod
+    def watch(
+        self, key: str, *, prefix: bool = False, start_revision: int | None = None
+    ) -> AsyncGenerator[WatchEvent, None]:
+        """Changes of ``key`` (or of every key under it when ``prefix``), from ``start_revision`` on.
+
+        Survives reconnects, resuming after the last delivered revision. Raises `WatchCompacted` when the
+        history it needs is gone (re-read, then watch again). Close it with ``aclose()``
+        (e.g. ``contextlib.aclosing``).
+        """
+
+    @abc.abstractmethod
+    async def grant_lease(self, ttl_s: int) -> int:
+        """A new lease that expires ``ttl_s`` seconds from now unless kept alive; returns its id."""
+
+    @abc.abstractmethod
+    async def keepalive(self, lease_id: int) -> int:
+        """Refresh the lease to its full TTL; return the TTL in seconds. Raises `LeaseExpired`."""
+
+    @abc.abstractmethod
+    async def revoke_lease(self, lease_id: int) -> None:
+        """Revoke the lease and delete its keys. Revoking an expired lease is not an error."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections. Open watches end with `MetadataUnavailable`."""
+
+    async def __aenter__(self) -> MetadataStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+def validate_list_limit(limit: int) -> None:
+    if not 1 <= limit <= LIST_PAGE_LIMIT_MAX:
+        raise ValueError(f"list limit must be in [1, {LIST_PAGE_LIMIT_MAX}], got {limit}")
+
+
+def validate_ttl(ttl_s: int) -> None:
+    if not LEASE_TTL_S_MIN <= ttl_s <= LEASE_TTL_S_MAX:
+        raise ValueError(f"lease ttl_s must be in [{LEASE_TTL_S_MIN}, {LEASE_TTL_S_MAX}], got {ttl_s}")
+
+
+# Listing everything under a prefix must stay bounded: callers with more keys page themselves.
+LIST_ALL_KEYS_MAX = 1_000_000
+
+
+async def list_all(
+    store: MetadataStore, prefix: str, *, page_size: int = 1000, keys_max: int = LIST_ALL_KEYS_MAX
+) -> tuple[list[KeyValue], int]:
+    """Every key under ``prefix`` from one snapshot, and that snapshot's revision (watch from +1)."""
+    items: list[KeyValue] = []
+    page = await store.list(prefix, limit=page_size)
+    revision = page.revision
+    while True:
+        items.extend(page.items)
+        if len(items) > keys_max:
+            raise ValueError(f"more than {keys_max} keys under {prefix!r}: page through them instead")
+        if not page.more or not page.items:
+            return items, revision
+        page = await store.list(prefix, start_after=page.items[-1].key, limit=page_size, revision=revision)

@@ -1,0 +1,168 @@
+"""The MetadataStore contract, run against the memory and the etcd driver alike."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from metadata.errors import BadVersion, LeaseExpired, NodeExists, NoNode
+from metadata.store import EventKind, MetadataStore, WatchEvent, list_all
+
+
+async def test_create_then_get_returns_value_and_version(store: MetadataStore, root: str) -> None:
+    version = await store.create(f"{root}/a", b"one")
+    got = await store.get(f"{root}/a")
+    assert got is not None
+    assert (got.value, got.version, got.create_revision) == (b"one", version, version)
+    assert await store.get(f"{root}/missing") is None
+
+
+async def test_create_existing_key_raises_node_exists(store: MetadataStore, root: str) -> None:
+    await store.create(f"{root}/a", b"one")
+    with pytest.raises(NodeExists):
+        await store.create(f"{root}/a", b"two")
+    got = await store.get(f"{root}/a")
+    assert got is not None
+    assert got.value == b"one"
+
+
+async def test_cas_applies_only_at_the_expected_version(store: MetadataStore, root: str) -> None:
+    v1 = await store.create(f"{root}/a", b"one")
+    v2 = await store.compare_and_set(f"{root}/a", b"two", v1)
+    assert v2 > v1
+    with pytest.raises(BadVersion) as info:
+        await store.compare_and_set(f"{root}/a", b"stale", v1)
+    assert (info.value.expected, info.value.actual) == (v1, v2)
+    got = await store.get(f"{root}/a")
+    assert got is not None
+    assert (got.value, got.version) == (b"two", v2)
+
+
+async def test_cas_on_missing_key_raises_no_node(store: MetadataStore, root: str) -> None:
+    with pytest.raises(NoNode):
+        await store.compare_and_set(f"{root}/nope", b"x", 1)
+
+
+async def test_versions_increase_across_keys_and_never_repeat_after_recreate(
+    store: MetadataStore, root: str
+) -> None:
+    v1 = await store.create(f"{root}/a", b"1")
+    v2 = await store.create(f"{root}/b", b"2")
+    await store.delete(f"{root}/a", v1)
+    v3 = await store.create(f"{root}/a", b"3")
+    assert v1 < v2 < v3
+    with pytest.raises(BadVersion):
+        await store.compare_and_set(f"{root}/a", b"x", v1)
+
+
+async def test_delete_with_and_without_version(store: MetadataStore, root: str) -> None:
+    v1 = await store.create(f"{root}/a", b"1")
+    with pytest.raises(BadVersion):
+        await store.delete(f"{root}/a", v1 + 1000)
+    await store.delete(f"{root}/a", v1)
+    assert await store.get(f"{root}/a") is None
+    with pytest.raises(NoNode):
+        await store.delete(f"{root}/a")
+    await store.create(f"{root}/b", b"1")
+    await store.delete(f"{root}/b")
+    assert await store.get(f"{root}/b") is None
+
+
+async def test_list_pages_in_key_order_within_prefix_only(store: MetadataStore, root: str) -> None:
+    for i in (3, 1, 4, 0, 2):
+        await store.put(f"{root}/l/{i:02d}", str(i).encode())
+    await store.put(f"{root}/l0", b"neighbour")  # shares the textual prefix without the slash
+    await store.put(f"{root}/k", b"before")
+    first = await store.list(f"{root}/l/", limit=2)
+    assert [kv.key for kv in first.items] == [f"{root}/l/00", f"{root}/l/01"]
+    assert first.more
+    second = await store.list(f"{root}/l/", start_after=first.items[-1].key, limit=2)
+    third = await store.list(f"{root}/l/", start_after=second.items[-1].key, limit=2)
+    assert [kv.key for kv in second.items] == [f"{root}/l/02", f"{root}/l/03"]
+    assert [kv.value for kv in third.items] == [b"4"]
+    assert not third.more
+    everything, revision = await list_all(store, f"{root}/l/", page_size=2)
+    assert len(everything) == 5
+    assert revision >= max(kv.version for kv in everything)
+
+
+async def _collect(events: list[WatchEvent], gen: object, count: int) -> None:
+    async with contextlib.aclosing(gen) as stream:  # type: ignore[type-var]
+        async for event in stream:
+            events.append(event)
+            if len(events) == count:
+                return
+
+
+async def test_watch_prefix_sees_puts_and_deletes_in_order(store: MetadataStore, root: str) -> None:
+    start = await store.current_revision() + 1
+    v = await store.create(f"{root}/w/a", b"1")
+    await store.compare_and_set(f"{root}/w/a", b"2", v)
+    await store.put(f"{root}/other", b"ignored")
+    await store.delete(f"{root}/w/a")
+    events: list[WatchEvent] = []
+    await asyncio.wait_for(
+        _collect(events, store.watch(f"{root}/w/", prefix=True, start_revision=start), 3), 5
+    )
+    assert [(e.kind, e.key, e.value) for e in events] == [
+        (EventKind.PUT, f"{root}/w/a", b"1"),
+        (EventKind.PUT, f"{root}/w/a", b"2"),
+        (EventKind.DELETE, f"{root}/w/a", None),
+    ]
+    assert events[0].revision == v
+    assert events[0].revision < events[1].revision < events[2].revision
+
+
+async def test_watch_single_key_delivers_live_changes(store: MetadataStore, root: str) -> None:
+    v = await store.create(f"{root}/k", b"0")
+    events: list[WatchEvent] = []
+    watcher = asyncio.create_task(_collect(events, store.watch(f"{root}/k", start_revision=v + 1), 2))
+    await asyncio.sleep(0.2)
+    await store.put(f"{root}/k2", b"not this one")
+    v2 = await store.compare_and_set(f"{root}/k", b"1", v)
+    await store.compare_and_set(f"{root}/k", b"2", v2)
+    await asyncio.wait_for(watcher, 5)
+    assert [e.value for e in events] == [b"1", b"2"]
+
+
+async def test_lease_revoke_deletes_bound_keys_and_keepalive_then_fails(
+    store: MetadataStore, root: str
+) -> None:
+    lease = await store.grant_lease(5)
+    assert await store.keepalive(lease) == 5
+    await store.create(f"{root}/eph", b"x", lease_id=lease)
+    got = await store.get(f"{root}/eph")
+    assert got is not None
+    assert got.lease_id == lease
+    await store.revoke_lease(lease)
+    assert await store.get(f"{root}/eph") is None
+    with pytest.raises(LeaseExpired):
+        await store.keepalive(lease)
+    await store.revoke_lease(lease)  # revoking again is not an error
+    with pytest.raises(LeaseExpired):
+        await store.create(f"{root}/eph2", b"x", lease_id=lease)
+
+
+async def test_cas_keeps_the_lease_binding(store: MetadataStore, root: str) -> None:
+    lease = await store.grant_lease(5)
+    v = await store.create(f"{root}/eph", b"x", lease_id=lease)
+    await store.compare_and_set(f"{root}/eph", b"y", v)
+    got = await store.get(f"{root}/eph")
+    assert got is not None
+    assert got.lease_id == lease
+    await store.revoke_lease(lease)
+    assert await store.get(f"{root}/eph") is None
+
+
+async def test_lease_expires_without_keepalive(store: MetadataStore, root: str) -> None:
+    lease = await store.grant_lease(2)
+    await store.create(f"{root}/eph", b"x", lease_id=lease)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5.0
+    while await store.get(f"{root}/eph") is not None:
+        assert loop.time() < deadline, "leased key outlived its TTL by far"
+        await asyncio.sleep(0.1)
+    with pytest.raises(LeaseExpired):
+        await store.keepalive(lease)
