@@ -28,6 +28,7 @@ from bookkeeper_aio.protocol.codes import (
     REQUEST_ID_MAX,
     STATUS_VALUES,
     OpCode,
+    ReadFlag,
     StatusCode,
 )
 from bookkeeper_aio.protocol.errors import ProtocolError
@@ -315,12 +316,50 @@ RESPONSE_OP: dict[type[Any], int] = {cls: op for op, (cls, _) in _RESPONSES.item
 
 
 # ---------------------------------------------------------------- codec
+_UNPACK_ERRORS = (ValueError, TypeError, OverflowError, msgpack.UnpackException)
+
+
 def _unpack(body: bytes | memoryview) -> Any:
     try:
         # unpackb bounds every declared length by the size of ``body`` and nesting by a fixed
-        # stack, so neither a length bomb nor deep nesting allocates beyond the frame.
-        return msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
-    except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
+        # stack, so a length bomb cannot allocate. It does not bound the number of objects (each
+        # costs >= 1 byte on the wire but 50-80 bytes in Python): see _unpack_request.
+        return msgpack.unpackb(body)
+    except _UNPACK_ERRORS as exc:
+        raise ProtocolError(f"frame is not one valid msgpack value: {exc!r}") from None
+
+
+REQUEST_ITEMS_MAX = 64
+"""A request array, and any array or map inside one (none is defined yet: room for evolution),
+holds at most this many items; a large request frame holds at most this many arrays and maps."""
+_PLAIN_REQUEST_BYTES_MAX = 64 * 1024
+"""Below this size a request frame is unpacked without counting containers: even at ~80 bytes of
+Python objects per wire byte it costs a few MiB at most, and the add hot path stays hook-free."""
+
+
+def _unpack_request(body: bytes | memoryview) -> Any:
+    """Unpack a request frame with the object count bounded: a 5 MiB frame of empty arrays would
+    otherwise build ~5 million lists (~320 MiB, seconds of event-loop CPU) before validation."""
+    try:
+        if len(body) <= _PLAIN_REQUEST_BYTES_MAX:
+            return msgpack.unpackb(body, max_array_len=REQUEST_ITEMS_MAX, max_map_len=REQUEST_ITEMS_MAX)
+        containers = 0
+
+        def count(container: Any) -> Any:
+            nonlocal containers
+            containers += 1
+            if containers > REQUEST_ITEMS_MAX:
+                raise ProtocolError(f"request frame holds more than {REQUEST_ITEMS_MAX} arrays and maps")
+            return container
+
+        return msgpack.unpackb(
+            body,
+            max_array_len=REQUEST_ITEMS_MAX,
+            max_map_len=REQUEST_ITEMS_MAX,
+            list_hook=count,
+            object_hook=count,
+        )
+    except _UNPACK_ERRORS as exc:
         raise ProtocolError(f"frame is not one valid msgpack value: {exc!r}") from None
 
 
@@ -349,6 +388,8 @@ def _head(obj: Any, what: str) -> tuple[int, int]:
 
 
 _ADD = int(OpCode.ADD_ENTRY)
+_FENCING_OPS = frozenset((int(OpCode.READ_ENTRY), int(OpCode.BATCH_READ)))
+_FENCE = int(ReadFlag.FENCE_LEDGER)
 _new_tuple = tuple.__new__  # NamedTuple construction without the generated __new__ (3x faster)
 
 
@@ -396,21 +437,35 @@ def _fast_add_response(obj: list[Any]) -> AddEntryResponse | None:
 
 def decode_request(body: bytes | memoryview) -> Request:
     """Decode one request frame body. Raises :class:`ProtocolError` (with request_id/op if known)."""
-    obj = _unpack(body)
-    if type(obj) is list and obj and obj[0] == _ADD and (fast := _fast_add_request(obj)):
+    obj = _unpack_request(body)
+    if (
+        type(obj) is list
+        and obj
+        and type(obj[0]) is int
+        and obj[0] == _ADD
+        and (fast := _fast_add_request(obj))
+    ):
         return fast
     op, rid = _head(obj, "request")
     spec = _REQUESTS.get(op)
     if spec is None:
         raise ProtocolError(f"unknown op {op}", request_id=rid, op=op)
     result: Request = _validate(obj[1:], spec, op, rid, lenient=False)
+    if op in _FENCING_OPS and result.master_key is None and result.flags & _FENCE:  # type: ignore[union-attr]
+        raise ProtocolError(f"op {op}: FENCE_LEDGER needs a master_key", request_id=rid, op=op)
     return result
 
 
 def decode_response(body: bytes | memoryview) -> Response:
     """Decode one response frame body. Raises :class:`ProtocolError`."""
     obj = _unpack(body)
-    if type(obj) is list and obj and obj[0] == _ADD and (fast := _fast_add_response(obj)):
+    if (
+        type(obj) is list
+        and obj
+        and type(obj[0]) is int
+        and obj[0] == _ADD
+        and (fast := _fast_add_response(obj))
+    ):
         return fast
     op, rid = _head(obj, "response")
     spec = _RESPONSES.get(op)

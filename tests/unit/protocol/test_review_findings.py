@@ -1,0 +1,92 @@
+"""Regression tests for bugs found in the protocol review (see docs/protocol.md)."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import msgpack
+import pytest
+
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import FRAME_BYTES_MAX, OpCode, ReadFlag
+from bookkeeper_aio.protocol.errors import ProtocolError
+
+
+@pytest.mark.parametrize("op", [True, 1.0])
+def test_add_fast_path_refuses_a_non_int_op(op: object) -> None:
+    # ``True == 1`` and ``1.0 == 1``: the fast path used to take these for ADD_ENTRY.
+    with pytest.raises(ProtocolError):
+        m.decode_request(msgpack.packb([op, 1, 2, 3, 0, b"k", b"body"]))
+    with pytest.raises(ProtocolError):
+        m.decode_response(msgpack.packb([op, 1, 0, None, 2, 3]))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        [int(OpCode.READ_ENTRY), 7, 5, -1, int(ReadFlag.FENCE_LEDGER), None, -1, 0],
+        [int(OpCode.BATCH_READ), 7, 5, 0, 10, 1000, int(ReadFlag.FENCE_LEDGER), None],
+    ],
+)
+def test_fence_without_master_key_is_a_bad_request(raw: list[object]) -> None:
+    with pytest.raises(ProtocolError) as info:
+        m.decode_request(msgpack.packb(raw))
+    assert (info.value.request_id, info.value.op) == (7, raw[0])
+
+
+def test_fence_with_master_key_and_plain_read_without_one_are_fine() -> None:
+    fence = m.ReadEntryRequest(7, 5, -1, int(ReadFlag.FENCE_LEDGER), b"k" * 32)
+    assert m.decode_request(m.encode(fence)[4:]) == fence
+    plain = m.ReadEntryRequest(7, 5, 3)
+    assert m.decode_request(m.encode(plain)[4:]) == plain
+
+
+def _tree(depth: int, fanout: int) -> bytes:
+    """msgpack bytes of a ``fanout``-ary tree of arrays ``depth`` levels deep (leaves empty)."""
+    node = b"\x90"
+    for _ in range(depth):
+        node = bytes([0xDC]) + fanout.to_bytes(2, "big") + node * fanout
+    return node
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        # [op, rid, <5 MiB of empty arrays>]: ~5 million lists before the fix (~320 MiB, seconds)
+        (
+            b"\x93\x02\x01\xdd"
+            + (FRAME_BYTES_MAX - 16).to_bytes(4, "big")
+            + b"\x90" * (FRAME_BYTES_MAX - 16),
+            "flat",
+        ),
+        # the same through arrays of 60 items each, under any per-array length limit
+        (b"\x93\x02\x01" + _tree(3, 60), "tree of small arrays"),
+        # trailing fields are ignored, but not allocated without bound: ~1.7 million str objects
+        (
+            b"\xdd"
+            + (FRAME_BYTES_MAX // 3).to_bytes(4, "big")
+            + b"\x02\x01"
+            + b"\xa2ab" * (FRAME_BYTES_MAX // 3 - 2),
+            "strings",
+        ),
+    ],
+)
+def test_object_bomb_request_is_refused_without_allocating(raw: bytes, why: str) -> None:
+    assert len(raw) <= FRAME_BYTES_MAX + 8
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError):
+            m.decode_request(raw)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024, f"{why}: decoding allocated {peak} bytes"
+
+
+def test_request_trailing_fields_still_ignored_within_the_limit() -> None:
+    raw = msgpack.packb([int(OpCode.READ_LAC), 3, 10, "future", [1, 2], {"k": 1}])
+    assert m.decode_request(raw) == m.ReadLacRequest(3, 10)
+    big = msgpack.packb([int(OpCode.ADD_ENTRY), 3, 10, 0, 0, b"k", b"x" * 200_000, [1, 2], {"k": [3]}])
+    assert m.decode_request(big) == m.AddEntryRequest(3, 10, 0, 0, b"k", b"x" * 200_000)
+    with pytest.raises(ProtocolError):
+        m.decode_request(msgpack.packb([int(OpCode.READ_LAC), 3, 10, *range(m.REQUEST_ITEMS_MAX)]))
