@@ -188,12 +188,19 @@ class BookieRegistration:
     """Keeps ``info`` registered while started. ``start()`` / ``set_state()`` / ``close()`` / ``abort()``."""
 
     def __init__(
-        self, store: MetadataStore, root: str, info: BookieInfo, *, ttl_s: int = REGISTRATION_TTL_S_DEFAULT
+        self,
+        store: MetadataStore,
+        root: str,
+        info: BookieInfo,
+        *,
+        ttl_s: int = REGISTRATION_TTL_S_DEFAULT,
+        stale_wait_s: float | None = None,
     ) -> None:
         self._store = store
         self._keys = ClusterKeys(root)
         self._info = info
         self._ttl_s = ttl_s
+        self._stale_wait_s = ttl_s * STALE_KEY_WAIT_TTLS if stale_wait_s is None else stale_wait_s
         self._lease_id = 0
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -213,12 +220,12 @@ class BookieRegistration:
         return self._lease_id
 
     async def start(self) -> None:
-        """Register (waiting up to 2 TTLs for a previous incarnation's key to expire), start keepalive.
+        """Register (waiting ``stale_wait_s``, default 2 TTLs, for an old incarnation's key), keep alive.
 
         Raises `NodeExists` if another live registration holds this bookie id.
         """
         assert self._task is None, "already started"
-        await self._register(wait_stale_s=self._ttl_s * STALE_KEY_WAIT_TTLS)
+        await self._register(wait_stale_s=self._stale_wait_s)
         self._task = asyncio.get_running_loop().create_task(
             self._keepalive_loop(), name=f"bookie-lease-{self.key}"
         )
@@ -277,7 +284,7 @@ class BookieRegistration:
             try:
                 with contextlib.suppress(MetadataError):
                     await self._store.revoke_lease(self._lease_id)
-                await self._register(wait_stale_s=self._ttl_s * STALE_KEY_WAIT_TTLS)
+                await self._register(wait_stale_s=self._stale_wait_s)
                 return
             except MetadataError as error:
                 log.warning("bookie.reregister_failed", key=self.key, error=str(error))

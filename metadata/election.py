@@ -127,9 +127,11 @@ class Election:
     async def observe(self) -> AsyncGenerator[str | None, None]:
         """The current leader, then each change (None while vacant)."""
         while True:
-            current = await self._store.get(self._key)
+            # One read gives the value and the revision it was read at, so no change slips between.
+            page = await self._store.list(self._key, limit=1)
+            current = next((kv for kv in page.items if kv.key == self._key), None)
             yield None if current is None else current.value.decode()
-            start = (current.version if current else await self._store.current_revision()) + 1
+            start = page.revision + 1
             events = self._store.watch(self._key, start_revision=start)
             try:
                 async with contextlib.aclosing(events):

@@ -1,0 +1,166 @@
+"""Bookie registration, discovery, cookies and election against both drivers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from metadata.bookies import (
+    BookieInfo,
+    BookieRegistration,
+    BookieSet,
+    BookieState,
+    Cookie,
+    list_bookies,
+    read_cookie,
+    watch_bookies,
+    write_cookie,
+)
+from metadata.election import Election
+from metadata.errors import BadVersion, MetadataFormatError, NodeExists
+from metadata.keys import ClusterKeys
+from metadata.store import MetadataStore
+
+
+def info(n: int) -> BookieInfo:
+    return BookieInfo(f"127.0.0.1:{3180 + n}", "127.0.0.1", 3180 + n, attributes={"disk_free_bytes": "100"})
+
+
+async def wait_for(predicate: object, timeout_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not await predicate():  # type: ignore[operator]
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_register_list_switch_state_and_deregister(store: MetadataStore, root: str) -> None:
+    registration = BookieRegistration(store, root, info(1), ttl_s=5)
+    await registration.start()
+    try:
+        listed = await list_bookies(store, root)
+        assert set(listed.writable) == {"127.0.0.1:3181"}
+        assert listed.writable["127.0.0.1:3181"] == info(1)
+        assert not listed.readonly
+        await registration.set_state(BookieState.READONLY)
+        listed = await list_bookies(store, root)
+        assert not listed.writable
+        assert listed.readonly["127.0.0.1:3181"].state is BookieState.READONLY
+    finally:
+        await registration.close()
+    assert await list_bookies(store, root) == BookieSet({}, {}, (await list_bookies(store, root)).revision)
+
+
+async def test_second_live_registration_of_same_id_is_refused(store: MetadataStore, root: str) -> None:
+    first = BookieRegistration(store, root, info(1), ttl_s=2)
+    await first.start()
+    try:
+        second = BookieRegistration(store, root, info(1), ttl_s=2, stale_wait_s=0.5)
+        with pytest.raises(NodeExists):
+            await second.start()  # waits for the key to go, but the first keeps it alive
+    finally:
+        await first.close()
+
+
+async def test_reregisters_after_lease_loss(store: MetadataStore, root: str) -> None:
+    registration = BookieRegistration(store, root, info(2), ttl_s=2)
+    await registration.start()
+    try:
+        lost_lease = registration.lease_id
+        await store.revoke_lease(lost_lease)  # as if etcd had expired it while we were paused
+        assert "127.0.0.1:3182" not in (await list_bookies(store, root)).writable
+
+        async def back() -> bool:
+            return "127.0.0.1:3182" in (await list_bookies(store, root)).writable
+
+        await wait_for(back)
+        assert registration.registrations == 2
+        assert registration.lease_id != lost_lease
+    finally:
+        await registration.close()
+
+
+async def test_watch_bookies_sees_joins_state_changes_and_leaves(store: MetadataStore, root: str) -> None:
+    snapshots: list[BookieSet] = []
+    done = asyncio.Event()
+
+    async def follow() -> None:
+        async with contextlib.aclosing(watch_bookies(store, root)) as updates:
+            async for snapshot in updates:
+                snapshots.append(snapshot)
+                if len(snapshots) > 1 and not snapshot.writable and not snapshot.readonly:
+                    done.set()
+                    return
+
+    follower = asyncio.create_task(follow())
+    await asyncio.sleep(0.2)
+    registration = BookieRegistration(store, root, info(3), ttl_s=5)
+    await registration.start()
+    await registration.set_state(BookieState.READONLY)
+    await registration.close()
+    await asyncio.wait_for(follower, 5)
+    assert set(snapshots[0].writable) == set()
+    assert any("127.0.0.1:3183" in s.writable for s in snapshots)
+    assert any("127.0.0.1:3183" in s.readonly for s in snapshots)
+    assert done.is_set()
+
+
+async def test_garbage_registration_is_a_format_error(store: MetadataStore, root: str) -> None:
+    await store.put(ClusterKeys(root).bookie("writable", "bad"), b"\xc1\xc1")
+    with pytest.raises(MetadataFormatError, match="bad"):
+        await list_bookies(store, root)
+
+
+async def test_cookie_create_cas_and_read(store: MetadataStore, root: str) -> None:
+    cookie = Cookie("127.0.0.1:3181", "inst-1", ("/data/journal",), ("/data/ledgers",))
+    version = await write_cookie(store, root, cookie, None)
+    with pytest.raises(NodeExists):
+        await write_cookie(store, root, cookie, None)
+    assert await read_cookie(store, root, cookie.bookie_id) == (cookie, version)
+    moved = Cookie(cookie.bookie_id, "inst-1", ("/data2/journal",), ("/data/ledgers",))
+    new_version = await write_cookie(store, root, moved, version)
+    with pytest.raises(BadVersion):
+        await write_cookie(store, root, cookie, version)
+    assert await read_cookie(store, root, cookie.bookie_id) == (moved, new_version)
+    assert await read_cookie(store, root, "other") is None
+
+
+async def test_election_one_leader_then_handover_on_resign(store: MetadataStore, root: str) -> None:
+    key = ClusterKeys(root).auditor
+    first, second = Election(store, key, "auditor-a", ttl_s=3), Election(store, key, "auditor-b", ttl_s=3)
+    observed: list[str | None] = []
+
+    async def observe() -> None:
+        async with contextlib.aclosing(first.observe()) as leaders:
+            async for leader in leaders:
+                observed.append(leader)
+                if leader == "auditor-b":
+                    return
+
+    observer = asyncio.create_task(observe())
+    await first.campaign()
+    assert first.is_leader
+    assert await second.leader() == "auditor-a"
+    waiting = asyncio.create_task(second.campaign())
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    await first.resign()
+    await asyncio.wait_for(waiting, 5)
+    assert second.is_leader
+    assert await first.leader() == "auditor-b"
+    await asyncio.wait_for(observer, 5)
+    assert observed[-1] == "auditor-b"
+    assert "auditor-a" in observed
+    await second.close()
+    assert await first.leader() is None
+
+
+async def test_election_leader_learns_it_lost_the_lease(store: MetadataStore, root: str) -> None:
+    election = Election(store, ClusterKeys(root).auditor, "auditor-a", ttl_s=3)
+    await election.campaign()
+    await store.revoke_lease(election._lease_id)  # test-only peek: simulate expiry
+    await asyncio.wait_for(election.lost.wait(), 5)
+    assert not election.is_leader
+    await election.close()

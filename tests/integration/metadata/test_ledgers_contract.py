@@ -1,0 +1,213 @@
+"""LedgerManager and IdGenerator against both drivers: create, CAS loop, delete, list, watch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from metadata.errors import BadVersion, MetadataFormatError, NodeExists, NoSuchLedger
+from metadata.idgen import IdGenerator
+from metadata.ledger import LedgerMetadata, LedgerState
+from metadata.ledgers import UNCHANGED, LedgerManager, VersionedLedger
+from metadata.memory import MemoryStore
+from metadata.store import MetadataStore
+
+BOOKIES = ("127.0.0.1:3181", "127.0.0.1:3182", "127.0.0.1:3183")
+
+
+async def create(manager: LedgerManager) -> VersionedLedger:
+    return await manager.create(BOOKIES, write_quorum=2, ack_quorum=2, password_hash=b"\x01" * 32)
+
+
+async def test_create_assigns_distinct_ids_and_read_returns_it(store: MetadataStore, root: str) -> None:
+    manager = LedgerManager(store, root)
+    first, second = await create(manager), await create(manager)
+    assert first.ledger_id != second.ledger_id
+    read = await manager.read(first.ledger_id)
+    assert read == first
+    assert read.metadata.state is LedgerState.OPEN
+    assert read.metadata.ctime_ms > 0
+
+
+async def test_read_missing_ledger_raises_no_such_ledger(store: MetadataStore, root: str) -> None:
+    with pytest.raises(NoSuchLedger) as info:
+        await LedgerManager(store, root).read(123)
+    assert info.value.ledger_id == 123
+
+
+async def test_create_metadata_with_existing_id_raises_node_exists(store: MetadataStore, root: str) -> None:
+    manager = LedgerManager(store, root)
+    created = await create(manager)
+    with pytest.raises(NodeExists):
+        await manager.create_metadata(created.metadata)
+
+
+async def test_update_applies_transform_and_rereads_on_conflict(store: MetadataStore, root: str) -> None:
+    manager = LedgerManager(store, root)
+    created = await create(manager)
+    # Someone else changes the ledger behind our back: our single CAS must fail...
+    await manager.write(created.metadata.with_custom_metadata({"other": b"1"}), created.version)
+    with pytest.raises(BadVersion):
+        await manager.write(created.metadata.in_recovery(), created.version)
+    # ...while the loop re-reads and re-evaluates on the fresh metadata.
+    seen: list[LedgerMetadata] = []
+
+    def mark_recovering(current: LedgerMetadata) -> LedgerMetadata:
+        seen.append(current)
+        return current.in_recovery()
+
+    updated = await manager.update(created.ledger_id, mark_recovering)
+    assert updated.metadata.state is LedgerState.IN_RECOVERY
+    assert updated.metadata.custom_metadata["other"] == b"1"
+    assert updated == await manager.read(created.ledger_id)
+
+
+async def test_update_stops_on_unchanged_and_propagates_transform_errors(
+    store: MetadataStore, root: str
+) -> None:
+    manager = LedgerManager(store, root)
+    created = await create(manager)
+    closed = await manager.update(created.ledger_id, lambda md: md.closed(-1, 0))
+
+    def close_again(current: LedgerMetadata) -> LedgerMetadata:
+        return current.closed(5, 10)
+
+    def close_idempotent(current: LedgerMetadata) -> LedgerMetadata | object:
+        return UNCHANGED if current.is_closed and current.last_entry_id == -1 else current.closed(-1, 0)
+
+    assert await manager.update(created.ledger_id, close_idempotent) == closed  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="illegal transition CLOSED -> CLOSED"):
+        await manager.update(created.ledger_id, close_again)
+    assert (await manager.read(created.ledger_id)).version == closed.version
+
+
+async def test_concurrent_cas_increments_lose_nothing(store: MetadataStore, root: str) -> None:
+    manager = LedgerManager(store, root)
+    created = await create(manager)
+    tasks, per_task = 20, 3
+
+    def increment(current: LedgerMetadata) -> LedgerMetadata:
+        value = int(current.custom_metadata.get("count", b"0"))
+        return current.with_custom_metadata({"count": str(value + 1).encode()})
+
+    async def worker() -> None:
+        for _ in range(per_task):
+            await manager.update(created.ledger_id, increment)
+
+    async with asyncio.TaskGroup() as group:
+        for _ in range(tasks):
+            group.create_task(worker())
+    final = await manager.read(created.ledger_id)
+    assert int(final.metadata.custom_metadata["count"]) == tasks * per_task
+
+
+async def test_delete_with_version_then_gone(store: MetadataStore, root: str) -> None:
+    manager = LedgerManager(store, root)
+    created = await create(manager)
+    with pytest.raises(BadVersion):
+        await manager.delete(created.ledger_id, created.version + 999)
+    await manager.delete(created.ledger_id, created.version)
+    assert not await manager.exists(created.ledger_id)
+    with pytest.raises(NoSuchLedger):
+        await manager.delete(created.ledger_id)
+
+
+async def test_list_pages_through_all_ledgers_in_id_order(store: MetadataStore, root: str) -> None:
+    manager = LedgerManager(store, root)
+    ids = [(await create(manager)).ledger_id for _ in range(7)]
+    page = await manager.list_page(limit=3)
+    assert page.ledger_ids == tuple(sorted(ids)[:3])
+    assert page.more
+    assert [i async for i in manager.iter_ledger_ids(page_size=3)] == sorted(ids)
+
+
+async def test_garbage_in_a_ledger_key_gives_a_decode_error_naming_the_ledger(
+    store: MetadataStore, root: str
+) -> None:
+    manager = LedgerManager(store, root)
+    await store.put(manager.keys.ledger(4242), b"this is not ledger metadata")
+    with pytest.raises(MetadataFormatError) as info:
+        await manager.read(4242)
+    assert "ledger 4242" in str(info.value)
+    assert info.value.key == manager.keys.ledger(4242)
+
+
+async def test_watch_yields_current_then_changes_then_none_on_delete(store: MetadataStore, root: str) -> None:
+    manager = LedgerManager(store, root)
+    created = await create(manager)
+    seen: list[VersionedLedger | None] = []
+
+    async def follow() -> None:
+        async with contextlib.aclosing(manager.watch(created.ledger_id)) as updates:
+            async for update in updates:
+                seen.append(update)
+
+    follower = asyncio.create_task(follow())
+    await asyncio.sleep(0.2)
+    recovering = await manager.update(created.ledger_id, lambda md: md.in_recovery())
+    closed = await manager.update(created.ledger_id, lambda md: md.closed(3, 300))
+    await manager.delete(created.ledger_id, closed.version)
+    await asyncio.wait_for(follower, 5)
+    assert seen == [created, recovering, closed, None]
+
+
+async def test_id_generator_is_unique_across_generators_sharing_a_counter(
+    store: MetadataStore, root: str
+) -> None:
+    generators = [IdGenerator(store, f"{root}/idgen", block_size=7) for _ in range(3)]
+    ids: list[int] = []
+
+    async def draw(generator: IdGenerator) -> None:
+        for _ in range(30):
+            ids.append(await generator.next_id())
+
+    async with asyncio.TaskGroup() as group:
+        for generator in generators:
+            group.create_task(draw(generator))
+            group.create_task(draw(generator))
+    assert len(ids) == 180
+    assert len(set(ids)) == 180
+    assert min(ids) >= 1
+
+
+async def test_id_counter_garbage_is_a_format_error(store: MetadataStore, root: str) -> None:
+    await store.put(f"{root}/idgen", b"\x00garbage")
+    with pytest.raises(MetadataFormatError, match="idgen"):
+        await IdGenerator(store, f"{root}/idgen").next_id()
+
+
+# ---- memory-only: injected lost results -----------------------------------------------------------
+
+
+async def test_unknown_id_block_is_never_used() -> None:
+    store = MemoryStore()
+    generator = IdGenerator(store, "/r/idgen", block_size=10)
+    assert await generator.next_id() == 1
+    other = IdGenerator(store, "/r/idgen", block_size=10)
+    store.lose_next_write_result(applied=True)  # the claim of [11, 21) applies but its answer is lost
+    assert await other.next_id() == 21
+    assert (await store.get("/r/idgen")).value == b"31"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("applied", [True, False])
+async def test_create_with_lost_result_is_resolved_by_reading_back(applied: bool) -> None:
+    store = MemoryStore()
+    manager = LedgerManager(store, "/r")
+    await create(manager)  # claim the first id block before injecting
+    store.lose_next_write_result(applied=applied)
+    created = await create(manager)
+    assert await manager.read(created.ledger_id) == created
+
+
+async def test_update_with_lost_cas_result_raises_cas_result_unknown() -> None:
+    from metadata.errors import CasResultUnknown
+
+    store = MemoryStore()
+    manager = LedgerManager(store, "/r")
+    created = await create(manager)
+    store.lose_next_write_result(applied=True)
+    with pytest.raises(CasResultUnknown):
+        await manager.update(created.ledger_id, lambda md: md.in_recovery())
+    assert (await manager.read(created.ledger_id)).metadata.state is LedgerState.IN_RECOVERY

@@ -1,0 +1,169 @@
+"""LedgerMetadata: validation, the state machine, ensemble changes and the serde (pure, no I/O)."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import pathlib
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from metadata import ledger as serde
+from metadata.errors import InvalidMetadata, MetadataFormatError
+from metadata.ledger import LedgerMetadata, LedgerState
+
+BOOKIES = ("b1:3181", "b2:3181", "b3:3181")
+
+
+def make(**overrides: object) -> LedgerMetadata:
+    md = LedgerMetadata.new(7, BOOKIES, write_quorum=2, ack_quorum=2, password_hash=b"h" * 32, ctime_ms=5)
+    return md if not overrides else LedgerMetadata(**{**_fields(md), **overrides})  # type: ignore[arg-type]
+
+
+def _fields(md: LedgerMetadata) -> dict[str, object]:
+    return {name: getattr(md, name) for name in LedgerMetadata.__dataclass_fields__}
+
+
+@pytest.mark.parametrize(
+    ("e", "qw", "qa"),
+    [(3, 4, 2), (3, 2, 3), (3, 3, 0), (0, 0, 0), (65, 3, 2)],
+)
+def test_quorum_rule_e_ge_qw_ge_qa_ge_1(e: int, qw: int, qa: int) -> None:
+    bookies = tuple(f"b{i}" for i in range(e))
+    with pytest.raises(InvalidMetadata, match="E >= Qw >= Qa >= 1"):
+        LedgerMetadata.new(1, bookies, write_quorum=qw, ack_quorum=qa)
+
+
+def test_valid_quorums_accepted() -> None:
+    md = LedgerMetadata.new(1, BOOKIES, write_quorum=3, ack_quorum=1)
+    assert (md.ensemble_size, md.state, md.last_entry_id) == (3, LedgerState.OPEN, None)
+
+
+def test_duplicate_bookie_in_ensemble_rejected() -> None:
+    with pytest.raises(InvalidMetadata, match="repeats a bookie"):
+        LedgerMetadata.new(1, ("a", "b", "a"), write_quorum=2, ack_quorum=2)
+
+
+def test_ensembles_must_increase_and_start_at_zero() -> None:
+    with pytest.raises(InvalidMetadata, match="start at entry 0"):
+        make(ensembles=((1, BOOKIES),))
+    with pytest.raises(InvalidMetadata, match="increasing"):
+        make(ensembles=((0, BOOKIES), (5, BOOKIES), (5, BOOKIES)))
+
+
+def test_last_entry_only_when_closed() -> None:
+    with pytest.raises(InvalidMetadata, match="only when CLOSED"):
+        make(last_entry_id=3)
+    with pytest.raises(InvalidMetadata, match="needs last_entry_id"):
+        make(state=LedgerState.CLOSED)
+
+
+def test_close_empty_ledger_with_minus_one() -> None:
+    closed = make().closed(-1, 0)
+    assert (closed.state, closed.last_entry_id, closed.length) == (LedgerState.CLOSED, -1, 0)
+
+
+def test_transition_table_is_enforced() -> None:
+    md = make()
+    recovering = md.in_recovery()
+    closed = recovering.closed(10, 1000)
+    assert closed.is_closed
+    with pytest.raises(InvalidMetadata, match="illegal transition CLOSED -> IN_RECOVERY"):
+        closed.in_recovery()
+    with pytest.raises(InvalidMetadata, match="illegal transition IN_RECOVERY -> IN_RECOVERY"):
+        recovering.in_recovery()
+    with pytest.raises(InvalidMetadata, match="illegal transition CLOSED -> CLOSED"):
+        closed.closed(10, 1000)
+
+
+def test_ensemble_change_adds_or_replaces_the_last_fragment() -> None:
+    md = make().with_ensemble_change(12, ("b4:3181", "b2:3181", "b3:3181"))
+    assert md.ensembles == ((0, BOOKIES), (12, ("b4:3181", "b2:3181", "b3:3181")))
+    again = md.with_ensemble_change(12, ("b5:3181", "b2:3181", "b3:3181"))
+    assert again.ensembles[-1] == (12, ("b5:3181", "b2:3181", "b3:3181"))
+    assert len(again.ensembles) == 2
+    assert again.ensemble_for(11) == BOOKIES
+    assert again.ensemble_for(12)[0] == "b5:3181"
+    with pytest.raises(InvalidMetadata, match="precedes"):
+        md.with_ensemble_change(3, BOOKIES)
+    with pytest.raises(InvalidMetadata, match="closed ledger"):
+        md.closed(20, 5).with_ensemble_change(21, BOOKIES)
+
+
+def test_metadata_is_immutable() -> None:
+    md = make(custom_metadata={"k": b"v"})
+    with pytest.raises(AttributeError):
+        md.state = LedgerState.CLOSED  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        md.custom_metadata["k"] = b"w"  # type: ignore[index]
+
+
+def test_roundtrip_keeps_every_field() -> None:
+    md = make(custom_metadata={"app": b"\x00\xff"}).with_ensemble_change(4, ("x", "y", "z")).closed(9, 99)
+    back = serde.decode(serde.encode(md), key="/r/ledgers/7", ledger_id=7)
+    assert back == md
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "bad magic"),
+        (b"hello world", "bad magic"),
+        (serde.MAGIC + b"\xc1", "corrupt msgpack"),
+        (serde.MAGIC + msgpack.packb([1, 2]), "expected a map"),
+        (serde.MAGIC + msgpack.packb({"format_version": 99}), "unsupported format_version 99"),
+        (serde.MAGIC + msgpack.packb({"format_version": 1}), "field 'ledger_id' missing"),
+    ],
+)
+def test_garbage_is_rejected_naming_key_and_ledger(data: bytes, message: str) -> None:
+    with pytest.raises(MetadataFormatError, match=message) as info:
+        serde.decode(data, key="/r/ledgers/0000000000000000042", ledger_id=42)
+    assert "ledger 42" in str(info.value)
+    assert "/r/ledgers/0000000000000000042" in str(info.value)
+
+
+def test_value_naming_another_ledger_is_rejected() -> None:
+    with pytest.raises(MetadataFormatError, match="names ledger 7"):
+        serde.decode(serde.encode(make()), key="k", ledger_id=8)
+
+
+def test_invariant_violation_in_stored_value_is_a_format_error() -> None:
+    body = msgpack.unpackb(serde.encode(make())[4:])
+    body["write_quorum"] = 9
+    with pytest.raises(MetadataFormatError, match="E >= Qw"):
+        serde.decode(serde.MAGIC + msgpack.packb(body), key="k", ledger_id=7)
+
+
+@given(st.binary(max_size=300))
+def test_decoding_random_bytes_raises_only_format_errors(data: bytes) -> None:
+    for candidate in (data, serde.MAGIC + data):
+        with contextlib.suppress(MetadataFormatError):
+            serde.decode(candidate, key="k", ledger_id=1)
+
+
+@given(
+    ensemble_size=st.integers(1, 8),
+    data=st.data(),
+    custom=st.dictionaries(st.text(max_size=10), st.binary(max_size=20), max_size=4),
+)
+def test_roundtrip_property(ensemble_size: int, data: st.DataObject, custom: dict[str, bytes]) -> None:
+    qw = data.draw(st.integers(1, ensemble_size))
+    qa = data.draw(st.integers(1, qw))
+    bookies = tuple(f"10.0.0.{i}:3181" for i in range(ensemble_size))
+    md = LedgerMetadata.new(data.draw(st.integers(0, 2**63 - 1)), bookies, write_quorum=qw, ack_quorum=qa)
+    md = md.with_custom_metadata(custom)
+    assert serde.decode(serde.encode(md), key="k", ledger_id=md.ledger_id) == md
+
+
+def test_model_and_serde_import_no_io_modules() -> None:
+    source = pathlib.Path(serde.__file__).read_text()
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
+    }
+    assert not imported & {"asyncio", "socket", "aetcd", "grpc", "bookkeeper_aio", "bookie"}

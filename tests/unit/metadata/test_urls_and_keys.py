@@ -1,0 +1,71 @@
+"""URL parsing, key layout, and the package's dependency rule."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+import metadata
+from metadata.cluster import parse_url
+from metadata.errors import InvalidMetadata, InvalidUrl
+from metadata.keys import ClusterKeys
+
+
+def test_etcd_url_with_several_endpoints_and_root() -> None:
+    url = parse_url("etcd://127.0.0.1:2379,10.0.0.2:2380,etcd3/bookkeeper/prod?op_timeout_s=2.5")
+    assert url.scheme == "etcd"
+    assert url.endpoints == (("127.0.0.1", 2379), ("10.0.0.2", 2380), ("etcd3", 2379))
+    assert url.root == "/bookkeeper/prod"
+    assert url.op_timeout_s == 2.5
+
+
+def test_defaults_and_memory_url() -> None:
+    assert parse_url("etcd://localhost").root == "/bookkeeper/default"
+    memory = parse_url("memory://")
+    assert (memory.scheme, memory.root, memory.endpoints) == ("memory", "/bookkeeper/default", ())
+    assert parse_url("memory:///bookkeeper/x").root == "/bookkeeper/x"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "zk://localhost:2181/ledgers",
+        "etcd:///bookkeeper/x",
+        "etcd://host:notaport/bookkeeper/x",
+        "etcd://host:2379/bookkeeper/x/",
+        "etcd://host:2379/bookkeeper/x?bogus=1",
+    ],
+)
+def test_bad_urls_raise_invalid_url(url: str) -> None:
+    with pytest.raises(InvalidUrl):
+        parse_url(url)
+
+
+def test_ledger_keys_sort_numerically_and_parse_back() -> None:
+    keys = ClusterKeys("/bookkeeper/c1")
+    assert keys.ledger(42) == "/bookkeeper/c1/ledgers/0000000000000000042"
+    ids = [0, 9, 10, 2**63 - 1, 123456]
+    assert sorted(keys.ledger(i) for i in ids) == [keys.ledger(i) for i in sorted(ids)]
+    assert keys.ledger_id_of(keys.ledger(2**63 - 1)) == 2**63 - 1
+    with pytest.raises(InvalidMetadata):
+        keys.ledger_id_of("/bookkeeper/c1/ledgers/abc")
+    assert keys.bookie("writable", "127.0.0.1:3181") == "/bookkeeper/c1/bookies/writable/127.0.0.1:3181"
+    with pytest.raises(InvalidMetadata):
+        keys.bookie("writable", "a/b")
+
+
+def test_metadata_imports_nothing_from_client_or_bookie() -> None:
+    package = pathlib.Path(metadata.__file__).parent
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            for name in names:
+                assert name.split(".")[0] not in {"bookkeeper_aio", "bookie"}, f"{path.name} imports {name}"
