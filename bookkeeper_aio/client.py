@@ -1,0 +1,271 @@
+"""``BookKeeper``: the client object. Owns the bookie connections and the metadata connection.
+
+    async with BookKeeper.connect("etcd://127.0.0.1:2379/bookkeeper/default") as bk:
+        async with await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=b"pw") as lh:
+            await lh.append(b"payload")
+        rh = await bk.open_ledger(lh.id, password=b"pw", recovery=False)
+        async for entry in rh.read():
+            ...
+
+Lifecycle (STYLE habit 6): everything a client starts is closed by :meth:`BookKeeper.close`
+(graceful: open write handles are closed, connections flushed) or :meth:`BookKeeper.abort`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import weakref
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import structlog
+
+from bookkeeper_aio.bookie_client import AddressResolver, BookiePool
+from bookkeeper_aio.config import ClientConfig
+from bookkeeper_aio.context import BookieDirectory, ClientContext
+from bookkeeper_aio.errors import BKError, BKInterfaceError, BookieConnectionLost, NoSuchLedger, Unauthorized
+from bookkeeper_aio.ledger import LedgerHandle
+from bookkeeper_aio.placement import PlacementPolicy, RandomPlacement
+from bookkeeper_aio.protocol.digest import DigestType, EntryCodec, master_key
+from bookkeeper_aio.read_handle import ReadHandle, read_lac_with_coverage
+from metadata import errors as md_errors
+from metadata.bookies import BookieInfo, list_bookies
+from metadata.cluster import MetadataConnection
+from metadata.cluster import connect as metadata_connect
+from metadata.ledger import LedgerState
+from metadata.ledgers import LedgerManager, VersionedLedger
+from metadata.store import MetadataStore
+
+log = structlog.get_logger(__name__)
+
+
+def password_hash(password: bytes) -> bytes:
+    """What ledger metadata stores to check a password at open (never the password itself, and not
+    the master key either: reading metadata must not let anyone write to bookies)."""
+    return hashlib.sha256(b"bookkeeper-aio/password-check\x00" + password).digest()
+
+
+class RegistryDirectory:
+    """Writable bookies and their addresses from the bookie registration in metadata."""
+
+    def __init__(self, store: MetadataStore, root: str) -> None:
+        self._store = store
+        self._root = root
+        self._known: dict[str, BookieInfo] = {}
+
+    async def writable_bookies(self) -> Sequence[str]:
+        bookies = await list_bookies(self._store, self._root)
+        self._known.update(bookies.writable)
+        self._known.update(bookies.readonly)
+        return sorted(bookies.writable)
+
+    async def resolve(self, bookie_id: str) -> tuple[str, int]:
+        info = self._known.get(bookie_id)
+        if info is None:
+            try:
+                await self.writable_bookies()
+            except md_errors.MetadataError as error:
+                raise BookieConnectionLost(f"cannot resolve {bookie_id}: {error!r}") from error
+            info = self._known.get(bookie_id)
+        if info is None:  # not registered (any more): resolved as a failed connect
+            raise BookieConnectionLost(f"bookie {bookie_id} is not registered")
+        return info.host, info.port
+
+
+class BookKeeper:
+    """The client. Build with :meth:`connect` (URL) or directly from parts (tests, embedding)."""
+
+    def __init__(
+        self,
+        ledgers: LedgerManager,
+        directory: BookieDirectory,
+        *,
+        config: ClientConfig | None = None,
+        resolver: AddressResolver | None = None,
+        placement: PlacementPolicy | None = None,
+        metadata: MetadataConnection | None = None,
+    ) -> None:
+        config = config or ClientConfig()
+        self._metadata = metadata
+        self._ctx = ClientContext(
+            config=config,
+            pool=BookiePool(config, resolver),
+            ledgers=ledgers,
+            directory=directory,
+            placement=placement or RandomPlacement(),
+        )
+        self._writers: weakref.WeakSet[LedgerHandle] = weakref.WeakSet()
+        self._closed = False
+
+    @classmethod
+    def connect(
+        cls, url: str, *, config: ClientConfig | None = None, placement: PlacementPolicy | None = None
+    ) -> _Connect:
+        """``async with BookKeeper.connect(url) as bk`` (or ``bk = await BookKeeper.connect(url)``)."""
+        return _Connect(url, config, placement)
+
+    @property
+    def context(self) -> ClientContext:
+        """The shared parts (pool, metadata, placement, config): for the recovery and log layers."""
+        return self._ctx
+
+    # ------------------------------------------------------------------ ledgers
+    async def create_ledger(
+        self,
+        ensemble: int = 3,
+        write_quorum: int = 2,
+        ack_quorum: int = 2,
+        *,
+        password: bytes = b"",
+        digest: DigestType | str = DigestType.CRC32C,
+        custom_metadata: Mapping[str, bytes] | None = None,
+    ) -> LedgerHandle:
+        """A new ledger open for writing.
+
+        Raises BKInterfaceError (E >= Qw >= Qa >= 1 violated, bad digest: nothing is written),
+        NotEnoughBookies, MetadataUnavailable.
+        """
+        self._check_open()
+        if not ensemble >= write_quorum >= ack_quorum >= 1:
+            raise BKInterfaceError(
+                "need ensemble >= write_quorum >= ack_quorum >= 1, "
+                f"got {ensemble}/{write_quorum}/{ack_quorum}"
+            )
+        try:
+            digest_type = DigestType(digest)
+        except ValueError:
+            raise BKInterfaceError(f"digest must be one of {[d.value for d in DigestType]}") from None
+        ctx = self._ctx
+        writable = await ctx.directory.writable_bookies()
+        bookies = ctx.placement.new_ensemble(ensemble, writable)
+        try:
+            versioned = await ctx.ledgers.create(
+                bookies,
+                write_quorum=write_quorum,
+                ack_quorum=ack_quorum,
+                digest_type=digest_type.value,
+                password_hash=password_hash(password),
+                custom_metadata=custom_metadata,
+            )
+        except md_errors.InvalidMetadata as error:
+            raise BKInterfaceError(str(error)) from error
+        handle = LedgerHandle(ctx, versioned, password, master_key(password))
+        self._writers.add(handle)
+        log.info("ledger.created", ledger_id=handle.id, ensemble=list(bookies))
+        return handle
+
+    async def open_ledger(
+        self, ledger_id: int, *, password: bytes = b"", recovery: bool = False
+    ) -> ReadHandle:
+        """Open for reading. ``recovery=False``: the writer is left alone; readable up to the LAC
+        (a closed ledger: up to its last entry).
+
+        Raises NoSuchLedger, Unauthorized (wrong password), BKInterfaceError.
+        """
+        self._check_open()
+        if recovery:
+            raise BKInterfaceError("open_ledger(recovery=True) is not implemented yet (issue 5)")
+        versioned = await self._read_metadata(ledger_id)
+        md = versioned.metadata
+        if md.password_hash and not hmac.compare_digest(md.password_hash, password_hash(password)):
+            raise Unauthorized(f"wrong password for ledger {ledger_id}")
+        codec = EntryCodec(md.digest_type, password)
+        if md.state is LedgerState.CLOSED:
+            assert md.last_entry_id is not None
+            lac = md.last_entry_id
+        else:
+            lac = await read_lac_with_coverage(self._ctx, md)
+        return ReadHandle(self._ctx, versioned, codec, lac)
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Delete the ledger's metadata (bookies reclaim the space later). Raises NoSuchLedger."""
+        self._check_open()
+        try:
+            await self._ctx.ledgers.delete(ledger_id)
+        except md_errors.NoSuchLedger as error:
+            raise NoSuchLedger(f"ledger {ledger_id} does not exist") from error
+
+    async def _read_metadata(self, ledger_id: int) -> VersionedLedger:
+        try:
+            return await self._ctx.ledgers.read(ledger_id)
+        except md_errors.NoSuchLedger as error:
+            raise NoSuchLedger(f"ledger {ledger_id} does not exist") from error
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BKInterfaceError("the BookKeeper client is closed")
+
+    # ------------------------------------------------------------------ lifecycle
+    async def close(self) -> None:
+        """Close open write handles (errors logged), then the connections and metadata."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in list(self._writers):
+            try:
+                await handle.close()
+            except BKError as error:
+                log.warning("client.close_ledger_failed", ledger_id=handle.id, error=repr(error))
+        self._writers.clear()
+        await self._ctx.pool.close()
+        if self._metadata is not None:
+            await self._metadata.close()
+
+    def abort(self) -> None:
+        self._closed = True
+        for handle in self._writers:
+            handle.abort()
+        self._writers.clear()
+        self._ctx.pool.abort()
+
+    async def __aenter__(self) -> BookKeeper:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+class _Connect:
+    """Awaitable and async context manager returned by :meth:`BookKeeper.connect`."""
+
+    def __init__(self, url: str, config: ClientConfig | None, placement: PlacementPolicy | None) -> None:
+        self._url = url
+        self._config = config
+        self._placement = placement
+        self._client: BookKeeper | None = None
+
+    async def _make(self) -> BookKeeper:
+        try:
+            conn = metadata_connect(self._url)
+        except md_errors.InvalidUrl as error:
+            raise BKInterfaceError(str(error)) from error
+        directory = RegistryDirectory(conn.store, conn.root)
+        return BookKeeper(
+            conn.ledger_manager(),
+            directory,
+            config=self._config,
+            resolver=directory,
+            placement=self._placement,
+            metadata=conn,
+        )
+
+    def __await__(self) -> Any:
+        return self._make().__await__()
+
+    async def __aenter__(self) -> BookKeeper:
+        self._client = await self._make()
+        return self._client
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._client is not None:
+            if exc_type is asyncio.CancelledError:
+                self._client.abort()
+                if self._client._metadata is not None:
+                    await self._client._metadata.close()
+            else:
+                await self._client.close()

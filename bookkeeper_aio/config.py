@@ -1,0 +1,86 @@
+"""Client configuration: one frozen dataclass, every timeout a budget with its unit in the name.
+
+Defaults are chosen for a LAN cluster. Each bound says why it exists; ``validate()`` runs at
+construction so a bad value fails where it is written, not deep inside the write path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from bookkeeper_aio.errors import BKInterfaceError
+from bookkeeper_aio.protocol.codes import FRAME_BYTES_MAX
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    # ---- connections
+    connect_timeout_s: float = 5.0
+    """Budget for one TCP connect + hello to a bookie; past it the bookie counts as failed."""
+    reconnect_backoff_initial_s: float = 0.05
+    reconnect_backoff_max_s: float = 2.0
+    """After a failed connect, requests to that bookie fail fast until the backoff expires (so a dead
+    bookie triggers an ensemble change at once instead of a connect timeout per request)."""
+    connection_pending_max: int = 100_000
+    """Requests waiting for an answer on one connection. Beyond it a request fails with
+    TooManyRequests: the per-ledger window normally keeps us far below."""
+    frame_bytes_max: int = FRAME_BYTES_MAX
+
+    # ---- adds
+    add_timeout_s: float = 5.0
+    """A bookie that has not acknowledged an add within this budget is replaced (ensemble change)."""
+    add_window_max: int = 10_000
+    """Adds in flight per ledger handle. ``append`` waits for a slot (backpressure) when full."""
+    entry_bytes_max: int = FRAME_BYTES_MAX - 1024
+    """Largest payload accepted by ``append``: must fit a frame with its header and digest."""
+    explicit_lac_interval_ms: int = 100
+    """After this long without a new add carrying it, the LAC is sent with WRITE_LAC so readers see
+    the last entry without waiting for a next write. 0 disables explicit LAC."""
+    ensemble_change_attempts_max: int = 16
+    """Metadata CAS conflicts an ensemble change or close tolerates before failing the handle."""
+
+    # ---- reads
+    read_timeout_s: float = 5.0
+    """Budget for one read request to one bookie; then the next replica is tried."""
+    speculative_read_delay_ms: int = 50
+    """A read with no answer after this long is also sent to the next replica; the first valid
+    answer wins. 0 disables speculative reads."""
+    read_window_max: int = 512
+    """Entry reads in flight for one range iteration (bounds memory of read-ahead)."""
+    batch_read_count_max: int = 1_000
+    """Entries asked for in one BATCH_READ (used when every bookie holds every entry, Qw == E)."""
+    batch_read_bytes_max: int = 4 * 1024 * 1024
+
+    # ---- metadata
+    metadata_timeout_s: float = 10.0
+    """Budget for one metadata operation (read, CAS) issued by the client."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int | float) and value < 0:
+                raise BKInterfaceError(f"ClientConfig.{f.name} must be >= 0, got {value}")
+        positive = (
+            "connect_timeout_s",
+            "add_timeout_s",
+            "read_timeout_s",
+            "metadata_timeout_s",
+            "add_window_max",
+            "read_window_max",
+            "connection_pending_max",
+            "batch_read_count_max",
+            "batch_read_bytes_max",
+            "ensemble_change_attempts_max",
+            "entry_bytes_max",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise BKInterfaceError(f"ClientConfig.{name} must be > 0")
+        if self.entry_bytes_max > self.frame_bytes_max:
+            raise BKInterfaceError("entry_bytes_max must not exceed frame_bytes_max")
+        if self.reconnect_backoff_initial_s > self.reconnect_backoff_max_s:
+            raise BKInterfaceError("reconnect_backoff_initial_s must be <= reconnect_backoff_max_s")

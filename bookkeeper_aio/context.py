@@ -1,0 +1,41 @@
+"""What every ledger handle of one client shares: connections, metadata, placement, config.
+
+Also the two small seams the client needs from the outside world beyond the metadata package:
+:class:`BookieDirectory` (who is writable now) and the pool's address resolver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from bookkeeper_aio.bookie_client import BookiePool
+from bookkeeper_aio.config import ClientConfig
+from bookkeeper_aio.placement import PlacementPolicy
+from metadata.ledgers import LedgerManager
+
+
+class BookieDirectory(Protocol):
+    async def writable_bookies(self) -> Sequence[str]:
+        """Ids of the bookies registered as writable now (read-only ones excluded)."""
+        ...
+
+
+class StaticDirectory:
+    """A fixed, mutable list of writable bookies (tests, fake bookies)."""
+
+    def __init__(self, writable: Sequence[str]) -> None:
+        self.writable = list(writable)
+
+    async def writable_bookies(self) -> Sequence[str]:
+        return list(self.writable)
+
+
+@dataclass(slots=True)
+class ClientContext:
+    config: ClientConfig
+    pool: BookiePool
+    ledgers: LedgerManager
+    directory: BookieDirectory
+    placement: PlacementPolicy
