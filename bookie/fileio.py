@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import mmap
 import os
 
 from bookkeeper_aio import failpoints
@@ -32,10 +33,11 @@ class FileIO:
     def close(self, fd: int) -> None:
         os.close(fd)
 
-    def preallocate(self, fd: int, length: int) -> None:
-        """Reserve ``length`` bytes so appends do not grow the file's metadata on every sync."""
+    def preallocate(self, fd: int, offset: int, length: int) -> None:
+        """Reserve ``[offset, offset + length)`` so appends there do not change the file's size
+        (and so its metadata) on every sync."""
         try:
-            os.posix_fallocate(fd, 0, length)
+            os.posix_fallocate(fd, offset, length)
         except OSError as exc:  # filesystems without fallocate (tmpfs on old kernels) still work
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise
@@ -74,6 +76,16 @@ class FileIO:
         if len(data) != length:
             raise OSError(errno.EIO, f"short read: {len(data)} of {length} bytes at offset {offset}")
         return data
+
+    def map_read(self, path: str) -> mmap.mmap | None:
+        """A read-only map of the whole file (None when it is empty); the caller closes it."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if os.fstat(fd).st_size == 0:
+                return None
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
 
     def size(self, fd: int) -> int:
         return os.fstat(fd).st_size

@@ -13,7 +13,8 @@ Strategy (DESIGN §4, §10):
   fdatasync, in append order. No Future per record: they cost ~38% on this path (DESIGN §10).
 - A group that spans a segment roll syncs the older segment before writing the newer one, so a
   crash never leaves a hole before durable records (the replay table relies on it). The next
-  segment is created and preallocated (directory fsynced) ahead of time, off the hot path.
+  segment is created (directory fsynced) ahead of time, off the hot path; segments grow in
+  preallocated 16 MiB steps.
 - Bytes waiting for the disk are bounded (``queue_bytes_max``): above it ``on_pressure(True)`` tells
   the server to stop reading sockets; ``on_pressure(False)`` once the backlog halves.
 - After a write or sync error the journal is failed: pending and later appends get the error, and
@@ -88,14 +89,20 @@ class _Run:
         self.parts: list[bytes] = []
 
 
+PREALLOCATE_BYTES = 16 * 1024 * 1024
+"""Segments grow by preallocated steps (BookKeeper's journalPreAllocSizeMB): a size change, and so
+a metadata sync, once per 16 MiB; and at most 16 MiB of zeros to scan at startup."""
+
+
 class _Writer:
-    """State touched only by the writer thread: open segment fds."""
+    """State touched only by the writer thread: open segment fds and their preallocated ends."""
 
     def __init__(self, fileio: FileIO, directory: str, segment_bytes: int) -> None:
         self.fileio = fileio
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.fds: dict[int, int] = {}
+        self.allocated: dict[int, int] = {}
 
     def _path(self, segment_id: int) -> str:
         return os.path.join(self.directory, fmt.segment_name(segment_id))
@@ -107,12 +114,23 @@ class _Writer:
             return fd
         fd = self.fileio.open_append(self._path(segment_id))
         self.fds[segment_id] = fd
+        size = self.fileio.size(fd)
+        step = min(PREALLOCATE_BYTES, self.segment_bytes)
+        if size < step:
+            self.fileio.preallocate(fd, size, step - size)
+        self.allocated[segment_id] = max(size, step)
         # Also for a segment found on disk: its directory entry may not have been made durable
         # before a crash. Once per segment, so the cost does not matter.
-        self.fileio.preallocate(fd, self.segment_bytes)
         self.fileio.fsync(fd)
         self.fileio.fsync_dir(self.directory)
         return fd
+
+    def _ensure_allocated(self, segment_id: int, fd: int, end: int) -> None:
+        allocated = self.allocated[segment_id]
+        if end > allocated:
+            new_end = min(max(end, allocated + PREALLOCATE_BYTES), max(end, self.segment_bytes))
+            self.fileio.preallocate(fd, allocated, new_end - allocated)
+            self.allocated[segment_id] = new_end
 
     def write_group(self, runs: list[_Run], spare_segment_id: int) -> None:
         last = len(runs) - 1
@@ -125,7 +143,9 @@ class _Writer:
             if run.offset == fmt.SEGMENT_HEADER_BYTES:
                 run.parts.insert(0, fmt.encode_segment_header(run.segment_id))
                 run.offset = 0
-            self.fileio.journal_write(fd, b"".join(run.parts), run.offset)
+            data = b"".join(run.parts)
+            self._ensure_allocated(run.segment_id, fd, run.offset + len(data))
+            self.fileio.journal_write(fd, data, run.offset)
             self.fileio.journal_sync(fd)
             if i != last:
                 self.close_segment(run.segment_id)
@@ -133,6 +153,7 @@ class _Writer:
             self.prepare(spare_segment_id)
 
     def close_segment(self, segment_id: int) -> None:
+        self.allocated.pop(segment_id, None)
         fd = self.fds.pop(segment_id, None)
         if fd is not None:
             self.fileio.close(fd)

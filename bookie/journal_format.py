@@ -36,6 +36,7 @@ crash cannot leave a hole before durable records).
 from __future__ import annotations
 
 import enum
+import mmap
 import struct
 from typing import NamedTuple
 
@@ -138,7 +139,7 @@ def encode_segment_header(segment_id: int) -> bytes:
     return SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, segment_id)
 
 
-def check_segment_header(data: bytes | memoryview, segment_id: int) -> bool:
+def check_segment_header(data: bytes | mmap.mmap, segment_id: int) -> bool:
     """True when ``data`` starts with a valid header for ``segment_id``; False when the header
     is missing or all zeros (a segment created but never written). Raises on a foreign header."""
     if len(data) < SEGMENT_HEADER_BYTES or not any(data[:SEGMENT_HEADER_BYTES]):
@@ -151,7 +152,7 @@ def check_segment_header(data: bytes | memoryview, segment_id: int) -> bool:
     return True
 
 
-def decode_record_at(data: bytes | memoryview, offset: int) -> Record | None:
+def decode_record_at(data: bytes | mmap.mmap, offset: int) -> Record | None:
     """The valid record at ``offset``, or None if the bytes there are not one."""
     if len(data) - offset < RECORD_HEADER_BYTES:
         return None
@@ -168,24 +169,40 @@ def decode_record_at(data: bytes | memoryview, offset: int) -> Record | None:
     return Record(offset, record_type, body, RECORD_HEADER_BYTES + length)
 
 
-def find_valid_record(data: bytes | memoryview, start: int) -> int | None:
-    """Offset of the first valid record at or after ``start`` (any byte alignment), or None."""
-    raw = data if isinstance(data, bytes) else bytes(data)
-    pos = raw.find(_RECORD_MAGIC_BYTES, start)
+Buffer = bytes | mmap.mmap
+"""What a segment is scanned from: bytes in tests, a read-only mmap at startup (nothing copied)."""
+
+_ZERO_SCAN_CHUNK_BYTES = 1 << 20
+
+
+def find_valid_record(data: Buffer, start: int, end: int | None = None) -> int | None:
+    """Offset of the first valid record in ``[start, end)`` (any byte alignment), or None."""
+    stop = len(data) if end is None else end
+    pos = data.find(_RECORD_MAGIC_BYTES, start, stop)
     while pos != -1:
-        if decode_record_at(raw, pos) is not None:
+        if decode_record_at(data, pos) is not None:
             return pos
-        pos = raw.find(_RECORD_MAGIC_BYTES, pos + 1)
+        pos = data.find(_RECORD_MAGIC_BYTES, pos + 1, stop)
     return None
 
 
-def _last_nonzero(data: bytes | memoryview, start: int) -> int:
-    raw = data if isinstance(data, bytes) else bytes(data)
-    stripped = len(raw[start:].rstrip(b"\x00"))
-    return start + stripped
+def _last_nonzero(data: Buffer, start: int) -> int:
+    """Offset just past the last non-zero byte at or after ``start`` (``start`` if none)."""
+    end = len(data)
+    while end > start:
+        chunk_start = max(start, end - _ZERO_SCAN_CHUNK_BYTES)
+        stripped = data[chunk_start:end].rstrip(b"\x00")
+        if stripped:
+            return chunk_start + len(stripped)
+        end = chunk_start
+    return start
 
 
-def scan(data: bytes | memoryview, start: int) -> ScanResult:
+def is_all_zero(data: Buffer) -> bool:
+    return _last_nonzero(data, 0) == 0
+
+
+def scan(data: Buffer, start: int) -> ScanResult:
     """Decode every record of one segment from ``start`` and classify what ends them."""
     records: list[Record] = []
     pos = start
@@ -195,7 +212,7 @@ def scan(data: bytes | memoryview, start: int) -> ScanResult:
     garbage_end = _last_nonzero(data, pos)
     if garbage_end == pos:
         return ScanResult(records, pos, Tail.CLEAN, pos)
-    if find_valid_record(data, pos + 1) is not None:
+    if find_valid_record(data, pos + 1, garbage_end) is not None:
         return ScanResult(records, pos, Tail.CORRUPT, garbage_end)
     return ScanResult(records, pos, Tail.TORN, garbage_end)
 

@@ -8,7 +8,9 @@ Blocking; runs once before the bookie serves (in a worker thread). Follows the d
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import mmap
 import os
 from dataclasses import dataclass, field
 
@@ -95,36 +97,43 @@ def recover(fileio: FileIO, data_dir: str) -> Recovered:
             f"checkpoint points into journal segment {position.segment_id:016x}, which is gone"
         )
     result = Recovered(ledgers, position, segments=ids)
-    damaged: tuple[int, fmt.ScanResult] | None = None
+    damaged: tuple[int, int] | None = None
+    torn: tuple[int, int, int] | None = None
     for segment_id in (i for i in ids if i >= position.segment_id):
-        scan = _scan_segment(fileio, journal_dir, segment_id, position)
-        if scan is None:
-            continue  # created ahead of time, never written
-        if damaged is not None and scan.records:
-            bad_id, bad = damaged
-            raise fmt.JournalCorrupt(
-                f"journal segment {bad_id:016x} is damaged at offset {bad.end} but later segment "
-                f"{segment_id:016x} holds records: refusing to start (no silent truncation)"
-            )
-        for record in scan.records:
-            apply_record(ledgers, segment_id, record)
-        result.records_replayed += len(scan.records)
-        if scan.records or segment_id == position.segment_id:
-            result.start = Position(segment_id, scan.end)
-        if scan.tail is not fmt.Tail.CLEAN:
-            damaged = (segment_id, scan)
-    if damaged is not None:
-        result.torn_bytes_cut = _cut_torn_tail(fileio, journal_dir, *damaged)
+        path = os.path.join(journal_dir, fmt.segment_name(segment_id))
+        data = fileio.map_read(path)
+        if data is None:
+            continue  # created, never written
+        try:
+            scan = _scan_segment(data, segment_id, position)
+            if scan is None:
+                continue  # created ahead of time, never written
+            if damaged is not None and scan.records:
+                bad_id, bad_end = damaged
+                raise fmt.JournalCorrupt(
+                    f"journal segment {bad_id:016x} is damaged at offset {bad_end} but later segment "
+                    f"{segment_id:016x} holds records: refusing to start (no silent truncation)"
+                )
+            for record in scan.records:
+                apply_record(ledgers, segment_id, record)
+            result.records_replayed += len(scan.records)
+            if scan.records or segment_id == position.segment_id:
+                result.start = Position(segment_id, scan.end)
+            if scan.tail is not fmt.Tail.CLEAN:
+                damaged = (segment_id, scan.end)
+                torn = (segment_id, scan.end, scan.garbage_end)
+            del scan
+        finally:
+            with contextlib.suppress(BufferError):  # a lingering view: the map is freed with it
+                data.close()
+    if torn is not None:
+        result.torn_bytes_cut = _cut_torn_tail(fileio, journal_dir, *torn)
     return result
 
 
-def _scan_segment(
-    fileio: FileIO, journal_dir: str, segment_id: int, position: Position
-) -> fmt.ScanResult | None:
-    path = os.path.join(journal_dir, fmt.segment_name(segment_id))
-    data = fileio.read_file(path)
+def _scan_segment(data: mmap.mmap, segment_id: int, position: Position) -> fmt.ScanResult | None:
     if not fmt.check_segment_header(data, segment_id):
-        if any(data):
+        if not fmt.is_all_zero(data):
             raise fmt.JournalCorrupt(f"journal segment {segment_id:016x} has no header but holds bytes")
         return None
     start = position.offset if segment_id == position.segment_id else fmt.SEGMENT_HEADER_BYTES
@@ -138,15 +147,15 @@ def _scan_segment(
     return scan
 
 
-def _cut_torn_tail(fileio: FileIO, journal_dir: str, segment_id: int, scan: fmt.ScanResult) -> int:
+def _cut_torn_tail(fileio: FileIO, journal_dir: str, segment_id: int, end: int, garbage_end: int) -> int:
     """Zero the torn bytes after the last whole record and make that durable."""
-    size = scan.garbage_end - scan.end
+    size = garbage_end - end
     path = os.path.join(journal_dir, fmt.segment_name(segment_id))
     fd = fileio.open_append(path)
     try:
-        fileio.pwrite(fd, bytes(size), scan.end)
+        fileio.pwrite(fd, bytes(size), end)
         fileio.fsync(fd)
     finally:
         fileio.close(fd)
-    log.warning("journal.torn_tail_cut", segment=f"{segment_id:016x}", offset=scan.end, bytes=size)
+    log.warning("journal.torn_tail_cut", segment=f"{segment_id:016x}", offset=end, bytes=size)
     return size

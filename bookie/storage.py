@@ -41,7 +41,7 @@ log = structlog.get_logger(__name__)
 READ_FDS_MAX = 256
 """Open read descriptors on journal segments; beyond this the least recently opened is closed."""
 
-_LAC = slice(fmt.ENTRY_PREFIX_BYTES + 16, fmt.ENTRY_PREFIX_BYTES + 24)
+_RECORD_OVERHEAD_BYTES = fmt.RECORD_HEADER_BYTES + fmt.ENTRY_PREFIX_BYTES
 
 
 class StorageError(Exception):
@@ -259,7 +259,7 @@ class Storage:
             location = state.index.get(entry_id)
             if location is None:
                 break
-            total += location.length
+            total += location.length - _RECORD_OVERHEAD_BYTES  # count entry bodies, as the client sees them
             if plan and total > bytes_max:
                 break
             plan.append((entry_id, location))

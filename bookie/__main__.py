@@ -1,0 +1,65 @@
+"""``bookie`` command: run one bookie until SIGTERM/SIGINT.
+
+Prints ``READY <host>:<port>`` on stdout (flushed) once it serves, so harnesses started with
+``--port 0`` can find it; logs go to stderr (structlog). Exit codes: 0 clean shutdown, 2 bad
+configuration, 3 refused to start (data dir guard, corrupt journal/checkpoint, bind failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import structlog
+import uvloop
+
+from bookie.checkpoint import CheckpointCorrupt
+from bookie.config import BookieConfig, ConfigError, load
+from bookie.cookie import CookieMismatch
+from bookie.journal_format import JournalCorrupt
+from bookie.server import BookieServer
+from bookkeeper_aio.logs import configure_logging
+
+log = structlog.get_logger("bookie")
+
+EXIT_CONFIG = 2
+EXIT_REFUSED = 3
+
+
+async def serve(config: BookieConfig) -> int:
+    server = BookieServer(config)
+    try:
+        await server.start()
+    except (CookieMismatch, JournalCorrupt, CheckpointCorrupt, BlockingIOError, OSError) as exc:
+        reason = "data dir in use by another process" if isinstance(exc, BlockingIOError) else str(exc)
+        log.error("bookie.refused_to_start", reason=reason, error_type=type(exc).__name__)  # noqa: TRY400
+        print(f"bookie: refusing to start: {reason}", file=sys.stderr, flush=True)
+        return EXIT_REFUSED
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    assert server.address is not None
+    host, port = server.address
+    print(f"READY {host}:{port}", flush=True)
+    await stop.wait()
+    log.info("bookie.stopping", bookie_id=config.bookie_id)
+    await server.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        config, _ = load(argv)
+    except ConfigError as exc:
+        print(f"bookie: configuration error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    configure_logging(level=config.log_level)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        code = runner.run(serve(config))
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

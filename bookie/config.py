@@ -1,0 +1,156 @@
+"""Bookie configuration: defaults <- TOML file <- environment <- command-line flags.
+
+Every key is a field of :class:`BookieConfig` (units in the names). The TOML file holds the keys at
+top level (``port = 3181``); the environment uses ``BKAIO_BOOKIE_<KEY>`` (``BKAIO_BOOKIE_PORT=3181``);
+flags use dashes (``--port 3181``). Values are type-checked and range-checked with a message that
+names the key and its source; unknown keys are errors (a typo must not silently fall back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from bookie import journal_format as fmt
+from bookie.journal import JournalConfig
+from bookie.storage import StorageConfig
+from bookkeeper_aio.protocol.codes import FRAME_BYTES_MAX
+
+ENV_PREFIX = "BKAIO_BOOKIE_"
+_RECORD_OVERHEAD_BYTES = fmt.RECORD_HEADER_BYTES + fmt.ENTRY_PREFIX_BYTES
+
+
+class ConfigError(ValueError):
+    """A configuration value that is missing, unknown, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class BookieConfig:
+    data_dir: str = ""
+    bookie_id: str = ""
+    """Defaults to ``<host>:<port>``; required when ``port`` is 0."""
+    host: str = "127.0.0.1"
+    port: int = 3181
+    journal_segment_bytes: int = 256 * 1024 * 1024
+    journal_group_wait_ms: float = 0.0
+    """0 = adaptive group commit (recommended); > 0 = timed groups with this maximum wait."""
+    journal_group_bytes: int = 512 * 1024
+    journal_queue_bytes_max: int = 64 * 1024 * 1024
+    checkpoint_interval_s: float = 30.0
+    frame_bytes_max: int = FRAME_BYTES_MAX
+    in_flight_per_connection_max: int = 4096
+    """Unanswered requests per connection before it stops being read: a client pipelining 1,000
+    adds (the benchmark) never waits, a flood is held at ~4k requests (~4 MiB of 1 KiB adds)."""
+    connections_max: int = 1024
+    """Client connections; beyond it new connections are closed at once (bounds memory + fds)."""
+    frame_read_timeout_s: float = 30.0
+    """A started frame must complete this soon after the previous one (slow-loris guard)."""
+    log_level: str = "info"
+
+    def validate(self) -> BookieConfig:
+        """Return a config with derived defaults filled in; raise :class:`ConfigError`."""
+        if not self.data_dir:
+            raise ConfigError("data_dir is required (--data-dir DIR)")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port {self.port} is out of range 0..65535")
+        config = self
+        if not config.bookie_id:
+            if config.port == 0:
+                raise ConfigError("bookie_id is required when port is 0 (--bookie-id ID)")
+            config = dataclasses.replace(config, bookie_id=f"{config.host}:{config.port}")
+        _positive(config, "in_flight_per_connection_max", "connections_max", "journal_group_bytes")
+        _positive(config, "journal_queue_bytes_max", "checkpoint_interval_s", "frame_read_timeout_s")
+        if not 1024 <= config.frame_bytes_max <= fmt.RECORD_BODY_BYTES_MAX - _RECORD_OVERHEAD_BYTES:
+            raise ConfigError(f"frame_bytes_max {config.frame_bytes_max} is out of range")
+        if config.journal_group_wait_ms < 0:
+            raise ConfigError("journal_group_wait_ms must be >= 0")
+        if config.log_level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"log_level {config.log_level!r}: use debug, info, warning or error")
+        try:
+            config.journal_config().validate()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        return config
+
+    def journal_config(self) -> JournalConfig:
+        return JournalConfig(
+            segment_bytes=self.journal_segment_bytes,
+            group_wait_ms=self.journal_group_wait_ms,
+            group_bytes=self.journal_group_bytes,
+            queue_bytes_max=self.journal_queue_bytes_max,
+            record_bytes_max=self.frame_bytes_max + _RECORD_OVERHEAD_BYTES,
+        )
+
+    def storage_config(self) -> StorageConfig:
+        return StorageConfig(
+            data_dir=self.data_dir,
+            bookie_id=self.bookie_id,
+            journal=self.journal_config(),
+            checkpoint_interval_s=self.checkpoint_interval_s,
+        )
+
+
+def _positive(config: BookieConfig, *names: str) -> None:
+    for name in names:
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"{name} must be > 0, got {getattr(config, name)}")
+
+
+_FIELDS = {f.name: f for f in fields(BookieConfig)}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    field = _FIELDS.get(name)
+    if field is None:
+        raise ConfigError(f"{source}: unknown key {name!r} (known: {', '.join(sorted(_FIELDS))})")
+    kind = {"str": str, "int": int, "float": float}[str(field.type)]
+    if isinstance(value, str) and kind is not str:
+        try:
+            value = kind(value)
+        except ValueError:
+            raise ConfigError(f"{source}: {name} must be {kind.__name__}, got {value!r}") from None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if type(value) is not kind:
+        raise ConfigError(f"{source}: {name} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def load(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> tuple[BookieConfig, argparse.Namespace]:
+    """Parse flags, read ``--config`` TOML and the environment; returns the validated config."""
+    args = build_parser().parse_args(argv)
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    if args.config:
+        try:
+            with open(args.config, "rb") as handle:
+                table = tomllib.load(handle)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"config file {args.config}: {exc}") from exc
+        for key, value in table.items():
+            values[key] = _coerce(key, value, f"config file {args.config}")
+    for key, value in env.items():
+        if key.startswith(ENV_PREFIX):
+            name = key[len(ENV_PREFIX) :].lower()
+            values[name] = _coerce(name, value, f"environment {key}")
+    for name in _FIELDS:
+        flag_value = getattr(args, name, None)
+        if flag_value is not None:
+            values[name] = _coerce(name, flag_value, f"flag --{name.replace('_', '-')}")
+    return BookieConfig(**values).validate(), args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bookie", description="Run a bookkeeper-aio bookie (storage node).")
+    parser.add_argument("--config", help="TOML file with bookie settings (keys as below, underscores)")
+    for name, field in _FIELDS.items():
+        help_text = f"(default: {field.default!r}; env {ENV_PREFIX}{name.upper()})"
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=help_text)
+    return parser

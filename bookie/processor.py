@@ -1,0 +1,333 @@
+"""Request processing: one handler per op; storage errors become wire statuses in one table.
+
+The add path (hot): decode -> check the body's header names the request's ledger and entry ->
+master key (EUA) -> fenced unless RECOVERY_ADD (EFENCED) -> journal -> after the covering fdatasync
+the storage updates the index and LAC -> the response is queued on the connection. Nothing is
+acknowledged before it is durable. Handlers that read the disk run as tasks owned by the connection.
+
+Status table (:data:`STATUS_FOR`): NoLedger -> ENOLEDGER, NoEntry -> ENOENTRY, Fenced -> EFENCED,
+Unauthorized -> EUA, EntryCorrupt / JournalError / OSError -> EIO, BadRequest -> EBADREQ,
+TooManyRequests -> ETOOMANYREQUESTS. Anything unexpected is logged and answered EIO: a bug in one
+handler must not take the connection, let alone the server, down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from bookie.connection_handler import BookieConnection
+from bookie.journal import JournalError
+from bookie.ledger_state import LedgerState, Waiter, WakeReason
+from bookie.storage import EntryCorrupt, Fenced, NoEntry, NoLedger, Storage, StorageError, Unauthorized
+from bookkeeper_aio import failpoints
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import PROTOCOL_VERSION, AddFlag, OpCode, ReadFlag, StatusCode
+from bookkeeper_aio.protocol.errors import ProtocolError
+
+log = structlog.get_logger(__name__)
+
+_BODY_HEADER = struct.Struct(">qq")
+_BODY_HEADER_BYTES = 32
+RESPONSE_OVERHEAD_BYTES = 1024
+"""Room for a response's envelope beside its entry bodies when bounding a batch by frame size."""
+
+
+class BadRequest(StorageError):
+    pass
+
+
+class TooManyRequests(StorageError):
+    pass
+
+
+STATUS_FOR: dict[type[BaseException], StatusCode] = {
+    NoLedger: StatusCode.ENOLEDGER,
+    NoEntry: StatusCode.ENOENTRY,
+    Fenced: StatusCode.EFENCED,
+    Unauthorized: StatusCode.EUA,
+    EntryCorrupt: StatusCode.EIO,
+    JournalError: StatusCode.EIO,
+    OSError: StatusCode.EIO,
+    BadRequest: StatusCode.EBADREQ,
+    TooManyRequests: StatusCode.ETOOMANYREQUESTS,
+}
+
+
+def status_for(error: BaseException) -> StatusCode:
+    for cls in type(error).__mro__:
+        status = STATUS_FOR.get(cls)
+        if status is not None:
+            return status
+    return StatusCode.EIO
+
+
+class _AddReply:
+    """Completion of one add: queue the response on its connection (a small object, no Future)."""
+
+    __slots__ = ("conn", "entry_id", "ledger_id", "request_id")
+
+    def __init__(self, conn: BookieConnection, request_id: int, ledger_id: int, entry_id: int) -> None:
+        self.conn = conn
+        self.request_id = request_id
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+
+    def __call__(self, error: BaseException | None) -> None:
+        if error is None:
+            failpoints.hit(failpoints.BEFORE_ACK)
+            frame = m.encode(m.AddEntryResponse(self.request_id, 0, None, self.ledger_id, self.entry_id))
+        else:
+            frame = m.encode_error(OpCode.ADD_ENTRY, self.request_id, status_for(error), str(error))
+        self.conn.complete(self.request_id, frame)
+
+
+class Processor:
+    """Dispatches decoded requests to handlers; owns no connection state of its own."""
+
+    def __init__(self, storage: Storage, bookie_id: str, frame_bytes_max: int) -> None:
+        self.storage = storage
+        self.bookie_id = bookie_id
+        self.frame_bytes_max = frame_bytes_max
+        self._loop = asyncio.get_running_loop()
+        self._waiters: dict[BookieConnection, set[Waiter]] = {}
+        self._handlers: dict[type[Any], Callable[[BookieConnection, Any], None]] = {
+            m.AddEntryRequest: self._add,
+            m.HelloRequest: self._hello,
+            m.ReadEntryRequest: self._read_entry,
+            m.ReadLacRequest: self._read_lac,
+            m.WriteLacRequest: self._write_lac,
+            m.ForceLedgerRequest: self._force,
+            m.BatchReadRequest: self._batch_read,
+            m.GetBookieInfoRequest: self._bookie_info,
+            m.GetListOfEntriesRequest: self._list_entries,
+        }
+
+    # ------------------------------------------------------------------ dispatch
+    def dispatch(self, conn: BookieConnection, body: memoryview) -> None:
+        """Handle one frame body. Always answers or closes; never raises."""
+        try:
+            request = m.decode_request(body)
+        except ProtocolError as exc:
+            self._bad_frame(conn, exc)
+            return
+        finally:
+            body.release()
+        rid = request.request_id
+        if rid in conn.request_ids:
+            conn.complete(
+                None, m.encode_error(_op_of(request), rid, StatusCode.EBADREQ, "duplicate request id")
+            )
+            return
+        conn.request_ids.add(rid)
+        try:
+            self._handlers[type(request)](conn, request)
+        except (StorageError, JournalError, OSError) as exc:
+            self._error(conn, request, exc)
+        except Exception as exc:  # a handler bug: answer EIO, keep serving (logged with trace)
+            log.exception("processor.handler_failed", op=_op_of(request))
+            self._error(conn, request, exc)
+
+    def _bad_frame(self, conn: BookieConnection, exc: ProtocolError) -> None:
+        if exc.request_id is None:
+            log.warning("connection.bad_frame", peer=conn.peer, error=str(exc))
+            conn.complete(None, None)
+            conn.close()
+            return
+        op = exc.op if exc.op is not None else 0
+        conn.complete(None, m.encode_error(op, exc.request_id, StatusCode.EBADREQ, str(exc)))
+
+    def _error(self, conn: BookieConnection, request: Any, exc: BaseException) -> None:
+        rid = request.request_id
+        conn.complete(
+            rid, m.encode_error(_op_of(request), rid, status_for(exc), str(exc) or type(exc).__name__)
+        )
+
+    def connection_lost(self, conn: BookieConnection) -> None:
+        for waiter in self._waiters.pop(conn, ()):
+            waiter.cancel()
+
+    # ------------------------------------------------------------------ writes
+    def _add(self, conn: BookieConnection, req: m.AddEntryRequest) -> None:
+        body = req.body
+        if len(body) < _BODY_HEADER_BYTES or _BODY_HEADER.unpack_from(body) != (req.ledger_id, req.entry_id):
+            raise BadRequest(f"entry body does not carry ledger {req.ledger_id} entry {req.entry_id}")
+        reply = _AddReply(conn, req.request_id, req.ledger_id, req.entry_id)
+        recovery = bool(req.flags & AddFlag.RECOVERY_ADD)
+        self.storage.add_entry(req.ledger_id, req.entry_id, req.master_key, body, recovery, reply)
+
+    def _write_lac(self, conn: BookieConnection, req: m.WriteLacRequest) -> None:
+        def done(error: BaseException | None) -> None:
+            if error is not None:
+                self._error(conn, req, error)
+            else:
+                conn.complete(
+                    req.request_id, m.encode(m.WriteLacResponse(req.request_id, 0, None, req.ledger_id))
+                )
+
+        self.storage.write_lac(req.ledger_id, req.master_key, req.lac, b"", done)
+
+    def _force(self, conn: BookieConnection, req: m.ForceLedgerRequest) -> None:
+        state = self.storage.ledgers.get(req.ledger_id)
+        if state is not None and state.master_key is not None and state.master_key != req.master_key:
+            raise Unauthorized(f"ledger {req.ledger_id}: master key mismatch")
+
+        def done(error: BaseException | None) -> None:
+            if error is not None:
+                self._error(conn, req, error)
+            else:
+                conn.complete(
+                    req.request_id, m.encode(m.ForceLedgerResponse(req.request_id, 0, None, req.ledger_id))
+                )
+
+        self.storage.force(done)
+
+    # ------------------------------------------------------------------ reads
+    def _read_entry(self, conn: BookieConnection, req: m.ReadEntryRequest) -> None:
+        if req.flags & ReadFlag.FENCE_LEDGER:
+            if req.master_key is None:
+                raise BadRequest("a fencing read must carry the master key")
+            self.storage.fence(req.ledger_id, req.master_key, lambda e: self._after_fence(conn, req, e))
+            return
+        if req.flags & ReadFlag.LONG_POLL:
+            self._long_poll(conn, req)
+            return
+        conn.spawn(self._answer_read(conn, req))
+
+    def _after_fence(
+        self, conn: BookieConnection, req: m.ReadEntryRequest, error: BaseException | None
+    ) -> None:
+        if error is not None:
+            self._error(conn, req, error)
+        elif not conn.closed:
+            conn.spawn(self._answer_read(conn, req))
+
+    async def _answer_read(
+        self, conn: BookieConnection, req: m.ReadEntryRequest, piggyback: bool = True
+    ) -> None:
+        rid, lid = req.request_id, req.ledger_id
+        try:
+            state = self.storage.ledger(lid)
+            if not piggyback:
+                frame = m.encode(m.ReadEntryResponse(rid, 0, None, lid, req.entry_id, None, state.lac))
+            else:
+                entry_id, body = await self.storage.read_entry(lid, req.entry_id)
+                frame = m.encode(m.ReadEntryResponse(rid, 0, None, lid, entry_id, body, state.lac))
+        except asyncio.CancelledError:
+            raise
+        except NoEntry as exc:
+            lac = state.lac
+            frame = m.encode(
+                m.ReadEntryResponse(rid, StatusCode.ENOENTRY, str(exc), lid, req.entry_id, None, lac)
+            )
+        except Exception as exc:
+            if not isinstance(exc, StorageError | OSError):
+                log.exception("processor.read_failed", ledger_id=lid, entry_id=req.entry_id)
+            frame = m.encode_error(OpCode.READ_ENTRY, rid, status_for(exc), str(exc) or type(exc).__name__)
+        conn.complete(rid, frame)
+
+    def _long_poll(self, conn: BookieConnection, req: m.ReadEntryRequest) -> None:
+        state = self.storage.ledger(req.ledger_id)
+        piggyback = bool(req.flags & ReadFlag.ENTRY_PIGGYBACK)
+        if state.lac > req.previous_lac or state.fenced or req.timeout_ms == 0:
+            self._answer_long_poll(conn, req, state, piggyback)
+            return
+        waiters = self._waiters.setdefault(conn, set())
+
+        def woken(reason: WakeReason) -> None:
+            waiters.discard(waiter)
+            if not conn.closed:
+                self._answer_long_poll(conn, req, state, piggyback and reason is not WakeReason.TIMEOUT)
+
+        waiter: Waiter | None = state.add_waiter(req.previous_lac, req.timeout_ms / 1000.0, woken, self._loop)
+        if waiter is None:
+            raise TooManyRequests(f"ledger {req.ledger_id} has too many long-poll readers")
+        waiters.add(waiter)
+
+    def _answer_long_poll(
+        self, conn: BookieConnection, req: m.ReadEntryRequest, state: LedgerState, piggyback: bool
+    ) -> None:
+        wanted = piggyback and state.index.get(req.entry_id) is not None
+        conn.spawn(self._answer_read(conn, req, piggyback=wanted))
+
+    def _read_lac(self, conn: BookieConnection, req: m.ReadLacRequest) -> None:
+        state = self.storage.ledger(req.ledger_id)
+        conn.complete(
+            req.request_id, m.encode(m.ReadLacResponse(req.request_id, 0, None, req.ledger_id, state.lac))
+        )
+
+    def _batch_read(self, conn: BookieConnection, req: m.BatchReadRequest) -> None:
+        if req.flags & ReadFlag.FENCE_LEDGER:
+            if req.master_key is None:
+                raise BadRequest("a fencing read must carry the master key")
+            self.storage.fence(
+                req.ledger_id,
+                req.master_key,
+                lambda e: self._error(conn, req, e) if e else self._spawn_batch(conn, req),
+            )
+            return
+        self._spawn_batch(conn, req)
+
+    def _spawn_batch(self, conn: BookieConnection, req: m.BatchReadRequest) -> None:
+        if not conn.closed:
+            conn.spawn(self._answer_batch(conn, req))
+
+    async def _answer_batch(self, conn: BookieConnection, req: m.BatchReadRequest) -> None:
+        rid, lid = req.request_id, req.ledger_id
+        bytes_max = min(req.max_bytes, self.frame_bytes_max - RESPONSE_OVERHEAD_BYTES)
+        try:
+            state = self.storage.ledger(lid)
+            bodies = await self.storage.read_range(lid, req.start_entry_id, req.max_count, bytes_max)
+            frame = m.encode(m.BatchReadResponse(rid, 0, None, lid, req.start_entry_id, bodies, state.lac))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not isinstance(exc, StorageError | OSError):
+                log.exception("processor.read_failed", ledger_id=lid, entry_id=req.start_entry_id)
+            frame = m.encode_error(OpCode.BATCH_READ, rid, status_for(exc), str(exc) or type(exc).__name__)
+        conn.complete(rid, frame)
+
+    # ------------------------------------------------------------------ misc
+    def _hello(self, conn: BookieConnection, req: m.HelloRequest) -> None:
+        if req.protocol_version != PROTOCOL_VERSION:
+            message = f"bookie speaks protocol version {PROTOCOL_VERSION}, not {req.protocol_version}"
+            conn.complete(
+                req.request_id, m.encode_error(OpCode.HELLO, req.request_id, StatusCode.EBADVERSION, message)
+            )
+            return
+        response = m.HelloResponse(
+            req.request_id, 0, None, PROTOCOL_VERSION, self.bookie_id, self.frame_bytes_max
+        )
+        conn.complete(req.request_id, m.encode(response))
+
+    def _bookie_info(self, conn: BookieConnection, req: m.GetBookieInfoRequest) -> None:
+        stat = os.statvfs(self.storage.config.data_dir)
+        info: dict[str, int | str] = {
+            "free_disk_bytes": stat.f_bavail * stat.f_frsize,
+            "total_disk_bytes": stat.f_blocks * stat.f_frsize,
+            "ledgers": len(self.storage.ledgers),
+            "state": "writable" if self.storage.journal.failed is None else "readonly",
+        }
+        conn.complete(req.request_id, m.encode(m.GetBookieInfoResponse(req.request_id, 0, None, info)))
+
+    def _list_entries(self, conn: BookieConnection, req: m.GetListOfEntriesRequest) -> None:
+        state = self.storage.ledger(req.ledger_id)
+        ranges: list[list[int]] = []
+        for entry_id in state.index.entry_ids():
+            if ranges and ranges[-1][1] == entry_id - 1:
+                ranges[-1][1] = entry_id
+            else:
+                if len(ranges) >= m.RANGES_MAX:
+                    raise TooManyRequests("ledger has more entry ranges than one response may carry")
+                ranges.append([entry_id, entry_id])
+        response = m.GetListOfEntriesResponse(req.request_id, 0, None, req.ledger_id, ranges)
+        conn.complete(req.request_id, m.encode(response))
+
+
+def _op_of(request: Any) -> int:
+    return m.REQUEST_OP[type(request)]

@@ -1,0 +1,115 @@
+"""The bookie server: storage + processor + the accept loop, with a clean start/close.
+
+``BookieServer.start()`` opens storage (recovery), binds the listener (port 0 allowed: see
+``address``), then starts the optional registration (a metadata-side object with
+``async start(bookie_id, address)`` and ``async close()``: the etcd registration plugs in here).
+``close()`` is graceful and bounded: deregister, stop accepting, stop reading, let accepted adds
+become durable and answered, close connections, flush and close the journal, checkpoint.
+``abort()`` drops everything at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Protocol
+
+import structlog
+
+from bookie.config import BookieConfig
+from bookie.connection_handler import BookieConnection, ConnectionLimits
+from bookie.processor import Processor
+from bookie.storage import Storage
+
+log = structlog.get_logger(__name__)
+
+
+class Registration(Protocol):
+    """What the server needs from a registration service (e.g. etcd with a lease)."""
+
+    async def start(self, bookie_id: str, address: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class BookieServer:
+    def __init__(self, config: BookieConfig, registration: Registration | None = None) -> None:
+        self.config = config
+        self.registration = registration
+        self.storage: Storage | None = None
+        self.processor: Processor | None = None
+        self._server: asyncio.Server | None = None
+        self._connections: set[BookieConnection] = set()
+        self._limits = ConnectionLimits(
+            config.frame_bytes_max, config.in_flight_per_connection_max, config.frame_read_timeout_s
+        )
+        self.address: tuple[str, int] | None = None
+
+    async def start(self) -> None:
+        """Recover storage, listen, register. Raises what Storage.open raises, or OSError (bind)."""
+        self.storage = await Storage.open(self.config.storage_config())
+        self.storage.journal.on_pressure = self._on_journal_pressure
+        self.processor = Processor(self.storage, self.config.bookie_id, self.config.frame_bytes_max)
+        loop = asyncio.get_running_loop()
+        try:
+            self._server = await loop.create_server(
+                self._new_connection, self.config.host, self.config.port, backlog=1024
+            )
+        except BaseException:
+            self.storage.abort()
+            raise
+        host, port = self._server.sockets[0].getsockname()[:2]
+        self.address = (host, port)
+        log.info("bookie.listening", host=host, port=port, bookie_id=self.config.bookie_id)
+        if self.registration is not None:
+            await self.registration.start(self.config.bookie_id, f"{host}:{port}")
+
+    def _new_connection(self) -> asyncio.Protocol:
+        assert self.processor is not None
+        if len(self._connections) >= self.config.connections_max:
+            log.warning(
+                "bookie.connection_refused", reason="connections_max", limit=self.config.connections_max
+            )
+            return _Refuse()
+        return BookieConnection(self.processor, self._limits, self._connections)
+
+    def _on_journal_pressure(self, high: bool) -> None:
+        log.info("bookie.journal_pressure", high=high, connections=len(self._connections))
+        for conn in list(self._connections):
+            conn.pause_by_server(high)
+
+    async def close(self) -> None:
+        if self.registration is not None:
+            with contextlib.suppress(Exception):
+                await self.registration.close()
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._connections):
+            conn.pause_by_server(True)
+        if self.storage is not None:
+            # Every add already accepted becomes durable and is answered before connections close.
+            await self.storage.journal.close()
+        await asyncio.sleep(0)  # let the responses queued by the last group be written
+        for conn in list(self._connections):
+            conn.close()
+        if self.storage is not None:
+            await self.storage.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        log.info("bookie.closed", bookie_id=self.config.bookie_id)
+
+    def abort(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._connections):
+            conn.abort()
+        if self.storage is not None:
+            self.storage.abort()
+
+
+class _Refuse(asyncio.Protocol):
+    """Accepts and immediately closes a connection over the limit."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()

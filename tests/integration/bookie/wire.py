@@ -1,0 +1,96 @@
+"""A minimal async wire client for bookie integration tests (not the library's client).
+
+Requests are matched to responses by id; ``send_raw`` writes arbitrary bytes for bad-input tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import AddFlag, ReadFlag
+from bookkeeper_aio.protocol.digest import EntryCodec
+from bookkeeper_aio.protocol.framing import FrameDecoder
+
+KEY = b"K" * 32
+CODEC = EntryCodec("crc32c")
+
+
+def entry_body(ledger_id: int, entry_id: int, payload: bytes, lac: int | None = None) -> bytes:
+    return CODEC.encode(ledger_id, entry_id, entry_id - 1 if lac is None else lac, 0, payload)
+
+
+class WireClient(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.decoder = FrameDecoder()
+        self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.ids = itertools.count(1)
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+        self.unmatched: list[Any] = []
+
+    @classmethod
+    async def connect(cls, host: str, port: int) -> WireClient:
+        _, client = await asyncio.get_running_loop().create_connection(cls, host, port)
+        return client
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.decoder.feed(data)
+        while (frame := self.decoder.next_frame()) is not None:
+            response = m.decode_response(frame)
+            future = self.pending.pop(response.request_id, None)
+            if future is None or future.done():
+                self.unmatched.append(response)
+            else:
+                future.set_result(response)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(ConnectionError("connection lost"))
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def send_raw(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def request(self, make: Any, *fields: Any, request_id: int | None = None) -> asyncio.Future[Any]:
+        rid = next(self.ids) if request_id is None else request_id
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending[rid] = future
+        self.send_raw(m.encode(make(rid, *fields)))
+        return future
+
+    # ------------------------------------------------------------------ typed helpers
+    def add(
+        self, ledger_id: int, entry_id: int, payload: bytes, *, lac: int | None = None,
+        key: bytes = KEY, recovery: bool = False,
+    ) -> asyncio.Future[Any]:  # fmt: skip
+        flags = AddFlag.RECOVERY_ADD if recovery else 0
+        body = entry_body(ledger_id, entry_id, payload, lac)
+        return self.request(m.AddEntryRequest, ledger_id, entry_id, int(flags), key, body)
+
+    def read(
+        self, ledger_id: int, entry_id: int, *, flags: int = 0, key: bytes | None = None,
+        previous_lac: int = -1, timeout_ms: int = 0,
+    ) -> asyncio.Future[Any]:  # fmt: skip
+        return self.request(m.ReadEntryRequest, ledger_id, entry_id, flags, key, previous_lac, timeout_ms)
+
+    def fence(self, ledger_id: int, entry_id: int = -1, key: bytes = KEY) -> asyncio.Future[Any]:
+        return self.read(ledger_id, entry_id, flags=ReadFlag.FENCE_LEDGER, key=key)
+
+    def read_lac(self, ledger_id: int) -> asyncio.Future[Any]:
+        return self.request(m.ReadLacRequest, ledger_id)
+
+    def write_lac(self, ledger_id: int, lac: int, key: bytes = KEY) -> asyncio.Future[Any]:
+        return self.request(m.WriteLacRequest, ledger_id, key, lac)
