@@ -21,12 +21,18 @@ rids = st.integers(0, (1 << 64) - 1)
 lacs = st.integers(-1, ID_MAX)
 keys = st.binary(max_size=64)
 
+
+def _fence_has_key(msg: m.ReadEntryRequest | m.BatchReadRequest) -> bool:
+    """FENCE_LEDGER (flag 1) without a master key is a bad request, not a round trip."""
+    return not (msg.flags & 1 and msg.master_key is None)
+
+
 requests = st.one_of(
     st.builds(m.HelloRequest, rids, st.integers(0, 0xFFFF), st.text(max_size=50)),
     st.builds(m.AddEntryRequest, rids, ids, ids, st.integers(0, 1), keys, st.binary(max_size=2000)),
     st.builds(
         m.ReadEntryRequest, rids, ids, lacs, st.integers(0, 7), st.none() | keys, lacs, st.integers(0, 60000)
-    ),
+    ).filter(_fence_has_key),
     st.builds(m.ReadLacRequest, rids, ids),
     st.builds(m.WriteLacRequest, rids, ids, keys, lacs),
     st.builds(m.ForceLedgerRequest, rids, ids, keys),
@@ -39,7 +45,7 @@ requests = st.one_of(
         st.integers(1, FRAME_BYTES_MAX),
         st.integers(0, 1),
         st.none() | keys,
-    ),
+    ).filter(_fence_has_key),
     st.builds(m.GetBookieInfoRequest, rids),
     st.builds(m.GetListOfEntriesRequest, rids, ids),
 )
