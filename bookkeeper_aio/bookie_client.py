@@ -109,6 +109,7 @@ class BookiePool:
                 bookie_id, ConnectionRefusedError(f"{bookie_id} is in reconnect backoff")
             )
         conn = self._new_connection(bookie_id, on_close=self._on_connection_closed)
+        conn.start_hello(self.next_request_id())  # first frame on the wire, before any request
         self._connections[bookie_id] = conn
         task = self._loop.create_task(self._connect(conn), name=f"connect {bookie_id}")
         self._tasks.add(task)
@@ -185,7 +186,6 @@ class BookiePool:
         try:
             async with asyncio.timeout(self._config.connect_timeout_s):
                 host, port = await self._resolver.resolve(bookie_id)
-                conn.start_hello(self.next_request_id())
                 await self._loop.create_connection(lambda: conn, host, port)
         except (OSError, TimeoutError, BKError, MetadataError) as error:
             log.info("bookie.connect_failed", bookie=bookie_id, error=repr(error))

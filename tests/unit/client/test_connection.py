@@ -1,0 +1,109 @@
+"""BookieConnection / BookiePool: matching by id, timeouts, late answers, loss, reconnect, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bookkeeper_aio import BKTimeout, BookieConnectionLost, ClientConfig
+from bookkeeper_aio.bookie_client import BookiePool, check
+from bookkeeper_aio.connection import Result
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import StatusCode
+from tests.harness.fake_bookie import FakeBookie, Reply
+
+CONFIG = ClientConfig(add_timeout_s=0.2, reconnect_backoff_initial_s=0.01, reconnect_backoff_max_s=0.02)
+
+
+def _info(rid: int) -> m.Request:
+    return m.GetBookieInfoRequest(rid)
+
+
+@pytest.fixture
+async def bookie() -> FakeBookie:
+    fake = FakeBookie()
+    await fake.start()
+    yield fake  # type: ignore[misc]
+    await fake.kill()
+
+
+async def test_pool__request_response_and_hello_first(bookie: FakeBookie) -> None:
+    pool = BookiePool(CONFIG)
+    response = check(await pool.request(bookie.id, _info, 1.0))
+    assert isinstance(response, m.GetBookieInfoResponse)
+    assert isinstance(bookie.requests[0], m.HelloRequest)
+    await pool.close()
+
+
+async def test_pool__timeout_then_late_answer_is_ignored_and_connection_stays_usable(
+    bookie: FakeBookie,
+) -> None:
+    pool = BookiePool(CONFIG)
+    await pool.request(bookie.id, _info, 1.0)
+    bookie.script = lambda req: Reply.delay(0.4) if isinstance(req, m.GetBookieInfoRequest) else None
+    with pytest.raises(BKTimeout):
+        await pool.request(bookie.id, _info, 0.2)  # standard timeout: expired by the sweep
+    with pytest.raises(BKTimeout):
+        await pool.request(bookie.id, _info, 0.1)  # own timer
+    bookie.script = None
+    await asyncio.sleep(0.4)  # the late answers arrive and are dropped
+    assert check(await pool.request(bookie.id, _info, 1.0)).status == StatusCode.EOK
+    await pool.close()
+
+
+async def test_pool__loss_fails_every_pending_request_with_cause(bookie: FakeBookie) -> None:
+    pool = BookiePool(CONFIG)
+    await pool.request(bookie.id, _info, 1.0)
+    bookie.script = lambda req: Reply.drop()
+    results: list[Result] = []
+    conn = pool.connection(bookie.id)
+    for _ in range(5):
+        conn.request(
+            pool.next_request_id(), m.encode(_info(0)), lambda _c, _b, r: results.append(r), None, 5.0
+        )
+    await asyncio.sleep(0.05)
+    await bookie.kill()
+    await asyncio.sleep(0.05)
+    assert len(results) == 5
+    assert all(isinstance(r, BookieConnectionLost) for r in results)
+    await pool.close()
+
+
+async def test_pool__reconnects_after_restart_with_backoff(bookie: FakeBookie) -> None:
+    pool = BookiePool(CONFIG)
+    await pool.request(bookie.id, _info, 1.0)
+    await bookie.kill()
+    await asyncio.sleep(0.01)
+    with pytest.raises(BookieConnectionLost):
+        await pool.request(bookie.id, _info, 1.0)  # connect refused / backoff: fails fast
+    await bookie.restart()
+    for _ in range(50):
+        try:
+            await pool.request(bookie.id, _info, 1.0)
+            break
+        except BookieConnectionLost:
+            await asyncio.sleep(0.01)
+    else:
+        pytest.fail("never reconnected")
+    await pool.close()
+
+
+async def test_pool__cancelled_request_leaves_connection_usable(bookie: FakeBookie) -> None:
+    pool = BookiePool(CONFIG)
+    bookie.script = lambda req: Reply.delay(0.1) if isinstance(req, m.GetBookieInfoRequest) else None
+    task = asyncio.ensure_future(pool.request(bookie.id, _info, 1.0))
+    await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert pool.connection(bookie.id).pending_count == 0
+    assert check(await pool.request(bookie.id, _info, 1.0)).status == StatusCode.EOK
+    await pool.close()
+
+
+async def test_pool__unknown_host_fails_fast() -> None:
+    pool = BookiePool(CONFIG)
+    with pytest.raises(BookieConnectionLost):
+        await pool.request("127.0.0.1:1", _info, 1.0)
+    await pool.close()
