@@ -25,7 +25,7 @@ import asyncio
 import enum
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -166,7 +166,7 @@ class BookieConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
         if self.state is ConnectionState.CLOSED:  # closed while connecting
             transport.abort()
             return

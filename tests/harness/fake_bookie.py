@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import (
@@ -78,7 +78,7 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
         self.transport = transport
         self.bookie._conns.add(self)
 
