@@ -51,10 +51,14 @@ from metadata.store import (
 log = structlog.get_logger("metadata.etcd")
 T = TypeVar("T")
 
-# A member that lost its leader cancels our watch instead of silently delivering nothing.
-_WATCH_METADATA = (("hasleader", "true"),)
+# "Require leader": a member without a leader refuses requests at once ("no leader": nothing was
+# proposed, so even a mutation is safe to retry elsewhere) and cancels our watches instead of going
+# quiet. Without it, a request to a member cut off from the majority waits until its deadline.
+_REQUIRE_LEADER = (("hasleader", "true"),)
 # Errors whose text proves that the server did not apply a mutation (safe to retry elsewhere).
 _NOT_APPLIED_MARKERS = ("no leader", "failed to connect", "connection refused", "not capable")
+# Server-side timeouts etcd reports with code UNKNOWN (a read may simply be retried).
+_SERVER_TIMEOUT_MARKERS = ("deadline exceeded", "timed out", "leader changed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +114,20 @@ def _kv(kv: Any) -> KeyValue:
 
 def _code_name(error: Any) -> str:
     return str(error.code().name)
+
+
+def _retriable(error: Any, *, mutation: bool) -> bool:
+    """Whether to try again (maybe on another endpoint) within the budget.
+
+    Reads: any connection-level failure or server-side timeout. Mutations: only failures that prove
+    the request was not applied (not connected, or the member had no leader).
+    """
+    code, details = _code_name(error), str(error.details() or "").lower()
+    if mutation:
+        return code == "UNAVAILABLE" and any(marker in details for marker in _NOT_APPLIED_MARKERS)
+    if code == "UNAVAILABLE":
+        return True
+    return code == "UNKNOWN" and any(marker in details for marker in _SERVER_TIMEOUT_MARKERS)
 
 
 class EtcdStore(MetadataStore):
@@ -206,12 +224,9 @@ class EtcdStore(MetadataStore):
             try:
                 return await op(endpoint, remaining_s)
             except rpc.AioRpcError as error:
-                code, details = _code_name(error), str(error.details() or "")
-                retry = code == "UNAVAILABLE" and (
-                    mutation_key is None or any(m in details.lower() for m in _NOT_APPLIED_MARKERS)
-                )
-                if not retry:
+                if not _retriable(error, mutation=mutation_key is not None):
                     raise self._translate(error, mutation_key) from error
+                details = str(error.details() or "")
                 self._rotate(index, details)
                 if deadline - loop.time() <= 0:
                     raise MetadataUnavailable(f"etcd unavailable: {details}") from error
@@ -221,7 +236,7 @@ class EtcdStore(MetadataStore):
         code, details = _code_name(error), str(error.details() or "")
         if mutation_key is not None and code in {"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN"}:
             return CasResultUnknown(mutation_key, f"etcd {code}: {details}")
-        if code in {"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"}:
+        if code in {"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"} or _retriable(error, mutation=False):
             return MetadataUnavailable(f"etcd {code}: {details}")
         if code == "OUT_OF_RANGE" and "compacted" in details:
             return WatchCompacted(mutation_key or "<range>", 0)
@@ -233,14 +248,14 @@ class EtcdStore(MetadataStore):
         request = rpc.RangeRequest(key=key.encode())
 
         async def op(endpoint: _Endpoint, timeout_s: float) -> Any:
-            return await endpoint.kv.Range(request, timeout=timeout_s)
+            return await endpoint.kv.Range(request, timeout=timeout_s, metadata=_REQUIRE_LEADER)
 
         response = await self._call(op)
         return _kv(response.kvs[0]) if response.kvs else None
 
     async def _txn(self, key: str, request: Any) -> Any:
         async def op(endpoint: _Endpoint, timeout_s: float) -> Any:
-            return await endpoint.kv.Txn(request, timeout=timeout_s)
+            return await endpoint.kv.Txn(request, timeout=timeout_s, metadata=_REQUIRE_LEADER)
 
         try:
             return await self._call(op, mutation_key=key)
@@ -337,7 +352,7 @@ class EtcdStore(MetadataStore):
         )
 
         async def op(endpoint: _Endpoint, timeout_s: float) -> Any:
-            return await endpoint.kv.Range(request, timeout=timeout_s)
+            return await endpoint.kv.Range(request, timeout=timeout_s, metadata=_REQUIRE_LEADER)
 
         try:
             response = await self._call(op)
@@ -351,7 +366,7 @@ class EtcdStore(MetadataStore):
         request = rpc.RangeRequest(key=b"\x00", limit=1, count_only=True)
 
         async def op(endpoint: _Endpoint, timeout_s: float) -> Any:
-            return await endpoint.kv.Range(request, timeout=timeout_s)
+            return await endpoint.kv.Range(request, timeout=timeout_s, metadata=_REQUIRE_LEADER)
 
         return int((await self._call(op)).header.revision)
 
@@ -362,7 +377,7 @@ class EtcdStore(MetadataStore):
         request = rpc.LeaseGrantRequest(TTL=ttl_s, ID=0)
 
         async def op(endpoint: _Endpoint, timeout_s: float) -> Any:
-            return await endpoint.lease.LeaseGrant(request, timeout=timeout_s)
+            return await endpoint.lease.LeaseGrant(request, timeout=timeout_s, metadata=_REQUIRE_LEADER)
 
         response = await self._call(op)
         if response.error:
@@ -372,7 +387,7 @@ class EtcdStore(MetadataStore):
     async def keepalive(self, lease_id: int) -> int:
         async def op(endpoint: _Endpoint, timeout_s: float) -> int:
             call = endpoint.lease.LeaseKeepAlive(
-                iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=timeout_s
+                iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=timeout_s, metadata=_REQUIRE_LEADER
             )
             try:
                 async for response in call:
@@ -390,7 +405,7 @@ class EtcdStore(MetadataStore):
         request = rpc.LeaseRevokeRequest(ID=lease_id)
 
         async def op(endpoint: _Endpoint, timeout_s: float) -> None:
-            await endpoint.lease.LeaseRevoke(request, timeout=timeout_s)
+            await endpoint.lease.LeaseRevoke(request, timeout=timeout_s, metadata=_REQUIRE_LEADER)
 
         try:
             await self._call(op)
@@ -416,7 +431,7 @@ class EtcdStore(MetadataStore):
                 progress_notify=True,
             )
             call = endpoint.watch.Watch(
-                iter([rpc.WatchRequest(create_request=create)]), metadata=_WATCH_METADATA
+                iter([rpc.WatchRequest(create_request=create)]), metadata=_REQUIRE_LEADER
             )
             try:
                 async for response in call:

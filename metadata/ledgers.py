@@ -30,6 +30,7 @@ from metadata import ledger as serde
 from metadata.errors import (
     BadVersion,
     CasResultUnknown,
+    MetadataUnavailable,
     NodeExists,
     NoNode,
     NoSuchLedger,
@@ -134,8 +135,11 @@ class LedgerManager:
             try:
                 version = await self._store.create(key, data)
                 return VersionedLedger(metadata, version)
-            except CasResultUnknown:
-                current = await self._store.get(key)
+            except CasResultUnknown as unknown:
+                try:
+                    current = await self._store.get(key)
+                except MetadataUnavailable:
+                    raise unknown from None  # still cannot tell whether the create applied
                 if current is None:
                     continue  # not applied (yet): creating again is safe, the id is ours alone
                 if current.value == data:
