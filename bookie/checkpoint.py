@@ -19,7 +19,6 @@ from collections.abc import Iterable
 import crc32c
 import msgpack
 
-from bookie.index import Location
 from bookie.journal import Position
 from bookie.ledger_state import LedgerState
 
@@ -90,5 +89,5 @@ def _ledger_from_row(row: list[object]) -> LedgerState:
     state.explicit_lac = explicit
     state.lac_body = lac_body
     for entry_id, seg, off, length in zip(ids, segs, offs, lens, strict=True):
-        state.index.put(entry_id, Location(seg, off, length))
+        state.index.put(entry_id, seg, off, length)
     return state

@@ -17,28 +17,36 @@ class Location(NamedTuple):
 
 
 class LedgerIndex:
-    """Entry locations of one ledger, plus the highest entry id seen."""
+    """Entry locations of one ledger, plus the highest entry id seen.
+
+    Locations are stored as plain tuples (a NamedTuple per entry costs ~0.5 us on the add path);
+    :meth:`get` and :meth:`items` hand out :class:`Location` for the cold paths.
+    """
 
     __slots__ = ("_entries", "last_entry_id")
 
     def __init__(self) -> None:
-        self._entries: dict[int, Location] = {}
+        self._entries: dict[int, tuple[int, int, int]] = {}
         self.last_entry_id = -1
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, entry_id: int, location: Location) -> None:
+    def put(self, entry_id: int, segment_id: int, offset: int, length: int) -> None:
         """Insert or replace (a rewritten entry, e.g. by recovery, points at its newest copy)."""
-        self._entries[entry_id] = location
+        self._entries[entry_id] = (segment_id, offset, length)
         if entry_id > self.last_entry_id:
             self.last_entry_id = entry_id
 
+    def __contains__(self, entry_id: int) -> bool:
+        return entry_id in self._entries
+
     def get(self, entry_id: int) -> Location | None:
-        return self._entries.get(entry_id)
+        found = self._entries.get(entry_id)
+        return None if found is None else Location._make(found)
 
     def entry_ids(self) -> list[int]:
         return sorted(self._entries)
 
     def items(self) -> list[tuple[int, Location]]:
-        return sorted(self._entries.items())
+        return [(entry_id, Location._make(loc)) for entry_id, loc in sorted(self._entries.items())]

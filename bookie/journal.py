@@ -199,11 +199,13 @@ class Journal:
     def failed(self) -> BaseException | None:
         return self._failed
 
-    def append(self, parts: tuple[bytes, ...], callback: Callback | None) -> Position:
-        """Queue one record (given as byte parts) and return where it will live.
+    def append(self, parts: tuple[bytes, ...], callback: Callback | None) -> tuple[int, int]:
+        """Queue one record (given as byte parts) and return ``(segment_id, offset)`` where it
+        will live.
 
         ``callback(None)`` runs on the loop once the record is durable, ``callback(exc)`` if it
-        never will be. Raises :class:`JournalError` when the journal is closed or failed.
+        never will be. Raises :class:`JournalError` when the journal is closed or failed, or the
+        record is larger than ``record_bytes_max``.
         """
         if self._failed is not None or self._closing:
             raise JournalError("journal is not writable") from self._failed
@@ -214,7 +216,7 @@ class Journal:
             raise JournalError(f"record of {size} bytes exceeds {self._config.record_bytes_max}")
         if self._offset + size > self._config.segment_bytes:
             self._roll()
-        position = Position(self._segment_id, self._offset)
+        position = (self._segment_id, self._offset)
         self._runs[-1].parts.extend(parts)
         self._offset += size
         if callback is not None:

@@ -112,15 +112,21 @@ def encode_entry(ledger_id: int, entry_id: int, entry_body: bytes | memoryview) 
     return encode_record(RecordType.ENTRY, LEDGER_ENTRY.pack(ledger_id, entry_id) + bytes(entry_body))
 
 
+_ENTRY_CRC_PREFIX = struct.Struct(">IBqq")  # body length, type, ledger id, entry id
+_ENTRY_HEAD = struct.Struct(">IIIBqq")  # the record header followed by the ENTRY id prefix
+_ENTRY = 1
+
+
 def encode_entry_parts(ledger_id: int, entry_id: int, entry_body: bytes) -> tuple[bytes, bytes]:
     """An ENTRY record as (header and id prefix, body) so the hot path never copies the body:
-    the journal joins a whole group's parts in one go."""
-    prefix = LEDGER_ENTRY.pack(ledger_id, entry_id)
+    the journal joins a whole group's parts in one go. Same bytes as :func:`encode_entry`."""
     length = ENTRY_PREFIX_BYTES + len(entry_body)
     if length > RECORD_BODY_BYTES_MAX:
         raise ValueError(f"entry of {len(entry_body)} bytes exceeds the journal record maximum")
-    crc = crc32c.crc32c(entry_body, crc32c.crc32c(prefix, crc32c.crc32c(_LEN_TYPE.pack(length, 1))))
-    return RECORD_HEADER.pack(RECORD_MAGIC, length, crc, 1) + prefix, entry_body
+    crc = crc32c.crc32c(
+        entry_body, crc32c.crc32c(_ENTRY_CRC_PREFIX.pack(length, _ENTRY, ledger_id, entry_id))
+    )
+    return _ENTRY_HEAD.pack(RECORD_MAGIC, length, crc, _ENTRY, ledger_id, entry_id), entry_body
 
 
 def encode_master_key(ledger_id: int, key: bytes) -> bytes:

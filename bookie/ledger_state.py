@@ -84,18 +84,17 @@ class LedgerState:
         return max(self.piggyback_lac, self.explicit_lac)
 
     def advance_piggyback(self, lac: int) -> None:
+        # On every add: keep it to a compare and a store unless someone is waiting.
         if lac > self.piggyback_lac:
-            before = self.lac
             self.piggyback_lac = lac
-            if self.waiters and self.lac > before:
+            if self.waiters:
                 self._wake_advanced()
 
     def advance_explicit(self, lac: int, body: bytes) -> None:
         if lac > self.explicit_lac:
-            before = self.lac
             self.explicit_lac = lac
             self.lac_body = body
-            if self.waiters and self.lac > before:
+            if self.waiters:
                 self._wake_advanced()
 
     def set_fenced(self) -> None:

@@ -19,7 +19,6 @@ import structlog
 from bookie import checkpoint
 from bookie import journal_format as fmt
 from bookie.fileio import FileIO
-from bookie.index import Location
 from bookie.journal import Position
 from bookie.ledger_state import LedgerState
 
@@ -48,7 +47,7 @@ def apply_record(ledgers: dict[int, LedgerState], segment_id: int, record: fmt.R
         state = ledgers[ledger_id] = LedgerState(ledger_id)
     if record.type == fmt.RecordType.ENTRY:
         _, entry_id = fmt.parse_ledger_entry(body)
-        state.index.put(entry_id, Location(segment_id, record.offset, record.length))
+        state.index.put(entry_id, segment_id, record.offset, record.length)
         entry = body[fmt.ENTRY_PREFIX_BYTES :]
         if len(entry) >= 24:
             state.advance_piggyback(int.from_bytes(entry[16:24], "big", signed=True))

@@ -32,7 +32,7 @@ from bookie import journal_format as fmt
 from bookie.cookie import ensure_cookie
 from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.index import Location
-from bookie.journal import Callback, Journal, JournalConfig, Position
+from bookie.journal import Callback, Journal, JournalConfig
 from bookie.ledger_state import LedgerState
 from bookkeeper_aio import failpoints
 
@@ -77,25 +77,29 @@ class StorageConfig:
     """How often the index is checkpointed when the journal moved: bounds replay time at restart."""
 
 
-class _AddCompletion:
-    """Per-add completion (a small object, not a closure or Future: DESIGN §10)."""
+class AddCompletion:
+    """Completion of one add, subclassed by the caller (one small object per add: no closure, no
+    Future, DESIGN §10). Storage fills the slots; once the record is durable it indexes the entry,
+    advances the piggybacked LAC, then calls :meth:`on_durable` (``error`` None on success)."""
 
-    __slots__ = ("callback", "entry_id", "lac", "length", "location", "state")
+    __slots__ = ("entry_id", "lac", "length", "offset", "segment_id", "state")
+    state: LedgerState
+    entry_id: int
+    lac: int
+    length: int
+    segment_id: int
+    offset: int
 
-    def __init__(self, state: LedgerState, entry_id: int, lac: int, length: int, callback: Callback) -> None:
-        self.state = state
-        self.entry_id = entry_id
-        self.lac = lac
-        self.length = length
-        self.callback = callback
-        self.location = Position(0, 0)
+    def on_durable(self, error: BaseException | None) -> None:
+        raise NotImplementedError
 
     def __call__(self, error: BaseException | None) -> None:
         if error is None:
-            loc = self.location
-            self.state.index.put(self.entry_id, Location(loc.segment_id, loc.offset, self.length))
-            self.state.advance_piggyback(self.lac)
-        self.callback(error)
+            state = self.state
+            state.index.put(self.entry_id, self.segment_id, self.offset, self.length)
+            if self.lac > state.piggyback_lac:
+                state.advance_piggyback(self.lac)
+        self.on_durable(error)
 
 
 class Storage:
@@ -161,23 +165,28 @@ class Storage:
         self,
         ledger_id: int,
         entry_id: int,
+        lac: int,
         master_key: bytes,
         body: bytes,
         recovery: bool,
-        callback: Callback,
+        completion: AddCompletion,
     ) -> None:
-        """Journal an entry; ``callback(None)`` once it is durable and readable.
+        """Journal an entry; ``completion`` runs once it is durable (then readable).
 
-        ``body`` must already be checked to carry ``ledger_id``/``entry_id`` in its header.
+        ``body`` must already be checked to carry ``ledger_id``/``entry_id``/``lac`` in its header.
         Raises :class:`Unauthorized`, :class:`Fenced` (unless ``recovery``), :class:`JournalError`.
         """
-        state = self._ledger_for_write(ledger_id, master_key)
+        state = self.ledgers.get(ledger_id)
+        if state is None or state.master_key is None or not hmac.compare_digest(state.master_key, master_key):
+            state = self._ledger_for_write(ledger_id, master_key)
         if state.fenced and not recovery:
             raise Fenced(f"ledger {ledger_id} is fenced")
         head, tail = fmt.encode_entry_parts(ledger_id, entry_id, body)
-        lac = int.from_bytes(body[16:24], "big", signed=True)
-        completion = _AddCompletion(state, entry_id, lac, len(head) + len(tail), callback)
-        completion.location = self.journal.append((head, tail), completion)
+        completion.state = state
+        completion.entry_id = entry_id
+        completion.lac = lac
+        completion.length = len(head) + len(tail)
+        completion.segment_id, completion.offset = self.journal.append((head, tail), completion)
 
     def fence(self, ledger_id: int, master_key: bytes | None, callback: Callback) -> LedgerState:
         """Fence ``ledger_id`` (creating it fenced if unknown); ``callback`` once durable.

@@ -15,7 +15,16 @@ from bookie.checkpoint import CheckpointCorrupt
 from bookie.cookie import CookieMismatch
 from bookie.journal import JournalConfig
 from bookie.ledger_state import LONG_POLL_WAITERS_PER_LEDGER_MAX, WakeReason
-from bookie.storage import EntryCorrupt, Fenced, NoEntry, NoLedger, Storage, StorageConfig, Unauthorized
+from bookie.storage import (
+    AddCompletion,
+    EntryCorrupt,
+    Fenced,
+    NoEntry,
+    NoLedger,
+    Storage,
+    StorageConfig,
+    Unauthorized,
+)
 
 KEY = b"k" * 32
 JOURNAL = JournalConfig(segment_bytes=256 * 1024, record_bytes_max=8192)
@@ -30,19 +39,32 @@ def config(path: Path, bookie_id: str = "bookie-1") -> StorageConfig:
     return StorageConfig(data_dir=str(path), bookie_id=bookie_id, journal=JOURNAL, checkpoint_interval_s=3600)
 
 
-async def add(
-    storage: Storage, ledger_id: int, entry_id: int, *, recovery: bool = False, key: bytes = KEY
-) -> None:
-    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+class Done(AddCompletion):
+    __slots__ = ("future",)
 
-    def done(error: BaseException | None) -> None:
+    def __init__(self) -> None:
+        self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_durable(self, error: BaseException | None) -> None:
         if error is None:
-            future.set_result(None)
+            self.future.set_result(None)
         else:
-            future.set_exception(error)
+            self.future.set_exception(error)
 
-    storage.add_entry(ledger_id, entry_id, key, body(ledger_id, entry_id, entry_id - 1), recovery, done)
-    await future
+
+async def add(
+    storage: Storage,
+    ledger_id: int,
+    entry_id: int,
+    *,
+    recovery: bool = False,
+    key: bytes = KEY,
+    payload: bytes = b"",
+) -> None:
+    done = Done()
+    entry = body(ledger_id, entry_id, entry_id - 1, payload)
+    storage.add_entry(ledger_id, entry_id, entry_id - 1, key, entry, recovery, done)
+    await done.future
 
 
 async def durable(start: object) -> None:
@@ -151,11 +173,7 @@ async def test_segments_roll_and_everything_replays(tmp_path: Path) -> None:
     storage = await Storage.open(config(tmp_path))
     payload = b"p" * 4000
     for i in range(200):
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        storage.add_entry(
-            1, i, KEY, body(1, i, i - 1, payload), False, lambda e, f=future: f.set_result(None)
-        )
-        await future
+        await add(storage, 1, i, payload=payload)
     storage.abort()
     assert len(os.listdir(tmp_path / "journal")) > 3
     storage = await Storage.open(config(tmp_path))
@@ -263,3 +281,11 @@ async def test_long_poll_waiters_wake_on_advance_fence_and_timeout(tmp_path: Pat
     for waiter in list(state.waiters):
         waiter.cancel()
     await storage.close()
+
+
+def test_fast_add_response_encoding_matches_the_protocol() -> None:
+    from bookie.processor import encode_add_ok
+    from bookkeeper_aio.protocol import messages as m
+
+    for rid, lid, eid in [(0, 0, 0), (1, 2, 3), (2**64 - 1, 2**63 - 1, 2**63 - 1), (300, 70000, 2**40)]:
+        assert encode_add_ok(rid, lid, eid) == m.encode(m.AddEntryResponse(rid, 0, None, lid, eid))
