@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import structlog
 
 from bookkeeper_aio.config import ClientConfig
-from bookkeeper_aio.connection import BookieConnection, Result
+from bookkeeper_aio.connection import BookieConnection, ConnectionState, Result
 from bookkeeper_aio.errors import BKError, BKInterfaceError, error_for_status
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import REQUEST_ID_MAX, StatusCode
@@ -29,6 +29,7 @@ from metadata.backoff import Backoff
 from metadata.errors import MetadataError
 
 log = structlog.get_logger(__name__)
+_CLOSED = ConnectionState.CLOSED
 
 
 class AddressResolver(Protocol):
@@ -100,7 +101,7 @@ class BookiePool:
 
     def connection(self, bookie_id: str) -> BookieConnection:
         conn = self._connections.get(bookie_id)
-        if conn is not None and conn.is_usable:
+        if conn is not None and conn.state is not _CLOSED:  # hot path: no property call
             return conn
         if self._closed:
             return self._dead_connection(bookie_id, BKInterfaceError("the client is closed"))

@@ -85,10 +85,11 @@ class _PendingAdd:
         self.quorum = False
 
 
-def _swallow(future: asyncio.Future[int]) -> None:
-    # The caller may drop an append future without awaiting it; its exception is still in the
-    # handle's state, so do not let asyncio log "exception never retrieved" for each one.
-    if not future.cancelled():
+def _fail_future(future: asyncio.Future[int], error: BKError) -> None:
+    if not future.done():
+        future.set_exception(error)
+        # The caller may drop an append future without awaiting it; the error is also in the
+        # handle's state, so asyncio must not log "exception never retrieved" for each one.
         future.exception()
 
 
@@ -112,6 +113,7 @@ class LedgerHandle:
         self._codec = EntryCodec(md.digest_type, password)
         self._master_key = master_key
         self._ensemble: tuple[str, ...] = md.current_ensemble
+        self._write_sets = self._bookie_write_sets(self._ensemble)
         self._state = HandleState.WRITABLE
         self._error: BKError | None = None
         self._next_entry_id = 0
@@ -233,7 +235,6 @@ class LedgerHandle:
         length = self._length_sent + len(payload)
         self._length_sent = length
         future: asyncio.Future[int] = self._loop.create_future()
-        future.add_done_callback(_swallow)
         op = _PendingAdd(entry_id, length, future)
         op.body = body = self._codec.encode(self._id, entry_id, self._lac, length, payload)
         self._lac_sent = self._lac
@@ -242,8 +243,7 @@ class LedgerHandle:
         # so the frame is encoded once and shared.
         rid = self._pool.next_request_id()
         frame = m.encode(m.AddEntryRequest(rid, self._id, entry_id, AddFlag.NONE, self._master_key, body))
-        ensemble = self._ensemble
-        op.write_set = write_set = tuple(ensemble[i] for i in self._schedule.write_set(entry_id))
+        op.write_set = write_set = self._write_sets[entry_id % len(self._write_sets)]
         self._pending.append(op)
         failed = self._failed_bookies
         pool, timeout_s, on_add = self._pool, self._config.add_timeout_s, self._on_add
@@ -344,8 +344,7 @@ class LedgerHandle:
     def _fail_outstanding(self, error: BKError) -> None:
         pending, self._pending = self._pending, collections.deque()
         for op in pending:
-            if not op.future.done():
-                op.future.set_exception(error)
+            _fail_future(op.future, error)
         for waiter in self._slot_waiters:
             if not waiter.done():
                 waiter.set_result(None)  # the waiter re-checks the state and raises
@@ -420,6 +419,7 @@ class LedgerHandle:
                     stored = current  # our write did land (its answer was lost)
             self._metadata, self._version = stored.metadata, stored.version
             self._ensemble = stored.metadata.current_ensemble
+            self._write_sets = self._bookie_write_sets(self._ensemble)
             self.ensemble_changes += 1
             log.info(
                 "ensemble.changed",
@@ -431,12 +431,15 @@ class LedgerHandle:
             return
         raise NotEnoughBookies(f"ledger {self._id}: ensemble change lost the metadata race too often")
 
+    def _bookie_write_sets(self, ensemble: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+        """Bookie ids of the write set starting at each ensemble position (entry id mod E)."""
+        return tuple(tuple(ensemble[i] for i in positions) for positions in self._schedule.write_sets())
+
     def _resend_outstanding(self) -> None:
-        ensemble = self._ensemble
-        schedule = self._schedule
+        write_sets = self._write_sets
         quorum = self._ack_quorum
         for op in self._pending:
-            write_set = tuple(ensemble[i] for i in schedule.write_set(op.entry_id))
+            write_set = write_sets[op.entry_id % len(write_sets)]
             if write_set == op.write_set:
                 continue
             op.write_set = write_set

@@ -1,0 +1,232 @@
+"""Client write-path benchmark: real bookie processes, the real client, fsync on.
+
+Shape (issue 4): 3 bookies, E3/Qw2/Qa2, 1 KiB entries, one client process, 1,000 adds in flight
+(closed loop: max throughput), then a fixed-rate open loop (``--rate``, default 5,000/s) for
+latency. With ``--bound`` the no-logic yardstick ``shared/tools/replication_bound.py`` runs in the
+same session with the same shape and the report gives ours / bound.
+
+Latencies are recorded in an HdrHistogram (microseconds, 3 significant digits). Prints one JSON line
+per run and a final JSON summary (medians over ``--reps``); ``--json-out`` also writes the summary,
+``--png`` a latency histogram of the fixed-rate runs.
+
+    python -m benchmarks.write                       # ours only
+    python -m benchmarks.write --bound --reps 3      # ours and the bound, interleaved
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import uvloop
+from hdrh.histogram import HdrHistogram
+
+from bookkeeper_aio import BookKeeper, ClientConfig
+from bookkeeper_aio.bookie_client import StaticResolver
+from bookkeeper_aio.context import StaticDirectory
+from metadata.ledgers import LedgerManager
+from metadata.memory import MemoryStore
+from tests.harness.bookie_proc import BookieProcess
+
+BOUND_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "tools" / "replication_bound.py"
+LATENCY_US_MAX = 60_000_000
+
+
+async def drive(procs: list[BookieProcess], args: argparse.Namespace, rate: float) -> dict[str, Any]:
+    resolver = StaticResolver({p.bookie_id: p.address for p in procs})
+    config = ClientConfig(add_window_max=max(args.window, 1), explicit_lac_interval_ms=100)
+    bk = BookKeeper(
+        LedgerManager(MemoryStore(), "/bench"),
+        StaticDirectory([p.bookie_id for p in procs]),
+        config=config,
+        resolver=resolver,
+    )
+    lh = await bk.create_ledger(args.ensemble, args.qw, args.qa, password=b"bench")
+    await lh.append(b"warm-up")  # connections established before the clock starts
+    payload = os.urandom(args.size)
+    hist = HdrHistogram(1, LATENCY_US_MAX, 3)
+    latencies: list[float] = []  # recorded into the histogram after the run: hdrh costs ~2 µs a value
+    clock = time.perf_counter
+    cpu0 = time.process_time()
+    bookie_cpu0 = sum(_cpu_s(p) for p in procs)
+    t0 = clock()
+    count = 0
+    if rate:
+        futures: list[asyncio.Future[int]] = []
+        sent = 0
+        while (now := clock()) - t0 < args.secs:
+            while sent < int((now - t0) * rate):
+                future = await lh.append_async(payload)
+                future.add_done_callback(lambda _f, a=now: latencies.append(clock() - a))
+                futures.append(future)
+                sent += 1
+            await asyncio.sleep(0.001)
+        await asyncio.gather(*futures)
+        count = sent
+    else:
+        deadline = t0 + args.secs
+        done = [0]
+
+        async def worker() -> None:
+            while (start := clock()) < deadline:
+                await lh.append(payload)
+                latencies.append(clock() - start)
+                done[0] += 1
+
+        await asyncio.gather(*(worker() for _ in range(args.window)))
+        count = done[0]
+    elapsed = clock() - t0
+    client_cpu_s = time.process_time() - cpu0
+    bookie_cpu_s = sum(_cpu_s(p) for p in procs) - bookie_cpu0
+    for latency_s in latencies:
+        hist.record_value(max(1, int(latency_s * 1e6)))
+    await lh.close()
+    await bk.close()
+    return {
+        "entries_s": count / elapsed,
+        "MB_s": count * args.size / elapsed / 1e6,
+        "p50_ms": hist.get_value_at_percentile(50) / 1e3,
+        "p99_ms": hist.get_value_at_percentile(99) / 1e3,
+        "p999_ms": hist.get_value_at_percentile(99.9) / 1e3,
+        "ensemble_changes": lh.ensemble_changes,
+        "client_cpu_us_per_entry": client_cpu_s / max(count, 1) * 1e6,
+        "bookies_cpu_us_per_entry": bookie_cpu_s / max(count, 1) * 1e6,
+        "_hist": hist,
+    }
+
+
+def _cpu_s(proc: BookieProcess) -> float:
+    """User + system CPU seconds of a bookie process (Linux /proc)."""
+    assert proc.proc is not None
+    fields = Path(f"/proc/{proc.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_run(args: argparse.Namespace, rate: float) -> dict[str, Any]:
+    base = tempfile.mkdtemp(prefix="bench-write-", dir=args.dir)
+    procs = [BookieProcess(os.path.join(base, f"b{i}"), bookie_id=f"b{i}") for i in range(args.bookies)]
+    try:
+        for proc in procs:
+            proc.start()
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(drive(procs, args, rate))
+    finally:
+        for proc in procs:
+            proc.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def run_bound(args: argparse.Namespace, rate: float) -> dict[str, Any]:
+    cmd = [
+        sys.executable, str(BOUND_SCRIPT), "--bookies", str(args.bookies), "--qw", str(args.qw),
+        "--qa", str(args.qa), "--size", str(args.size), "--window", str(args.window),
+        "--secs", str(args.secs), "--reps", "1",
+    ]  # fmt: skip
+    if rate:
+        cmd += ["--rate", str(rate)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()
+    result: dict[str, Any] = json.loads(out[-1])["median"]
+    return result
+
+
+def median_of(runs: list[dict[str, Any]]) -> dict[str, float]:
+    keys = [k for k in runs[0] if not k.startswith("_")]
+    return {k: round(statistics.median(float(r[k]) for r in runs), 3) for k in keys}
+
+
+def write_png(path: str, hist: HdrHistogram, width: int = 640, height: int = 240) -> None:
+    """A latency histogram (log-spaced buckets from 0.1 ms to 100 ms) as a dependency-free PNG."""
+    edges = [0.1 * (10 ** (i / 20)) for i in range(61)]  # ms, 20 buckets per decade
+    counts = [_count_between(hist, low * 1e3, high * 1e3) for low, high in itertools.pairwise(edges)]
+    peak = max(counts) or 1
+    bar_w = width // len(counts)
+    rows = []
+    for y in range(height):
+        row = bytearray(b"\x00")  # filter type 0
+        level = (height - y) / height
+        for count in counts:
+            filled = count / peak >= level
+            pixel = b"\x30\x60\xc0" if filled else b"\xff\xff\xff"
+            row += pixel * bar_w
+        row += b"\xff\xff\xff" * (width - bar_w * len(counts))
+        rows.append(bytes(row))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+    png += chunk(b"IDAT", zlib.compress(b"".join(rows), 9)) + chunk(b"IEND", b"")
+    Path(path).write_bytes(png)
+
+
+def _count_between(hist: HdrHistogram, low_us: float, high_us: float) -> int:
+    total = 0
+    for item in hist.get_recorded_iterator():
+        if low_us <= item.value_iterated_to < high_us:
+            total += item.count_added_in_this_iter_step
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bookies", type=int, default=3)
+    ap.add_argument("--ensemble", type=int, default=3)
+    ap.add_argument("--qw", type=int, default=2)
+    ap.add_argument("--qa", type=int, default=2)
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--window", type=int, default=1000)
+    ap.add_argument("--secs", type=float, default=8.0)
+    ap.add_argument("--rate", type=float, default=5000.0, help="fixed-rate pass (entries/s); 0 skips it")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--bound", action="store_true", help="also run replication_bound.py (same shape)")
+    ap.add_argument("--dir", default=None, help="parent directory for bookie data (default: system temp)")
+    ap.add_argument("--json-out", default=None)
+    ap.add_argument("--png", default=None, help="latency histogram of the fixed-rate runs")
+    args = ap.parse_args()
+    passes = [("closed", 0.0)] + ([("rate", args.rate)] if args.rate else [])
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for _ in range(args.reps):
+        for name, rate in passes:
+            ours = one_run(args, rate)
+            results.setdefault(name, {}).setdefault("ours", []).append(ours)
+            line = {"pass": name, "who": "ours", **{k: round(v, 3) for k, v in ours.items() if k[0] != "_"}}
+            print(json.dumps(line), flush=True)
+            if args.bound:
+                bound = run_bound(args, rate)
+                results[name].setdefault("bound", []).append(bound)
+                print(json.dumps({"pass": name, "who": "bound", **bound}), flush=True)
+    summary: dict[str, Any] = {"config": vars(args)}
+    for name, by_who in results.items():
+        summary[name] = {who: median_of(runs) for who, runs in by_who.items()}
+        if "bound" in by_who:
+            ours_m, bound_m = summary[name]["ours"], summary[name]["bound"]
+            summary[name]["ours_over_bound"] = {
+                "throughput": round(ours_m["entries_s"] / bound_m["entries_s"], 3),
+                "p50": round(ours_m["p50_ms"] / bound_m["p50_ms"], 3),
+                "p99": round(ours_m["p99_ms"] / bound_m["p99_ms"], 3),
+            }
+    print(json.dumps(summary), flush=True)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(summary, indent=2) + "\n")
+    if args.png and "rate" in results:
+        merged = HdrHistogram(1, LATENCY_US_MAX, 3)
+        for run in results["rate"]["ours"]:
+            merged.add(run["_hist"])
+        write_png(args.png, merged)
+
+
+if __name__ == "__main__":
+    main()
