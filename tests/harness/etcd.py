@@ -96,6 +96,7 @@ class EtcdMember:
     process: subprocess.Popen[bytes] | None = None
     initial_cluster: str = ""
     fast_election: bool = False
+    extra_args: tuple[str, ...] = ()
 
     @property
     def client_url(self) -> str:
@@ -129,6 +130,7 @@ class EtcdMember:
         ]
         if self.fast_election:
             args += ["--heartbeat-interval=50", "--election-timeout=500"]
+        args += self.extra_args
         log = open(self.data_dir.parent / f"{self.name}.log", "ab")  # noqa: SIM115 -- owned by the child
         with log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
@@ -190,11 +192,14 @@ class EtcdCluster:
     base_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="bkaio-etcd-")))
     members: list[EtcdMember] = field(default_factory=list)
     owns_dir: bool = True
+    extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         fast = self.size > 1
         self.members = [
-            EtcdMember(f"m{i}", self.binary, self.base_dir / f"m{i}", fast_election=fast)
+            EtcdMember(
+                f"m{i}", self.binary, self.base_dir / f"m{i}", fast_election=fast, extra_args=self.extra_args
+            )
             for i in range(self.size)
         ]
         initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)

@@ -1,0 +1,114 @@
+"""etcd-driver specifics: budgets, unreachable endpoints, endpoint failover, watch resume across restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import pytest
+
+from metadata.errors import MetadataUnavailable, WatchCompacted
+from metadata.etcd import EtcdConfig, EtcdStore
+from metadata.ledgers import LedgerManager
+from metadata.memory import MemoryStore
+from metadata.store import EventKind, WatchEvent
+from tests.harness.etcd import EtcdCluster, free_port
+
+pytestmark = pytest.mark.etcd
+
+
+async def test_unreachable_store_fails_within_the_budget_and_stays_usable(etcd_server: EtcdCluster) -> None:
+    dead = ("127.0.0.1", free_port())
+    store = EtcdStore(EtcdConfig((dead,), op_timeout_s=0.5, connect_timeout_s=0.2))
+    try:
+        for operation in (lambda: store.get("/x"), lambda: store.create("/x", b"1")):
+            started = time.monotonic()
+            with pytest.raises(MetadataUnavailable):
+                await operation()
+            assert time.monotonic() - started < 1.5
+    finally:
+        await store.close()
+
+
+async def test_dead_first_endpoint_fails_over_to_a_live_one(etcd_server: EtcdCluster, root: str) -> None:
+    dead = ("127.0.0.1", free_port())
+    store = EtcdStore(EtcdConfig((dead, *etcd_server.endpoints), op_timeout_s=3, connect_timeout_s=0.3))
+    try:
+        version = await store.create(f"{root}/k", b"v")
+        got = await store.get(f"{root}/k")
+        assert got is not None
+        assert got.version == version
+    finally:
+        await store.close()
+
+
+async def test_cancelled_call_leaves_the_store_usable(etcd_server: EtcdCluster, root: str) -> None:
+    store = EtcdStore(EtcdConfig(etcd_server.endpoints))
+    try:
+        task = asyncio.create_task(store.put(f"{root}/k", b"v"))
+        await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert await store.create(f"{root}/k2", b"v") > 0
+    finally:
+        await store.close()
+
+
+async def test_watch_resumes_after_an_etcd_restart_without_gaps_or_duplicates(
+    etcd_private: EtcdCluster, root: str
+) -> None:
+    store = EtcdStore(EtcdConfig(etcd_private.endpoints, op_timeout_s=3, backoff_max_s=0.2))
+    events: list[WatchEvent] = []
+    try:
+        start = await store.current_revision() + 1
+
+        async def follow() -> None:
+            watch = store.watch(f"{root}/", prefix=True, start_revision=start)
+            async with contextlib.aclosing(watch) as stream:
+                async for event in stream:
+                    events.append(event)
+                    if len(events) == 4:
+                        return
+
+        follower = asyncio.create_task(follow())
+        await store.put(f"{root}/a", b"1")
+        await asyncio.sleep(0.3)
+        member = etcd_private.members[0]
+        member.stop()
+        await asyncio.sleep(0.5)
+        member.start()
+        await asyncio.to_thread(member.wait_ready)
+        await store.put(f"{root}/b", b"2")
+        await store.put(f"{root}/c", b"3")
+        await store.delete(f"{root}/a")
+        await asyncio.wait_for(follower, 15)
+    finally:
+        await store.close()
+    assert [(e.kind, e.key) for e in events] == [
+        (EventKind.PUT, f"{root}/a"),
+        (EventKind.PUT, f"{root}/b"),
+        (EventKind.PUT, f"{root}/c"),
+        (EventKind.DELETE, f"{root}/a"),
+    ]
+
+
+async def test_memory_watch_reports_compaction_and_ledger_watch_rereads() -> None:
+    store = MemoryStore()
+    manager = LedgerManager(store, "/r")
+    created = await manager.create(("a", "b"), write_quorum=2, ack_quorum=1)
+    raw = store.watch(manager.keys.ledger(created.ledger_id), start_revision=1)
+    await manager.update(created.ledger_id, lambda md: md.in_recovery())
+    store.compact()
+    with pytest.raises(WatchCompacted):
+        await anext(raw)
+    await raw.aclose()
+
+    updates = manager.watch(created.ledger_id)
+    async with contextlib.aclosing(updates):
+        assert await anext(updates) == await manager.read(created.ledger_id)
+        await manager.update(created.ledger_id, lambda md: md.with_custom_metadata({"x": b"1"}))
+        closed = await manager.update(created.ledger_id, lambda md: md.closed(-1, 0))
+        store.compact()  # the history the watch would resume from is gone: it must re-read
+        assert await anext(updates) == closed
