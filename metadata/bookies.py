@@ -252,6 +252,9 @@ class BookieRegistration:
                     if await self._is_ours():
                         break
                     if loop.time() >= deadline:
+                        with contextlib.suppress(MetadataError):
+                            await self._store.revoke_lease(self._lease_id)
+                        self._lease_id = 0
                         raise
                     await asyncio.sleep(min(0.5, self._ttl_s / 4))
             self.registrations += 1

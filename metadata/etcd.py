@@ -423,7 +423,14 @@ class EtcdStore(MetadataStore):
         backoff = Backoff(self._config.backoff_initial_s, self._config.backoff_max_s)
         loop = asyncio.get_running_loop()
         while True:
-            index, endpoint = await self._ready(loop.time() + self._config.op_timeout_s)
+            try:
+                index, endpoint = await self._ready(loop.time() + self._config.op_timeout_s)
+            except MetadataUnavailable:
+                if self._closed:
+                    raise
+                log.warning("metadata.etcd.watch_waiting", key=key, next_revision=cursor.next_revision)
+                await asyncio.sleep(backoff.next_delay_s())
+                continue  # a watch outlives outages: only aclose() (or a closed store) ends it
             create = rpc.WatchCreateRequest(
                 key=raw,
                 range_end=_key_end(raw) if prefix else b"",

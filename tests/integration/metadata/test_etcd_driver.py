@@ -56,16 +56,18 @@ async def test_cancelled_call_leaves_the_store_usable(etcd_server: EtcdCluster, 
         await store.close()
 
 
-async def test_watch_resumes_after_an_etcd_restart_without_gaps_or_duplicates(
+async def test_watch_resumes_after_an_etcd_outage_longer_than_its_budget_without_gaps_or_duplicates(
     etcd_private: EtcdCluster, root: str
 ) -> None:
-    store = EtcdStore(EtcdConfig(etcd_private.endpoints, op_timeout_s=3, backoff_max_s=0.2))
+    # The watcher's budget (0.5 s) is shorter than the outage (2 s): the watch must keep waiting.
+    watcher_store = EtcdStore(EtcdConfig(etcd_private.endpoints, op_timeout_s=0.5, backoff_max_s=0.2))
+    store = EtcdStore(EtcdConfig(etcd_private.endpoints, op_timeout_s=5))
     events: list[WatchEvent] = []
     try:
         start = await store.current_revision() + 1
 
         async def follow() -> None:
-            watch = store.watch(f"{root}/", prefix=True, start_revision=start)
+            watch = watcher_store.watch(f"{root}/", prefix=True, start_revision=start)
             async with contextlib.aclosing(watch) as stream:
                 async for event in stream:
                     events.append(event)
@@ -77,7 +79,8 @@ async def test_watch_resumes_after_an_etcd_restart_without_gaps_or_duplicates(
         await asyncio.sleep(0.3)
         member = etcd_private.members[0]
         member.stop()
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(2.0)
+        assert not follower.done()
         member.start()
         await asyncio.to_thread(member.wait_ready)
         await store.put(f"{root}/b", b"2")
@@ -86,6 +89,7 @@ async def test_watch_resumes_after_an_etcd_restart_without_gaps_or_duplicates(
         await asyncio.wait_for(follower, 15)
     finally:
         await store.close()
+        await watcher_store.close()
     assert [(e.kind, e.key) for e in events] == [
         (EventKind.PUT, f"{root}/a"),
         (EventKind.PUT, f"{root}/b"),
