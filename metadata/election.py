@@ -53,7 +53,10 @@ class Election:
         self._lease_id = await self._store.grant_lease(self._ttl_s)
         try:
             while not await self._try_acquire():
-                await self._wait_vacant()
+                try:
+                    await self._wait_vacant()
+                except LeaseExpired:  # our candidacy outlived its lease (e.g. a long pause): renew
+                    self._lease_id = await self._store.grant_lease(self._ttl_s)
         except BaseException:
             with contextlib.suppress(MetadataError):
                 await self._store.revoke_lease(self._lease_id)

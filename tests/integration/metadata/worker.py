@@ -48,11 +48,13 @@ async def run_ids(url: str, count: int, out_file: str) -> None:
     async with connect(url) as conn:
         generator = IdGenerator(conn.store, conn.keys.idgen, block_size=10)
         ids: list[int] = []
+        unavailable = 0
         say("ready")
         while len(ids) < count:
             try:
                 ids.append(await generator.next_id())
             except MetadataUnavailable:
+                unavailable += 1
                 await asyncio.sleep(0.05)  # etcd is restarting: keep asking
                 continue
             if len(ids) % 250 == 0:
@@ -60,7 +62,7 @@ async def run_ids(url: str, count: int, out_file: str) -> None:
             await asyncio.sleep(0.0005)
         with open(out_file, "w") as out:  # noqa: ASYNC230 -- a test worker, once at the end
             out.write("\n".join(map(str, ids)))
-        say(f"done {len(ids)}")
+        say(f"done {len(ids)} unavailable {unavailable}")
 
 
 async def run_register(url: str, bookie_id: str, ttl_s: int) -> None:
