@@ -79,6 +79,7 @@ class BookieConnection(asyncio.Protocol):
         self.bookie_id = bookie_id
         self.state = ConnectionState.CONNECTING
         self._loop = loop or asyncio.get_running_loop()
+        self._time = self._loop.time
         self._standard_timeout_s = standard_timeout_s
         self._sweep_interval_s = max(SWEEP_INTERVAL_S_MIN, standard_timeout_s / 20)
         self._pending_max = pending_max
@@ -128,7 +129,7 @@ class BookieConnection(asyncio.Protocol):
             overload = TooManyRequests(f"{self._pending_max} requests pending on {self.bookie_id}")
             self._loop.call_soon(callback, context, self.bookie_id, overload)
             return
-        deadline = self._loop.time() + timeout_s
+        deadline = self._time() + timeout_s
         timer = None
         if timeout_s != self._standard_timeout_s:
             timer = self._loop.call_at(deadline, self._expire_one, request_id)

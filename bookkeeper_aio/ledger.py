@@ -30,9 +30,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import struct
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
 import structlog
 
 from bookkeeper_aio import failpoints
@@ -50,7 +52,7 @@ from bookkeeper_aio.errors import (
     error_for_status,
 )
 from bookkeeper_aio.protocol import messages as m
-from bookkeeper_aio.protocol.codes import AddFlag
+from bookkeeper_aio.protocol.codes import AddFlag, OpCode
 from bookkeeper_aio.protocol.digest import EntryCodec
 from bookkeeper_aio.quorum import DistributionSchedule
 from metadata.errors import BadVersion, CasResultUnknown, MetadataError
@@ -69,6 +71,21 @@ class HandleState(enum.Enum):
     CLOSING = "closing"
     CLOSED = "closed"
     FAILED = "failed"
+
+
+_WRITABLE = HandleState.WRITABLE
+_ADD_ENTRY = int(OpCode.ADD_ENTRY)
+_pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+_LENGTH = struct.Struct(">I").pack
+
+
+def encode_add_request(
+    request_id: int, ledger_id: int, entry_id: int, flags: int, key: bytes, body: bytes
+) -> bytes:
+    """``messages.encode(AddEntryRequest(...))`` without building the NamedTuple (hot path; a
+    unit test pins it to the protocol module's bytes)."""
+    packed = _pack((_ADD_ENTRY, request_id, ledger_id, entry_id, flags, key, body))
+    return _LENGTH(len(packed)) + packed
 
 
 class _PendingAdd:
@@ -131,7 +148,9 @@ class LedgerHandle:
         self._change_task: asyncio.Task[None] | None = None
         self._close_task: asyncio.Task[None] | None = None
         self._lac_sent = -1
-        self._last_send_s = 0.0
+        self._sends = 0
+        self._sends_at_lac_check = 0
+        self._entry_bytes_max = self._config.entry_bytes_max
         self._lac_timer: asyncio.TimerHandle | None = None
         self._lac_interval_s = self._config.explicit_lac_interval_ms / 1000
         self._listener: EventListener | None = None
@@ -182,7 +201,16 @@ class LedgerHandle:
         Unauthorized, BKInterfaceError (payload too large). Cancelling the wait does not withdraw
         the entry once it was handed to the bookies.
         """
-        future = await self.append_async(payload)
+        if (  # fast path, same checks as append_async: no extra coroutine per entry
+            self._state is _WRITABLE
+            and type(payload) is bytes
+            and len(payload) <= self._entry_bytes_max
+            and not self._slot_waiters
+            and len(self._pending) + self._slots_reserved < self._window
+        ):
+            future = self._start_add(payload)
+        else:
+            future = await self.append_async(payload)
         return await future
 
     async def append_async(self, payload: bytes) -> asyncio.Future[int]:
@@ -192,8 +220,8 @@ class LedgerHandle:
         fails with the errors listed for :meth:`append`.
         """
         self._check_writable()
-        if len(payload) > self._config.entry_bytes_max:
-            raise BKInterfaceError(f"entry of {len(payload)} bytes exceeds {self._config.entry_bytes_max}")
+        if len(payload) > self._entry_bytes_max:
+            raise BKInterfaceError(f"entry of {len(payload)} bytes exceeds {self._entry_bytes_max}")
         if self._slot_waiters or len(self._pending) + self._slots_reserved >= self._window:
             await self._wait_for_slot()
             self._slots_reserved -= 1
@@ -238,11 +266,11 @@ class LedgerHandle:
         op = _PendingAdd(entry_id, length, future)
         op.body = body = self._codec.encode(self._id, entry_id, self._lac, length, payload)
         self._lac_sent = self._lac
-        self._last_send_s = self._loop.time()
+        self._sends += 1
         # One request id for the whole write set: ids are unique per pool, hence per connection,
         # so the frame is encoded once and shared.
         rid = self._pool.next_request_id()
-        frame = m.encode(m.AddEntryRequest(rid, self._id, entry_id, AddFlag.NONE, self._master_key, body))
+        frame = encode_add_request(rid, self._id, entry_id, AddFlag.NONE, self._master_key, body)
         op.write_set = write_set = self._write_sets[entry_id % len(self._write_sets)]
         self._pending.append(op)
         failed = self._failed_bookies
@@ -255,9 +283,7 @@ class LedgerHandle:
 
     def _resend(self, op: _PendingAdd, bookie_id: str) -> None:
         rid = self._pool.next_request_id()
-        frame = m.encode(
-            m.AddEntryRequest(rid, self._id, op.entry_id, AddFlag.NONE, self._master_key, op.body)
-        )
+        frame = encode_add_request(rid, self._id, op.entry_id, AddFlag.NONE, self._master_key, op.body)
         op.sent_to.add(bookie_id)
         self._pool.connection(bookie_id).request(rid, frame, self._on_add, op, self._config.add_timeout_s)
 
@@ -309,6 +335,7 @@ class LedgerHandle:
         if not pending and self._drained is not None:
             self._drained.set()
         if self._lac_interval_s > 0 and self._lac_timer is None:
+            self._sends_at_lac_check = self._sends
             self._lac_timer = self._loop.call_later(self._lac_interval_s, self._explicit_lac)
 
     # ------------------------------------------------------------------ explicit LAC
@@ -316,9 +343,9 @@ class LedgerHandle:
         self._lac_timer = None
         if self._state in (HandleState.CLOSED, HandleState.FAILED) or self._lac <= self._lac_sent:
             return
-        idle_s = self._loop.time() - self._last_send_s
-        if idle_s < self._lac_interval_s:
-            self._lac_timer = self._loop.call_later(self._lac_interval_s - idle_s, self._explicit_lac)
+        if self._sends != self._sends_at_lac_check:  # not idle: adds went out (each carries a LAC)
+            self._sends_at_lac_check = self._sends
+            self._lac_timer = self._loop.call_later(self._lac_interval_s, self._explicit_lac)
             return
         lac = self._lac_sent = self._lac
         ledger_id, key = self._id, self._master_key

@@ -161,7 +161,7 @@ class FakeBookie:
 
     # ------------------------------------------------------------------ request handling
     def _handle(self, conn: _Conn, request: m.Request) -> None:
-        if len(self.requests) < REQUESTS_RECORDED_MAX:
+        if self.requests is not None and len(self.requests) < REQUESTS_RECORDED_MAX:
             self.requests.append(request)
         reply = self.script(request) if self.script is not None else None
         if reply is not None and reply.kind == "drop":

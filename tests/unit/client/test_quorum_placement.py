@@ -77,3 +77,11 @@ def test_rack_aware__spreads_over_racks() -> None:
         assert {racks[b] for b in ensemble} == {"/r1", "/r2", "/r3"}
     replacement = policy.replace_bookie(["a1", "b1", "c1"], 2, list(racks))
     assert replacement in {"a2", "b2"}
+
+
+def test_encode_add_request__same_bytes_as_the_protocol_module() -> None:
+    from bookkeeper_aio.ledger import encode_add_request
+    from bookkeeper_aio.protocol import messages as m
+
+    for args in [(1, 2, 3, 0, b"k" * 32, b"body"), ((1 << 64) - 1, (1 << 63) - 1, 0, 1, b"", b"x" * 70000)]:
+        assert encode_add_request(*args) == m.encode(m.AddEntryRequest(*args))
