@@ -299,6 +299,15 @@ class ReadHandle:
         """Ask the bookies for a newer LAC (closed ledgers: the metadata's last entry)."""
         if self.is_closed:
             return self._lac
+        # Re-read the metadata first: a newer LAC may lie in a fragment created after we opened.
+        versioned = await self._ctx.ledgers.read(self.id)
+        if versioned.version != self._version:
+            self._metadata, self._version = versioned.metadata, versioned.version
+            self._reader = EntryReader(self._ctx, self._metadata, self._codec)
+        last_entry_id = versioned.metadata.last_entry_id
+        if last_entry_id is not None:  # closed meanwhile: the metadata bounds the reader
+            self._lac = last_entry_id
+            return self._lac
         self._lac = max(self._lac, await read_lac_with_coverage(self._ctx, self._metadata))
         return self._lac
 

@@ -82,3 +82,22 @@ async def test_read__range_iteration_can_stop_early(bk: BookKeeper) -> None:
             break
     assert got == list(range(11))
     assert (await rh.read_entry(99)).payload == b"99"
+
+
+async def test_refresh_lac__follows_an_ensemble_change_made_after_open(
+    bk: BookKeeper, cluster: FakeCluster
+) -> None:
+    lh = await bk.create_ledger(3, 2, 2, password=b"pw")
+    for i in range(5):
+        await lh.append(b"%d" % i)
+    rh = await bk.open_ledger(lh.id, password=b"pw")
+    await cluster.by_id(lh.metadata.current_ensemble[0]).kill()
+    for i in range(5, 20):
+        await lh.append(b"%d" % i)
+    assert lh.ensemble_changes == 1
+    await asyncio.sleep(0.2)  # explicit LAC
+    assert await rh.refresh_lac() == 19
+    assert [e.payload async for e in rh.read(5)] == [b"%d" % i for i in range(5, 20)]
+    await lh.close()
+    assert await rh.refresh_lac() == 19
+    assert rh.is_closed
