@@ -1,0 +1,1 @@
+"""The ``bkaio`` command: a sandbox cluster and shell commands for operators."""
