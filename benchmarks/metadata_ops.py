@@ -155,7 +155,13 @@ def main() -> None:
     finally:
         if cluster is not None:
             cluster.stop()
-    machine = {"cpus": os.cpu_count(), "python": platform.python_version(), "no_fsync": args.no_fsync}
+    machine = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "no_fsync": args.no_fsync,
+        # Other work on the machine skews the numbers: record it.
+        "loadavg_1m_at_end": os.getloadavg()[0],
+    }
     print(
         json.dumps({"summary": summary, "machine": machine, "ops": args.ops, "reps": args.reps}), flush=True
     )
