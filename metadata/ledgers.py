@@ -26,6 +26,7 @@ from typing import Final
 
 import structlog
 
+from metadata import failpoints
 from metadata import ledger as serde
 from metadata.errors import (
     BadVersion,
@@ -133,7 +134,9 @@ class LedgerManager:
         data = serde.encode(metadata)
         for _ in range(2):
             try:
+                failpoints.hit(failpoints.CAS_BEFORE, key)
                 version = await self._store.create(key, data)
+                failpoints.hit(failpoints.CAS_AFTER, key)
                 return VersionedLedger(metadata, version)
             except CasResultUnknown as unknown:
                 try:
@@ -164,7 +167,9 @@ class LedgerManager:
         """One CAS of ``metadata`` at ``expected_version``. Raises `BadVersion`, `NoSuchLedger`."""
         key = self.keys.ledger(metadata.ledger_id)
         try:
+            failpoints.hit(failpoints.CAS_BEFORE, key)
             version = await self._store.compare_and_set(key, serde.encode(metadata), expected_version)
+            failpoints.hit(failpoints.CAS_AFTER, key)
         except NoNode:
             raise NoSuchLedger(metadata.ledger_id, key) from None
         return VersionedLedger(metadata, version)
