@@ -31,6 +31,7 @@ from bookkeeper_aio.ledger import LedgerHandle
 from bookkeeper_aio.placement import PlacementPolicy, RandomPlacement
 from bookkeeper_aio.protocol.digest import DigestType, EntryCodec, master_key
 from bookkeeper_aio.read_handle import ReadHandle, read_lac_with_coverage
+from bookkeeper_aio.recovery import recover_ledger
 from metadata import errors as md_errors
 from metadata.bookies import BookieInfo, list_bookies
 from metadata.cluster import MetadataConnection
@@ -160,19 +161,27 @@ class BookKeeper:
     async def open_ledger(
         self, ledger_id: int, *, password: bytes = b"", recovery: bool = False
     ) -> ReadHandle:
-        """Open for reading. ``recovery=False``: the writer is left alone; readable up to the LAC
-        (a closed ledger: up to its last entry).
+        """Open for reading.
 
-        Raises NoSuchLedger, Unauthorized (wrong password), BKInterfaceError.
+        ``recovery=False``: the writer is left alone; readable up to the LAC (a closed ledger: up to
+        its last entry). ``recovery=True``: fence the ledger, find its last entry, replicate and close
+        it (``bookkeeper_aio.recovery``); the old writer's adds then fail with LedgerFenced and the
+        handle reads up to the closed last entry. Concurrent recoveries all end with the same last
+        entry.
+
+        Raises NoSuchLedger, Unauthorized (wrong password), BKInterfaceError, and with recovery
+        LedgerRecoveryError (retriable: some entry could not be decided, or fencing could not reach
+        enough bookies; the ledger stays IN_RECOVERY and opening again retries) or BKTimeout.
         """
         self._check_open()
-        if recovery:
-            raise BKInterfaceError("open_ledger(recovery=True) is not implemented yet (issue 5)")
         versioned = await self._read_metadata(ledger_id)
         md = versioned.metadata
         if md.password_hash and not hmac.compare_digest(md.password_hash, password_hash(password)):
             raise Unauthorized(f"wrong password for ledger {ledger_id}")
         codec = EntryCodec(md.digest_type, password)
+        if recovery and md.state is not LedgerState.CLOSED:
+            result = await recover_ledger(self._ctx, ledger_id, codec, master_key(password))
+            versioned, md = result.versioned, result.versioned.metadata
         if md.state is LedgerState.CLOSED:
             assert md.last_entry_id is not None
             lac = md.last_entry_id

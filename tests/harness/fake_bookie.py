@@ -12,6 +12,11 @@ answers, hold every answer (a SIGSTOP twin), die and come back, serve a corrupt 
 
 Storage is a dict; the fenced bit, master key and LAC are kept per ledger like a real bookie
 (recovery adds pass a fence; a wrong master key gets EUA). ``requests`` records every request.
+Long polls (LONG_POLL + ENTRY_PIGGYBACK) wait for the LAC like docs/protocol.md §7.3 says.
+
+Scripted interleavings (recovery traces): ``Reply.hold(event)`` processes the request only once
+``event`` is set (an add that reaches the bookie *late*, after a fence); ``Reply.drop()`` loses it
+(a fence that never arrives).
 """
 
 from __future__ import annotations
@@ -43,9 +48,10 @@ REQUESTS_RECORDED_MAX = 1_000_000
 class Reply:
     """What a script wants done with one request. ``None`` from a script means "normal"."""
 
-    kind: str  # "normal" | "error" | "drop" | "delay"
+    kind: str  # "normal" | "error" | "drop" | "delay" | "hold"
     status: StatusCode = StatusCode.EOK
     delay_s: float = 0.0
+    event: asyncio.Event | None = None
 
     @staticmethod
     def error(status: StatusCode) -> Reply:
@@ -59,6 +65,11 @@ class Reply:
     def delay(seconds: float) -> Reply:
         return Reply("delay", delay_s=seconds)
 
+    @staticmethod
+    def hold(event: asyncio.Event) -> Reply:
+        """Process the request (not just answer it) only when ``event`` is set."""
+        return Reply("hold", event=event)
+
 
 Script = Callable[[m.Request], Reply | None]
 
@@ -69,6 +80,14 @@ class LedgerState:
     fenced: bool = False
     lac: int = NO_ENTRY
     entries: dict[int, bytes] = dataclasses.field(default_factory=dict)
+    waiters: list[_LongPoll] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _LongPoll:
+    conn: _Conn
+    request: m.ReadEntryRequest
+    timer: asyncio.TimerHandle | None = None
 
 
 class _Conn(asyncio.Protocol):
@@ -117,6 +136,7 @@ class FakeBookie:
         self._paused = False
         self._held: list[tuple[_Conn, bytes]] = []
         self._timers: set[asyncio.TimerHandle] = set()
+        self._holds: set[asyncio.Task[None]] = set()
 
     @property
     def id(self) -> str:
@@ -140,6 +160,14 @@ class FakeBookie:
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
+        for task in self._holds:
+            task.cancel()
+        self._holds.clear()
+        for state in self.ledgers.values():
+            for poll in state.waiters:
+                if poll.timer is not None:
+                    poll.timer.cancel()
+            state.waiters.clear()
 
     async def restart(self) -> None:
         await self.start()
@@ -170,6 +198,14 @@ class FakeBookie:
             op = m.REQUEST_OP[type(request)]
             self._answer(conn, m.encode_error(op, request.request_id, reply.status, "scripted"))
             return
+        if reply is not None and reply.kind == "hold":
+            assert reply.event is not None
+            task = asyncio.get_running_loop().create_task(self._process_later(conn, request, reply.event))
+            self._holds.add(task)
+            task.add_done_callback(self._holds.discard)
+            return
+        if isinstance(request, m.ReadEntryRequest) and self._long_poll_waits(conn, request):
+            return
         frame = self._process(request)
         if reply is not None and reply.kind == "delay":
             loop = asyncio.get_running_loop()
@@ -183,6 +219,58 @@ class FakeBookie:
             self._timers.add(timer)
             return
         self._answer(conn, frame)
+
+    async def _process_later(self, conn: _Conn, request: m.Request, event: asyncio.Event) -> None:
+        await event.wait()
+        if isinstance(request, m.ReadEntryRequest) and self._long_poll_waits(conn, request):
+            return
+        self._answer(conn, self._process(request))
+
+    # ------------------------------------------------------------------ long polls
+    def _long_poll_waits(self, conn: _Conn, req: m.ReadEntryRequest) -> bool:
+        """True when ``req`` is a long poll that must wait (it is then answered later)."""
+        if not req.flags & ReadFlag.LONG_POLL or req.flags & ReadFlag.FENCE_LEDGER:
+            return False
+        state = self.ledgers.get(req.ledger_id)
+        if state is None or state.lac > req.previous_lac or state.fenced or req.timeout_ms == 0:
+            return False
+        poll = _LongPoll(conn, req)
+        poll.timer = asyncio.get_running_loop().call_later(
+            req.timeout_ms / 1000, self._long_poll_expired, state, poll
+        )
+        state.waiters.append(poll)
+        return True
+
+    def _long_poll_expired(self, state: LedgerState, poll: _LongPoll) -> None:
+        if poll in state.waiters:
+            state.waiters.remove(poll)
+            req = poll.request
+            self._answer(
+                poll.conn,
+                m.encode(
+                    m.ReadEntryResponse(
+                        req.request_id, StatusCode.EOK, None, req.ledger_id, req.entry_id, None, state.lac
+                    )
+                ),
+            )
+
+    def _wake_long_polls(self, state: LedgerState) -> None:
+        ready = [p for p in state.waiters if state.fenced or state.lac > p.request.previous_lac]
+        for poll in ready:
+            state.waiters.remove(poll)
+            if poll.timer is not None:
+                poll.timer.cancel()
+            self._answer(poll.conn, self._long_poll_answer(poll.request, state))
+
+    def _long_poll_answer(self, req: m.ReadEntryRequest, state: LedgerState) -> bytes:
+        body = state.entries.get(req.entry_id) if req.flags & ReadFlag.ENTRY_PIGGYBACK else None
+        if body is not None and (req.ledger_id, req.entry_id) in self.corrupt_reads:
+            body = body[:-1] + bytes([body[-1] ^ 0xFF])
+        return m.encode(
+            m.ReadEntryResponse(
+                req.request_id, StatusCode.EOK, None, req.ledger_id, req.entry_id, body, state.lac
+            )
+        )
 
     def _answer(self, conn: _Conn, frame: bytes) -> None:
         if self._paused:
@@ -213,6 +301,8 @@ class FakeBookie:
             return m.encode_error(OpCode.ADD_ENTRY, req.request_id, StatusCode.EFENCED, "fenced")
         state.entries[req.entry_id] = req.body
         state.lac = max(state.lac, peek_header(req.body).lac)
+        if state.waiters:
+            self._wake_long_polls(state)
         return m.encode(m.AddEntryResponse(req.request_id, StatusCode.EOK, None, req.ledger_id, req.entry_id))
 
     def _read(self, req: Any) -> bytes:
@@ -225,8 +315,12 @@ class FakeBookie:
                 return m.encode_error(OpCode.READ_ENTRY, req.request_id, got, "bad master key")
             state = got
             state.fenced = True
+            if state.waiters:
+                self._wake_long_polls(state)
         if state is None:
             return m.encode_error(OpCode.READ_ENTRY, req.request_id, StatusCode.ENOLEDGER, "no ledger")
+        if req.flags & ReadFlag.LONG_POLL and not req.flags & ReadFlag.FENCE_LEDGER:
+            return self._long_poll_answer(req, state)  # answered at once (LAC passed, fenced, timeout 0)
         entry_id = req.entry_id
         if entry_id == LAST_ENTRY:
             entry_id = max(state.entries, default=NO_ENTRY)
@@ -258,6 +352,8 @@ class FakeBookie:
         if isinstance(state, StatusCode):
             return m.encode_error(OpCode.WRITE_LAC, req.request_id, state, "bad master key")
         state.lac = max(state.lac, req.lac)
+        if state.waiters:
+            self._wake_long_polls(state)
         return m.encode(m.WriteLacResponse(req.request_id, StatusCode.EOK, None, req.ledger_id))
 
     def _force(self, req: Any) -> bytes:
@@ -265,6 +361,16 @@ class FakeBookie:
 
     def _batch_read(self, req: Any) -> bytes:
         state = self.ledgers.get(req.ledger_id)
+        if req.flags & ReadFlag.FENCE_LEDGER:
+            if req.master_key is None:
+                return m.encode_error(OpCode.BATCH_READ, req.request_id, StatusCode.EBADREQ, "no key")
+            got = self._ledger_for_write(req.ledger_id, req.master_key)
+            if isinstance(got, StatusCode):
+                return m.encode_error(OpCode.BATCH_READ, req.request_id, got, "bad master key")
+            state = got
+            state.fenced = True
+            if state.waiters:
+                self._wake_long_polls(state)
         if state is None:
             return m.encode_error(OpCode.BATCH_READ, req.request_id, StatusCode.ENOLEDGER, "no ledger")
         bodies: list[bytes] = []

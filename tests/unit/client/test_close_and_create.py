@@ -98,10 +98,10 @@ async def test_open__wrong_password_is_unauthorized(bk: BookKeeper) -> None:
         await bk.open_ledger(lh.id, password=b"wrong")
 
 
-async def test_open__missing_ledger_and_recovery_not_yet_supported(bk: BookKeeper) -> None:
+async def test_open__missing_ledger_with_and_without_recovery(bk: BookKeeper) -> None:
     with pytest.raises(NoSuchLedger):
         await bk.open_ledger(12345)
-    with pytest.raises(BKInterfaceError):
+    with pytest.raises(NoSuchLedger):
         await bk.open_ledger(12345, recovery=True)
 
 

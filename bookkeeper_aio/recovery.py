@@ -1,0 +1,692 @@
+"""Ledger recovery: fence the last fragment, find the last entry, replicate, close (seeds 000-004).
+
+The steps, exactly as the seeds and BookKeeper's two TLA+-found bugs require:
+
+1. **IN_RECOVERY** by CAS (OPEN -> IN_RECOVERY). CLOSED: nothing to do, the metadata is the answer.
+   IN_RECOVERY: another recoverer started (and maybe died): run recovery too; the close CAS decides.
+   From here on the old writer cannot change the ensemble (its CAS finds IN_RECOVERY).
+2. **Fence**: READ_ENTRY(-1) with FENCE_LEDGER + master key to every bookie of the *last* fragment.
+   EOK / ENOENTRY / ENOLEDGER prove the fence; anything else (EUA, EIO, EUNKNOWNLEDGERSTATE, a
+   timeout, a lost connection) does not. Done once the proven bookies cover every write set with
+   ``Qw - Qa + 1`` of its members (ensemble coverage): then no write set has ``Qa`` unfenced bookies
+   left, so the old writer can complete nothing new. Start at
+   ``max(highest LAC, first entry of the last fragment - 1)`` (BOOKKEEPER-2615: a fragment is created
+   at the writer's LAC + 1, so everything before it is settled; never read or rewrite earlier ones).
+3. **Recovery reads** of ``start + 1, start + 2, ...`` to the whole write set, **with FENCE_LEDGER**
+   (BOOKKEEPER-2614: a bookie whose fence was lost must be fenced before its "no" is counted,
+   otherwise the old writer can still complete the entry on it after we declared it absent).
+   Per entry (:func:`decide_entry`): one valid body -> EXISTS; ``Qw - Qa + 1`` NoSuchEntry /
+   NoSuchLedger answers -> ABSENT; everything answered and neither -> UNDECIDED, and recovery aborts
+   with the retriable :class:`LedgerRecoveryError` (never guess). Timeouts, I/O errors, corrupt
+   bodies and EUNKNOWNLEDGERSTATE are *unknown*, never "absent". The last entry is the one before the
+   first ABSENT entry; entries after it are ignored even if some bookie has them (seed 004).
+4. **Write back** every found entry with RECOVERY_ADD (passes the fence) to its whole write set. A
+   failing bookie is replaced locally (a new fragment from the lowest entry not yet fully written);
+   the change is persisted only by the close. Reads and write-backs run in a bounded window of
+   entries in flight; decisions are still taken strictly in entry order.
+5. **Close** by CAS: CLOSED, last entry, length. If the CAS finds the ledger CLOSED, someone else
+   recovered it: adopt their result (concurrent recoveries converge on whichever closed first).
+
+The decision logic is pure (:func:`decide_entry`, :func:`fence_reply_counts`,
+:func:`recovery_start`) and tested exhaustively; the async shell only gathers replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from bookkeeper_aio.connection import Result
+from bookkeeper_aio.context import ClientContext
+from bookkeeper_aio.errors import (
+    BKError,
+    BKInternalError,
+    BKTimeout,
+    LedgerRecoveryError,
+    NoSuchLedger,
+    NotEnoughBookies,
+)
+from bookkeeper_aio.ledger import encode_add_request
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import LAST_ENTRY, NO_ENTRY, AddFlag, ReadFlag, StatusCode
+from bookkeeper_aio.protocol.digest import Entry, EntryCodec
+from bookkeeper_aio.protocol.errors import DigestMismatch
+from bookkeeper_aio.quorum import DistributionSchedule
+from bookkeeper_aio.read_handle import EntryReader
+from metadata import errors as md_errors
+from metadata.ledger import LedgerMetadata, LedgerState
+from metadata.ledgers import UNCHANGED, VersionedLedger, _Unchanged
+
+log = structlog.get_logger(__name__)
+
+RECOVERY_READ_FLAGS = int(ReadFlag.FENCE_LEDGER)
+"""Every recovery read fences (BOOKKEEPER-2614). A module constant so that a test can prove the
+#2614 trace fails without it."""
+
+RECOVERY_WINDOW_MAX = 512
+"""Entries being read or written back at once. Bounds memory (bodies held until replicated) and the
+requests a recovery puts on each bookie; 512 keeps ~1,000-entry tails well under a second."""
+
+READ_AHEAD_PAST_HINT = 4
+"""Reads issued beyond the highest entry any fenced bookie reported: the end is almost always there,
+so reading far past it only costs NoSuchEntry round trips."""
+
+
+# ---------------------------------------------------------------------------------- pure core
+class Reply(enum.Enum):
+    """One replica's answer to a recovery read."""
+
+    POSITIVE = "positive"  # EOK with a body that verifies (digest, ledger id, entry id)
+    NEGATIVE = "negative"  # ENOENTRY / ENOLEDGER: the bookie knows it does not have the entry
+    UNKNOWN = "unknown"  # anything else: timeout, EIO, EUNKNOWNLEDGERSTATE, corrupt body, ...
+
+
+class Decision(enum.Enum):
+    PENDING = "pending"  # not enough replies yet
+    EXISTS = "exists"
+    ABSENT = "absent"
+    UNDECIDED = "undecided"  # every replica answered, neither rule holds: abort, never guess
+
+
+def classify_read(status: int, body_valid: bool) -> Reply:
+    """A recovery read answer as evidence. Only an explicit "I do not have it" is negative."""
+    if status == StatusCode.EOK:
+        return Reply.POSITIVE if body_valid else Reply.UNKNOWN
+    if status in (StatusCode.ENOENTRY, StatusCode.ENOLEDGER):
+        return Reply.NEGATIVE
+    return Reply.UNKNOWN
+
+
+def decide_entry(
+    write_quorum: int, ack_quorum: int, positives: int, negatives: int, unknowns: int
+) -> Decision:
+    """The recovery-read rule (seed 002, BOOKKEEPER-1067).
+
+    EXISTS on one valid body: writing it back makes it replicated, and closing after it is correct
+    even if it was never acknowledged (seed 004). ABSENT on ``Qw - Qa + 1`` negatives: the bookies
+    that did not say "no" are fewer than ``Qa``, so the entry cannot have been acknowledged, and as
+    each negative came from a fenced bookie it never will be. Otherwise wait; once every replica
+    answered without either rule holding, UNDECIDED.
+    """
+    assert 1 <= ack_quorum <= write_quorum
+    assert min(positives, negatives, unknowns) >= 0
+    assert positives + negatives + unknowns <= write_quorum
+    if positives > 0:
+        return Decision.EXISTS
+    if negatives >= write_quorum - ack_quorum + 1:
+        return Decision.ABSENT
+    if negatives + unknowns == write_quorum:
+        return Decision.UNDECIDED
+    return Decision.PENDING
+
+
+def fence_reply_counts(status: int) -> bool:
+    """Does a fencing read's answer prove that the bookie is fenced (counts toward coverage)?"""
+    return status in (StatusCode.EOK, StatusCode.ENOENTRY, StatusCode.ENOLEDGER)
+
+
+def recovery_start(highest_lac: int, last_fragment_first_entry: int) -> int:
+    """The last entry known to be in the ledger before reading forward (BOOKKEEPER-2615 rule)."""
+    return max(highest_lac, last_fragment_first_entry - 1)
+
+
+def last_entry_of(decisions: Sequence[Decision], start: int) -> int | None:
+    """Given decisions for ``start + 1, start + 2, ...`` in order: the last entry of the ledger, or
+    None when the prefix does not settle it yet. Raises LedgerRecoveryError at an UNDECIDED entry
+    that comes before any ABSENT one."""
+    last = start
+    for decision in decisions:
+        if decision is Decision.EXISTS:
+            last += 1
+        elif decision is Decision.ABSENT:
+            return last
+        elif decision is Decision.UNDECIDED:
+            raise LedgerRecoveryError(f"entry {last + 1}: replies neither prove nor exclude it")
+        else:
+            return None
+    return None
+
+
+# ---------------------------------------------------------------------------------- results
+@dataclass(frozen=True, slots=True)
+class RecoveryResult:
+    """What a recovery ended with (the stored metadata is the authority)."""
+
+    versioned: VersionedLedger
+    recovered_entries: int
+    """Entries this recovery found past the fenced LAC and wrote back (0 when adopted)."""
+    adopted: bool
+    """True when the ledger was already closed (or someone else closed it first)."""
+
+
+@dataclass(slots=True)
+class _Fenced:
+    lac: int
+    last_entry_hint: int
+    lengths: dict[int, int]
+
+
+# ---------------------------------------------------------------------------------- the shell
+class LedgerRecovery:
+    """One recovery run of one ledger. ``await LedgerRecovery(...).run()``; owns every request it
+    sends (late answers are ignored) and leaves nothing running when it returns or raises."""
+
+    def __init__(
+        self,
+        ctx: ClientContext,
+        ledger_id: int,
+        codec: EntryCodec,
+        key: bytes,
+        *,
+        window: int = RECOVERY_WINDOW_MAX,
+    ) -> None:
+        if window < 1:
+            raise ValueError("window must be >= 1")
+        self._ctx = ctx
+        self._loop = asyncio.get_running_loop()
+        self._ledger_id = ledger_id
+        self._codec = codec
+        self._key = key
+        self._window = window
+
+    async def run(self) -> RecoveryResult:
+        versioned = await self._metadata_op(self._ctx.ledgers.update(self._ledger_id, _mark_in_recovery))
+        md = versioned.metadata
+        if md.state is LedgerState.CLOSED:
+            return RecoveryResult(versioned, 0, adopted=True)
+        log.info("recovery.started", ledger_id=self._ledger_id, fragments=len(md.ensembles))
+        fenced = await self._fence(md)
+        first = md.ensembles[-1][0]
+        start = recovery_start(fenced.lac, first)
+        run = _ReadAndReplicate(self, md, start, fenced.last_entry_hint)
+        try:
+            last, last_length = await run.run()
+        finally:
+            run.abort()
+        if last_length is None:
+            last_length = await self._length_at(md, last, fenced)
+        stored, adopted = await self._close(md, last, last_length, run.writer.fragments)
+        result_md = stored.metadata
+        log.info(
+            "recovery.finished",
+            ledger_id=self._ledger_id,
+            fenced_lac=fenced.lac,
+            start=start,
+            last_entry=result_md.last_entry_id,
+            recovered=last - start,
+            adopted=adopted,
+        )
+        return RecoveryResult(stored, 0 if adopted else last - start, adopted)
+
+    # ------------------------------------------------------------------ step 2: fence
+    async def _fence(self, md: LedgerMetadata) -> _Fenced:
+        first, ensemble = md.ensembles[-1]
+        schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
+        ctx, ledger_id, key = self._ctx, self._ledger_id, self._key
+        fenced = _Fenced(lac=first - 1, last_entry_hint=first - 1, lengths={})
+        answered: set[int] = set()
+        failures: list[str] = []
+
+        def make(rid: int) -> m.Request:
+            return m.ReadEntryRequest(rid, ledger_id, LAST_ENTRY, int(ReadFlag.FENCE_LEDGER), key)
+
+        async def ask(position: int, bookie_id: str) -> tuple[int, str, m.Response | BKError]:
+            try:
+                return position, bookie_id, await ctx.pool.request(bookie_id, make, ctx.config.read_timeout_s)
+            except BKError as error:
+                return position, bookie_id, error
+
+        tasks = [asyncio.ensure_future(ask(i, b)) for i, b in enumerate(ensemble)]
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                position, bookie_id, response = await next_done
+                if isinstance(response, BKError) or not fence_reply_counts(response.status):
+                    failures.append(f"{bookie_id}: {_describe(response)}")
+                    continue
+                answered.add(position)
+                self._note_fence_reply(fenced, response)
+                if schedule.covers_ensemble(answered):
+                    break
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if not schedule.covers_ensemble(answered):
+            raise LedgerRecoveryError(
+                f"ledger {ledger_id}: fencing did not cover the ensemble {list(ensemble)}: {failures}"
+            )
+        log.info("recovery.fenced", ledger_id=ledger_id, lac=fenced.lac, hint=fenced.last_entry_hint)
+        return fenced
+
+    def _note_fence_reply(self, fenced: _Fenced, response: m.Response) -> None:
+        lac = getattr(response, "lac", NO_ENTRY)
+        fenced.lac = max(fenced.lac, lac)
+        body = getattr(response, "body", None)
+        entry_id = getattr(response, "entry_id", NO_ENTRY)
+        if body is None or entry_id < 0:
+            return
+        try:
+            entry = self._codec.decode(body, self._ledger_id, entry_id)
+        except DigestMismatch:
+            return  # the fence still counts; a corrupt last entry proves nothing
+        fenced.lac = max(fenced.lac, entry.lac)
+        fenced.last_entry_hint = max(fenced.last_entry_hint, entry_id)
+        fenced.lengths[entry_id] = entry.length
+
+    # ------------------------------------------------------------------ step 5: close
+    async def _length_at(self, md: LedgerMetadata, entry_id: int, fenced: _Fenced) -> int:
+        """Ledger length up to ``entry_id`` when no entry past it was recovered (plain read)."""
+        if entry_id < 0:
+            return 0
+        known = fenced.lengths.get(entry_id)
+        if known is not None:
+            return known
+        entry = await EntryReader(self._ctx, md, self._codec).read_entry(entry_id)
+        return entry.length
+
+    async def _close(
+        self, md: LedgerMetadata, last: int, length: int, fragments: list[tuple[int, tuple[str, ...]]]
+    ) -> tuple[VersionedLedger, bool]:
+        adopted = False
+
+        def transform(current: LedgerMetadata) -> LedgerMetadata | _Unchanged:
+            nonlocal adopted
+            if current.state is LedgerState.CLOSED:
+                adopted = True
+                return UNCHANGED
+            if current.state is not LedgerState.IN_RECOVERY:
+                raise BKInternalError(f"ledger {self._ledger_id} went back to {current.state.name}")
+            if current.ensembles != md.ensembles:
+                raise LedgerRecoveryError(f"ledger {self._ledger_id}: fragments changed during recovery")
+            proposed = current
+            for first, ensemble in fragments:
+                if first <= last:  # a fragment past the last entry would be empty
+                    proposed = proposed.with_ensemble_change(first, ensemble)
+            return proposed.closed(last, length)
+
+        stored = await self._metadata_op(self._ctx.ledgers.update(self._ledger_id, transform))
+        if adopted:
+            log.info(
+                "recovery.adopted",
+                ledger_id=self._ledger_id,
+                ours=last,
+                theirs=stored.metadata.last_entry_id,
+            )
+        assert stored.metadata.state is LedgerState.CLOSED
+        return stored, adopted
+
+    async def _metadata_op(self, operation: Any) -> VersionedLedger:
+        try:
+            async with asyncio.timeout(self._ctx.config.metadata_timeout_s):
+                result: VersionedLedger = await operation
+                return result
+        except md_errors.NoSuchLedger as error:
+            raise NoSuchLedger(f"ledger {self._ledger_id} does not exist") from error
+        except TimeoutError as error:
+            raise BKTimeout(f"ledger {self._ledger_id}: metadata did not answer in time") from error
+        except md_errors.MetadataError as error:
+            raise LedgerRecoveryError(f"ledger {self._ledger_id}: metadata: {error!r}") from error
+
+
+def _mark_in_recovery(current: LedgerMetadata) -> LedgerMetadata | _Unchanged:
+    if current.state is LedgerState.OPEN:
+        return current.in_recovery()
+    return UNCHANGED  # CLOSED: done; IN_RECOVERY: join
+
+
+def _describe(response: m.Response | BKError) -> str:
+    if isinstance(response, BKError):
+        return repr(response)
+    name = StatusCode(response.status).name if response.status in StatusCode._value2member_map_ else ""
+    return f"{name or response.status} {response.message or ''}".strip()
+
+
+# ---------------------------------------------------------------------------------- steps 3 + 4
+class _EntryRead:
+    """One recovery read of one entry, sent to its whole write set; decided by callbacks."""
+
+    __slots__ = (
+        "body",
+        "decision",
+        "entry",
+        "entry_id",
+        "future",
+        "negatives",
+        "positives",
+        "run",
+        "unknowns",
+    )
+
+    def __init__(self, run: _ReadAndReplicate, entry_id: int) -> None:
+        self.run = run
+        self.entry_id = entry_id
+        self.positives = 0
+        self.negatives = 0
+        self.unknowns = 0
+        self.decision = Decision.PENDING
+        self.entry: Entry | None = None
+        self.body = b""
+        self.future: asyncio.Future[None] = run.loop.create_future()
+
+
+def _on_recovery_read(op: _EntryRead, bookie_id: str, result: Result) -> None:
+    if op.decision is not Decision.PENDING:
+        return  # decided already (first rule to hold wins; both outcomes are correct, seed 004)
+    run = op.run
+    if isinstance(result, BKError):
+        reply = Reply.UNKNOWN
+    else:
+        body = getattr(result, "body", None)
+        valid = False
+        if result.status == StatusCode.EOK and body is not None:
+            try:
+                op.entry = run.codec.decode(body, run.ledger_id, op.entry_id)
+                op.body = body
+                valid = True
+            except DigestMismatch as mismatch:
+                log.warning(
+                    "recovery.corrupt_replica",
+                    ledger_id=run.ledger_id,
+                    entry_id=op.entry_id,
+                    bookie=bookie_id,
+                    error=str(mismatch),
+                )
+        reply = classify_read(result.status, valid)
+    if reply is Reply.POSITIVE:
+        op.positives += 1
+    elif reply is Reply.NEGATIVE:
+        op.negatives += 1
+    else:
+        op.unknowns += 1
+    op.decision = decide_entry(run.write_quorum, run.ack_quorum, op.positives, op.negatives, op.unknowns)
+    if op.decision is not Decision.PENDING and not op.future.done():
+        op.future.set_result(None)
+
+
+class _ReadAndReplicate:
+    """Steps 3 and 4: read forward in a window, decide in order, write back what exists."""
+
+    def __init__(self, owner: LedgerRecovery, md: LedgerMetadata, start: int, hint: int) -> None:
+        self.loop = owner._loop
+        self.ctx = owner._ctx
+        self.codec = owner._codec
+        self.ledger_id = md.ledger_id
+        self.write_quorum = md.write_quorum
+        self.ack_quorum = md.ack_quorum
+        self.window = owner._window
+        self.start = start
+        self.hint = hint
+        self.schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
+        self.ensemble = md.ensembles[-1][1]  # every entry past `start` lives in the last fragment
+        self.writer = _WriteBack(self, md.ensembles[-1][1], owner._key)
+        timeout_s = self.ctx.config.read_timeout_s
+        self._read_timeout_s = timeout_s
+        self._reads: collections.deque[_EntryRead] = collections.deque()
+
+    def _send_read(self, entry_id: int) -> None:
+        op = _EntryRead(self, entry_id)
+        pool = self.ctx.pool
+        rid = pool.next_request_id()  # unique per pool, hence per connection: one frame for all
+        frame = m.encode(
+            m.ReadEntryRequest(rid, self.ledger_id, entry_id, RECOVERY_READ_FLAGS, self.writer.key)
+        )
+        for position in self.schedule.write_set(entry_id):
+            pool.connection(self.ensemble[position]).request(
+                rid, frame, _on_recovery_read, op, self._read_timeout_s
+            )
+        self._reads.append(op)
+
+    async def run(self) -> tuple[int, int | None]:
+        """(last entry, its length if known from a recovered body)."""
+        last, length = self.start, None
+        next_read = self.start + 1
+        reads, writer = self._reads, self.writer
+        decided: list[Decision] = []
+        while True:
+            ahead_max = max(self.hint, last) + READ_AHEAD_PAST_HINT
+            while not reads or (len(reads) + writer.outstanding < self.window and next_read <= ahead_max):
+                self._send_read(next_read)
+                next_read += 1
+            head = reads[0]
+            await writer.wait(head.future)
+            reads.popleft()
+            assert head.entry_id == last + 1, (head.entry_id, last)
+            decided.append(head.decision)
+            if head.decision is Decision.ABSENT:
+                break
+            if head.decision is Decision.UNDECIDED:
+                raise LedgerRecoveryError(
+                    f"ledger {self.ledger_id} entry {head.entry_id}: {head.positives} present, "
+                    f"{head.negatives} absent, {head.unknowns} unknown of {self.write_quorum}: "
+                    "cannot decide (retry the recovery)"
+                )
+            assert head.decision is Decision.EXISTS
+            assert head.entry is not None
+            last, length = head.entry_id, head.entry.length
+            writer.add(head.entry_id, head.body)
+        await writer.drain()
+        assert last_entry_of(decided, self.start) == last  # the loop is the pure rule, incrementally
+        return last, length
+
+    def abort(self) -> None:
+        for op in self._reads:
+            op.decision = Decision.UNDECIDED  # late answers are ignored
+        self._reads.clear()
+        self.writer.abort()
+
+
+class _Add:
+    __slots__ = ("acked", "entry_id", "frame_body", "sent_to", "write_set")
+
+    def __init__(self, entry_id: int, body: bytes) -> None:
+        self.entry_id = entry_id
+        self.frame_body = body
+        self.write_set: tuple[str, ...] = ()
+        self.acked: set[str] = set()
+        self.sent_to: set[str] = set()
+
+
+class _WriteBack:
+    """Recovery adds of found entries to their whole write set, with local ensemble changes.
+
+    An entry is done when every bookie of its write set acked. A failing bookie is replaced through
+    the placement policy; the new fragment starts at the lowest entry not yet done and is persisted
+    by the close. Without a replacement the bookie is given up: its entries then need ``Qa`` acks
+    from the rest (what the writer's guarantee was in the first place); fewer is an error.
+    """
+
+    def __init__(self, run: _ReadAndReplicate, ensemble: tuple[str, ...], key: bytes) -> None:
+        self.run = run
+        self.key = key
+        self.ensemble = ensemble
+        self.fragments: list[tuple[int, tuple[str, ...]]] = []
+        self._pending: dict[int, _Add] = {}
+        self._failed: set[str] = set()
+        self._ever_failed: set[str] = set()
+        self._given_up: set[str] = set()
+        self._error: BKError | None = None
+        self._wakeup: asyncio.Future[None] | None = None
+        self._change_task: asyncio.Task[None] | None = None
+        self._next_entry = run.start + 1
+        self.completed = 0
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._pending)
+
+    def _write_set(self, entry_id: int) -> tuple[str, ...]:
+        return tuple(self.ensemble[p] for p in self.run.schedule.write_set(entry_id))
+
+    def add(self, entry_id: int, body: bytes) -> None:
+        """Write back ``body`` exactly as read (verified): re-sent bodies are byte-identical."""
+        self._check()
+        self._next_entry = entry_id + 1
+        op = _Add(entry_id, body)
+        op.write_set = self._write_set(entry_id)
+        self._pending[entry_id] = op
+        for bookie_id in op.write_set:
+            if bookie_id not in self._given_up:
+                self._send(op, bookie_id)
+        self._maybe_done(op)
+
+    def _send(self, op: _Add, bookie_id: str) -> None:
+        pool = self.run.ctx.pool
+        rid = pool.next_request_id()
+        frame = encode_add_request(
+            rid, self.run.ledger_id, op.entry_id, int(AddFlag.RECOVERY_ADD), self.key, op.frame_body
+        )
+        op.sent_to.add(bookie_id)
+        pool.connection(bookie_id).request(rid, frame, self._on_add, op, self.run.ctx.config.add_timeout_s)
+
+    def _on_add(self, op: _Add, bookie_id: str, result: Result) -> None:
+        if self._pending.get(op.entry_id) is not op or bookie_id not in op.write_set:
+            return  # done already, or the bookie was replaced since
+        if not isinstance(result, BKError) and result.status == StatusCode.EOK:
+            op.acked.add(bookie_id)
+            self._maybe_done(op)
+            return
+        error = result if isinstance(result, BKError) else BKError(_describe(result))
+        if bookie_id not in self._failed:
+            log.info(
+                "recovery.bookie_failed", ledger_id=self.run.ledger_id, bookie=bookie_id, error=repr(error)
+            )
+        self._failed.add(bookie_id)
+        if self._change_task is None:
+            self._change_task = self.run.loop.create_task(
+                self._change_ensemble(), name="recovery ensemble change"
+            )
+            self._change_task.add_done_callback(self._change_done)
+
+    def _maybe_done(self, op: _Add) -> None:
+        write_set = op.write_set
+        if len(op.acked) < self.run.ack_quorum:
+            return
+        if all(b in op.acked or b in self._given_up for b in write_set):
+            del self._pending[op.entry_id]
+            self.completed += 1
+            self._wake()
+
+    async def _change_ensemble(self) -> None:
+        ctx = self.run.ctx
+        while self._failed:
+            failed, self._failed = self._failed, set()
+            self._ever_failed |= failed
+            writable = await ctx.directory.writable_bookies()
+            ensemble = list(self.ensemble)
+            replaced: list[str] = []
+            for position, bookie_id in enumerate(ensemble):
+                if bookie_id not in failed:
+                    continue
+                try:
+                    ensemble[position] = ctx.placement.replace_bookie(
+                        ensemble, position, writable, self._ever_failed | set(ensemble)
+                    )
+                    replaced.append(bookie_id)
+                except NotEnoughBookies:
+                    log.warning("recovery.bookie_given_up", ledger_id=self.run.ledger_id, bookie=bookie_id)
+                    self._given_up.add(bookie_id)
+            if replaced:
+                first = min(self._pending, default=self._next_entry)
+                self.ensemble = tuple(ensemble)
+                self.fragments = [f for f in self.fragments if f[0] < first]
+                self.fragments.append((first, self.ensemble))
+                log.info(
+                    "recovery.ensemble_changed",
+                    ledger_id=self.run.ledger_id,
+                    first_entry=first,
+                    replaced=replaced,
+                    ensemble=list(self.ensemble),
+                )
+            self._resend()
+
+    def _resend(self) -> None:
+        for op in list(self._pending.values()):
+            write_set = self._write_set(op.entry_id)
+            if write_set != op.write_set:
+                op.write_set = write_set
+                op.acked.intersection_update(write_set)
+            if sum(1 for b in write_set if b not in self._given_up) < self.run.ack_quorum:
+                self._set_error(NotEnoughBookies(f"entry {op.entry_id}: fewer than Qa bookies left"))
+                return
+            for bookie_id in write_set:
+                if bookie_id not in op.sent_to and bookie_id not in self._given_up:
+                    self._send(op, bookie_id)
+            self._maybe_done(op)
+
+    def _change_done(self, task: asyncio.Task[None]) -> None:
+        self._change_task = None
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            wrapped = LedgerRecoveryError(f"ledger {self.run.ledger_id}: write-back failed: {error!r}")
+            wrapped.__cause__ = error
+            self._set_error(wrapped)
+        elif self._failed:  # failures that arrived while the task was finishing
+            self._change_task = self.run.loop.create_task(
+                self._change_ensemble(), name="recovery ensemble change"
+            )
+            self._change_task.add_done_callback(self._change_done)
+
+    def _set_error(self, error: BKError) -> None:
+        if self._error is None:
+            self._error = error
+        self._wake()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _wake(self) -> None:
+        waiter = self._wakeup
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self, future: asyncio.Future[None]) -> None:
+        """Wait for ``future`` (a read decision); a write-back error raises at once instead."""
+        while not future.done():
+            self._check()
+            self._wakeup = self.run.loop.create_future()
+            future.add_done_callback(self._wake_cb)
+            try:
+                await self._wakeup
+            finally:
+                future.remove_done_callback(self._wake_cb)
+                self._wakeup = None
+        self._check()
+
+    def _wake_cb(self, _: asyncio.Future[None]) -> None:
+        self._wake()
+
+    async def drain(self) -> None:
+        while self._pending:
+            self._check()
+            self._wakeup = self.run.loop.create_future()
+            try:
+                await self._wakeup
+            finally:
+                self._wakeup = None
+        while self._change_task is not None:  # a change whose resends are all done
+            await asyncio.shield(self._change_task)
+        self._check()
+
+    def abort(self) -> None:
+        self._pending.clear()
+        if self._change_task is not None:
+            self._change_task.cancel()
+            self._change_task = None
+
+
+async def recover_ledger(
+    ctx: ClientContext, ledger_id: int, codec: EntryCodec, key: bytes, *, window: int = RECOVERY_WINDOW_MAX
+) -> RecoveryResult:
+    """Run recovery once (see the module docstring). Raises LedgerRecoveryError (retriable: replies
+    could not decide an entry, fencing could not cover the ensemble, metadata trouble),
+    NoSuchLedger, BKTimeout."""
+    return await LedgerRecovery(ctx, ledger_id, codec, key, window=window).run()

@@ -1,0 +1,92 @@
+"""Recovery end to end on fake bookies: the plain cases and the old writer's fate."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bookkeeper_aio import LedgerFenced
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import AddFlag, ReadFlag
+from metadata.ledger import LedgerState
+from tests.unit.recovery.conftest import PASSWORD, World, payload
+
+
+async def test_recovery__writer_crashed_after_acks_closes_at_last_acked(world: World) -> None:
+    writer = world.client()
+    lh = await writer.create_ledger(3, 2, 2, password=PASSWORD)
+    for i in range(20):
+        await lh.append(payload(i))
+    lh.abort()  # the writer "crashes": metadata stays OPEN
+    rh = await world.client(seed=8).open_ledger(lh.id, password=PASSWORD, recovery=True)
+    assert rh.is_closed
+    assert rh.last_add_confirmed == 19
+    assert rh.metadata.state is LedgerState.CLOSED
+    assert rh.length == sum(len(payload(i)) for i in range(20))
+    assert [e.payload async for e in rh.read()] == [payload(i) for i in range(20)]
+
+
+async def test_recovery__empty_ledger_closes_at_minus_one(world: World) -> None:
+    lh = await world.client().create_ledger(3, 3, 2, password=PASSWORD)
+    lh.abort()
+    rh = await world.client(seed=8).open_ledger(lh.id, password=PASSWORD, recovery=True)
+    assert rh.metadata.last_entry_id == -1
+    assert rh.length == 0
+
+
+async def test_recovery__closed_ledger_is_returned_untouched(world: World) -> None:
+    lh = await world.client().create_ledger(3, 2, 2, password=PASSWORD)
+    await lh.append(b"x")
+    await lh.close()
+    before = sum(len(b.requests) for b in world.cluster.bookies)
+    rh = await world.client(seed=8).open_ledger(lh.id, password=PASSWORD, recovery=True)
+    assert rh.last_add_confirmed == 0
+    fences = [
+        r
+        for b in world.cluster.bookies
+        for r in b.requests[before:]
+        if isinstance(r, m.ReadEntryRequest) and r.flags & ReadFlag.FENCE_LEDGER
+    ]
+    assert fences == []
+
+
+async def test_recovery__old_writer_gets_fenced_and_its_acked_entries_survive(world: World) -> None:
+    writer = world.client()
+    lh = await writer.create_ledger(3, 3, 2, password=PASSWORD)
+    acked = [await lh.append(payload(i)) for i in range(5)]
+    rh = await world.client(seed=8).open_ledger(lh.id, password=PASSWORD, recovery=True)
+    with pytest.raises(LedgerFenced):
+        await lh.append(b"after the fence")
+    assert max(acked) <= rh.last_add_confirmed
+    # Seed 000: closing finds CLOSED at the entry it acked last -> success, nothing changes.
+    await lh.close()
+    assert (await world.ledgers.read(lh.id)).metadata.last_entry_id == rh.last_add_confirmed
+
+
+async def test_recovery__entries_in_flight_are_written_back_to_the_whole_write_set(world: World) -> None:
+    """Ledger E=3 Qw=3 Qa=2; entries 0..3 on all bookies, 4..6 only on bookie 0; 3..6 were in flight
+    when the writer died (sent with LAC 2): recovery reads from 3, rewrites 3..6 everywhere, closes
+    at 6."""
+    v = await world.ledger([(0, [0, 1, 2])], 3, 2, {0: range(7), 1: range(4), 2: range(4)}, in_flight_from=3)
+    rh = await world.client().open_ledger(v.ledger_id, password=PASSWORD, recovery=True)
+    assert rh.last_add_confirmed == 6
+    for bookie in world.cluster.bookies[:3]:
+        assert sorted(bookie.ledgers[v.ledger_id].entries) == list(range(7))
+    adds = [r for r in world.cluster.bookies[1].requests if isinstance(r, m.AddEntryRequest)]
+    assert adds
+    assert all(r.flags & AddFlag.RECOVERY_ADD for r in adds)
+    assert sorted(r.entry_id for r in adds) == [3, 4, 5, 6]  # from the LAC on, nothing before it
+
+
+async def test_recovery__concurrent_recoverers_converge(world: World) -> None:
+    v = await world.ledger(
+        [(0, [0, 1, 2])], 3, 2, {0: range(30), 1: range(25), 2: range(20)}, in_flight_from=20
+    )
+    clients = [world.client(seed=s) for s in range(3)]
+    handles = await asyncio.gather(
+        *(c.open_ledger(v.ledger_id, password=PASSWORD, recovery=True) for c in clients)
+    )
+    assert {h.last_add_confirmed for h in handles} == {29}
+    stored = await world.ledgers.read(v.ledger_id)
+    assert stored.metadata.last_entry_id == 29
