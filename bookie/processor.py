@@ -337,6 +337,8 @@ class Processor:
             "total_disk_bytes": stat.f_blocks * stat.f_frsize,
             "ledgers": len(self.storage.ledgers),
             "state": "writable" if self.storage.journal.failed is None else "readonly",
+            "journal_groups": self.storage.journal.groups_written,
+            "journal_records": self.storage.journal.records_written,
         }
         conn.complete(req.request_id, m.encode(m.GetBookieInfoResponse(req.request_id, 0, None, info)))
 

@@ -67,6 +67,9 @@ class WireClient(asyncio.Protocol):
     def request(self, make: Any, *fields: Any, request_id: int | None = None) -> asyncio.Future[Any]:
         rid = next(self.ids) if request_id is None else request_id
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.closed.done():
+            future.set_exception(ConnectionError("connection lost"))
+            return future
         self.pending[rid] = future
         self.send_raw(m.encode(make(rid, *fields)))
         return future

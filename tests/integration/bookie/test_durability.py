@@ -1,0 +1,231 @@
+"""Acceptance: kill -9 mid-stream at many points (signals and failpoints), restart, and every
+acknowledged entry reads back byte-identical, with LAC and fence bits as before the kill.
+Plus the torn-tail sweep against real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from bookie import journal_format as fmt
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import StatusCode
+from tests.harness.bookie_proc import BookieProcess
+
+from .wire import WireClient, entry_body
+
+ENTRIES = 10_000
+WINDOW = 500
+DATA_LEDGER = 1
+FENCED_LEDGER = 2
+
+
+@dataclass(frozen=True)
+class KillPoint:
+    name: str
+    failpoints: str = ""  # BKAIO_FAILPOINTS for the first run; "" = SIGKILL from the test
+    kill_after_acks: int = 0
+    checkpoint_interval_s: float = 0.3  # short, so checkpoints happen while entries stream in
+
+
+KILL_POINTS = [
+    *(
+        KillPoint(f"sigkill-after-{n}", kill_after_acks=n)
+        for n in (1, 137, 1500, 3333, 5000, 7777, 8800, 9100)
+    ),
+    KillPoint("journal-write-torn", "journal.write=count:30:partial:700"),
+    KillPoint("journal-write-torn-early", "journal.write=count:2:partial:13"),
+    KillPoint("journal-write-kill", "journal.write=count:15:kill"),
+    KillPoint("before-fdatasync", "journal.before_fdatasync=count:9:kill"),
+    KillPoint("after-fdatasync", "journal.after_fdatasync=count:12:kill"),
+    KillPoint("before-ack", "bookie.before_ack=count:2500:kill"),
+    KillPoint("index-checkpoint", "index.checkpoint=count:1:kill", checkpoint_interval_s=0.05),
+    KillPoint("checkpoint-rename", "fileio.rename=count:2:kill", checkpoint_interval_s=0.05),
+    KillPoint("dir-fsync", "fileio.dir_fsync=count:4:kill", checkpoint_interval_s=0.05),
+    KillPoint("fence-persist", "bookie.fence_persist=count:1:kill"),
+    KillPoint("after-fdatasync-late", "journal.after_fdatasync=count:40:kill"),
+    KillPoint("sigkill-mid-checkpoint-window", kill_after_acks=6100),
+]
+QUICK = {"sigkill-after-3333", "journal-write-torn", "after-fdatasync", "index-checkpoint", "fence-persist"}
+
+
+def payload(entry_id: int) -> bytes:
+    return random.Random(entry_id).randbytes(64 + entry_id % 200)
+
+
+async def write_until_killed(bookie: BookieProcess, point: KillPoint) -> tuple[set[int], int, bool]:
+    """Stream adds; returns (acked entry ids, LAC read before the kill, fence acked?)."""
+    client = await WireClient.connect(*bookie.address)
+    acked: set[int] = set()
+    lac_seen = -1
+    fence_acked = False
+    sem = asyncio.Semaphore(WINDOW)
+    killed = asyncio.Event()
+
+    async def one(entry_id: int) -> None:
+        nonlocal lac_seen, fence_acked
+        try:
+            response = await client.add(DATA_LEDGER, entry_id, payload(entry_id))
+        except ConnectionError:
+            return
+        finally:
+            sem.release()
+        if response.status == StatusCode.EOK:
+            acked.add(entry_id)
+        if entry_id == 1000:  # fence a second ledger and record an explicit LAC mid-stream
+            fence = await client.fence(FENCED_LEDGER)
+            fence_acked = fence.status in (StatusCode.EOK, StatusCode.ENOENTRY)
+        if point.kill_after_acks and len(acked) >= point.kill_after_acks and not killed.is_set():
+            lac = await client.read_lac(DATA_LEDGER)
+            lac_seen = lac.lac
+            killed.set()
+            bookie.kill()
+
+    tasks = []
+    for entry_id in range(ENTRIES):
+        if killed.is_set() or client.closed.done():
+            break
+        await sem.acquire()
+        tasks.append(asyncio.ensure_future(one(entry_id)))
+    await asyncio.gather(*tasks, return_exceptions=True)
+    if not killed.is_set() and not client.closed.done():
+        lac_seen = (await client.read_lac(DATA_LEDGER)).lac
+        bookie.kill()
+    client.close()
+    bookie.wait()
+    return acked, lac_seen, fence_acked
+
+
+async def check_after_restart(
+    bookie: BookieProcess, acked: set[int], lac_seen: int, fence_acked: bool
+) -> None:
+    bookie.env.pop("BKAIO_FAILPOINTS", None)
+    bookie.restart()
+    client = await WireClient.connect(*bookie.address)
+    stored: dict[int, bytes] = {}
+    start = 0
+    while start < ENTRIES:
+        batch = await client.request(m.BatchReadRequest, DATA_LEDGER, start, 10_000, 4 << 20, 0, None)
+        if batch.status != StatusCode.EOK:
+            assert batch.status in (StatusCode.ENOENTRY, StatusCode.ENOLEDGER), batch
+            break
+        for offset, body in enumerate(batch.bodies):
+            stored[start + offset] = body
+        start += len(batch.bodies)
+    missing = sorted(acked - stored.keys())
+    if missing:  # a gap in the batch? read the rest one by one
+        for entry_id in missing:
+            read = await client.read(DATA_LEDGER, entry_id)
+            assert read.status == StatusCode.EOK, f"acked entry {entry_id} lost: {read}"
+            stored[entry_id] = read.body
+    for entry_id in acked:
+        assert stored[entry_id] == entry_body(DATA_LEDGER, entry_id, payload(entry_id)), entry_id
+    lac = (await client.read_lac(DATA_LEDGER)).lac if acked else -1
+    assert lac >= lac_seen, f"LAC went back from {lac_seen} to {lac}"
+    if acked:  # every acked entry piggybacked LAC entry_id - 1, and is durable
+        assert lac >= max(acked) - 1, f"LAC {lac} is behind acked entry {max(acked)}"
+    if fence_acked:
+        late = await client.add(FENCED_LEDGER, 0, b"late")
+        assert late.status == StatusCode.EFENCED
+    again = await client.add(DATA_LEDGER, ENTRIES + 1, b"after restart")
+    assert again.status == StatusCode.EOK
+    client.close()
+    bookie.stop()
+
+
+async def run_kill_point(tmp_path: Path, point: KillPoint) -> None:
+    env = {"BKAIO_FAILPOINTS": point.failpoints} if point.failpoints else {}
+    bookie = BookieProcess(
+        tmp_path / point.name, bookie_id="durable", env=env,
+        extra_args=[
+            "--checkpoint-interval-s", str(point.checkpoint_interval_s),
+            "--journal-segment-bytes", str(40 * 1024 * 1024),
+        ],
+    )  # fmt: skip
+    try:
+        bookie.start()
+        acked, lac_seen, fence_acked = await write_until_killed(bookie, point)
+        print(f"{point.name}: {len(acked)} acked before the kill, lac {lac_seen}, fence acked {fence_acked}")
+        assert len(acked) < ENTRIES, "the kill did not happen mid-stream"
+        await check_after_restart(bookie, acked, lac_seen, fence_acked)
+    finally:
+        bookie.cleanup()
+
+
+@pytest.mark.parametrize("point", [p for p in KILL_POINTS if p.name in QUICK], ids=lambda p: p.name)
+async def test_kill9_acked_entries_survive(tmp_path: Path, point: KillPoint) -> None:
+    await run_kill_point(tmp_path, point)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", [p for p in KILL_POINTS if p.name not in QUICK], ids=lambda p: p.name)
+async def test_kill9_acked_entries_survive_all_points(tmp_path: Path, point: KillPoint) -> None:
+    await run_kill_point(tmp_path, point)
+
+
+# ---------------------------------------------------------------------------------- torn tail
+TORN_RECORDS = 50
+
+
+async def write_journal_of_50(tmp_path: Path) -> tuple[Path, list[int]]:
+    """A journal of exactly 50 ENTRY records (plus the master key record); returns record ends."""
+    origin = tmp_path / "origin"
+    bookie = BookieProcess(origin, bookie_id="torn", extra_args=["--checkpoint-interval-s", "3600"])
+    bookie.start()
+    client = await WireClient.connect(*bookie.address)
+    for entry_id in range(TORN_RECORDS):
+        assert (await client.add(1, entry_id, b"e%d" % entry_id)).status == StatusCode.EOK
+    client.close()
+    bookie.kill()  # no final checkpoint: a restart must replay the journal
+    data = (origin / "journal" / fmt.segment_name(1)).read_bytes()
+    scan = fmt.scan(data, fmt.SEGMENT_HEADER_BYTES)
+    entries = [r for r in scan.records if r.type == fmt.RecordType.ENTRY]
+    assert len(entries) == TORN_RECORDS
+    return origin, [r.offset + r.length for r in entries]
+
+
+async def check_cut(tmp_path: Path, origin: Path, ends: list[int], cut: int) -> None:
+    work = tmp_path / f"cut-{cut}"
+    shutil.copytree(origin, work)
+    os.truncate(work / "journal" / fmt.segment_name(1), cut)
+    (work / "LOCK").unlink(missing_ok=True)
+    bookie = BookieProcess(work, bookie_id="torn")
+    try:
+        bookie.start()
+        client = await WireClient.connect(*bookie.address)
+        whole = sum(1 for end in ends if end <= cut)
+        for entry_id in range(max(0, whole - 2), TORN_RECORDS):
+            read = await client.read(1, entry_id)
+            expected = StatusCode.EOK if entry_id < whole else StatusCode.ENOENTRY
+            assert read.status == expected, f"cut at {cut}: entry {entry_id} -> {read.status}"
+            if expected == StatusCode.EOK:
+                assert read.body == entry_body(1, entry_id, b"e%d" % entry_id)
+        client.close()
+    finally:
+        bookie.cleanup()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def cut_offsets(ends: list[int]) -> list[int]:
+    return list(range(ends[-4], ends[-1]))  # every byte offset inside the last 3 records
+
+
+async def test_torn_tail_sample_of_cuts(tmp_path: Path) -> None:
+    origin, ends = await write_journal_of_50(tmp_path)
+    offsets = cut_offsets(ends)
+    sample = sorted({offsets[0], offsets[1], offsets[5], offsets[13], ends[-3], ends[-2] - 1, offsets[-1]})
+    for cut in sample:
+        await check_cut(tmp_path, origin, ends, cut)
+
+
+@pytest.mark.slow
+async def test_torn_tail_every_offset_in_last_three_records(tmp_path: Path) -> None:
+    origin, ends = await write_journal_of_50(tmp_path)
+    for cut in cut_offsets(ends):
+        await check_cut(tmp_path, origin, ends, cut)
