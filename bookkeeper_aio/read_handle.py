@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import structlog
@@ -42,6 +42,7 @@ from bookkeeper_aio.protocol.codes import NO_ENTRY, StatusCode
 from bookkeeper_aio.protocol.digest import Entry, EntryCodec
 from bookkeeper_aio.protocol.errors import DigestMismatch
 from bookkeeper_aio.quorum import DistributionSchedule
+from bookkeeper_aio.tail import LONG_POLL_TIMEOUT_MS, Tail
 from metadata.ledger import LedgerMetadata, LedgerState
 from metadata.ledgers import VersionedLedger
 
@@ -300,16 +301,43 @@ class ReadHandle:
         if self.is_closed:
             return self._lac
         # Re-read the metadata first: a newer LAC may lie in a fragment created after we opened.
-        versioned = await self._ctx.ledgers.read(self.id)
-        if versioned.version != self._version:
-            self._metadata, self._version = versioned.metadata, versioned.version
-            self._reader = EntryReader(self._ctx, self._metadata, self._codec)
-        last_entry_id = versioned.metadata.last_entry_id
-        if last_entry_id is not None:  # closed meanwhile: the metadata bounds the reader
-            self._lac = last_entry_id
+        self._apply_metadata(await self._ctx.ledgers.read(self.id))
+        if self._metadata.last_entry_id is not None:  # closed meanwhile
             return self._lac
-        self._lac = max(self._lac, await read_lac_with_coverage(self._ctx, self._metadata))
+        self._advance_lac(await read_lac_with_coverage(self._ctx, self._metadata))
         return self._lac
+
+    def tail(
+        self, from_entry: int = 0, *, long_poll_timeout_ms: int = LONG_POLL_TIMEOUT_MS
+    ) -> AsyncGenerator[LedgerEntry, None]:
+        """Every entry from ``from_entry`` on, in order, as the writer gets them acknowledged; ends
+        once the ledger is closed and its last entry was handed out (see ``bookkeeper_aio.tail``).
+
+        Close it early with ``aclose()`` (or ``contextlib.aclosing``). Raises NoSuchLedger if the
+        ledger is deleted meanwhile, and the read errors of :meth:`read` for entries no replica can
+        serve. Bookie trouble while waiting for new entries is retried, never raised.
+        """
+        if from_entry < 0:
+            raise BKInterfaceError(f"bad first entry {from_entry}")
+        return Tail(self, from_entry, long_poll_timeout_ms).entries()
+
+    def _apply_metadata(self, versioned: VersionedLedger) -> bool:
+        """Adopt newer metadata (new fragment, close). True when something changed."""
+        if versioned.version <= self._version and self._version >= 0:
+            return False
+        md = versioned.metadata
+        self._metadata, self._version = md, versioned.version
+        self._reader = EntryReader(self._ctx, md, self._codec)
+        if md.last_entry_id is not None:  # closed: the metadata bounds the reader, never a bookie
+            self._lac = md.last_entry_id
+        else:  # a fragment is created at the writer's LAC + 1: everything before it was acked
+            self._lac = max(self._lac, md.ensembles[-1][0] - 1)
+        return True
+
+    def _advance_lac(self, lac: int) -> None:
+        """A LAC some bookie reported (it only knows LACs the writer sent)."""
+        if not self.is_closed and lac > self._lac:
+            self._lac = lac
 
     async def read_entry(self, entry_id: int) -> LedgerEntry:
         self._check_range(entry_id, entry_id)
