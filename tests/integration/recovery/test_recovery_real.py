@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -56,6 +57,9 @@ async def _write_until_fenced(lh: LedgerHandle, history: History, started: async
         else:
             history.other_errors.append(error)
 
+    def recorder(entry_id: int, payload: bytes) -> Callable[[asyncio.Future[int]], None]:
+        return lambda future: record(entry_id, payload, future)
+
     while True:
         payload = _payload(i)
         try:
@@ -63,7 +67,7 @@ async def _write_until_fenced(lh: LedgerHandle, history: History, started: async
         except LedgerFenced:
             history.fenced += 1
             return
-        future.add_done_callback(lambda f, e=i, p=payload: record(e, p, f))
+        future.add_done_callback(recorder(i, payload))
         i += 1
         if i == 200:
             started.set()
