@@ -49,7 +49,7 @@ def _client(procs: list[BookieProcess], ledgers: LedgerManager, explicit_lac_ms:
 
 
 def _pct(hist: HdrHistogram, q: float) -> float:
-    return round(hist.get_value_at_percentile(q) / 1000, 3)
+    return round(float(hist.get_value_at_percentile(q)) / 1000, 3)
 
 
 async def one_run(

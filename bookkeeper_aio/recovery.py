@@ -170,6 +170,8 @@ class _Fenced:
     lac: int
     last_entry_hint: int
     lengths: dict[int, int]
+    last_stored: dict[str, int]
+    """Bookie -> the last entry it reported (verified) when fenced: whom to ask first."""
 
 
 # ---------------------------------------------------------------------------------- the shell
@@ -204,7 +206,7 @@ class LedgerRecovery:
         fenced = await self._fence(md)
         first = md.ensembles[-1][0]
         start = recovery_start(fenced.lac, first)
-        run = _ReadAndReplicate(self, md, start, fenced.last_entry_hint)
+        run = _ReadAndReplicate(self, md, start, fenced)
         try:
             last, last_length = await run.run()
         finally:
@@ -229,7 +231,7 @@ class LedgerRecovery:
         first, ensemble = md.ensembles[-1]
         schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
         ctx, ledger_id, key = self._ctx, self._ledger_id, self._key
-        fenced = _Fenced(lac=first - 1, last_entry_hint=first - 1, lengths={})
+        fenced = _Fenced(lac=first - 1, last_entry_hint=first - 1, lengths={}, last_stored={})
         answered: set[int] = set()
         failures: list[str] = []
 
@@ -250,7 +252,7 @@ class LedgerRecovery:
                     failures.append(f"{bookie_id}: {_describe(response)}")
                     continue
                 answered.add(position)
-                self._note_fence_reply(fenced, response)
+                self._note_fence_reply(fenced, bookie_id, response)
                 if schedule.covers_ensemble(answered):
                     break
         finally:
@@ -264,7 +266,7 @@ class LedgerRecovery:
         log.info("recovery.fenced", ledger_id=ledger_id, lac=fenced.lac, hint=fenced.last_entry_hint)
         return fenced
 
-    def _note_fence_reply(self, fenced: _Fenced, response: m.Response) -> None:
+    def _note_fence_reply(self, fenced: _Fenced, bookie_id: str, response: m.Response) -> None:
         lac = getattr(response, "lac", NO_ENTRY)
         fenced.lac = max(fenced.lac, lac)
         body = getattr(response, "body", None)
@@ -278,6 +280,7 @@ class LedgerRecovery:
         fenced.lac = max(fenced.lac, entry.lac)
         fenced.last_entry_hint = max(fenced.last_entry_hint, entry_id)
         fenced.lengths[entry_id] = entry.length
+        fenced.last_stored[bookie_id] = entry_id
 
     # ------------------------------------------------------------------ step 5: close
     async def _length_at(self, md: LedgerMetadata, entry_id: int, fenced: _Fenced) -> int:
@@ -349,23 +352,39 @@ def _describe(response: m.Response | BKError) -> str:
 
 # ---------------------------------------------------------------------------------- steps 3 + 4
 class _EntryRead:
-    """One recovery read of one entry, sent to its whole write set; decided by callbacks."""
+    """One recovery read of one entry; decided by callbacks.
+
+    An entry some fenced bookie reported as stored (up to the fence's hint) is first asked of one
+    replica: a body settles it. Any other answer, or no answer within the speculative read delay,
+    sends the read to the rest of the write set. Entries past the hint go to the whole write set at
+    once (the end needs ``Qw - Qa + 1`` negatives). Every copy of the read carries the fence flag.
+    """
 
     __slots__ = (
         "body",
         "decision",
         "entry",
         "entry_id",
+        "frame",
         "future",
         "negatives",
         "positives",
+        "replicas",
+        "rid",
         "run",
+        "sent",
+        "timer",
         "unknowns",
     )
 
-    def __init__(self, run: _ReadAndReplicate, entry_id: int) -> None:
+    def __init__(self, run: _ReadAndReplicate, entry_id: int, replicas: tuple[str, ...]) -> None:
         self.run = run
         self.entry_id = entry_id
+        self.replicas = replicas
+        self.sent = 0
+        self.rid = 0
+        self.frame = b""
+        self.timer: asyncio.TimerHandle | None = None
         self.positives = 0
         self.negatives = 0
         self.unknowns = 0
@@ -405,14 +424,21 @@ def _on_recovery_read(op: _EntryRead, bookie_id: str, result: Result) -> None:
     else:
         op.unknowns += 1
     op.decision = decide_entry(run.write_quorum, run.ack_quorum, op.positives, op.negatives, op.unknowns)
-    if op.decision is not Decision.PENDING and not op.future.done():
+    if op.decision is Decision.PENDING:
+        if op.sent < len(op.replicas):
+            run.fan_out(op)
+        return
+    if op.timer is not None:
+        op.timer.cancel()
+        op.timer = None
+    if not op.future.done():
         op.future.set_result(None)
 
 
 class _ReadAndReplicate:
     """Steps 3 and 4: read forward in a window, decide in order, write back what exists."""
 
-    def __init__(self, owner: LedgerRecovery, md: LedgerMetadata, start: int, hint: int) -> None:
+    def __init__(self, owner: LedgerRecovery, md: LedgerMetadata, start: int, fenced: _Fenced) -> None:
         self.loop = owner._loop
         self.ctx = owner._ctx
         self.codec = owner._codec
@@ -421,26 +447,46 @@ class _ReadAndReplicate:
         self.ack_quorum = md.ack_quorum
         self.window = owner._window
         self.start = start
-        self.hint = hint
+        self.hint = fenced.last_entry_hint
+        self._last_stored = fenced.last_stored
         self.schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
         self.ensemble = md.ensembles[-1][1]  # every entry past `start` lives in the last fragment
         self.writer = _WriteBack(self, md.ensembles[-1][1], owner._key)
-        timeout_s = self.ctx.config.read_timeout_s
-        self._read_timeout_s = timeout_s
+        self._read_timeout_s = self.ctx.config.read_timeout_s
+        self._speculative_delay_s = self.ctx.config.speculative_read_delay_ms / 1000
         self._reads: collections.deque[_EntryRead] = collections.deque()
 
     def _send_read(self, entry_id: int) -> None:
-        op = _EntryRead(self, entry_id)
-        pool = self.ctx.pool
-        rid = pool.next_request_id()  # unique per pool, hence per connection: one frame for all
-        frame = m.encode(
+        replicas = tuple(self.ensemble[p] for p in self.schedule.write_set(entry_id))
+        if entry_id <= self.hint:  # first the replicas that said they store it
+            stored = self._last_stored
+            replicas = tuple(sorted(replicas, key=lambda b: stored.get(b, -1) < entry_id))
+        op = _EntryRead(self, entry_id, replicas)
+        op.rid = rid = self.ctx.pool.next_request_id()  # unique per pool: one frame for every replica
+        op.frame = m.encode(
             m.ReadEntryRequest(rid, self.ledger_id, entry_id, RECOVERY_READ_FLAGS, self.writer.key)
         )
-        for position in self.schedule.write_set(entry_id):
-            pool.connection(self.ensemble[position]).request(
-                rid, frame, _on_recovery_read, op, self._read_timeout_s
-            )
         self._reads.append(op)
+        if entry_id > self.hint or self._speculative_delay_s <= 0:
+            self.fan_out(op)
+            return
+        self._send_to(op, 1)
+        op.timer = self.loop.call_later(self._speculative_delay_s, self.fan_out, op)
+
+    def _send_to(self, op: _EntryRead, count: int) -> None:
+        pool = self.ctx.pool
+        while op.sent < count:
+            bookie_id = op.replicas[op.sent]
+            op.sent += 1
+            pool.connection(bookie_id).request(op.rid, op.frame, _on_recovery_read, op, self._read_timeout_s)
+
+    def fan_out(self, op: _EntryRead) -> None:
+        """Ask the replicas not asked yet (a non-positive answer came, or the first was slow)."""
+        if op.timer is not None:
+            op.timer.cancel()
+            op.timer = None
+        if op.decision is Decision.PENDING:
+            self._send_to(op, len(op.replicas))
 
     async def run(self) -> tuple[int, int | None]:
         """(last entry, its length if known from a recovered body)."""
@@ -477,6 +523,9 @@ class _ReadAndReplicate:
     def abort(self) -> None:
         for op in self._reads:
             op.decision = Decision.UNDECIDED  # late answers are ignored
+            if op.timer is not None:
+                op.timer.cancel()
+                op.timer = None
         self._reads.clear()
         self.writer.abort()
 

@@ -77,6 +77,15 @@ async def test_recovery__entries_in_flight_are_written_back_to_the_whole_write_s
     assert adds
     assert all(r.flags & AddFlag.RECOVERY_ADD for r in adds)
     assert sorted(r.entry_id for r in adds) == [3, 4, 5, 6]  # from the LAC on, nothing before it
+    # Entries a fenced bookie reported storing are asked of that bookie first, and only of it once
+    # it answers with the body; the end (7 on) is asked of the whole write set.
+    reads = [
+        r.entry_id
+        for r in world.cluster.bookies[1].requests
+        if isinstance(r, m.ReadEntryRequest) and r.flags & ReadFlag.FENCE_LEDGER and r.entry_id >= 0
+    ]
+    assert reads
+    assert min(reads) == 7
 
 
 async def test_recovery__concurrent_recoverers_converge(world: World) -> None:
