@@ -108,7 +108,7 @@ async def drive(
             due = int((now - started) * rate)
             while next_id[0] < due:
                 futures.append(add())
-            await asyncio.sleep(0.0005)
+            await asyncio.sleep(0.001)
         await asyncio.gather(*futures)
     else:
 
@@ -136,6 +136,8 @@ async def drive(
 
 def start_bookie(data_dir: str) -> tuple[subprocess.Popen[bytes], int]:
     cmd = [sys.executable, "-m", "bookie", "--data-dir", data_dir, "--port", "0", "--bookie-id", "bench"]
+    if os.environ.get("BENCH_BOOKIE_SCRIPT"):  # profiling hook: run the bookie through a wrapper
+        cmd[1:3] = [os.environ["BENCH_BOOKIE_SCRIPT"]]
     env = {**os.environ, "BKAIO_BOOKIE_LOG_LEVEL": "warning"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
     assert proc.stdout is not None

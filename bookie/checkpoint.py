@@ -2,8 +2,9 @@
 
 File layout: ``magic "BKIX" | version:u16 | pad:u16 | crc32c:u32 | length:u64 | msgpack payload``.
 The payload is ``[segment_id, offset, ledgers]`` where each ledger is
-``[ledger_id, master_key|nil, fenced, piggyback_lac, explicit_lac, lac_body, ids, segments,
-offsets, lengths]`` (columnar lists: compact and fast to pack).
+``[ledger_id, master_key|nil, fenced, piggyback_lac, explicit_lac, lac_body, last_entry_id, index]``
+and ``index`` is :meth:`bookie.index.LedgerIndex.to_wire` (its arrays as raw bytes: packing a
+million entries takes milliseconds and creates no per-entry objects).
 
 A checkpoint at position P holds the effect of every journal record before P (it may hold more:
 a fence or master key is set in memory before its record is durable; both are safe to keep, as
@@ -19,6 +20,7 @@ from collections.abc import Iterable
 import crc32c
 import msgpack
 
+from bookie.index import LedgerIndex
 from bookie.journal import Position
 from bookie.ledger_state import LedgerState
 
@@ -32,23 +34,19 @@ class CheckpointCorrupt(Exception):
 
 
 def encode(position: Position, ledgers: Iterable[LedgerState]) -> bytes:
-    rows = []
-    for state in ledgers:
-        items = state.index.items()
-        rows.append(
-            [
-                state.ledger_id,
-                state.master_key,
-                state.fenced,
-                state.piggyback_lac,
-                state.explicit_lac,
-                state.lac_body,
-                [entry_id for entry_id, _ in items],
-                [loc.segment_id for _, loc in items],
-                [loc.offset for _, loc in items],
-                [loc.length for _, loc in items],
-            ]
-        )
+    rows = [
+        [
+            state.ledger_id,
+            state.master_key,
+            state.fenced,
+            state.piggyback_lac,
+            state.explicit_lac,
+            state.lac_body,
+            state.index.last_entry_id,
+            state.index.to_wire(),
+        ]
+        for state in ledgers
+    ]
     payload = msgpack.packb([position.segment_id, position.offset, rows], use_bin_type=True)
     return HEADER.pack(MAGIC, VERSION, crc32c.crc32c(payload), len(payload)) + payload
 
@@ -72,15 +70,16 @@ def decode(data: bytes) -> tuple[Position, dict[int, LedgerState]]:
 
 
 def _ledger_from_row(row: list[object]) -> LedgerState:
-    ledger_id, key, fenced, piggyback, explicit, lac_body, ids, segs, offs, lens = row
-    ints_ok = all(isinstance(v, int) for v in (ledger_id, piggyback, explicit))
-    lists_ok = all(isinstance(v, list) for v in (ids, segs, offs, lens))
-    if not (ints_ok and lists_ok and isinstance(lac_body, bytes)):
+    ledger_id, key, fenced, piggyback, explicit, lac_body, last_entry_id, index = row
+    if not (
+        isinstance(ledger_id, int)
+        and isinstance(piggyback, int)
+        and isinstance(explicit, int)
+        and isinstance(last_entry_id, int)
+        and isinstance(lac_body, bytes)
+        and isinstance(index, list)
+    ):
         raise CheckpointCorrupt(f"checkpoint row for ledger {ledger_id!r} has wrong field types")
-    assert isinstance(ledger_id, int) and isinstance(lac_body, bytes)  # noqa: PT018 (narrowing)
-    assert isinstance(piggyback, int) and isinstance(explicit, int)  # noqa: PT018
-    assert isinstance(ids, list) and isinstance(segs, list)  # noqa: PT018
-    assert isinstance(offs, list) and isinstance(lens, list)  # noqa: PT018
     state = LedgerState(ledger_id)
     state.master_key = key if isinstance(key, bytes) else None
     state.fenced = bool(fenced)
@@ -88,6 +87,5 @@ def _ledger_from_row(row: list[object]) -> LedgerState:
     state.piggyback_lac = piggyback
     state.explicit_lac = explicit
     state.lac_body = lac_body
-    for entry_id, seg, off, length in zip(ids, segs, offs, lens, strict=True):
-        state.index.put(entry_id, seg, off, length)
+    state.index = LedgerIndex.from_wire(index, last_entry_id)
     return state

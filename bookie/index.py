@@ -3,11 +3,27 @@
 A location is ``(segment_id, offset, length)`` of the whole journal record (header included), so a
 read can verify the record's CRC before handing the entry out. The index only ever holds entries
 whose records are durable: the journal's completion callback inserts them.
+
+Storage: entry ids of a ledger on one bookie are dense (consecutive, or every E/Qw-th with striping),
+so locations live in two flat arrays indexed by ``entry_id - base``: ``segment_id << 32 | offset``
+(int64, -1 = absent) and the record length (int32). 12 bytes per entry instead of ~150 for a dict
+of tuples, and, more important, arrays hold no Python objects: the cyclic GC never walks them (a
+dict of tuples made full collections take 25-65 ms at 500k entries, which was the add path's p99).
+An entry id far from the dense range (more than :data:`DENSE_GAP_MAX` past its end, or below
+``base``) goes to a small overflow dict, so a hostile id cannot make us allocate a huge array.
 """
 
 from __future__ import annotations
 
+from array import array
 from typing import NamedTuple
+
+DENSE_GAP_MAX = 1 << 16
+"""How far past the dense range an entry id may land and still grow the arrays (holes cost 12 B)."""
+_OFFSET_BITS = 32
+_OFFSET_MASK = (1 << _OFFSET_BITS) - 1
+SEGMENT_OFFSET_MAX = _OFFSET_MASK
+"""Offsets within a segment must fit in 32 bits: segments are at most 4 GiB."""
 
 
 class Location(NamedTuple):
@@ -17,36 +33,108 @@ class Location(NamedTuple):
 
 
 class LedgerIndex:
-    """Entry locations of one ledger, plus the highest entry id seen.
+    """Entry locations of one ledger, plus the highest entry id seen."""
 
-    Locations are stored as plain tuples (a NamedTuple per entry costs ~0.5 us on the add path);
-    :meth:`get` and :meth:`items` hand out :class:`Location` for the cold paths.
-    """
-
-    __slots__ = ("_entries", "last_entry_id")
+    __slots__ = ("_base", "_lengths", "_overflow", "_positions", "count", "last_entry_id")
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[int, int, int]] = {}
+        self._base = -1  # entry id of slot 0, fixed by the first insert
+        self._positions = array("q")
+        self._lengths = array("i")
+        self._overflow: dict[int, tuple[int, int, int]] = {}
+        self.count = 0
         self.last_entry_id = -1
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self.count
 
     def put(self, entry_id: int, segment_id: int, offset: int, length: int) -> None:
         """Insert or replace (a rewritten entry, e.g. by recovery, points at its newest copy)."""
-        self._entries[entry_id] = (segment_id, offset, length)
+        slot = entry_id - self._base
+        positions = self._positions
+        if 0 <= slot < len(positions):
+            if positions[slot] < 0:
+                self.count += 1
+            positions[slot] = segment_id << _OFFSET_BITS | offset
+            self._lengths[slot] = length
+        else:
+            self._put_slow(entry_id, segment_id, offset, length)
         if entry_id > self.last_entry_id:
             self.last_entry_id = entry_id
 
+    def _put_slow(self, entry_id: int, segment_id: int, offset: int, length: int) -> None:
+        if self._base < 0 and not self._overflow:
+            self._base = entry_id
+        slot = entry_id - self._base
+        gap = slot - len(self._positions)
+        if 0 <= gap <= DENSE_GAP_MAX:
+            self._positions.extend([-1] * (gap + 1))
+            self._lengths.extend([0] * (gap + 1))
+            self.put(entry_id, segment_id, offset, length)
+            return
+        if entry_id not in self._overflow:
+            self.count += 1
+        self._overflow[entry_id] = (segment_id, offset, length)
+
     def __contains__(self, entry_id: int) -> bool:
-        return entry_id in self._entries
+        slot = entry_id - self._base
+        if 0 <= slot < len(self._positions):
+            return self._positions[slot] >= 0
+        return entry_id in self._overflow
 
     def get(self, entry_id: int) -> Location | None:
-        found = self._entries.get(entry_id)
+        slot = entry_id - self._base
+        if 0 <= slot < len(self._positions):
+            position = self._positions[slot]
+            if position < 0:
+                return None
+            return Location(position >> _OFFSET_BITS, position & _OFFSET_MASK, self._lengths[slot])
+        found = self._overflow.get(entry_id)
         return None if found is None else Location._make(found)
 
     def entry_ids(self) -> list[int]:
-        return sorted(self._entries)
+        base = self._base
+        dense = [base + slot for slot, position in enumerate(self._positions) if position >= 0]
+        if not self._overflow:
+            return dense
+        return sorted(dense + list(self._overflow))
+
+    def to_wire(self) -> list[object]:
+        """A compact, msgpack-able snapshot (arrays as raw bytes: O(n) in C, no per-entry objects)."""
+        overflow = sorted(self._overflow.items())
+        return [
+            self._base,
+            self._positions.tobytes(),
+            self._lengths.tobytes(),
+            [entry_id for entry_id, _ in overflow],
+            [list(location) for _, location in overflow],
+        ]
+
+    @classmethod
+    def from_wire(cls, fields: list[object], last_entry_id: int) -> LedgerIndex:
+        """Inverse of :meth:`to_wire`; raises ValueError/TypeError on malformed input."""
+        base, positions, lengths, overflow_ids, overflow_locations = fields
+        if not (isinstance(base, int) and isinstance(positions, bytes) and isinstance(lengths, bytes)):
+            raise TypeError("index snapshot has wrong field types")
+        if not (isinstance(overflow_ids, list) and isinstance(overflow_locations, list)):
+            raise TypeError("index snapshot has wrong overflow types")
+        index = cls()
+        index._base = base
+        index._positions.frombytes(positions)
+        index._lengths.frombytes(lengths)
+        if len(index._positions) != len(index._lengths):
+            raise ValueError("index snapshot arrays differ in length")
+        for entry_id, location in zip(overflow_ids, overflow_locations, strict=True):
+            segment_id, offset, length = location
+            index._overflow[int(entry_id)] = (int(segment_id), int(offset), int(length))
+        index.count = sum(1 for position in index._positions if position >= 0) + len(index._overflow)
+        index.last_entry_id = last_entry_id
+        return index
 
     def items(self) -> list[tuple[int, Location]]:
-        return [(entry_id, Location._make(loc)) for entry_id, loc in sorted(self._entries.items())]
+        out = []
+        for entry_id in self.entry_ids():
+            location = self.get(entry_id)
+            assert location is not None
+            out.append((entry_id, location))
+        return out

@@ -51,6 +51,10 @@ class Position(NamedTuple):
     offset: int
 
 
+SEGMENT_BYTES_MAX = (1 << 32) - 1
+"""The index packs offsets within a segment into 32 bits (bookie.index)."""
+
+
 @dataclass(frozen=True)
 class JournalConfig:
     segment_bytes: int = 256 * 1024 * 1024
@@ -69,6 +73,8 @@ class JournalConfig:
     def validate(self) -> None:
         if not 0 < self.record_bytes_max <= fmt.RECORD_BODY_BYTES_MAX + fmt.RECORD_HEADER_BYTES:
             raise ValueError(f"journal record_bytes_max {self.record_bytes_max} is out of range")
+        if self.segment_bytes > SEGMENT_BYTES_MAX:
+            raise ValueError(f"journal segment_bytes {self.segment_bytes} exceeds {SEGMENT_BYTES_MAX}")
         if self.segment_bytes < 2 * self.record_bytes_max + fmt.SEGMENT_HEADER_BYTES:
             raise ValueError(
                 f"journal segment_bytes {self.segment_bytes} must hold two records of the maximum "

@@ -1,0 +1,70 @@
+"""The per-ledger index: dense arrays plus an overflow dict, same answers as a plain dict."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bookie.index import DENSE_GAP_MAX, LedgerIndex, Location
+
+
+def test_dense_sparse_and_far_ids() -> None:
+    index = LedgerIndex()
+    assert index.get(0) is None
+    assert 0 not in index
+    index.put(5, 1, 100, 50)
+    index.put(7, 2, 4_000_000_000, 60)
+    index.put(5 + 10 * DENSE_GAP_MAX, 3, 0, 70)  # far: overflow, no huge array
+    index.put(2, 4, 16, 80)  # below the base: overflow
+    assert index.get(5) == Location(1, 100, 50)
+    assert index.get(7) == Location(2, 4_000_000_000, 60)
+    assert index.get(6) is None
+    assert index.get(2) == Location(4, 16, 80)
+    assert index.get(5 + 10 * DENSE_GAP_MAX) == Location(3, 0, 70)
+    assert index.entry_ids() == [2, 5, 7, 5 + 10 * DENSE_GAP_MAX]
+    assert len(index) == 4
+    assert index.last_entry_id == 5 + 10 * DENSE_GAP_MAX
+    index.put(5, 9, 9, 9)  # replace
+    assert len(index) == 4
+    assert index.get(5) == Location(9, 9, 9)
+
+
+@given(st.lists(st.tuples(st.integers(0, 3 * DENSE_GAP_MAX), st.integers(1, 1000)), max_size=200))
+def test_matches_a_dict(puts: list[tuple[int, int]]) -> None:
+    index = LedgerIndex()
+    model: dict[int, Location] = {}
+    for entry_id, segment in puts:
+        location = Location(segment, entry_id * 7 % (1 << 32), entry_id % 5000)
+        index.put(entry_id, *location)
+        model[entry_id] = location
+    assert index.items() == sorted(model.items())
+    assert len(index) == len(model)
+    assert index.last_entry_id == max(model, default=-1)
+    probe = random.Random(len(puts)).randrange(0, 3 * DENSE_GAP_MAX)
+    assert index.get(probe) == model.get(probe)
+    assert (probe in index) == (probe in model)
+
+
+def test_checkpoint_round_trip_keeps_everything() -> None:
+    from bookie import checkpoint
+    from bookie.journal import Position
+    from bookie.ledger_state import LedgerState
+
+    state = LedgerState(7)
+    state.master_key = b"k" * 32
+    state.fenced = True
+    state.piggyback_lac = 41
+    state.explicit_lac = 45
+    state.lac_body = b"body"
+    for entry_id in [*range(0, 50, 3), 10 * DENSE_GAP_MAX]:
+        state.index.put(entry_id, 2, entry_id * 10, 100)
+    position, ledgers = checkpoint.decode(checkpoint.encode(Position(3, 1234), [state, LedgerState(8)]))
+    assert position == Position(3, 1234)
+    got = ledgers[7]
+    assert (got.master_key, got.fenced, got.lac, got.lac_body) == (b"k" * 32, True, 45, b"body")
+    assert got.index.items() == state.index.items()
+    assert len(got.index) == len(state.index)
+    assert got.index.last_entry_id == 10 * DENSE_GAP_MAX
+    assert len(ledgers[8].index) == 0
