@@ -26,6 +26,9 @@ SEGMENT_OFFSET_MAX = _OFFSET_MASK
 """Offsets within a segment must fit in 32 bits: segments are at most 4 GiB."""
 
 
+_ABSENT = array("q", [-1] * 1024)
+
+
 class Location(NamedTuple):
     segment_id: int
     offset: int
@@ -66,10 +69,13 @@ class LedgerIndex:
         if self._base < 0 and not self._overflow:
             self._base = entry_id
         slot = entry_id - self._base
-        gap = slot - len(self._positions)
+        size = len(self._positions)
+        gap = slot - size
         if 0 <= gap <= DENSE_GAP_MAX:
-            self._positions.extend([-1] * (gap + 1))
-            self._lengths.extend([0] * (gap + 1))
+            grow = max(gap + 1, size // 2, 1024)  # amortised: appends mostly land on the fast path
+            self._positions.extend(_ABSENT * (grow // len(_ABSENT) + 1))
+            del self._positions[size + grow :]
+            self._lengths.extend(array("i", bytes(4 * grow)))
             self.put(entry_id, segment_id, offset, length)
             return
         if entry_id not in self._overflow:
