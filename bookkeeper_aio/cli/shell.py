@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import os
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import metadata
@@ -136,6 +139,46 @@ async def cmd_ledger_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_bookie_format(args: argparse.Namespace) -> int:
+    """Forget a bookie's data-dir identity (after a disk loss), optionally wiping its local data."""
+    if args.data_dir:
+        if not args.force:
+            raise SystemExit(f"bkaio bookie format: wiping {args.data_dir} deletes its entries; add --force")
+        _wipe_data_dir(Path(args.data_dir))
+    async with metadata.connect(_url(args)) as meta:
+        stored = await metadata.read_cookie(meta.store, meta.root, args.bookie_id)
+        if stored is not None:
+            await metadata.delete_cookie(meta.store, meta.root, args.bookie_id, stored[1])
+    output.emit(
+        {
+            "bookie_id": args.bookie_id,
+            "metadata_cookie_deleted": stored is not None,
+            "wiped": args.data_dir or "",
+        },
+        as_json=args.json,
+    )
+    return 0
+
+
+def _wipe_data_dir(path: Path) -> None:
+    if not path.is_dir():
+        raise SystemExit(f"bkaio bookie format: {path} is not a directory")
+    lock = path / "LOCK"
+    if lock.exists():
+        with open(lock, "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise SystemExit(
+                    f"bkaio bookie format: a bookie is running on {path}; stop it first"
+                ) from None
+    for child in path.iterdir():
+        if child.is_dir():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
 async def cmd_simpletest(args: argparse.Namespace) -> int:
     """Create a ledger, write entries, read them back, delete it: the cluster works end to end."""
     password = os.urandom(8)
@@ -199,6 +242,15 @@ def add_commands(sub: Any) -> None:
     read.add_argument("--password", default="", help="the ledger's password")
     delete = _command(ledger, "delete", cmd_ledger_delete, "delete a ledger (bookies reclaim space later)")
     delete.add_argument("ledger_id", type=int)
+    bookie = _group(sub, "bookie", "one bookie's identity")
+    fmt = _command(
+        bookie, "format", cmd_bookie_format, "forget a bookie's data-dir cookie (after a disk loss)"
+    )
+    fmt.add_argument("bookie_id")
+    fmt.add_argument(
+        "--data-dir", default=None, help="also wipe this (stopped) bookie's local data directory"
+    )
+    fmt.add_argument("--force", action="store_true", help="required with --data-dir")
     simple = _command(sub, "simpletest", cmd_simpletest, "create, write, read back and delete one ledger")
     simple.add_argument("--entries", type=int, default=100, help="entries to write (default 100)")
     simple.add_argument("--ensemble", "-E", type=int, default=3)
