@@ -164,8 +164,11 @@ class BookieConnection(asyncio.Protocol):
 
     def complete(self, request_id: int | None, frame: bytes | None) -> None:
         """Answer one request (``frame`` None: no answer) and give its permit back."""
-        if frame is not None:
-            self.send(frame)
+        if frame is not None and not self.closed:  # send(), inlined: this runs once per request
+            self._out.append(frame)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
         if request_id is not None:
             self.request_ids.discard(request_id)
         self.in_flight -= 1

@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -169,6 +170,48 @@ class _Writer:
             self.close_segment(segment_id)
 
 
+_Group = tuple[list[_Run], int, list["Callback"], "Position"]
+
+
+class _WriterThread:
+    """The one thread that does journal I/O. A bare thread on a ``SimpleQueue`` (C put/get, the
+    GIL released while idle) with one ``call_soon_threadsafe`` back per group: a thread pool's
+    futures and their chained callbacks cost more loop time per group and delay the wake-up."""
+
+    def __init__(
+        self,
+        writer: _Writer,
+        loop: asyncio.AbstractEventLoop,
+        on_done: Callable[[_Group, BaseException | None], None],
+    ) -> None:
+        self._writer = writer
+        self._loop = loop
+        self._on_done = on_done
+        self._queue: queue.SimpleQueue[_Group | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, group: _Group) -> None:
+        self._queue.put(group)
+
+    def _run(self) -> None:
+        while (group := self._queue.get()) is not None:
+            error: BaseException | None = None
+            try:
+                self._writer.write_group(group[0], group[1])
+            except BaseException as exc:  # noqa: BLE001 (handed to the loop, which fails the journal)
+                error = exc
+            try:
+                self._loop.call_soon_threadsafe(self._on_done, group, error)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                return
+
+    def stop(self) -> None:
+        """Finish what was submitted, then end the thread."""
+        self._queue.put(None)
+        self._thread.join()
+
+
 class Journal:
     """Owner of the journal's writer thread; ``close()`` flushes, ``abort()`` drops."""
 
@@ -177,7 +220,6 @@ class Journal:
         self._config = config
         self._loop = asyncio.get_running_loop()
         self._writer = _Writer(fileio, directory, config.segment_bytes)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal-writer")
         self._segment_id, self._offset = start
         self._synced = start
         self._runs: list[_Run] = [_Run(start.segment_id, start.offset)]
@@ -193,6 +235,7 @@ class Journal:
         self._idle.set()
         self._pressure = False
         self.on_pressure: Callable[[bool], None] | None = None
+        self._thread = _WriterThread(self._writer, self._loop, self._on_group_done)
         self.groups_written = 0
         self.records_written = 0
 
@@ -273,25 +316,19 @@ class Journal:
         self._inflight_callbacks = callbacks
         self._inflight_bytes, self._pending_bytes = self._pending_bytes, 0
         self._idle.clear()
-        future = self._loop.run_in_executor(
-            self._executor, self._writer.write_group, runs, self._segment_id + 1
-        )
-        future.add_done_callback(lambda f: self._on_group_done(f, callbacks, end, len(runs)))
+        self._thread.submit((runs, self._segment_id + 1, callbacks, end))
 
-    def _on_group_done(
-        self, future: asyncio.Future[None], callbacks: list[Callback], end: Position, runs: int
-    ) -> None:
+    def _on_group_done(self, group: _Group, error: BaseException | None) -> None:
+        _, _, callbacks, end = group
         self._inflight_callbacks = None
         self._inflight_bytes = 0
-        error = future.exception()
         if error is not None:
             self._fail(error, callbacks)
             return
         self._synced = end
         self.groups_written += 1
         self.records_written += len(callbacks)
-        for callback in callbacks:
-            self._run_callback(callback, None)
+        self._run_callbacks(callbacks, None)
         if self._pressure and self._pending_bytes <= self._config.queue_bytes_max // 2:
             self._set_pressure(False)
         if self._pending_bytes or self._callbacks:
@@ -303,17 +340,22 @@ class Journal:
         wait_ms = self._config.group_wait_ms
         waited_ms = (time.monotonic() - self._first_append_s) * 1000.0
         if wait_ms <= 0 or self._pending_bytes >= self._config.group_bytes or waited_ms >= wait_ms:
-            self._scheduled = self._loop.call_soon(self._flush)
+            self._flush()  # at once, not next tick: a tick of socket reads would delay the writer
         else:
             self._scheduled = self._loop.call_later((wait_ms - waited_ms) / 1000.0, self._flush)
 
     @staticmethod
-    def _run_callback(callback: Callback, error: BaseException | None) -> None:
-        try:
-            callback(error)
-        except Exception:
-            # One broken completion must not strand the acks of every later record in the group.
-            log.exception("journal.callback_failed")
+    def _run_callbacks(callbacks: list[Callback], error: BaseException | None) -> None:
+        remaining = iter(callbacks)
+        while True:
+            try:
+                for callback in remaining:
+                    callback(error)
+                return
+            except Exception:
+                # One broken completion must not strand the acks of the later records in the group:
+                # the iterator resumes after the one that raised.
+                log.exception("journal.callback_failed")
 
     def _fail(self, error: BaseException, callbacks: list[Callback]) -> None:
         log.error("journal.failed", error=repr(error))
@@ -321,8 +363,7 @@ class Journal:
         wrapped = JournalError(f"journal write failed: {error!r}")
         wrapped.__cause__ = error
         pending, self._callbacks = self._callbacks, []
-        for callback in callbacks + pending:
-            self._run_callback(callback, wrapped)
+        self._run_callbacks(callbacks + pending, wrapped)
         self._pending_bytes = 0
         self._set_pressure(False)
         self._idle.set()
@@ -356,11 +397,10 @@ class Journal:
             self._scheduled = None
         error = JournalError("journal aborted")
         pending, self._callbacks = self._callbacks, []
-        for callback in pending:
-            self._run_callback(callback, error)
+        self._run_callbacks(pending, error)
         self._shutdown_thread()
 
     def _shutdown_thread(self) -> None:
-        self._executor.shutdown(wait=True)
+        self._thread.stop()
         with contextlib.suppress(OSError):
             self._writer.close_all()

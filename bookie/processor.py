@@ -80,6 +80,7 @@ def status_for(error: BaseException) -> StatusCode:
 
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _ADD_OP = int(OpCode.ADD_ENTRY)
+_AddEntryRequest = m.AddEntryRequest
 _RECOVERY_ADD = int(AddFlag.RECOVERY_ADD)
 
 
@@ -141,14 +142,18 @@ class Processor:
         finally:
             body.release()
         rid = request.request_id
-        if rid in conn.request_ids:
+        request_ids = conn.request_ids
+        if rid in request_ids:
             conn.complete(
                 None, m.encode_error(_op_of(request), rid, StatusCode.EBADREQ, "duplicate request id")
             )
             return
-        conn.request_ids.add(rid)
+        request_ids.add(rid)
         try:
-            self._handlers[type(request)](conn, request)
+            if type(request) is _AddEntryRequest:  # the hot path skips the table lookup
+                self._add(conn, request)
+            else:
+                self._handlers[type(request)](conn, request)
         except (StorageError, JournalError, OSError) as exc:
             self._error(conn, request, exc)
         except Exception as exc:  # a handler bug: answer EIO, keep serving (logged with trace)
