@@ -9,9 +9,12 @@ The steps, exactly as the seeds and BookKeeper's two TLA+-found bugs require:
    EOK / ENOENTRY / ENOLEDGER prove the fence; anything else (EUA, EIO, EUNKNOWNLEDGERSTATE, a
    timeout, a lost connection) does not. Done once the proven bookies cover every write set with
    ``Qw - Qa + 1`` of its members (ensemble coverage): then no write set has ``Qa`` unfenced bookies
-   left, so the old writer can complete nothing new. Start at
-   ``max(highest LAC, first entry of the last fragment - 1)`` (BOOKKEEPER-2615: a fragment is created
-   at the writer's LAC + 1, so everything before it is settled; never read or rewrite earlier ones).
+   left, so the old writer can complete nothing new. A reply whose last-entry body fails its digest
+   is unknown too. The LAC is the highest header LAC of the digest-verified last entries (as
+   BookKeeper's ReadLastConfirmedOp; the response's ``lac`` field is covered by no digest), -1 for a
+   reply without a body. Start at ``max(that LAC, first entry of the last fragment - 1)``
+   (BOOKKEEPER-2615: a fragment is created at the writer's LAC + 1, so everything before it is
+   settled; never read or rewrite earlier ones).
 3. **Recovery reads** of ``start + 1, start + 2, ...`` to the whole write set, **with FENCE_LEDGER**
    (BOOKKEEPER-2614: a bookie whose fence was lost must be fenced before its "no" is counted,
    otherwise the old writer can still complete the entry on it after we declared it absent).
@@ -20,10 +23,12 @@ The steps, exactly as the seeds and BookKeeper's two TLA+-found bugs require:
    with the retriable :class:`LedgerRecoveryError` (never guess). Timeouts, I/O errors, corrupt
    bodies and EUNKNOWNLEDGERSTATE are *unknown*, never "absent". The last entry is the one before the
    first ABSENT entry; entries after it are ignored even if some bookie has them (seed 004).
-4. **Write back** every found entry with RECOVERY_ADD (passes the fence) to its whole write set. A
-   failing bookie is replaced locally (a new fragment from the lowest entry not yet fully written);
-   the change is persisted only by the close. Reads and write-backs run in a bounded window of
-   entries in flight; decisions are still taken strictly in entry order.
+4. **Write back** every found entry with RECOVERY_ADD (passes the fence) to its whole write set
+   (:mod:`bookkeeper_aio.recovery_writeback`). A failing bookie is replaced locally: a new fragment
+   from the lowest entry not yet fully written, and every entry from there on — including those
+   already fully written to the old write set — goes to the replacement before it counts; the
+   change is persisted only by the close. Reads and write-backs run in a bounded window of entries
+   in flight; decisions are still taken strictly in entry order.
 5. **Close** by CAS: CLOSED, last entry, length. If the CAS finds the ledger CLOSED, someone else
    recovered it: adopt their result (concurrent recoveries converge on whichever closed first).
 
@@ -44,21 +49,14 @@ import structlog
 
 from bookkeeper_aio.connection import Result
 from bookkeeper_aio.context import ClientContext
-from bookkeeper_aio.errors import (
-    BKError,
-    BKInternalError,
-    BKTimeout,
-    LedgerRecoveryError,
-    NoSuchLedger,
-    NotEnoughBookies,
-)
-from bookkeeper_aio.ledger import encode_add_request
+from bookkeeper_aio.errors import BKError, BKInternalError, BKTimeout, LedgerRecoveryError, NoSuchLedger
 from bookkeeper_aio.protocol import messages as m
-from bookkeeper_aio.protocol.codes import LAST_ENTRY, NO_ENTRY, AddFlag, ReadFlag, StatusCode
+from bookkeeper_aio.protocol.codes import LAST_ENTRY, NO_ENTRY, ReadFlag, StatusCode
 from bookkeeper_aio.protocol.digest import Entry, EntryCodec
 from bookkeeper_aio.protocol.errors import DigestMismatch
 from bookkeeper_aio.quorum import DistributionSchedule
 from bookkeeper_aio.read_handle import EntryReader
+from bookkeeper_aio.recovery_writeback import WriteBack, describe
 from metadata import errors as md_errors
 from metadata.ledger import LedgerMetadata, LedgerState
 from metadata.ledgers import UNCHANGED, VersionedLedger, _Unchanged
@@ -249,10 +247,12 @@ class LedgerRecovery:
             for next_done in asyncio.as_completed(tasks):
                 position, bookie_id, response = await next_done
                 if isinstance(response, BKError) or not fence_reply_counts(response.status):
-                    failures.append(f"{bookie_id}: {_describe(response)}")
+                    failures.append(f"{bookie_id}: {describe(response)}")
+                    continue
+                if not self._note_fence_reply(fenced, bookie_id, response):
+                    failures.append(f"{bookie_id}: its last entry fails the digest check")
                     continue
                 answered.add(position)
-                self._note_fence_reply(fenced, bookie_id, response)
                 if schedule.covers_ensemble(answered):
                     break
         finally:
@@ -266,21 +266,34 @@ class LedgerRecovery:
         log.info("recovery.fenced", ledger_id=ledger_id, lac=fenced.lac, hint=fenced.last_entry_hint)
         return fenced
 
-    def _note_fence_reply(self, fenced: _Fenced, bookie_id: str, response: m.Response) -> None:
-        lac = getattr(response, "lac", NO_ENTRY)
-        fenced.lac = max(fenced.lac, lac)
+    def _note_fence_reply(self, fenced: _Fenced, bookie_id: str, response: m.Response) -> bool:
+        """Take a proven fence's evidence; False when its body fails the digest (unknown reply).
+
+        The LAC is the header ``lac`` of the digest-verified last entry, never the response's
+        ``lac`` field: no digest covers that (the bookie keeps the maximum of unverified header
+        LACs and WRITE_LAC values), and an inflated one would start the reads past entries that
+        still need writing back. A reply without a body (no entry, no ledger) contributes -1; a
+        lower start is always safe, it only reads more.
+        """
         body = getattr(response, "body", None)
+        if body is None:
+            return True
         entry_id = getattr(response, "entry_id", NO_ENTRY)
-        if body is None or entry_id < 0:
-            return
         try:
             entry = self._codec.decode(body, self._ledger_id, entry_id)
-        except DigestMismatch:
-            return  # the fence still counts; a corrupt last entry proves nothing
+        except DigestMismatch as mismatch:
+            log.warning(
+                "recovery.corrupt_fence_reply",
+                ledger_id=self._ledger_id,
+                bookie=bookie_id,
+                error=str(mismatch),
+            )
+            return False
         fenced.lac = max(fenced.lac, entry.lac)
         fenced.last_entry_hint = max(fenced.last_entry_hint, entry_id)
         fenced.lengths[entry_id] = entry.length
         fenced.last_stored[bookie_id] = entry_id
+        return True
 
     # ------------------------------------------------------------------ step 5: close
     async def _length_at(self, md: LedgerMetadata, entry_id: int, fenced: _Fenced) -> int:
@@ -341,13 +354,6 @@ def _mark_in_recovery(current: LedgerMetadata) -> LedgerMetadata | _Unchanged:
     if current.state is LedgerState.OPEN:
         return current.in_recovery()
     return UNCHANGED  # CLOSED: done; IN_RECOVERY: join
-
-
-def _describe(response: m.Response | BKError) -> str:
-    if isinstance(response, BKError):
-        return repr(response)
-    name = StatusCode(response.status).name if response.status in StatusCode._value2member_map_ else ""
-    return f"{name or response.status} {response.message or ''}".strip()
 
 
 # ---------------------------------------------------------------------------------- steps 3 + 4
@@ -451,7 +457,7 @@ class _ReadAndReplicate:
         self._last_stored = fenced.last_stored
         self.schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
         self.ensemble = md.ensembles[-1][1]  # every entry past `start` lives in the last fragment
-        self.writer = _WriteBack(self, md.ensembles[-1][1], owner._key)
+        self.writer = WriteBack(self.ctx, self.ledger_id, self.schedule, self.ensemble, owner._key, start)
         self._read_timeout_s = self.ctx.config.read_timeout_s
         self._speculative_delay_s = self.ctx.config.speculative_read_delay_ms / 1000
         self._reads: collections.deque[_EntryRead] = collections.deque()
@@ -528,208 +534,6 @@ class _ReadAndReplicate:
                 op.timer = None
         self._reads.clear()
         self.writer.abort()
-
-
-class _Add:
-    __slots__ = ("acked", "entry_id", "frame_body", "sent_to", "write_set")
-
-    def __init__(self, entry_id: int, body: bytes) -> None:
-        self.entry_id = entry_id
-        self.frame_body = body
-        self.write_set: tuple[str, ...] = ()
-        self.acked: set[str] = set()
-        self.sent_to: set[str] = set()
-
-
-class _WriteBack:
-    """Recovery adds of found entries to their whole write set, with local ensemble changes.
-
-    An entry is done when every bookie of its write set acked. A failing bookie is replaced through
-    the placement policy; the new fragment starts at the lowest entry not yet done and is persisted
-    by the close. Without a replacement the bookie is given up: its entries then need ``Qa`` acks
-    from the rest (what the writer's guarantee was in the first place); fewer is an error.
-    """
-
-    def __init__(self, run: _ReadAndReplicate, ensemble: tuple[str, ...], key: bytes) -> None:
-        self.run = run
-        self.key = key
-        self.ensemble = ensemble
-        self.fragments: list[tuple[int, tuple[str, ...]]] = []
-        self._pending: dict[int, _Add] = {}
-        self._failed: set[str] = set()
-        self._ever_failed: set[str] = set()
-        self._given_up: set[str] = set()
-        self._error: BKError | None = None
-        self._wakeup: asyncio.Future[None] | None = None
-        self._change_task: asyncio.Task[None] | None = None
-        self._next_entry = run.start + 1
-        self.completed = 0
-
-    @property
-    def outstanding(self) -> int:
-        return len(self._pending)
-
-    def _write_set(self, entry_id: int) -> tuple[str, ...]:
-        return tuple(self.ensemble[p] for p in self.run.schedule.write_set(entry_id))
-
-    def add(self, entry_id: int, body: bytes) -> None:
-        """Write back ``body`` exactly as read (verified): re-sent bodies are byte-identical."""
-        self._check()
-        self._next_entry = entry_id + 1
-        op = _Add(entry_id, body)
-        op.write_set = self._write_set(entry_id)
-        self._pending[entry_id] = op
-        for bookie_id in op.write_set:
-            if bookie_id not in self._given_up:
-                self._send(op, bookie_id)
-        self._maybe_done(op)
-
-    def _send(self, op: _Add, bookie_id: str) -> None:
-        pool = self.run.ctx.pool
-        rid = pool.next_request_id()
-        frame = encode_add_request(
-            rid, self.run.ledger_id, op.entry_id, int(AddFlag.RECOVERY_ADD), self.key, op.frame_body
-        )
-        op.sent_to.add(bookie_id)
-        pool.connection(bookie_id).request(rid, frame, self._on_add, op, self.run.ctx.config.add_timeout_s)
-
-    def _on_add(self, op: _Add, bookie_id: str, result: Result) -> None:
-        if self._pending.get(op.entry_id) is not op or bookie_id not in op.write_set:
-            return  # done already, or the bookie was replaced since
-        if not isinstance(result, BKError) and result.status == StatusCode.EOK:
-            op.acked.add(bookie_id)
-            self._maybe_done(op)
-            return
-        error = result if isinstance(result, BKError) else BKError(_describe(result))
-        if bookie_id not in self._failed:
-            log.info(
-                "recovery.bookie_failed", ledger_id=self.run.ledger_id, bookie=bookie_id, error=repr(error)
-            )
-        self._failed.add(bookie_id)
-        if self._change_task is None:
-            self._change_task = self.run.loop.create_task(
-                self._change_ensemble(), name="recovery ensemble change"
-            )
-            self._change_task.add_done_callback(self._change_done)
-
-    def _maybe_done(self, op: _Add) -> None:
-        write_set = op.write_set
-        if len(op.acked) < self.run.ack_quorum:
-            return
-        if all(b in op.acked or b in self._given_up for b in write_set):
-            del self._pending[op.entry_id]
-            self.completed += 1
-            self._wake()
-
-    async def _change_ensemble(self) -> None:
-        ctx = self.run.ctx
-        while self._failed:
-            failed, self._failed = self._failed, set()
-            self._ever_failed |= failed
-            writable = await ctx.directory.writable_bookies()
-            ensemble = list(self.ensemble)
-            replaced: list[str] = []
-            for position, bookie_id in enumerate(ensemble):
-                if bookie_id not in failed:
-                    continue
-                try:
-                    ensemble[position] = ctx.placement.replace_bookie(
-                        ensemble, position, writable, self._ever_failed | set(ensemble)
-                    )
-                    replaced.append(bookie_id)
-                except NotEnoughBookies:
-                    log.warning("recovery.bookie_given_up", ledger_id=self.run.ledger_id, bookie=bookie_id)
-                    self._given_up.add(bookie_id)
-            if replaced:
-                first = min(self._pending, default=self._next_entry)
-                self.ensemble = tuple(ensemble)
-                self.fragments = [f for f in self.fragments if f[0] < first]
-                self.fragments.append((first, self.ensemble))
-                log.info(
-                    "recovery.ensemble_changed",
-                    ledger_id=self.run.ledger_id,
-                    first_entry=first,
-                    replaced=replaced,
-                    ensemble=list(self.ensemble),
-                )
-            self._resend()
-
-    def _resend(self) -> None:
-        for op in list(self._pending.values()):
-            write_set = self._write_set(op.entry_id)
-            if write_set != op.write_set:
-                op.write_set = write_set
-                op.acked.intersection_update(write_set)
-            if sum(1 for b in write_set if b not in self._given_up) < self.run.ack_quorum:
-                self._set_error(NotEnoughBookies(f"entry {op.entry_id}: fewer than Qa bookies left"))
-                return
-            for bookie_id in write_set:
-                if bookie_id not in op.sent_to and bookie_id not in self._given_up:
-                    self._send(op, bookie_id)
-            self._maybe_done(op)
-
-    def _change_done(self, task: asyncio.Task[None]) -> None:
-        self._change_task = None
-        if task.cancelled():
-            return
-        error = task.exception()
-        if error is not None:
-            wrapped = LedgerRecoveryError(f"ledger {self.run.ledger_id}: write-back failed: {error!r}")
-            wrapped.__cause__ = error
-            self._set_error(wrapped)
-        elif self._failed:  # failures that arrived while the task was finishing
-            self._change_task = self.run.loop.create_task(
-                self._change_ensemble(), name="recovery ensemble change"
-            )
-            self._change_task.add_done_callback(self._change_done)
-
-    def _set_error(self, error: BKError) -> None:
-        if self._error is None:
-            self._error = error
-        self._wake()
-
-    def _check(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def _wake(self) -> None:
-        waiter = self._wakeup
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def wait(self, future: asyncio.Future[None]) -> None:
-        """Wait for ``future`` (a read decision); a write-back error raises at once instead."""
-        while not future.done():
-            self._check()
-            self._wakeup = self.run.loop.create_future()
-            future.add_done_callback(self._wake_cb)
-            try:
-                await self._wakeup
-            finally:
-                future.remove_done_callback(self._wake_cb)
-                self._wakeup = None
-        self._check()
-
-    def _wake_cb(self, _: asyncio.Future[None]) -> None:
-        self._wake()
-
-    async def drain(self) -> None:
-        while self._pending:
-            self._check()
-            self._wakeup = self.run.loop.create_future()
-            try:
-                await self._wakeup
-            finally:
-                self._wakeup = None
-        while self._change_task is not None:  # a change whose resends are all done
-            await asyncio.shield(self._change_task)
-        self._check()
-
-    def abort(self) -> None:
-        self._pending.clear()
-        if self._change_task is not None:
-            self._change_task.cancel()
-            self._change_task = None
 
 
 async def recover_ledger(

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import AddFlag
 from tests.harness.fake_bookie import Reply
 from tests.unit.recovery.conftest import PASSWORD, World
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="recovery write-back: an entry already fully written back is not re-sent to the "
-    "replacement bookie although the new fragment (starting at min(pending)) covers it",
-)
 async def test_write_back_ensemble_change_replicates_done_entries_above_fragment_start(world: World) -> None:
     """E=3 Qw=2 Qa=2, one fragment (b0, b1, b2); write sets: e0 -> (b0, b1), e1 -> (b1, b2).
 
@@ -26,8 +19,9 @@ async def test_write_back_ensemble_change_replicates_done_entries_above_fragment
        Only e0 is re-sent to bX. e1 now lives in that fragment too, with write set (bX, b2), but bX
        never received it.
 
-    Consequence: after recovery, e1 (part of the closed ledger) is on 1 bookie of its write set
-    while Qa = 2: one more disk loss (b2) and a readable, recovered entry is gone.
+    Consequence (before the fix): after recovery, e1 (part of the closed ledger) is on 1 bookie of
+    its write set while Qa = 2: one more disk loss (b2) and a readable, recovered entry is gone.
+    Now e1 stays held while e0 is unfinished, is reopened by the change and written to bX too.
     """
     v = await world.ledger([(0, [0, 1, 2])], 2, 2, {0: [0], 1: [0, 1], 2: [1]}, in_flight_from=0)
     b1 = world.cluster.bookies[1]
