@@ -102,6 +102,7 @@ def recover(fileio: FileIO, data_dir: str) -> Recovered:
         path = os.path.join(journal_dir, fmt.segment_name(segment_id))
         data = fileio.map_read(path)
         if data is None:
+            _check_not_behind_checkpoint(segment_id, 0, position)
             continue  # created, never written
         try:
             scan = _scan_segment(data, segment_id, position)
@@ -134,7 +135,9 @@ def _scan_segment(data: mmap.mmap, segment_id: int, position: Position) -> fmt.S
     if not fmt.check_segment_header(data, segment_id):
         if not fmt.is_all_zero(data):
             raise fmt.JournalCorrupt(f"journal segment {segment_id:016x} has no header but holds bytes")
+        _check_not_behind_checkpoint(segment_id, 0, position)
         return None
+    _check_not_behind_checkpoint(segment_id, len(data), position)
     start = position.offset if segment_id == position.segment_id else fmt.SEGMENT_HEADER_BYTES
     scan = fmt.scan(data, start)
     if scan.tail is fmt.Tail.CORRUPT:
@@ -144,6 +147,15 @@ def _scan_segment(data: mmap.mmap, segment_id: int, position: Position) -> fmt.S
             "the bookie's data on this disk cannot be trusted as is."
         )
     return scan
+
+
+def _check_not_behind_checkpoint(segment_id: int, size: int, position: Position) -> None:
+    """The checkpoint's segment must still hold everything the checkpoint indexed."""
+    if segment_id == position.segment_id and position.offset > max(size, fmt.SEGMENT_HEADER_BYTES):
+        raise fmt.JournalCorrupt(
+            f"journal segment {segment_id:016x} holds {size} bytes but the index checkpoint covers "
+            f"{position.offset}: journal data the index points at is gone; refusing to start"
+        )
 
 
 def _cut_torn_tail(fileio: FileIO, journal_dir: str, segment_id: int, end: int, garbage_end: int) -> int:

@@ -289,3 +289,16 @@ def test_fast_add_response_encoding_matches_the_protocol() -> None:
 
     for rid, lid, eid in [(0, 0, 0), (1, 2, 3), (2**64 - 1, 2**63 - 1, 2**63 - 1), (300, 70000, 2**40)]:
         assert encode_add_ok(rid, lid, eid) == m.encode(m.AddEntryResponse(rid, 0, None, lid, eid))
+
+
+async def test_journal_shorter_than_the_checkpoint_refuses(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    for i in range(5):
+        await add(storage, 1, i)
+    await storage.close()  # final checkpoint covers all five entries
+    os.truncate(_journal_file(tmp_path), 100)
+    with pytest.raises(fmt.JournalCorrupt, match="index checkpoint covers"):
+        await Storage.open(config(tmp_path))
+    os.truncate(_journal_file(tmp_path), 0)
+    with pytest.raises(fmt.JournalCorrupt, match="index checkpoint covers"):
+        await Storage.open(config(tmp_path))
