@@ -21,7 +21,7 @@ import crc32c
 import msgpack
 
 from bookie.index import LedgerIndex
-from bookie.journal import Position
+from bookie.journal_format import Position
 from bookie.ledger_state import LedgerState
 
 MAGIC = b"BKIX"

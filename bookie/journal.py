@@ -31,12 +31,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import structlog
 
 from bookie import journal_format as fmt
 from bookie.fileio import FileIO
+from bookie.journal_format import Position
 
 log = structlog.get_logger(__name__)
 
@@ -45,11 +45,6 @@ Callback = Callable[[BaseException | None], None]
 
 class JournalError(Exception):
     """The journal cannot accept or persist records (a disk error, or it is closed)."""
-
-
-class Position(NamedTuple):
-    segment_id: int
-    offset: int
 
 
 SEGMENT_BYTES_MAX = (1 << 32) - 1

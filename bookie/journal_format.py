@@ -76,6 +76,13 @@ class JournalCorrupt(Exception):
     """The journal holds damage that replay must not paper over; the bookie refuses to start."""
 
 
+class Position(NamedTuple):
+    """A place in the journal: segment id and byte offset within it."""
+
+    segment_id: int
+    offset: int
+
+
 class Record(NamedTuple):
     offset: int  # of the record header within its segment
     type: int

@@ -19,7 +19,7 @@ import structlog
 from bookie import checkpoint
 from bookie import journal_format as fmt
 from bookie.fileio import FileIO
-from bookie.journal import Position
+from bookie.journal_format import Position
 from bookie.ledger_state import LedgerState
 
 log = structlog.get_logger(__name__)

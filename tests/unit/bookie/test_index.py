@@ -49,7 +49,7 @@ def test_matches_a_dict(puts: list[tuple[int, int]]) -> None:
 
 def test_checkpoint_round_trip_keeps_everything() -> None:
     from bookie import checkpoint
-    from bookie.journal import Position
+    from bookie.journal_format import Position
     from bookie.ledger_state import LedgerState
 
     state = LedgerState(7)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from bookie import journal_format as fmt
-from bookie.journal import Journal, JournalConfig, JournalError, Position
+from bookie.journal import Journal, JournalConfig, JournalError
+from bookie.journal_format import Position
 
 from .fakes import FaultyFileIO
 

@@ -94,3 +94,21 @@ def test_segment_names_round_trip() -> None:
     assert fmt.parse_segment_name(fmt.segment_name(0xABC)) == 0xABC
     assert fmt.parse_segment_name("segment-zz.log") is None
     assert fmt.parse_segment_name("other") is None
+
+
+@pytest.mark.parametrize("module", ["journal_format", "index", "checkpoint", "cookie"])
+def test_pure_modules_do_no_network_or_event_loop_io(module: str) -> None:
+    """STYLE habit 1: the record format, index and checkpoint serde are pure cores."""
+    import ast
+    from pathlib import Path
+
+    import bookie
+
+    source = (Path(bookie.__file__).parent / f"{module}.py").read_text()
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert not imported & {"asyncio", "socket", "uvloop", "threading"}, imported
