@@ -1,9 +1,10 @@
 """Bookie add-path benchmark: one bookie process, one client process, fsync on.
 
 Closed loop (``--window`` adds in flight, max throughput) and open loop (``--rate`` adds/s, latency),
-for each ``--size``. With ``--bound`` it also runs the no-logic yardstick
-(``shared/tools/replication_bound.py --bookies 1 --qw 1 --qa 1``) in the same session and reports
-ours / bound. Prints one JSON line per run and a final JSON summary (medians over ``--reps``).
+for each ``--size``; also the CPU the bookie and the client process spent per entry. With
+``--bound`` it also runs the no-logic yardstick (``shared/tools/replication_bound.py --bookies 1
+--qw 1 --qa 1``) interleaved with ours, rep by rep, and reports ours / bound. Prints one JSON
+line per run and a final JSON summary (medians over ``--reps``).
 
     python -m benchmarks.bookie_add                      # 1 KiB + 100 B, window 1000, and 5k/s
     python -m benchmarks.bookie_add --sizes 1024 --reps 5 --bound
@@ -148,12 +149,23 @@ def start_bookie(data_dir: str) -> tuple[subprocess.Popen[bytes], int]:
     return proc, int(line.rsplit(":", 1)[1])
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def one_run(size: int, window: int, secs: float, rate: float, parent: str | None) -> dict[str, Any]:
     base = tempfile.mkdtemp(prefix="bookie-bench-", dir=parent)
     proc, port = start_bookie(os.path.join(base, "data"))
     try:
+        bookie_cpu0, client_cpu0 = process_cpu_s(proc.pid), time.process_time()
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(drive(port, size, window, secs, rate, ledger_id=1))
+            result = runner.run(drive(port, size, window, secs, rate, ledger_id=1))
+        entries = result["entries_s"] * secs
+        result["bookie_cpu_us_per_entry"] = (process_cpu_s(proc.pid) - bookie_cpu0) / entries * 1e6
+        result["client_cpu_us_per_entry"] = (time.process_time() - client_cpu0) / entries * 1e6
+        return result
     finally:
         proc.terminate()
         proc.wait()
