@@ -217,3 +217,17 @@ async def test_too_many_in_flight_pauses_reading_not_memory(tmp_path: Path) -> N
     assert {a.status for a in acks} == {StatusCode.EOK}
     client.close()
     proc.cleanup()
+
+
+async def test_journal_backlog_pauses_every_connection_then_resumes(tmp_path: Path) -> None:
+    proc = BookieProcess(tmp_path / "b", bookie_id="b", extra_args=["--journal-queue-bytes-max", "65536"])
+    proc.start()
+    clients = [await WireClient.connect(*proc.address) for _ in range(3)]
+    acks = await asyncio.gather(
+        *(client.add(10 + n, i, b"y" * 1024) for n, client in enumerate(clients) for i in range(1000))
+    )
+    assert {a.status for a in acks} == {StatusCode.EOK}
+    for client in clients:
+        client.close()
+    assert "bookie.journal_pressure" in proc.log_path.read_text()
+    proc.cleanup()
