@@ -19,8 +19,10 @@ from bookie.checkpoint import CheckpointCorrupt
 from bookie.config import BookieConfig, ConfigError, load
 from bookie.cookie import CookieMismatch
 from bookie.journal_format import JournalCorrupt
+from bookie.registration import ClusterNotInitialised, MetadataCookieMismatch, MetadataRegistration
 from bookie.server import BookieServer
 from bookkeeper_aio.logs import configure_logging
+from metadata import MetadataError
 
 log = structlog.get_logger("bookie")
 
@@ -29,10 +31,19 @@ EXIT_REFUSED = 3
 
 
 async def serve(config: BookieConfig) -> int:
-    server = BookieServer(config)
+    registration = (
+        MetadataRegistration(config.metadata, config.registration_ttl_s) if config.metadata else None
+    )
+    server = BookieServer(config, registration)
+    refusals = (
+        *(CookieMismatch, JournalCorrupt, CheckpointCorrupt, BlockingIOError, OSError),
+        *(ClusterNotInitialised, MetadataCookieMismatch, MetadataError),
+    )
     try:
         await server.start()
-    except (CookieMismatch, JournalCorrupt, CheckpointCorrupt, BlockingIOError, OSError) as exc:
+    except refusals as exc:
+        if registration is not None:
+            await registration.close()
         reason = "data dir in use by another process" if isinstance(exc, BlockingIOError) else str(exc)
         log.error("bookie.refused_to_start", reason=reason, error_type=type(exc).__name__)  # noqa: TRY400
         print(f"bookie: refusing to start: {reason}", file=sys.stderr, flush=True)

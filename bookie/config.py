@@ -51,6 +51,12 @@ class BookieConfig:
     frame_read_timeout_s: float = 30.0
     """A started frame must complete this soon after the previous one (slow-loris guard)."""
     log_level: str = "info"
+    metadata: str = ""
+    """Metadata URL (``etcd://HOST:PORT[,HOST:PORT]/ROOT``): the bookie checks its cookie there and
+    registers itself so clients find it. Empty: a standalone bookie that clients address directly."""
+    registration_ttl_s: int = 10
+    """Lease of the registration: a bookie that stops refreshing it vanishes from the writable set
+    after this long (clients then stop choosing it for new ensembles)."""
 
     def validate(self) -> BookieConfig:
         """Return a config with derived defaults filled in; raise :class:`ConfigError`."""
@@ -64,6 +70,8 @@ class BookieConfig:
                 raise ConfigError("bookie_id is required when port is 0 (--bookie-id ID)")
             config = dataclasses.replace(config, bookie_id=f"{config.host}:{config.port}")
         _positive(config, "in_flight_per_connection_max", "connections_max", "journal_group_bytes")
+        if not 2 <= config.registration_ttl_s <= 3600:
+            raise ConfigError(f"registration_ttl_s {config.registration_ttl_s} is out of range 2..3600")
         _positive(config, "journal_queue_bytes_max", "checkpoint_interval_s", "frame_read_timeout_s")
         if not 1024 <= config.frame_bytes_max <= fmt.RECORD_BODY_BYTES_MAX - _RECORD_OVERHEAD_BYTES:
             raise ConfigError(f"frame_bytes_max {config.frame_bytes_max} is out of range")

@@ -49,3 +49,11 @@ def ensure_cookie(fileio: FileIO, data_dir: str, bookie_id: str, has_data: bool)
             f"data dir {data_dir} has layout version {layout}, this bookie reads {LAYOUT_VERSION}"
         )
     return str(instance_id)
+
+
+def read_instance_id(fileio: FileIO, data_dir: str) -> str:
+    """The instance id of an existing cookie (after :func:`ensure_cookie` accepted the dir)."""
+    try:
+        return str(json.loads(fileio.read_file(os.path.join(data_dir, COOKIE_FILE)))["instance_id"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CookieMismatch(f"{data_dir}/{COOKIE_FILE} is unreadable: {exc}") from exc

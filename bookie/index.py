@@ -56,7 +56,9 @@ class LedgerIndex:
         slot = entry_id - self._base
         positions = self._positions
         if 0 <= slot < len(positions):
-            if positions[slot] < 0:
+            # An entry lives in exactly one place: one that went to the overflow before the arrays
+            # grew over its id moves into them now.
+            if positions[slot] < 0 and (not self._overflow or self._overflow.pop(entry_id, None) is None):
                 self.count += 1
             positions[slot] = segment_id << _OFFSET_BITS | offset
             self._lengths[slot] = length
@@ -84,17 +86,16 @@ class LedgerIndex:
 
     def __contains__(self, entry_id: int) -> bool:
         slot = entry_id - self._base
-        if 0 <= slot < len(self._positions):
-            return self._positions[slot] >= 0
+        if 0 <= slot < len(self._positions) and self._positions[slot] >= 0:
+            return True
         return entry_id in self._overflow
 
     def get(self, entry_id: int) -> Location | None:
         slot = entry_id - self._base
         if 0 <= slot < len(self._positions):
             position = self._positions[slot]
-            if position < 0:
-                return None
-            return Location(position >> _OFFSET_BITS, position & _OFFSET_MASK, self._lengths[slot])
+            if position >= 0:
+                return Location(position >> _OFFSET_BITS, position & _OFFSET_MASK, self._lengths[slot])
         found = self._overflow.get(entry_id)
         return None if found is None else Location._make(found)
 
@@ -103,7 +104,7 @@ class LedgerIndex:
         dense = [base + slot for slot, position in enumerate(self._positions) if position >= 0]
         if not self._overflow:
             return dense
-        return sorted(dense + list(self._overflow))
+        return sorted(dense + list(self._overflow))  # disjoint: put() keeps each id in one place
 
     def to_wire(self) -> list[object]:
         """A compact, msgpack-able snapshot (arrays as raw bytes: O(n) in C, no per-entry objects)."""

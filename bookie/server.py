@@ -18,6 +18,7 @@ import structlog
 
 from bookie.config import BookieConfig
 from bookie.connection_handler import BookieConnection, ConnectionLimits
+from bookie.cookie import read_instance_id
 from bookie.processor import Processor
 from bookie.storage import Storage
 
@@ -26,6 +27,9 @@ log = structlog.get_logger(__name__)
 
 class Registration(Protocol):
     """What the server needs from a registration service (e.g. etcd with a lease)."""
+
+    async def verify(self, bookie_id: str, instance_id: str, data_dir: str) -> None:
+        """Check the data dir's identity against metadata before serving (raise to refuse)."""
 
     async def start(self, bookie_id: str, address: str) -> None: ...
 
@@ -52,6 +56,10 @@ class BookieServer:
         self.processor = Processor(self.storage, self.config.bookie_id, self.config.frame_bytes_max)
         loop = asyncio.get_running_loop()
         try:
+            if self.registration is not None:
+                # Before listening: a bookie whose data was wiped must never answer a single read.
+                instance_id = read_instance_id(self.storage.fileio, self.config.data_dir)
+                await self.registration.verify(self.config.bookie_id, instance_id, self.config.data_dir)
             self._server = await loop.create_server(
                 self._new_connection, self.config.host, self.config.port, backlog=1024
             )
@@ -62,7 +70,11 @@ class BookieServer:
         self.address = (host, port)
         log.info("bookie.listening", host=host, port=port, bookie_id=self.config.bookie_id)
         if self.registration is not None:
-            await self.registration.start(self.config.bookie_id, f"{host}:{port}")
+            try:
+                await self.registration.start(self.config.bookie_id, f"{host}:{port}")
+            except BaseException:
+                self.abort()
+                raise
 
     def _new_connection(self) -> asyncio.Protocol:
         assert self.processor is not None

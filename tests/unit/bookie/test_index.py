@@ -10,6 +10,18 @@ from hypothesis import strategies as st
 from bookie.index import DENSE_GAP_MAX, LedgerIndex, Location
 
 
+def test_an_overflow_entry_moves_into_the_arrays_when_they_grow_over_it() -> None:
+    index = LedgerIndex()
+    index.put(0, 1, 0, 1)
+    far = DENSE_GAP_MAX + 1025  # just beyond the reach of the first growth: overflow
+    index.put(far, 1, 1, 2)
+    index.put(1024, 1, 2, 3)  # the arrays grow; ``far`` is now within their reach
+    index.put(far, 1, 3, 4)
+    assert index.items() == [(0, Location(1, 0, 1)), (1024, Location(1, 2, 3)), (far, Location(1, 3, 4))]
+    assert len(index) == 3
+    assert far in index
+
+
 def test_dense_sparse_and_far_ids() -> None:
     index = LedgerIndex()
     assert index.get(0) is None
