@@ -12,6 +12,16 @@ Public API (see docs/api.md)::
         await bk.delete_ledger(lh.id)
 """
 
+import structlog as _structlog
+
+from bookkeeper_aio.logs import configure_logging as _configure_logging
+
+if not _structlog.is_configured():
+    # structlog's unconfigured default prints every level to stdout; a library must not write to
+    # an application's stdout. Warnings and errors go to stderr until the application configures
+    # structlog itself (or calls bookkeeper_aio.logs.configure_logging).
+    _configure_logging(level="warning")
+
 from bookkeeper_aio.client import BookKeeper, password_hash
 from bookkeeper_aio.config import ClientConfig
 from bookkeeper_aio.errors import (

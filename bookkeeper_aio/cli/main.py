@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
         help="where etcd and the bookies keep data (default ~/.bkaio/sandbox)",
     )
     sandbox.add_argument("--no-demo", action="store_true", help="skip the demo")
+    sandbox.add_argument(
+        "--demo-entries", type=int, default=20_000, help="entries the demo writes (default 20000)"
+    )
     sandbox.add_argument("--fresh", action="store_true", help="wipe the data dir first")
     sandbox.add_argument("--no-serve", action="store_true", help="stop right after the demo (for scripts)")
     sandbox.set_defaults(func=None)
@@ -59,7 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise SystemExit("bkaio sandbox: --bookies must be >= 1")
             data_dir = args.data_dir or state.home() / "sandbox"
             return sandbox.run(
-                data_dir.resolve(), args.bookies, not args.no_demo, args.fresh, not args.no_serve
+                data_dir.resolve(),
+                args.bookies,
+                0 if args.no_demo else args.demo_entries,
+                args.fresh,
+                not args.no_serve,
             )
     except (state.NoClusterConfigured, BKError, metadata.MetadataError) as exc:
         print(f"bkaio {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)

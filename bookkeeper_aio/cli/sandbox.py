@@ -40,10 +40,12 @@ class Sandbox:
     root: str = DEFAULT_ROOT
     children: list[Child] = field(default_factory=list)
     metadata_url: str = ""
+    etcd_endpoint: str = ""
     bookie_addresses: list[str] = field(default_factory=list)
 
     def start(self) -> None:
         etcd, endpoint = etcd_child(self.data_dir)
+        self.etcd_endpoint = endpoint
         self.children.append(etcd)
         etcd.start()
         host, port = endpoint.rsplit(":", 1)
@@ -55,8 +57,10 @@ class Sandbox:
         asyncio.run(_wait_registered(self.metadata_url, self.bookies, BOOKIE_READY_TIMEOUT_S))
 
     def _start_bookie(self, index: int) -> None:
+        # A stable id per data directory (the bookie's cookie ties the two); the port may change
+        # between runs, clients find it through the registration.
+        bookie_id = f"bookie-{index}"
         port = free_port()
-        bookie_id = f"127.0.0.1:{port}"
         argv = [
             sys.executable, "-m", "bookie",
             "--data-dir", str(self.data_dir / f"bookie-{index}"),
@@ -67,12 +71,15 @@ class Sandbox:
         child = Child(f"bookie-{index}", argv, self.data_dir / "logs" / f"bookie-{index}.log")
         self.children.append(child)
         child.start()
-        self.bookie_addresses.append(bookie_id)
+        self.bookie_addresses.append(f"127.0.0.1:{port}")
 
     def table(self) -> list[dict[str, Any]]:
         rows = []
-        for child in self.children:
-            rows.append({"process": child.name, "pid": child.pid, "log": str(child.log_path)})
+        addresses = [self.etcd_endpoint, *self.bookie_addresses]
+        for child, address in zip(self.children, addresses, strict=True):
+            rows.append(
+                {"process": child.name, "pid": child.pid, "address": address, "log": str(child.log_path)}
+            )
         return rows
 
     def stop(self) -> None:
@@ -129,7 +136,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def run(data_dir: Path, bookies: int, demo: bool, fresh: bool, serve: bool = True) -> int:
+def run(data_dir: Path, bookies: int, demo_entries: int, fresh: bool, serve: bool = True) -> int:
     if fresh and data_dir.exists():
         shutil.rmtree(data_dir)
     stop_requested = False
@@ -150,8 +157,8 @@ def run(data_dir: Path, bookies: int, demo: bool, fresh: bool, serve: bool = Tru
             )
             print(f"cluster ready: {box.metadata_url}", flush=True)
             output.print_table(box.table())
-            if demo:
-                asyncio.run(run_demo(box.metadata_url))
+            if demo_entries > 0:
+                asyncio.run(run_demo(box.metadata_url, demo_entries))
             if serve:
                 print("serving; Ctrl-C stops every process", flush=True)
                 while all(child.alive() for child in box.children):
