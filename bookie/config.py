@@ -46,6 +46,9 @@ class BookieConfig:
     in_flight_per_connection_max: int = 4096
     """Unanswered requests per connection before it stops being read: a client pipelining 1,000
     adds (the benchmark) never waits, a flood is held at ~4k requests (~4 MiB of 1 KiB adds)."""
+    in_flight_total_max: int = 65536
+    """Unanswered requests across all connections before every socket stops being read: bounds
+    memory whatever the number of connections (~64 MiB of 1 KiB adds)."""
     connections_max: int = 1024
     """Client connections; beyond it new connections are closed at once (bounds memory + fds)."""
     frame_read_timeout_s: float = 30.0
@@ -70,6 +73,7 @@ class BookieConfig:
                 raise ConfigError("bookie_id is required when port is 0 (--bookie-id ID)")
             config = dataclasses.replace(config, bookie_id=f"{config.host}:{config.port}")
         _positive(config, "in_flight_per_connection_max", "connections_max", "journal_group_bytes")
+        _positive(config, "in_flight_total_max")
         if not 2 <= config.registration_ttl_s <= 3600:
             raise ConfigError(f"registration_ttl_s {config.registration_ttl_s} is out of range 2..3600")
         _positive(config, "journal_queue_bytes_max", "checkpoint_interval_s", "frame_read_timeout_s")

@@ -6,7 +6,8 @@ An ``asyncio.Protocol`` (3x cheaper than streams here, DESIGN §10). Rules:
   frame over it closes the connection (the stream cannot be resynchronised).
 - A permit is taken before each request is decoded; at ``in_flight_max`` unanswered requests the
   connection stops reading (``pause_reading``) and leaves the rest of its buffer undecoded until
-  answers free permits. The server can also pause every connection (journal backlog).
+  answers free permits. The server pauses every connection when all of them together hold
+  ``in_flight_total_max`` unanswered requests (:class:`ServerLoad`), or the journal backlog is high.
 - A frame that has started must complete within ``frame_read_timeout_s`` of the last completed
   frame (a client dribbling one byte every few seconds is closed): one timer per connection,
   re-armed on progress, so the hot path pays nothing per frame.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, cast
 
 import structlog
@@ -33,15 +34,43 @@ log = structlog.get_logger(__name__)
 _LENGTH = struct.Struct(">I")
 
 
+class ServerLoad:
+    """Requests unanswered across every connection. At ``limit`` the server stops reading every
+    socket (``on_change(True)``) until half of them are answered (``on_change(False)``)."""
+
+    __slots__ = ("in_flight", "limit", "on_change", "over", "sockets_paused")
+
+    def __init__(self, limit: int, on_change: Callable[[bool], None] | None = None) -> None:
+        self.in_flight = 0
+        self.limit = limit
+        self.over = False
+        self.sockets_paused = False  # set by the server: new connections start paused too
+        self.on_change = on_change
+
+    def check(self) -> None:
+        over = self.in_flight >= self.limit if not self.over else self.in_flight > self.limit // 2
+        if over != self.over:
+            self.over = over
+            if self.on_change is not None:
+                self.on_change(over)
+
+
 class ConnectionLimits:
-    """Per-connection bounds (validated by :mod:`bookie.config`)."""
+    """Per-connection bounds (validated by :mod:`bookie.config`) and the server-wide load."""
 
-    __slots__ = ("frame_bytes_max", "frame_read_timeout_s", "in_flight_max")
+    __slots__ = ("frame_bytes_max", "frame_read_timeout_s", "in_flight_max", "load")
 
-    def __init__(self, frame_bytes_max: int, in_flight_max: int, frame_read_timeout_s: float) -> None:
+    def __init__(
+        self,
+        frame_bytes_max: int,
+        in_flight_max: int,
+        frame_read_timeout_s: float,
+        load: ServerLoad | None = None,
+    ) -> None:
         self.frame_bytes_max = frame_bytes_max
         self.in_flight_max = in_flight_max
         self.frame_read_timeout_s = frame_read_timeout_s
+        self.load = load if load is not None else ServerLoad(1 << 62)
 
 
 class BookieConnection(asyncio.Protocol):
@@ -75,6 +104,8 @@ class BookieConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.peer = str(transport.get_extra_info("peername"))
         self._registry.add(self)
+        if self._limits.load.sockets_paused:
+            self.pause_by_server(True)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -102,6 +133,7 @@ class BookieConnection(asyncio.Protocol):
         limit = self._limits.in_flight_max
         frame_max = self._limits.frame_bytes_max
         dispatch = self._processor.dispatch
+        load = self._limits.load
         # The views handed to dispatch are decoded synchronously and dropped before the buffer is
         # compacted (msgpack copies what it keeps): no copy of the frame on the hot path.
         with memoryview(buf) as view:
@@ -115,6 +147,7 @@ class BookieConnection(asyncio.Protocol):
                 if end > size_total:
                     break
                 self.in_flight += 1
+                load.in_flight += 1
                 dispatch(self, view[pos + 4 : end])
                 pos = end
                 self._frames_since_arm += 1
@@ -122,6 +155,8 @@ class BookieConnection(asyncio.Protocol):
             del buf[:pos]
         if self.closed:
             return
+        if load.in_flight >= load.limit and not load.over:
+            load.check()
         if self.in_flight >= limit and not self._paused_by_permits:
             self._paused_by_permits = True
             self._update_reading()
@@ -172,6 +207,10 @@ class BookieConnection(asyncio.Protocol):
         if request_id is not None:
             self.request_ids.discard(request_id)
         self.in_flight -= 1
+        load = self._limits.load
+        load.in_flight -= 1
+        if load.over and load.in_flight <= load.limit // 2:
+            load.check()
         if self._paused_by_permits and self.in_flight < self._limits.in_flight_max // 2 + 1:
             self._paused_by_permits = False
             self._update_reading()

@@ -17,7 +17,7 @@ from typing import Protocol
 import structlog
 
 from bookie.config import BookieConfig
-from bookie.connection_handler import BookieConnection, ConnectionLimits
+from bookie.connection_handler import BookieConnection, ConnectionLimits, ServerLoad
 from bookie.cookie import read_instance_id
 from bookie.processor import Processor
 from bookie.storage import Storage
@@ -44,8 +44,13 @@ class BookieServer:
         self.processor: Processor | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[BookieConnection] = set()
+        self._load = ServerLoad(config.in_flight_total_max, self._on_load)
+        self._journal_high = False
         self._limits = ConnectionLimits(
-            config.frame_bytes_max, config.in_flight_per_connection_max, config.frame_read_timeout_s
+            config.frame_bytes_max,
+            config.in_flight_per_connection_max,
+            config.frame_read_timeout_s,
+            self._load,
         )
         self.address: tuple[str, int] | None = None
 
@@ -87,8 +92,18 @@ class BookieServer:
 
     def _on_journal_pressure(self, high: bool) -> None:
         log.info("bookie.journal_pressure", high=high, connections=len(self._connections))
+        self._journal_high = high
+        self._update_pause()
+
+    def _on_load(self, over: bool) -> None:
+        log.info("bookie.in_flight_limit", over=over, in_flight=self._load.in_flight, limit=self._load.limit)
+        self._update_pause()
+
+    def _update_pause(self) -> None:
+        paused = self._journal_high or self._load.over
+        self._load.sockets_paused = paused
         for conn in list(self._connections):
-            conn.pause_by_server(high)
+            conn.pause_by_server(paused)
 
     async def close(self) -> None:
         if self.registration is not None:

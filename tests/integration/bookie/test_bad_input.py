@@ -231,3 +231,19 @@ async def test_journal_backlog_pauses_every_connection_then_resumes(tmp_path: Pa
         client.close()
     assert "bookie.journal_pressure" in proc.log_path.read_text()
     proc.cleanup()
+
+
+async def test_total_in_flight_limit_pauses_every_connection_then_resumes(tmp_path: Path) -> None:
+    proc = BookieProcess(tmp_path / "b", bookie_id="b", extra_args=["--in-flight-total-max", "16"])
+    proc.start()
+    clients = [await WireClient.connect(*proc.address) for _ in range(3)]
+    acks = await asyncio.gather(
+        *(client.add(20 + n, i, b"z" * 100) for n, client in enumerate(clients) for i in range(500))
+    )
+    assert {a.status for a in acks} == {StatusCode.EOK}
+    late = await WireClient.connect(*proc.address)  # a connection opened after all that still works
+    assert (await late.add(99, 0, b"late")).status == StatusCode.EOK
+    for client in [*clients, late]:
+        client.close()
+    assert '"over": true' in proc.log_path.read_text()
+    proc.cleanup()

@@ -59,3 +59,8 @@ def test_toml_type_errors_and_unknown_keys(tmp_path: Path) -> None:
         load(["--config", str(toml)], env={})
     with pytest.raises(ConfigError, match="config file"):
         load(["--config", str(tmp_path / "missing.toml")], env={})
+
+
+def test_in_flight_total_max_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="in_flight_total_max"):
+        load(["--data-dir", "/d", "--in-flight-total-max", "0"], env={})
