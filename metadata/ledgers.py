@@ -134,9 +134,9 @@ class LedgerManager:
         data = serde.encode(metadata)
         for _ in range(2):
             try:
-                failpoints.hit(failpoints.CAS_BEFORE, key)
+                failpoints.hit(failpoints.CAS_BEFORE, key=key)
                 version = await self._store.create(key, data)
-                failpoints.hit(failpoints.CAS_AFTER, key)
+                failpoints.hit(failpoints.CAS_AFTER, key=key)
                 return VersionedLedger(metadata, version)
             except CasResultUnknown as unknown:
                 try:
@@ -167,9 +167,9 @@ class LedgerManager:
         """One CAS of ``metadata`` at ``expected_version``. Raises `BadVersion`, `NoSuchLedger`."""
         key = self.keys.ledger(metadata.ledger_id)
         try:
-            failpoints.hit(failpoints.CAS_BEFORE, key)
+            failpoints.hit(failpoints.CAS_BEFORE, key=key)
             version = await self._store.compare_and_set(key, serde.encode(metadata), expected_version)
-            failpoints.hit(failpoints.CAS_AFTER, key)
+            failpoints.hit(failpoints.CAS_AFTER, key=key)
         except NoNode:
             raise NoSuchLedger(metadata.ledger_id, key) from None
         return VersionedLedger(metadata, version)

@@ -19,9 +19,13 @@ def reset_failpoints() -> Iterator[None]:
     failpoints.configure(None)
 
 
-def test_only_metadata_names_are_taken() -> None:
-    failpoints.configure("journal.write=kill, metadata.cas_after=count:2:unknown,metadata.bogus=kill")
-    assert failpoints._active == {"metadata.cas_after": "count:2:unknown"}
+def test_every_name_is_taken_and_bad_specs_are_refused() -> None:
+    failpoints.configure("journal.write=kill, metadata.cas_after=count:2:unknown")
+    assert failpoints._active == {"journal.write": "kill", "metadata.cas_after": "count:2:unknown"}
+    for bad in ("metadata.cas_after", "=kill", "journal.write=explode"):
+        with pytest.raises(failpoints.FailpointError):
+            failpoints.configure(bad)
+    assert failpoints._active == {"journal.write": "kill", "metadata.cas_after": "count:2:unknown"}
 
 
 async def test_cas_before_unavailable_applies_nothing() -> None:
