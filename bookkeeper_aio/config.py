@@ -7,7 +7,11 @@ construction so a bad value fails where it is written, not deep inside the write
 from __future__ import annotations
 
 import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from bookkeeper_aio.errors import BKInterfaceError
 from bookkeeper_aio.protocol.codes import FRAME_BYTES_MAX
@@ -59,6 +63,29 @@ class ClientConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    @classmethod
+    def load(
+        cls, path: str | None = None, env: Mapping[str, str] | None = None, **overrides: Any
+    ) -> ClientConfig:
+        """Defaults <- TOML file (keys at top level or under ``[client]``) <- environment
+        (``BKAIO_CLIENT_<KEY>``) <- ``overrides``. Unknown keys and bad values raise
+        BKInterfaceError naming the key and where it came from."""
+        values: dict[str, Any] = {}
+        if path is not None:
+            try:
+                with open(path, "rb") as handle:
+                    table = tomllib.load(handle)
+            except (OSError, tomllib.TOMLDecodeError) as error:
+                raise BKInterfaceError(f"client config file {path}: {error}") from error
+            table = table.get("client", table)
+            values.update({k: _coerce(k, v, f"config file {path}") for k, v in table.items()})
+        for key, value in (os.environ if env is None else env).items():
+            if key.startswith(ENV_PREFIX):
+                name = key[len(ENV_PREFIX) :].lower()
+                values[name] = _coerce(name, value, f"environment {key}")
+        values.update({k: _coerce(k, v, "argument") for k, v in overrides.items()})
+        return cls(**values)
+
     def validate(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -84,3 +111,23 @@ class ClientConfig:
             raise BKInterfaceError("entry_bytes_max must not exceed frame_bytes_max")
         if self.reconnect_backoff_initial_s > self.reconnect_backoff_max_s:
             raise BKInterfaceError("reconnect_backoff_initial_s must be <= reconnect_backoff_max_s")
+
+
+ENV_PREFIX = "BKAIO_CLIENT_"
+_FIELD_TYPES: dict[str, type] = {f.name: type(f.default) for f in dataclasses.fields(ClientConfig)}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    kind = _FIELD_TYPES.get(name)
+    if kind is None:
+        raise BKInterfaceError(f"{source}: unknown client setting {name!r} (see docs/configuration.md)")
+    try:
+        if isinstance(value, str) and kind is not str:
+            value = kind(value)
+        elif kind is float and type(value) is int:
+            value = float(value)
+    except ValueError:
+        raise BKInterfaceError(f"{source}: {name} must be {kind.__name__}, got {value!r}") from None
+    if type(value) is not kind:
+        raise BKInterfaceError(f"{source}: {name} must be {kind.__name__}, got {value!r}")
+    return value
