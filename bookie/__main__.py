@@ -1,8 +1,10 @@
 """``bookie`` command: run one bookie until SIGTERM/SIGINT.
 
 Prints ``READY <host>:<port>`` on stdout (flushed) once it serves, so harnesses started with
-``--port 0`` can find it; logs go to stderr (structlog). Exit codes: 0 clean shutdown, 2 bad
-configuration, 3 refused to start (data dir guard, corrupt journal/checkpoint, bind failure).
+``--port 0`` can find it (then ``ADMIN <host>:<port>`` when the admin endpoint is enabled: a
+second line, so readers of the first are unchanged); logs go to stderr (structlog). Exit codes:
+0 clean shutdown, 2 bad configuration, 3 refused to start (data dir guard, corrupt
+journal/checkpoint, bind failure).
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ async def serve(config: BookieConfig) -> int:
     assert server.address is not None
     host, port = server.address
     print(f"READY {host}:{port}", flush=True)
+    if server.admin_address is not None:
+        print(f"ADMIN {server.admin_address}", flush=True)
     await stop.wait()
     log.info("bookie.stopping", bookie_id=config.bookie_id)
     await server.close()

@@ -60,6 +60,10 @@ class BookieConfig:
     registration_ttl_s: int = 10
     """Lease of the registration: a bookie that stops refreshing it vanishes from the writable set
     after this long (clients then stop choosing it for new ensembles)."""
+    admin_host: str = "127.0.0.1"
+    """Listen address of the admin HTTP endpoint (``/health``, ``/ready``, ``/metrics``, ``/state``)."""
+    admin_port: int = -1
+    """Admin HTTP port: -1 = disabled, 0 = ephemeral (the bookie prints ``ADMIN host:port``)."""
 
     def validate(self) -> BookieConfig:
         """Return a config with derived defaults filled in; raise :class:`ConfigError`."""
@@ -67,6 +71,8 @@ class BookieConfig:
             raise ConfigError("data_dir is required (--data-dir DIR)")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port {self.port} is out of range 0..65535")
+        if not -1 <= self.admin_port <= 65535:
+            raise ConfigError(f"admin_port {self.admin_port} is out of range -1..65535 (-1 = disabled)")
         config = self
         if not config.bookie_id:
             if config.port == 0:

@@ -96,6 +96,10 @@ class BookieConnection(asyncio.Protocol):
         self.closed = False
         self.peer = "?"
 
+    @property
+    def processor(self) -> Processor:
+        return self._processor
+
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass

@@ -37,6 +37,7 @@ import structlog
 from bookie import journal_format as fmt
 from bookie.fileio import FileIO
 from bookie.journal_format import Position
+from bookie.stats import FSYNC_SECONDS_BOUNDS, GROUP_RECORDS_BOUNDS, BucketHistogram
 
 log = structlog.get_logger(__name__)
 
@@ -105,6 +106,7 @@ class _Writer:
         self.segment_bytes = segment_bytes
         self.fds: dict[int, int] = {}
         self.allocated: dict[int, int] = {}
+        self.sync_seconds = BucketHistogram(FSYNC_SECONDS_BOUNDS)  # observed here, read at scrape
 
     def _path(self, segment_id: int) -> str:
         return os.path.join(self.directory, fmt.segment_name(segment_id))
@@ -148,7 +150,9 @@ class _Writer:
             data = b"".join(run.parts)
             self._ensure_allocated(run.segment_id, fd, run.offset + len(data))
             self.fileio.journal_write(fd, data, run.offset)
+            sync_start_s = time.perf_counter()
             self.fileio.journal_sync(fd)
+            self.sync_seconds.observe(time.perf_counter() - sync_start_s)
             if i != last:
                 self.close_segment(run.segment_id)
         if spare_segment_id not in self.fds:
@@ -233,6 +237,9 @@ class Journal:
         self._thread = _WriterThread(self._writer, self._loop, self._on_group_done)
         self.groups_written = 0
         self.records_written = 0
+        self.bytes_written = 0
+        self.group_records = BucketHistogram(GROUP_RECORDS_BOUNDS)
+        self.sync_seconds = self._writer.sync_seconds
 
     @property
     def synced_position(self) -> Position:
@@ -242,6 +249,22 @@ class Journal:
     @property
     def failed(self) -> BaseException | None:
         return self._failed
+
+    @property
+    def queue_bytes(self) -> int:
+        """Bytes appended but not yet durable (gathering + in the group being written)."""
+        return self._pending_bytes + self._inflight_bytes
+
+    @property
+    def queue_records(self) -> int:
+        """Completions waiting for an fdatasync (gathering + in the group being written)."""
+        inflight = self._inflight_callbacks
+        return len(self._callbacks) + (len(inflight) if inflight is not None else 0)
+
+    @property
+    def under_pressure(self) -> bool:
+        """True while the backlog is over ``queue_bytes_max`` (sockets are not being read)."""
+        return self._pressure
 
     def append(self, parts: tuple[bytes, ...], callback: Callback | None) -> tuple[int, int]:
         """Queue one record (given as byte parts) and return ``(segment_id, offset)`` where it
@@ -316,13 +339,15 @@ class Journal:
     def _on_group_done(self, group: _Group, error: BaseException | None) -> None:
         _, _, callbacks, end = group
         self._inflight_callbacks = None
-        self._inflight_bytes = 0
+        group_bytes, self._inflight_bytes = self._inflight_bytes, 0
         if error is not None:
             self._fail(error, callbacks)
             return
         self._synced = end
         self.groups_written += 1
         self.records_written += len(callbacks)
+        self.bytes_written += group_bytes
+        self.group_records.observe(len(callbacks))
         self._run_callbacks(callbacks, None)
         if self._pressure and self._pending_bytes <= self._config.queue_bytes_max // 2:
             self._set_pressure(False)

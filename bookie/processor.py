@@ -106,7 +106,9 @@ class _AddReply(AddCompletion):
             failpoints.hit(failpoints.BEFORE_ACK)
             frame = encode_add_ok(self.request_id, self.ledger_id, self.entry_id)
         else:
-            frame = m.encode_error(_ADD_OP, self.request_id, status_for(error), str(error))
+            status = status_for(error)
+            self.conn.processor.count_error(status)
+            frame = m.encode_error(_ADD_OP, self.request_id, status, str(error))
         self.conn.complete(self.request_id, frame)
 
 
@@ -130,6 +132,13 @@ class Processor:
             m.GetBookieInfoRequest: self._bookie_info,
             m.GetListOfEntriesRequest: self._list_entries,
         }
+        # Counters read at scrape time by bookie.metrics (plain ints: no metrics library per request).
+        self.adds = 0
+        self.requests: dict[type[Any], int] = dict.fromkeys(self._handlers, 0)
+        """Requests by type, except adds (counted in ``adds``: the hot path skips the dict)."""
+        self.entries_read = 0
+        self.errors: dict[int, int] = {}
+        """Error responses by wire status (including a bad frame that closed its connection)."""
 
     # ------------------------------------------------------------------ dispatch
     def dispatch(self, conn: BookieConnection, body: memoryview) -> None:
@@ -144,6 +153,7 @@ class Processor:
         rid = request.request_id
         request_ids = conn.request_ids
         if rid in request_ids:
+            self.count_error(StatusCode.EBADREQ)
             conn.complete(
                 None, m.encode_error(_op_of(request), rid, StatusCode.EBADREQ, "duplicate request id")
             )
@@ -151,8 +161,10 @@ class Processor:
         request_ids.add(rid)
         try:
             if type(request) is _AddEntryRequest:  # the hot path skips the table lookup
+                self.adds += 1
                 self._add(conn, request)
             else:
+                self.requests[type(request)] += 1
                 self._handlers[type(request)](conn, request)
         except (StorageError, JournalError, OSError) as exc:
             self._error(conn, request, exc)
@@ -160,7 +172,16 @@ class Processor:
             log.exception("processor.handler_failed", op=_op_of(request))
             self._error(conn, request, exc)
 
+    def count_error(self, status: int) -> None:
+        """Count one error response (not on the success path)."""
+        self.errors[status] = self.errors.get(status, 0) + 1
+
+    def long_poll_waiters(self) -> int:
+        """Long-poll reads parked on this bookie (at scrape time: O(connections))."""
+        return sum(len(waiters) for waiters in self._waiters.values())
+
     def _bad_frame(self, conn: BookieConnection, exc: ProtocolError) -> None:
+        self.count_error(StatusCode.EBADREQ)
         if exc.request_id is None:
             log.warning("connection.bad_frame", peer=conn.peer, error=str(exc))
             conn.complete(None, None)
@@ -171,9 +192,9 @@ class Processor:
 
     def _error(self, conn: BookieConnection, request: Any, exc: BaseException) -> None:
         rid = request.request_id
-        conn.complete(
-            rid, m.encode_error(_op_of(request), rid, status_for(exc), str(exc) or type(exc).__name__)
-        )
+        status = status_for(exc)
+        self.count_error(status)
+        conn.complete(rid, m.encode_error(_op_of(request), rid, status, str(exc) or type(exc).__name__))
 
     def connection_lost(self, conn: BookieConnection) -> None:
         for waiter in self._waiters.pop(conn, ()):
@@ -248,9 +269,11 @@ class Processor:
             else:
                 entry_id, body = await self.storage.read_entry(lid, req.entry_id)
                 frame = m.encode(m.ReadEntryResponse(rid, 0, None, lid, entry_id, body, state.lac))
+                self.entries_read += 1
         except asyncio.CancelledError:
             raise
         except NoEntry as exc:
+            self.count_error(StatusCode.ENOENTRY)
             lac = state.lac
             frame = m.encode(
                 m.ReadEntryResponse(rid, StatusCode.ENOENTRY, str(exc), lid, req.entry_id, None, lac)
@@ -258,7 +281,9 @@ class Processor:
         except Exception as exc:
             if not isinstance(exc, StorageError | OSError):
                 log.exception("processor.read_failed", ledger_id=lid, entry_id=req.entry_id)
-            frame = m.encode_error(OpCode.READ_ENTRY, rid, status_for(exc), str(exc) or type(exc).__name__)
+            status = status_for(exc)
+            self.count_error(status)
+            frame = m.encode_error(OpCode.READ_ENTRY, rid, status, str(exc) or type(exc).__name__)
         conn.complete(rid, frame)
 
     def _long_poll(self, conn: BookieConnection, req: m.ReadEntryRequest) -> None:
@@ -314,18 +339,22 @@ class Processor:
             state = self.storage.ledger(lid)
             bodies = await self.storage.read_range(lid, req.start_entry_id, req.max_count, bytes_max)
             frame = m.encode(m.BatchReadResponse(rid, 0, None, lid, req.start_entry_id, bodies, state.lac))
+            self.entries_read += len(bodies)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             if not isinstance(exc, StorageError | OSError):
                 log.exception("processor.read_failed", ledger_id=lid, entry_id=req.start_entry_id)
-            frame = m.encode_error(OpCode.BATCH_READ, rid, status_for(exc), str(exc) or type(exc).__name__)
+            status = status_for(exc)
+            self.count_error(status)
+            frame = m.encode_error(OpCode.BATCH_READ, rid, status, str(exc) or type(exc).__name__)
         conn.complete(rid, frame)
 
     # ------------------------------------------------------------------ misc
     def _hello(self, conn: BookieConnection, req: m.HelloRequest) -> None:
         if req.protocol_version != PROTOCOL_VERSION:
             message = f"bookie speaks protocol version {PROTOCOL_VERSION}, not {req.protocol_version}"
+            self.count_error(StatusCode.EBADVERSION)
             conn.complete(
                 req.request_id, m.encode_error(OpCode.HELLO, req.request_id, StatusCode.EBADVERSION, message)
             )

@@ -6,19 +6,26 @@
 ``close()`` is graceful and bounded: deregister, stop accepting, stop reading, let accepted adds
 become durable and answered, close connections, flush and close the journal, checkpoint.
 ``abort()`` drops everything at once.
+
+With ``admin_port >= 0`` an admin HTTP server (:mod:`bookie.admin`: ``/health``, ``/ready``,
+``/metrics``, ``/state``) is started first, so probes and scrapes answer during a long recovery
+too, and closed last, so they see the bookie stopping.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Protocol
 
 import structlog
 
+from bookie.admin import AdminServer
 from bookie.config import BookieConfig
 from bookie.connection_handler import BookieConnection, ConnectionLimits, ServerLoad
 from bookie.cookie import read_instance_id
+from bookie.metrics import Snapshot, snapshot
 from bookie.processor import Processor
 from bookie.storage import Storage
 
@@ -53,10 +60,43 @@ class BookieServer:
             self._load,
         )
         self.address: tuple[str, int] | None = None
+        self.ready = False
+        """Listening, and registered when there is a registration; False again once closing."""
+        self.closing = False
+        self.connections_refused = 0
+        self.started_s = time.monotonic()
+        self.admin: AdminServer | None = None
+        if config.admin_port >= 0:
+            self.admin = AdminServer(self.snapshot, config.admin_host, config.admin_port)
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    @property
+    def load(self) -> ServerLoad:
+        return self._load
+
+    @property
+    def admin_address(self) -> str | None:
+        if self.admin is None or self.admin.address is None:
+            return None
+        return "{}:{}".format(*self.admin.address)
+
+    def snapshot(self) -> Snapshot:
+        """Counters, state and disk status for metrics and the admin endpoint (on the loop)."""
+        return snapshot(self)
 
     async def start(self) -> None:
         """Recover storage, listen, register. Raises what Storage.open raises, or OSError (bind)."""
-        self.storage = await Storage.open(self.config.storage_config())
+        if self.admin is not None:
+            await self.admin.start()
+        try:
+            self.storage = await Storage.open(self.config.storage_config())
+        except BaseException:
+            if self.admin is not None:
+                self.admin.abort()
+            raise
         self.storage.journal.on_pressure = self._on_journal_pressure
         self.processor = Processor(self.storage, self.config.bookie_id, self.config.frame_bytes_max)
         loop = asyncio.get_running_loop()
@@ -70,6 +110,8 @@ class BookieServer:
             )
         except BaseException:
             self.storage.abort()
+            if self.admin is not None:
+                self.admin.abort()
             raise
         host, port = self._server.sockets[0].getsockname()[:2]
         self.address = (host, port)
@@ -80,6 +122,7 @@ class BookieServer:
             except BaseException:
                 self.abort()
                 raise
+        self.ready = True
 
     def _new_connection(self) -> asyncio.Protocol:
         assert self.processor is not None
@@ -87,6 +130,7 @@ class BookieServer:
             log.warning(
                 "bookie.connection_refused", reason="connections_max", limit=self.config.connections_max
             )
+            self.connections_refused += 1
             return _Refuse()
         return BookieConnection(self.processor, self._limits, self._connections)
 
@@ -106,6 +150,8 @@ class BookieServer:
             conn.pause_by_server(paused)
 
     async def close(self) -> None:
+        self.closing = True
+        self.ready = False
         if self.registration is not None:
             with contextlib.suppress(Exception):
                 await self.registration.close()
@@ -124,9 +170,15 @@ class BookieServer:
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        if self.admin is not None:
+            await self.admin.close()
         log.info("bookie.closed", bookie_id=self.config.bookie_id)
 
     def abort(self) -> None:
+        self.closing = True
+        self.ready = False
+        if self.admin is not None:
+            self.admin.abort()
         if self._server is not None:
             self._server.close()
         for conn in list(self._connections):

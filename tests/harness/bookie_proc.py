@@ -6,6 +6,7 @@
     proc.restart()                     # same data dir, same port
     proc.pause(); proc.resume()        # SIGSTOP / SIGCONT
     proc.stop()                        # SIGTERM, waits for a clean exit, returns the exit code
+    proc.admin_address()               # with extra_args ["--admin-port", "0"]: the ADMIN line
 
 ``extra_args`` are passed to ``bookie`` (e.g. ``["--frame-read-timeout-s", "1"]``), ``env`` is added
 to the environment (e.g. ``{"BKAIO_FAILPOINTS": "journal.after_fdatasync=count:20:kill"}``). The
@@ -54,6 +55,8 @@ class BookieProcess:
         self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir.with_name(self.data_dir.name + ".log")
+        self._stdout_rest = b""
+        self._admin: tuple[str, int] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def command(self) -> list[str]:
@@ -97,6 +100,8 @@ class BookieProcess:
                     if b"\n" in buffered:
                         line = buffered.split(b"\n", 1)[0].decode()
                         if line.startswith("READY "):
+                            self._stdout_rest = buffered.split(b"\n", 1)[1]
+                            self._admin = None
                             return line
                         break
         if self.proc.poll() is None:
@@ -107,6 +112,32 @@ class BookieProcess:
             self.proc.returncode,
             self.log_tail(),
         )
+
+    def admin_address(self, timeout_s: float = 5.0) -> tuple[str, int]:
+        """``host, port`` from the ``ADMIN host:port`` line the bookie prints after READY when
+        started with ``--admin-port``; raises ``TimeoutError`` if it does not come."""
+        if self._admin is not None:
+            return self._admin
+        assert self.proc is not None
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.proc.stdout, selectors.EVENT_READ)
+            while b"\n" not in self._stdout_rest:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not selector.select(timeout=remaining):
+                    raise TimeoutError("bookie printed no ADMIN line")
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                if not chunk:
+                    raise TimeoutError("bookie closed stdout before an ADMIN line")
+                self._stdout_rest += chunk
+        line, self._stdout_rest = self._stdout_rest.split(b"\n", 1)
+        text = line.decode()
+        if not text.startswith("ADMIN "):
+            raise RuntimeError(f"expected an ADMIN line, got {text!r}")
+        host, _, port = text.removeprefix("ADMIN ").rpartition(":")
+        self._admin = (host, int(port))
+        return self._admin
 
     def start_expect_failure(self, timeout_s: float = READY_TIMEOUT_S) -> int:
         """Start a bookie that must refuse to start; returns its exit code."""
