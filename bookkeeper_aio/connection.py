@@ -11,9 +11,14 @@ Rules (STYLE habits 3, 4, 7; DESIGN §10 for the performance choices):
   Callbacks are never called re-entrantly from :meth:`request`; failures discovered there are
   delivered on the next loop iteration.
 - Frames queued in one event-loop tick go out in one ``transport.write`` (coalescing is worth 2.4x).
-- Every request has a deadline. Requests with the connection's standard timeout have monotone
-  deadlines and are expired by one periodic sweep from the head of the (insertion-ordered) dict;
-  others (long polls) get their own timer.
+- Every request has a deadline. Requests with the connection's standard timeout carry no
+  per-request state for it: they are grouped by the write tick that sends them (one mark per
+  group: the group's first request id and the time its last request was made plus the timeout) and
+  expired by one periodic sweep from the head of the (insertion-ordered) dict; others (long polls)
+  get their own timer. Request ids on one connection must increase (they come from the pool's
+  counter and are used at once).
+- Responses are framed straight out of the receive buffer (no per-frame copy) and a successful ADD
+  answer, the hot path, is validated inline; everything else goes through the generic decoder.
 - Losing the connection fails every pending request with :class:`BookieConnectionLost` whose
   ``__cause__`` is the trigger. ``close()`` is graceful (sends what is queued), ``abort()`` immediate;
   both fail pending requests.
@@ -22,11 +27,13 @@ Rules (STYLE habits 3, 4, 7; DESIGN §10 for the performance choices):
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import socket
 from collections.abc import Callable
 from typing import Any, cast
 
+import msgpack
 import structlog
 
 from bookkeeper_aio.errors import (
@@ -37,9 +44,9 @@ from bookkeeper_aio.errors import (
     TooManyRequests,
 )
 from bookkeeper_aio.protocol import messages as m
-from bookkeeper_aio.protocol.codes import PROTOCOL_VERSION, StatusCode
-from bookkeeper_aio.protocol.errors import ProtocolError
-from bookkeeper_aio.protocol.framing import FrameDecoder
+from bookkeeper_aio.protocol.codes import ID_MAX, PROTOCOL_VERSION, REQUEST_ID_MAX, OpCode, StatusCode
+from bookkeeper_aio.protocol.errors import FrameTooLarge, ProtocolError
+from bookkeeper_aio.protocol.framing import LENGTH, LENGTH_BYTES
 
 log = structlog.get_logger(__name__)
 
@@ -51,14 +58,25 @@ SWEEP_INTERVAL_S_MIN = 0.01
 """Timeout sweeps run at most this often: a deadline fires within one sweep interval after it."""
 
 
+_UNPACK_ERRORS = (ValueError, TypeError, OverflowError, msgpack.UnpackException)
+
+
 class ConnectionState(enum.Enum):
     CONNECTING = "connecting"
     READY = "ready"
     CLOSED = "closed"
 
 
-# (callback, context, deadline_s, own_timer or None)
-_Pending = tuple[ResponseCallback, Any, float, asyncio.TimerHandle | None]
+# (callback, context)
+_Pending = tuple[ResponseCallback, Any]
+_CLOSED = ConnectionState.CLOSED
+_READY = ConnectionState.READY
+_OPEN_GROUP = float("inf")
+_ADD = int(OpCode.ADD_ENTRY)
+_unpackb = msgpack.unpackb
+_length_at = LENGTH.unpack_from
+_new_tuple = tuple.__new__
+_AddEntryResponse = m.AddEntryResponse
 
 
 class BookieConnection(asyncio.Protocol):
@@ -84,7 +102,13 @@ class BookieConnection(asyncio.Protocol):
         self._sweep_interval_s = max(SWEEP_INTERVAL_S_MIN, standard_timeout_s / 20)
         self._pending_max = pending_max
         self._pending: dict[int, _Pending] = {}
-        self._decoder = FrameDecoder(frame_bytes_max)
+        self._timers: dict[int, asyncio.TimerHandle] = {}  # requests with their own deadline
+        # Standard-timeout requests: one [expires_at, first request id] per group (see module doc);
+        # the newest group is open (expires_at infinite) until the tick that sends it is flushed.
+        self._marks: collections.deque[list[float]] = collections.deque()
+        self._group_open = False
+        self._frame_bytes_max = frame_bytes_max
+        self._buf = bytearray()
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -118,24 +142,29 @@ class BookieConnection(asyncio.Protocol):
     def request(
         self, request_id: int, frame: bytes, callback: ResponseCallback, context: Any, timeout_s: float
     ) -> None:
-        """Send ``frame`` (a whole encoded request whose id is ``request_id``); exactly one
-        ``callback(context, bookie_id, result)`` follows."""
-        if self.state is ConnectionState.CLOSED:
+        """Send ``frame`` (a whole encoded request whose id is ``request_id``, higher than any
+        earlier one on this connection); exactly one ``callback(context, bookie_id, result)``
+        follows."""
+        if self.state is _CLOSED:
             error = BookieConnectionLost(f"connection to {self.bookie_id} is closed")
             error.__cause__ = self._error
             self._loop.call_soon(callback, context, self.bookie_id, error)
             return
-        if len(self._pending) >= self._pending_max:
+        pending = self._pending
+        if len(pending) >= self._pending_max:
             overload = TooManyRequests(f"{self._pending_max} requests pending on {self.bookie_id}")
             self._loop.call_soon(callback, context, self.bookie_id, overload)
             return
-        deadline = self._time() + timeout_s
-        timer = None
         if timeout_s != self._standard_timeout_s:
-            timer = self._loop.call_at(deadline, self._expire_one, request_id)
-        elif self._sweep is None:
-            self._sweep = self._loop.call_later(self._sweep_interval_s, self._sweep_expired)
-        self._pending[request_id] = (callback, context, deadline, timer)
+            self._timers[request_id] = self._loop.call_at(
+                self._time() + timeout_s, self._expire_one, request_id
+            )
+        elif not self._group_open:
+            self._group_open = True
+            self._marks.append([_OPEN_GROUP, request_id])
+            if self._sweep is None:
+                self._sweep = self._loop.call_later(self._sweep_interval_s, self._sweep_expired)
+        pending[request_id] = (callback, context)
         self._out.append(frame)
         if not self._flush_scheduled and self._transport is not None:
             self._flush_scheduled = True
@@ -143,9 +172,10 @@ class BookieConnection(asyncio.Protocol):
 
     def forget(self, request_id: int) -> None:
         """Drop a pending request without calling its callback (its answer will be ignored)."""
-        entry = self._pending.pop(request_id, None)
-        if entry is not None and entry[3] is not None:
-            entry[3].cancel()
+        self._pending.pop(request_id, None)
+        timer = self._timers.pop(request_id, None)
+        if timer is not None:
+            timer.cancel()
 
     def close(self) -> None:
         """Graceful: queued frames are written, then the connection closes; pending requests fail."""
@@ -181,22 +211,61 @@ class BookieConnection(asyncio.Protocol):
             self._flush()
 
     def data_received(self, data: bytes) -> None:
-        decoder = self._decoder
-        decoder.feed(data)
+        buf = self._buf
+        buf += data
         pending = self._pending
+        timers = self._timers
         bookie_id = self.bookie_id
+        pos, size = 0, len(buf)
         try:
-            while (body := decoder.next_frame()) is not None:
-                response = m.decode_response(body)
-                entry = pending.pop(response.request_id, None)
-                if entry is None:
-                    continue  # late (timed out / failed / forgotten) or unknown: ignored
-                if entry[3] is not None:
-                    entry[3].cancel()
-                entry[0](entry[1], bookie_id, response)
+            with memoryview(buf) as view:
+                while size - pos >= LENGTH_BYTES:
+                    (length,) = _length_at(buf, pos)
+                    if length > self._frame_bytes_max:
+                        raise FrameTooLarge(length, self._frame_bytes_max)
+                    start = pos + LENGTH_BYTES
+                    end = start + length
+                    if end > size:
+                        break
+                    pos = end
+                    try:
+                        obj = _unpackb(view[start:end])
+                    except _UNPACK_ERRORS as exc:
+                        raise ProtocolError(f"frame is not one valid msgpack value: {exc!r}") from None
+                    # Hot path: [ADD_ENTRY, request_id, EOK, nil, ledger_id, entry_id], checked as
+                    # strictly as the generic decoder does (ints, not bools, in range).
+                    if (
+                        type(obj) is list
+                        and len(obj) == 6
+                        and obj[0] == _ADD
+                        and obj[2] == 0
+                        and obj[3] is None
+                        and type(obj[0]) is int
+                        and type(rid := obj[1]) is int
+                        and type(obj[2]) is int
+                        and type(lid := obj[4]) is int
+                        and type(eid := obj[5]) is int
+                        and 0 <= rid <= REQUEST_ID_MAX
+                        and 0 <= lid <= ID_MAX
+                        and 0 <= eid <= ID_MAX
+                    ):
+                        response: m.Response = _new_tuple(_AddEntryResponse, (rid, 0, None, lid, eid))
+                    else:
+                        response = m.decode_response_object(obj)
+                        rid = response.request_id
+                    entry = pending.pop(rid, None)
+                    if entry is None:
+                        continue  # late (timed out / failed / forgotten) or unknown: ignored
+                    if timers and (timer := timers.pop(rid, None)) is not None:
+                        timer.cancel()
+                    entry[0](entry[1], bookie_id, response)
         except ProtocolError as error:
             log.warning("bookie.protocol_error", bookie=bookie_id, error=str(error))
             self.fail(error)
+            return
+        finally:
+            if pos and self._buf is buf:
+                del buf[:pos]
 
     def connection_lost(self, exc: Exception | None) -> None:
         cause: BaseException = exc or ConnectionResetError(f"{self.bookie_id} closed the connection")
@@ -205,31 +274,49 @@ class BookieConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ internals
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self._out and self._transport is not None and self.state is ConnectionState.READY:
+        if self._group_open:
+            self._close_group()
+        if self._out and self._transport is not None and self.state is _READY:
             out = self._out
             self._out = []
             self._transport.write(out[0] if len(out) == 1 else b"".join(out))
 
+    def _close_group(self) -> None:
+        """Every request of the open group was made by now: its deadline is now + the timeout."""
+        self._group_open = False
+        self._marks[-1][0] = self._time() + self._standard_timeout_s
+
     def _sweep_expired(self) -> None:
         self._sweep = None
-        now = self._loop.time()
-        expired: list[int] = []
-        for request_id, entry in self._pending.items():
-            if entry[3] is not None:
-                continue
-            if entry[2] > now:
-                break
-            expired.append(request_id)
-        for request_id in expired:
-            self._expire_one(request_id)
-        if self._pending and self.state is not ConnectionState.CLOSED:
+        if self.state is _CLOSED:
+            return
+        if self._group_open:
+            self._close_group()
+        now = self._time()
+        marks = self._marks
+        if marks and marks[0][0] <= now:
+            while marks and marks[0][0] <= now:
+                marks.popleft()
+            # Standard requests below the first live group's first id have expired.
+            limit = marks[0][1] if marks else _OPEN_GROUP
+            timers = self._timers
+            expired: list[int] = []
+            for request_id in self._pending:
+                if request_id >= limit:
+                    break
+                if request_id not in timers:
+                    expired.append(request_id)
+            for request_id in expired:
+                self._expire_one(request_id)
+        if marks and self.state is not _CLOSED:
             self._sweep = self._loop.call_later(self._sweep_interval_s, self._sweep_expired)
 
     def _expire_one(self, request_id: int) -> None:
+        self._timers.pop(request_id, None)
         entry = self._pending.pop(request_id, None)
         if entry is None:
             return
-        callback, context, _deadline, _ = entry
+        callback, context = entry
         callback(context, self.bookie_id, BKTimeout(f"no answer from {self.bookie_id} in time"))
 
     def _shutdown(self, cause: BaseException | None, *, abort: bool) -> None:
@@ -250,9 +337,14 @@ class BookieConnection(asyncio.Protocol):
         if transport is not None:
             transport.abort() if abort else transport.close()
         pending, self._pending = self._pending, {}
-        for callback, context, _, timer in pending.values():
-            if timer is not None:
-                timer.cancel()
+        timers, self._timers = self._timers, {}
+        self._marks.clear()
+        self._group_open = False
+        for timer in timers.values():
+            timer.cancel()
+        entries = list(pending.values())
+        pending.clear()  # a data_received loop still holding the dict finds nothing to answer twice
+        for callback, context in entries:
             lost = BookieConnectionLost(f"connection to {self.bookie_id} closed with the request pending")
             lost.__cause__ = cause
             callback(context, self.bookie_id, lost)

@@ -458,7 +458,12 @@ def decode_request(body: bytes | memoryview) -> Request:
 
 def decode_response(body: bytes | memoryview) -> Response:
     """Decode one response frame body. Raises :class:`ProtocolError`."""
-    obj = _unpack(body)
+    return decode_response_object(_unpack(body))
+
+
+def decode_response_object(obj: Any) -> Response:
+    """Validate one unpacked response frame body (for callers that unpack themselves). Raises
+    :class:`ProtocolError`."""
     if (
         type(obj) is list
         and obj
