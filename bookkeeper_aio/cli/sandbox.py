@@ -12,6 +12,7 @@ etcd state survive); ``--fresh`` wipes it first. A data directory in use by a li
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import signal
@@ -55,6 +56,8 @@ class Sandbox:
         for index in range(self.bookies):
             self._start_bookie(index)
         asyncio.run(_wait_registered(self.metadata_url, self.bookies, BOOKIE_READY_TIMEOUT_S))
+        for child in self.children[1:]:  # the ADMIN line follows READY, printed after registering
+            child.wait_ready(functools.partial(_admin_address, child), BOOKIE_READY_TIMEOUT_S)
 
     def _start_bookie(self, index: int) -> None:
         # A stable id per data directory (the bookie's cookie ties the two); the port may change
@@ -67,6 +70,7 @@ class Sandbox:
             "--port", str(port),
             "--bookie-id", bookie_id,
             "--metadata", self.metadata_url,
+            "--admin-port", "0",
         ]  # fmt: skip
         child = Child(f"bookie-{index}", argv, self.data_dir / "logs" / f"bookie-{index}.log")
         self.children.append(child)
@@ -77,8 +81,15 @@ class Sandbox:
         rows = []
         addresses = [self.etcd_endpoint, *self.bookie_addresses]
         for child, address in zip(self.children, addresses, strict=True):
+            admin = _admin_address(child)
             rows.append(
-                {"process": child.name, "pid": child.pid, "address": address, "log": str(child.log_path)}
+                {
+                    "process": child.name,
+                    "pid": child.pid,
+                    "address": address,
+                    "metrics": f"http://{admin}/metrics" if admin else "",
+                    "log": str(child.log_path),
+                }
             )
         return rows
 
@@ -106,6 +117,14 @@ async def _wait_registered(url: str, count: int, timeout_s: float) -> None:
                     "see the bookie logs in the sandbox data dir"
                 )
             await asyncio.sleep(0.1)
+
+
+def _admin_address(child: Child) -> str:
+    """The ``ADMIN host:port`` line a bookie prints after READY (its admin HTTP endpoint)."""
+    for line in child.log_tail(200).splitlines():
+        if line.startswith("ADMIN "):
+            return line.split()[1]
+    return ""
 
 
 @contextmanager

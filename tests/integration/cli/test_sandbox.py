@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,14 @@ def test_sandbox_prints_connection_and_process_table(sandbox: RunningSandbox) ->
     assert len(sandbox.child_pids) == 4, sandbox.lines  # etcd + 3 bookies
     state = json.loads((sandbox.home / "sandbox.json").read_text())
     assert state["metadata_url"] == sandbox.url
+
+
+def test_bookie_metrics_endpoints_are_listed_and_serve(sandbox: RunningSandbox) -> None:
+    urls = [m.group(0) for line in sandbox.lines if (m := re.search(r"http://[\d.]+:\d+/metrics", line))]
+    assert len(urls) == 3, sandbox.lines
+    with urllib.request.urlopen(urls[0], timeout=10) as response:
+        body = response.read().decode()
+    assert "bookie_journal_fsync_seconds" in body
 
 
 def test_simpletest_uses_the_sandbox_by_default(sandbox: RunningSandbox) -> None:
