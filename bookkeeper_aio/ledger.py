@@ -34,6 +34,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+import crc32c
 import msgpack
 import structlog
 
@@ -53,7 +54,7 @@ from bookkeeper_aio.errors import (
 )
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import AddFlag, OpCode
-from bookkeeper_aio.protocol.digest import EntryCodec
+from bookkeeper_aio.protocol.digest import DIGEST_BYTES, HEADER, HEADER_BYTES, DigestType, EntryCodec
 from bookkeeper_aio.quorum import DistributionSchedule
 from metadata.errors import BadVersion, CasResultUnknown, MetadataError
 from metadata.ledger import LedgerMetadata, LedgerState
@@ -77,6 +78,24 @@ _WRITABLE = HandleState.WRITABLE
 _ADD_ENTRY = int(OpCode.ADD_ENTRY)
 _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _LENGTH = struct.Struct(">I").pack
+_LENGTH_BYTES = 4
+_ADD_HEAD = bytes((0x97, _ADD_ENTRY))  # fixarray of 7, then the op (a positive fixint)
+_ENTRY_HEADER = HEADER.pack
+_ENTRY_PREFIX_BYTES = HEADER_BYTES + DIGEST_BYTES[DigestType.CRC32C]
+_CRC = struct.Struct(">I").pack
+_crc32c = crc32c.crc32c
+_BIN8 = struct.Struct(">BB").pack
+_BIN16 = struct.Struct(">BH").pack
+_BIN32 = struct.Struct(">BI").pack
+
+
+def _bin_header(size: int) -> bytes:
+    """msgpack's bin header for ``size`` bytes (the smallest form, as the packer writes it)."""
+    if size < 0x100:
+        return _BIN8(0xC4, size)
+    if size < 0x10000:
+        return _BIN16(0xC5, size)
+    return _BIN32(0xC6, size)
 
 
 def encode_add_request(
@@ -89,16 +108,32 @@ def encode_add_request(
 
 
 class _PendingAdd:
-    __slots__ = ("acked", "body", "entry_id", "future", "length", "quorum", "sent_to", "write_set")
+    """One outstanding add. ``acked`` is a bitmask over positions of ``write_set`` (bit i: the
+    bookie ``write_set[i]`` acked); ``sent_to`` is the write set itself while the entry went to
+    exactly that (the common case, no allocation), else a set of every bookie it was sent to.
+    ``frame`` is the encoded ADD request; the entry body is ``frame[body_start:]``."""
+
+    __slots__ = (
+        "acked",
+        "body_start",
+        "entry_id",
+        "frame",
+        "future",
+        "length",
+        "quorum",
+        "sent_to",
+        "write_set",
+    )
 
     def __init__(self, entry_id: int, length: int, future: asyncio.Future[int]) -> None:
         self.entry_id = entry_id
         self.length = length
         self.future = future
-        self.body = b""
+        self.frame = b""
+        self.body_start = 0
         self.write_set: tuple[str, ...] = ()
-        self.acked: set[str] = set()
-        self.sent_to: set[str] = set()
+        self.acked = 0
+        self.sent_to: tuple[str, ...] | set[str] = ()
         self.quorum = False
 
 
@@ -129,6 +164,9 @@ class LedgerHandle:
         self._ack_quorum = md.ack_quorum
         self._codec = EntryCodec(md.digest_type, password)
         self._master_key = master_key
+        self._crc32c = self._codec.digest_type is DigestType.CRC32C
+        self._lid_packed = _pack(self._id)
+        self._add_tail = _pack(int(AddFlag.NONE)) + _pack(master_key)
         self._ensemble: tuple[str, ...] = md.current_ensemble
         self._write_sets = self._bookie_write_sets(self._ensemble)
         self._state = HandleState.WRITABLE
@@ -151,6 +189,7 @@ class LedgerHandle:
         self._sends = 0
         self._sends_at_lac_check = 0
         self._entry_bytes_max = self._config.entry_bytes_max
+        self._add_timeout_s = self._config.add_timeout_s
         self._lac_timer: asyncio.TimerHandle | None = None
         self._lac_interval_s = self._config.explicit_lac_interval_ms / 1000
         self._listener: EventListener | None = None
@@ -264,48 +303,90 @@ class LedgerHandle:
         self._length_sent = length
         future: asyncio.Future[int] = self._loop.create_future()
         op = _PendingAdd(entry_id, length, future)
-        op.body = body = self._codec.encode(self._id, entry_id, self._lac, length, payload)
-        self._lac_sent = self._lac
+        lac = self._lac
+        self._lac_sent = lac
         self._sends += 1
         # One request id for the whole write set: ids are unique per pool, hence per connection,
         # so the frame is encoded once and shared.
-        rid = self._pool.next_request_id()
-        frame = encode_add_request(rid, self._id, entry_id, AddFlag.NONE, self._master_key, body)
+        pool = self._pool
+        rid = pool.next_request_id()
+        if self._crc32c:
+            op.frame, op.body_start = self._encode_crc32c(rid, entry_id, lac, length, payload)
+        else:
+            body = self._codec.encode(self._id, entry_id, lac, length, payload)
+            op.frame = encode_add_request(rid, self._id, entry_id, AddFlag.NONE, self._master_key, body)
+            op.body_start = len(op.frame) - len(body)
+        frame = op.frame
         op.write_set = write_set = self._write_sets[entry_id % len(self._write_sets)]
         self._pending.append(op)
         failed = self._failed_bookies
-        pool, timeout_s, on_add = self._pool, self._config.add_timeout_s, self._on_add
-        for bookie_id in write_set:
-            if bookie_id not in failed:
-                op.sent_to.add(bookie_id)
+        timeout_s, on_add = self._add_timeout_s, self._on_add
+        if failed:
+            op.sent_to = sent_to = set()
+            for bookie_id in write_set:
+                if bookie_id not in failed:
+                    sent_to.add(bookie_id)
+                    pool.connection(bookie_id).request(rid, frame, on_add, op, timeout_s)
+        else:
+            op.sent_to = write_set
+            for bookie_id in write_set:
                 pool.connection(bookie_id).request(rid, frame, on_add, op, timeout_s)
         return future
 
+    def _encode_crc32c(
+        self, rid: int, entry_id: int, lac: int, length: int, payload: bytes
+    ) -> tuple[bytes, int]:
+        """The ADD frame of a CRC32C ledger in one join (one copy of the payload); the same bytes
+        as ``encode_add_request(..., codec.encode(...))`` for every size and id. Returns the frame
+        and the offset of the entry body in it."""
+        header = _ENTRY_HEADER(self._id, entry_id, lac, length)
+        digest = _CRC(_crc32c(payload, _crc32c(header)))
+        body_len = _ENTRY_PREFIX_BYTES + len(payload)
+        rid_b = _pack(rid)
+        eid_b = _pack(entry_id)
+        bin_head = _bin_header(body_len)
+        head_len = 2 + len(rid_b) + len(self._lid_packed) + len(eid_b) + len(self._add_tail) + len(bin_head)
+        frame = b"".join(
+            (
+                _LENGTH(head_len + body_len),
+                _ADD_HEAD,
+                rid_b,
+                self._lid_packed,
+                eid_b,
+                self._add_tail,
+                bin_head,
+                header,
+                digest,
+                payload,
+            )
+        )
+        return frame, _LENGTH_BYTES + head_len
+
     def _resend(self, op: _PendingAdd, bookie_id: str) -> None:
         rid = self._pool.next_request_id()
-        frame = encode_add_request(rid, self._id, op.entry_id, AddFlag.NONE, self._master_key, op.body)
+        body = op.frame[op.body_start :]
+        frame = encode_add_request(rid, self._id, op.entry_id, AddFlag.NONE, self._master_key, body)
+        if type(op.sent_to) is not set:
+            op.sent_to = set(op.sent_to)
         op.sent_to.add(bookie_id)
         self._pool.connection(bookie_id).request(rid, frame, self._on_add, op, self._config.add_timeout_s)
 
     # ------------------------------------------------------------------ responses
     def _on_add_result(self, op: _PendingAdd, bookie_id: str, result: Result) -> None:
-        if isinstance(result, BKError):
-            error: BKError | None = result
-        elif result.status == 0:
-            error = None
-        else:
-            error = error_for_status(result.status, result.message)
-        if error is None:
-            if bookie_id not in op.write_set:
+        if not isinstance(result, BKError) and result.status == 0:  # the hot path: an ack
+            try:
+                position = op.write_set.index(bookie_id)
+            except ValueError:
                 return  # from a bookie replaced since the send: ignored
-            acked = op.acked
-            acked.add(bookie_id)
-            if not op.quorum and len(acked) >= self._ack_quorum:
+            acked = op.acked | (1 << position)
+            op.acked = acked
+            if not op.quorum and acked.bit_count() >= self._ack_quorum:
                 op.quorum = True
                 pending = self._pending
                 if pending and pending[0] is op:
                     self._complete_ready()
             return
+        error = result if isinstance(result, BKError) else error_for_status(result.status, result.message)
         if bookie_id not in op.write_set or bookie_id not in self._ensemble:
             return  # failure of a bookie already replaced
         if isinstance(error, LedgerFenced | Unauthorized):
@@ -469,9 +550,14 @@ class LedgerHandle:
             write_set = write_sets[op.entry_id % len(write_sets)]
             if write_set == op.write_set:
                 continue
+            # Acks of replaced bookies no longer count; the others move to their new positions.
+            old_set, old_acked, acked = op.write_set, op.acked, 0
+            for position, bookie_id in enumerate(write_set):
+                if bookie_id in old_set and old_acked >> old_set.index(bookie_id) & 1:
+                    acked |= 1 << position
             op.write_set = write_set
-            op.acked.intersection_update(write_set)  # acks of replaced bookies no longer count
-            op.quorum = len(op.acked) >= quorum
+            op.acked = acked
+            op.quorum = acked.bit_count() >= quorum
             for bookie_id in write_set:
                 if bookie_id not in op.sent_to:
                     self._resend(op, bookie_id)
