@@ -11,6 +11,10 @@ Strategy (DESIGN §4, §10):
   ``group_bytes`` large or its first record has waited ``group_wait_ms``.
 - Completion is a plain callback per record (``cb(error)``), fired on the loop after the covering
   fdatasync, in append order. No Future per record: they cost ~38% on this path (DESIGN §10).
+- Each group starts with a GROUP header record (its own position and its records' length), one per
+  segment it touches: ``append`` reserves the room when a run gets its first record, the writer
+  fills it in. Replay uses it to tell the final group, torn by a power loss in any page order, from
+  damage before a later group (``bookie.journal_format``).
 - A group that spans a segment roll syncs the older segment before writing the newer one, so a
   crash never leaves a hole before durable records (the replay table relies on it). The next
   segment is created (directory fsynced) ahead of time, off the hot path; segments grow in
@@ -72,7 +76,10 @@ class JournalConfig:
             raise ValueError(f"journal record_bytes_max {self.record_bytes_max} is out of range")
         if self.segment_bytes > SEGMENT_BYTES_MAX:
             raise ValueError(f"journal segment_bytes {self.segment_bytes} exceeds {SEGMENT_BYTES_MAX}")
-        if self.segment_bytes < 2 * self.record_bytes_max + fmt.SEGMENT_HEADER_BYTES:
+        if (
+            self.segment_bytes
+            < 2 * (self.record_bytes_max + fmt.GROUP_HEADER_BYTES) + fmt.SEGMENT_HEADER_BYTES
+        ):
             raise ValueError(
                 f"journal segment_bytes {self.segment_bytes} must hold two records of the maximum "
                 f"size ({self.record_bytes_max} bytes)"
@@ -82,13 +89,15 @@ class JournalConfig:
 
 
 class _Run:
-    """Consecutive bytes of one group that go to one segment."""
+    """Consecutive bytes of one group that go to one segment: from ``offset`` (the GROUP header,
+    once a record is in ``parts``) to ``end`` (set when the run is closed by a roll or a flush)."""
 
-    __slots__ = ("offset", "parts", "segment_id")
+    __slots__ = ("end", "offset", "parts", "segment_id")
 
     def __init__(self, segment_id: int, offset: int) -> None:
         self.segment_id = segment_id
         self.offset = offset
+        self.end = offset
         self.parts: list[bytes] = []
 
 
@@ -144,6 +153,9 @@ class _Writer:
                     self.close_segment(run.segment_id)
                 continue
             fd = self.prepare(run.segment_id)
+            if run.parts:  # the GROUP header, in the room append reserved for it
+                length = run.end - run.offset - fmt.GROUP_HEADER_BYTES
+                run.parts.insert(0, fmt.encode_group_header(run.segment_id, run.offset, length))
             if run.offset == fmt.SEGMENT_HEADER_BYTES:
                 run.parts.insert(0, fmt.encode_segment_header(run.segment_id))
                 run.offset = 0
@@ -279,12 +291,17 @@ class Journal:
         size = 0
         for part in parts:
             size += len(part)
-        if size > self._config.record_bytes_max:
-            raise JournalError(f"record of {size} bytes exceeds {self._config.record_bytes_max}")
-        if self._offset + size > self._config.segment_bytes:
+        if not 0 < size <= self._config.record_bytes_max:
+            raise JournalError(f"record of {size} bytes is empty or exceeds {self._config.record_bytes_max}")
+        run = self._runs[-1]
+        header = 0 if run.parts else fmt.GROUP_HEADER_BYTES  # the run's first record: room for it
+        if self._offset + header + size > self._config.segment_bytes:
             self._roll()
-        position = (self._segment_id, self._offset)
-        self._runs[-1].parts.extend(parts)
+            run = self._runs[-1]
+            header = fmt.GROUP_HEADER_BYTES
+        position = (self._segment_id, self._offset + header)
+        run.parts.extend(parts)
+        size += header
         self._offset += size
         if callback is not None:
             self._callbacks.append(callback)
@@ -306,6 +323,7 @@ class Journal:
             self._loop.call_soon(callback, None)
 
     def _roll(self) -> None:
+        self._runs[-1].end = self._offset
         self._segment_id += 1
         self._offset = fmt.SEGMENT_HEADER_BYTES
         self._runs.append(_Run(self._segment_id, self._offset))
@@ -328,6 +346,7 @@ class Journal:
         if not self._pending_bytes and not self._callbacks:
             return
         runs, callbacks = self._runs, self._callbacks
+        runs[-1].end = self._offset
         end = Position(self._segment_id, self._offset)
         self._runs = [_Run(self._segment_id, self._offset)]
         self._callbacks = []

@@ -1,36 +1,62 @@
 """Journal records and the replay decision table: pure (bytes in, records out, no I/O).
 
 A journal is a sequence of segment files ``segment-<id:016x>.log``. Each segment starts with a
-16-byte header (magic ``BKJS``, format version, segment id) and is followed by records::
+16-byte header (magic ``BKJS``, format version, segment id) and is followed by groups. A group is
+what one ``pwrite`` + ``fdatasync`` of the journal writer puts in one segment: a GROUP header
+record, then the records appended meanwhile. Every record, the group header included, is::
 
     magic:u32 | body_length:u32 | crc32c:u32 | type:u8 | body (body_length bytes)
 
 The CRC32C covers ``body_length``, ``type`` and the body, so a torn or corrupt record is caught
-whatever part of it is damaged. Space after the last record is zeros (segments are preallocated).
+whatever part of it is damaged. Space after the last group is zeros (segments are preallocated).
 
-Record bodies (all integers big-endian, signed 64-bit):
+Record bodies (all integers big-endian; ids signed 64-bit):
 
 =============  =============================================================
+GROUP          segment_id u64, offset u32 (where this header itself lies),
+               length u32 (bytes of the group's records after this header)
 ENTRY          ledger_id, entry_id, then the entry body exactly as received
 MASTER_KEY     ledger_id, then the master key bytes
 FENCE          ledger_id
 EXPLICIT_LAC   ledger_id, lac, then the opaque LAC body from WRITE_LAC
 =============  =============================================================
 
-Replay decision table for the first record at offset ``p`` that does not decode (:func:`scan`):
+A group header names its own position: that is the group's sequence number (groups are totally
+ordered by position, and it needs no state across restarts), and a header found at any other
+place than the one it names is not a header. Its length gives the group's extent.
 
-=====================================================  ===========  ==============================
-what follows ``p`` in the segment                      outcome      action at startup
-=====================================================  ===========  ==============================
-nothing (``p`` is the end of the file)                 CLEAN        append at ``p``
-only zero bytes (preallocated, never written)          CLEAN        append at ``p``
-bytes, but no valid record at any later offset         TORN         cut (zero) the tail, start
-a valid record at some later offset                    CORRUPT      refuse to start (never skip)
-=====================================================  ===========  ==============================
+Why groups: the writer has at most one group in flight and writes the next only after the previous
+``fdatasync`` returned. A process crash leaves the in-flight group as a prefix (bytes reach the page
+cache in order); a power loss may leave **any subset of its pages** (zeroed or garbled holes, later
+pages present while earlier ones are not). Either way only that final group is damaged, and none of
+its records was acknowledged. Damage followed by a *later* group is different: that later group was
+written after the damaged one was synced, so the damage hit acknowledged data.
 
-Across segments: only the last segment may end TORN; a TORN or CORRUPT segment followed by a
-segment holding records is CORRUPT (a group that spans segments syncs the older one first, so a
-crash cannot leave a hole before durable records).
+Replay decision table (:func:`scan`, :func:`classify`). ``p`` is the end of the last whole group
+(a group is whole when its header is valid and its records decode back to back and fill exactly
+its extent); ``E`` the end of the extent of the group at ``p`` when its header is valid:
+
+====================================================  ===========  ===================================
+after ``p``                                           outcome      action at startup
+====================================================  ===========  ===================================
+nothing, or only zero bytes                           CLEAN        append at ``p``
+bytes, and evidence of a later group: a valid         CORRUPT      refuse to start (never skip)
+record at or after ``E``, or a group header (valid,
+at the place it names) after ``p``
+bytes, and no evidence of a later group               TORN         cut (zero) from ``p``: the whole
+                                                                   final group goes, start
+====================================================  ===========  ===================================
+
+Across segments: only the last segment holding bytes may end TORN; a TORN or CORRUPT segment followed
+by a segment holding any bytes is CORRUPT (a group that spans segments is written as one group per
+segment and the writer syncs the older segment before writing the newer one, so power loss tears at
+most the newer of them). A segment header that is zeros or not ours (magic) is a torn segment start
+when nothing in the segment or after it says otherwise; a header with our magic but another format
+version refuses to start (:class:`JournalFormatUnsupported`).
+
+Known limit: the final group of a journal is indistinguishable from an unsynced one, so damage in the
+last group before a power loss or a crash is cut like a torn group even if it had been synced; a later
+group (the next append) makes the same damage detectable.
 """
 
 from __future__ import annotations
@@ -42,8 +68,13 @@ from typing import NamedTuple
 
 import crc32c
 
+Buffer = bytes | mmap.mmap
+"""What a segment is scanned from: bytes in tests, a read-only mmap at startup (nothing copied)."""
+
 SEGMENT_MAGIC = b"BKJS"
-SEGMENT_VERSION = 1
+SEGMENT_VERSION = 2
+"""2: records come in groups, each led by a GROUP header record (1 had no groups).
+No upgrade path: the project has no releases, an old data dir is wiped."""
 SEGMENT_HEADER = struct.Struct(">4sHxxQ")  # magic, version, padding, segment id
 SEGMENT_HEADER_BYTES = SEGMENT_HEADER.size  # 16
 
@@ -67,6 +98,7 @@ class RecordType(enum.IntEnum):
     MASTER_KEY = 2
     FENCE = 3
     EXPLICIT_LAC = 4
+    GROUP = 5
 
 
 _TYPES = frozenset(int(t) for t in RecordType)
@@ -74,6 +106,10 @@ _TYPES = frozenset(int(t) for t in RecordType)
 
 class JournalCorrupt(Exception):
     """The journal holds damage that replay must not paper over; the bookie refuses to start."""
+
+
+class JournalFormatUnsupported(JournalCorrupt):
+    """A segment written in a journal format this bookie does not read; it refuses to start."""
 
 
 class Position(NamedTuple):
@@ -97,10 +133,13 @@ class Tail(enum.Enum):
 
 
 class ScanResult(NamedTuple):
-    records: list[Record]
-    end: int  # offset just past the last valid record: where appends continue
+    records: list[Record]  # of whole groups, group headers left out
+    end: int  # offset just past the last whole group: where appends continue
     tail: Tail
     garbage_end: int  # offset just past the last non-zero byte at or after ``end``
+    groups: int = 0  # whole groups scanned
+    bad: int = -1  # first offset that did not decode (the damage), -1 when CLEAN
+    evidence: int = -1  # offset of the later group's record or header that made it CORRUPT
 
 
 def _crc(body: bytes | memoryview, record_type: int) -> int:
@@ -152,20 +191,58 @@ def encode_segment_header(segment_id: int) -> bytes:
     return SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, segment_id)
 
 
-def check_segment_header(data: bytes | mmap.mmap, segment_id: int) -> bool:
-    """True when ``data`` starts with a valid header for ``segment_id``; False when the header
-    is missing or all zeros (a segment created but never written). Raises on a foreign header."""
+GROUP_BODY = struct.Struct(">QII")  # segment id, offset of this header, length of the records after it
+GROUP_HEADER_BYTES = RECORD_HEADER_BYTES + GROUP_BODY.size  # 29
+_GROUP = 5
+_GROUP_CRC_PREFIX = _LEN_TYPE.pack(GROUP_BODY.size, _GROUP)
+
+
+def encode_group_header(segment_id: int, offset: int, length: int) -> bytes:
+    """The GROUP record that leads a group at ``offset`` of segment ``segment_id`` whose records
+    take ``length`` bytes after it."""
+    body = GROUP_BODY.pack(segment_id, offset, length)
+    crc = crc32c.crc32c(body, crc32c.crc32c(_GROUP_CRC_PREFIX))
+    return RECORD_HEADER.pack(RECORD_MAGIC, GROUP_BODY.size, crc, _GROUP) + body
+
+
+def group_length_at(data: Buffer, offset: int, segment_id: int) -> int | None:
+    """The records' length of the group whose header is at ``offset``, or None when there is no
+    valid group header there naming that very place."""
+    record = decode_record_at(data, offset)
+    if record is None or record.type != _GROUP or record.length != GROUP_HEADER_BYTES:
+        return None
+    found_segment, found_offset, length = GROUP_BODY.unpack_from(record.body, 0)
+    if found_segment != segment_id or found_offset != offset:
+        return None
+    return int(length)
+
+
+class SegmentHeader(enum.Enum):
+    VALID = "valid"
+    ZERO = "zero"  # created (preallocated) but never written, or the header page was lost
+    GARBLED = "garbled"  # bytes that are not a header of ours: a header page torn by power loss
+
+
+def check_segment_header(data: Buffer, segment_id: int) -> SegmentHeader:
+    """Classify the header of segment ``segment_id``. Raises :class:`JournalFormatUnsupported` for
+    our magic with another format version, :class:`JournalCorrupt` for another segment's id."""
     if len(data) < SEGMENT_HEADER_BYTES or not any(data[:SEGMENT_HEADER_BYTES]):
-        return False
+        return SegmentHeader.ZERO
     magic, version, found_id = SEGMENT_HEADER.unpack_from(data, 0)
-    if magic != SEGMENT_MAGIC or version != SEGMENT_VERSION or found_id != segment_id:
-        raise JournalCorrupt(
-            f"segment {segment_id:016x}: bad header (magic={magic!r} version={version} id={found_id:x})"
+    if magic != SEGMENT_MAGIC:
+        return SegmentHeader.GARBLED
+    if version != SEGMENT_VERSION:
+        raise JournalFormatUnsupported(
+            f"journal segment {segment_id:016x} is in journal format version {version}; this bookie "
+            f"reads only version {SEGMENT_VERSION} and has no upgrade path (the project has no "
+            "releases yet): wipe the data dir and let re-replication rebuild the bookie"
         )
-    return True
+    if found_id != segment_id:
+        raise JournalCorrupt(f"journal segment {segment_id:016x}: its header names segment {found_id:016x}")
+    return SegmentHeader.VALID
 
 
-def decode_record_at(data: bytes | mmap.mmap, offset: int) -> Record | None:
+def decode_record_at(data: Buffer, offset: int) -> Record | None:
     """The valid record at ``offset``, or None if the bytes there are not one."""
     if len(data) - offset < RECORD_HEADER_BYTES:
         return None
@@ -181,9 +258,6 @@ def decode_record_at(data: bytes | mmap.mmap, offset: int) -> Record | None:
         return None
     return Record(offset, record_type, body, RECORD_HEADER_BYTES + length)
 
-
-Buffer = bytes | mmap.mmap
-"""What a segment is scanned from: bytes in tests, a read-only mmap at startup (nothing copied)."""
 
 _ZERO_SCAN_CHUNK_BYTES = 1 << 20
 
@@ -215,19 +289,76 @@ def is_all_zero(data: Buffer) -> bool:
     return _last_nonzero(data, 0) == 0
 
 
-def scan(data: Buffer, start: int) -> ScanResult:
-    """Decode every record of one segment from ``start`` and classify what ends them."""
+def find_group_header(data: Buffer, start: int, end: int, segment_id: int) -> int | None:
+    """Offset of the first group header in ``[start, end)`` that is valid and names its place."""
+    pos = data.find(_RECORD_MAGIC_BYTES, start, end)
+    while pos != -1:
+        if group_length_at(data, pos, segment_id) is not None:
+            return pos
+        pos = data.find(_RECORD_MAGIC_BYTES, pos + 1, end)
+    return None
+
+
+def classify(nonzero_after_end: bool, later_group: bool) -> Tail:
+    """The decision table: what ends the whole groups of a segment (see the module docstring)."""
+    if not nonzero_after_end:
+        return Tail.CLEAN
+    return Tail.CORRUPT if later_group else Tail.TORN
+
+
+def _group_records(data: Buffer, start: int, end: int) -> tuple[list[Record], int]:
+    """The records filling ``[start, end)`` back to back, and the offset of the first one that
+    does not decode (or is a group header, or crosses ``end``); ``end`` when all do."""
     records: list[Record] = []
     pos = start
-    while (record := decode_record_at(data, pos)) is not None:
+    while pos < end:
+        record = decode_record_at(data, pos)
+        if record is None or record.type == _GROUP or pos + record.length > end:
+            return records, pos
         records.append(record)
         pos += record.length
+    return records, pos
+
+
+def scan(data: Buffer, start: int, segment_id: int) -> ScanResult:
+    """Decode every whole group of segment ``segment_id`` from ``start`` (a group boundary: just
+    past the segment header, or a journal position the index checkpointed) and classify the rest."""
+    records: list[Record] = []
+    groups = 0
+    pos = start
+    extent_end: int | None = None  # end of the damaged group, when its header is readable
+    bad = start
+    while True:
+        length = group_length_at(data, pos, segment_id)
+        if length is None:
+            bad = pos
+            break
+        first = pos + GROUP_HEADER_BYTES
+        end = first + length
+        group, stop = _group_records(data, first, min(end, len(data)))
+        if stop != end:  # a record that does not decode, or the file ends inside the group
+            extent_end, bad = end, stop
+            break
+        records += group
+        groups += 1
+        pos = end
     garbage_end = _last_nonzero(data, pos)
-    if garbage_end == pos:
-        return ScanResult(records, pos, Tail.CLEAN, pos)
-    if find_valid_record(data, pos + 1, garbage_end) is not None:
-        return ScanResult(records, pos, Tail.CORRUPT, garbage_end)
-    return ScanResult(records, pos, Tail.TORN, garbage_end)
+    evidence: int | None = None
+    if garbage_end > pos:
+        if extent_end is not None and extent_end < garbage_end:
+            evidence = find_valid_record(data, extent_end, garbage_end)
+        if evidence is None:
+            evidence = find_group_header(data, pos + 1, garbage_end, segment_id)
+    tail = classify(garbage_end > pos, evidence is not None)
+    return ScanResult(
+        records,
+        pos,
+        tail,
+        garbage_end,
+        groups,
+        -1 if tail is Tail.CLEAN else bad,
+        -1 if evidence is None else evidence,
+    )
 
 
 def parse_ledger_entry(body: memoryview) -> tuple[int, int]:

@@ -1,9 +1,10 @@
 """Startup recovery: load the checkpoint, replay the journal after it, cut a torn tail.
 
 Blocking; runs once before the bookie serves (in a worker thread). Follows the decision table of
-:mod:`bookie.journal_format`: a torn tail in the last segment holding records is zeroed and synced
-(logged with its offset and size), anything else that does not decode refuses to start with
-:class:`~bookie.journal_format.JournalCorrupt`, naming the segment and offset.
+:mod:`bookie.journal_format`: the final group, torn by a crash or a power loss (any subset of its
+pages), is zeroed and synced (logged with its offset and size); damage followed by a later group, or
+by a later segment holding bytes, refuses to start with :class:`~bookie.journal_format.JournalCorrupt`,
+naming the segment and offset.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def recover(fileio: FileIO, data_dir: str) -> Recovered:
             f"checkpoint points into journal segment {position.segment_id:016x}, which is gone"
         )
     result = Recovered(ledgers, position, segments=ids)
-    damaged: tuple[int, int] | None = None
+    damaged: tuple[int, int] | None = None  # segment and offset of the damage found so far
     torn: tuple[int, int, int] | None = None
     for segment_id in (i for i in ids if i >= position.segment_id):
         path = os.path.join(journal_dir, fmt.segment_name(segment_id))
@@ -108,19 +109,20 @@ def recover(fileio: FileIO, data_dir: str) -> Recovered:
             scan = _scan_segment(data, segment_id, position)
             if scan is None:
                 continue  # created ahead of time, never written
-            if damaged is not None and scan.records:
-                bad_id, bad_end = damaged
+            if damaged is not None and (scan.records or scan.garbage_end > scan.end):
+                bad_id, bad_at = damaged
                 raise fmt.JournalCorrupt(
-                    f"journal segment {bad_id:016x} is damaged at offset {bad_end} but later segment "
-                    f"{segment_id:016x} holds records: refusing to start (no silent truncation)"
+                    f"journal segment {bad_id:016x} is damaged at offset {bad_at} but later segment "
+                    f"{segment_id:016x} holds data: refusing to start (no silent truncation)"
                 )
             for record in scan.records:
                 apply_record(ledgers, segment_id, record)
             result.records_replayed += len(scan.records)
-            if scan.records or segment_id == position.segment_id:
-                result.start = Position(segment_id, scan.end)
+            if scan.groups or segment_id == position.segment_id:
+                # a cut from offset 0 (torn segment header) appends just past the header to come
+                result.start = Position(segment_id, max(scan.end, fmt.SEGMENT_HEADER_BYTES))
             if scan.tail is not fmt.Tail.CLEAN:
-                damaged = (segment_id, scan.end)
+                damaged = (segment_id, scan.bad)
                 torn = (segment_id, scan.end, scan.garbage_end)
             del scan
         finally:
@@ -132,19 +134,36 @@ def recover(fileio: FileIO, data_dir: str) -> Recovered:
 
 
 def _scan_segment(data: mmap.mmap, segment_id: int, position: Position) -> fmt.ScanResult | None:
-    if not fmt.check_segment_header(data, segment_id):
-        if not fmt.is_all_zero(data):
-            raise fmt.JournalCorrupt(f"journal segment {segment_id:016x} has no header but holds bytes")
-        _check_not_behind_checkpoint(segment_id, 0, position)
-        return None
+    """Scan one segment; None when it was never written. A zero or garbled segment header over
+    non-zero bytes is the start of a torn final group (scanned from offset 0: everything is cut)
+    unless a group header after it, or the checkpoint, says the segment was synced."""
+    header = fmt.check_segment_header(data, segment_id)
+    if header is not fmt.SegmentHeader.VALID:
+        if header is fmt.SegmentHeader.ZERO and fmt.is_all_zero(data):
+            _check_not_behind_checkpoint(segment_id, 0, position)
+            return None
+        if segment_id == position.segment_id and position.offset > fmt.SEGMENT_HEADER_BYTES:
+            raise fmt.JournalCorrupt(
+                f"journal segment {segment_id:016x}: its header is {header.value} but the index "
+                f"checkpoint covers offset {position.offset} in it: refusing to start"
+            )
+        scan = fmt.scan(data, 0, segment_id)  # no group header can be at 0: nothing is whole
+        if scan.tail is fmt.Tail.CORRUPT:
+            raise fmt.JournalCorrupt(
+                f"journal segment {segment_id:016x}: its header is {header.value} but a group at "
+                f"offset {scan.evidence} follows: refusing to start (no silent truncation). Inspect "
+                "the segment; the bookie's data on this disk cannot be trusted as is."
+            )
+        return scan
     _check_not_behind_checkpoint(segment_id, len(data), position)
     start = position.offset if segment_id == position.segment_id else fmt.SEGMENT_HEADER_BYTES
-    scan = fmt.scan(data, start)
+    scan = fmt.scan(data, start, segment_id)
     if scan.tail is fmt.Tail.CORRUPT:
         raise fmt.JournalCorrupt(
-            f"journal segment {segment_id:016x}: record at offset {scan.end} is corrupt and valid "
-            "records follow it: refusing to start (no silent truncation). Inspect the segment; "
-            "the bookie's data on this disk cannot be trusted as is."
+            f"journal segment {segment_id:016x}: damage at offset {scan.bad} (in the group at offset "
+            f"{scan.end}) and a later group's data at offset {scan.evidence}: refusing to start (no "
+            "silent truncation; the later group was written after the damaged one was synced). "
+            "Inspect the segment; the bookie's data on this disk cannot be trusted as is."
         )
     return scan
 

@@ -28,9 +28,9 @@ def _read_all(directory: Path) -> list[tuple[int, int]]:
         segment_id = fmt.parse_segment_name(name)
         assert segment_id is not None
         data = (directory / name).read_bytes()
-        if not fmt.check_segment_header(data, segment_id):
+        if fmt.check_segment_header(data, segment_id) is not fmt.SegmentHeader.VALID:
             continue
-        scan = fmt.scan(data, fmt.SEGMENT_HEADER_BYTES)
+        scan = fmt.scan(data, fmt.SEGMENT_HEADER_BYTES, segment_id)
         assert scan.tail is fmt.Tail.CLEAN
         out += [fmt.parse_ledger_entry(r.body) for r in scan.records]
     return out

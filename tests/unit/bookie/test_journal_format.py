@@ -7,12 +7,21 @@ import pytest
 from bookie import journal_format as fmt
 
 
-def _segment(records: list[bytes], segment_id: int = 1, zeros: int = 0) -> bytes:
-    return fmt.encode_segment_header(segment_id) + b"".join(records) + bytes(zeros)
+def _segment(groups: list[list[bytes]], segment_id: int = 1, zeros: int = 0) -> bytes:
+    """A segment as the journal writes it: the header, then each group led by its GROUP header."""
+    out = fmt.encode_segment_header(segment_id)
+    for records in groups:
+        out += fmt.encode_group_header(segment_id, len(out), sum(len(r) for r in records))
+        out += b"".join(records)
+    return out + bytes(zeros)
 
 
 def _entries(count: int, size: int = 40) -> list[bytes]:
     return [fmt.encode_entry(7, i, bytes([i % 251]) * size) for i in range(count)]
+
+
+def _scan(data: bytes, segment_id: int = 1) -> fmt.ScanResult:
+    return fmt.scan(data, fmt.SEGMENT_HEADER_BYTES, segment_id)
 
 
 def test_record_round_trip_all_types() -> None:
@@ -22,9 +31,10 @@ def test_record_round_trip_all_types() -> None:
         fmt.encode_fence(1),
         fmt.encode_explicit_lac(1, 5, b"lacbody"),
     ]
-    scan = fmt.scan(_segment(records), fmt.SEGMENT_HEADER_BYTES)
+    scan = _scan(_segment([records]))
     assert scan.tail is fmt.Tail.CLEAN
-    assert [r.type for r in scan.records] == [1, 2, 3, 4]
+    assert scan.groups == 1
+    assert [r.type for r in scan.records] == [1, 2, 3, 4]  # the group header is not a record
     assert fmt.parse_ledger_entry(scan.records[0].body) == (1, 2)
     assert bytes(scan.records[0].body[fmt.ENTRY_PREFIX_BYTES :]) == b"body"
     assert bytes(scan.records[1].body[8:]) == b"k" * 32
@@ -37,52 +47,68 @@ def test_entry_parts_equal_whole_record() -> None:
     assert head + body == fmt.encode_entry(3, 4, b"payload")
 
 
+def test_group_header_names_its_own_place() -> None:
+    header = fmt.encode_group_header(3, 4096, 1234)
+    assert len(header) == fmt.GROUP_HEADER_BYTES
+    data = bytes(4096) + header
+    assert fmt.group_length_at(data, 4096, 3) == 1234
+    assert fmt.group_length_at(data, 4096, 4) is None  # another segment's header
+    assert fmt.group_length_at(bytes(100) + header, 100, 3) is None  # found elsewhere than it says
+
+
 def test_preallocated_zeros_are_a_clean_end() -> None:
-    records = _entries(5)
-    data = _segment(records, zeros=4096)
-    scan = fmt.scan(data, fmt.SEGMENT_HEADER_BYTES)
+    data = _segment([[r] for r in _entries(5)], zeros=4096)
+    scan = _scan(data)
     assert scan.tail is fmt.Tail.CLEAN
     assert len(scan.records) == 5
     assert scan.end == len(data) - 4096
 
 
 @pytest.mark.parametrize("zeros", [0, 1000])
-def test_torn_tail_every_offset_of_last_three_records(zeros: int) -> None:
+def test_torn_tail_every_offset_of_last_three_groups(zeros: int) -> None:
+    """A process crash: the final group is a prefix of what was written (one record per group)."""
     records = _entries(50)
-    whole = _segment(records)
-    starts = [len(whole) - sum(len(r) for r in records[i:]) for i in range(47, 50)]
+    whole = _segment([[r] for r in records])
+    group_bytes = [fmt.GROUP_HEADER_BYTES + len(r) for r in records]
+    starts = [len(whole) - sum(group_bytes[i:]) for i in range(47, 50)]
     for cut in range(starts[0], len(whole)):
-        data = whole[:cut] + bytes(zeros)
-        scan = fmt.scan(data, fmt.SEGMENT_HEADER_BYTES)
+        scan = _scan(whole[:cut] + bytes(zeros))
         complete = sum(1 for s in [*starts[1:], len(whole)] if s <= cut) + 47
         assert len(scan.records) == complete, cut
         assert scan.tail in (fmt.Tail.CLEAN, fmt.Tail.TORN), cut
         assert scan.tail is fmt.Tail.CLEAN or scan.end < scan.garbage_end
 
 
-def test_corrupt_middle_record_followed_by_valid_is_corrupt() -> None:
+def test_corrupt_record_before_a_later_group_is_corrupt() -> None:
     records = _entries(10)
-    data = bytearray(_segment(records))
-    offset = fmt.SEGMENT_HEADER_BYTES + sum(len(r) for r in records[:4]) + 20
-    data[offset] ^= 0xFF
-    scan = fmt.scan(bytes(data), fmt.SEGMENT_HEADER_BYTES)
+    data = bytearray(_segment([[r] for r in records]))
+    offset = fmt.SEGMENT_HEADER_BYTES + sum(fmt.GROUP_HEADER_BYTES + len(r) for r in records[:4])
+    data[offset + fmt.GROUP_HEADER_BYTES + 20] ^= 0xFF
+    scan = _scan(bytes(data))
     assert scan.tail is fmt.Tail.CORRUPT
     assert len(scan.records) == 4
+    assert scan.end == offset
 
 
 def test_garbage_without_valid_records_after_is_torn() -> None:
-    data = _segment(_entries(3)) + b"\x01\x02garbage" + bytes(100)
-    scan = fmt.scan(data, fmt.SEGMENT_HEADER_BYTES)
+    data = _segment([[r] for r in _entries(3)]) + b"\x01\x02garbage" + bytes(100)
+    scan = _scan(data)
     assert scan.tail is fmt.Tail.TORN
     assert len(scan.records) == 3
 
 
 def test_segment_header_checks() -> None:
-    assert fmt.check_segment_header(fmt.encode_segment_header(9), 9)
-    assert not fmt.check_segment_header(bytes(16), 9)
-    assert not fmt.check_segment_header(b"", 9)
-    with pytest.raises(fmt.JournalCorrupt):
+    assert fmt.check_segment_header(fmt.encode_segment_header(9), 9) is fmt.SegmentHeader.VALID
+    assert fmt.check_segment_header(bytes(16), 9) is fmt.SegmentHeader.ZERO
+    assert fmt.check_segment_header(b"", 9) is fmt.SegmentHeader.ZERO
+    assert fmt.check_segment_header(b"\x07" * 16, 9) is fmt.SegmentHeader.GARBLED
+    with pytest.raises(fmt.JournalCorrupt, match="names segment"):
         fmt.check_segment_header(fmt.encode_segment_header(8), 9)
+    old = fmt.SEGMENT_HEADER.pack(fmt.SEGMENT_MAGIC, 1, 9)
+    with pytest.raises(
+        fmt.JournalFormatUnsupported, match="format version 1; this bookie reads only version 2"
+    ):
+        fmt.check_segment_header(old, 9)
 
 
 def test_decode_rejects_huge_declared_length() -> None:
