@@ -38,7 +38,6 @@ import crc32c
 import msgpack
 import structlog
 
-from bookkeeper_aio import failpoints
 from bookkeeper_aio.connection import Result
 from bookkeeper_aio.context import ClientContext
 from bookkeeper_aio.errors import (
@@ -515,9 +514,7 @@ class LedgerHandle:
             proposed = md.with_ensemble_change(first_entry, ensemble)
             async with asyncio.timeout(self._config.metadata_timeout_s):
                 try:
-                    failpoints.hit(failpoints.METADATA_CAS_BEFORE)
-                    stored = await ledgers.write(proposed, version)
-                    failpoints.hit(failpoints.METADATA_CAS_AFTER)
+                    stored = await ledgers.write(proposed, version)  # failpoints metadata.cas_*
                 except (BadVersion, CasResultUnknown):
                     current = await ledgers.read(self._id)
                     md, version = current.metadata, current.version
@@ -630,9 +627,7 @@ class LedgerHandle:
                 raise LedgerFenced(f"ledger {self._id} is being recovered: our close at {lac} lost")
             async with asyncio.timeout(self._config.metadata_timeout_s):
                 try:
-                    failpoints.hit(failpoints.METADATA_CAS_BEFORE)
-                    stored = await ledgers.write(md.closed(lac, length), version)
-                    failpoints.hit(failpoints.METADATA_CAS_AFTER)
+                    stored = await ledgers.write(md.closed(lac, length), version)  # failpoints metadata.cas_*
                 except (BadVersion, CasResultUnknown):
                     current = await ledgers.read(self._id)
                     md, version = current.metadata, current.version
