@@ -1,4 +1,4 @@
-"""The bookie's admin HTTP endpoint: ``/health``, ``/ready``, ``/metrics``, ``/state``.
+"""The bookie's admin HTTP endpoint: ``/health``, ``/ready``, ``/metrics``, ``/state``, ``/readonly``.
 
 A tiny HTTP/1.1 server on asyncio streams (no web framework: four read-only GETs do not justify a
 dependency, and the admin port must stay cheap and predictable next to the data path):
@@ -10,6 +10,11 @@ dependency, and the admin port must stay cheap and predictable next to the data 
   starting or stopping.
 - ``GET /metrics`` the Prometheus text exposition (:mod:`bookie.metrics`).
 - ``GET /state`` a JSON summary for people and scripts (id, address, state, counters, disk).
+- ``GET /readonly`` the read-only mode as JSON (``mode``, ``manual``, ``reason``, ...);
+  ``GET|POST /readonly?set=1`` puts the bookie in read-only mode by hand (it sticks until
+  ``?set=0``, even if the disk frees up), ``?set=0`` clears the manual flag (the disk may still hold
+  the bookie read-only: the answer says why). Any other ``set`` value is 400. The only route that
+  changes anything; it exists only when the server was given a ``read_only`` action.
 
 ``HEAD`` is accepted wherever ``GET`` is. Every response closes its connection (``Connection:
 close``): scrapers reconnect, and there is no keep-alive state to bound. Bounds, each against a peer
@@ -45,7 +50,8 @@ CLOSE_TIMEOUT_S = 1.0
 
 _JSON = "application/json"
 _TEXT = "text/plain; charset=utf-8"
-_INDEX = b"bookie admin: /health /ready /metrics /state\n"
+_SET_VALUES = {"1": True, "true": True, "0": False, "false": False}
+_INDEX = b"bookie admin: /health /ready /metrics /state /readonly\n"
 
 
 class BadRequest(Exception):
@@ -71,6 +77,19 @@ def parse_request_line(line: bytes) -> tuple[str, str]:
     if not target.startswith("/"):
         raise BadRequest(HTTPStatus.BAD_REQUEST, "request target must be a path")
     return method, target.split("?", 1)[0]
+
+
+def parse_query(line: bytes) -> dict[str, str]:
+    """The query of a request line already accepted by :func:`parse_request_line` (``a=1&b=2``;
+    no percent-decoding: the admin API needs none)."""
+    target = line.decode("ascii").split(" ")[1]
+    _, _, query = target.partition("?")
+    out: dict[str, str] = {}
+    for pair in query.split("&"):
+        if pair:
+            name, _, value = pair.partition("=")
+            out[name] = value
+    return out
 
 
 def response_bytes(
@@ -100,8 +119,15 @@ class AdminServer:
     ``source()`` returns the snapshot to report; it is called on the loop, once per request.
     """
 
-    def __init__(self, source: Callable[[], Snapshot], host: str, port: int) -> None:
+    def __init__(
+        self,
+        source: Callable[[], Snapshot],
+        host: str,
+        port: int,
+        read_only: Callable[[bool | None], dict[str, Any]] | None = None,
+    ) -> None:
         self._source = source
+        self._read_only = read_only
         self._host = host
         self._port = port
         self._registry = make_registry(source)
@@ -162,6 +188,8 @@ class AdminServer:
 
     def _respond(self, request_line: bytes) -> bytes:
         method, path = parse_request_line(request_line)
+        if path == "/readonly" and self._read_only is not None:
+            return self._readonly(method, request_line)
         if method not in ("GET", "HEAD"):
             return response_bytes(HTTPStatus.METHOD_NOT_ALLOWED, b"use GET\n", _TEXT, allow="GET, HEAD")
         head_only = method == "HEAD"
@@ -183,6 +211,20 @@ class AdminServer:
             status = HTTPStatus.OK if snap.ready else HTTPStatus.SERVICE_UNAVAILABLE
             return _json(status, {"ready": snap.ready, "state": snap.state.value}, head_only)
         return _json(HTTPStatus.OK, state_json(snap), head_only)
+
+    def _readonly(self, method: str, request_line: bytes) -> bytes:
+        assert self._read_only is not None
+        if method not in ("GET", "HEAD", "POST"):
+            return response_bytes(
+                HTTPStatus.METHOD_NOT_ALLOWED, b"use GET or POST\n", _TEXT, allow="GET, HEAD, POST"
+            )
+        value = parse_query(request_line).get("set")
+        if value is not None and value not in _SET_VALUES:
+            return response_bytes(HTTPStatus.BAD_REQUEST, b"set must be 1 or 0\n", _TEXT)
+        wanted = None if value is None or method == "HEAD" else _SET_VALUES[value]  # HEAD only looks
+        if wanted is not None:
+            log.info("admin.readonly_set", read_only=wanted)
+        return _json(HTTPStatus.OK, self._read_only(wanted), method == "HEAD")
 
     async def close(self) -> None:
         """Stop accepting, end open admin connections, wait (bounded) for the listener to close."""

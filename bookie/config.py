@@ -18,6 +18,7 @@ from typing import Any
 
 from bookie import journal_format as fmt
 from bookie.journal import JournalConfig
+from bookie.mode import DiskThresholds
 from bookie.storage import StorageConfig
 from bookkeeper_aio.protocol.codes import FRAME_BYTES_MAX
 
@@ -64,6 +65,16 @@ class BookieConfig:
     """Listen address of the admin HTTP endpoint (``/health``, ``/ready``, ``/metrics``, ``/state``)."""
     admin_port: int = -1
     """Admin HTTP port: -1 = disabled, 0 = ephemeral (the bookie prints ``ADMIN host:port``)."""
+    disk_free_bytes_min: int = 512 * 1024 * 1024
+    """Read-only mode below this much free space on the data dir: normal adds get EREADONLY and the
+    registration moves to ``bookies/readonly/``. Room for ~1 s of journal at full speed plus the
+    preallocated segment steps, above the recovery reserve."""
+    disk_free_bytes_writable: int = 768 * 1024 * 1024
+    """Back to writable once free space is at least this (hysteresis; >= disk_free_bytes_min)."""
+    disk_reserve_bytes: int = 128 * 1024 * 1024
+    """While read-only, recovery adds are still accepted as long as free space is above this."""
+    disk_check_interval_s: float = 1.0
+    """How often the data dir's free space is checked (one statvfs, off the event loop)."""
 
     def validate(self) -> BookieConfig:
         """Return a config with derived defaults filled in; raise :class:`ConfigError`."""
@@ -87,6 +98,11 @@ class BookieConfig:
             raise ConfigError(f"frame_bytes_max {config.frame_bytes_max} is out of range")
         if config.journal_group_wait_ms < 0:
             raise ConfigError("journal_group_wait_ms must be >= 0")
+        _positive(config, "disk_check_interval_s")
+        try:
+            config.disk_thresholds().validate()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
         if config.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"log_level {config.log_level!r}: use debug, info, warning or error")
         try:
@@ -102,6 +118,13 @@ class BookieConfig:
             group_bytes=self.journal_group_bytes,
             queue_bytes_max=self.journal_queue_bytes_max,
             record_bytes_max=self.frame_bytes_max + _RECORD_OVERHEAD_BYTES,
+        )
+
+    def disk_thresholds(self) -> DiskThresholds:
+        return DiskThresholds(
+            free_bytes_min=self.disk_free_bytes_min,
+            free_bytes_writable=self.disk_free_bytes_writable,
+            reserve_bytes=self.disk_reserve_bytes,
         )
 
     def storage_config(self) -> StorageConfig:

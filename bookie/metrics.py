@@ -13,8 +13,9 @@ counters end in ``_total``. The list, with meanings, is in docs/bookie.md (*Metr
 
 Bookie state (:class:`BookieState`), derived, never stored: ``starting`` until the listener is up,
 ``failed`` once the journal hit an I/O error (nothing more can be made durable until a restart),
-``read_only`` when the data dir's filesystem is read-only, not writable or nearly full, ``stopping``
-during shutdown, else ``writable``.
+``read_only`` in read-only mode (:mod:`bookie.mode`: disk below ``disk_free_bytes_min``, set by the
+operator, ...) or when the data dir's filesystem is read-only, not writable or nearly full,
+``stopping`` during shutdown, else ``writable``.
 """
 
 from __future__ import annotations
@@ -148,6 +149,13 @@ class Snapshot:
     sockets_paused: bool = False
     long_poll_waiters: int = 0
     disk: DiskStatus = field(default_factory=DiskStatus)
+    read_only_mode: bool = False
+    """The mode machine's answer (:mod:`bookie.mode`): normal adds get EREADONLY."""
+    read_only_reason: str | None = None
+    read_only_manual: bool = False
+    mode_transitions: int = 0
+    registered_read_only: bool | None = None
+    """The registration set metadata holds the bookie in (None: no registration)."""
 
 
 def _op_name(request_type: type[Any]) -> str:
@@ -178,6 +186,11 @@ def snapshot(server: BookieServer, disk: DiskStatus | None = None) -> Snapshot:
         "sockets_paused": server.load.sockets_paused,
         "journal_queue_bytes_max": config.journal_queue_bytes_max,
         "disk": disk,
+        "read_only_mode": server.mode.read_only,
+        "read_only_reason": server.mode.reason,
+        "read_only_manual": server.mode.manual,
+        "mode_transitions": server.mode.transitions,
+        "registered_read_only": server.registered_read_only if server.registration is not None else None,
     }
     storage, processor = server.storage, server.processor
     if storage is not None:
@@ -218,7 +231,7 @@ def _state(server: BookieServer, values: dict[str, Any]) -> BookieState:
         return BookieState.STARTING
     if values.get("journal_failed") is not None:
         return BookieState.FAILED
-    if _disk_problem(values["disk"]) is not None:
+    if values["read_only_mode"] or _disk_problem(values["disk"]) is not None:
         return BookieState.READ_ONLY
     return BookieState.WRITABLE
 
@@ -302,6 +315,17 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     )
     yield _gauge(
         "bookie_disk_read_only", "1 when the data dir is read-only or unusable", int(snap.disk.read_only)
+    )
+    yield _gauge(
+        "bookie_read_only_mode", "1 while normal adds are refused (EREADONLY)", int(snap.read_only_mode)
+    )
+    yield _gauge(
+        "bookie_read_only_manual",
+        "1 while the operator holds the bookie read-only",
+        int(snap.read_only_manual),
+    )
+    yield _counter(
+        "bookie_mode_transitions", "Transitions between writable and read-only mode", snap.mode_transitions
     )
 
 
@@ -413,6 +437,13 @@ def state_json(snap: Snapshot) -> dict[str, Any]:
         "in_flight": snap.in_flight,
         "sockets_paused": snap.sockets_paused,
         "long_poll_waiters": snap.long_poll_waiters,
+        "read_only": {
+            "mode": "readonly" if snap.read_only_mode else "writable",
+            "reason": snap.read_only_reason,
+            "manual": snap.read_only_manual,
+            "transitions": snap.mode_transitions,
+            "registered_read_only": snap.registered_read_only,
+        },
         "disk": {
             "total_bytes": snap.disk.total_bytes,
             "free_bytes": snap.disk.free_bytes,

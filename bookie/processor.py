@@ -7,8 +7,14 @@ acknowledged before it is durable. Handlers that read the disk run as tasks owne
 
 Status table (:data:`STATUS_FOR`): NoLedger -> ENOLEDGER, NoEntry -> ENOENTRY, Fenced -> EFENCED,
 Unauthorized -> EUA, EntryCorrupt / JournalError / OSError -> EIO, BadRequest -> EBADREQ,
-TooManyRequests -> ETOOMANYREQUESTS. Anything unexpected is logged and answered EIO: a bug in one
-handler must not take the connection, let alone the server, down.
+TooManyRequests -> ETOOMANYREQUESTS, ReadOnly -> EREADONLY. Anything unexpected is logged and
+answered EIO: a bug in one handler must not take the connection, let alone the server, down.
+
+Read-only mode (:mod:`bookie.mode`): while ``read_only`` is set (by the server, on a mode
+transition) an add asks the mode machine first, after the body checks: a normal add gets EREADONLY
+with the reason, a recovery add passes while the disk reserve lasts. A WRITE_LAC for a ledger this
+bookie does not hold is refused too (it would start a new ledger); reads, fences and the rest are
+unaffected.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import structlog
 from bookie.connection_handler import BookieConnection
 from bookie.journal import JournalError
 from bookie.ledger_state import LedgerState, Waiter, WakeReason
+from bookie.mode import ModeMachine, ReadOnly
 from bookie.storage import (
     AddCompletion,
     EntryCorrupt,
@@ -67,6 +74,7 @@ STATUS_FOR: dict[type[BaseException], StatusCode] = {
     OSError: StatusCode.EIO,
     BadRequest: StatusCode.EBADREQ,
     TooManyRequests: StatusCode.ETOOMANYREQUESTS,
+    ReadOnly: StatusCode.EREADONLY,
 }
 
 
@@ -115,8 +123,14 @@ class _AddReply(AddCompletion):
 class Processor:
     """Dispatches decoded requests to handlers; owns no connection state of its own."""
 
-    def __init__(self, storage: Storage, bookie_id: str, frame_bytes_max: int) -> None:
+    def __init__(
+        self, storage: Storage, bookie_id: str, frame_bytes_max: int, mode: ModeMachine | None = None
+    ) -> None:
         self.storage = storage
+        self.mode = mode
+        self.read_only = False
+        """Mirrors ``mode.read_only`` (set by the server on each transition): one attribute load on
+        the add path while writable."""
         self.bookie_id = bookie_id
         self.frame_bytes_max = frame_bytes_max
         self._loop = asyncio.get_running_loop()
@@ -208,11 +222,16 @@ class Processor:
         ledger_id, entry_id, lac = _BODY_HEADER.unpack_from(body)
         if ledger_id != req.ledger_id or entry_id != req.entry_id:
             raise BadRequest(f"entry body does not carry ledger {req.ledger_id} entry {req.entry_id}")
-        reply = _AddReply(conn, req.request_id, ledger_id)
         recovery = req.flags & _RECOVERY_ADD != 0
+        if self.read_only and self.mode is not None:
+            self.mode.check_add(recovery)
+        reply = _AddReply(conn, req.request_id, ledger_id)
         self.storage.add_entry(ledger_id, entry_id, lac, req.master_key, body, recovery, reply)
 
     def _write_lac(self, conn: BookieConnection, req: m.WriteLacRequest) -> None:
+        if self.read_only and self.mode is not None and req.ledger_id not in self.storage.ledgers:
+            raise ReadOnly(f"bookie is read-only ({self.mode.reason}): no new ledgers")
+
         def done(error: BaseException | None) -> None:
             if error is not None:
                 self._error(conn, req, error)
@@ -370,11 +389,16 @@ class Processor:
             "free_disk_bytes": stat.f_bavail * stat.f_frsize,
             "total_disk_bytes": stat.f_blocks * stat.f_frsize,
             "ledgers": len(self.storage.ledgers),
-            "state": "writable" if self.storage.journal.failed is None else "readonly",
+            "state": "readonly" if self._is_read_only() else "writable",
             "journal_groups": self.storage.journal.groups_written,
             "journal_records": self.storage.journal.records_written,
         }
+        if self.mode is not None and self.mode.reason is not None:
+            info["read_only_reason"] = self.mode.reason[: m.TEXT_CHARS_MAX]
         conn.complete(req.request_id, m.encode(m.GetBookieInfoResponse(req.request_id, 0, None, info)))
+
+    def _is_read_only(self) -> bool:
+        return self.read_only or self.storage.journal.failed is not None
 
     def _list_entries(self, conn: BookieConnection, req: m.GetListOfEntriesRequest) -> None:
         state = self.storage.ledger(req.ledger_id)

@@ -10,6 +10,10 @@ Plugs into :class:`bookie.server.BookieServer`:
   After a disk loss an operator runs ``bkaio bookie format BOOKIE_ID`` to forget the old cookie.
 - ``start(bookie_id, address)`` registers under ``bookies/writable/`` bound to a lease (re-registered
   after a lease loss by :class:`metadata.BookieRegistration`); ``close()`` deregisters.
+- ``set_read_only(flag)`` moves the key between ``bookies/writable/`` and ``bookies/readonly/``
+  (same lease; read-only mode, :mod:`bookie.mode`). Called before ``start`` it only records the
+  state, and ``start`` registers straight into it (a bookie that starts with a full disk never
+  appears writable).
 
 The cluster root must exist (``bkaio cluster init`` or the sandbox creates it): a bookie never
 creates a cluster by itself, so a typo in the root fails loudly instead of starting an empty cluster.
@@ -38,6 +42,7 @@ class MetadataRegistration:
         self._ttl_s = ttl_s
         self._connection: metadata.MetadataConnection | None = None
         self._registration: metadata.BookieRegistration | None = None
+        self._read_only = False
 
     def _connect(self) -> metadata.MetadataConnection:
         if self._connection is None:
@@ -70,10 +75,21 @@ class MetadataRegistration:
     async def start(self, bookie_id: str, address: str) -> None:
         conn = self._connect()
         host, _, port = address.rpartition(":")
-        info = metadata.BookieInfo(bookie_id=bookie_id, host=host, port=int(port))
+        state = metadata.BookieState.READONLY if self._read_only else metadata.BookieState.WRITABLE
+        info = metadata.BookieInfo(bookie_id=bookie_id, host=host, port=int(port), state=state)
         self._registration = metadata.BookieRegistration(conn.store, conn.root, info, ttl_s=self._ttl_s)
         await self._registration.start()
-        log.info("bookie.registered", bookie_id=bookie_id, address=address, root=conn.root)
+        log.info("bookie.registered", bookie_id=bookie_id, address=address, root=conn.root, state=state.value)
+
+    async def set_read_only(self, read_only: bool) -> None:
+        """Move the registration to ``bookies/readonly/`` (True) or ``bookies/writable/`` (False).
+
+        Raises :class:`metadata.MetadataError` when the store does not answer (the caller retries).
+        """
+        self._read_only = read_only
+        if self._registration is not None:
+            state = metadata.BookieState.READONLY if read_only else metadata.BookieState.WRITABLE
+            await self._registration.set_state(state)
 
     async def close(self) -> None:
         if self._registration is not None:

@@ -8,8 +8,15 @@ become durable and answered, close connections, flush and close the journal, che
 ``abort()`` drops everything at once.
 
 With ``admin_port >= 0`` an admin HTTP server (:mod:`bookie.admin`: ``/health``, ``/ready``,
-``/metrics``, ``/state``) is started first, so probes and scrapes answer during a long recovery
-too, and closed last, so they see the bookie stopping.
+``/metrics``, ``/state``, ``/readonly``) is started first, so probes and scrapes answer during a
+long recovery too, and closed last, so they see the bookie stopping.
+
+Read-only mode (:mod:`bookie.mode`): the server owns the :class:`~bookie.mode.ModeMachine`. A task
+checks the data dir every ``disk_check_interval_s`` (statvfs in a worker thread: a hung filesystem
+must not stall the loop) and the journal's failure; the operator toggles it through the admin
+endpoint (:meth:`BookieServer.set_read_only`). On each transition the processor starts or stops
+refusing normal adds at once, and a second task moves the registration between ``writable/`` and
+``readonly/`` (retried with backoff while metadata is unreachable; the latest wanted state wins).
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from bookie.admin import AdminServer
 from bookie.config import BookieConfig
 from bookie.connection_handler import BookieConnection, ConnectionLimits, ServerLoad
 from bookie.cookie import read_instance_id
-from bookie.metrics import Snapshot, snapshot
+from bookie.metrics import DiskStatus, Snapshot, probe_disk, snapshot
+from bookie.mode import Mode, ModeMachine
 from bookie.processor import Processor
 from bookie.storage import Storage
 
@@ -40,7 +48,14 @@ class Registration(Protocol):
 
     async def start(self, bookie_id: str, address: str) -> None: ...
 
+    async def set_read_only(self, read_only: bool) -> None:
+        """Register under the read-only set (True) or the writable set; before ``start``: the
+        state to register in. Raises on a metadata error (the server retries)."""
+
     async def close(self) -> None: ...
+
+
+REGISTRATION_RETRY_S_MAX = 5.0
 
 
 class BookieServer:
@@ -65,9 +80,17 @@ class BookieServer:
         self.closing = False
         self.connections_refused = 0
         self.started_s = time.monotonic()
+        self.mode = ModeMachine(config.disk_thresholds(), self._on_mode_change)
+        self._mode_task: asyncio.Task[None] | None = None
+        self._registration_task: asyncio.Task[None] | None = None
+        self._registration_wanted = asyncio.Event()
+        self.registered_read_only = False
+        """The registration set the metadata holds us in (after the last successful move)."""
         self.admin: AdminServer | None = None
         if config.admin_port >= 0:
-            self.admin = AdminServer(self.snapshot, config.admin_host, config.admin_port)
+            self.admin = AdminServer(
+                self.snapshot, config.admin_host, config.admin_port, read_only=self.set_read_only
+            )
 
     @property
     def connection_count(self) -> int:
@@ -98,13 +121,20 @@ class BookieServer:
                 self.admin.abort()
             raise
         self.storage.journal.on_pressure = self._on_journal_pressure
-        self.processor = Processor(self.storage, self.config.bookie_id, self.config.frame_bytes_max)
+        self.processor = Processor(
+            self.storage, self.config.bookie_id, self.config.frame_bytes_max, mode=self.mode
+        )
+        self.processor.read_only = self.mode.read_only  # the operator may have set it already
+        initial_read_only = False
         loop = asyncio.get_running_loop()
         try:
+            await self.check_mode()  # a bookie that starts with a full disk starts read-only
             if self.registration is not None:
                 # Before listening: a bookie whose data was wiped must never answer a single read.
                 instance_id = read_instance_id(self.storage.fileio, self.config.data_dir)
                 await self.registration.verify(self.config.bookie_id, instance_id, self.config.data_dir)
+                initial_read_only = self.mode.read_only
+                await self.registration.set_read_only(initial_read_only)  # the set start() uses
             self._server = await loop.create_server(
                 self._new_connection, self.config.host, self.config.port, backlog=1024
             )
@@ -122,7 +152,78 @@ class BookieServer:
             except BaseException:
                 self.abort()
                 raise
+            self.registered_read_only = initial_read_only
+            self._registration_wanted.set()  # reconcile a transition that happened meanwhile
+            self._registration_task = loop.create_task(self._registration_loop(), name="bookie-mode-reg")
+        self._mode_task = loop.create_task(self._mode_loop(), name="bookie-disk-check")
         self.ready = True
+
+    # ------------------------------------------------------------------ read-only mode
+    def set_read_only(self, read_only: bool | None) -> dict[str, object]:
+        """The operator's toggle (admin ``/readonly``): True sets manual read-only (sticks until
+        cleared), False clears it (the disk may still hold the bookie read-only), None only reports."""
+        if read_only is not None:
+            self.mode.set_manual(read_only)
+        return self.mode_json()
+
+    def mode_json(self) -> dict[str, object]:
+        mode = self.mode
+        return {
+            "mode": mode.mode.value,
+            "manual": mode.manual,
+            "reason": mode.reason,
+            "disk_free_bytes": mode.free_bytes,
+            "registered_read_only": self.registered_read_only if self.registration is not None else None,
+        }
+
+    async def check_mode(self) -> None:
+        """One disk + journal observation (the periodic task calls this; tests may too)."""
+        disk = await asyncio.to_thread(probe_disk, self.config.data_dir)
+        self.mode.observe_disk(None if disk.error else disk.free_bytes, _disk_mode_problem(disk))
+        if self.storage is not None:
+            self.mode.observe_journal(self.storage.journal.failed)
+
+    async def _mode_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.disk_check_interval_s)
+            try:
+                await self.check_mode()
+            except Exception:  # never let the checker die silently: the next interval retries
+                log.exception("bookie.disk_check_failed")
+
+    def _on_mode_change(self, old: Mode, new: Mode, reason: str) -> None:
+        if self.processor is not None:
+            self.processor.read_only = new is Mode.READONLY
+        self._registration_wanted.set()
+
+    async def _registration_loop(self) -> None:
+        assert self.registration is not None
+        delay_s = 0.1
+        while True:
+            await self._registration_wanted.wait()
+            self._registration_wanted.clear()
+            wanted = self.mode.read_only
+            if wanted == self.registered_read_only:
+                continue
+            try:
+                await self.registration.set_read_only(wanted)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 (metadata down, a lease lost: retry, keep serving)
+                log.warning("bookie.registration_move_failed", read_only=wanted, error=repr(exc))
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, REGISTRATION_RETRY_S_MAX)
+                self._registration_wanted.set()
+                continue
+            delay_s = 0.1
+            self.registered_read_only = wanted
+            log.info("bookie.registration_moved", set="readonly" if wanted else "writable")
+
+    def _stop_mode_tasks(self) -> None:
+        for task in (self._mode_task, self._registration_task):
+            if task is not None:
+                task.cancel()
+        self._mode_task = self._registration_task = None
 
     def _new_connection(self) -> asyncio.Protocol:
         assert self.processor is not None
@@ -152,6 +253,7 @@ class BookieServer:
     async def close(self) -> None:
         self.closing = True
         self.ready = False
+        self._stop_mode_tasks()
         if self.registration is not None:
             with contextlib.suppress(Exception):
                 await self.registration.close()
@@ -177,6 +279,7 @@ class BookieServer:
     def abort(self) -> None:
         self.closing = True
         self.ready = False
+        self._stop_mode_tasks()
         if self.admin is not None:
             self.admin.abort()
         if self._server is not None:
@@ -185,6 +288,15 @@ class BookieServer:
             conn.abort()
         if self.storage is not None:
             self.storage.abort()
+
+
+def _disk_mode_problem(disk: DiskStatus) -> str | None:
+    """What about the data dir (besides free space) makes the bookie read-only."""
+    if disk.error is not None:
+        return f"data dir unusable: {disk.error}"
+    if disk.read_only:
+        return "data dir is read-only (filesystem mounted read-only or directory not writable)"
+    return None
 
 
 class _Refuse(asyncio.Protocol):
