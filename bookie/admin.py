@@ -185,6 +185,9 @@ class AdminServer:
         writer.write(response)
         async with asyncio.timeout(REQUEST_TIMEOUT_S):
             await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+        await _linger(reader)
 
     def _respond(self, request_line: bytes) -> bytes:
         method, path = parse_request_line(request_line)
@@ -249,6 +252,26 @@ class AdminServer:
             task.cancel()
         for writer in list(self._writers):
             writer.transport.abort()
+
+
+LINGER_S = 1.0
+LINGER_BYTES_MAX = 256 * 1024
+"""Lingering close: after answering (maybe early, e.g. 431 on an oversized head) the server reads and
+drops what the peer is still sending, up to these bounds, before closing. Closing with unread bytes
+makes the kernel send a reset, which can destroy the response before the peer reads it."""
+
+
+async def _linger(reader: asyncio.StreamReader) -> None:
+    remaining = LINGER_BYTES_MAX
+    try:
+        async with asyncio.timeout(LINGER_S):
+            while remaining > 0:
+                chunk = await reader.read(min(65536, remaining))
+                if not chunk:
+                    return
+                remaining -= len(chunk)
+    except TimeoutError:
+        return
 
 
 async def _read_head(reader: asyncio.StreamReader) -> bytes | None:
