@@ -116,6 +116,8 @@ class _Writer:
         self.fds: dict[int, int] = {}
         self.allocated: dict[int, int] = {}
         self.sync_seconds = BucketHistogram(FSYNC_SECONDS_BOUNDS)  # observed here, read at scrape
+        self.spare_error: OSError | None = None
+        """The last failure to create the next segment ahead of time (None once one succeeded)."""
 
     def _path(self, segment_id: int) -> str:
         return os.path.join(self.directory, fmt.segment_name(segment_id))
@@ -168,7 +170,23 @@ class _Writer:
             if i != last:
                 self.close_segment(run.segment_id)
         if spare_segment_id not in self.fds:
-            self.prepare(spare_segment_id)
+            self._prepare_spare(spare_segment_id)
+
+    def _prepare_spare(self, segment_id: int) -> None:
+        """Create the next segment ahead of time. The group before it is already synced, so a
+        failure here (ENOSPC) must not fail that group or the journal: log it once, drop the
+        half-made spare (its zeros replay as "never written"), retry with the next group; a roll
+        into it prepares it again, and fails the journal only if the disk is still full then."""
+        try:
+            self.prepare(segment_id)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self.close_segment(segment_id)
+            if self.spare_error is None:
+                log.warning("journal.spare_segment_failed", segment_id=segment_id, error=repr(exc))
+            self.spare_error = exc
+        else:
+            self.spare_error = None
 
     def close_segment(self, segment_id: int) -> None:
         self.allocated.pop(segment_id, None)
