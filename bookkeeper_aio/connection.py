@@ -15,8 +15,10 @@ Rules (STYLE habits 3, 4, 7; DESIGN §10 for the performance choices):
   per-request state for it: they are grouped by the write tick that sends them (one mark per
   group: the group's first request id and the time its last request was made plus the timeout) and
   expired by one periodic sweep from the head of the (insertion-ordered) dict; others (long polls)
-  get their own timer. Request ids on one connection must increase (they come from the pool's
-  counter and are used at once).
+  get their own timer. The sweep relies on grouped request ids increasing along the dict, so a
+  request whose id is not above every id already sent on the connection also gets its own timer:
+  ids come from the pool's counter but are not always used at once (a recovery read's speculative
+  second replica; the first request of a connection whose hello took the next id).
 - Responses are framed straight out of the receive buffer (no per-frame copy) and a successful ADD
   answer, the hot path, is validated inline; everything else goes through the generic decoder.
 - Losing the connection fails every pending request with :class:`BookieConnectionLost` whose
@@ -107,6 +109,7 @@ class BookieConnection(asyncio.Protocol):
         # the newest group is open (expires_at infinite) until the tick that sends it is flushed.
         self._marks: collections.deque[list[float]] = collections.deque()
         self._group_open = False
+        self._rid_max = -1  # highest request id sent on this connection
         self._frame_bytes_max = frame_bytes_max
         self._buf = bytearray()
         self._transport: asyncio.Transport | None = None
@@ -142,9 +145,9 @@ class BookieConnection(asyncio.Protocol):
     def request(
         self, request_id: int, frame: bytes, callback: ResponseCallback, context: Any, timeout_s: float
     ) -> None:
-        """Send ``frame`` (a whole encoded request whose id is ``request_id``, higher than any
-        earlier one on this connection); exactly one ``callback(context, bookie_id, result)``
-        follows."""
+        """Send ``frame`` (a whole encoded request whose id is ``request_id``, unique among the
+        requests pending on this connection; normally higher than any earlier one); exactly one
+        ``callback(context, bookie_id, result)`` follows."""
         if self.state is _CLOSED:
             error = BookieConnectionLost(f"connection to {self.bookie_id} is closed")
             error.__cause__ = self._error
@@ -155,15 +158,19 @@ class BookieConnection(asyncio.Protocol):
             overload = TooManyRequests(f"{self._pending_max} requests pending on {self.bookie_id}")
             self._loop.call_soon(callback, context, self.bookie_id, overload)
             return
-        if timeout_s != self._standard_timeout_s:
+        if request_id > self._rid_max and timeout_s == self._standard_timeout_s:
+            self._rid_max = request_id
+            if not self._group_open:
+                self._group_open = True
+                self._marks.append([_OPEN_GROUP, request_id])
+                if self._sweep is None:
+                    self._sweep = self._loop.call_later(self._sweep_interval_s, self._sweep_expired)
+        else:  # a long poll, or an id below one already sent: grouping would misorder the sweep
+            if request_id > self._rid_max:
+                self._rid_max = request_id
             self._timers[request_id] = self._loop.call_at(
                 self._time() + timeout_s, self._expire_one, request_id
             )
-        elif not self._group_open:
-            self._group_open = True
-            self._marks.append([_OPEN_GROUP, request_id])
-            if self._sweep is None:
-                self._sweep = self._loop.call_later(self._sweep_interval_s, self._sweep_expired)
         pending[request_id] = (callback, context)
         self._out.append(frame)
         if not self._flush_scheduled and self._transport is not None:

@@ -1,0 +1,110 @@
+"""The CRC32C ADD frame fast path (``LedgerHandle._encode_crc32c``, one join) and the resend path
+(``encode_add_request`` over the body cut back out of that frame) produce exactly the bytes of
+``messages.encode(AddEntryRequest(...))`` over ``EntryCodec.encode`` — around every msgpack length
+boundary of the body and for ids at every msgpack integer width (and LACs down to -1)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from bookkeeper_aio.bookie_client import BookiePool
+from bookkeeper_aio.config import ClientConfig
+from bookkeeper_aio.context import ClientContext, StaticDirectory
+from bookkeeper_aio.ledger import LedgerHandle, encode_add_request
+from bookkeeper_aio.placement import RandomPlacement
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import ID_MAX, REQUEST_ID_MAX, AddFlag
+from bookkeeper_aio.protocol.digest import DIGEST_BYTES, HEADER_BYTES, DigestType, EntryCodec, master_key
+from metadata.ledger import LedgerMetadata
+from metadata.ledgers import LedgerManager, VersionedLedger
+from metadata.memory import MemoryStore
+
+PREFIX = HEADER_BYTES + DIGEST_BYTES[DigestType.CRC32C]  # entry body = prefix + payload
+
+# Every msgpack unsigned width: positive fixint, uint8, uint16, uint32, uint64 (and the edges).
+UINT_EDGES = [0, 1, 127, 128, 255, 256, 65535, 65536, (1 << 32) - 1, 1 << 32, ID_MAX]
+# The LAC and length live in the struct-packed entry header (">q"): -1 and the extremes too.
+LAC_EDGES = [-1, 0, 127, 128, 65536, 1 << 32, ID_MAX]
+
+# Payload sizes: the generic msgpack boundaries (fixstr/str8/str16/str32 and bin8/16/32 lengths)
+# and the sizes that put the *body* (payload + 36 bytes of header and digest), which is what the
+# frame carries as one bin, on either side of bin8/bin16/bin32.
+GENERIC_SIZES = [0, 1, 31, 32, 255, 256, 65535, 65536, 65537]
+BODY_EDGES = [255, 256, 65535, 65536]
+PAYLOAD_SIZES = sorted(
+    {*GENERIC_SIZES, *(edge - PREFIX + d for edge in BODY_EDGES for d in (-1, 0, 1))} - {-1}
+)
+
+
+async def handle_for(ledger_id: int, password: bytes = b"pw") -> LedgerHandle:
+    """A real LedgerHandle (its constructor computes the packed ledger id and the add tail)."""
+    config = ClientConfig()
+    md = LedgerMetadata.new(ledger_id, ["b0:1", "b1:1", "b2:1"], write_quorum=2, ack_quorum=2)
+    ctx = ClientContext(
+        config=config,
+        pool=BookiePool(config),
+        ledgers=LedgerManager(MemoryStore(), "/t"),
+        directory=StaticDirectory([]),
+        placement=RandomPlacement(),
+    )
+    return LedgerHandle(ctx, VersionedLedger(md, 0), password, master_key(password))
+
+
+def reference(ledger_id: int, rid: int, eid: int, lac: int, length: int, payload: bytes, pw: bytes) -> bytes:
+    body = EntryCodec(DigestType.CRC32C, pw).encode(ledger_id, eid, lac, length, payload)
+    return m.encode(m.AddEntryRequest(rid, ledger_id, eid, int(AddFlag.NONE), master_key(pw), body))
+
+
+def check_frame(lh: LedgerHandle, rid: int, eid: int, lac: int, length: int, payload: bytes) -> None:
+    expected = reference(lh.id, rid, eid, lac, length, payload, b"pw")
+    frame, body_start = lh._encode_crc32c(rid, eid, lac, length, payload)
+    assert frame == expected, (lh.id, rid, eid, lac, length, len(payload))
+    body = frame[body_start:]
+    assert len(body) == PREFIX + len(payload)
+    assert body[:HEADER_BYTES] == expected[-len(body) :][:HEADER_BYTES]
+    # The resend path cuts the body back out and re-frames it under a new request id.
+    resent = encode_add_request(rid + 1, lh.id, eid, AddFlag.NONE, master_key(b"pw"), body)
+    assert resent == reference(lh.id, rid + 1, eid, lac, length, payload, b"pw")
+    # And a bookie decodes it to the request we meant (the bookie's fast path).
+    decoded = m.decode_request(frame[4:])
+    assert decoded == m.AddEntryRequest(rid, lh.id, eid, int(AddFlag.NONE), master_key(b"pw"), body)
+
+
+@pytest.mark.parametrize("size", PAYLOAD_SIZES)
+async def test_crc32c_frame__byte_identical_around_every_length_boundary(size: int) -> None:
+    lh = await handle_for(12345)
+    payload = bytes(i % 251 for i in range(size))
+    check_frame(lh, rid=77, eid=3, lac=2, length=1000 + size, payload=payload)
+    lh.abort()
+
+
+async def test_crc32c_frame__byte_identical_at_body_size_bin_boundaries_exactly() -> None:
+    lh = await handle_for(9)
+    for edge in BODY_EDGES:
+        for body_len in (edge - 1, edge, edge + 1):
+            payload = b"\xa5" * (body_len - PREFIX)
+            frame, body_start = lh._encode_crc32c(1, 0, -1, len(payload), payload)
+            assert len(frame) - body_start == body_len
+            assert frame == reference(9, 1, 0, -1, len(payload), payload, b"pw")
+    lh.abort()
+
+
+@pytest.mark.parametrize("ledger_id", UINT_EDGES)
+async def test_crc32c_frame__byte_identical_for_every_id_width(ledger_id: int) -> None:
+    lh = await handle_for(ledger_id)
+    rids = [*UINT_EDGES, REQUEST_ID_MAX - 1]  # rid + 1 is used for the resend check
+    for rid, eid in itertools.product(rids, UINT_EDGES):
+        check_frame(lh, rid, eid, lac=-1, length=0, payload=b"")
+    for eid, lac, length in itertools.product(UINT_EDGES, LAC_EDGES, LAC_EDGES[1:]):
+        check_frame(lh, 1, eid, lac, length, b"x" * 40)
+    lh.abort()
+
+
+async def test_crc32c_frame__other_passwords_change_only_the_master_key() -> None:
+    for password in (b"", b"pw", b"\x00" * 100):
+        lh = await handle_for(5, password)
+        frame, _ = lh._encode_crc32c(300, 70000, 69999, 5, b"hello")
+        assert frame == reference(5, 300, 70000, 69999, 5, b"hello", password)
+        lh.abort()
