@@ -48,6 +48,7 @@ from bookkeeper_aio.errors import (
     UnknownLedgerState,
 )
 from bookkeeper_aio.ledger import HandleState, LedgerHandle
+from bookkeeper_aio.metrics import ClientMetrics, PrometheusClientMetrics
 from bookkeeper_aio.placement import PlacementPolicy, RackAwarePlacement, RandomPlacement
 from bookkeeper_aio.protocol.digest import DigestType
 from bookkeeper_aio.read_handle import LedgerEntry, ReadHandle
@@ -64,6 +65,7 @@ __all__ = [
     "BookieIOError",
     "BookieReadOnly",
     "ClientConfig",
+    "ClientMetrics",
     "DigestError",
     "DigestType",
     "HandleState",
@@ -77,6 +79,7 @@ __all__ = [
     "NoSuchLedger",
     "NotEnoughBookies",
     "PlacementPolicy",
+    "PrometheusClientMetrics",
     "ProtocolVersionMismatch",
     "RackAwarePlacement",
     "RandomPlacement",

@@ -28,6 +28,7 @@ from bookkeeper_aio.config import ClientConfig
 from bookkeeper_aio.context import BookieDirectory, ClientContext
 from bookkeeper_aio.errors import BKError, BKInterfaceError, BookieConnectionLost, NoSuchLedger, Unauthorized
 from bookkeeper_aio.ledger import LedgerHandle
+from bookkeeper_aio.metrics import ClientMetrics
 from bookkeeper_aio.placement import PlacementPolicy, RandomPlacement
 from bookkeeper_aio.protocol.digest import DigestType, EntryCodec, master_key
 from bookkeeper_aio.read_handle import ReadHandle, read_lac_with_coverage
@@ -88,6 +89,7 @@ class BookKeeper:
         resolver: AddressResolver | None = None,
         placement: PlacementPolicy | None = None,
         metadata: MetadataConnection | None = None,
+        metrics: ClientMetrics | None = None,
     ) -> None:
         config = config or ClientConfig()
         self._metadata = metadata
@@ -97,16 +99,23 @@ class BookKeeper:
             ledgers=ledgers,
             directory=directory,
             placement=placement or RandomPlacement(),
+            metrics=metrics,
         )
         self._writers: weakref.WeakSet[LedgerHandle] = weakref.WeakSet()
         self._closed = False
 
     @classmethod
     def connect(
-        cls, url: str, *, config: ClientConfig | None = None, placement: PlacementPolicy | None = None
+        cls,
+        url: str,
+        *,
+        config: ClientConfig | None = None,
+        placement: PlacementPolicy | None = None,
+        metrics: ClientMetrics | None = None,
     ) -> _Connect:
-        """``async with BookKeeper.connect(url) as bk`` (or ``bk = await BookKeeper.connect(url)``)."""
-        return _Connect(url, config, placement)
+        """``async with BookKeeper.connect(url) as bk`` (or ``bk = await BookKeeper.connect(url)``).
+        ``metrics``: hooks called as adds, reads and recoveries finish (:mod:`bookkeeper_aio.metrics`)."""
+        return _Connect(url, config, placement, metrics)
 
     @property
     def context(self) -> ClientContext:
@@ -240,10 +249,17 @@ class BookKeeper:
 class _Connect:
     """Awaitable and async context manager returned by :meth:`BookKeeper.connect`."""
 
-    def __init__(self, url: str, config: ClientConfig | None, placement: PlacementPolicy | None) -> None:
+    def __init__(
+        self,
+        url: str,
+        config: ClientConfig | None,
+        placement: PlacementPolicy | None,
+        metrics: ClientMetrics | None = None,
+    ) -> None:
         self._url = url
         self._config = config
         self._placement = placement
+        self._metrics = metrics
         self._client: BookKeeper | None = None
 
     async def _make(self) -> BookKeeper:
@@ -259,6 +275,7 @@ class _Connect:
             resolver=directory,
             placement=self._placement,
             metadata=conn,
+            metrics=self._metrics,
         )
 
     def __await__(self) -> Any:

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from bookkeeper_aio.bookie_client import BookiePool
 from bookkeeper_aio.config import ClientConfig
+from bookkeeper_aio.metrics import ClientMetrics
 from bookkeeper_aio.placement import PlacementPolicy
 from metadata.ledgers import LedgerManager
 
@@ -39,3 +40,5 @@ class ClientContext:
     ledgers: LedgerManager
     directory: BookieDirectory
     placement: PlacementPolicy
+    metrics: ClientMetrics | None = None
+    """Metrics hooks (:mod:`bookkeeper_aio.metrics`); None: no call is made at all."""

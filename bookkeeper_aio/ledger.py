@@ -110,7 +110,8 @@ class _PendingAdd:
     """One outstanding add. ``acked`` is a bitmask over positions of ``write_set`` (bit i: the
     bookie ``write_set[i]`` acked); ``sent_to`` is the write set itself while the entry went to
     exactly that (the common case, no allocation), else a set of every bookie it was sent to.
-    ``frame`` is the encoded ADD request; the entry body is ``frame[body_start:]``."""
+    ``frame`` is the encoded ADD request; the entry body is ``frame[body_start:]``. ``started``
+    (loop time) is set only when the handle reports metrics."""
 
     __slots__ = (
         "acked",
@@ -121,8 +122,10 @@ class _PendingAdd:
         "length",
         "quorum",
         "sent_to",
+        "started",
         "write_set",
     )
+    started: float
 
     def __init__(self, entry_id: int, length: int, future: asyncio.Future[int]) -> None:
         self.entry_id = entry_id
@@ -192,6 +195,7 @@ class LedgerHandle:
         self._lac_timer: asyncio.TimerHandle | None = None
         self._lac_interval_s = self._config.explicit_lac_interval_ms / 1000
         self._listener: EventListener | None = None
+        self._metrics = ctx.metrics
         self._on_add = self._on_add_result
         self.ensemble_changes = 0
 
@@ -302,6 +306,8 @@ class LedgerHandle:
         self._length_sent = length
         future: asyncio.Future[int] = self._loop.create_future()
         op = _PendingAdd(entry_id, length, future)
+        if self._metrics is not None:
+            op.started = self._loop.time()
         lac = self._lac
         self._lac_sent = lac
         self._sends += 1
@@ -398,6 +404,8 @@ class LedgerHandle:
             return
         pending = self._pending
         listener = self._listener
+        metrics = self._metrics
+        now = self._loop.time() if metrics is not None else 0.0
         completed = False
         while pending and pending[0].quorum:
             op = pending.popleft()
@@ -405,6 +413,8 @@ class LedgerHandle:
             self._length_confirmed = op.length
             if not op.future.done():
                 op.future.set_result(op.entry_id)
+            if metrics is not None:
+                metrics.add_completed(now - op.started)
             if listener is not None:
                 listener("add.completed", op.entry_id)
             completed = True
@@ -450,7 +460,10 @@ class LedgerHandle:
 
     def _fail_outstanding(self, error: BKError) -> None:
         pending, self._pending = self._pending, collections.deque()
+        metrics = self._metrics
         for op in pending:
+            if metrics is not None:
+                metrics.add_failed(error)
             _fail_future(op.future, error)
         for waiter in self._slot_waiters:
             if not waiter.done():
@@ -526,6 +539,8 @@ class LedgerHandle:
             self._ensemble = stored.metadata.current_ensemble
             self._write_sets = self._bookie_write_sets(self._ensemble)
             self.ensemble_changes += 1
+            if self._metrics is not None:
+                self._metrics.ensemble_changed(self._id)
             log.info(
                 "ensemble.changed",
                 ledger_id=self._id,

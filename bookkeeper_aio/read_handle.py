@@ -27,6 +27,7 @@ from typing import Any
 
 import structlog
 
+from bookkeeper_aio.batch_read import can_batch, read_range_batched
 from bookkeeper_aio.connection import Result
 from bookkeeper_aio.context import ClientContext
 from bookkeeper_aio.errors import (
@@ -55,7 +56,18 @@ LedgerEntry = Entry
 class _ReadOp:
     """One entry being read from its replicas; completed by connection callbacks."""
 
-    __slots__ = ("entry_id", "errors", "future", "next_replica", "outstanding", "reader", "replicas", "timer")
+    __slots__ = (
+        "entry_id",
+        "errors",
+        "future",
+        "next_replica",
+        "outstanding",
+        "reader",
+        "replicas",
+        "started",
+        "timer",
+    )
+    started: float  # set only when the reader reports metrics
 
     def __init__(self, reader: EntryReader, entry_id: int, replicas: tuple[str, ...]) -> None:
         self.reader = reader
@@ -129,6 +141,9 @@ def _on_read_result(op: _ReadOp, bookie_id: str, result: Result) -> None:
             else:
                 op.finish()
                 op.future.set_result(entry)
+                metrics = op.reader.metrics
+                if metrics is not None:
+                    metrics.read_completed(op.reader.loop.time() - op.started)
                 return
     op.errors.append(error)
     if op.send_next():
@@ -137,7 +152,10 @@ def _on_read_result(op: _ReadOp, bookie_id: str, result: Result) -> None:
         return
     if op.outstanding == 0:
         op.finish()
-        op.future.set_exception(_summarise(op))
+        failure = _summarise(op)
+        op.future.set_exception(failure)
+        if op.reader.metrics is not None:
+            op.reader.metrics.read_failed(failure)
 
 
 def _summarise(op: _ReadOp) -> BKError:
@@ -179,6 +197,7 @@ class EntryReader:
             metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
         )
         self.speculative_delay_s = ctx.config.speculative_read_delay_ms / 1000
+        self.metrics = ctx.metrics
 
     def replicas(self, entry_id: int) -> tuple[str, ...]:
         ensemble = self.metadata.ensemble_for(entry_id)
@@ -186,6 +205,8 @@ class EntryReader:
 
     def start(self, entry_id: int) -> _ReadOp:
         op = _ReadOp(self, entry_id, self.replicas(entry_id))
+        if self.metrics is not None:
+            op.started = self.loop.time()
         op.future.add_done_callback(_retrieve)
         op.send_next()
         op.arm_speculation()
@@ -198,8 +219,15 @@ class EntryReader:
         finally:
             op.finish()
 
-    async def read_range(self, first: int, last: int) -> AsyncIterator[Entry]:
-        """Entries ``first..last`` in order, ``read_window_max`` reads ahead."""
+    def read_range(self, first: int, last: int) -> AsyncIterator[Entry]:
+        """Entries ``first..last`` in order, ``read_window_max`` reads ahead: in BATCH_READs when
+        every bookie holds every entry (``Qw == E``, see ``bookkeeper_aio.batch_read``), else in
+        pipelined single reads."""
+        if can_batch(self):
+            return read_range_batched(self, first, last)
+        return self._read_singles(first, last)
+
+    async def _read_singles(self, first: int, last: int) -> AsyncIterator[Entry]:
         window = self.ctx.config.read_window_max
         ops: collections.deque[_ReadOp] = collections.deque()
         next_id = first

@@ -541,5 +541,10 @@ async def recover_ledger(
 ) -> RecoveryResult:
     """Run recovery once (see the module docstring). Raises LedgerRecoveryError (retriable: replies
     could not decide an entry, fencing could not cover the ensemble, metadata trouble),
-    NoSuchLedger, BKTimeout."""
-    return await LedgerRecovery(ctx, ledger_id, codec, key, window=window).run()
+    NoSuchLedger, BKTimeout. Reports ``recovery_finished`` to the client's metrics hooks."""
+    started = asyncio.get_running_loop().time()
+    result = await LedgerRecovery(ctx, ledger_id, codec, key, window=window).run()
+    if ctx.metrics is not None:
+        elapsed = asyncio.get_running_loop().time() - started
+        ctx.metrics.recovery_finished(ledger_id, elapsed, result.recovered_entries)
+    return result
