@@ -27,6 +27,7 @@ from typing import Any
 
 import structlog
 
+from bookkeeper_aio.batch_read import can_batch, read_range_batched
 from bookkeeper_aio.connection import Result
 from bookkeeper_aio.context import ClientContext
 from bookkeeper_aio.errors import (
@@ -218,8 +219,15 @@ class EntryReader:
         finally:
             op.finish()
 
-    async def read_range(self, first: int, last: int) -> AsyncIterator[Entry]:
-        """Entries ``first..last`` in order, ``read_window_max`` reads ahead."""
+    def read_range(self, first: int, last: int) -> AsyncIterator[Entry]:
+        """Entries ``first..last`` in order, ``read_window_max`` reads ahead: in BATCH_READs when
+        every bookie holds every entry (``Qw == E``, see ``bookkeeper_aio.batch_read``), else in
+        pipelined single reads."""
+        if can_batch(self):
+            return read_range_batched(self, first, last)
+        return self._read_singles(first, last)
+
+    async def _read_singles(self, first: int, last: int) -> AsyncIterator[Entry]:
         window = self.ctx.config.read_window_max
         ops: collections.deque[_ReadOp] = collections.deque()
         next_id = first

@@ -12,6 +12,8 @@ answers, hold every answer (a SIGSTOP twin), die and come back, serve a corrupt 
 
 Storage is a dict; the fenced bit, master key and LAC are kept per ledger like a real bookie
 (recovery adds pass a fence; a wrong master key gets EUA). ``requests`` records every request.
+``corrupt_reads`` serves chosen entries with a flipped byte (READ_ENTRY and BATCH_READ);
+``batch_read_limit`` makes BATCH_READ answers short.
 Long polls (LONG_POLL + ENTRY_PIGGYBACK) wait for the LAC like docs/protocol.md §7.3 says.
 
 Scripted interleavings (recovery traces): ``Reply.hold(event)`` processes the request only once
@@ -131,6 +133,9 @@ class FakeBookie:
         self.script: Script | None = None
         self.requests: list[m.Request] = []
         self.corrupt_reads: set[tuple[int, int]] = set()
+        self.batch_read_limit: int | None = None
+        """When set, a BATCH_READ answer holds at most this many bodies (a short batch, as a bookie
+        answers when it stops early: byte budget, unreadable entry)."""
         self._server: asyncio.Server | None = None
         self._conns: set[_Conn] = set()
         self._paused = False
@@ -376,7 +381,10 @@ class FakeBookie:
         bodies: list[bytes] = []
         size = 0
         entry_id = req.start_entry_id
-        while len(bodies) < min(req.max_count, BATCH_READ_COUNT_MAX):
+        count_max = min(req.max_count, BATCH_READ_COUNT_MAX)
+        if self.batch_read_limit is not None:
+            count_max = min(count_max, self.batch_read_limit)
+        while len(bodies) < count_max:
             body = state.entries.get(entry_id)
             if body is None or (bodies and size + len(body) > req.max_bytes):
                 break

@@ -1,0 +1,124 @@
+"""Range-read benchmark: entries/s of ``ReadHandle.read()`` over a closed ledger.
+
+Real bookie processes, 3 bookies. One client writes ``--entries`` entries of ``--size`` bytes
+(pipelined) and closes the ledger; a second client (cold: new connections) opens it and iterates
+``read()`` over the whole ledger. With ``Qw == E`` (default E3/Qw3/Qa2) the client reads in
+BATCH_READs, with ``Qw < E`` in pipelined single reads. ``--batch-count-max 1`` approximates the
+single-read path on a ``Qw == E`` ledger for comparison.
+
+Prints one JSON line per run and a summary (median entries/s over ``--reps``).
+
+    python -m benchmarks.read --reps 5
+    python -m benchmarks.read --reps 5 --qw 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import uvloop
+
+from bookkeeper_aio import BookKeeper, ClientConfig
+from bookkeeper_aio.bookie_client import StaticResolver
+from bookkeeper_aio.context import StaticDirectory
+from metadata.ledgers import LedgerManager
+from metadata.memory import MemoryStore
+from tests.harness.bookie_proc import BookieProcess
+
+_DEFAULTS = ClientConfig()
+
+
+def _client(procs: list[BookieProcess], ledgers: LedgerManager, config: ClientConfig) -> BookKeeper:
+    return BookKeeper(
+        ledgers,
+        StaticDirectory([p.bookie_id for p in procs]),
+        config=config,
+        resolver=StaticResolver({p.bookie_id: p.address for p in procs}),
+    )
+
+
+async def write_ledger(procs: list[BookieProcess], args: argparse.Namespace, ledgers: LedgerManager) -> int:
+    writer = _client(procs, ledgers, ClientConfig())
+    try:
+        lh = await writer.create_ledger(args.ensemble, args.qw, args.qa, password=b"bench")
+        payload = os.urandom(args.size)
+        futures = [await lh.append_async(payload) for _ in range(args.entries)]
+        await asyncio.gather(*futures)
+        await lh.close()
+        return lh.id
+    finally:
+        await writer.close()
+
+
+async def one_run(
+    procs: list[BookieProcess], args: argparse.Namespace, ledgers: LedgerManager, ledger_id: int
+) -> dict[str, Any]:
+    config = ClientConfig(batch_read_count_max=args.batch_count_max, read_window_max=args.window)
+    reader = _client(procs, ledgers, config)
+    try:
+        rh = await reader.open_ledger(ledger_id, password=b"bench")
+        started = time.perf_counter()
+        count = 0
+        async for _entry in rh.read():
+            count += 1
+        elapsed = time.perf_counter() - started
+        assert count == args.entries
+        return {"entries": count, "seconds": round(elapsed, 4), "entries_per_s": round(count / elapsed)}
+    finally:
+        await reader.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--entries", type=int, default=50_000)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--ensemble", type=int, default=3)
+    parser.add_argument("--qw", type=int, default=3)
+    parser.add_argument("--qa", type=int, default=2)
+    parser.add_argument("--window", type=int, default=_DEFAULTS.read_window_max)
+    parser.add_argument("--batch-count-max", type=int, default=_DEFAULTS.batch_read_count_max)
+    parser.add_argument("--dir", default=None)
+    args = parser.parse_args()
+    base = tempfile.mkdtemp(prefix="bench-read-", dir=args.dir)
+    procs = [BookieProcess(os.path.join(base, f"b{i}"), bookie_id=f"b{i}") for i in range(3)]
+    runs: list[dict[str, Any]] = []
+    try:
+        for proc in procs:
+            proc.start()
+        ledgers = LedgerManager(MemoryStore(), "/bench")
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            ledger_id = runner.run(write_ledger(procs, args, ledgers))
+            for _ in range(args.reps):
+                result = runner.run(one_run(procs, args, ledgers, ledger_id))
+                print(json.dumps(result), flush=True)
+                runs.append(result)
+    finally:
+        for proc in procs:
+            proc.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
+    summary: dict[str, Any] = {
+        "bench": "read",
+        "shape": f"E{args.ensemble}/Qw{args.qw}/Qa{args.qa} {args.size} B",
+        "entries": args.entries,
+        "window": args.window,
+        "batch_count_max": args.batch_count_max,
+        "reps": len(runs),
+        "entries_per_s_median": round(statistics.median(r["entries_per_s"] for r in runs)),
+        "loadavg": os.getloadavg(),
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
