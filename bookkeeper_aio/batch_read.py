@@ -259,18 +259,18 @@ async def read_range_batched(reader: EntryReader, first: int, last: int) -> Asyn
             op = ops.popleft()
             asked -= op.count
             entries = await op.future
+            rest = op.first + len(entries)
+            if not entries:  # no replica gave it in a batch: a single read decides (or raises)
+                if rest < op.last:
+                    ops.appendleft(start(rest + 1, op.last))
+                    asked += op.last - rest
+                yield await reader.read_entry(rest)
+                continue
+            if rest <= op.last:  # a short batch: the rest is asked for at once, before later ones
+                ops.appendleft(start(rest, op.last))
+                asked += op.last - rest + 1
             for entry in entries:
                 yield entry
-            rest = op.first + len(entries)
-            if rest > op.last:
-                continue
-            if not entries:  # no replica gave it in a batch: a single read decides (or raises)
-                yield await reader.read_entry(rest)
-                rest += 1
-                if rest > op.last:
-                    continue
-            ops.appendleft(start(rest, op.last))  # the rest of this batch, before later ones
-            asked += op.last - rest + 1
     finally:
         for op in ops:
             op.finish()
