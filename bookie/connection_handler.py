@@ -221,6 +221,29 @@ class BookieConnection(asyncio.Protocol):
             if self._buf and not self.closed:
                 self._loop.call_soon(self._process_buffer)
 
+    def complete_adds(self, request_ids: list[int], frames: list[bytes]) -> None:
+        """Answer a run of requests at once (a journal group's adds): ``frames`` are the parts of
+        their responses, written with the rest of this tick; each gives its permit back."""
+        count = len(request_ids)
+        if not self.closed:
+            self._out.append(b"".join(frames))
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
+        discard = self.request_ids.discard
+        for request_id in request_ids:
+            discard(request_id)
+        self.in_flight -= count
+        load = self._limits.load
+        load.in_flight -= count
+        if load.over and load.in_flight <= load.limit // 2:
+            load.check()
+        if self._paused_by_permits and self.in_flight < self._limits.in_flight_max // 2 + 1:
+            self._paused_by_permits = False
+            self._update_reading()
+            if self._buf and not self.closed:
+                self._loop.call_soon(self._process_buffer)
+
     def pause_by_server(self, paused: bool) -> None:
         self._paused_by_server = paused
         self._update_reading()

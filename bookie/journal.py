@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -46,6 +47,18 @@ from bookie.stats import FSYNC_SECONDS_BOUNDS, GROUP_RECORDS_BOUNDS, BucketHisto
 log = structlog.get_logger(__name__)
 
 Callback = Callable[[BaseException | None], None]
+
+
+class Batch(Protocol):
+    """Completion of a run of batched records (:meth:`Journal.append_batched`): built with no
+    arguments, called once with the group's outcome."""
+
+    items: list[Any]
+
+    def __call__(self, error: BaseException | None) -> None: ...
+
+
+B = TypeVar("B", bound=Batch)
 
 
 class JournalError(Exception):
@@ -254,6 +267,8 @@ class Journal:
         self._runs: list[_Run] = [_Run(start.segment_id, start.offset)]
         self._callbacks: list[Callback] = []
         self._inflight_callbacks: list[Callback] | None = None
+        self._pending_records = 0  # completions in the gathering group (a batch counts its items)
+        self._inflight_records = 0
         self._pending_bytes = 0
         self._inflight_bytes = 0
         self._first_append_s = 0.0
@@ -288,8 +303,7 @@ class Journal:
     @property
     def queue_records(self) -> int:
         """Completions waiting for an fdatasync (gathering + in the group being written)."""
-        inflight = self._inflight_callbacks
-        return len(self._callbacks) + (len(inflight) if inflight is not None else 0)
+        return self._pending_records + self._inflight_records
 
     @property
     def under_pressure(self) -> bool:
@@ -323,11 +337,57 @@ class Journal:
         self._offset += size
         if callback is not None:
             self._callbacks.append(callback)
+            self._pending_records += 1
         if not self._pending_bytes:
             self._first_append_s = time.monotonic()
         self._pending_bytes += size
         self._after_append()
         return position
+
+    def append_batched(self, head: bytes, body: bytes, batch_type: type[B]) -> tuple[int, int, B]:
+        """Queue one record given as two parts (the add path), its completion gathered into a
+        batch: ``(segment_id, offset, batch)``. The caller adds one item to ``batch.items``.
+
+        A batch is one callback of the group being gathered: consecutive batched records of one
+        ``batch_type`` share it until the group goes to the writer or another callback is appended
+        (order kept), so its ``__call__`` runs once per group, after the covering fdatasync, for
+        all its items. Raises like :meth:`append`.
+        """
+        if self._failed is not None or self._closing:
+            raise JournalError("journal is not writable") from self._failed
+        size = len(head) + len(body)
+        if size > self._config.record_bytes_max:
+            raise JournalError(f"record of {size} bytes exceeds {self._config.record_bytes_max}")
+        run = self._runs[-1]
+        parts = run.parts
+        header = 0 if parts else fmt.GROUP_HEADER_BYTES
+        offset = self._offset
+        if offset + header + size > self._config.segment_bytes:
+            self._roll()
+            run = self._runs[-1]
+            parts = run.parts
+            header = fmt.GROUP_HEADER_BYTES
+            offset = self._offset
+        parts.append(head)
+        parts.append(body)
+        self._offset = offset + header + size
+        callbacks = self._callbacks
+        batch = callbacks[-1] if callbacks else None
+        if type(batch) is not batch_type:
+            batch = batch_type()
+            callbacks.append(batch)
+        self._pending_records += 1
+        if self._pending_bytes:
+            self._pending_bytes += size + header
+            if self._inflight_callbacks is not None or self._scheduled is not None:
+                if self._pending_bytes + self._inflight_bytes > self._config.queue_bytes_max:
+                    self._set_pressure(True)
+                return self._segment_id, offset + header, batch
+        else:
+            self._first_append_s = time.monotonic()
+            self._pending_bytes = size + header
+        self._after_append()
+        return self._segment_id, offset + header, batch
 
     def sync(self, callback: Callback) -> None:
         """``callback`` once everything appended so far is durable (FORCE_LEDGER)."""
@@ -335,8 +395,10 @@ class Journal:
             callback(JournalError("journal failed"))
         elif self._pending_bytes or self._callbacks:
             self._callbacks.append(callback)
+            self._pending_records += 1
         elif self._inflight_callbacks is not None:
             self._inflight_callbacks.append(callback)
+            self._inflight_records += 1
         else:
             self._loop.call_soon(callback, None)
 
@@ -370,6 +432,7 @@ class Journal:
         self._callbacks = []
         self._inflight_callbacks = callbacks
         self._inflight_bytes, self._pending_bytes = self._pending_bytes, 0
+        self._inflight_records, self._pending_records = self._pending_records, 0
         self._idle.clear()
         self._thread.submit((runs, self._segment_id + 1, callbacks, end))
 
@@ -377,14 +440,15 @@ class Journal:
         _, _, callbacks, end = group
         self._inflight_callbacks = None
         group_bytes, self._inflight_bytes = self._inflight_bytes, 0
+        records, self._inflight_records = self._inflight_records, 0
         if error is not None:
             self._fail(error, callbacks)
             return
         self._synced = end
         self.groups_written += 1
-        self.records_written += len(callbacks)
+        self.records_written += records
         self.bytes_written += group_bytes
-        self.group_records.observe(len(callbacks))
+        self.group_records.observe(records)
         self._run_callbacks(callbacks, None)
         if self._pressure and self._pending_bytes <= self._config.queue_bytes_max // 2:
             self._set_pressure(False)
@@ -422,6 +486,7 @@ class Journal:
         pending, self._callbacks = self._callbacks, []
         self._run_callbacks(callbacks + pending, wrapped)
         self._pending_bytes = 0
+        self._pending_records = 0
         self._set_pressure(False)
         self._idle.set()
 
@@ -454,6 +519,7 @@ class Journal:
             self._scheduled = None
         error = JournalError("journal aborted")
         pending, self._callbacks = self._callbacks, []
+        self._pending_records = 0
         self._run_callbacks(pending, error)
         self._shutdown_thread()
 

@@ -33,7 +33,9 @@ from bookie.journal import JournalError
 from bookie.ledger_state import LedgerState, Waiter, WakeReason
 from bookie.mode import ModeMachine, ReadOnly
 from bookie.storage import (
+    AddBatch,
     AddCompletion,
+    AddItem,
     EntryCorrupt,
     Fenced,
     NoEntry,
@@ -44,7 +46,16 @@ from bookie.storage import (
 )
 from bookkeeper_aio import failpoints
 from bookkeeper_aio.protocol import messages as m
-from bookkeeper_aio.protocol.codes import PROTOCOL_VERSION, AddFlag, OpCode, ReadFlag, StatusCode
+from bookkeeper_aio.protocol.codes import (
+    ID_MAX,
+    MASTER_KEY_BYTES_MAX,
+    PROTOCOL_VERSION,
+    REQUEST_ID_MAX,
+    AddFlag,
+    OpCode,
+    ReadFlag,
+    StatusCode,
+)
 from bookkeeper_aio.protocol.errors import ProtocolError
 
 log = structlog.get_logger(__name__)
@@ -87,7 +98,14 @@ def status_for(error: BaseException) -> StatusCode:
 
 
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+_unpackb = msgpack.unpackb
+_UNPACK_ERRORS = (ValueError, TypeError, OverflowError, msgpack.UnpackException)
+_FAST_ADD_BYTES_MAX = m.PLAIN_REQUEST_BYTES_MAX
+_REQUEST_ID_MAX = REQUEST_ID_MAX
+_ID_MAX = ID_MAX
+_MASTER_KEY_BYTES_MAX = MASTER_KEY_BYTES_MAX
 _ADD_OP = int(OpCode.ADD_ENTRY)
+_BEFORE_ACK = failpoints.BEFORE_ACK
 _AddEntryRequest = m.AddEntryRequest
 _RECOVERY_ADD = int(AddFlag.RECOVERY_ADD)
 
@@ -97,6 +115,45 @@ def encode_add_ok(request_id: int, ledger_id: int, entry_id: int) -> bytes:
     NamedTuple and lookups (the hot path; a unit test pins the two to the same bytes)."""
     body = _packb((_ADD_OP, request_id, 0, None, ledger_id, entry_id))
     return _LENGTH.pack(len(body)) + body
+
+
+_FRAME_PREFIX = [_LENGTH.pack(size) for size in range(64)]
+"""Length prefixes of the short frames an ADD answer is (its body is at most 31 bytes)."""
+
+
+class _AddReplies(AddBatch):
+    """The adds of one journal group: answer them, one ``complete_adds`` per connection run."""
+
+    __slots__ = ()
+
+    def on_durable(self, items: list[AddItem], error: BaseException | None) -> None:
+        if error is not None:
+            status = status_for(error)
+            frame_of = m.encode_error
+            for item in items:
+                target: BookieConnection = item[6]
+                target.processor.count_error(status)
+                target.complete(item[7], frame_of(_ADD_OP, item[7], status, str(error)))
+            return
+        hit = failpoints.hit
+        packb = _packb
+        prefix = _FRAME_PREFIX
+        conn: BookieConnection | None = None
+        frames: list[bytes] = []
+        rids: list[int] = []
+        for state, entry_id, _, _, _, _, target, rid in items:
+            if target is not conn:
+                if conn is not None:
+                    conn.complete_adds(rids, frames)
+                    frames, rids = [], []
+                conn = target
+            hit(_BEFORE_ACK)  # per ack, as before batching (``count:N:kill`` counts acks)
+            body = packb((_ADD_OP, rid, 0, None, state.ledger_id, entry_id))
+            frames.append(prefix[len(body)])
+            frames.append(body)
+            rids.append(rid)
+        if conn is not None:
+            conn.complete_adds(rids, frames)
 
 
 class _AddReply(AddCompletion):
@@ -157,6 +214,51 @@ class Processor:
     # ------------------------------------------------------------------ dispatch
     def dispatch(self, conn: BookieConnection, body: memoryview) -> None:
         """Handle one frame body. Always answers or closes; never raises."""
+        # The hot path: a well-formed ADD (fixarray of 7, op 1) is checked field by field here as
+        # ``messages._fast_add_request`` does and handed to storage without a request object.
+        # Anything it does not accept (or a duplicate request id) takes the generic path below,
+        # which decodes again and answers precisely.
+        if 2 < len(body) <= _FAST_ADD_BYTES_MAX and body[0] == 0x97 and body[1] == _ADD_OP:
+            try:
+                _, rid, lid, eid, flags, key, entry = _unpackb(body, max_array_len=7, max_map_len=0)
+            except _UNPACK_ERRORS:
+                pass
+            else:
+                request_ids = conn.request_ids
+                if (
+                    type(rid) is int
+                    and type(lid) is int
+                    and type(eid) is int
+                    and type(flags) is int
+                    and type(key) is bytes
+                    and type(entry) is bytes
+                    and 0 <= rid <= _REQUEST_ID_MAX
+                    and 0 <= lid <= _ID_MAX
+                    and 0 <= eid <= _ID_MAX
+                    and 0 <= flags <= 0xFF
+                    and len(key) <= _MASTER_KEY_BYTES_MAX
+                    and len(entry) >= _BODY_HEADER_BYTES
+                    and rid not in request_ids
+                ):
+                    body.release()
+                    request_ids.add(rid)
+                    self.adds += 1
+                    ledger_id, entry_id, lac = _BODY_HEADER.unpack_from(entry)
+                    if ledger_id != lid or entry_id != eid:
+                        message = f"entry body does not carry ledger {lid} entry {eid}"
+                        self._add_error(conn, rid, BadRequest(message))
+                        return
+                    try:
+                        recovery = flags & _RECOVERY_ADD != 0
+                        if self.read_only and self.mode is not None:
+                            self.mode.check_add(recovery)
+                        self.storage.append_add(lid, eid, lac, key, entry, recovery, _AddReplies, conn, rid)
+                    except (StorageError, JournalError, OSError) as exc:
+                        self._add_error(conn, rid, exc)
+                    except Exception as exc:  # a handler bug: answer EIO, keep serving
+                        log.exception("processor.handler_failed", op=_ADD_OP)
+                        self._add_error(conn, rid, exc)
+                    return
         try:
             request = m.decode_request(body)
         except ProtocolError as exc:
@@ -203,6 +305,11 @@ class Processor:
             return
         op = exc.op if exc.op is not None else 0
         conn.complete(None, m.encode_error(op, exc.request_id, StatusCode.EBADREQ, str(exc)))
+
+    def _add_error(self, conn: BookieConnection, rid: int, exc: BaseException) -> None:
+        status = status_for(exc)
+        self.count_error(status)
+        conn.complete(rid, m.encode_error(_ADD_OP, rid, status, str(exc) or type(exc).__name__))
 
     def _error(self, conn: BookieConnection, request: Any, exc: BaseException) -> None:
         rid = request.request_id

@@ -332,7 +332,7 @@ def _unpack(body: bytes | memoryview) -> Any:
 REQUEST_ITEMS_MAX = 64
 """A request array, and any array or map inside one (none is defined yet: room for evolution),
 holds at most this many items; a large request frame holds at most this many arrays and maps."""
-_PLAIN_REQUEST_BYTES_MAX = 64 * 1024
+PLAIN_REQUEST_BYTES_MAX = 64 * 1024
 """Below this size a request frame is unpacked without counting containers: even at ~80 bytes of
 Python objects per wire byte it costs a few MiB at most, and the add hot path stays hook-free."""
 
@@ -341,7 +341,7 @@ def _unpack_request(body: bytes | memoryview) -> Any:
     """Unpack a request frame with the object count bounded: a 5 MiB frame of empty arrays would
     otherwise build ~5 million lists (~320 MiB, seconds of event-loop CPU) before validation."""
     try:
-        if len(body) <= _PLAIN_REQUEST_BYTES_MAX:
+        if len(body) <= PLAIN_REQUEST_BYTES_MAX:
             return msgpack.unpackb(body, max_array_len=REQUEST_ITEMS_MAX, max_map_len=REQUEST_ITEMS_MAX)
         containers = 0
 

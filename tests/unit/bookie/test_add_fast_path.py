@@ -1,0 +1,133 @@
+"""The bookie's ADD hot path (inline decode in ``Processor.dispatch``, per-group batched
+completions) answers every request, and journals every record, exactly as the generic path does."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from bookie import processor as processor_module
+from bookie.connection_handler import BookieConnection, ConnectionLimits
+from bookie.journal import JournalConfig
+from bookie.mode import ReadOnly
+from bookie.processor import Processor
+from bookie.storage import Storage, StorageConfig
+from bookkeeper_aio.protocol.framing import LENGTH
+
+KEY = b"k" * 32
+
+
+def entry(ledger_id: int, entry_id: int, lac: int, size: int = 40) -> bytes:
+    payload = bytes((entry_id + i) & 0xFF for i in range(size))
+    return struct.pack(">qqqq", ledger_id, entry_id, lac, len(payload)) + b"\0\0\0\0" + payload
+
+
+def frame(*fields: Any) -> bytes:
+    body = msgpack.packb(fields, use_bin_type=True)
+    return LENGTH.pack(len(body)) + body
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class Mode:
+    reason = "test"
+
+    def check_add(self, recovery: bool) -> None:
+        if not recovery:
+            raise ReadOnly("bookie is read-only (test)")
+
+
+def requests() -> list[bytes]:
+    good = [frame(1, rid, 1, rid, 0, KEY, entry(1, rid, rid - 1)) for rid in range(10)]
+    return [
+        b"".join(good),
+        frame(1, 100, 1, 10, 0, KEY, entry(1, 10, 9)) + frame(1, 100, 1, 11, 0, KEY, entry(1, 11, 10)),
+        frame(1, 101, 1, 12, 0, KEY, entry(1, 99, 11)),  # header names another entry
+        frame(1, 102, 1, 12, 0, KEY, b"short"),
+        frame(1, 103, 1, 12, 0, b"x" * 32, entry(1, 12, 11)),  # wrong master key: EUA
+        frame(1, 104, 1, 12, 0, "text key", entry(1, 12, 11)),
+        frame(1, 105, 1, 12, 256, KEY, entry(1, 12, 11)),
+        frame(1, 106, 1, 12, 0, KEY, entry(1, 12, 11), "trailing"),  # trailing fields ignored
+        frame(1, 107, 1, 13, 0, list(range(8)), entry(1, 13, 12)),  # nested array
+        frame(1, 108, 1, -1, 0, KEY, entry(1, -1, 12)),
+        frame(1, 109, 2, 0, 0, KEY, entry(2, 0, -1)),  # fenced ledger: EFENCED
+        frame(1, 110, 2, 1, 1, KEY, entry(2, 1, 0)),  # recovery add: passes the fence
+        frame(1, 111, 3, 0, 0, KEY, entry(3, 0, -1, size=70_000)),  # over the inline size
+        b"".join(frame(1, 200 + e, 4, e, 0, KEY, entry(4, e, e - 1, size=30_000)) for e in range(10)),
+        b"read-only",
+        frame(1, 112, 1, 13, 0, KEY, entry(1, 13, 12)),  # EREADONLY
+        frame(1, 113, 1, 14, 1, KEY, entry(1, 14, 13)),  # a recovery add passes
+        b"writable",
+        frame(1, 114, 1, 15, 0, KEY, entry(1, 15, 14)),
+    ]
+
+
+async def run(path: Path) -> tuple[list[Any], bytes, dict[int, tuple[int, int, list[int]]]]:
+    journal = JournalConfig(segment_bytes=210_000, record_bytes_max=100_000)  # rolls
+    storage = await Storage.open(StorageConfig(str(path), "b", journal=journal, checkpoint_interval_s=3600))
+    processor = Processor(storage, "b", 5 << 20, mode=Mode())  # type: ignore[arg-type]
+    fenced: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    storage.fence(2, KEY, lambda error: fenced.set_result(None))
+    await fenced
+    conn = BookieConnection(processor, ConnectionLimits(5 << 20, 4096, 30.0), set())
+    transport = Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    for data in requests():
+        if data in (b"read-only", b"writable"):
+            processor.read_only = data == b"read-only"
+            continue
+        conn.data_received(data)
+        for _ in range(20):
+            await asyncio.sleep(0.001)
+            if not conn.in_flight:
+                break
+    assert conn.in_flight == 0
+    assert not conn.request_ids
+    responses, buf = [], bytes(transport.data)
+    while buf:
+        (size,) = LENGTH.unpack_from(buf)
+        responses.append(msgpack.unpackb(buf[4 : 4 + size]))
+        buf = buf[4 + size :]
+    ledgers = {
+        lid: (state.lac, len(state.index), state.index.entry_ids()) for lid, state in storage.ledgers.items()
+    }
+    await storage.close()
+    journal_dir = path / "journal"
+    segments = b"".join((journal_dir / name).read_bytes() for name in sorted(os.listdir(journal_dir)))
+    return responses, segments, ledgers
+
+
+async def test_fast_path_matches_the_generic_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = await run(tmp_path / "fast")
+    monkeypatch.setattr(processor_module, "_FAST_ADD_BYTES_MAX", 0)  # every ADD takes the generic path
+    generic = await run(tmp_path / "generic")
+    assert fast[0] == generic[0]
+    assert fast[1] == generic[1]  # the same journal records at the same places
+    assert fast[2] == generic[2]
+    statuses = {response[1]: response[2] for response in fast[0]}
+    assert [statuses[rid] for rid in range(10)] == [0] * 10
+    assert [statuses[rid] for rid in range(101, 115)] == [
+        *(404, 404, 502, 404, 404, 0, 404, 404, 504, 0, 0, 505, 0, 0)  # EBADREQ EUA EFENCED EREADONLY
+    ]
+    assert [statuses[rid] for rid in range(200, 210)] == [0] * 10
+    assert fast[2][4] == (8, 10, list(range(10)))
+    assert [r[2] for r in fast[0] if r[1] == 100] == [404, 0]  # the duplicate is refused, the first kept
