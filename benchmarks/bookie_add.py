@@ -155,15 +155,35 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_s(pid: int) -> tuple[float, float]:
+    """(event-loop thread, every other thread: the journal writer and idle pools) CPU seconds."""
+    main = others = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        if task.name == str(pid):
+            main += cpu
+        else:
+            others += cpu
+    return main, others
+
+
 def one_run(size: int, window: int, secs: float, rate: float, parent: str | None) -> dict[str, Any]:
     base = tempfile.mkdtemp(prefix="bookie-bench-", dir=parent)
     proc, port = start_bookie(os.path.join(base, "data"))
     try:
         bookie_cpu0, client_cpu0 = process_cpu_s(proc.pid), time.process_time()
+        loop_cpu0, other_cpu0 = thread_cpu_s(proc.pid)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             result = runner.run(drive(port, size, window, secs, rate, ledger_id=1))
         entries = result["entries_s"] * secs
         result["bookie_cpu_us_per_entry"] = (process_cpu_s(proc.pid) - bookie_cpu0) / entries * 1e6
+        loop_cpu1, other_cpu1 = thread_cpu_s(proc.pid)
+        result["bookie_loop_cpu_us_per_entry"] = (loop_cpu1 - loop_cpu0) / entries * 1e6
+        result["bookie_writer_cpu_us_per_entry"] = (other_cpu1 - other_cpu0) / entries * 1e6
         result["client_cpu_us_per_entry"] = (time.process_time() - client_cpu0) / entries * 1e6
         return result
     finally:

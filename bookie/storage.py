@@ -46,6 +46,7 @@ READ_FDS_MAX = 256
 
 _RECORD_OVERHEAD_BYTES = fmt.RECORD_HEADER_BYTES + fmt.ENTRY_PREFIX_BYTES
 _crc32c = crc32c.crc32c
+_compare_digest = hmac.compare_digest
 
 
 class StorageError(Exception):
@@ -148,6 +149,12 @@ class AddBatch:
 _ENTRY_CRC_PREFIX = struct.Struct(">IBqq")  # body length, type, ledger id, entry id
 _ENTRY_HEAD = struct.Struct(">IIIBqq")  # the record header, then the ENTRY record's id prefix
 _ENTRY_TYPE = int(fmt.RecordType.ENTRY)
+_pack_crc_prefix = _ENTRY_CRC_PREFIX.pack
+_pack_entry_head = _ENTRY_HEAD.pack
+_ENTRY_PREFIX_BYTES = fmt.ENTRY_PREFIX_BYTES
+_RECORD_BODY_BYTES_MAX = fmt.RECORD_BODY_BYTES_MAX
+_RECORD_HEADER_BYTES = fmt.RECORD_HEADER_BYTES
+_RECORD_MAGIC = fmt.RECORD_MAGIC
 
 
 class Storage:
@@ -252,18 +259,18 @@ class Storage:
         ``batch_type`` batch (``target`` and ``request_id`` are handed back in the item). Same
         checks, same record bytes (``journal_format.encode_entry_parts``), same raises."""
         state = self.ledgers.get(ledger_id)
-        if state is None or state.master_key is None or not hmac.compare_digest(state.master_key, master_key):
+        if state is None or state.master_key is None or not _compare_digest(state.master_key, master_key):
             state = self._ledger_for_write(ledger_id, master_key)
         if state.fenced and not recovery:
             raise Fenced(f"ledger {ledger_id} is fenced")
-        length = fmt.ENTRY_PREFIX_BYTES + len(body)
-        if length > fmt.RECORD_BODY_BYTES_MAX:
+        length = _ENTRY_PREFIX_BYTES + len(body)
+        if length > _RECORD_BODY_BYTES_MAX:
             raise JournalError(f"entry of {len(body)} bytes exceeds the journal record maximum")
-        crc = _crc32c(body, _crc32c(_ENTRY_CRC_PREFIX.pack(length, _ENTRY_TYPE, ledger_id, entry_id)))
-        head = _ENTRY_HEAD.pack(fmt.RECORD_MAGIC, length, crc, _ENTRY_TYPE, ledger_id, entry_id)
+        crc = _crc32c(body, _crc32c(_pack_crc_prefix(length, _ENTRY_TYPE, ledger_id, entry_id)))
+        head = _pack_entry_head(_RECORD_MAGIC, length, crc, _ENTRY_TYPE, ledger_id, entry_id)
         segment_id, offset, batch = self.journal.append_batched(head, body, batch_type)
         batch.items.append(
-            (state, entry_id, lac, segment_id, offset, length + fmt.RECORD_HEADER_BYTES, target, request_id)
+            (state, entry_id, lac, segment_id, offset, length + _RECORD_HEADER_BYTES, target, request_id)
         )
 
     def fence(self, ledger_id: int, master_key: bytes | None, callback: Callback) -> LedgerState:
