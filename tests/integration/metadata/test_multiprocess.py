@@ -60,7 +60,9 @@ async def test_ids_from_4_processes_across_an_etcd_restart_are_unique(
         await workers[0].expect("progress 500", timeout_s=60)
         member = etcd.members[0]
         member.kill9() if restart == "kill9" else member.stop()
-        await asyncio.sleep(1.0)
+        # Down longer than the workers' 2 s op budget: their retries inside one call cannot hide
+        # the outage, so every worker that is still drawing ids sees MetadataUnavailable.
+        await asyncio.sleep(3.0)
         member.start()
         await asyncio.to_thread(member.wait_ready)
         dones = [await worker.expect("done", timeout_s=120) for worker in workers]
