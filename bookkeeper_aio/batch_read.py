@@ -41,6 +41,7 @@ from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import BATCH_READ_COUNT_MAX, StatusCode
 from bookkeeper_aio.protocol.digest import Entry
 from bookkeeper_aio.protocol.errors import DigestMismatch
+from bookkeeper_aio.speculation import SpeculativeOp
 
 if TYPE_CHECKING:
     from bookkeeper_aio.read_handle import EntryReader
@@ -65,7 +66,7 @@ def can_batch(reader: EntryReader) -> bool:
     )
 
 
-class _BatchOp:
+class _BatchOp(SpeculativeOp):
     """Entries ``first..last`` of one fragment, read from its replicas one batch at a time.
 
     ``future`` resolves with the verified prefix received (all of it, part of it or nothing); it
@@ -83,7 +84,6 @@ class _BatchOp:
         "reader",
         "replicas",
         "started",
-        "timer",
     )
 
     def __init__(self, reader: EntryReader, first: int, last: int, bytes_max: int) -> None:
@@ -121,21 +121,6 @@ class _BatchOp:
             reader.ctx.config.read_timeout_s,
         )
         return True
-
-    def arm_speculation(self) -> None:
-        delay_s = self.reader.speculative_delay_s
-        if delay_s > 0 and self.next_replica < len(self.replicas):
-            self.timer = self.reader.loop.call_later(delay_s, self.speculate)
-
-    def speculate(self) -> None:
-        self.timer = None
-        if not self.future.done() and self.send_next():
-            self.arm_speculation()
-
-    def finish(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
 
     def resolve(self) -> None:
         self.finish()

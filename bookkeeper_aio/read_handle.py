@@ -43,6 +43,7 @@ from bookkeeper_aio.protocol.codes import NO_ENTRY, StatusCode
 from bookkeeper_aio.protocol.digest import Entry, EntryCodec
 from bookkeeper_aio.protocol.errors import DigestMismatch
 from bookkeeper_aio.quorum import DistributionSchedule
+from bookkeeper_aio.speculation import SpeculativeOp
 from bookkeeper_aio.tail import LONG_POLL_TIMEOUT_MS, Tail
 from metadata.ledger import LedgerMetadata, LedgerState
 from metadata.ledgers import VersionedLedger
@@ -53,7 +54,7 @@ LedgerEntry = Entry
 """An entry as handed to applications: ``ledger_id, entry_id, lac, length, payload``."""
 
 
-class _ReadOp:
+class _ReadOp(SpeculativeOp):
     """One entry being read from its replicas; completed by connection callbacks."""
 
     __slots__ = (
@@ -65,7 +66,6 @@ class _ReadOp:
         "reader",
         "replicas",
         "started",
-        "timer",
     )
     started: float  # set only when the reader reports metrics
 
@@ -96,21 +96,6 @@ class _ReadOp:
             reader.ctx.config.read_timeout_s,
         )
         return True
-
-    def arm_speculation(self) -> None:
-        delay_s = self.reader.speculative_delay_s
-        if delay_s > 0 and self.next_replica < len(self.replicas):
-            self.timer = self.reader.loop.call_later(delay_s, self.speculate)
-
-    def speculate(self) -> None:
-        self.timer = None
-        if not self.future.done() and self.send_next():
-            self.arm_speculation()
-
-    def finish(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
 
 
 def _on_read_result(op: _ReadOp, bookie_id: str, result: Result) -> None:
