@@ -158,14 +158,18 @@ def _pid_alive(pid: int) -> bool:
 def run(data_dir: Path, bookies: int, demo_entries: int, fresh: bool, serve: bool = True) -> int:
     if fresh and data_dir.exists():
         shutil.rmtree(data_dir)
-    stop_requested = False
 
     def on_signal(signum: int, frame: object) -> None:
-        nonlocal stop_requested
-        stop_requested = True
+        # The first signal starts the shutdown; later ones must not interrupt it (children would be
+        # orphaned). Shutdown is bounded anyway: SIGKILL after procs.STOP_GRACE_S per child.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt
 
+    # Installed explicitly for SIGINT too: a process started in the background by a non-interactive
+    # shell inherits SIGINT as ignored, and Ctrl-C / kill -INT must still stop every child.
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     with _sandbox_lock(data_dir):
         box = Sandbox(data_dir, bookies)
         try:

@@ -213,3 +213,28 @@ def test_make_run_path_demo_completes_and_cleans_up(tmp_path: Path) -> None:
         timeout=180,
     )
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_sigint_stops_a_sandbox_started_with_sigint_ignored(tmp_path: Path) -> None:
+    """A background job of a non-interactive shell starts with SIGINT ignored; kill -INT must work."""
+    proc = subprocess.Popen(
+        [*BKAIO, "sandbox", "--bookies", "1", "--no-demo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(tmp_path),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        lines = _read_until_ready(proc, time.monotonic() + READY_TIMEOUT_S)
+        pids = [int(m.group(1)) for line in lines if (m := re.match(r"^(?:etcd|bookie-\d+)\s+(\d+)\s", line))]
+        assert len(pids) == 2
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+        assert not any(_alive(pid) for pid in pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
