@@ -12,6 +12,7 @@ etcd state survive); ``--fresh`` wipes it first. A data directory in use by a li
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import shutil
@@ -193,7 +194,10 @@ def run(data_dir: Path, bookies: int, demo_entries: int, fresh: bool, serve: boo
         except KeyboardInterrupt:
             return 0
         finally:
-            print("stopping the sandbox ...", flush=True)
+            # Nothing here may skip box.stop(): stdout can be a closed pipe (`bkaio sandbox | head`).
+            with contextlib.suppress(OSError):
+                print("stopping the sandbox ...", flush=True)
             box.stop()
             state.clear_state(os.getpid())
-            print("stopped", flush=True)
+            with contextlib.suppress(OSError):
+                print("stopped", flush=True)

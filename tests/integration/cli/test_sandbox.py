@@ -238,3 +238,24 @@ def test_sigint_stops_a_sandbox_started_with_sigint_ignored(tmp_path: Path) -> N
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_closed_stdout_still_stops_every_child(tmp_path: Path) -> None:
+    """`bkaio sandbox | head -3`: writes to the closed pipe fail, the children must still stop."""
+    proc = subprocess.Popen(
+        [*BKAIO, "sandbox", "--bookies", "1", "--no-serve", "--demo-entries", "500"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=_env(tmp_path),
+    )
+    assert proc.stdout is not None
+    head = [proc.stdout.readline() for _ in range(5)]  # up to the process table
+    pids = [int(m.group(1)) for line in head if (m := re.match(r"^(?:etcd|bookie-\d+)\s+(\d+)\s", line))]
+    assert len(pids) == 2, head
+    proc.stdout.close()  # like `head` exiting
+    proc.wait(120)
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in pids)
