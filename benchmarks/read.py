@@ -18,19 +18,15 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from typing import Any
 
-import uvloop
-
+from benchmarks import _cluster
 from bookkeeper_aio import BookKeeper, ClientConfig
 from bookkeeper_aio.bookie_client import StaticResolver
 from bookkeeper_aio.context import StaticDirectory
 from metadata.ledgers import LedgerManager
-from metadata.memory import MemoryStore
 from tests.harness.bookie_proc import BookieProcess
 
 _DEFAULTS = ClientConfig()
@@ -77,39 +73,15 @@ async def one_run(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--reps", type=int, default=5)
+    parser = _cluster.parser(__doc__)
     parser.add_argument("--entries", type=int, default=50_000)
-    parser.add_argument("--size", type=int, default=1024)
-    parser.add_argument("--ensemble", type=int, default=3)
-    parser.add_argument("--qw", type=int, default=3)
-    parser.add_argument("--qa", type=int, default=2)
     parser.add_argument("--window", type=int, default=_DEFAULTS.read_window_max)
     parser.add_argument("--batch-count-max", type=int, default=_DEFAULTS.batch_read_count_max)
-    parser.add_argument("--dir", default=None)
     args = parser.parse_args()
-    base = tempfile.mkdtemp(prefix="bench-read-", dir=args.dir)
-    procs = [BookieProcess(os.path.join(base, f"b{i}"), bookie_id=f"b{i}") for i in range(3)]
-    runs: list[dict[str, Any]] = []
-    try:
-        for proc in procs:
-            proc.start()
-        ledgers = LedgerManager(MemoryStore(), "/bench")
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            ledger_id = runner.run(write_ledger(procs, args, ledgers))
-            for _ in range(args.reps):
-                result = runner.run(one_run(procs, args, ledgers, ledger_id))
-                print(json.dumps(result), flush=True)
-                runs.append(result)
-    finally:
-        for proc in procs:
-            proc.cleanup()
-        shutil.rmtree(base, ignore_errors=True)
+    runs = _cluster.run_reps("read", args, one_run, prepare=write_ledger)
     summary: dict[str, Any] = {
         "bench": "read",
-        "shape": f"E{args.ensemble}/Qw{args.qw}/Qa{args.qa} {args.size} B",
+        "shape": _cluster.shape(args),
         "entries": args.entries,
         "window": args.window,
         "batch_count_max": args.batch_count_max,

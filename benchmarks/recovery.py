@@ -18,14 +18,11 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from typing import Any
 
-import uvloop
-
+from benchmarks import _cluster
 from bookkeeper_aio import BookKeeper, ClientConfig
 from bookkeeper_aio.bookie_client import StaticResolver
 from bookkeeper_aio.context import StaticDirectory
@@ -33,7 +30,6 @@ from bookkeeper_aio.protocol.digest import EntryCodec, master_key
 from bookkeeper_aio.recovery import recover_ledger
 from metadata.ledger import LedgerState
 from metadata.ledgers import LedgerManager
-from metadata.memory import MemoryStore
 from tests.harness.bookie_proc import BookieProcess
 
 
@@ -87,40 +83,17 @@ async def one_run(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--reps", type=int, default=5)
+    parser = _cluster.parser(__doc__)
     parser.add_argument("--acked", type=int, default=2000)
     parser.add_argument("--in-flight", type=int, default=1000)
-    parser.add_argument("--size", type=int, default=1024)
-    parser.add_argument("--ensemble", type=int, default=3)
-    parser.add_argument("--qw", type=int, default=3)
-    parser.add_argument("--qa", type=int, default=2)
     parser.add_argument("--settle-s", type=float, default=0.5)
     parser.add_argument("--window", type=int, default=0, help="recovery window (0: the default)")
-    parser.add_argument("--dir", default=None)
     args = parser.parse_args()
-    base = tempfile.mkdtemp(prefix="bench-recovery-", dir=args.dir)
-    procs = [BookieProcess(os.path.join(base, f"b{i}"), bookie_id=f"b{i}") for i in range(3)]
-    runs: list[dict[str, Any]] = []
-    try:
-        for proc in procs:
-            proc.start()
-        ledgers = LedgerManager(MemoryStore(), "/bench")  # one id space: bookies remember ledgers
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            for _ in range(args.reps):
-                result = runner.run(one_run(procs, args, ledgers))
-                print(json.dumps(result), flush=True)
-                runs.append(result)
-    finally:
-        for proc in procs:
-            proc.cleanup()
-        shutil.rmtree(base, ignore_errors=True)
+    runs = _cluster.run_reps("recovery", args, one_run)
     times = [r["recovery_s"] for r in runs]
     summary = {
         "bench": "recovery",
-        "shape": f"E{args.ensemble}/Qw{args.qw}/Qa{args.qa} {args.size} B, {args.in_flight} in flight",
+        "shape": f"{_cluster.shape(args)}, {args.in_flight} in flight",
         "window": args.window or "default",
         "reps": len(runs),
         "recovery_s_median": round(statistics.median(times), 4),

@@ -20,20 +20,17 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from typing import Any
 
-import uvloop
 from hdrh.histogram import HdrHistogram
 
+from benchmarks import _cluster
 from bookkeeper_aio import BookKeeper, ClientConfig
 from bookkeeper_aio.bookie_client import StaticResolver
 from bookkeeper_aio.context import StaticDirectory
 from metadata.ledgers import LedgerManager
-from metadata.memory import MemoryStore
 from tests.harness.bookie_proc import BookieProcess
 
 LATENCY_US_MAX = 60_000_000
@@ -112,39 +109,16 @@ async def one_run(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--reps", type=int, default=5)
+    parser = _cluster.parser(__doc__)
     parser.add_argument("--entries", type=int, default=3000)
     parser.add_argument("--rate", type=float, default=0.0, help="entries/s; 0 = back to back")
-    parser.add_argument("--size", type=int, default=1024)
-    parser.add_argument("--ensemble", type=int, default=3)
-    parser.add_argument("--qw", type=int, default=3)
-    parser.add_argument("--qa", type=int, default=2)
     parser.add_argument("--explicit-lac-ms", type=int, default=100)
-    parser.add_argument("--dir", default=None)
     args = parser.parse_args()
-    base = tempfile.mkdtemp(prefix="bench-tail-", dir=args.dir)
-    procs = [BookieProcess(os.path.join(base, f"b{i}"), bookie_id=f"b{i}") for i in range(3)]
-    runs: list[dict[str, Any]] = []
-    try:
-        for proc in procs:
-            proc.start()
-        ledgers = LedgerManager(MemoryStore(), "/bench")
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            for _ in range(args.reps):
-                result = runner.run(one_run(procs, args, ledgers))
-                print(json.dumps(result), flush=True)
-                runs.append(result)
-    finally:
-        for proc in procs:
-            proc.cleanup()
-        shutil.rmtree(base, ignore_errors=True)
+    runs = _cluster.run_reps("tail", args, one_run)
     keys = ("write_p50_ms", "write_p99_ms", "tail_after_ack_p50_ms", "tail_after_ack_p99_ms")
     summary: dict[str, Any] = {
         "bench": "tail",
-        "shape": f"E{args.ensemble}/Qw{args.qw}/Qa{args.qa} {args.size} B",
+        "shape": _cluster.shape(args),
         "explicit_lac_ms": args.explicit_lac_ms,
         "rate": args.rate or "back-to-back",
         "reps": len(runs),
