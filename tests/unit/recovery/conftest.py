@@ -7,6 +7,7 @@ which fragments exist) instead of whatever a writer happened to leave behind.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import AsyncIterator, Sequence
 
@@ -20,20 +21,13 @@ from metadata.ledgers import LedgerManager, VersionedLedger
 from metadata.memory import MemoryStore
 from tests.harness.fake_bookie import FakeCluster
 from tests.harness.fake_bookie import LedgerState as BookieLedger
+from tests.unit.client.conftest import FAST as CLIENT_FAST
 
 ROOT = "/bookkeeper/recovery-test"
 PASSWORD = b"pw"
 
-FAST = ClientConfig(
-    add_timeout_s=1.0,
-    read_timeout_s=1.0,
-    connect_timeout_s=1.0,
-    reconnect_backoff_initial_s=0.01,
-    reconnect_backoff_max_s=0.05,
-    explicit_lac_interval_ms=20,
-    speculative_read_delay_ms=50,
-    metadata_timeout_s=2.0,
-)
+# The client tests' fast timeouts, with a shorter explicit-LAC interval for recovery traces.
+FAST = dataclasses.replace(CLIENT_FAST, explicit_lac_interval_ms=20)
 
 
 def payload(entry_id: int) -> bytes:
