@@ -178,6 +178,7 @@ class BookiePool:
             standard_timeout_s=self._config.add_timeout_s,
             pending_max=self._config.connection_pending_max,
             frame_bytes_max=self._config.frame_bytes_max,
+            write_eager_bytes=self._config.write_eager_bytes,
             loop=self._loop,
             on_close=on_close,
         )

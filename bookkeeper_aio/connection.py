@@ -92,6 +92,7 @@ class BookieConnection(asyncio.Protocol):
         standard_timeout_s: float,
         pending_max: int,
         frame_bytes_max: int,
+        write_eager_bytes: int = 128 * 1024,
         client_name: str = "bookkeeper-aio",
         loop: asyncio.AbstractEventLoop | None = None,
         on_close: Callable[[BookieConnection], None] | None = None,
@@ -114,6 +115,8 @@ class BookieConnection(asyncio.Protocol):
         self._buf = bytearray()
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._write_eager_bytes = write_eager_bytes
         self._flush_scheduled = False
         self._sweep: asyncio.TimerHandle | None = None
         self._error: BKError | None = None
@@ -173,7 +176,10 @@ class BookieConnection(asyncio.Protocol):
             )
         pending[request_id] = (callback, context)
         self._out.append(frame)
-        if not self._flush_scheduled and self._transport is not None:
+        self._out_bytes += len(frame)
+        if self._out_bytes >= self._write_eager_bytes and self._transport is not None:
+            self._write_out()  # a large burst: the bookie starts on it while we build the rest
+        elif not self._flush_scheduled and self._transport is not None:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
@@ -281,11 +287,16 @@ class BookieConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ internals
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._write_out()
+
+    def _write_out(self) -> None:
+        """Write the queued frames (at the end of a tick, or early once many bytes are queued)."""
         if self._group_open:
             self._close_group()
         if self._out and self._transport is not None and self.state is _READY:
             out = self._out
             self._out = []
+            self._out_bytes = 0
             self._transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def _close_group(self) -> None:
@@ -340,6 +351,7 @@ class BookieConnection(asyncio.Protocol):
         if self._on_close is not None:
             self._on_close(self)
         self._out.clear()
+        self._out_bytes = 0
         transport, self._transport = self._transport, None
         if transport is not None:
             transport.abort() if abort else transport.close()
