@@ -34,11 +34,13 @@ from typing import Any
 import uvloop
 from hdrh.histogram import HdrHistogram
 
+from benchmarks.bookie_add import thread_cpu_s
 from bookkeeper_aio import BookKeeper, ClientConfig
 from bookkeeper_aio.bookie_client import StaticResolver
 from bookkeeper_aio.context import StaticDirectory
 from metadata.ledgers import LedgerManager
 from metadata.memory import MemoryStore
+from tests.harness.admin_http import get_json
 from tests.harness.bookie_proc import BookieProcess
 
 BOUND_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "tools" / "replication_bound.py"
@@ -47,7 +49,7 @@ LATENCY_US_MAX = 60_000_000
 
 async def drive(procs: list[BookieProcess], args: argparse.Namespace, rate: float) -> dict[str, Any]:
     resolver = StaticResolver({p.bookie_id: p.address for p in procs})
-    config = ClientConfig(add_window_max=max(args.window, 1), explicit_lac_interval_ms=100)
+    config = ClientConfig.load(add_window_max=max(args.window, 1))  # BKAIO_CLIENT_* env applies
     bk = BookKeeper(
         LedgerManager(MemoryStore(), "/bench"),
         StaticDirectory([p.bookie_id for p in procs]),
@@ -61,7 +63,8 @@ async def drive(procs: list[BookieProcess], args: argparse.Namespace, rate: floa
     latencies: list[float] = []  # recorded into the histogram after the run: hdrh costs ~2 µs a value
     clock = time.perf_counter
     cpu0 = time.process_time()
-    bookie_cpu0 = sum(_cpu_s(p) for p in procs)
+    bookie_cpu0 = [_thread_cpu_s(p) for p in procs]
+    journal0 = [await _journal_state(p) for p in procs]
     t0 = clock()
     count = 0
     if rate:
@@ -90,7 +93,22 @@ async def drive(procs: list[BookieProcess], args: argparse.Namespace, rate: floa
         count = done[0]
     elapsed = clock() - t0
     client_cpu_s = time.process_time() - cpu0
-    bookie_cpu_s = sum(_cpu_s(p) for p in procs) - bookie_cpu0
+    bookie_cpu = [
+        tuple(b - a for a, b in zip(before, _thread_cpu_s(p), strict=True))
+        for p, before in zip(procs, bookie_cpu0, strict=True)
+    ]
+    journal = [await _journal_state(p) for p in procs]
+    groups = sum(after["groups"] - before["groups"] for before, after in zip(journal0, journal, strict=True))
+    records = sum(
+        after["records"] - before["records"] for before, after in zip(journal0, journal, strict=True)
+    )
+    fsync_s = sum(
+        after["fsync_seconds_sum"] - before["fsync_seconds_sum"]
+        for before, after in zip(journal0, journal, strict=True)
+    )
+    fsyncs = sum(
+        after["fsync_count"] - before["fsync_count"] for before, after in zip(journal0, journal, strict=True)
+    )
     for latency_s in latencies:
         hist.record_value(max(1, int(latency_s * 1e6)))
     await lh.close()
@@ -103,21 +121,34 @@ async def drive(procs: list[BookieProcess], args: argparse.Namespace, rate: floa
         "p999_ms": hist.get_value_at_percentile(99.9) / 1e3,
         "ensemble_changes": lh.ensemble_changes,
         "client_cpu_us_per_entry": client_cpu_s / max(count, 1) * 1e6,
-        "bookies_cpu_us_per_entry": bookie_cpu_s / max(count, 1) * 1e6,
+        "bookies_cpu_us_per_entry": sum(loop + other for loop, other in bookie_cpu) / max(count, 1) * 1e6,
+        "bookies_loop_cpu_us_per_entry": sum(loop for loop, _ in bookie_cpu) / max(count, 1) * 1e6,
+        "bookies_writer_cpu_us_per_entry": sum(other for _, other in bookie_cpu) / max(count, 1) * 1e6,
+        "entries_per_group": records / max(groups, 1),
+        "fsync_ms": fsync_s / max(fsyncs, 1) * 1e3,
         "_hist": hist,
     }
 
 
-def _cpu_s(proc: BookieProcess) -> float:
-    """User + system CPU seconds of a bookie process (Linux /proc)."""
+def _thread_cpu_s(proc: BookieProcess) -> tuple[float, float]:
+    """(event-loop thread, every other thread: the journal writer) CPU seconds of a bookie (Linux /proc)."""
     assert proc.proc is not None
-    fields = Path(f"/proc/{proc.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return thread_cpu_s(proc.proc.pid)
+
+
+async def _journal_state(proc: BookieProcess) -> dict[str, Any]:
+    status, state = await get_json(*proc.admin_address(), "/state")
+    assert status == 200, state
+    journal: dict[str, Any] = state["journal"]
+    return journal
 
 
 def one_run(args: argparse.Namespace, rate: float) -> dict[str, Any]:
     base = tempfile.mkdtemp(prefix="bench-write-", dir=args.dir)
-    procs = [BookieProcess(os.path.join(base, f"b{i}"), bookie_id=f"b{i}") for i in range(args.bookies)]
+    procs = [
+        BookieProcess(os.path.join(base, f"b{i}"), bookie_id=f"b{i}", extra_args=["--admin-port", "0"])
+        for i in range(args.bookies)
+    ]
     try:
         for proc in procs:
             proc.start()
