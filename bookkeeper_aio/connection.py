@@ -54,7 +54,12 @@ log = structlog.get_logger(__name__)
 
 Result = m.Response | BKError
 ResponseCallback = Callable[[Any, str, Result], None]
-"""``callback(context, bookie_id, result)``: exactly one call per request."""
+"""``callback(context, bookie_id, result)``: exactly one call per request. A successful ADD_ENTRY
+is answered with the shared :data:`ADD_OK` (the ack was matched by request id; its ledger and
+entry ids were validated, not repeated)."""
+
+ADD_OK = m.AddEntryResponse(0, 0, None, 0, 0)
+"""The result of every successful ADD_ENTRY (one object, not a tuple per ack)."""
 
 SWEEP_INTERVAL_S_MIN = 0.01
 """Timeout sweeps run at most this often: a deadline fires within one sweep interval after it."""
@@ -75,10 +80,9 @@ _CLOSED = ConnectionState.CLOSED
 _READY = ConnectionState.READY
 _OPEN_GROUP = float("inf")
 _ADD = int(OpCode.ADD_ENTRY)
+assert REQUEST_ID_MAX == (1 << 64) - 1  # the largest msgpack int: the ack check does not test it
 _unpackb = msgpack.unpackb
 _length_at = LENGTH.unpack_from
-_new_tuple = tuple.__new__
-_AddEntryResponse = m.AddEntryResponse
 
 
 class BookieConnection(asyncio.Protocol):
@@ -246,26 +250,26 @@ class BookieConnection(asyncio.Protocol):
                     except _UNPACK_ERRORS as exc:
                         raise ProtocolError(f"frame is not one valid msgpack value: {exc!r}") from None
                     # Hot path: [ADD_ENTRY, request_id, EOK, nil, ledger_id, entry_id], checked as
-                    # strictly as the generic decoder does (ints, not bools, in range).
+                    # strictly as the generic decoder does (ints, not bools, in range): msgpack
+                    # ints are below 2^64 (REQUEST_ID_MAX), and for ints >= 0, a | b < 2^63 iff
+                    # both are.
                     if (
                         type(obj) is list
                         and len(obj) == 6
                         and obj[0] == _ADD
                         and obj[2] == 0
                         and obj[3] is None
-                        and type(obj[0]) is int
-                        and type(rid := obj[1]) is int
-                        and type(obj[2]) is int
-                        and type(lid := obj[4]) is int
-                        and type(eid := obj[5]) is int
-                        and 0 <= rid <= REQUEST_ID_MAX
-                        and 0 <= lid <= ID_MAX
-                        and 0 <= eid <= ID_MAX
+                        and type(obj[0]) is type(rid := obj[1]) is type(obj[2]) is int
+                        and type(lid := obj[4]) is type(eid := obj[5]) is int
+                        and rid >= 0
+                        and 0 <= lid | eid <= ID_MAX
                     ):
-                        response: m.Response = _new_tuple(_AddEntryResponse, (rid, 0, None, lid, eid))
+                        response: m.Response = ADD_OK
                     else:
                         response = m.decode_response_object(obj)
                         rid = response.request_id
+                        if type(response) is m.AddEntryResponse and response.status == 0:
+                            response = ADD_OK  # e.g. an ack with fields beyond the known ones
                     entry = pending.pop(rid, None)
                     if entry is None:
                         continue  # late (timed out / failed / forgotten) or unknown: ignored

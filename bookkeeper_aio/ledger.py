@@ -38,7 +38,7 @@ import crc32c
 import msgpack
 import structlog
 
-from bookkeeper_aio.connection import Result
+from bookkeeper_aio.connection import ADD_OK, Result
 from bookkeeper_aio.context import ClientContext
 from bookkeeper_aio.errors import (
     BKError,
@@ -127,15 +127,23 @@ class _PendingAdd:
     )
     started: float
 
-    def __init__(self, entry_id: int, length: int, future: asyncio.Future[int]) -> None:
+    def __init__(
+        self,
+        entry_id: int,
+        length: int,
+        future: asyncio.Future[int],
+        frame: bytes,
+        body_start: int,
+        write_set: tuple[str, ...],
+    ) -> None:
         self.entry_id = entry_id
         self.length = length
         self.future = future
-        self.frame = b""
-        self.body_start = 0
-        self.write_set: tuple[str, ...] = ()
+        self.frame = frame
+        self.body_start = body_start
+        self.write_set = write_set
         self.acked = 0
-        self.sent_to: tuple[str, ...] | set[str] = ()
+        self.sent_to: tuple[str, ...] | set[str] = write_set
         self.quorum = False
 
 
@@ -171,6 +179,7 @@ class LedgerHandle:
         self._add_tail = _pack(int(AddFlag.NONE)) + _pack(master_key)
         self._ensemble: tuple[str, ...] = md.current_ensemble
         self._write_sets = self._bookie_write_sets(self._ensemble)
+        self._ensemble_size = len(self._write_sets)
         self._state = HandleState.WRITABLE
         self._error: BKError | None = None
         self._next_entry_id = 0
@@ -304,10 +313,6 @@ class LedgerHandle:
         self._next_entry_id = entry_id + 1
         length = self._length_sent + len(payload)
         self._length_sent = length
-        future: asyncio.Future[int] = self._loop.create_future()
-        op = _PendingAdd(entry_id, length, future)
-        if self._metrics is not None:
-            op.started = self._loop.time()
         lac = self._lac
         self._lac_sent = lac
         self._sends += 1
@@ -316,24 +321,26 @@ class LedgerHandle:
         pool = self._pool
         rid = pool.next_request_id()
         if self._crc32c:
-            op.frame, op.body_start = self._encode_crc32c(rid, entry_id, lac, length, payload)
+            frame, body_start = self._encode_crc32c(rid, entry_id, lac, length, payload)
         else:
             body = self._codec.encode(self._id, entry_id, lac, length, payload)
-            op.frame = encode_add_request(rid, self._id, entry_id, AddFlag.NONE, self._master_key, body)
-            op.body_start = len(op.frame) - len(body)
-        frame = op.frame
-        op.write_set = write_set = self._write_sets[entry_id % len(self._write_sets)]
+            frame = encode_add_request(rid, self._id, entry_id, AddFlag.NONE, self._master_key, body)
+            body_start = len(frame) - len(body)
+        future: asyncio.Future[int] = self._loop.create_future()
+        write_set = self._write_sets[entry_id % self._ensemble_size]
+        op = _PendingAdd(entry_id, length, future, frame, body_start, write_set)
+        if self._metrics is not None:
+            op.started = self._loop.time()
         self._pending.append(op)
-        failed = self._failed_bookies
         timeout_s, on_add = self._add_timeout_s, self._on_add
-        if failed:
+        if self._failed_bookies:
+            failed = self._failed_bookies
             op.sent_to = sent_to = set()
             for bookie_id in write_set:
                 if bookie_id not in failed:
                     sent_to.add(bookie_id)
                     pool.connection(bookie_id).request(rid, frame, on_add, op, timeout_s)
         else:
-            op.sent_to = write_set
             for bookie_id in write_set:
                 pool.connection(bookie_id).request(rid, frame, on_add, op, timeout_s)
         return future
@@ -378,7 +385,7 @@ class LedgerHandle:
 
     # ------------------------------------------------------------------ responses
     def _on_add_result(self, op: _PendingAdd, bookie_id: str, result: Result) -> None:
-        if not isinstance(result, BKError) and result.status == 0:  # the hot path: an ack
+        if result is ADD_OK:  # the hot path: an ack
             try:
                 position = op.write_set.index(bookie_id)
             except ValueError:

@@ -47,6 +47,8 @@ CLOSING: dict[str, Callable[[int, int, int], bytes]] = {
     "negative entry id": lambda r, lid, eid: raw_frame([1, r, 0, None, lid, -1]),
     "negative ledger id": lambda r, lid, eid: raw_frame([1, r, 0, None, -lid - 1, eid]),
     "negative request id": lambda r, lid, eid: raw_frame([1, -r, 0, None, lid, eid]),
+    "entry id above ID_MAX": lambda r, lid, eid: raw_frame([1, r, 0, None, lid, 1 << 63]),
+    "ledger id above ID_MAX": lambda r, lid, eid: raw_frame([1, r, 0, None, (1 << 64) - 1, eid]),
     "float entry id": lambda r, lid, eid: raw_frame([1, r, 0, None, lid, float(eid)]),
     "float request id": lambda r, lid, eid: raw_frame([1, float(r), 0, None, lid, eid]),
     "unknown status": lambda r, lid, eid: raw_frame([1, r, 12345, None, lid, eid]),
