@@ -230,9 +230,7 @@ class BookieConnection(asyncio.Protocol):
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 self._loop.call_soon(self._flush)
-        discard = self.request_ids.discard
-        for request_id in request_ids:
-            discard(request_id)
+        self.request_ids.difference_update(request_ids)  # one C loop, not a discard call per add
         self.in_flight -= count
         load = self._limits.load
         load.in_flight -= count

@@ -114,6 +114,8 @@ class _Run:
         self.parts: list[bytes] = []
 
 
+_GROUP_HEADER_BYTES = fmt.GROUP_HEADER_BYTES
+
 PREALLOCATE_BYTES = 16 * 1024 * 1024
 """Segments grow by preallocated steps (BookKeeper's journalPreAllocSizeMB): a size change, and so
 a metadata sync, once per 16 MiB; and at most 16 MiB of zeros to scan at startup."""
@@ -260,6 +262,10 @@ class Journal:
     def __init__(self, fileio: FileIO, directory: str, start: Position, config: JournalConfig) -> None:
         config.validate()
         self._config = config
+        # The hot path's limits as plain attributes (one load each instead of two).
+        self._record_bytes_max = config.record_bytes_max
+        self._segment_bytes = config.segment_bytes
+        self._queue_bytes_max = config.queue_bytes_max
         self._loop = asyncio.get_running_loop()
         self._writer = _Writer(fileio, directory, config.segment_bytes)
         self._segment_id, self._offset = start
@@ -356,17 +362,15 @@ class Journal:
         if self._failed is not None or self._closing:
             raise JournalError("journal is not writable") from self._failed
         size = len(head) + len(body)
-        if size > self._config.record_bytes_max:
-            raise JournalError(f"record of {size} bytes exceeds {self._config.record_bytes_max}")
-        run = self._runs[-1]
-        parts = run.parts
-        header = 0 if parts else fmt.GROUP_HEADER_BYTES
+        if size > self._record_bytes_max:
+            raise JournalError(f"record of {size} bytes exceeds {self._record_bytes_max}")
+        parts = self._runs[-1].parts
+        header = 0 if parts else _GROUP_HEADER_BYTES
         offset = self._offset
-        if offset + header + size > self._config.segment_bytes:
+        if offset + header + size > self._segment_bytes:
             self._roll()
-            run = self._runs[-1]
-            parts = run.parts
-            header = fmt.GROUP_HEADER_BYTES
+            parts = self._runs[-1].parts
+            header = _GROUP_HEADER_BYTES
             offset = self._offset
         parts.append(head)
         parts.append(body)
@@ -380,7 +384,7 @@ class Journal:
         if self._pending_bytes:
             self._pending_bytes += size + header
             if self._inflight_callbacks is not None or self._scheduled is not None:
-                if self._pending_bytes + self._inflight_bytes > self._config.queue_bytes_max:
+                if self._pending_bytes + self._inflight_bytes > self._queue_bytes_max:
                     self._set_pressure(True)
                 return self._segment_id, offset + header, batch
         else:

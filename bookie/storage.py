@@ -107,9 +107,10 @@ class AddCompletion:
         self.on_durable(error)
 
 
-AddItem = tuple[LedgerState, int, int, int, int, int, Any, int]
-"""One batched add: ledger state, entry id, piggybacked LAC, record segment id, offset and length,
-then the caller's reply target and request id (opaque to storage)."""
+AddItem = tuple[int, int, int, int, LedgerState, int, Any, int]
+"""One batched add: entry id, record segment id, offset and length (the index's
+:meth:`~bookie.index.LedgerIndex.put_run` reads these four), ledger state, piggybacked LAC, then
+the caller's reply target and request id (opaque to storage)."""
 
 
 class AddBatch:
@@ -128,20 +129,24 @@ class AddBatch:
 
     def __call__(self, error: BaseException | None) -> None:
         items = self.items
-        if error is None:
-            state: LedgerState | None = None
+        if error is None and items:
+            # Runs of one ledger (usually the whole group): one index call and one LAC update each.
+            state = items[0][4]
+            start = i = 0
             lac_max = -1
             for item in items:
-                if item[0] is not state:
-                    if state is not None and lac_max > state.piggyback_lac:
+                if item[4] is not state:
+                    state.index.put_run(items, start, i)
+                    if lac_max > state.piggyback_lac:
                         state.advance_piggyback(lac_max)
-                    state = item[0]
-                    put = state.index.put
+                    state = item[4]
+                    start = i
                     lac_max = -1
-                put(item[1], item[3], item[4], item[5])
-                if item[2] > lac_max:
-                    lac_max = item[2]
-            if state is not None and lac_max > state.piggyback_lac:
+                if item[5] > lac_max:
+                    lac_max = item[5]
+                i += 1
+            state.index.put_run(items, start, i)
+            if lac_max > state.piggyback_lac:
                 state.advance_piggyback(lac_max)
         self.on_durable(items, error)
 
@@ -270,7 +275,7 @@ class Storage:
         head = _pack_entry_head(_RECORD_MAGIC, length, crc, _ENTRY_TYPE, ledger_id, entry_id)
         segment_id, offset, batch = self.journal.append_batched(head, body, batch_type)
         batch.items.append(
-            (state, entry_id, lac, segment_id, offset, length + _RECORD_HEADER_BYTES, target, request_id)
+            (entry_id, segment_id, offset, length + _RECORD_HEADER_BYTES, state, lac, target, request_id)
         )
 
     def fence(self, ledger_id: int, master_key: bytes | None, callback: Callback) -> LedgerState:

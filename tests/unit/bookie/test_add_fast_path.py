@@ -131,3 +131,18 @@ async def test_fast_path_matches_the_generic_path(tmp_path: Path, monkeypatch: p
     assert [statuses[rid] for rid in range(200, 210)] == [0] * 10
     assert fast[2][4] == (8, 10, list(range(10)))
     assert [r[2] for r in fast[0] if r[1] == 100] == [404, 0]  # the duplicate is refused, the first kept
+
+
+async def test_the_before_ack_failpoint_is_passed_once_per_ack(tmp_path: Path) -> None:
+    """The batched completion checks the failpoint table once per group, but while a failpoint is
+    set it still passes ``bookie.before_ack`` once per ack (``count:N:kill`` counts acks)."""
+    from metadata import failpoints as engine
+
+    engine.configure("bookie.before_ack=count:1000000:kill")  # counted, never fires
+    try:
+        before = engine._hits.get("bookie.before_ack", 0)
+        responses, _, _ = await run(tmp_path)
+        acks = engine._hits.get("bookie.before_ack", 0) - before
+    finally:
+        engine.configure(None)
+    assert acks == sum(1 for response in responses if response[2] == 0) == 26

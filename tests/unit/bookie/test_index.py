@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from hypothesis import given
@@ -80,3 +81,23 @@ def test_checkpoint_round_trip_keeps_everything() -> None:
     assert len(got.index) == len(state.index)
     assert got.index.last_entry_id == 10 * DENSE_GAP_MAX
     assert len(ledgers[8].index) == 0
+
+
+@given(
+    st.lists(st.tuples(st.integers(-5, 3 * DENSE_GAP_MAX), st.integers(1, 1000)), max_size=200),
+    st.lists(st.integers(0, 200), max_size=6),
+)
+def test_put_run_matches_put(puts: list[tuple[int, int]], cuts: list[int]) -> None:
+    """``put_run`` (a journal group's adds in one loop) leaves the index exactly as ``put`` one by
+    one: dense, sparse, overflow, replaced, and ids that grow the arrays mid-run."""
+    items = [(abs(e), s, abs(e) * 7 % (1 << 32), abs(e) % 5000, "caller's") for e, s in puts]
+    one_by_one, in_runs = LedgerIndex(), LedgerIndex()
+    for entry_id, segment_id, offset, length, _ in items:
+        one_by_one.put(entry_id, segment_id, offset, length)
+    bounds = sorted({0, len(items), *(min(cut, len(items)) for cut in cuts)})
+    for start, stop in itertools.pairwise(bounds):
+        in_runs.put_run(items, start, stop)
+    assert in_runs.items() == one_by_one.items()
+    assert len(in_runs) == len(one_by_one)
+    assert in_runs.last_entry_id == one_by_one.last_entry_id
+    assert in_runs.to_wire() == one_by_one.to_wire()
