@@ -33,7 +33,7 @@ import collections
 import enum
 import socket
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import msgpack
 import structlog
@@ -46,7 +46,15 @@ from bookkeeper_aio.errors import (
     TooManyRequests,
 )
 from bookkeeper_aio.protocol import messages as m
-from bookkeeper_aio.protocol.codes import ID_MAX, PROTOCOL_VERSION, REQUEST_ID_MAX, OpCode, StatusCode
+from bookkeeper_aio.protocol.codes import (
+    ADD_ACKS_IDS_MAX,
+    FEATURE_ADD_ACKS,
+    ID_MAX,
+    PROTOCOL_VERSION,
+    REQUEST_ID_MAX,
+    OpCode,
+    StatusCode,
+)
 from bookkeeper_aio.protocol.errors import FrameTooLarge, ProtocolError
 from bookkeeper_aio.protocol.framing import LENGTH, LENGTH_BYTES
 
@@ -74,12 +82,13 @@ class ConnectionState(enum.Enum):
     CLOSED = "closed"
 
 
-# (callback, context)
-_Pending = tuple[ResponseCallback, Any]
+# (callback, context, op of the request)
+_Pending = tuple[ResponseCallback, Any, int]
 _CLOSED = ConnectionState.CLOSED
 _READY = ConnectionState.READY
 _OPEN_GROUP = float("inf")
 _ADD = int(OpCode.ADD_ENTRY)
+_ADD_ACKS = int(OpCode.ADD_ACKS)
 assert REQUEST_ID_MAX == (1 << 64) - 1  # the largest msgpack int: the ack check does not test it
 _unpackb = msgpack.unpackb
 _length_at = LENGTH.unpack_from
@@ -129,6 +138,7 @@ class BookieConnection(asyncio.Protocol):
         self._on_close = on_close
         self.ever_ready = False
         self.peer_frame_bytes_max = frame_bytes_max
+        self._add_acks = False  # the bookie agreed in HELLO to batch EOK add answers (ADD_ACKS)
 
     # ------------------------------------------------------------------ public
     @property
@@ -146,7 +156,7 @@ class BookieConnection(asyncio.Protocol):
 
     def start_hello(self, request_id: int) -> None:
         """Queue the HELLO handshake as the first frame (pipelined: requests need not wait for it)."""
-        hello = m.HelloRequest(request_id, PROTOCOL_VERSION, self._client_name)
+        hello = m.HelloRequest(request_id, PROTOCOL_VERSION, self._client_name, FEATURE_ADD_ACKS)
         self.request(request_id, m.encode(hello), _on_hello, self, self._standard_timeout_s)
 
     def request(
@@ -178,7 +188,9 @@ class BookieConnection(asyncio.Protocol):
             self._timers[request_id] = self._loop.call_at(
                 self._time() + timeout_s, self._expire_one, request_id
             )
-        pending[request_id] = (callback, context)
+        # Every request frame is [len:4][fixarray][op as a positive fixint]...: frame[5] is the op,
+        # kept to check that the answer is for a request of that op.
+        pending[request_id] = (callback, context, frame[5])
         self._out.append(frame)
         self._out_bytes += len(frame)
         if self._out_bytes >= self._write_eager_bytes and self._transport is not None:
@@ -249,10 +261,23 @@ class BookieConnection(asyncio.Protocol):
                         obj = _unpackb(view[start:end])
                     except _UNPACK_ERRORS as exc:
                         raise ProtocolError(f"frame is not one valid msgpack value: {exc!r}") from None
-                    # Hot path: [ADD_ENTRY, request_id, EOK, nil, ledger_id, entry_id], checked as
-                    # strictly as the generic decoder does (ints, not bools, in range): msgpack
-                    # ints are below 2^64 (REQUEST_ID_MAX), and for ints >= 0, a | b < 2^63 iff
-                    # both are.
+                    # Hot paths: [ADD_ACKS, 0, EOK, nil, [request_id, ...]] (FEATURE_ADD_ACKS), and
+                    # [ADD_ENTRY, request_id, EOK, nil, ledger_id, entry_id], checked as strictly
+                    # as the generic decoder does (ints, not bools, in range): msgpack ints are
+                    # below 2^64 (REQUEST_ID_MAX), and for ints >= 0, a | b < 2^63 iff both are.
+                    if (
+                        type(obj) is list
+                        and len(obj) == 5
+                        and obj[0] == _ADD_ACKS
+                        and obj[1] == 0
+                        and obj[2] == 0
+                        and obj[3] is None
+                        and type(obj[0]) is type(obj[1]) is type(obj[2]) is int
+                        and type(rids := obj[4]) is list
+                        and 0 < len(rids) <= ADD_ACKS_IDS_MAX
+                    ):
+                        self._ack_adds(rids)
+                        continue
                     if (
                         type(obj) is list
                         and len(obj) == 6
@@ -268,11 +293,16 @@ class BookieConnection(asyncio.Protocol):
                     else:
                         response = m.decode_response_object(obj)
                         rid = response.request_id
+                        if type(response) is m.AddAcksResponse:  # e.g. with fields beyond the known
+                            self._ack_adds(response.request_ids)
+                            continue
                         if type(response) is m.AddEntryResponse and response.status == 0:
                             response = ADD_OK  # e.g. an ack with fields beyond the known ones
                     entry = pending.pop(rid, None)
                     if entry is None:
                         continue  # late (timed out / failed / forgotten) or unknown: ignored
+                    if entry[2] != obj[0]:
+                        self._wrong_op(rid, entry, obj[0])
                     if timers and (timer := timers.pop(rid, None)) is not None:
                         timer.cancel()
                     entry[0](entry[1], bookie_id, response)
@@ -283,6 +313,30 @@ class BookieConnection(asyncio.Protocol):
         finally:
             if pos and self._buf is buf:
                 del buf[:pos]
+
+    def _ack_adds(self, request_ids: list[int]) -> None:
+        """Complete the ADD_ENTRY requests of one ADD_ACKS response (its shape already checked)."""
+        if not self._add_acks:
+            raise ProtocolError("ADD_ACKS without FEATURE_ADD_ACKS agreed in HELLO")
+        for rid in request_ids:
+            if type(rid) is not int or rid < 0:
+                raise ProtocolError(f"ADD_ACKS: bad request id {rid!r:.40}")
+        pending, timers = self._pending, self._timers
+        for rid in request_ids:
+            entry = pending.pop(rid, None)
+            if entry is None:
+                continue
+            if entry[2] != _ADD:
+                self._wrong_op(rid, entry, _ADD_ACKS)
+            if (timer := timers.pop(rid, None)) is not None:
+                timer.cancel()
+            entry[0](entry[1], self.bookie_id, ADD_OK)
+
+    def _wrong_op(self, request_id: int, entry: _Pending, op: int) -> NoReturn:
+        """An answer of ``op`` to a request of another op: a protocol error. The request goes back
+        to the pending ones, which the error fails (each gets its one callback)."""
+        self._pending[request_id] = entry
+        raise ProtocolError(f"an answer of op {op} to request {request_id} of op {entry[2]}")
 
     def connection_lost(self, exc: Exception | None) -> None:
         cause: BaseException = exc or ConnectionResetError(f"{self.bookie_id} closed the connection")
@@ -338,7 +392,7 @@ class BookieConnection(asyncio.Protocol):
         entry = self._pending.pop(request_id, None)
         if entry is None:
             return
-        callback, context = entry
+        callback, context, _ = entry
         callback(context, self.bookie_id, BKTimeout(f"no answer from {self.bookie_id} in time"))
 
     def _shutdown(self, cause: BaseException | None, *, abort: bool) -> None:
@@ -367,7 +421,7 @@ class BookieConnection(asyncio.Protocol):
             timer.cancel()
         entries = list(pending.values())
         pending.clear()  # a data_received loop still holding the dict finds nothing to answer twice
-        for callback, context in entries:
+        for callback, context, _ in entries:
             lost = BookieConnectionLost(f"connection to {self.bookie_id} closed with the request pending")
             lost.__cause__ = cause
             callback(context, self.bookie_id, lost)
@@ -385,3 +439,4 @@ def _on_hello(conn: BookieConnection, bookie_id: str, result: Result) -> None:
         conn.fail(ProtocolVersionMismatch(f"{bookie_id} speaks protocol {result.protocol_version}"))
         return
     conn.peer_frame_bytes_max = result.frame_bytes_max
+    conn._add_acks = bool(result.features & FEATURE_ADD_ACKS)

@@ -38,6 +38,15 @@ BATCH_READ_COUNT_MAX = 10_000
 REQUEST_ID_MAX = (1 << 64) - 1
 """Request ids are unsigned 64-bit, chosen by the client, unique among its in-flight requests."""
 
+FEATURE_ADD_ACKS = 1
+"""HELLO feature bit: successful ADD_ENTRY answers may come batched in one ADD_ACKS response."""
+
+FEATURES_MAX = (1 << 32) - 1
+"""HELLO ``features`` is a 32-bit mask; undefined bits are sent as 0 and ignored on receipt."""
+
+ADD_ACKS_IDS_MAX = 65_536
+"""An ADD_ACKS response lists at most this many request ids (< 600 KiB: far below a frame)."""
+
 
 class OpCode(enum.IntEnum):
     HELLO = 0
@@ -49,6 +58,9 @@ class OpCode(enum.IntEnum):
     FORCE_LEDGER = 8
     GET_LIST_OF_ENTRIES_OF_LEDGER = 9
     BATCH_READ = 10
+    ADD_ACKS = 11
+    """Response only: EOK answers of several ADD_ENTRY requests (after HELLO agreed on
+    FEATURE_ADD_ACKS). A request with this op is unknown (EBADREQ)."""
 
 
 class StatusCode(enum.IntEnum):

@@ -19,7 +19,9 @@ from typing import Any, NamedTuple
 import msgpack
 
 from bookkeeper_aio.protocol.codes import (
+    ADD_ACKS_IDS_MAX,
     BATCH_READ_COUNT_MAX,
+    FEATURES_MAX,
     FRAME_BYTES_MAX,
     ID_MAX,
     LONG_POLL_TIMEOUT_MS_MAX,
@@ -97,6 +99,15 @@ _timeout_ms = _int_in(0, LONG_POLL_TIMEOUT_MS_MAX)
 _count = _int_in(1, BATCH_READ_COUNT_MAX)
 _max_bytes = _int_in(1, FRAME_BYTES_MAX)
 _status: Check = lambda v: type(v) is int and v in STATUS_VALUES  # noqa: E731
+_features = _int_in(0, FEATURES_MAX)
+
+
+def _request_ids(v: Any) -> bool:
+    return (
+        type(v) is list
+        and 0 < len(v) <= ADD_ACKS_IDS_MAX
+        and all(type(r) is int and 0 <= r <= REQUEST_ID_MAX for r in v)
+    )
 
 
 # ---------------------------------------------------------------- requests
@@ -104,6 +115,8 @@ class HelloRequest(NamedTuple):
     request_id: int
     protocol_version: int
     client_name: str
+    features: int = 0
+    """``FEATURE_*`` bits the client supports (optional: a client that sends none gets none)."""
 
 
 class AddEntryRequest(NamedTuple):
@@ -190,6 +203,8 @@ class HelloResponse(NamedTuple):
     protocol_version: int = 0
     bookie_id: str = ""
     frame_bytes_max: int = FRAME_BYTES_MAX
+    features: int = 0
+    """``FEATURE_*`` bits the bookie will use on this connection: a subset of the client's."""
 
 
 class AddEntryResponse(NamedTuple):
@@ -255,6 +270,16 @@ class GetBookieInfoResponse(NamedTuple):
     info: dict[str, int | str] = {}
 
 
+class AddAcksResponse(NamedTuple):
+    """EOK answers of the ADD_ENTRY requests ``request_ids`` (op ADD_ACKS, only to a client that
+    asked for FEATURE_ADD_ACKS). ``request_id`` is 0 and matches nothing."""
+
+    request_id: int
+    status: int
+    message: str | None = None
+    request_ids: list[int] = []
+
+
 class GetListOfEntriesResponse(NamedTuple):
     """``ranges``: sorted, disjoint ``[first, last]`` entry id ranges this bookie stores."""
 
@@ -275,10 +300,11 @@ Response = (
     | BatchReadResponse
     | GetBookieInfoResponse
     | GetListOfEntriesResponse
+    | AddAcksResponse
 )
 
 _REQUESTS: dict[int, tuple[type[Any], tuple[Check, ...]]] = {
-    OpCode.HELLO: (HelloRequest, (_request_id, _version, _text)),
+    OpCode.HELLO: (HelloRequest, (_request_id, _version, _text, _features)),
     OpCode.ADD_ENTRY: (AddEntryRequest, (_request_id, _ledger_id, _entry_id, _flags, _key, _body)),
     OpCode.READ_ENTRY: (
         ReadEntryRequest,
@@ -297,7 +323,7 @@ _REQUESTS: dict[int, tuple[type[Any], tuple[Check, ...]]] = {
 
 _RESPONSE_HEAD = (_request_id, _status, _or_none(_text))
 _RESPONSES: dict[int, tuple[type[Any], tuple[Check, ...]]] = {
-    OpCode.HELLO: (HelloResponse, (*_RESPONSE_HEAD, _version, _text, _max_bytes)),
+    OpCode.HELLO: (HelloResponse, (*_RESPONSE_HEAD, _version, _text, _max_bytes, _features)),
     OpCode.ADD_ENTRY: (AddEntryResponse, (*_RESPONSE_HEAD, _ledger_id, _entry_id)),
     OpCode.READ_ENTRY: (
         ReadEntryResponse,
@@ -309,7 +335,11 @@ _RESPONSES: dict[int, tuple[type[Any], tuple[Check, ...]]] = {
     OpCode.BATCH_READ: (BatchReadResponse, (*_RESPONSE_HEAD, _ledger_id, _entry_id, _bodies, _lac)),
     OpCode.GET_BOOKIE_INFO: (GetBookieInfoResponse, (*_RESPONSE_HEAD, _info)),
     OpCode.GET_LIST_OF_ENTRIES_OF_LEDGER: (GetListOfEntriesResponse, (*_RESPONSE_HEAD, _ledger_id, _ranges)),
+    OpCode.ADD_ACKS: (AddAcksResponse, (*_RESPONSE_HEAD, _request_ids)),
 }
+
+_OPTIONAL_FIELDS: dict[type[Any], int] = {HelloRequest: 1, HelloResponse: 1}
+"""Trailing fields added after version 1 shipped (docs/protocol.md §8): a peer may omit them."""
 
 REQUEST_OP: dict[type[Any], int] = {cls: op for op, (cls, _) in _REQUESTS.items()}
 RESPONSE_OP: dict[type[Any], int] = {cls: op for op, (cls, _) in _RESPONSES.items()}
@@ -367,8 +397,10 @@ def _validate(
     fields: list[Any], spec: tuple[type[Any], tuple[Check, ...]], op: int, rid: int, lenient: bool
 ) -> Any:
     cls, checks = spec
-    # Error responses may stop after the message; everything else needs every field.
-    if len(fields) < len(checks) and not (lenient and len(fields) >= 3):
+    # Error responses may stop after the message; everything else needs every field but the
+    # optional trailing ones.
+    required = len(checks) - _OPTIONAL_FIELDS.get(cls, 0)
+    if len(fields) < required and not (lenient and len(fields) >= 3):
         raise ProtocolError(f"op {op}: {len(fields)} fields, expected {len(checks)}", request_id=rid, op=op)
     for name, check, value in zip(cls._fields, checks, fields, strict=False):
         if not check(value):

@@ -31,6 +31,8 @@ from typing import Any, cast
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import (
     BATCH_READ_COUNT_MAX,
+    FEATURE_ADD_ACKS,
+    FRAME_BYTES_MAX,
     LAST_ENTRY,
     NO_ENTRY,
     PROTOCOL_VERSION,
@@ -97,6 +99,8 @@ class _Conn(asyncio.Protocol):
         self.bookie = bookie
         self.decoder = FrameDecoder()
         self.transport: asyncio.Transport | None = None
+        self.add_acks = False  # FEATURE_ADD_ACKS agreed in HELLO
+        self._acks: list[int] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
@@ -124,15 +128,30 @@ class _Conn(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(frame)
 
+    def queue_ack(self, request_id: int) -> None:
+        """An EOK add answer, sent with the others of this tick in one ADD_ACKS response."""
+        if not self._acks:
+            asyncio.get_running_loop().call_soon(self._send_acks)
+        self._acks.append(request_id)
+
+    def _send_acks(self) -> None:
+        acks, self._acks = self._acks, []
+        self.bookie.add_acks_sent += 1
+        self.bookie._answer(self, m.encode(m.AddAcksResponse(0, StatusCode.EOK, None, acks)))
+
 
 class FakeBookie:
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", add_acks: bool = False) -> None:
         self.host = host
         self.port = 0
         self.ledgers: dict[int, LedgerState] = {}
         self.script: Script | None = None
         self.requests: list[m.Request] = []
         self.corrupt_reads: set[tuple[int, int]] = set()
+        self.add_acks = add_acks
+        """Agree to FEATURE_ADD_ACKS when a client asks: EOK add answers of a tick go out as one
+        ADD_ACKS response (as the real bookie does per journal group)."""
+        self.add_acks_sent = 0
         self.batch_read_limit: int | None = None
         """When set, a BATCH_READ answer holds at most this many bodies (a short batch, as a bookie
         answers when it stops early: byte budget, unreadable entry)."""
@@ -212,6 +231,16 @@ class FakeBookie:
         if isinstance(request, m.ReadEntryRequest) and self._long_poll_waits(conn, request):
             return
         frame = self._process(request)
+        if isinstance(request, m.HelloRequest):
+            conn.add_acks = self.add_acks and bool(request.features & FEATURE_ADD_ACKS)
+        elif (
+            conn.add_acks
+            and reply is None
+            and isinstance(request, m.AddEntryRequest)
+            and m.decode_response(frame[4:]).status == StatusCode.EOK
+        ):
+            conn.queue_ack(request.request_id)
+            return
         if reply is not None and reply.kind == "delay":
             loop = asyncio.get_running_loop()
             timer: asyncio.TimerHandle
@@ -288,7 +317,12 @@ class FakeBookie:
         return handler(self, req)
 
     def _hello(self, req: Any) -> bytes:
-        return m.encode(m.HelloResponse(req.request_id, StatusCode.EOK, None, PROTOCOL_VERSION, self.id))
+        features = req.features & FEATURE_ADD_ACKS if self.add_acks else 0
+        return m.encode(
+            m.HelloResponse(
+                req.request_id, StatusCode.EOK, None, PROTOCOL_VERSION, self.id, FRAME_BYTES_MAX, features
+            )
+        )
 
     def _ledger_for_write(self, ledger_id: int, key: bytes) -> LedgerState | StatusCode:
         state = self.ledgers.setdefault(ledger_id, LedgerState())
@@ -428,8 +462,8 @@ _HANDLERS: dict[int, Callable[[FakeBookie, Any], bytes]] = {
 class FakeCluster:
     """``n`` fake bookies, started on enter and killed on exit."""
 
-    def __init__(self, n: int) -> None:
-        self.bookies = [FakeBookie() for _ in range(n)]
+    def __init__(self, n: int, *, add_acks: bool = False) -> None:
+        self.bookies = [FakeBookie(add_acks=add_acks) for _ in range(n)]
 
     @property
     def ids(self) -> list[str]:

@@ -29,7 +29,9 @@ FAST = ClientConfig(
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[FakeCluster]:
-    async with FakeCluster(4) as fakes:
+    """Four fake bookies that batch their EOK add answers (FEATURE_ADD_ACKS), as real ones do;
+    the mangling bookies of the ack tests answer each add alone."""
+    async with FakeCluster(4, add_acks=True) as fakes:
         yield fakes
 
 

@@ -20,8 +20,8 @@ class ManglingBookie(FakeBookie):
     """``mangle`` rewrites each ADD answer; ``send_raw`` sends frames on the latest connection
     (an answer kept back by ``mangle``, arriving late)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, add_acks: bool = False) -> None:
+        super().__init__(add_acks=add_acks)
         self.mangle: Mangle | None = None
         self._last_conn: _Conn | None = None
 
@@ -53,9 +53,9 @@ def mangling(cluster: FakeCluster, bookie_id: str) -> ManglingBookie:
     return bookie
 
 
-async def mangling_cluster(n: int) -> AsyncIterator[FakeCluster]:
+async def mangling_cluster(n: int, add_acks: bool = False) -> AsyncIterator[FakeCluster]:
     fakes = FakeCluster(0)
-    fakes.bookies = [ManglingBookie() for _ in range(n)]
+    fakes.bookies = [ManglingBookie(add_acks) for _ in range(n)]
     async with fakes:
         yield fakes
 

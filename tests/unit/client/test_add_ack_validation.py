@@ -54,6 +54,8 @@ CLOSING: dict[str, Callable[[int, int, int], bytes]] = {
     "unknown status": lambda r, lid, eid: raw_frame([1, r, 12345, None, lid, eid]),
     "bytes message": lambda r, lid, eid: raw_frame([1, r, 0, b"ok", lid, eid]),
     "a map": lambda r, lid, eid: raw_frame({"op": 1, "rid": r}),
+    "answer of another op": lambda r, lid, eid: raw_frame([4, r, 0, None, lid, eid]),
+    "ADD_ACKS not agreed in HELLO": lambda r, lid, eid: raw_frame([11, 0, 0, None, [r]]),
     "not msgpack": lambda r, lid, eid: LENGTH.pack(1) + b"\xc1",
     "trailing bytes": lambda r, lid, eid: (
         LENGTH.pack(len(b := msgpack.packb([1, r, 0, None, lid, eid]) + b"\x00")) + b

@@ -12,11 +12,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bookkeeper_aio.protocol import messages as m
-from bookkeeper_aio.protocol.codes import FRAME_BYTES_MAX, ID_MAX, OpCode, StatusCode
+from bookkeeper_aio.protocol.codes import (
+    ADD_ACKS_IDS_MAX,
+    FEATURES_MAX,
+    FRAME_BYTES_MAX,
+    ID_MAX,
+    PROTOCOL_VERSION,
+    OpCode,
+    StatusCode,
+)
 from bookkeeper_aio.protocol.errors import FrameTooLarge, ProtocolError
 from bookkeeper_aio.protocol.framing import FrameDecoder, encode_frame
 
 ids = st.integers(0, ID_MAX)
+features = st.integers(0, FEATURES_MAX)
 rids = st.integers(0, (1 << 64) - 1)
 lacs = st.integers(-1, ID_MAX)
 keys = st.binary(max_size=64)
@@ -28,7 +37,7 @@ def _fence_has_key(msg: m.ReadEntryRequest | m.BatchReadRequest) -> bool:
 
 
 requests = st.one_of(
-    st.builds(m.HelloRequest, rids, st.integers(0, 0xFFFF), st.text(max_size=50)),
+    st.builds(m.HelloRequest, rids, st.integers(0, 0xFFFF), st.text(max_size=50), features),
     st.builds(m.AddEntryRequest, rids, ids, ids, st.integers(0, 1), keys, st.binary(max_size=2000)),
     st.builds(
         m.ReadEntryRequest, rids, ids, lacs, st.integers(0, 7), st.none() | keys, lacs, st.integers(0, 60000)
@@ -52,8 +61,16 @@ requests = st.one_of(
 ok = st.just(0)
 responses = st.one_of(
     st.builds(
-        m.HelloResponse, rids, ok, st.none(), st.integers(0, 9), st.text(max_size=30), st.integers(1, 100)
+        m.HelloResponse,
+        rids,
+        ok,
+        st.none(),
+        st.integers(0, 9),
+        st.text(max_size=30),
+        st.integers(1, 100),
+        features,
     ),
+    st.builds(m.AddAcksResponse, st.just(0), ok, st.none(), st.lists(rids, min_size=1, max_size=20)),
     st.builds(m.AddEntryResponse, rids, ok, st.none(), ids, ids),
     st.builds(m.ReadEntryResponse, rids, ok, st.none(), ids, lacs, st.none() | st.binary(max_size=500), lacs),
     st.builds(m.ReadLacResponse, rids, ok, st.none(), ids, lacs),
@@ -84,6 +101,13 @@ responses = st.one_of(
 def test_request_round_trip(msg: m.Request) -> None:
     frame = m.encode(msg)
     assert m.decode_request(frame[4:]) == msg
+
+
+@given(requests)
+def test_request_frame_holds_its_op_at_byte_5(msg: m.Request) -> None:
+    """The client keeps ``frame[5]`` as the op of a pending request (to check its answer's op):
+    every request is a fixarray whose first item, the op, is a positive fixint."""
+    assert m.encode(msg)[5] == m.REQUEST_OP[type(msg)]
 
 
 @given(responses)
@@ -191,3 +215,35 @@ def test_fast_path_and_generic_path_agree_on_rejections() -> None:
     assert m.decode_request(raw) == m.AddEntryRequest(1, 2, 3, 0, b"k", b"body")
     with pytest.raises(ProtocolError):
         m.decode_response(msgpack.packb([1, 1, 0, None, 2, -3]))
+
+
+def test_hello_of_a_peer_without_features_decodes_with_none() -> None:
+    """``features`` was added to HELLO after version 1 shipped: a peer may omit it (§8)."""
+    request = msgpack.packb([0, 7, PROTOCOL_VERSION, "old client"])
+    assert m.decode_request(request) == m.HelloRequest(7, PROTOCOL_VERSION, "old client", 0)
+    response = msgpack.packb([0, 7, 0, None, PROTOCOL_VERSION, "bookie-1", FRAME_BYTES_MAX])
+    assert m.decode_response(response) == m.HelloResponse(
+        7, 0, None, PROTOCOL_VERSION, "bookie-1", FRAME_BYTES_MAX, 0
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        [11, 0, 0, None, []],  # no ids
+        [11, 0, 0, None, [1, True]],  # bool is not an id
+        [11, 0, 0, None, [1, -1]],
+        [11, 0, 0, None, [1.0]],
+        [11, 0, 0, None, list(range(1, ADD_ACKS_IDS_MAX + 2))],
+        [11, 0, 0, None, 5],
+        [11, 0, 0, None],  # EOK needs the ids
+    ],
+)
+def test_add_acks_response_is_validated(body: list[object]) -> None:
+    with pytest.raises(ProtocolError):
+        m.decode_response(msgpack.packb(body))
+
+
+def test_add_acks_is_not_a_request() -> None:
+    with pytest.raises(ProtocolError, match="unknown op 11"):
+        m.decode_request(msgpack.packb([11, 1, 0, None, [1]]))
