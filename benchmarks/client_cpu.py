@@ -1,0 +1,174 @@
+"""The client's own CPU per entry, without bookies: the real LedgerHandle, BookiePool and
+BookieConnection, with each connection's transport replaced by an in-process fake that answers
+HELLO and acks every ADD one loop tick later (one ack frame per add, or with ``--add-acks`` one
+ADD_ACKS response per tick, as a bookie that agreed to FEATURE_ADD_ACKS answers a journal group).
+
+What it measures is the Python work of the write path (append, frame encoding, request
+bookkeeping, ack decoding, in-order completion): no syscalls, no other process, so it is steady on
+a noisy machine and fit for A/B runs and ``valgrind --tool=callgrind`` instruction counts. The
+fake's own CPU time (``time.thread_time``) is measured and subtracted.
+
+    python -m benchmarks.client_cpu --entries 200000 --reps 5
+    python -m benchmarks.client_cpu --add-acks
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import struct
+import time
+from typing import Any
+
+import msgpack
+import uvloop
+
+from bookkeeper_aio import BookKeeper, ClientConfig
+from bookkeeper_aio.connection import BookieConnection
+from bookkeeper_aio.context import StaticDirectory
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import FEATURE_ADD_ACKS, FRAME_BYTES_MAX, PROTOCOL_VERSION, OpCode
+from metadata.ledgers import LedgerManager
+from metadata.memory import MemoryStore
+
+_LENGTH = struct.Struct(">I")
+_ADD = int(OpCode.ADD_ENTRY)
+_packb = msgpack.Packer(autoreset=True).pack
+
+
+class FakeBookieTransport:
+    """Takes the client's frames; answers them on the next tick. ``busy_s`` is its own CPU time."""
+
+    busy_s = 0.0
+
+    def __init__(self, conn: BookieConnection, add_acks: bool) -> None:
+        self.conn = conn
+        self.add_acks = add_acks
+        self.loop = asyncio.get_running_loop()
+        self.frames: list[bytes] = []
+        self.rids: list[int] = []
+        self.scheduled = False
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    abort = close
+
+    def write(self, data: bytes) -> None:
+        started = time.thread_time()
+        data = bytes(data)
+        pos, size = 0, len(data)
+        while pos < size:
+            (length,) = _LENGTH.unpack_from(data, pos)
+            body = pos + 4
+            if data[body + 1] == _ADD:  # [1, rid, lid, eid, ...]: only the ids are read
+                rid, i = _int_at(data, body + 2)
+                if self.add_acks:
+                    self.rids.append(rid)
+                else:
+                    lid, i = _int_at(data, i)
+                    eid, i = _int_at(data, i)
+                    ack = _packb((_ADD, rid, 0, None, lid, eid))  # m.encode(AddEntryResponse(...))
+                    self.frames.append(_LENGTH.pack(len(ack)) + ack)
+            else:
+                request = m.decode_request(data[body : body + length])
+                assert isinstance(request, m.HelloRequest), request
+                features = request.features & FEATURE_ADD_ACKS if self.add_acks else 0
+                rid = request.request_id
+                hello = m.HelloResponse(rid, 0, None, PROTOCOL_VERSION, "fake", FRAME_BYTES_MAX, features)
+                self.frames.append(m.encode(hello))
+            pos = body + length
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self.answer)
+        FakeBookieTransport.busy_s += time.thread_time() - started
+
+    def answer(self) -> None:
+        started = time.thread_time()
+        self.scheduled = False
+        frames, self.frames = self.frames, []
+        if self.rids:
+            frames.append(m.encode(m.AddAcksResponse(0, 0, None, self.rids)))
+            self.rids = []
+        data = b"".join(frames)
+        FakeBookieTransport.busy_s += time.thread_time() - started
+        self.conn.data_received(data)
+
+
+def _int_at(data: bytes, i: int) -> tuple[int, int]:
+    """A msgpack non-negative int at ``data[i]`` and the offset after it."""
+    kind = data[i]
+    if kind < 0x80:
+        return kind, i + 1
+    width = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}[kind]
+    return int.from_bytes(data[i + 1 : i + 1 + width], "big"), i + 1 + width
+
+
+async def one_run(args: argparse.Namespace) -> dict[str, Any]:
+    ids = [f"fake-{i}" for i in range(args.ensemble)]
+    bk = BookKeeper(
+        LedgerManager(MemoryStore(), "/bench"),
+        StaticDirectory(ids),
+        config=ClientConfig.load(add_window_max=args.window),  # BKAIO_CLIENT_* env applies
+    )
+    pool = bk.context.pool
+
+    async def connect(conn: BookieConnection) -> None:  # instead of TCP: the fake transport
+        conn.connection_made(FakeBookieTransport(conn, args.add_acks))  # type: ignore[arg-type]
+
+    pool._connect = connect  # type: ignore[method-assign]  # the benchmark's seam
+    lh = await bk.create_ledger(args.ensemble, args.qw, args.qa, password=b"bench")
+    payload = os.urandom(args.size)
+    await lh.append(payload)
+    per_worker = args.entries // args.window
+
+    async def worker() -> None:
+        for _ in range(per_worker):
+            await lh.append(payload)
+
+    FakeBookieTransport.busy_s = 0.0
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(args.window)))
+    cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
+    entries = per_worker * args.window
+    fake_s = FakeBookieTransport.busy_s
+    await lh.close()
+    await bk.close()
+    return {
+        "client_cpu_us_per_entry": round((cpu_s - fake_s) / entries * 1e6, 3),
+        "fake_us_per_entry": round(fake_s / entries * 1e6, 3),
+        "entries_s": round(entries / wall_s),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--entries", type=int, default=200_000)
+    ap.add_argument("--window", type=int, default=1000)
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--ensemble", type=int, default=3)
+    ap.add_argument("--qw", type=int, default=2)
+    ap.add_argument("--qa", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--add-acks", action="store_true", help="the fake batches its acks (FEATURE_ADD_ACKS)")
+    args = ap.parse_args()
+    runs = []
+    for _ in range(args.reps):
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runs.append(runner.run(one_run(args)))
+        print(json.dumps(runs[-1]), flush=True)
+    median = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    print(json.dumps({"median": median, "config": vars(args)}))
+
+
+if __name__ == "__main__":
+    main()
