@@ -525,6 +525,19 @@ def encode(msg: Request | Response) -> bytes:
     return LENGTH.pack(len(body)) + body
 
 
+_ADD_ACKS = int(OpCode.ADD_ACKS)
+
+
+def encode_add_acks(request_ids: list[int]) -> list[bytes]:
+    """EOK answers of the ADD_ENTRY requests ``request_ids`` as ADD_ACKS frames (length prefix
+    included), at most ``ADD_ACKS_IDS_MAX`` ids each; ``[]`` for no ids."""
+    frames = []
+    for start in range(0, len(request_ids), ADD_ACKS_IDS_MAX):
+        body = _packb((_ADD_ACKS, 0, 0, None, request_ids[start : start + ADD_ACKS_IDS_MAX]))
+        frames.append(LENGTH.pack(len(body)) + body)
+    return frames
+
+
 def encode_error(op: int, request_id: int, status: StatusCode, message: str) -> bytes:
     """A short error response ``[op, request_id, status, message]`` as a whole frame."""
     body = _packb((op, request_id, int(status), message[:TEXT_CHARS_MAX]))

@@ -247,3 +247,14 @@ def test_add_acks_response_is_validated(body: list[object]) -> None:
 def test_add_acks_is_not_a_request() -> None:
     with pytest.raises(ProtocolError, match="unknown op 11"):
         m.decode_request(msgpack.packb([11, 1, 0, None, [1]]))
+
+
+@pytest.mark.parametrize("count", [1, 7, ADD_ACKS_IDS_MAX, ADD_ACKS_IDS_MAX + 1, 2 * ADD_ACKS_IDS_MAX + 3])
+def test_encode_add_acks__chunks_at_the_limit_and_keeps_every_id_in_order(count: int) -> None:
+    ids = list(range(10**12, 10**12 + count))
+    frames = m.encode_add_acks(ids)
+    assert len(frames) == -(-count // ADD_ACKS_IDS_MAX)
+    decoded = [m.decode_response(frame[4:]) for frame in frames]
+    assert all(isinstance(d, m.AddAcksResponse) and d.status == 0 for d in decoded)
+    assert [rid for d in decoded for rid in d.request_ids] == ids  # type: ignore[union-attr]
+    assert m.encode_add_acks([]) == []
