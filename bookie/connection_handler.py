@@ -138,6 +138,7 @@ class BookieConnection(asyncio.Protocol):
         frame_max = self._limits.frame_bytes_max
         dispatch = self._processor.dispatch
         load = self._limits.load
+        frames = 0
         # The views handed to dispatch are decoded synchronously and dropped before the buffer is
         # compacted (msgpack copies what it keeps): no copy of the frame on the hot path.
         with memoryview(buf) as view:
@@ -154,7 +155,8 @@ class BookieConnection(asyncio.Protocol):
                 load.in_flight += 1
                 dispatch(self, view[pos + 4 : end])
                 pos = end
-                self._frames_since_arm += 1
+                frames += 1
+        self._frames_since_arm += frames
         if pos:
             del buf[:pos]
         if self.closed:

@@ -174,6 +174,7 @@ class Storage:
         self._loop = asyncio.get_running_loop()
         self._journal_dir = os.path.join(config.data_dir, replay.JOURNAL_DIR)
         self.journal = Journal(fileio, self._journal_dir, recovered.start, config.journal)
+        self._append_batched = self.journal.append_batched
         self._lock_fd = lock_fd
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage-reader")
         self._cold = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage-cold")
@@ -273,7 +274,7 @@ class Storage:
             raise JournalError(f"entry of {len(body)} bytes exceeds the journal record maximum")
         crc = _crc32c(body, _crc32c(_pack_crc_prefix(length, _ENTRY_TYPE, ledger_id, entry_id)))
         head = _pack_entry_head(_RECORD_MAGIC, length, crc, _ENTRY_TYPE, ledger_id, entry_id)
-        segment_id, offset, batch = self.journal.append_batched(head, body, batch_type)
+        segment_id, offset, batch = self._append_batched(head, body, batch_type)
         batch.items.append(
             (entry_id, segment_id, offset, length + _RECORD_HEADER_BYTES, state, lac, target, request_id)
         )
