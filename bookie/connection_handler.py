@@ -87,6 +87,8 @@ class BookieConnection(asyncio.Protocol):
         self._flush_scheduled = False
         self.in_flight = 0
         self.request_ids: set[int] = set()
+        self.add_acks = False
+        """HELLO agreed on FEATURE_ADD_ACKS: a journal group's EOK adds are answered in ADD_ACKS."""
         self._paused_by_permits = False
         self._paused_by_server = False
         self._reading_paused = False

@@ -47,6 +47,7 @@ from bookie.storage import (
 from bookkeeper_aio import failpoints
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import (
+    FEATURE_ADD_ACKS,
     ID_MAX,
     MASTER_KEY_BYTES_MAX,
     PROTOCOL_VERSION,
@@ -142,22 +143,25 @@ class _AddReplies(AddBatch):
         packb = _packb
         prefix = _FRAME_PREFIX
         conn: BookieConnection | None = None
+        batched = False  # the connection agreed to ADD_ACKS: one frame for its run, not one per add
         frames: list[bytes] = []
         rids: list[int] = []
         for entry_id, _, _, _, state, _, target, rid in items:
             if target is not conn:
                 if conn is not None:
-                    conn.complete_adds(rids, frames)
+                    conn.complete_adds(rids, m.encode_add_acks(rids) if batched else frames)
                     frames, rids = [], []
                 conn = target
+                batched = target.add_acks
             if hit is not None:
                 hit(_BEFORE_ACK)
-            body = packb((_ADD_OP, rid, 0, None, state.ledger_id, entry_id))
-            frames.append(prefix[len(body)])
-            frames.append(body)
+            if not batched:
+                body = packb((_ADD_OP, rid, 0, None, state.ledger_id, entry_id))
+                frames.append(prefix[len(body)])
+                frames.append(body)
             rids.append(rid)
         if conn is not None:
-            conn.complete_adds(rids, frames)
+            conn.complete_adds(rids, m.encode_add_acks(rids) if batched else frames)
 
 
 class _AddReply(AddCompletion):
@@ -491,8 +495,10 @@ class Processor:
                 req.request_id, m.encode_error(OpCode.HELLO, req.request_id, StatusCode.EBADVERSION, message)
             )
             return
+        features = req.features & FEATURE_ADD_ACKS  # the ones this bookie knows, of those asked
+        conn.add_acks = bool(features & FEATURE_ADD_ACKS)
         response = m.HelloResponse(
-            req.request_id, 0, None, PROTOCOL_VERSION, self.bookie_id, self.frame_bytes_max
+            req.request_id, 0, None, PROTOCOL_VERSION, self.bookie_id, self.frame_bytes_max, features
         )
         conn.complete(req.request_id, m.encode(response))
 

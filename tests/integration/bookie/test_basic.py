@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bookkeeper_aio.protocol import messages as m
-from bookkeeper_aio.protocol.codes import PROTOCOL_VERSION, ReadFlag, StatusCode
+from bookkeeper_aio.protocol.codes import FEATURE_ADD_ACKS, PROTOCOL_VERSION, ReadFlag, StatusCode
 from tests.harness.bookie_proc import BookieProcess
 
 from .wire import WireClient, entry_body
@@ -19,6 +19,7 @@ async def test_hello_and_bookie_info(client: WireClient) -> None:
     hello = await client.request(m.HelloRequest, PROTOCOL_VERSION, "test")
     assert hello.status == StatusCode.EOK
     assert hello.bookie_id == "bookie-1"
+    assert hello.features == 0  # none asked for, none used
     wrong = await client.request(m.HelloRequest, PROTOCOL_VERSION + 7, "test")
     assert wrong.status == StatusCode.EBADVERSION
     info = await client.request(m.GetBookieInfoRequest)
@@ -49,6 +50,22 @@ async def test_add_read_lac_batch_list(client: WireClient) -> None:
     assert listing.ranges == [[0, 99]]
     force = await client.request(m.ForceLedgerRequest, 1, b"K" * 32)
     assert force.status == StatusCode.EOK
+
+
+async def test_add_acks_batch_the_ok_answers_when_agreed_in_hello(client: WireClient) -> None:
+    hello = await client.request(m.HelloRequest, PROTOCOL_VERSION, "test", FEATURE_ADD_ACKS | 0x80)
+    assert hello.features == FEATURE_ADD_ACKS  # the unknown bit is not echoed
+    good = [client.add(1, i, b"payload-%d" % i) for i in range(200)]
+    bad = client.add(1, 200, b"x", key=b"other")  # an error is always a single ADD_ENTRY answer
+    acks = await asyncio.gather(*good)
+    assert {a.status for a in acks} == {StatusCode.EOK}
+    assert (await bad).status == StatusCode.EUA
+    batched = [rid for ids in client.add_acks for rid in ids]
+    assert sorted(batched) == sorted(a.request_id for a in acks)  # each answered once
+    assert len(client.add_acks) < 50  # per journal group, not per add
+    assert not client.unmatched
+    read = await client.read(1, 199)
+    assert read.body == entry_body(1, 199, b"payload-199")
 
 
 async def test_master_key_mismatch_is_eua(client: WireClient) -> None:

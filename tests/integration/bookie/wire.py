@@ -30,6 +30,9 @@ class WireClient(asyncio.Protocol):
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.transport: asyncio.Transport | None = None
         self.unmatched: list[Any] = []
+        self.add_acks: list[list[int]] = []
+        """The request ids of each ADD_ACKS response received (each id's future gets an EOK
+        AddEntryResponse with the ledger and entry ids left 0)."""
 
     @classmethod
     async def connect(cls, host: str, port: int) -> WireClient:
@@ -43,6 +46,13 @@ class WireClient(asyncio.Protocol):
         self.decoder.feed(data)
         while (frame := self.decoder.next_frame()) is not None:
             response = m.decode_response(frame)
+            if isinstance(response, m.AddAcksResponse):
+                self.add_acks.append(response.request_ids)
+                for rid in response.request_ids:
+                    waiter = self.pending.pop(rid, None)
+                    assert waiter is not None, f"ADD_ACKS names {rid}, not pending"
+                    waiter.set_result(m.AddEntryResponse(rid, 0))
+                continue
             future = self.pending.pop(response.request_id, None)
             if future is None or future.done():
                 self.unmatched.append(response)

@@ -81,7 +81,9 @@ def requests() -> list[bytes]:
     ]
 
 
-async def run(path: Path) -> tuple[list[Any], bytes, dict[int, tuple[int, int, list[int]]]]:
+async def run(
+    path: Path, add_acks: bool = False
+) -> tuple[list[Any], bytes, dict[int, tuple[int, int, list[int]]]]:
     journal = JournalConfig(segment_bytes=210_000, record_bytes_max=100_000)  # rolls
     storage = await Storage.open(StorageConfig(str(path), "b", journal=journal, checkpoint_interval_s=3600))
     processor = Processor(storage, "b", 5 << 20, mode=Mode())  # type: ignore[arg-type]
@@ -89,6 +91,7 @@ async def run(path: Path) -> tuple[list[Any], bytes, dict[int, tuple[int, int, l
     storage.fence(2, KEY, lambda error: fenced.set_result(None))
     await fenced
     conn = BookieConnection(processor, ConnectionLimits(5 << 20, 4096, 30.0), set())
+    conn.add_acks = add_acks  # as after a HELLO that agreed on FEATURE_ADD_ACKS
     transport = Transport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     for data in requests():
@@ -131,6 +134,31 @@ async def test_fast_path_matches_the_generic_path(tmp_path: Path, monkeypatch: p
     assert [statuses[rid] for rid in range(200, 210)] == [0] * 10
     assert fast[2][4] == (8, 10, list(range(10)))
     assert [r[2] for r in fast[0] if r[1] == 100] == [404, 0]  # the duplicate is refused, the first kept
+
+
+async def test_add_acks_answer_the_same_requests_with_the_same_outcome(tmp_path: Path) -> None:
+    """With FEATURE_ADD_ACKS agreed, every EOK add is named once in an ADD_ACKS response instead of
+    its own answer; errors stay single answers; the journal and index are the same."""
+    single = await run(tmp_path / "single")
+    batched = await run(tmp_path / "batched", add_acks=True)
+    assert batched[1] == single[1]
+    assert batched[2] == single[2]
+
+    def outcomes(responses: list[Any]) -> list[tuple[int, int]]:
+        out = []
+        for r in responses:
+            if r[0] == 11:
+                assert r[1:4] == [0, 0, None]
+                out += [(rid, 0) for rid in r[4]]
+            else:
+                out.append((r[1], r[2]))
+        return sorted(out)
+
+    assert outcomes(batched[0]) == outcomes(single[0])
+    in_add_acks = {rid for r in batched[0] if r[0] == 11 for rid in r[4]}
+    assert {*range(10), *range(200, 210)} <= in_add_acks  # the inline path's adds (the generic
+    # path, e.g. the 70 KB add, may still answer alone)
+    assert any(r[0] == 11 and len(r[4]) >= 10 for r in batched[0])  # the first ten in one answer
 
 
 async def test_the_before_ack_failpoint_is_passed_once_per_ack(tmp_path: Path) -> None:
