@@ -38,7 +38,7 @@ import crc32c
 import msgpack
 import structlog
 
-from bookkeeper_aio.connection import ADD_OK, Result
+from bookkeeper_aio.connection import ADD_OK, BookieConnection, ConnectionState, Result
 from bookkeeper_aio.context import ClientContext
 from bookkeeper_aio.errors import (
     BKError,
@@ -74,6 +74,7 @@ class HandleState(enum.Enum):
 
 
 _WRITABLE = HandleState.WRITABLE
+_CLOSED = ConnectionState.CLOSED
 _ADD_ENTRY = int(OpCode.ADD_ENTRY)
 _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _LENGTH = struct.Struct(">I").pack
@@ -177,9 +178,13 @@ class LedgerHandle:
         self._crc32c = self._codec.digest_type is DigestType.CRC32C
         self._lid_packed = _pack(self._id)
         self._add_tail = _pack(int(AddFlag.NONE)) + _pack(master_key)
+        self._add_head_bytes = len(_ADD_HEAD) + len(self._lid_packed) + len(self._add_tail)
+        """Bytes of an ADD frame's head that are the same for every entry of this ledger."""
         self._ensemble: tuple[str, ...] = md.current_ensemble
         self._write_sets = self._bookie_write_sets(self._ensemble)
         self._ensemble_size = len(self._write_sets)
+        self._write_conns: list[tuple[BookieConnection, ...] | None] = [None] * self._ensemble_size
+        """The pool's connections of each write set (None: look them up), so an add does not."""
         self._state = HandleState.WRITABLE
         self._error: BKError | None = None
         self._next_entry_id = 0
@@ -327,7 +332,8 @@ class LedgerHandle:
             frame = encode_add_request(rid, self._id, entry_id, AddFlag.NONE, self._master_key, body)
             body_start = len(frame) - len(body)
         future: asyncio.Future[int] = self._loop.create_future()
-        write_set = self._write_sets[entry_id % self._ensemble_size]
+        index = entry_id % self._ensemble_size
+        write_set = self._write_sets[index]
         op = _PendingAdd(entry_id, length, future, frame, body_start, write_set)
         if self._metrics is not None:
             op.started = self._loop.time()
@@ -341,8 +347,14 @@ class LedgerHandle:
                     sent_to.add(bookie_id)
                     pool.connection(bookie_id).request(rid, frame, on_add, op, timeout_s)
         else:
-            for bookie_id in write_set:
-                pool.connection(bookie_id).request(rid, frame, on_add, op, timeout_s)
+            conns = self._write_conns[index]
+            if conns is None:
+                conns = self._write_conns[index] = tuple(pool.connection(b) for b in write_set)
+            for conn in conns:
+                if conn.state is _CLOSED:  # the pool replaces it: look the set up again next time
+                    self._write_conns[index] = None
+                    conn = pool.connection(conn.bookie_id)
+                conn.request(rid, frame, on_add, op, timeout_s)
         return future
 
     def _encode_crc32c(
@@ -352,12 +364,11 @@ class LedgerHandle:
         as ``encode_add_request(..., codec.encode(...))`` for every size and id. Returns the frame
         and the offset of the entry body in it."""
         header = _ENTRY_HEADER(self._id, entry_id, lac, length)
-        digest = _CRC(_crc32c(payload, _crc32c(header)))
         body_len = _ENTRY_PREFIX_BYTES + len(payload)
         rid_b = _pack(rid)
         eid_b = _pack(entry_id)
-        bin_head = _bin_header(body_len)
-        head_len = 2 + len(rid_b) + len(self._lid_packed) + len(eid_b) + len(self._add_tail) + len(bin_head)
+        bin_head = _BIN16(0xC5, body_len) if 0x100 <= body_len < 0x10000 else _bin_header(body_len)
+        head_len = self._add_head_bytes + len(rid_b) + len(eid_b) + len(bin_head)
         frame = b"".join(
             (
                 _LENGTH(head_len + body_len),
@@ -368,7 +379,7 @@ class LedgerHandle:
                 self._add_tail,
                 bin_head,
                 header,
-                digest,
+                _CRC(_crc32c(payload, _crc32c(header))),
                 payload,
             )
         )
@@ -545,6 +556,7 @@ class LedgerHandle:
             self._metadata, self._version = stored.metadata, stored.version
             self._ensemble = stored.metadata.current_ensemble
             self._write_sets = self._bookie_write_sets(self._ensemble)
+            self._write_conns = [None] * self._ensemble_size
             self.ensemble_changes += 1
             if self._metrics is not None:
                 self._metrics.ensemble_changed(self._id)

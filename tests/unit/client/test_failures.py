@@ -205,3 +205,21 @@ async def test_cas_failpoint_metadata_unknown_result_is_resolved_by_reading_back
     assert md.state is LedgerState.OPEN
     assert len(md.ensembles) == 2
     await lh.close()
+
+
+async def test_connection_closed_while_idle__next_add_goes_to_the_pools_new_connection(
+    bk: BookKeeper, cluster: FakeCluster
+) -> None:
+    """The handle keeps each write set's connections; one that closed while no add was pending
+    (nothing failed, no ensemble change) is looked up again: the add reaches the bookie."""
+    lh = await bk.create_ledger(3, 3, 3)
+    assert await lh.append(b"0") == 0
+    bookie_id = lh.metadata.current_ensemble[0]
+    old = bk.context.pool.connection(bookie_id)
+    old.abort()
+    assert await lh.append(b"1") == 1
+    new = bk.context.pool.connection(bookie_id)
+    assert new is not old
+    assert cluster.by_id(bookie_id).entry(lh.id, 1) is not None
+    assert lh.ensemble_changes == 0
+    await lh.close()
