@@ -94,6 +94,7 @@ class BookieConnection(asyncio.Protocol):
         self._reading_paused = False
         self._deadline: asyncio.TimerHandle | None = None
         self._frames_since_arm = 0
+        """Non-zero once a read completed a frame since the deadline was armed."""
         self._tasks: set[asyncio.Task[None]] = set()
         self.closed = False
         self.peer = "?"
@@ -135,31 +136,23 @@ class BookieConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ framing
     def _process_buffer(self) -> None:
         buf = self._buf
-        pos, size_total = 0, len(buf)
+        size_total = len(buf)
         limit = self._limits.in_flight_max
         frame_max = self._limits.frame_bytes_max
-        dispatch = self._processor.dispatch
         load = self._limits.load
-        frames = 0
-        # The views handed to dispatch are decoded synchronously and dropped before the buffer is
-        # compacted (msgpack copies what it keeps): no copy of the frame on the hot path.
+        # All the complete frames of this read in one loop (Processor.dispatch_frames). The views it
+        # decodes are dropped before the buffer is compacted (msgpack copies what it keeps): no copy
+        # of the frame on the hot path.
         with memoryview(buf) as view:
-            while size_total - pos >= 4 and self.in_flight < limit and not self.closed:
-                (size,) = _LENGTH.unpack_from(buf, pos)
-                if size > frame_max:
-                    log.warning("connection.frame_too_large", peer=self.peer, size=size, limit=frame_max)
-                    self.close()
-                    return
-                end = pos + 4 + size
-                if end > size_total:
-                    break
-                self.in_flight += 1
-                load.in_flight += 1
-                dispatch(self, view[pos + 4 : end])
-                pos = end
-                frames += 1
-        self._frames_since_arm += frames
+            pos = self._processor.dispatch_frames(self, buf, view, 0, limit, frame_max, load)
+        if size_total - pos >= 4 and not self.closed and self.in_flight < limit:
+            (size,) = _LENGTH.unpack_from(buf, pos)
+            if size > frame_max:
+                log.warning("connection.frame_too_large", peer=self.peer, size=size, limit=frame_max)
+                self.close()
+                return
         if pos:
+            self._frames_since_arm += 1  # progress (read as a flag by the deadline)
             del buf[:pos]
         if self.closed:
             return

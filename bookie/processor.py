@@ -20,15 +20,19 @@ unaffected.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import os
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
+import crc32c
 import msgpack
 import structlog
 
-from bookie.connection_handler import BookieConnection
+from bookie import journal_format as fmt
+from bookie.connection_handler import BookieConnection, ServerLoad
 from bookie.journal import JournalError
 from bookie.ledger_state import LedgerState, Waiter, WakeReason
 from bookie.mode import ModeMachine, ReadOnly
@@ -110,6 +114,18 @@ _ADD_OP = int(OpCode.ADD_ENTRY)
 _BEFORE_ACK = failpoints.BEFORE_ACK
 _AddEntryRequest = m.AddEntryRequest
 _RECOVERY_ADD = int(AddFlag.RECOVERY_ADD)
+_unpack_body_header = _BODY_HEADER.unpack_from
+_crc32c = crc32c.crc32c
+_compare_digest = hmac.compare_digest
+_ENTRY_TYPE = int(fmt.RecordType.ENTRY)
+_pack_crc_prefix = struct.Struct(">IBqq").pack  # body length, type, ledger id, entry id
+_pack_entry_head = struct.Struct(">IIIBqq").pack  # the record header, then the ENTRY id prefix
+_ENTRY_PREFIX_BYTES = fmt.ENTRY_PREFIX_BYTES
+_RECORD_BODY_BYTES_MAX = fmt.RECORD_BODY_BYTES_MAX
+_RECORD_HEADER_BYTES = fmt.RECORD_HEADER_BYTES
+_RECORD_MAGIC = fmt.RECORD_MAGIC
+_GROUP_HEADER_BYTES = fmt.GROUP_HEADER_BYTES
+_monotonic = time.monotonic
 
 
 def encode_add_ok(request_id: int, ledger_id: int, entry_id: int) -> bytes:
@@ -269,6 +285,163 @@ class Processor:
                         log.exception("processor.handler_failed", op=_ADD_OP)
                         self._add_error(conn, rid, exc)
                     return
+        self._dispatch_generic(conn, body)
+
+    def dispatch_frames(
+        self,
+        conn: BookieConnection,
+        buf: bytearray,
+        view: memoryview,
+        pos: int,
+        limit: int,
+        frame_max: int,
+        load: ServerLoad,
+    ) -> int:
+        """Handle the complete frames in ``buf`` from ``pos``, in order, while ``conn`` is open and
+        holds fewer than ``limit`` unanswered requests (taking a permit, and one of ``load``, per
+        frame); returns the position after the last frame handled. Stops before an incomplete frame
+        or one longer than ``frame_max`` (the caller closes the connection for that one).
+
+        The frames of one socket read in one loop: a well-formed ADD is checked field by field (as
+        ``messages._fast_add_request`` does), then the ledger checks and the record header of
+        :meth:`Storage.append_add` and of ``Journal.append_batched`` run here with the limits in
+        locals: no call per add instead of three (``dispatch``, ``append_add``, ``append_batched``;
+        both are kept, same checks and bytes, for the single-frame API). Anything the inline checks
+        do not accept (another op, a malformed ADD, a duplicate request id) goes to the generic path at
+        its place in the stream, which decodes again and answers precisely. ``view`` is ``buf``'s
+        memoryview: the slices decoded here are dropped before the caller compacts ``buf``.
+        """
+        size_total = len(buf)
+        unpack_length = _LENGTH.unpack_from
+        generic = self._dispatch_generic
+        request_ids = conn.request_ids
+        storage = self.storage
+        ledgers = storage.ledgers
+        journal = storage.journal
+        record_bytes_max = journal._record_bytes_max
+        segment_bytes = journal._segment_bytes
+        queue_bytes_max = journal._queue_bytes_max
+        fast_max = _FAST_ADD_BYTES_MAX
+        adds = 0
+        try:
+            while size_total - pos >= 4 and conn.in_flight < limit and not conn.closed:
+                (size,) = unpack_length(buf, pos)
+                if size > frame_max:
+                    break
+                start = pos + 4
+                end = start + size
+                if end > size_total:
+                    break
+                conn.in_flight += 1
+                load.in_flight += 1
+                pos = end
+                if not (2 < size <= fast_max and buf[start] == 0x97 and buf[start + 1] == _ADD_OP):
+                    generic(conn, view[start:end])
+                    continue
+                try:
+                    fields = _unpackb(view[start:end], max_array_len=7, max_map_len=0)
+                except _UNPACK_ERRORS:
+                    generic(conn, view[start:end])
+                    continue
+                _, rid, lid, eid, flags, key, entry = fields
+                if not (
+                    type(rid) is int
+                    and type(lid) is int
+                    and type(eid) is int
+                    and type(flags) is int
+                    and type(key) is bytes
+                    and type(entry) is bytes
+                    and 0 <= rid <= _REQUEST_ID_MAX
+                    and 0 <= lid <= _ID_MAX
+                    and 0 <= eid <= _ID_MAX
+                    and 0 <= flags <= 0xFF
+                    and len(key) <= _MASTER_KEY_BYTES_MAX
+                    and len(entry) >= _BODY_HEADER_BYTES
+                    and rid not in request_ids
+                ):
+                    generic(conn, view[start:end])
+                    continue
+                request_ids.add(rid)
+                adds += 1
+                ledger_id, entry_id, lac = _unpack_body_header(entry)
+                if ledger_id != lid or entry_id != eid:
+                    message = f"entry body does not carry ledger {lid} entry {eid}"
+                    self._add_error(conn, rid, BadRequest(message))
+                    continue
+                try:
+                    recovery = flags & _RECOVERY_ADD != 0
+                    if self.read_only and self.mode is not None:
+                        self.mode.check_add(recovery)
+                    # Storage.append_add, inlined (same checks, same record bytes, same raises).
+                    state = ledgers.get(lid)
+                    if (
+                        state is None
+                        or state.master_key is None
+                        or not _compare_digest(state.master_key, key)
+                    ):
+                        state = storage.ledger_for_write(lid, key)
+                    if state.fenced and not recovery:
+                        self._add_error(conn, rid, Fenced(f"ledger {lid} is fenced"))
+                        continue
+                    length = _ENTRY_PREFIX_BYTES + len(entry)
+                    if length > _RECORD_BODY_BYTES_MAX:
+                        message = f"entry of {len(entry)} bytes exceeds the journal record maximum"
+                        self._add_error(conn, rid, JournalError(message))
+                        continue
+                    crc = _crc32c(entry, _crc32c(_pack_crc_prefix(length, _ENTRY_TYPE, lid, eid)))
+                    head = _pack_entry_head(_RECORD_MAGIC, length, crc, _ENTRY_TYPE, lid, eid)
+                    # Journal.append_batched, inlined (same checks, offsets, roll, batch, pressure).
+                    if journal._refusing:
+                        self._add_error(conn, rid, JournalError("journal is not writable"))
+                        continue
+                    size = length + _RECORD_HEADER_BYTES
+                    if size > record_bytes_max:
+                        message = f"record of {size} bytes exceeds {record_bytes_max}"
+                        self._add_error(conn, rid, JournalError(message))
+                        continue
+                    parts = journal._runs[-1].parts
+                    header = 0 if parts else _GROUP_HEADER_BYTES
+                    offset = journal._offset
+                    if offset + header + size > segment_bytes:
+                        journal._roll()
+                        parts = journal._runs[-1].parts
+                        header = _GROUP_HEADER_BYTES
+                        offset = journal._offset
+                    parts.append(head)
+                    parts.append(entry)
+                    journal._offset = offset + header + size
+                    callbacks = journal._callbacks
+                    batch = callbacks[-1] if callbacks else None
+                    if type(batch) is not _AddReplies:
+                        batch = _AddReplies()
+                        callbacks.append(batch)
+                    journal._pending_records += 1
+                    batch.items.append(
+                        (eid, journal._segment_id, offset + header, size, state, lac, conn, rid)
+                    )
+                    pending = journal._pending_bytes
+                    if not pending:
+                        journal._first_append_s = _monotonic()
+                        journal._pending_bytes = size + header
+                        journal._after_append()
+                    else:
+                        journal._pending_bytes = pending = pending + size + header
+                        if journal._inflight_callbacks is None and journal._scheduled is None:
+                            journal._after_append()
+                        elif pending + journal._inflight_bytes > queue_bytes_max:
+                            journal._set_pressure(True)
+                except (StorageError, JournalError, OSError) as exc:
+                    self._add_error(conn, rid, exc)
+                except Exception as exc:  # a handler bug: answer EIO, keep serving
+                    log.exception("processor.handler_failed", op=_ADD_OP)
+                    self._add_error(conn, rid, exc)
+        finally:
+            self.adds += adds
+        return pos
+
+    def _dispatch_generic(self, conn: BookieConnection, body: memoryview) -> None:
+        """Decode one frame body into a request object and run its handler (every op; an ADD the
+        inline checks did not accept). Always answers or closes; never raises."""
         try:
             request = m.decode_request(body)
         except ProtocolError as exc:

@@ -211,7 +211,9 @@ class Storage:
         return storage
 
     # ------------------------------------------------------------------ writes
-    def _ledger_for_write(self, ledger_id: int, master_key: bytes) -> LedgerState:
+    def ledger_for_write(self, ledger_id: int, master_key: bytes) -> LedgerState:
+        """The ledger's state for a write carrying ``master_key``: a new ledger is created and the
+        first key adopted (journaled before the entry). Raises :class:`Unauthorized`."""
         state = self.ledgers.get(ledger_id)
         if state is None:
             state = self.ledgers[ledger_id] = LedgerState(ledger_id)
@@ -239,7 +241,7 @@ class Storage:
         """
         state = self.ledgers.get(ledger_id)
         if state is None or state.master_key is None or not hmac.compare_digest(state.master_key, master_key):
-            state = self._ledger_for_write(ledger_id, master_key)
+            state = self.ledger_for_write(ledger_id, master_key)
         if state.fenced and not recovery:
             raise Fenced(f"ledger {ledger_id} is fenced")
         head, tail = fmt.encode_entry_parts(ledger_id, entry_id, body)
@@ -266,7 +268,7 @@ class Storage:
         checks, same record bytes (``journal_format.encode_entry_parts``), same raises."""
         state = self.ledgers.get(ledger_id)
         if state is None or state.master_key is None or not _compare_digest(state.master_key, master_key):
-            state = self._ledger_for_write(ledger_id, master_key)
+            state = self.ledger_for_write(ledger_id, master_key)
         if state.fenced and not recovery:
             raise Fenced(f"ledger {ledger_id} is fenced")
         length = _ENTRY_PREFIX_BYTES + len(body)
@@ -285,7 +287,7 @@ class Storage:
         Idempotent. Raises :class:`Unauthorized` for a wrong key, :class:`JournalError`.
         """
         if master_key is not None:
-            state = self._ledger_for_write(ledger_id, master_key)
+            state = self.ledger_for_write(ledger_id, master_key)
         else:
             state = self.ledgers.get(ledger_id) or self.ledgers.setdefault(ledger_id, LedgerState(ledger_id))
         if state.fenced:
@@ -309,7 +311,7 @@ class Storage:
         self, ledger_id: int, master_key: bytes, lac: int, lac_body: bytes, callback: Callback
     ) -> None:
         """Persist an explicit LAC; it takes effect (and wakes waiters) once durable."""
-        state = self._ledger_for_write(ledger_id, master_key)
+        state = self.ledger_for_write(ledger_id, master_key)
 
         def durable(error: BaseException | None) -> None:
             if error is None:

@@ -1,5 +1,6 @@
-"""The bookie's ADD hot path (inline decode in ``Processor.dispatch``, per-group batched
-completions) answers every request, and journals every record, exactly as the generic path does."""
+"""The bookie's ADD hot path (the frames of a read in one ``Processor.dispatch_frames`` loop, inline
+decode, storage and journal append, per-group batched completions) answers every request, and
+journals every record, exactly as the generic path does."""
 
 from __future__ import annotations
 
@@ -82,19 +83,32 @@ def requests() -> list[bytes]:
 
 
 async def run(
-    path: Path, add_acks: bool = False
+    path: Path,
+    add_acks: bool = False,
+    stream: list[bytes] | None = None,
+    chunk: int = 0,
+    in_flight_max: int = 4096,
+    segment_bytes: int = 210_000,
 ) -> tuple[list[Any], bytes, dict[int, tuple[int, int, list[int]]]]:
-    journal = JournalConfig(segment_bytes=210_000, record_bytes_max=100_000)  # rolls
+    """Feed ``stream`` (default :func:`requests`) to one connection, each item as one read, or cut
+    into reads of ``chunk`` bytes (frames split across reads, reads ending mid-frame)."""
+    journal = JournalConfig(segment_bytes=segment_bytes, record_bytes_max=100_000)  # rolls
     storage = await Storage.open(StorageConfig(str(path), "b", journal=journal, checkpoint_interval_s=3600))
     processor = Processor(storage, "b", 5 << 20, mode=Mode())  # type: ignore[arg-type]
     fenced: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     storage.fence(2, KEY, lambda error: fenced.set_result(None))
     await fenced
-    conn = BookieConnection(processor, ConnectionLimits(5 << 20, 4096, 30.0), set())
+    conn = BookieConnection(processor, ConnectionLimits(5 << 20, in_flight_max, 30.0), set())
     conn.add_acks = add_acks  # as after a HELLO that agreed on FEATURE_ADD_ACKS
     transport = Transport()
     conn.connection_made(transport)  # type: ignore[arg-type]
-    for data in requests():
+    reads: list[bytes] = []
+    for data in requests() if stream is None else stream:
+        if chunk and data not in (b"read-only", b"writable"):
+            reads += [data[i : i + chunk] for i in range(0, len(data), chunk)]
+        else:
+            reads.append(data)
+    for data in reads:
         if data in (b"read-only", b"writable"):
             processor.read_only = data == b"read-only"
             continue
@@ -103,6 +117,11 @@ async def run(
             await asyncio.sleep(0.001)
             if not conn.in_flight:
                 break
+    for _ in range(200):  # a permit-limited connection resumes as answers free permits
+        if not conn.in_flight and not conn._buf:
+            break
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.01)  # the last answers' flush (call_soon) may still be queued
     assert conn.in_flight == 0
     assert not conn.request_ids
     responses, buf = [], bytes(transport.data)
@@ -174,3 +193,139 @@ async def test_the_before_ack_failpoint_is_passed_once_per_ack(tmp_path: Path) -
     finally:
         engine.configure(None)
     assert acks == sum(1 for response in responses if response[2] == 0) == 26
+
+
+async def generic_run(
+    path: Path, monkeypatch: pytest.MonkeyPatch, **kwargs: Any
+) -> tuple[list[Any], bytes, dict[int, tuple[int, int, list[int]]]]:
+    with monkeypatch.context() as patch:
+        patch.setattr(processor_module, "_FAST_ADD_BYTES_MAX", 0)  # every ADD takes the generic path
+        return await run(path, **kwargs)
+
+
+def mixed() -> list[bytes]:
+    """Everything in one read: adds interleaved with other ops, errors, a duplicate, fences."""
+    adds = [frame(1, rid, 1, rid, 0, KEY, entry(1, rid, rid - 1, size=3000)) for rid in range(40)]
+    return [
+        b"".join(
+            [
+                *adds[:5],
+                frame(0, 300, 1, "test", 0),  # HELLO: another op in the middle of adds
+                *adds[5:10],
+                frame(1, 5, 1, 50, 0, KEY, entry(1, 50, 4)),  # duplicate of an add in flight
+                frame(1, 301, 1, 51, 0, KEY, entry(1, 99, 4)),  # header names another entry
+                frame(1, 302, 1, 52, 0, b"x" * 32, entry(1, 52, 4)),  # EUA
+                frame(1, 303, 5, 0, 0, KEY, entry(5, 0, -1)),  # a new ledger: its key is journaled first
+                frame(1, 304, 5, 1, 0, b"y" * 32, entry(5, 1, 0)),  # ... and enforced from then on
+                frame(2, 305, 1, 0, 1, KEY, -1, 0),  # fencing read of ledger 1
+                *adds[10:20],  # fenced: EFENCED
+                frame(1, 306, 1, 60, 1, KEY, entry(1, 60, 9)),  # recovery add passes the fence
+                frame(1, 307, 5, 2, 0, KEY, entry(5, 2, 1)),
+                *adds[20:],
+            ]
+        )
+    ]
+
+
+async def test_mixed_ops_in_one_read_match_frame_by_frame(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast = await run(tmp_path / "fast", stream=mixed())
+    generic = await generic_run(tmp_path / "generic", monkeypatch, stream=mixed())
+    assert fast[1:] == generic[1:]
+    # The fencing read answers from a task (its place among the acks is timing): compare as sets.
+    assert sorted(map(repr, fast[0])) == sorted(map(repr, generic[0]))
+    statuses = [(r[1], r[2]) for r in fast[0]]
+    assert (300, 0) in statuses
+    assert (5, 404) in statuses
+    assert (301, 404) in statuses
+    assert (302, 502) in statuses
+    assert (303, 0) in statuses
+    assert (304, 502) in statuses
+    assert (306, 0) in statuses
+    assert {rid for rid, status in statuses if status == 504} == set(range(10, 40))
+
+
+@pytest.mark.parametrize(("chunk", "items"), [(1, 3), (3, 12), (1000, 99), (4099, 99)])
+async def test_frames_split_across_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int, items: int
+) -> None:
+    """Reads ending mid-frame and mid-length-prefix: the same answers, journal and index as the
+    generic path given the same reads (a frame completed by a read is answered before the next)."""
+    stream = requests()[:items]
+    generic = await generic_run(tmp_path / "generic", monkeypatch, stream=stream, chunk=chunk)
+    fast = await run(tmp_path / "fast", stream=stream, chunk=chunk)
+    assert fast == generic
+    assert sum(1 for r in fast[0] if r[2] == 0) >= 10
+
+
+@pytest.mark.parametrize("in_flight_max", [1, 3, 7])
+async def test_the_permit_limit_reached_mid_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_flight_max: int
+) -> None:
+    """At ``in_flight_max`` the rest of the read stays in the buffer and is processed, in order, as
+    answers free permits: the same answers, journal and index as the generic path under the same
+    limit."""
+    generic = await generic_run(tmp_path / "generic", monkeypatch, in_flight_max=in_flight_max)
+    fast = await run(tmp_path / "fast", in_flight_max=in_flight_max)
+    assert fast == generic
+    statuses = {response[1]: response[2] for response in fast[0]}
+    assert [statuses[rid] for rid in (*range(10), *range(200, 210))] == [0] * 20
+
+
+async def test_the_fused_loop_stops_at_the_permit_limit(tmp_path: Path) -> None:
+    journal = JournalConfig(segment_bytes=210_000, record_bytes_max=100_000)
+    storage = await Storage.open(
+        StorageConfig(str(tmp_path), "b", journal=journal, checkpoint_interval_s=3600)
+    )
+    processor = Processor(storage, "b", 5 << 20)
+    conn = BookieConnection(processor, ConnectionLimits(5 << 20, 4, 30.0), set())
+    conn.connection_made(Transport())  # type: ignore[arg-type]
+    adds = [frame(1, rid, 1, rid, 0, KEY, entry(1, rid, rid - 1)) for rid in range(10)]
+    conn.data_received(b"".join(adds) + adds[0][:3])
+    assert conn.in_flight == 4
+    assert bytes(conn._buf) == b"".join(adds[4:]) + adds[0][:3]  # unprocessed frames stay buffered
+    assert conn._paused_by_permits
+    await storage.close()
+
+
+async def test_a_journal_roll_in_the_middle_of_a_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stream = [
+        b"".join(frame(1, rid, 1, rid, 0, KEY, entry(1, rid, rid - 1, size=20_000)) for rid in range(60))
+    ]
+    fast = await run(tmp_path / "fast", stream=stream, segment_bytes=210_000)
+    generic = await generic_run(tmp_path / "generic", monkeypatch, stream=stream, segment_bytes=210_000)
+    assert fast == generic
+    assert len(os.listdir(tmp_path / "fast" / "journal")) > 3  # rolled several times within the read
+    assert [r[2] for r in fast[0]] == [0] * 60
+
+
+async def test_pressure_is_raised_mid_read(tmp_path: Path) -> None:
+    """The journal backlog crossing ``queue_bytes_max`` in the middle of a read calls ``on_pressure``
+    at that add (the server then pauses every socket), and the read's later frames are still
+    journaled in order."""
+    journal = JournalConfig(queue_bytes_max=50_000)
+    storage = await Storage.open(
+        StorageConfig(str(tmp_path), "b", journal=journal, checkpoint_interval_s=3600)
+    )
+    processor = Processor(storage, "b", 5 << 20)
+    seen: list[tuple[bool, int]] = []
+    storage.journal.on_pressure = lambda high: seen.append((high, storage.journal.queue_records))
+    conn = BookieConnection(processor, ConnectionLimits(5 << 20, 4096, 30.0), set())
+    transport = Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    conn.data_received(
+        b"".join(frame(1, rid, 1, rid, 0, KEY, entry(1, rid, rid - 1, 5000)) for rid in range(30))
+    )
+    assert seen
+    assert seen[0][0] is True
+    assert seen[0][1] < 30
+    for _ in range(200):
+        if not conn.in_flight:
+            break
+        await asyncio.sleep(0.005)
+    assert conn.in_flight == 0
+    assert storage.ledgers[1].index.entry_ids() == list(range(30))
+    await storage.close()
