@@ -23,7 +23,6 @@ import asyncio
 import hmac
 import os
 import struct
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -124,8 +123,6 @@ _ENTRY_PREFIX_BYTES = fmt.ENTRY_PREFIX_BYTES
 _RECORD_BODY_BYTES_MAX = fmt.RECORD_BODY_BYTES_MAX
 _RECORD_HEADER_BYTES = fmt.RECORD_HEADER_BYTES
 _RECORD_MAGIC = fmt.RECORD_MAGIC
-_GROUP_HEADER_BYTES = fmt.GROUP_HEADER_BYTES
-_monotonic = time.monotonic
 
 
 def encode_add_ok(request_id: int, ledger_id: int, entry_id: int) -> bytes:
@@ -208,7 +205,6 @@ class Processor:
         self, storage: Storage, bookie_id: str, frame_bytes_max: int, mode: ModeMachine | None = None
     ) -> None:
         self.storage = storage
-        self._append_add = storage.append_add
         self.mode = mode
         self.read_only = False
         """Mirrors ``mode.read_only`` (set by the server on each transition): one attribute load on
@@ -237,56 +233,6 @@ class Processor:
         """Error responses by wire status (including a bad frame that closed its connection)."""
 
     # ------------------------------------------------------------------ dispatch
-    def dispatch(self, conn: BookieConnection, body: memoryview) -> None:
-        """Handle one frame body. Always answers or closes; never raises."""
-        # The hot path: a well-formed ADD (fixarray of 7, op 1) is checked field by field here as
-        # ``messages._fast_add_request`` does and handed to storage without a request object.
-        # Anything it does not accept (or a duplicate request id) takes the generic path below,
-        # which decodes again and answers precisely.
-        if 2 < len(body) <= _FAST_ADD_BYTES_MAX and body[0] == 0x97 and body[1] == _ADD_OP:
-            try:
-                fields = _unpackb(body, max_array_len=7, max_map_len=0)
-            except _UNPACK_ERRORS:
-                pass
-            else:
-                request_ids = conn.request_ids
-                _, rid, lid, eid, flags, key, entry = fields
-                if (
-                    type(rid) is int
-                    and type(lid) is int
-                    and type(eid) is int
-                    and type(flags) is int
-                    and type(key) is bytes
-                    and type(entry) is bytes
-                    and 0 <= rid <= _REQUEST_ID_MAX
-                    and 0 <= lid <= _ID_MAX
-                    and 0 <= eid <= _ID_MAX
-                    and 0 <= flags <= 0xFF
-                    and len(key) <= _MASTER_KEY_BYTES_MAX
-                    and len(entry) >= _BODY_HEADER_BYTES
-                    and rid not in request_ids
-                ):
-                    body.release()
-                    request_ids.add(rid)
-                    self.adds += 1
-                    ledger_id, entry_id, lac = _BODY_HEADER.unpack_from(entry)
-                    if ledger_id != lid or entry_id != eid:
-                        message = f"entry body does not carry ledger {lid} entry {eid}"
-                        self._add_error(conn, rid, BadRequest(message))
-                        return
-                    try:
-                        recovery = flags & _RECOVERY_ADD != 0
-                        if self.read_only and self.mode is not None:
-                            self.mode.check_add(recovery)
-                        self._append_add(lid, eid, lac, key, entry, recovery, _AddReplies, conn, rid)
-                    except (StorageError, JournalError, OSError) as exc:
-                        self._add_error(conn, rid, exc)
-                    except Exception as exc:  # a handler bug: answer EIO, keep serving
-                        log.exception("processor.handler_failed", op=_ADD_OP)
-                        self._add_error(conn, rid, exc)
-                    return
-        self._dispatch_generic(conn, body)
-
     def dispatch_frames(
         self,
         conn: BookieConnection,
@@ -302,13 +248,13 @@ class Processor:
         frame); returns the position after the last frame handled. Stops before an incomplete frame
         or one longer than ``frame_max`` (the caller closes the connection for that one).
 
-        The frames of one socket read in one loop: a well-formed ADD is checked field by field (as
-        ``messages._fast_add_request`` does), then the ledger checks and the record header of
-        :meth:`Storage.append_add` and of ``Journal.append_batched`` run here with the limits in
-        locals: no call per add instead of three (``dispatch``, ``append_add``, ``append_batched``;
-        both are kept, same checks and bytes, for the single-frame API). Anything the inline checks
-        do not accept (another op, a malformed ADD, a duplicate request id) goes to the generic path at
-        its place in the stream, which decodes again and answers precisely. ``view`` is ``buf``'s
+        The frames of one socket read in one loop (the add hot path): a well-formed ADD is checked
+        field by field (as ``messages._fast_add_request`` does), then the ledger checks and the
+        record of :meth:`Storage.add_entry` run here, and the record goes to
+        :meth:`Journal.append_batched` with its completion one item of the group's batch: one call
+        per add, not three. Anything the inline checks do not accept (another op, a malformed ADD,
+        a duplicate request id) goes to the generic path at its place in the stream, which decodes
+        again and answers precisely. ``view`` is ``buf``'s
         memoryview: the slices decoded here are dropped before the caller compacts ``buf``.
         """
         size_total = len(buf)
@@ -317,10 +263,7 @@ class Processor:
         request_ids = conn.request_ids
         storage = self.storage
         ledgers = storage.ledgers
-        journal = storage.journal
-        record_bytes_max = journal._record_bytes_max
-        segment_bytes = journal._segment_bytes
-        queue_bytes_max = journal._queue_bytes_max
+        append_batched = storage.journal.append_batched
         fast_max = _FAST_ADD_BYTES_MAX
         adds = 0
         try:
@@ -372,7 +315,8 @@ class Processor:
                     recovery = flags & _RECOVERY_ADD != 0
                     if self.read_only and self.mode is not None:
                         self.mode.check_add(recovery)
-                    # Storage.append_add, inlined (same checks, same record bytes, same raises).
+                    # The ledger checks and record of an add (Storage.add_entry's, with the
+                    # completion one item of the group's batch).
                     state = ledgers.get(lid)
                     if (
                         state is None
@@ -390,46 +334,10 @@ class Processor:
                         continue
                     crc = _crc32c(entry, _crc32c(_pack_crc_prefix(length, _ENTRY_TYPE, lid, eid)))
                     head = _pack_entry_head(_RECORD_MAGIC, length, crc, _ENTRY_TYPE, lid, eid)
-                    # Journal.append_batched, inlined (same checks, offsets, roll, batch, pressure).
-                    if journal._refusing:
-                        self._add_error(conn, rid, JournalError("journal is not writable"))
-                        continue
-                    size = length + _RECORD_HEADER_BYTES
-                    if size > record_bytes_max:
-                        message = f"record of {size} bytes exceeds {record_bytes_max}"
-                        self._add_error(conn, rid, JournalError(message))
-                        continue
-                    parts = journal._runs[-1].parts
-                    header = 0 if parts else _GROUP_HEADER_BYTES
-                    offset = journal._offset
-                    if offset + header + size > segment_bytes:
-                        journal._roll()
-                        parts = journal._runs[-1].parts
-                        header = _GROUP_HEADER_BYTES
-                        offset = journal._offset
-                    parts.append(head)
-                    parts.append(entry)
-                    journal._offset = offset + header + size
-                    callbacks = journal._callbacks
-                    batch = callbacks[-1] if callbacks else None
-                    if type(batch) is not _AddReplies:
-                        batch = _AddReplies()
-                        callbacks.append(batch)
-                    journal._pending_records += 1
+                    segment_id, offset, batch = append_batched(head, entry, _AddReplies)
                     batch.items.append(
-                        (eid, journal._segment_id, offset + header, size, state, lac, conn, rid)
+                        (eid, segment_id, offset, length + _RECORD_HEADER_BYTES, state, lac, conn, rid)
                     )
-                    pending = journal._pending_bytes
-                    if not pending:
-                        journal._first_append_s = _monotonic()
-                        journal._pending_bytes = size + header
-                        journal._after_append()
-                    else:
-                        journal._pending_bytes = pending = pending + size + header
-                        if journal._inflight_callbacks is None and journal._scheduled is None:
-                            journal._after_append()
-                        elif pending + journal._inflight_bytes > queue_bytes_max:
-                            journal._set_pressure(True)
                 except (StorageError, JournalError, OSError) as exc:
                     self._add_error(conn, rid, exc)
                 except Exception as exc:  # a handler bug: answer EIO, keep serving

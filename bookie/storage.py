@@ -22,12 +22,10 @@ import asyncio
 import contextlib
 import hmac
 import os
-import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import crc32c
 import structlog
 
 from bookie import checkpoint, replay
@@ -35,7 +33,7 @@ from bookie import journal_format as fmt
 from bookie.cookie import ensure_cookie
 from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.index import Location
-from bookie.journal import Callback, Journal, JournalConfig, JournalError
+from bookie.journal import Callback, Journal, JournalConfig
 from bookie.ledger_state import LedgerState
 from bookkeeper_aio import failpoints
 
@@ -45,8 +43,6 @@ READ_FDS_MAX = 256
 """Open read descriptors on journal segments; beyond this the least recently opened is closed."""
 
 _RECORD_OVERHEAD_BYTES = fmt.RECORD_HEADER_BYTES + fmt.ENTRY_PREFIX_BYTES
-_crc32c = crc32c.crc32c
-_compare_digest = hmac.compare_digest
 
 
 class StorageError(Exception):
@@ -114,7 +110,7 @@ the caller's reply target and request id (opaque to storage)."""
 
 
 class AddBatch:
-    """Completion of the adds of one group (:meth:`Storage.append_add`), subclassed by the caller:
+    """Completion of the adds of one group (the processor's add path), subclassed by the caller:
     one callback per group instead of one object and four calls per add. Once the group is durable
     it indexes every entry and advances each ledger's piggybacked LAC, then calls
     :meth:`on_durable` with the items (``error`` None on success; on error nothing is indexed)."""
@@ -151,17 +147,6 @@ class AddBatch:
         self.on_durable(items, error)
 
 
-_ENTRY_CRC_PREFIX = struct.Struct(">IBqq")  # body length, type, ledger id, entry id
-_ENTRY_HEAD = struct.Struct(">IIIBqq")  # the record header, then the ENTRY record's id prefix
-_ENTRY_TYPE = int(fmt.RecordType.ENTRY)
-_pack_crc_prefix = _ENTRY_CRC_PREFIX.pack
-_pack_entry_head = _ENTRY_HEAD.pack
-_ENTRY_PREFIX_BYTES = fmt.ENTRY_PREFIX_BYTES
-_RECORD_BODY_BYTES_MAX = fmt.RECORD_BODY_BYTES_MAX
-_RECORD_HEADER_BYTES = fmt.RECORD_HEADER_BYTES
-_RECORD_MAGIC = fmt.RECORD_MAGIC
-
-
 class Storage:
     """Owner of the journal, the ledger states and the checkpoint task."""
 
@@ -174,7 +159,6 @@ class Storage:
         self._loop = asyncio.get_running_loop()
         self._journal_dir = os.path.join(config.data_dir, replay.JOURNAL_DIR)
         self.journal = Journal(fileio, self._journal_dir, recovered.start, config.journal)
-        self._append_batched = self.journal.append_batched
         self._lock_fd = lock_fd
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage-reader")
         self._cold = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage-cold")
@@ -250,36 +234,6 @@ class Storage:
         completion.lac = lac
         completion.length = len(head) + len(tail)
         completion.segment_id, completion.offset = self.journal.append((head, tail), completion)
-
-    def append_add(
-        self,
-        ledger_id: int,
-        entry_id: int,
-        lac: int,
-        master_key: bytes,
-        body: bytes,
-        recovery: bool,
-        batch_type: type[AddBatch],
-        target: Any,
-        request_id: int,
-    ) -> None:
-        """:meth:`add_entry` for the hot path: the completion is one item in a per-group
-        ``batch_type`` batch (``target`` and ``request_id`` are handed back in the item). Same
-        checks, same record bytes (``journal_format.encode_entry_parts``), same raises."""
-        state = self.ledgers.get(ledger_id)
-        if state is None or state.master_key is None or not _compare_digest(state.master_key, master_key):
-            state = self.ledger_for_write(ledger_id, master_key)
-        if state.fenced and not recovery:
-            raise Fenced(f"ledger {ledger_id} is fenced")
-        length = _ENTRY_PREFIX_BYTES + len(body)
-        if length > _RECORD_BODY_BYTES_MAX:
-            raise JournalError(f"entry of {len(body)} bytes exceeds the journal record maximum")
-        crc = _crc32c(body, _crc32c(_pack_crc_prefix(length, _ENTRY_TYPE, ledger_id, entry_id)))
-        head = _pack_entry_head(_RECORD_MAGIC, length, crc, _ENTRY_TYPE, ledger_id, entry_id)
-        segment_id, offset, batch = self._append_batched(head, body, batch_type)
-        batch.items.append(
-            (entry_id, segment_id, offset, length + _RECORD_HEADER_BYTES, state, lac, target, request_id)
-        )
 
     def fence(self, ledger_id: int, master_key: bytes | None, callback: Callback) -> LedgerState:
         """Fence ``ledger_id`` (creating it fenced if unknown); ``callback`` once durable.
