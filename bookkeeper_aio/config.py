@@ -30,7 +30,7 @@ class ClientConfig:
     """Requests waiting for an answer on one connection. Beyond it a request fails with
     TooManyRequests: the per-ledger window normally keeps us far below."""
     frame_bytes_max: int = FRAME_BYTES_MAX
-    write_eager_bytes: int = 128 * 1024
+    write_eager_bytes: int = 256 * 1024
     """Frames for one bookie are written once per event-loop tick, or as soon as this many bytes
     are queued: the bookie starts on the first part of a burst while the client still builds the
     rest (a burst of 1,000 adds written at the end of the tick kept client and bookies taking

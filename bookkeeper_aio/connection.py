@@ -105,7 +105,7 @@ class BookieConnection(asyncio.Protocol):
         standard_timeout_s: float,
         pending_max: int,
         frame_bytes_max: int,
-        write_eager_bytes: int = 128 * 1024,
+        write_eager_bytes: int = 256 * 1024,
         client_name: str = "bookkeeper-aio",
         loop: asyncio.AbstractEventLoop | None = None,
         on_close: Callable[[BookieConnection], None] | None = None,
