@@ -196,7 +196,8 @@ class BookieConnection(asyncio.Protocol):
         if self.closed or self._transport is None:
             return
         out, self._out = self._out, []
-        self._transport.write(b"".join(out) if len(out) > 1 else out[0])
+        if out:  # complete_adds may have written them already
+            self._transport.write(b"".join(out) if len(out) > 1 else out[0])
 
     def complete(self, request_id: int | None, frame: bytes | None) -> None:
         """Answer one request (``frame`` None: no answer) and give its permit back."""
@@ -220,13 +221,18 @@ class BookieConnection(asyncio.Protocol):
 
     def complete_adds(self, request_ids: list[int], frames: list[bytes]) -> None:
         """Answer a run of requests at once (a journal group's adds): ``frames`` are the parts of
-        their responses, written with the rest of this tick; each gives its permit back."""
+        their responses, written at once with anything queued before them (one write per
+        connection and group: left for the end of the tick, they waited behind the parsing of
+        the next socket reads); each gives its permit back."""
         count = len(request_ids)
-        if not self.closed:
-            self._out.append(b"".join(frames))
-            if not self._flush_scheduled:
-                self._flush_scheduled = True
-                self._loop.call_soon(self._flush)
+        if not self.closed and self._transport is not None:
+            out = self._out
+            if out:
+                out.append(b"".join(frames))
+                self._out = []
+                self._transport.write(b"".join(out))
+            else:
+                self._transport.write(b"".join(frames))
         self.request_ids.difference_update(request_ids)  # one C loop, not a discard call per add
         self.in_flight -= count
         load = self._limits.load
