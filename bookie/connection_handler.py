@@ -208,23 +208,13 @@ class BookieConnection(asyncio.Protocol):
                 self._loop.call_soon(self._flush)
         if request_id is not None:
             self.request_ids.discard(request_id)
-        self.in_flight -= 1
-        load = self._limits.load
-        load.in_flight -= 1
-        if load.over and load.in_flight <= load.limit // 2:
-            load.check()
-        if self._paused_by_permits and self.in_flight < self._limits.in_flight_max // 2 + 1:
-            self._paused_by_permits = False
-            self._update_reading()
-            if self._buf and not self.closed:
-                self._loop.call_soon(self._process_buffer)
+        self._release(1)
 
     def complete_adds(self, request_ids: list[int], frames: list[bytes]) -> None:
         """Answer a run of requests at once (a journal group's adds): ``frames`` are the parts of
         their responses, written at once with anything queued before them (one write per
         connection and group: left for the end of the tick, they waited behind the parsing of
         the next socket reads); each gives its permit back."""
-        count = len(request_ids)
         if not self.closed and self._transport is not None:
             out = self._out
             if out:
@@ -234,6 +224,11 @@ class BookieConnection(asyncio.Protocol):
             else:
                 self._transport.write(b"".join(frames))
         self.request_ids.difference_update(request_ids)  # one C loop, not a discard call per add
+        self._release(len(request_ids))
+
+    def _release(self, count: int) -> None:
+        """Give back ``count`` permits (this connection's and the server's); resume reading once
+        half of either limit is free again."""
         self.in_flight -= count
         load = self._limits.load
         load.in_flight -= count
