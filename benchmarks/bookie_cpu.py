@@ -1,0 +1,206 @@
+"""The bookie event loop's own CPU per add, without sockets: the real BookieServer (storage,
+journal with its writer thread and fdatasync, processor) in this process, fed by an in-process
+fake client through the real :class:`bookie.connection_handler.BookieConnection`.
+
+The fake keeps ``--window`` adds in flight: it hands the connection its frames in reads of
+``--read-bytes`` (as a socket read would), and on each answer it reads more on the next loop
+tick. Measured: the loop thread's CPU time (``time.thread_time``) minus the fake's own, per add;
+the journal writer thread is reported apart (``writer_us_per_entry``, from ``/proc``). No TCP,
+no other process: steady on a noisy machine, fit for A/B runs of the bookie's add path.
+
+    python -m benchmarks.bookie_cpu --entries 200000 --reps 5
+    python -m benchmarks.bookie_cpu --no-add-acks      # one ADD answer per add
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import struct
+import tempfile
+import threading
+import time
+from typing import Any
+
+import uvloop
+
+from bookie.config import BookieConfig
+from bookie.connection_handler import BookieConnection
+from bookie.server import BookieServer
+from bookkeeper_aio.ledger import encode_add_request
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import FEATURE_ADD_ACKS, PROTOCOL_VERSION, AddFlag
+from bookkeeper_aio.protocol.digest import DigestType, EntryCodec, master_key
+
+_LENGTH = struct.Struct(">I")
+PASSWORD = b"bench"
+
+
+class FakeClientTransport:
+    """The bookie's transport: counts the answered adds and feeds the next frames a tick later.
+    ``busy_s`` is its own CPU time (subtracted)."""
+
+    busy_s = 0.0
+
+    def __init__(self, frames: list[bytes], window: int, read_bytes: int, done: asyncio.Future[None]):
+        self.loop = asyncio.get_running_loop()
+        self.frames = frames
+        self.next = 0
+        self.window = window
+        self.read_bytes = read_bytes
+        self.answered = 0
+        self.credit = 0
+        self.done = done
+        self.scheduled = False
+        self.conn: BookieConnection | None = None
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    abort = close
+
+    def pause_reading(self) -> None:
+        pass
+
+    resume_reading = pause_reading
+
+    def write(self, data: bytes) -> None:
+        started = time.thread_time()
+        data = bytes(data)
+        pos, size = 0, len(data)
+        while pos < size:
+            (length,) = _LENGTH.unpack_from(data, pos)
+            body = pos + 4
+            response = m.decode_response(data[body : body + length])
+            if response.status != 0:
+                raise RuntimeError(f"the bookie answered {response!r}")
+            if isinstance(response, m.AddAcksResponse):
+                count = len(response.request_ids)
+            else:  # an ADD answer, or HELLO's (not an add)
+                count = 1 if isinstance(response, m.AddEntryResponse) else 0
+            self.answered += count
+            self.credit += count
+            pos = body + length
+        if self.answered >= len(self.frames) and not self.done.done():
+            self.done.set_result(None)
+        elif not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self.feed)
+        FakeClientTransport.busy_s += time.thread_time() - started
+
+    def feed(self) -> None:
+        """Hand the connection up to ``credit`` more frames, in reads of ``read_bytes``."""
+        started = time.thread_time()
+        self.scheduled = False
+        end = min(self.next + self.credit, len(self.frames))
+        chunks: list[bytes] = []
+        batch: list[bytes] = []
+        size = 0
+        for frame in self.frames[self.next : end]:
+            batch.append(frame)
+            size += len(frame)
+            if size >= self.read_bytes:
+                chunks.append(b"".join(batch))
+                batch, size = [], 0
+        if batch:
+            chunks.append(b"".join(batch))
+        self.credit -= end - self.next
+        self.next = end
+        FakeClientTransport.busy_s += time.thread_time() - started
+        assert self.conn is not None
+        for chunk in chunks:
+            self.conn.data_received(chunk)
+
+
+def build_frames(count: int, size: int, ledger_id: int) -> list[bytes]:
+    codec = EntryCodec(DigestType.CRC32C, PASSWORD)
+    payload = os.urandom(size)
+    key = master_key(PASSWORD)
+    frames = []
+    for entry_id in range(count):
+        body = codec.encode(ledger_id, entry_id, entry_id - 1, (entry_id + 1) * size, payload)
+        frames.append(encode_add_request(entry_id + 1, ledger_id, entry_id, AddFlag.NONE, key, body))
+    return frames
+
+
+def _writer_cpu_s() -> float:
+    """CPU time of this process's journal writer thread (from /proc; 0 where there is none)."""
+    for thread in threading.enumerate():
+        if thread.name == "journal-writer" and thread.native_id is not None:
+            try:
+                with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                return 0.0
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
+async def one_run(args: argparse.Namespace, ledger_id: int) -> dict[str, Any]:
+    data_dir = tempfile.mkdtemp(prefix="bench-bookie-cpu-", dir=args.dir)
+    server = BookieServer(BookieConfig(data_dir=data_dir, bookie_id="bench", port=0))
+    await server.start()
+    try:
+        assert server.processor is not None
+        frames = build_frames(args.entries, args.size, ledger_id)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        transport = FakeClientTransport(frames, args.window, args.read_bytes, done)
+        conn = BookieConnection(server.processor, server._limits, server._connections)  # the seam
+        transport.conn = conn
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        features = 0 if args.no_add_acks else FEATURE_ADD_ACKS
+        hello = m.encode(m.HelloRequest(0, PROTOCOL_VERSION, "bench", features))
+        conn.data_received(hello)
+        await asyncio.sleep(0.01)
+        FakeClientTransport.busy_s = 0.0
+        transport.credit = args.window
+        cpu0, writer0, t0 = time.thread_time(), _writer_cpu_s(), time.perf_counter()
+        transport.feed()
+        await done
+        elapsed = time.perf_counter() - t0
+        loop_s = time.thread_time() - cpu0 - FakeClientTransport.busy_s
+        writer_s = _writer_cpu_s() - writer0
+        conn.close()
+    finally:
+        await server.close()
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return {
+        "loop_us_per_entry": round(loop_s / args.entries * 1e6, 3),
+        "writer_us_per_entry": round(writer_s / args.entries * 1e6, 3),
+        "fake_us_per_entry": round(FakeClientTransport.busy_s / args.entries * 1e6, 3),
+        "entries_s": round(args.entries / elapsed),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--entries", type=int, default=200_000)
+    ap.add_argument("--window", type=int, default=1000)
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--read-bytes", type=int, default=65536, help="bytes per fake socket read")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="parent of the temporary data dirs")
+    ap.add_argument("--no-add-acks", action="store_true", help="do not agree on FEATURE_ADD_ACKS")
+    args = ap.parse_args()
+    runs = []
+    for rep in range(args.reps):
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            result = runner.run(one_run(args, rep + 1))
+        print(json.dumps(result), flush=True)
+        runs.append(result)
+    median = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+    print(json.dumps({"median": median, "config": vars(args)}))
+
+
+if __name__ == "__main__":
+    main()
