@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import statistics
-import struct
 import tempfile
 import threading
 import time
@@ -28,6 +27,7 @@ from typing import Any
 
 import uvloop
 
+from benchmarks._fake_transport import FakeTransport, frame_bodies
 from bookie.config import BookieConfig
 from bookie.connection_handler import BookieConnection
 from bookie.server import BookieServer
@@ -36,11 +36,10 @@ from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import FEATURE_ADD_ACKS, PROTOCOL_VERSION, AddFlag
 from bookkeeper_aio.protocol.digest import DigestType, EntryCodec, master_key
 
-_LENGTH = struct.Struct(">I")
 PASSWORD = b"bench"
 
 
-class FakeClientTransport:
+class FakeClientTransport(FakeTransport):
     """The bookie's transport: counts the answered adds and feeds the next frames a tick later.
     ``busy_s`` is its own CPU time (subtracted)."""
 
@@ -58,30 +57,11 @@ class FakeClientTransport:
         self.scheduled = False
         self.conn: BookieConnection | None = None
 
-    def get_extra_info(self, name: str) -> None:
-        return None
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    abort = close
-
-    def pause_reading(self) -> None:
-        pass
-
-    resume_reading = pause_reading
-
     def write(self, data: bytes) -> None:
         started = time.thread_time()
         data = bytes(data)
-        pos, size = 0, len(data)
-        while pos < size:
-            (length,) = _LENGTH.unpack_from(data, pos)
-            body = pos + 4
-            response = m.decode_response(data[body : body + length])
+        for body, end in frame_bodies(data):
+            response = m.decode_response(data[body:end])
             if response.status != 0:
                 raise RuntimeError(f"the bookie answered {response!r}")
             if isinstance(response, m.AddAcksResponse):
@@ -90,7 +70,6 @@ class FakeClientTransport:
                 count = 1 if isinstance(response, m.AddEntryResponse) else 0
             self.answered += count
             self.credit += count
-            pos = body + length
         if self.answered >= len(self.frames) and not self.done.done():
             self.done.set_result(None)
         elif not self.scheduled:

@@ -26,6 +26,7 @@ from typing import Any
 import msgpack
 import uvloop
 
+from benchmarks._fake_transport import FakeTransport, frame_bodies
 from bookkeeper_aio import BookKeeper, ClientConfig
 from bookkeeper_aio.connection import BookieConnection
 from bookkeeper_aio.context import StaticDirectory
@@ -39,7 +40,7 @@ _ADD = int(OpCode.ADD_ENTRY)
 _packb = msgpack.Packer(autoreset=True).pack
 
 
-class FakeBookieTransport:
+class FakeBookieTransport(FakeTransport):
     """Takes the client's frames; answers them on the next tick. ``busy_s`` is its own CPU time."""
 
     busy_s = 0.0
@@ -52,24 +53,10 @@ class FakeBookieTransport:
         self.rids: list[int] = []
         self.scheduled = False
 
-    def get_extra_info(self, name: str) -> None:
-        return None
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    abort = close
-
     def write(self, data: bytes) -> None:
         started = time.thread_time()
         data = bytes(data)
-        pos, size = 0, len(data)
-        while pos < size:
-            (length,) = _LENGTH.unpack_from(data, pos)
-            body = pos + 4
+        for body, end in frame_bodies(data):
             if data[body + 1] == _ADD:  # [1, rid, lid, eid, ...]: only the ids are read
                 rid, i = _int_at(data, body + 2)
                 if self.add_acks:
@@ -80,13 +67,12 @@ class FakeBookieTransport:
                     ack = _packb((_ADD, rid, 0, None, lid, eid))  # m.encode(AddEntryResponse(...))
                     self.frames.append(_LENGTH.pack(len(ack)) + ack)
             else:
-                request = m.decode_request(data[body : body + length])
+                request = m.decode_request(data[body:end])
                 assert isinstance(request, m.HelloRequest), request
                 features = request.features & FEATURE_ADD_ACKS if self.add_acks else 0
                 rid = request.request_id
                 hello = m.HelloResponse(rid, 0, None, PROTOCOL_VERSION, "fake", FRAME_BYTES_MAX, features)
                 self.frames.append(m.encode(hello))
-            pos = body + length
         if not self.scheduled:
             self.scheduled = True
             self.loop.call_soon(self.answer)
