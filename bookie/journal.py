@@ -277,7 +277,6 @@ class Journal:
         "_pending_bytes",
         "_pending_records",
         "_pressure",
-        "_queue_bytes_max",
         "_record_bytes_max",
         "_refusing",
         "_runs",
@@ -301,7 +300,6 @@ class Journal:
         # The hot path's limits as plain attributes (one load each instead of two).
         self._record_bytes_max = config.record_bytes_max
         self._segment_bytes = config.segment_bytes
-        self._queue_bytes_max = config.queue_bytes_max
         self._loop = asyncio.get_running_loop()
         self._writer = _Writer(fileio, directory, config.segment_bytes)
         self._segment_id, self._offset = start
@@ -389,47 +387,64 @@ class Journal:
         return position
 
     def append_batched(self, head: bytes, body: bytes, batch_type: type[B]) -> tuple[int, int, B]:
-        """Queue one record given as two parts (the add path), its completion gathered into a
-        batch: ``(segment_id, offset, batch)``. The caller adds one item to ``batch.items``.
+        """Queue one record given as two parts, its completion gathered into a batch:
+        ``(segment_id, offset, batch)``. The caller adds one item to ``batch.items``.
 
         A batch is one callback of the group being gathered: consecutive batched records of one
         ``batch_type`` share it until the group goes to the writer or another callback is appended
         (order kept), so its ``__call__`` runs once per group, after the covering fdatasync, for
-        all its items. Raises like :meth:`append`.
+        all its items. Rolls to the next segment when the record does not fit; raises like
+        :meth:`append`. The add path appends many records at a time through :meth:`open_batch`.
         """
-        if self._refusing:
-            raise JournalError("journal is not writable") from self._failed
         size = len(head) + len(body)
         if size > self._record_bytes_max:
             raise JournalError(f"record of {size} bytes exceeds {self._record_bytes_max}")
-        parts = self._runs[-1].parts
-        header = 0 if parts else _GROUP_HEADER_BYTES
-        offset = self._offset
-        if offset + header + size > self._segment_bytes:
+        parts, segment_id, offset, end, _, batch = self.open_batch(batch_type)
+        if offset + size > end:
             self._roll()
-            parts = self._runs[-1].parts
-            header = _GROUP_HEADER_BYTES
-            offset = self._offset
+            parts, segment_id, offset, end, _, batch = self.open_batch(batch_type)
         parts.append(head)
         parts.append(body)
-        self._offset = offset + header + size
+        self.close_batch(offset + size, 1, batch)
+        return segment_id, offset, batch
+
+    def open_batch(self, batch_type: type[B]) -> tuple[list[bytes], int, int, int, int, B]:
+        """Start appending batched records in bulk (the add path: one socket read's adds, with no
+        call per record): ``(parts, segment_id, offset, end, record_max, batch)``.
+
+        The caller appends each record at ``offset`` as ``parts.append(head); parts.append(body)``,
+        adds its item to ``batch.items`` and advances ``offset`` by the record's size, for records
+        with ``offset + size <= end`` and ``size <= record_max``; then :meth:`close_batch`. Nothing
+        else may be appended in between. A record that does not fit goes, after ``close_batch``,
+        through :meth:`append_batched`, which rolls the segment or raises. Raises
+        :class:`JournalError` when the journal is closed or failed.
+        """
+        if self._refusing:
+            raise JournalError("journal is not writable") from self._failed
+        parts = self._runs[-1].parts
+        # A run's first record leaves room for the GROUP header before it.
+        offset = self._offset if parts else self._offset + _GROUP_HEADER_BYTES
         callbacks = self._callbacks
         batch = callbacks[-1] if callbacks else None
         if type(batch) is not batch_type:
             batch = batch_type()
+        return parts, self._segment_id, offset, self._segment_bytes, self._record_bytes_max, batch
+
+    def close_batch(self, offset: int, records: int, batch: Batch) -> None:
+        """End what :meth:`open_batch` started: ``records`` records were appended, ending at
+        ``offset``, their items in ``batch``."""
+        if not records:
+            return
+        callbacks = self._callbacks
+        if not callbacks or callbacks[-1] is not batch:
             callbacks.append(batch)
-        self._pending_records += 1
-        if self._pending_bytes:
-            self._pending_bytes += size + header
-            if self._inflight_callbacks is not None or self._scheduled is not None:
-                if self._pending_bytes + self._inflight_bytes > self._queue_bytes_max:
-                    self._set_pressure(True)
-                return self._segment_id, offset + header, batch
-        else:
+        size = offset - self._offset
+        self._offset = offset
+        self._pending_records += records
+        if not self._pending_bytes:
             self._first_append_s = time.monotonic()
-            self._pending_bytes = size + header
+        self._pending_bytes += size
         self._after_append()
-        return self._segment_id, offset + header, batch
 
     def sync(self, callback: Callback) -> None:
         """``callback`` once everything appended so far is durable (FORCE_LEDGER)."""
@@ -451,9 +466,9 @@ class Journal:
         self._runs.append(_Run(self._segment_id, self._offset))
 
     def _after_append(self) -> None:
+        if self._pending_bytes + self._inflight_bytes > self._config.queue_bytes_max:
+            self._set_pressure(True)
         if self._inflight_callbacks is not None or self._scheduled is not None:
-            if self._pending_bytes + self._inflight_bytes > self._config.queue_bytes_max:
-                self._set_pressure(True)
             return
         wait_ms = self._config.group_wait_ms
         if wait_ms <= 0 or self._pending_bytes >= self._config.group_bytes:

@@ -250,9 +250,9 @@ class Processor:
 
         The frames of one socket read in one loop (the add hot path): a well-formed ADD is checked
         field by field (as ``messages._fast_add_request`` does), then the ledger checks and the
-        record of :meth:`Storage.add_entry` run here, and the record goes to
-        :meth:`Journal.append_batched` with its completion one item of the group's batch: one call
-        per add, not three. Anything the inline checks do not accept (another op, a malformed ADD,
+        record of :meth:`Storage.add_entry` run here, and the record goes into the journal batch
+        this read holds open (:meth:`Journal.open_batch`), its completion one item of the group's
+        batch: no call per add. Anything the inline checks do not accept (another op, a malformed ADD,
         a duplicate request id) goes to the generic path at its place in the stream, which decodes
         again and answers precisely. ``view`` is ``buf``'s
         memoryview: the slices decoded here are dropped before the caller compacts ``buf``.
@@ -263,9 +263,15 @@ class Processor:
         request_ids = conn.request_ids
         storage = self.storage
         ledgers = storage.ledgers
-        append_batched = storage.journal.append_batched
+        journal = storage.journal
         fast_max = _FAST_ADD_BYTES_MAX
         adds = 0
+        # The journal batch open for this read (see Journal.open_batch): ``parts`` is None while
+        # none is; closed before anything else may append to the journal (the generic path, a new
+        # ledger's key record) and at the end.
+        parts: list[bytes] | None = None
+        segment_id = offset = end_max = record_max = records = 0
+        batch: Any = None
         try:
             while size_total - pos >= 4 and conn.in_flight < limit and not conn.closed:
                 (size,) = unpack_length(buf, pos)
@@ -278,30 +284,34 @@ class Processor:
                 conn.in_flight += 1
                 load.in_flight += 1
                 pos = end
-                if not (2 < size <= fast_max and buf[start] == 0x97 and buf[start + 1] == _ADD_OP):
-                    generic(conn, view[start:end])
-                    continue
-                try:
-                    fields = _unpackb(view[start:end], max_array_len=7, max_map_len=0)
-                except _UNPACK_ERRORS:
-                    generic(conn, view[start:end])
-                    continue
-                _, rid, lid, eid, flags, key, entry = fields
-                if not (
-                    type(rid) is int
-                    and type(lid) is int
-                    and type(eid) is int
-                    and type(flags) is int
-                    and type(key) is bytes
-                    and type(entry) is bytes
-                    and 0 <= rid <= _REQUEST_ID_MAX
-                    and 0 <= lid <= _ID_MAX
-                    and 0 <= eid <= _ID_MAX
-                    and 0 <= flags <= 0xFF
-                    and len(key) <= _MASTER_KEY_BYTES_MAX
-                    and len(entry) >= _BODY_HEADER_BYTES
-                    and rid not in request_ids
-                ):
+                fast = False
+                if 2 < size <= fast_max and buf[start] == 0x97 and buf[start + 1] == _ADD_OP:
+                    try:
+                        _, rid, lid, eid, flags, key, entry = _unpackb(
+                            view[start:end], max_array_len=7, max_map_len=0
+                        )
+                    except _UNPACK_ERRORS:
+                        pass
+                    else:
+                        fast = (
+                            type(rid) is int
+                            and type(lid) is int
+                            and type(eid) is int
+                            and type(flags) is int
+                            and type(key) is bytes
+                            and type(entry) is bytes
+                            and 0 <= rid <= _REQUEST_ID_MAX
+                            and 0 <= lid <= _ID_MAX
+                            and 0 <= eid <= _ID_MAX
+                            and 0 <= flags <= 0xFF
+                            and len(key) <= _MASTER_KEY_BYTES_MAX
+                            and len(entry) >= _BODY_HEADER_BYTES
+                            and rid not in request_ids
+                        )
+                if not fast:
+                    if parts is not None:
+                        journal.close_batch(offset, records, batch)
+                        parts = None
                     generic(conn, view[start:end])
                     continue
                 request_ids.add(rid)
@@ -323,6 +333,9 @@ class Processor:
                         or state.master_key is None
                         or not _compare_digest(state.master_key, key)
                     ):
+                        if parts is not None:  # a new ledger journals its key first
+                            journal.close_batch(offset, records, batch)
+                            parts = None
                         state = storage.ledger_for_write(lid, key)
                     if state.fenced and not recovery:
                         self._add_error(conn, rid, Fenced(f"ledger {lid} is fenced"))
@@ -334,10 +347,25 @@ class Processor:
                         continue
                     crc = _crc32c(entry, _crc32c(_pack_crc_prefix(length, _ENTRY_TYPE, lid, eid)))
                     head = _pack_entry_head(_RECORD_MAGIC, length, crc, _ENTRY_TYPE, lid, eid)
-                    segment_id, offset, batch = append_batched(head, entry, _AddReplies)
-                    batch.items.append(
-                        (eid, segment_id, offset, length + _RECORD_HEADER_BYTES, state, lac, conn, rid)
-                    )
+                    record_size = length + _RECORD_HEADER_BYTES
+                    if parts is None:
+                        parts, segment_id, offset, end_max, record_max, batch = journal.open_batch(
+                            _AddReplies
+                        )
+                        records = 0
+                    if offset + record_size > end_max or record_size > record_max:
+                        # Past the segment's end (or the configured record maximum): the one-record
+                        # path rolls the segment (or raises).
+                        journal.close_batch(offset, records, batch)
+                        parts = None
+                        seg, at, one = journal.append_batched(head, entry, _AddReplies)
+                        one.items.append((eid, seg, at, record_size, state, lac, conn, rid))
+                        continue
+                    parts.append(head)
+                    parts.append(entry)
+                    batch.items.append((eid, segment_id, offset, record_size, state, lac, conn, rid))
+                    offset += record_size
+                    records += 1
                 except (StorageError, JournalError, OSError) as exc:
                     self._add_error(conn, rid, exc)
                 except Exception as exc:  # a handler bug: answer EIO, keep serving
@@ -345,6 +373,8 @@ class Processor:
                     self._add_error(conn, rid, exc)
         finally:
             self.adds += adds
+            if parts is not None:
+                journal.close_batch(offset, records, batch)
         return pos
 
     def _dispatch_generic(self, conn: BookieConnection, body: memoryview) -> None:
