@@ -366,7 +366,7 @@ class Journal:
         for part in parts:
             size += len(part)
         if not 0 < size <= self._config.record_bytes_max:
-            raise JournalError(f"record of {size} bytes is empty or exceeds {self._config.record_bytes_max}")
+            raise self._size_error(size)
         run = self._runs[-1]
         header = 0 if run.parts else fmt.GROUP_HEADER_BYTES  # the run's first record: room for it
         if self._offset + header + size > self._config.segment_bytes:
@@ -398,7 +398,7 @@ class Journal:
         """
         size = len(head) + len(body)
         if size > self._record_bytes_max:
-            raise JournalError(f"record of {size} bytes exceeds {self._record_bytes_max}")
+            raise self._size_error(size)
         parts, segment_id, offset, end, _, batch = self.open_batch(batch_type)
         if offset + size > end:
             self._roll()
@@ -407,6 +407,10 @@ class Journal:
         parts.append(body)
         self.close_batch(offset + size, 1, batch)
         return segment_id, offset, batch
+
+    def _size_error(self, size: int) -> JournalError:
+        what = "empty" if size <= 0 else f"over the maximum of {self._record_bytes_max}"
+        return JournalError(f"record of {size} bytes is {what}")
 
     def open_batch(self, batch_type: type[B]) -> tuple[list[bytes], int, int, int, int, B]:
         """Start appending batched records in bulk (the add path: one socket read's adds, with no

@@ -19,6 +19,7 @@ from bookie.journal import JournalConfig
 from bookie.mode import ReadOnly
 from bookie.processor import Processor
 from bookie.storage import Storage, StorageConfig
+from bookkeeper_aio.protocol.codes import StatusCode
 from bookkeeper_aio.protocol.framing import LENGTH
 
 KEY = b"k" * 32
@@ -89,10 +90,11 @@ async def run(
     chunk: int = 0,
     in_flight_max: int = 4096,
     segment_bytes: int = 210_000,
+    record_bytes_max: int = 100_000,
 ) -> tuple[list[Any], bytes, dict[int, tuple[int, int, list[int]]]]:
     """Feed ``stream`` (default :func:`requests`) to one connection, each item as one read, or cut
     into reads of ``chunk`` bytes (frames split across reads, reads ending mid-frame)."""
-    journal = JournalConfig(segment_bytes=segment_bytes, record_bytes_max=100_000)  # rolls
+    journal = JournalConfig(segment_bytes=segment_bytes, record_bytes_max=record_bytes_max)  # rolls
     storage = await Storage.open(StorageConfig(str(path), "b", journal=journal, checkpoint_interval_s=3600))
     processor = Processor(storage, "b", 5 << 20, mode=Mode())  # type: ignore[arg-type]
     fenced: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -300,6 +302,24 @@ async def test_a_journal_roll_in_the_middle_of_a_read(
     assert fast == generic
     assert len(os.listdir(tmp_path / "fast" / "journal")) > 3  # rolled several times within the read
     assert [r[2] for r in fast[0]] == [0] * 60
+
+
+async def test_a_record_over_the_journal_maximum_in_the_middle_of_a_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An add whose record exceeds the configured ``record_bytes_max`` (below the protocol's) is
+    refused EIO at its place in the read; the adds around it are journaled as usual."""
+    sizes = [1000, 1000, 12_000, 1000]
+    stream = [
+        b"".join(
+            frame(1, rid, 1, rid, 0, KEY, entry(1, rid, rid - 1, size=size)) for rid, size in enumerate(sizes)
+        )
+    ]
+    fast = await run(tmp_path / "fast", stream=stream, record_bytes_max=10_000)
+    generic = await generic_run(tmp_path / "generic", monkeypatch, stream=stream, record_bytes_max=10_000)
+    assert fast == generic
+    assert sorted((r[1], r[2]) for r in fast[0]) == [(0, 0), (1, 0), (2, int(StatusCode.EIO)), (3, 0)]
+    assert fast[2][1][2] == [0, 1, 3]
 
 
 async def test_pressure_is_raised_by_the_read_that_crosses_it(tmp_path: Path) -> None:
