@@ -310,8 +310,8 @@ class Processor:
                         )
                 if not fast:
                     if parts is not None:
+                        parts = None  # first: the batch is closed once even if close_batch raises
                         journal.close_batch(offset, records, batch)
-                        parts = None
                     generic(conn, view[start:end])
                     continue
                 request_ids.add(rid)
@@ -334,8 +334,8 @@ class Processor:
                         or not _compare_digest(state.master_key, key)
                     ):
                         if parts is not None:  # a new ledger journals its key first
-                            journal.close_batch(offset, records, batch)
                             parts = None
+                            journal.close_batch(offset, records, batch)
                         state = storage.ledger_for_write(lid, key)
                     if state.fenced and not recovery:
                         self._add_error(conn, rid, Fenced(f"ledger {lid} is fenced"))
@@ -356,8 +356,8 @@ class Processor:
                     if offset + record_size > end_max or record_size > record_max:
                         # Past the segment's end (or the configured record maximum): the one-record
                         # path rolls the segment (or raises).
-                        journal.close_batch(offset, records, batch)
                         parts = None
+                        journal.close_batch(offset, records, batch)
                         seg, at, one = journal.append_batched(head, entry, _AddReplies)
                         one.items.append((eid, seg, at, record_size, state, lac, conn, rid))
                         continue
