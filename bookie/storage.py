@@ -199,13 +199,15 @@ class Storage:
         """The ledger's state for a write carrying ``master_key``: a new ledger is created and the
         first key adopted (journaled before the entry). Raises :class:`Unauthorized`."""
         state = self.ledgers.get(ledger_id)
+        if state is not None and state.master_key is not None:
+            if not hmac.compare_digest(state.master_key, master_key):
+                raise Unauthorized(f"ledger {ledger_id}: master key mismatch")
+            return state
+        # Journaled first: a journal that refuses it leaves no key (nor ledger) adopted in memory.
+        self.journal.append((fmt.encode_master_key(ledger_id, master_key),), None)
         if state is None:
             state = self.ledgers[ledger_id] = LedgerState(ledger_id)
-        if state.master_key is None:
-            state.master_key = master_key
-            self.journal.append((fmt.encode_master_key(ledger_id, master_key),), None)
-        elif not hmac.compare_digest(state.master_key, master_key):
-            raise Unauthorized(f"ledger {ledger_id}: master key mismatch")
+        state.master_key = master_key
         return state
 
     def add_entry(
@@ -242,8 +244,8 @@ class Storage:
         """
         if master_key is not None:
             state = self.ledger_for_write(ledger_id, master_key)
-        else:
-            state = self.ledgers.get(ledger_id) or self.ledgers.setdefault(ledger_id, LedgerState(ledger_id))
+        else:  # an unknown ledger is registered once its fence record is journaled
+            state = self.ledgers.get(ledger_id) or LedgerState(ledger_id)
         if state.fenced:
             if state.fence_durable:
                 self._loop.call_soon(callback, None)
@@ -258,6 +260,7 @@ class Storage:
             callback(error)
 
         self.journal.append((fmt.encode_fence(ledger_id),), durable)
+        self.ledgers.setdefault(ledger_id, state)
         state.set_fenced()
         return state
 

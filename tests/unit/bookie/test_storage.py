@@ -13,7 +13,7 @@ import pytest
 from bookie import journal_format as fmt
 from bookie.checkpoint import CheckpointCorrupt
 from bookie.cookie import CookieMismatch
-from bookie.journal import JournalConfig
+from bookie.journal import JournalConfig, JournalError
 from bookie.ledger_state import LONG_POLL_WAITERS_PER_LEDGER_MAX, WakeReason
 from bookie.storage import (
     AddCompletion,
@@ -25,6 +25,8 @@ from bookie.storage import (
     StorageConfig,
     Unauthorized,
 )
+
+from .fakes import FaultyFileIO
 
 KEY = b"k" * 32
 JOURNAL = JournalConfig(segment_bytes=256 * 1024, record_bytes_max=8192)
@@ -102,6 +104,26 @@ async def test_master_key_checked(tmp_path: Path) -> None:
     await add(storage, 1, 0)
     with pytest.raises(Unauthorized):
         await add(storage, 1, 1, key=b"x" * 32)
+    await storage.close()
+
+
+async def test_a_refusing_journal_adopts_no_key_and_registers_no_ledger(tmp_path: Path) -> None:
+    """A new ledger's key (first write) or fence (unknown ledger) is taken into memory only once
+    its record is journaled: a failed journal leaves neither behind (a read of such a ledger
+    must still answer NoLedger, not an empty ledger's NoEntry)."""
+    fileio = FaultyFileIO()
+    storage = await Storage.open(config(tmp_path), fileio)
+    await add(storage, 1, 0)
+    fileio.fail_sync = True
+    with pytest.raises(JournalError):
+        await add(storage, 1, 1)  # the journal fails, and refuses from now on
+    with pytest.raises(JournalError):
+        storage.ledger_for_write(2, KEY)
+    with pytest.raises(JournalError):
+        storage.fence(3, None, lambda error: None)
+    assert sorted(storage.ledgers) == [1]
+    with pytest.raises(NoLedger):
+        await storage.read_entry(2, 0)
     await storage.close()
 
 
