@@ -179,6 +179,7 @@ class BookiePool:
             pending_max=self._config.connection_pending_max,
             frame_bytes_max=self._config.frame_bytes_max,
             write_eager_bytes=self._config.write_eager_bytes,
+            write_eager_frames=self._config.write_eager_frames,
             loop=self._loop,
             on_close=on_close,
         )

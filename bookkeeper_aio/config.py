@@ -35,6 +35,9 @@ class ClientConfig:
     are queued: the bookie starts on the first part of a burst while the client still builds the
     rest (a burst of 1,000 adds written at the end of the tick kept client and bookies taking
     turns instead of working at once)."""
+    write_eager_frames: int = 256
+    """... or as soon as this many frames are queued, whichever comes first (small entries: 256
+    KiB of 100-byte adds is more than a window holds, so they would never be written early)."""
 
     # ---- adds
     add_timeout_s: float = 5.0
@@ -105,6 +108,7 @@ class ClientConfig:
             "read_window_max",
             "connection_pending_max",
             "write_eager_bytes",
+            "write_eager_frames",
             "batch_read_count_max",
             "batch_read_bytes_max",
             "ensemble_change_attempts_max",

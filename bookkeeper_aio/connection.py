@@ -106,6 +106,7 @@ class BookieConnection(asyncio.Protocol):
         pending_max: int,
         frame_bytes_max: int,
         write_eager_bytes: int = 256 * 1024,
+        write_eager_frames: int = 256,
         client_name: str = "bookkeeper-aio",
         loop: asyncio.AbstractEventLoop | None = None,
         on_close: Callable[[BookieConnection], None] | None = None,
@@ -130,6 +131,7 @@ class BookieConnection(asyncio.Protocol):
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._write_eager_bytes = write_eager_bytes
+        self._write_eager_frames = write_eager_frames
         self._flush_scheduled = False
         self._sweep: asyncio.TimerHandle | None = None
         self._error: BKError | None = None
@@ -191,9 +193,12 @@ class BookieConnection(asyncio.Protocol):
         # Every request frame is [len:4][fixarray][op as a positive fixint]...: frame[5] is the op,
         # kept to check that the answer is for a request of that op.
         pending[request_id] = (callback, context, frame[5])
-        self._out.append(frame)
+        out = self._out
+        out.append(frame)
         self._out_bytes += len(frame)
-        if self._out_bytes >= self._write_eager_bytes and self._transport is not None:
+        if (
+            self._out_bytes >= self._write_eager_bytes or len(out) >= self._write_eager_frames
+        ) and self._transport is not None:
             self._write_out()  # a large burst: the bookie starts on it while we build the rest
         elif not self._flush_scheduled and self._transport is not None:
             self._flush_scheduled = True

@@ -151,3 +151,28 @@ async def test_connection__large_burst_is_written_before_the_tick_ends_in_order(
     await asyncio.sleep(0)
     assert transport.writes[-1] == b"x" * 10
     conn.abort()
+
+
+async def test_connection__many_small_frames_are_written_early_too() -> None:
+    """With small entries the byte threshold is rarely reached: write_eager_frames queued frames
+    go out at once as well, in order."""
+    from bookkeeper_aio.connection import BookieConnection
+
+    conn = BookieConnection(
+        "b",
+        standard_timeout_s=1.0,
+        pending_max=1000,
+        frame_bytes_max=1 << 20,
+        write_eager_bytes=1 << 20,
+        write_eager_frames=4,
+    )
+    transport = _RecordingTransport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    frames = [bytes([i]) * 10 for i in range(10)]
+    for rid, frame in enumerate(frames, start=1):
+        conn.request(rid, frame, lambda *_: None, None, 1.0)
+    assert [len(w) for w in transport.writes] == [40, 40]
+    await asyncio.sleep(0)
+    assert [len(w) for w in transport.writes] == [40, 40, 20]
+    assert b"".join(transport.writes) == b"".join(frames)
+    conn.abort()
