@@ -360,31 +360,17 @@ class Journal:
         never will be. Raises :class:`JournalError` when the journal is closed or failed, or the
         record is larger than ``record_bytes_max``.
         """
-        if self._failed is not None or self._closing:
-            raise JournalError("journal is not writable") from self._failed
         size = 0
         for part in parts:
             size += len(part)
-        if not 0 < size <= self._config.record_bytes_max:
+        if not 0 < size <= self._record_bytes_max:
             raise self._size_error(size)
-        run = self._runs[-1]
-        header = 0 if run.parts else fmt.GROUP_HEADER_BYTES  # the run's first record: room for it
-        if self._offset + header + size > self._config.segment_bytes:
-            self._roll()
-            run = self._runs[-1]
-            header = fmt.GROUP_HEADER_BYTES
-        position = (self._segment_id, self._offset + header)
-        run.parts.extend(parts)
-        size += header
-        self._offset += size
+        run_parts, segment_id, offset = self._place(size)
+        run_parts.extend(parts)
         if callback is not None:
             self._callbacks.append(callback)
-            self._pending_records += 1
-        if not self._pending_bytes:
-            self._first_append_s = time.monotonic()
-        self._pending_bytes += size
-        self._after_append()
-        return position
+        self._appended(offset + size, 0 if callback is None else 1)
+        return segment_id, offset
 
     def append_batched(self, head: bytes, body: bytes, batch_type: type[B]) -> tuple[int, int, B]:
         """Queue one record given as two parts, its completion gathered into a batch:
@@ -393,24 +379,18 @@ class Journal:
         A batch is one callback of the group being gathered: consecutive batched records of one
         ``batch_type`` share it until the group goes to the writer or another callback is appended
         (order kept), so its ``__call__`` runs once per group, after the covering fdatasync, for
-        all its items. Rolls to the next segment when the record does not fit; raises like
-        :meth:`append`. The add path appends many records at a time through :meth:`open_batch`.
+        all its items. Raises like :meth:`append`. The add path appends many records at a time
+        through :meth:`open_batch`.
         """
         size = len(head) + len(body)
         if size > self._record_bytes_max:
             raise self._size_error(size)
-        parts, segment_id, offset, end, _, batch = self.open_batch(batch_type)
-        if offset + size > end:
-            self._roll()
-            parts, segment_id, offset, end, _, batch = self.open_batch(batch_type)
+        parts, segment_id, offset = self._place(size)
+        batch = self._batch_for(batch_type)
         parts.append(head)
         parts.append(body)
         self.close_batch(offset + size, 1, batch)
         return segment_id, offset, batch
-
-    def _size_error(self, size: int) -> JournalError:
-        what = "empty" if size <= 0 else f"over the maximum of {self._record_bytes_max}"
-        return JournalError(f"record of {size} bytes is {what}")
 
     def open_batch(self, batch_type: type[B]) -> tuple[list[bytes], int, int, int, int, B]:
         """Start appending batched records in bulk (the add path: one socket read's adds, with no
@@ -423,16 +403,9 @@ class Journal:
         through :meth:`append_batched`, which rolls the segment or raises. Raises
         :class:`JournalError` when the journal is closed or failed.
         """
-        if self._refusing:
-            raise JournalError("journal is not writable") from self._failed
-        parts = self._runs[-1].parts
-        # A run's first record leaves room for the GROUP header before it.
-        offset = self._offset if parts else self._offset + _GROUP_HEADER_BYTES
-        callbacks = self._callbacks
-        batch = callbacks[-1] if callbacks else None
-        if type(batch) is not batch_type:
-            batch = batch_type()
-        return parts, self._segment_id, offset, self._segment_bytes, self._record_bytes_max, batch
+        parts, segment_id, offset = self._place(0)
+        batch = self._batch_for(batch_type)
+        return parts, segment_id, offset, self._segment_bytes, self._record_bytes_max, batch
 
     def close_batch(self, offset: int, records: int, batch: Batch) -> None:
         """End what :meth:`open_batch` started: ``records`` records were appended, ending at
@@ -442,9 +415,38 @@ class Journal:
         callbacks = self._callbacks
         if not callbacks or callbacks[-1] is not batch:
             callbacks.append(batch)
-        size = offset - self._offset
-        self._offset = offset
-        self._pending_records += records
+        self._appended(offset, records)
+
+    def _size_error(self, size: int) -> JournalError:
+        what = "empty" if size <= 0 else f"over the maximum of {self._record_bytes_max}"
+        return JournalError(f"record of {size} bytes is {what}")
+
+    def _place(self, size: int) -> tuple[list[bytes], int, int]:
+        """Where the next record of ``size`` bytes goes: ``(the run's parts, segment_id, offset)``,
+        after rolling to the next segment if it does not fit in this one. A run's first record
+        leaves room for the GROUP header before it. Raises when the journal is closed or failed."""
+        if self._refusing:
+            raise JournalError("journal is not writable") from self._failed
+        parts = self._runs[-1].parts
+        offset = self._offset if parts else self._offset + _GROUP_HEADER_BYTES
+        if offset + size > self._segment_bytes:
+            self._roll()
+            parts = self._runs[-1].parts
+            offset = self._offset + _GROUP_HEADER_BYTES
+        return parts, self._segment_id, offset
+
+    def _batch_for(self, batch_type: type[B]) -> B:
+        """The gathering group's last callback if it is a batch of ``batch_type``, else a new one
+        (appended to the callbacks with its first record)."""
+        callbacks = self._callbacks
+        batch = callbacks[-1] if callbacks else None
+        return batch if type(batch) is batch_type else batch_type()
+
+    def _appended(self, end: int, completions: int) -> None:
+        """Account for the records just appended up to ``end`` and the completions added."""
+        size = end - self._offset
+        self._offset = end
+        self._pending_records += completions
         if not self._pending_bytes:
             self._first_append_s = time.monotonic()
         self._pending_bytes += size
