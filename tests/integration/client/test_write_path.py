@@ -17,7 +17,7 @@ from bookkeeper_aio import (
 )
 from bookkeeper_aio.protocol.digest import master_key
 from metadata.ledger import LedgerState
-from tests.integration.client.conftest import Cluster
+from tests.integration.client.conftest import CONFIG, Cluster
 
 pytestmark = pytest.mark.etcd
 
@@ -68,6 +68,26 @@ async def _write_and_verify(bk: BookKeeper, n: int) -> None:
 async def test_write__pipelined_entries_read_back_identical(cluster: Cluster, bk: BookKeeper) -> None:
     await cluster.start(3)
     await _write_and_verify(bk, 5_000)
+
+
+async def test_write__entry_sizes_from_empty_to_the_maximum(cluster: Cluster, bk: BookKeeper) -> None:
+    """Empty, tiny, around the bookie's inline-decode size, and the largest entry the client
+    allows, pipelined together, read back identical; one byte more is refused before anything is
+    sent, and the ledger stays writable."""
+    await cluster.start(3)
+    limit = CONFIG.entry_bytes_max
+    lh = await bk.create_ledger(3, 2, 2, password=b"pw")
+    sizes = [0, 1, 1023, 64 * 1024, 64 * 1024 + 1, 1 << 20, limit, 5]
+    payloads = [bytes((i * 7 + j) & 0xFF for j in range(size)) for i, size in enumerate(sizes)]
+    futures = [await lh.append_async(p) for p in payloads]
+    assert await asyncio.gather(*futures) == list(range(len(sizes)))
+    with pytest.raises(BKInterfaceError):
+        await lh.append(b"x" * (limit + 1))
+    assert await lh.append(b"after") == len(sizes)
+    await lh.close()
+    rh = await bk.open_ledger(lh.id, password=b"pw")
+    read = [entry.payload async for entry in rh.read()]
+    assert read == [*payloads, b"after"]
 
 
 @pytest.mark.slow
