@@ -1,6 +1,6 @@
 """The bookie event loop's own CPU per add, without sockets: the real BookieServer (storage,
 journal with its writer thread and fdatasync, processor) in this process, fed by an in-process
-fake client through the real :class:`bookie.connection_handler.BookieConnection`.
+fake client through the real :class:`bookie.connection_handler.ServerConnection`.
 
 The fake keeps ``--window`` adds in flight: it hands the connection its frames in reads of
 ``--read-bytes`` (as a socket read would), and on each answer it reads more on the next loop
@@ -29,9 +29,9 @@ import uvloop
 
 from benchmarks._fake_transport import FakeTransport, frame_bodies
 from bookie.config import BookieConfig
-from bookie.connection_handler import BookieConnection
+from bookie.connection_handler import ServerConnection
 from bookie.server import BookieServer
-from bookkeeper_aio.ledger import encode_add_request
+from bookkeeper_aio.client.ledger import encode_add_request
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import FEATURE_ADD_ACKS, PROTOCOL_VERSION, AddFlag
 from bookkeeper_aio.protocol.digest import DigestType, EntryCodec, master_key
@@ -55,7 +55,7 @@ class FakeClientTransport(FakeTransport):
         self.credit = 0
         self.done = done
         self.scheduled = False
-        self.conn: BookieConnection | None = None
+        self.conn: ServerConnection | None = None
 
     def write(self, data: bytes) -> None:
         started = time.thread_time()
@@ -134,7 +134,7 @@ async def one_run(args: argparse.Namespace, ledger_id: int) -> dict[str, Any]:
         frames = build_frames(args.entries, args.size, ledger_id)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         transport = FakeClientTransport(frames, args.window, args.read_bytes, done)
-        conn = BookieConnection(server.processor, server._limits, server._connections)  # the seam
+        conn = ServerConnection(server.processor, server._limits, server._connections)  # the seam
         transport.conn = conn
         conn.connection_made(transport)  # type: ignore[arg-type]
         features = 0 if args.no_add_acks else FEATURE_ADD_ACKS

@@ -28,8 +28,8 @@ import uvloop
 
 from benchmarks._fake_transport import FakeTransport, frame_bodies
 from bookkeeper_aio import BookKeeper, ClientConfig
-from bookkeeper_aio.connection import BookieConnection
-from bookkeeper_aio.context import StaticDirectory
+from bookkeeper_aio.client.connection import BookieConnection
+from bookkeeper_aio.client.context import StaticDirectory
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import FEATURE_ADD_ACKS, FRAME_BYTES_MAX, PROTOCOL_VERSION, OpCode
 from metadata.ledgers import LedgerManager

@@ -24,8 +24,8 @@ from typing import Any
 
 from benchmarks import _cluster
 from bookkeeper_aio import BookKeeper, ClientConfig
-from bookkeeper_aio.bookie_client import StaticResolver
-from bookkeeper_aio.context import StaticDirectory
+from bookkeeper_aio.client.bookie_client import StaticResolver
+from bookkeeper_aio.client.context import StaticDirectory
 from metadata.ledgers import LedgerManager
 from tests.harness.bookie_proc import BookieProcess
 

@@ -24,10 +24,10 @@ from typing import Any
 
 from benchmarks import _cluster
 from bookkeeper_aio import BookKeeper, ClientConfig
-from bookkeeper_aio.bookie_client import StaticResolver
-from bookkeeper_aio.context import StaticDirectory
+from bookkeeper_aio.client.bookie_client import StaticResolver
+from bookkeeper_aio.client.context import StaticDirectory
+from bookkeeper_aio.client.recovery import recover_ledger
 from bookkeeper_aio.protocol.digest import EntryCodec, master_key
-from bookkeeper_aio.recovery import recover_ledger
 from metadata.ledger import LedgerState
 from metadata.ledgers import LedgerManager
 from tests.harness.bookie_proc import BookieProcess

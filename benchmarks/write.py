@@ -36,8 +36,8 @@ from hdrh.histogram import HdrHistogram
 
 from benchmarks.bookie_add import thread_cpu_s
 from bookkeeper_aio import BookKeeper, ClientConfig
-from bookkeeper_aio.bookie_client import StaticResolver
-from bookkeeper_aio.context import StaticDirectory
+from bookkeeper_aio.client.bookie_client import StaticResolver
+from bookkeeper_aio.client.context import StaticDirectory
 from metadata.ledgers import LedgerManager
 from metadata.memory import MemoryStore
 from tests.harness.admin_http import get_json

@@ -23,7 +23,7 @@ from bookie.cookie import CookieMismatch
 from bookie.journal_format import JournalCorrupt
 from bookie.registration import ClusterNotInitialised, MetadataCookieMismatch, MetadataRegistration
 from bookie.server import BookieServer
-from bookkeeper_aio.logs import configure_logging
+from bookkeeper_aio.common.logging_setup import configure_logging
 from metadata import MetadataError
 
 log = structlog.get_logger("bookie")

@@ -73,9 +73,9 @@ class ConnectionLimits:
         self.load = load if load is not None else ServerLoad(1 << 62)
 
 
-class BookieConnection(asyncio.Protocol):
+class ServerConnection(asyncio.Protocol):
     def __init__(
-        self, processor: Processor, limits: ConnectionLimits, registry: set[BookieConnection]
+        self, processor: Processor, limits: ConnectionLimits, registry: set[ServerConnection]
     ) -> None:
         self._processor = processor
         self._limits = limits

@@ -17,7 +17,7 @@ import fcntl
 import mmap
 import os
 
-from bookkeeper_aio import failpoints
+from bookkeeper_aio.common import failpoints
 
 
 class FileIO:

@@ -31,7 +31,7 @@ import msgpack
 import structlog
 
 from bookie import journal_format as fmt
-from bookie.connection_handler import BookieConnection, ServerLoad
+from bookie.connection_handler import ServerConnection, ServerLoad
 from bookie.journal import JournalError
 from bookie.ledger_state import LedgerState, Waiter, WakeReason
 from bookie.mode import ModeMachine, ReadOnly
@@ -47,7 +47,10 @@ from bookie.storage import (
     StorageError,
     Unauthorized,
 )
-from bookkeeper_aio import failpoints
+from bookkeeper_aio.common import failpoints
+from bookkeeper_aio.common.failpoints import (
+    _active as _failpoints_active,  # the live table (configure() mutates it)
+)
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import (
     FEATURE_ADD_ACKS,
@@ -61,7 +64,6 @@ from bookkeeper_aio.protocol.codes import (
     StatusCode,
 )
 from bookkeeper_aio.protocol.errors import ProtocolError
-from metadata.failpoints import _active as _failpoints_active  # the live table (configure() mutates it)
 
 log = structlog.get_logger(__name__)
 
@@ -146,7 +148,7 @@ class _AddReplies(AddBatch):
             status = status_for(error)
             frame_of = m.encode_error
             for item in items:
-                target: BookieConnection = item[6]
+                target: ServerConnection = item[6]
                 target.processor.count_error(status)
                 target.complete(item[7], frame_of(_ADD_OP, item[7], status, str(error)))
             return
@@ -155,7 +157,7 @@ class _AddReplies(AddBatch):
         hit = failpoints.hit if _failpoints_active else None
         packb = _packb
         prefix = _FRAME_PREFIX
-        conn: BookieConnection | None = None
+        conn: ServerConnection | None = None
         batched = False  # the connection agreed to ADD_ACKS: one frame for its run, not one per add
         frames: list[bytes] = []
         rids: list[int] = []
@@ -182,7 +184,7 @@ class _AddReply(AddCompletion):
 
     __slots__ = ("conn", "ledger_id", "request_id")
 
-    def __init__(self, conn: BookieConnection, request_id: int, ledger_id: int) -> None:
+    def __init__(self, conn: ServerConnection, request_id: int, ledger_id: int) -> None:
         self.conn = conn
         self.request_id = request_id
         self.ledger_id = ledger_id
@@ -212,8 +214,8 @@ class Processor:
         self.bookie_id = bookie_id
         self.frame_bytes_max = frame_bytes_max
         self._loop = asyncio.get_running_loop()
-        self._waiters: dict[BookieConnection, set[Waiter]] = {}
-        self._handlers: dict[type[Any], Callable[[BookieConnection, Any], None]] = {
+        self._waiters: dict[ServerConnection, set[Waiter]] = {}
+        self._handlers: dict[type[Any], Callable[[ServerConnection, Any], None]] = {
             m.AddEntryRequest: self._add,
             m.HelloRequest: self._hello,
             m.ReadEntryRequest: self._read_entry,
@@ -235,7 +237,7 @@ class Processor:
     # ------------------------------------------------------------------ dispatch
     def dispatch_frames(
         self,
-        conn: BookieConnection,
+        conn: ServerConnection,
         buf: bytearray,
         view: memoryview,
         pos: int,
@@ -377,7 +379,7 @@ class Processor:
                 journal.close_batch(offset, records, batch)
         return pos
 
-    def _dispatch_generic(self, conn: BookieConnection, body: memoryview) -> None:
+    def _dispatch_generic(self, conn: ServerConnection, body: memoryview) -> None:
         """Decode one frame body into a request object and run its handler (every op; an ADD the
         inline checks did not accept). Always answers or closes; never raises."""
         try:
@@ -417,7 +419,7 @@ class Processor:
         """Long-poll reads parked on this bookie (at scrape time: O(connections))."""
         return sum(len(waiters) for waiters in self._waiters.values())
 
-    def _bad_frame(self, conn: BookieConnection, exc: ProtocolError) -> None:
+    def _bad_frame(self, conn: ServerConnection, exc: ProtocolError) -> None:
         self.count_error(StatusCode.EBADREQ)
         if exc.request_id is None:
             log.warning("connection.bad_frame", peer=conn.peer, error=str(exc))
@@ -427,23 +429,23 @@ class Processor:
         op = exc.op if exc.op is not None else 0
         conn.complete(None, m.encode_error(op, exc.request_id, StatusCode.EBADREQ, str(exc)))
 
-    def _add_error(self, conn: BookieConnection, rid: int, exc: BaseException) -> None:
+    def _add_error(self, conn: ServerConnection, rid: int, exc: BaseException) -> None:
         status = status_for(exc)
         self.count_error(status)
         conn.complete(rid, m.encode_error(_ADD_OP, rid, status, str(exc) or type(exc).__name__))
 
-    def _error(self, conn: BookieConnection, request: Any, exc: BaseException) -> None:
+    def _error(self, conn: ServerConnection, request: Any, exc: BaseException) -> None:
         rid = request.request_id
         status = status_for(exc)
         self.count_error(status)
         conn.complete(rid, m.encode_error(_op_of(request), rid, status, str(exc) or type(exc).__name__))
 
-    def connection_lost(self, conn: BookieConnection) -> None:
+    def connection_lost(self, conn: ServerConnection) -> None:
         for waiter in self._waiters.pop(conn, ()):
             waiter.cancel()
 
     # ------------------------------------------------------------------ writes
-    def _add(self, conn: BookieConnection, req: m.AddEntryRequest) -> None:
+    def _add(self, conn: ServerConnection, req: m.AddEntryRequest) -> None:
         body = req.body
         if len(body) < _BODY_HEADER_BYTES:
             raise BadRequest(f"entry body of {len(body)} bytes is shorter than its header")
@@ -456,7 +458,7 @@ class Processor:
         reply = _AddReply(conn, req.request_id, ledger_id)
         self.storage.add_entry(ledger_id, entry_id, lac, req.master_key, body, recovery, reply)
 
-    def _write_lac(self, conn: BookieConnection, req: m.WriteLacRequest) -> None:
+    def _write_lac(self, conn: ServerConnection, req: m.WriteLacRequest) -> None:
         if self.read_only and self.mode is not None and req.ledger_id not in self.storage.ledgers:
             raise ReadOnly(f"bookie is read-only ({self.mode.reason}): no new ledgers")
 
@@ -470,7 +472,7 @@ class Processor:
 
         self.storage.write_lac(req.ledger_id, req.master_key, req.lac, b"", done)
 
-    def _force(self, conn: BookieConnection, req: m.ForceLedgerRequest) -> None:
+    def _force(self, conn: ServerConnection, req: m.ForceLedgerRequest) -> None:
         state = self.storage.ledgers.get(req.ledger_id)
         if state is not None and state.master_key is not None and state.master_key != req.master_key:
             raise Unauthorized(f"ledger {req.ledger_id}: master key mismatch")
@@ -486,7 +488,7 @@ class Processor:
         self.storage.force(done)
 
     # ------------------------------------------------------------------ reads
-    def _read_entry(self, conn: BookieConnection, req: m.ReadEntryRequest) -> None:
+    def _read_entry(self, conn: ServerConnection, req: m.ReadEntryRequest) -> None:
         if req.flags & ReadFlag.FENCE_LEDGER:
             if req.master_key is None:
                 raise BadRequest("a fencing read must carry the master key")
@@ -498,7 +500,7 @@ class Processor:
         conn.spawn(self._answer_read(conn, req))
 
     def _after_fence(
-        self, conn: BookieConnection, req: m.ReadEntryRequest, error: BaseException | None
+        self, conn: ServerConnection, req: m.ReadEntryRequest, error: BaseException | None
     ) -> None:
         if error is not None:
             self._error(conn, req, error)
@@ -506,7 +508,7 @@ class Processor:
             conn.spawn(self._answer_read(conn, req))
 
     async def _answer_read(
-        self, conn: BookieConnection, req: m.ReadEntryRequest, piggyback: bool = True
+        self, conn: ServerConnection, req: m.ReadEntryRequest, piggyback: bool = True
     ) -> None:
         rid, lid = req.request_id, req.ledger_id
         try:
@@ -533,7 +535,7 @@ class Processor:
             frame = m.encode_error(OpCode.READ_ENTRY, rid, status, str(exc) or type(exc).__name__)
         conn.complete(rid, frame)
 
-    def _long_poll(self, conn: BookieConnection, req: m.ReadEntryRequest) -> None:
+    def _long_poll(self, conn: ServerConnection, req: m.ReadEntryRequest) -> None:
         state = self.storage.ledger(req.ledger_id)
         piggyback = bool(req.flags & ReadFlag.ENTRY_PIGGYBACK)
         if state.lac > req.previous_lac or state.fenced or req.timeout_ms == 0:
@@ -552,18 +554,18 @@ class Processor:
         waiters.add(waiter)
 
     def _answer_long_poll(
-        self, conn: BookieConnection, req: m.ReadEntryRequest, state: LedgerState, piggyback: bool
+        self, conn: ServerConnection, req: m.ReadEntryRequest, state: LedgerState, piggyback: bool
     ) -> None:
         wanted = piggyback and req.entry_id in state.index
         conn.spawn(self._answer_read(conn, req, piggyback=wanted))
 
-    def _read_lac(self, conn: BookieConnection, req: m.ReadLacRequest) -> None:
+    def _read_lac(self, conn: ServerConnection, req: m.ReadLacRequest) -> None:
         state = self.storage.ledger(req.ledger_id)
         conn.complete(
             req.request_id, m.encode(m.ReadLacResponse(req.request_id, 0, None, req.ledger_id, state.lac))
         )
 
-    def _batch_read(self, conn: BookieConnection, req: m.BatchReadRequest) -> None:
+    def _batch_read(self, conn: ServerConnection, req: m.BatchReadRequest) -> None:
         if req.flags & ReadFlag.FENCE_LEDGER:
             if req.master_key is None:
                 raise BadRequest("a fencing read must carry the master key")
@@ -575,11 +577,11 @@ class Processor:
             return
         self._spawn_batch(conn, req)
 
-    def _spawn_batch(self, conn: BookieConnection, req: m.BatchReadRequest) -> None:
+    def _spawn_batch(self, conn: ServerConnection, req: m.BatchReadRequest) -> None:
         if not conn.closed:
             conn.spawn(self._answer_batch(conn, req))
 
-    async def _answer_batch(self, conn: BookieConnection, req: m.BatchReadRequest) -> None:
+    async def _answer_batch(self, conn: ServerConnection, req: m.BatchReadRequest) -> None:
         rid, lid = req.request_id, req.ledger_id
         bytes_max = min(req.max_bytes, self.frame_bytes_max - RESPONSE_OVERHEAD_BYTES)
         try:
@@ -598,7 +600,7 @@ class Processor:
         conn.complete(rid, frame)
 
     # ------------------------------------------------------------------ misc
-    def _hello(self, conn: BookieConnection, req: m.HelloRequest) -> None:
+    def _hello(self, conn: ServerConnection, req: m.HelloRequest) -> None:
         if req.protocol_version != PROTOCOL_VERSION:
             message = f"bookie speaks protocol version {PROTOCOL_VERSION}, not {req.protocol_version}"
             self.count_error(StatusCode.EBADVERSION)
@@ -613,7 +615,7 @@ class Processor:
         )
         conn.complete(req.request_id, m.encode(response))
 
-    def _bookie_info(self, conn: BookieConnection, req: m.GetBookieInfoRequest) -> None:
+    def _bookie_info(self, conn: ServerConnection, req: m.GetBookieInfoRequest) -> None:
         stat = os.statvfs(self.storage.config.data_dir)
         info: dict[str, int | str] = {
             "free_disk_bytes": stat.f_bavail * stat.f_frsize,
@@ -630,7 +632,7 @@ class Processor:
     def _is_read_only(self) -> bool:
         return self.read_only or self.storage.journal.failed is not None
 
-    def _list_entries(self, conn: BookieConnection, req: m.GetListOfEntriesRequest) -> None:
+    def _list_entries(self, conn: ServerConnection, req: m.GetListOfEntriesRequest) -> None:
         state = self.storage.ledger(req.ledger_id)
         ranges: list[list[int]] = []
         for entry_id in state.index.entry_ids():

@@ -30,7 +30,7 @@ import structlog
 
 from bookie.admin import AdminServer
 from bookie.config import BookieConfig
-from bookie.connection_handler import BookieConnection, ConnectionLimits, ServerLoad
+from bookie.connection_handler import ConnectionLimits, ServerConnection, ServerLoad
 from bookie.cookie import read_instance_id
 from bookie.metrics import DiskStatus, Snapshot, probe_disk, snapshot
 from bookie.mode import Mode, ModeMachine
@@ -65,7 +65,7 @@ class BookieServer:
         self.storage: Storage | None = None
         self.processor: Processor | None = None
         self._server: asyncio.Server | None = None
-        self._connections: set[BookieConnection] = set()
+        self._connections: set[ServerConnection] = set()
         self._load = ServerLoad(config.in_flight_total_max, self._on_load)
         self._journal_high = False
         self._limits = ConnectionLimits(
@@ -233,7 +233,7 @@ class BookieServer:
             )
             self.connections_refused += 1
             return _Refuse()
-        return BookieConnection(self.processor, self._limits, self._connections)
+        return ServerConnection(self.processor, self._limits, self._connections)
 
     def _on_journal_pressure(self, high: bool) -> None:
         log.info("bookie.journal_pressure", high=high, connections=len(self._connections))

@@ -35,7 +35,7 @@ from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.index import Location
 from bookie.journal import Callback, Journal, JournalConfig
 from bookie.ledger_state import LedgerState
-from bookkeeper_aio import failpoints
+from bookkeeper_aio.common import failpoints
 
 log = structlog.get_logger(__name__)
 

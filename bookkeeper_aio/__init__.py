@@ -10,48 +10,59 @@ Public API (see docs/api.md)::
         rh = await bk.open_ledger(lh.id, password=b"pw")
         async for entry in rh.read(0, rh.last_add_confirmed): ...
         await bk.delete_ledger(lh.id)
+
+This module only re-exports, lazily (PEP 562): ``import bookkeeper_aio.protocol.codes`` (what the
+bookie does) loads the wire codec and nothing else; the client, etcd and gRPC load on the first use
+of a name below. The layers are in docs/internals.md.
 """
 
-import structlog as _structlog
+from __future__ import annotations
 
-from bookkeeper_aio.logs import configure_logging as _configure_logging
+import importlib
+from typing import TYPE_CHECKING, Any
 
-if not _structlog.is_configured():
-    # structlog's unconfigured default prints every level to stdout; a library must not write to
-    # an application's stdout. Warnings and errors go to stderr until the application configures
-    # structlog itself (or calls bookkeeper_aio.logs.configure_logging).
-    _configure_logging(level="warning")
-
-from bookkeeper_aio.client import BookKeeper, password_hash
-from bookkeeper_aio.config import ClientConfig
-from bookkeeper_aio.errors import (
-    BadRequest,
-    BKError,
-    BKIllegalOperation,
-    BKInterfaceError,
-    BKInternalError,
-    BKTimeout,
-    BookieConnectionLost,
-    BookieIOError,
-    BookieReadOnly,
-    DigestError,
-    LedgerClosed,
-    LedgerFenced,
-    LedgerRecoveryError,
-    MetadataConflict,
-    NoSuchEntry,
-    NoSuchLedger,
-    NotEnoughBookies,
-    ProtocolVersionMismatch,
-    TooManyRequests,
-    Unauthorized,
-    UnknownLedgerState,
-)
-from bookkeeper_aio.ledger import HandleState, LedgerHandle
-from bookkeeper_aio.metrics import ClientMetrics, PrometheusClientMetrics
-from bookkeeper_aio.placement import PlacementPolicy, RackAwarePlacement, RandomPlacement
-from bookkeeper_aio.protocol.digest import DigestType
-from bookkeeper_aio.read_handle import LedgerEntry, ReadHandle
+# public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(
+        [
+            "BKError",
+            "BKIllegalOperation",
+            "BKInterfaceError",
+            "BKInternalError",
+            "BKTimeout",
+            "BadRequest",
+            "BookieConnectionLost",
+            "BookieIOError",
+            "BookieReadOnly",
+            "DigestError",
+            "LedgerClosed",
+            "LedgerFenced",
+            "LedgerRecoveryError",
+            "MetadataConflict",
+            "NoSuchEntry",
+            "NoSuchLedger",
+            "NotEnoughBookies",
+            "ProtocolVersionMismatch",
+            "TooManyRequests",
+            "Unauthorized",
+            "UnknownLedgerState",
+        ],
+        "bookkeeper_aio.errors",
+    ),
+    "BookKeeper": "bookkeeper_aio.client.bookkeeper",
+    "password_hash": "bookkeeper_aio.client.bookkeeper",
+    "ClientConfig": "bookkeeper_aio.client.config",
+    "HandleState": "bookkeeper_aio.client.ledger",
+    "LedgerHandle": "bookkeeper_aio.client.ledger",
+    "ClientMetrics": "bookkeeper_aio.client.metrics",
+    "PrometheusClientMetrics": "bookkeeper_aio.client.metrics",
+    "PlacementPolicy": "bookkeeper_aio.client.placement",
+    "RackAwarePlacement": "bookkeeper_aio.client.placement",
+    "RandomPlacement": "bookkeeper_aio.client.placement",
+    "DigestType": "bookkeeper_aio.protocol.digest",
+    "LedgerEntry": "bookkeeper_aio.client.read_handle",
+    "ReadHandle": "bookkeeper_aio.client.read_handle",
+}
 
 __all__ = [
     "BKError",
@@ -89,3 +100,49 @@ __all__ = [
     "UnknownLedgerState",
     "password_hash",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # the next lookup is a plain module attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
+
+if TYPE_CHECKING:
+    from bookkeeper_aio.client.bookkeeper import BookKeeper, password_hash
+    from bookkeeper_aio.client.config import ClientConfig
+    from bookkeeper_aio.client.ledger import HandleState, LedgerHandle
+    from bookkeeper_aio.client.metrics import ClientMetrics, PrometheusClientMetrics
+    from bookkeeper_aio.client.placement import PlacementPolicy, RackAwarePlacement, RandomPlacement
+    from bookkeeper_aio.client.read_handle import LedgerEntry, ReadHandle
+    from bookkeeper_aio.errors import (
+        BadRequest,
+        BKError,
+        BKIllegalOperation,
+        BKInterfaceError,
+        BKInternalError,
+        BKTimeout,
+        BookieConnectionLost,
+        BookieIOError,
+        BookieReadOnly,
+        DigestError,
+        LedgerClosed,
+        LedgerFenced,
+        LedgerRecoveryError,
+        MetadataConflict,
+        NoSuchEntry,
+        NoSuchLedger,
+        NotEnoughBookies,
+        ProtocolVersionMismatch,
+        TooManyRequests,
+        Unauthorized,
+        UnknownLedgerState,
+    )
+    from bookkeeper_aio.protocol.digest import DigestType

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import msgpack
 import structlog
 
-from metadata.backoff import Backoff
+from bookkeeper_aio.common.backoff import Backoff
 from metadata.errors import (
     CasResultUnknown,
     InvalidMetadata,

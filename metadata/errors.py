@@ -10,11 +10,12 @@ Rules:
 
 from __future__ import annotations
 
+from bookkeeper_aio.common import failpoints
+from bookkeeper_aio.errors import BKError
 
-class MetadataError(Exception):
-    """Root of every error raised by the metadata package."""
 
-    retriable: bool = False
+class MetadataError(BKError):
+    """Root of every error raised by the metadata package (a `BKError`, like every error we raise)."""
 
 
 class MetadataUnavailable(MetadataError):
@@ -115,3 +116,15 @@ class InvalidMetadata(MetadataError, ValueError):
 
 class InvalidUrl(MetadataError, ValueError):
     """A metadata service URL could not be parsed."""
+
+
+def _injected_unavailable(name: str, key: str) -> MetadataUnavailable:
+    return MetadataUnavailable(f"failpoint {name}: injected unavailability writing {key!r}")
+
+
+def _injected_unknown(name: str, key: str) -> CasResultUnknown:
+    return CasResultUnknown(key, f"failpoint {name}: injected lost answer")
+
+
+failpoints.register_error("unavailable", _injected_unavailable)
+failpoints.register_error("unknown", _injected_unknown)

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import structlog
 from aetcd import rpc
 
-from metadata.backoff import Backoff
+from bookkeeper_aio.common.backoff import Backoff
 from metadata.errors import (
     BadVersion,
     CasResultUnknown,

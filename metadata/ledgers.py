@@ -26,7 +26,7 @@ from typing import Final
 
 import structlog
 
-from metadata import failpoints
+from bookkeeper_aio.common import failpoints
 from metadata import ledger as serde
 from metadata.errors import (
     BadVersion,

@@ -14,8 +14,8 @@ import time
 
 import metadata
 from bookkeeper_aio.cli.output import Progress
-from bookkeeper_aio.client import BookKeeper
-from bookkeeper_aio.ledger import LedgerHandle
+from bookkeeper_aio.client.bookkeeper import BookKeeper
+from bookkeeper_aio.client.ledger import LedgerHandle
 
 DEMO_PASSWORD = b"sandbox-demo"
 

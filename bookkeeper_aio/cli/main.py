@@ -15,8 +15,8 @@ import uvloop
 
 import metadata
 from bookkeeper_aio.cli import shell, state
+from bookkeeper_aio.common.logging_setup import configure_logging
 from bookkeeper_aio.errors import BKError
-from bookkeeper_aio.logs import configure_logging
 
 
 def _parser() -> argparse.ArgumentParser:

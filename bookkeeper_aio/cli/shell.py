@@ -18,7 +18,7 @@ from typing import Any
 import metadata
 from bookkeeper_aio.cli import output
 from bookkeeper_aio.cli.state import resolve_metadata_url
-from bookkeeper_aio.client import BookKeeper
+from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.protocol import messages as m
 
 BOOKIE_INFO_TIMEOUT_S = 3.0

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from bookkeeper_aio.errors import BKError
 
-class ProtocolError(Exception):
+
+class ProtocolError(BKError):
     """Bytes or values that do not follow docs/protocol.md.
 
     ``request_id`` and ``op`` are set when they could be recovered from the bad message, so the

@@ -14,7 +14,7 @@ import msgpack
 import pytest
 
 from bookie import processor as processor_module
-from bookie.connection_handler import BookieConnection, ConnectionLimits
+from bookie.connection_handler import ConnectionLimits, ServerConnection
 from bookie.journal import JournalConfig
 from bookie.mode import ReadOnly
 from bookie.processor import Processor
@@ -100,7 +100,7 @@ async def run(
     fenced: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     storage.fence(2, KEY, lambda error: fenced.set_result(None))
     await fenced
-    conn = BookieConnection(processor, ConnectionLimits(5 << 20, in_flight_max, 30.0), set())
+    conn = ServerConnection(processor, ConnectionLimits(5 << 20, in_flight_max, 30.0), set())
     conn.add_acks = add_acks  # as after a HELLO that agreed on FEATURE_ADD_ACKS
     transport = Transport()
     conn.connection_made(transport)  # type: ignore[arg-type]
@@ -185,7 +185,7 @@ async def test_add_acks_answer_the_same_requests_with_the_same_outcome(tmp_path:
 async def test_the_before_ack_failpoint_is_passed_once_per_ack(tmp_path: Path) -> None:
     """The batched completion checks the failpoint table once per group, but while a failpoint is
     set it still passes ``bookie.before_ack`` once per ack (``count:N:kill`` counts acks)."""
-    from metadata import failpoints as engine
+    from bookkeeper_aio.common import failpoints as engine
 
     engine.configure("bookie.before_ack=count:1000000:kill")  # counted, never fires
     try:
@@ -281,7 +281,7 @@ async def test_the_fused_loop_stops_at_the_permit_limit(tmp_path: Path) -> None:
         StorageConfig(str(tmp_path), "b", journal=journal, checkpoint_interval_s=3600)
     )
     processor = Processor(storage, "b", 5 << 20)
-    conn = BookieConnection(processor, ConnectionLimits(5 << 20, 4, 30.0), set())
+    conn = ServerConnection(processor, ConnectionLimits(5 << 20, 4, 30.0), set())
     conn.connection_made(Transport())  # type: ignore[arg-type]
     adds = [frame(1, rid, 1, rid, 0, KEY, entry(1, rid, rid - 1)) for rid in range(10)]
     conn.data_received(b"".join(adds) + adds[0][:3])
@@ -333,7 +333,7 @@ async def test_pressure_is_raised_by_the_read_that_crosses_it(tmp_path: Path) ->
     processor = Processor(storage, "b", 5 << 20)
     seen: list[tuple[bool, int]] = []
     storage.journal.on_pressure = lambda high: seen.append((high, storage.journal.queue_records))
-    conn = BookieConnection(processor, ConnectionLimits(5 << 20, 4096, 30.0), set())
+    conn = ServerConnection(processor, ConnectionLimits(5 << 20, 4096, 30.0), set())
     transport = Transport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     conn.data_received(

@@ -19,7 +19,7 @@ import pytest
 
 from bookie import journal_format as fmt
 from bookie import processor as processor_module
-from bookie.connection_handler import BookieConnection, ConnectionLimits
+from bookie.connection_handler import ConnectionLimits, ServerConnection
 from bookie.journal import JournalConfig
 from bookie.processor import Processor
 from bookie.storage import Storage, StorageConfig
@@ -79,7 +79,7 @@ async def run(path: Path, reads: list[bytes], wait_ms: float, queue_max: int) ->
     processor = Processor(storage, "b", 5 << 20)
     pressure: list[bool] = []
     storage.journal.on_pressure = pressure.append
-    conn = BookieConnection(processor, ConnectionLimits(5 << 20, 64, 30.0), set())
+    conn = ServerConnection(processor, ConnectionLimits(5 << 20, 64, 30.0), set())
     transport = Transport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     for data in reads:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bookkeeper_aio import BookKeeper, ClientConfig, RandomPlacement
-from bookkeeper_aio.context import StaticDirectory
+from bookkeeper_aio.client.context import StaticDirectory
 from metadata.ledgers import LedgerManager
 from metadata.memory import MemoryStore
 from tests.harness.fake_bookie import FakeCluster

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import pytest
 
 from bookkeeper_aio import BookKeeper
-from bookkeeper_aio.ledger import LedgerHandle
+from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
 from tests.harness.fake_bookie import FakeCluster, Reply

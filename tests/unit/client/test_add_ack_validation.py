@@ -25,7 +25,7 @@ import msgpack
 import pytest
 
 from bookkeeper_aio import BookieConnectionLost, BookKeeper
-from bookkeeper_aio.connection import ConnectionState
+from bookkeeper_aio.client.connection import ConnectionState
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import FRAME_BYTES_MAX, REQUEST_ID_MAX
 from bookkeeper_aio.protocol.errors import ProtocolError

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bookkeeper_aio import BookieConnectionLost, BookKeeper
-from bookkeeper_aio.connection import ConnectionState
+from bookkeeper_aio.client.connection import ConnectionState
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.errors import ProtocolError
 from tests.harness.fake_bookie import FakeCluster, Reply

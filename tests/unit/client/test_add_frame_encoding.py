@@ -9,11 +9,11 @@ import itertools
 
 import pytest
 
-from bookkeeper_aio.bookie_client import BookiePool
-from bookkeeper_aio.config import ClientConfig
-from bookkeeper_aio.context import ClientContext, StaticDirectory
-from bookkeeper_aio.ledger import LedgerHandle, encode_add_request
-from bookkeeper_aio.placement import RandomPlacement
+from bookkeeper_aio.client.bookie_client import BookiePool
+from bookkeeper_aio.client.config import ClientConfig
+from bookkeeper_aio.client.context import ClientContext, StaticDirectory
+from bookkeeper_aio.client.ledger import LedgerHandle, encode_add_request
+from bookkeeper_aio.client.placement import RandomPlacement
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import ID_MAX, REQUEST_ID_MAX, AddFlag
 from bookkeeper_aio.protocol.digest import DIGEST_BYTES, HEADER_BYTES, DigestType, EntryCodec, master_key

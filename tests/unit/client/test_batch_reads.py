@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from bookkeeper_aio import BookKeeper, DigestError, LedgerEntry, NoSuchEntry
-from bookkeeper_aio.context import StaticDirectory
+from bookkeeper_aio.client.context import StaticDirectory
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
 from metadata.ledgers import LedgerManager

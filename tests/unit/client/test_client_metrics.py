@@ -1,4 +1,4 @@
-"""Client metrics hooks (bookkeeper_aio.metrics): the right calls, once per operation, through
+"""Client metrics hooks (bookkeeper_aio.client.metrics): the right calls, once per operation, through
 fake-bookie scenarios; the Prometheus exporter's names and values."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from bookkeeper_aio import (
     PrometheusClientMetrics,
     RandomPlacement,
 )
-from bookkeeper_aio.context import StaticDirectory
-from bookkeeper_aio.metrics import LATENCY_SECONDS_BOUNDS
+from bookkeeper_aio.client.context import StaticDirectory
+from bookkeeper_aio.client.metrics import LATENCY_SECONDS_BOUNDS
 from metadata.ledgers import LedgerManager
 from tests.harness.fake_bookie import FakeCluster
 from tests.unit.client.conftest import FAST

@@ -13,7 +13,7 @@ from bookkeeper_aio import (
     NotEnoughBookies,
     Unauthorized,
 )
-from bookkeeper_aio.context import StaticDirectory
+from bookkeeper_aio.client.context import StaticDirectory
 from metadata.ledger import LedgerState
 from metadata.ledgers import LedgerManager
 from tests.harness.fake_bookie import FakeCluster

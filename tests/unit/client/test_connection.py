@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from bookkeeper_aio import BKTimeout, BookieConnectionLost, ClientConfig
-from bookkeeper_aio.bookie_client import BookiePool, check
-from bookkeeper_aio.connection import Result
+from bookkeeper_aio.client.bookie_client import BookiePool, check
+from bookkeeper_aio.client.connection import Result
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
 from tests.harness.fake_bookie import FakeBookie, Reply
@@ -131,7 +131,7 @@ class _RecordingTransport:
 async def test_connection__large_burst_is_written_before_the_tick_ends_in_order() -> None:
     """Frames are coalesced per tick, but once write_eager_bytes are queued they go out at once
     (the bookie starts on a burst while the rest is built); nothing is reordered or lost."""
-    from bookkeeper_aio.connection import BookieConnection
+    from bookkeeper_aio.client.connection import BookieConnection
 
     conn = BookieConnection(
         "b", standard_timeout_s=1.0, pending_max=1000, frame_bytes_max=1 << 20, write_eager_bytes=1000
@@ -156,7 +156,7 @@ async def test_connection__large_burst_is_written_before_the_tick_ends_in_order(
 async def test_connection__many_small_frames_are_written_early_too() -> None:
     """With small entries the byte threshold is rarely reached: write_eager_frames queued frames
     go out at once as well, in order."""
-    from bookkeeper_aio.connection import BookieConnection
+    from bookkeeper_aio.client.connection import BookieConnection
 
     conn = BookieConnection(
         "b",

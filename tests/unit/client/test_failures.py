@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from bookkeeper_aio import BookKeeper, ClientConfig, LedgerFenced, NotEnoughBookies, Unauthorized
-from bookkeeper_aio.context import StaticDirectory
+from bookkeeper_aio.client.context import StaticDirectory
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
 from metadata.ledger import LedgerState

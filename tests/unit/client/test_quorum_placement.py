@@ -8,7 +8,7 @@ import random
 import pytest
 
 from bookkeeper_aio import NotEnoughBookies, RackAwarePlacement, RandomPlacement
-from bookkeeper_aio.quorum import DistributionSchedule
+from bookkeeper_aio.client.quorum import DistributionSchedule
 
 
 def test_write_sets__match_seed_000_table() -> None:
@@ -80,7 +80,7 @@ def test_rack_aware__spreads_over_racks() -> None:
 
 
 def test_encode_add_request__same_bytes_as_the_protocol_module() -> None:
-    from bookkeeper_aio.ledger import encode_add_request
+    from bookkeeper_aio.client.ledger import encode_add_request
     from bookkeeper_aio.protocol import messages as m
 
     for args in [(1, 2, 3, 0, b"k" * 32, b"body"), ((1 << 64) - 1, (1 << 63) - 1, 0, 1, b"", b"x" * 70000)]:

@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bookkeeper_aio import BKTimeout, BookKeeper, ClientConfig
-from bookkeeper_aio.bookie_client import BookiePool, check
-from bookkeeper_aio.connection import BookieConnection, ConnectionState, Result
-from bookkeeper_aio.context import StaticDirectory
-from bookkeeper_aio.ledger import encode_add_request
+from bookkeeper_aio.client.bookie_client import BookiePool, check
+from bookkeeper_aio.client.connection import BookieConnection, ConnectionState, Result
+from bookkeeper_aio.client.context import StaticDirectory
+from bookkeeper_aio.client.ledger import encode_add_request
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
 from bookkeeper_aio.protocol.digest import DigestType, EntryCodec

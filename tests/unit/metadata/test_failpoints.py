@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from metadata import failpoints
+from bookkeeper_aio.common import failpoints
 from metadata.errors import CasResultUnknown, MetadataUnavailable
 from metadata.ledger import LedgerState
 from metadata.ledgers import LedgerManager

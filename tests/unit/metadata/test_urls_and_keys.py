@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import ast
-import pathlib
-
 import pytest
 
-import metadata
 from metadata.cluster import parse_url
 from metadata.errors import InvalidMetadata, InvalidUrl
 from metadata.keys import ClusterKeys
@@ -54,18 +50,3 @@ def test_ledger_keys_sort_numerically_and_parse_back() -> None:
     assert keys.bookie("writable", "127.0.0.1:3181") == "/bookkeeper/c1/bookies/writable/127.0.0.1:3181"
     with pytest.raises(InvalidMetadata):
         keys.bookie("writable", "a/b")
-
-
-def test_metadata_imports_nothing_from_client_or_bookie() -> None:
-    package = pathlib.Path(metadata.__file__).parent
-    for path in package.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else [node.module or ""]
-                if isinstance(node, ast.ImportFrom)
-                else []
-            )
-            for name in names:
-                assert name.split(".")[0] not in {"bookkeeper_aio", "bookie"}, f"{path.name} imports {name}"

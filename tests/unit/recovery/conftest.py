@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from bookkeeper_aio import BookKeeper, ClientConfig, RandomPlacement, password_hash
-from bookkeeper_aio.context import StaticDirectory
+from bookkeeper_aio.client.context import StaticDirectory
 from bookkeeper_aio.protocol.digest import DigestType, EntryCodec, master_key
 from metadata.ledger import LedgerMetadata, LedgerState
 from metadata.ledgers import LedgerManager, VersionedLedger

@@ -11,9 +11,8 @@ import itertools
 import pytest
 
 from bookkeeper_aio import LedgerRecoveryError
-from bookkeeper_aio.protocol.codes import StatusCode
-from bookkeeper_aio.quorum import DistributionSchedule
-from bookkeeper_aio.recovery import (
+from bookkeeper_aio.client.quorum import DistributionSchedule
+from bookkeeper_aio.client.recovery import (
     Decision,
     Reply,
     classify_read,
@@ -22,6 +21,7 @@ from bookkeeper_aio.recovery import (
     last_entry_of,
     recovery_start,
 )
+from bookkeeper_aio.protocol.codes import StatusCode
 
 CONFIGS = [(e, qw, qa) for e in range(1, 6) for qw in range(1, e + 1) for qa in range(1, qw + 1)]
 NO_REPLY = None

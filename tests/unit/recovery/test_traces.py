@@ -13,7 +13,8 @@ from typing import TypeGuard
 
 import pytest
 
-from bookkeeper_aio import ClientConfig, LedgerFenced, LedgerRecoveryError, recovery
+from bookkeeper_aio import ClientConfig, LedgerFenced, LedgerRecoveryError
+from bookkeeper_aio.client import recovery
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import AddFlag, ReadFlag, StatusCode
 from metadata.ledger import LedgerState

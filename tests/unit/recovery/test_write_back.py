@@ -18,12 +18,12 @@ from typing import Any, TypeGuard, cast
 import pytest
 
 from bookkeeper_aio import ClientConfig, NotEnoughBookies
-from bookkeeper_aio.context import ClientContext, StaticDirectory
+from bookkeeper_aio.client.context import ClientContext, StaticDirectory
+from bookkeeper_aio.client.quorum import DistributionSchedule
+from bookkeeper_aio.client.recovery_writeback import WriteBack
 from bookkeeper_aio.errors import BKError
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import AddFlag, StatusCode
-from bookkeeper_aio.quorum import DistributionSchedule
-from bookkeeper_aio.recovery_writeback import WriteBack
 from metadata.ledger import LedgerMetadata
 from tests.harness.fake_bookie import Reply
 from tests.unit.recovery.conftest import PASSWORD, World, payload

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from bookkeeper_aio.connection import Result
+from bookkeeper_aio.client.connection import Result
 from bookkeeper_aio.errors import BKError, NoSuchLedger
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import LONG_POLL_TIMEOUT_MS_MAX, ReadFlag, StatusCode
@@ -39,7 +39,7 @@ from metadata.errors import MetadataError
 from metadata.ledgers import VersionedLedger
 
 if TYPE_CHECKING:
-    from bookkeeper_aio.read_handle import ReadHandle
+    from bookkeeper_aio.client.read_handle import ReadHandle
 
 log = structlog.get_logger(__name__)
 

@@ -23,16 +23,16 @@ from typing import Any
 
 import structlog
 
-from bookkeeper_aio.bookie_client import AddressResolver, BookiePool
-from bookkeeper_aio.config import ClientConfig
-from bookkeeper_aio.context import BookieDirectory, ClientContext
+from bookkeeper_aio.client.bookie_client import AddressResolver, BookiePool
+from bookkeeper_aio.client.config import ClientConfig
+from bookkeeper_aio.client.context import BookieDirectory, ClientContext
+from bookkeeper_aio.client.ledger import LedgerHandle
+from bookkeeper_aio.client.metrics import ClientMetrics
+from bookkeeper_aio.client.placement import PlacementPolicy, RandomPlacement
+from bookkeeper_aio.client.read_handle import ReadHandle, read_lac_with_coverage
+from bookkeeper_aio.client.recovery import recover_ledger
 from bookkeeper_aio.errors import BKError, BKInterfaceError, BookieConnectionLost, NoSuchLedger, Unauthorized
-from bookkeeper_aio.ledger import LedgerHandle
-from bookkeeper_aio.metrics import ClientMetrics
-from bookkeeper_aio.placement import PlacementPolicy, RandomPlacement
 from bookkeeper_aio.protocol.digest import DigestType, EntryCodec, master_key
-from bookkeeper_aio.read_handle import ReadHandle, read_lac_with_coverage
-from bookkeeper_aio.recovery import recover_ledger
 from metadata import errors as md_errors
 from metadata.bookies import BookieInfo, list_bookies
 from metadata.cluster import MetadataConnection
@@ -114,7 +114,8 @@ class BookKeeper:
         metrics: ClientMetrics | None = None,
     ) -> _Connect:
         """``async with BookKeeper.connect(url) as bk`` (or ``bk = await BookKeeper.connect(url)``).
-        ``metrics``: hooks called as adds, reads and recoveries finish (:mod:`bookkeeper_aio.metrics`)."""
+        ``metrics``: hooks called as adds, reads and recoveries finish
+        (:mod:`bookkeeper_aio.client.metrics`)."""
         return _Connect(url, config, placement, metrics)
 
     @property
@@ -174,7 +175,7 @@ class BookKeeper:
 
         ``recovery=False``: the writer is left alone; readable up to the LAC (a closed ledger: up to
         its last entry). ``recovery=True``: fence the ledger, find its last entry, replicate and close
-        it (``bookkeeper_aio.recovery``); the old writer's adds then fail with LedgerFenced and the
+        it (``bookkeeper_aio.client.recovery``); the old writer's adds then fail with LedgerFenced and the
         handle reads up to the closed last entry. Concurrent recoveries all end with the same last
         entry.
 

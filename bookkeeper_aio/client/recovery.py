@@ -24,7 +24,7 @@ The steps, exactly as the seeds and BookKeeper's two TLA+-found bugs require:
    bodies and EUNKNOWNLEDGERSTATE are *unknown*, never "absent". The last entry is the one before the
    first ABSENT entry; entries after it are ignored even if some bookie has them (seed 004).
 4. **Write back** every found entry with RECOVERY_ADD (passes the fence) to its whole write set
-   (:mod:`bookkeeper_aio.recovery_writeback`). A failing bookie is replaced locally: a new fragment
+   (:mod:`bookkeeper_aio.client.recovery_writeback`). A failing bookie is replaced locally: a new fragment
    from the lowest entry not yet fully written, and every entry from there on — including those
    already fully written to the old write set — goes to the replacement before it counts; the
    change is persisted only by the close. Reads and write-backs run in a bounded window of entries
@@ -47,16 +47,16 @@ from typing import Any
 
 import structlog
 
-from bookkeeper_aio.connection import Result
-from bookkeeper_aio.context import ClientContext
+from bookkeeper_aio.client.connection import Result
+from bookkeeper_aio.client.context import ClientContext
+from bookkeeper_aio.client.quorum import DistributionSchedule
+from bookkeeper_aio.client.read_handle import EntryReader
+from bookkeeper_aio.client.recovery_writeback import WriteBack, describe
 from bookkeeper_aio.errors import BKError, BKInternalError, BKTimeout, LedgerRecoveryError, NoSuchLedger
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import LAST_ENTRY, NO_ENTRY, ReadFlag, StatusCode
 from bookkeeper_aio.protocol.digest import Entry, EntryCodec
 from bookkeeper_aio.protocol.errors import DigestMismatch
-from bookkeeper_aio.quorum import DistributionSchedule
-from bookkeeper_aio.read_handle import EntryReader
-from bookkeeper_aio.recovery_writeback import WriteBack, describe
 from metadata import errors as md_errors
 from metadata.ledger import LedgerMetadata, LedgerState
 from metadata.ledgers import UNCHANGED, VersionedLedger, _Unchanged

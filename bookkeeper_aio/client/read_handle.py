@@ -27,9 +27,12 @@ from typing import Any
 
 import structlog
 
-from bookkeeper_aio.batch_read import can_batch, read_range_batched
-from bookkeeper_aio.connection import Result
-from bookkeeper_aio.context import ClientContext
+from bookkeeper_aio.client.batch_read import can_batch, read_range_batched
+from bookkeeper_aio.client.connection import Result
+from bookkeeper_aio.client.context import ClientContext
+from bookkeeper_aio.client.quorum import DistributionSchedule
+from bookkeeper_aio.client.speculation import SpeculativeOp
+from bookkeeper_aio.client.tail import LONG_POLL_TIMEOUT_MS, Tail
 from bookkeeper_aio.errors import (
     BKError,
     BKInterfaceError,
@@ -42,9 +45,6 @@ from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import NO_ENTRY, StatusCode
 from bookkeeper_aio.protocol.digest import Entry, EntryCodec
 from bookkeeper_aio.protocol.errors import DigestMismatch
-from bookkeeper_aio.quorum import DistributionSchedule
-from bookkeeper_aio.speculation import SpeculativeOp
-from bookkeeper_aio.tail import LONG_POLL_TIMEOUT_MS, Tail
 from metadata.ledger import LedgerMetadata, LedgerState
 from metadata.ledgers import VersionedLedger
 
@@ -206,7 +206,7 @@ class EntryReader:
 
     def read_range(self, first: int, last: int) -> AsyncIterator[Entry]:
         """Entries ``first..last`` in order, ``read_window_max`` reads ahead: in BATCH_READs when
-        every bookie holds every entry (``Qw == E``, see ``bookkeeper_aio.batch_read``), else in
+        every bookie holds every entry (``Qw == E``, see ``bookkeeper_aio.client.batch_read``), else in
         pipelined single reads."""
         if can_batch(self):
             return read_range_batched(self, first, last)
@@ -324,7 +324,7 @@ class ReadHandle:
         self, from_entry: int = 0, *, long_poll_timeout_ms: int = LONG_POLL_TIMEOUT_MS
     ) -> AsyncGenerator[LedgerEntry, None]:
         """Every entry from ``from_entry`` on, in order, as the writer gets them acknowledged; ends
-        once the ledger is closed and its last entry was handed out (see ``bookkeeper_aio.tail``).
+        once the ledger is closed and its last entry was handed out (see ``bookkeeper_aio.client.tail``).
 
         Close it early with ``aclose()`` (or ``contextlib.aclosing``). Raises NoSuchLedger if the
         ledger is deleted meanwhile, and the read errors of :meth:`read` for entries no replica can

@@ -35,16 +35,16 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from bookkeeper_aio.connection import Result
+from bookkeeper_aio.client.connection import Result
+from bookkeeper_aio.client.speculation import SpeculativeOp
 from bookkeeper_aio.errors import BKError
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import BATCH_READ_COUNT_MAX, StatusCode
 from bookkeeper_aio.protocol.digest import Entry
 from bookkeeper_aio.protocol.errors import DigestMismatch
-from bookkeeper_aio.speculation import SpeculativeOp
 
 if TYPE_CHECKING:
-    from bookkeeper_aio.read_handle import EntryReader
+    from bookkeeper_aio.client.read_handle import EntryReader
 
 log = structlog.get_logger(__name__)
 

@@ -95,7 +95,7 @@ _length_at = LENGTH.unpack_from
 
 
 class BookieConnection(asyncio.Protocol):
-    """A connection to ``bookie_id``. Created by :class:`~bookkeeper_aio.bookie_client.BookiePool`
+    """A connection to ``bookie_id``. Created by :class:`~bookkeeper_aio.client.bookie_client.BookiePool`
     before the TCP connect finishes; requests made meanwhile are queued and sent on connect."""
 
     def __init__(

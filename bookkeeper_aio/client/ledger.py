@@ -38,8 +38,9 @@ import crc32c
 import msgpack
 import structlog
 
-from bookkeeper_aio.connection import ADD_OK, BookieConnection, ConnectionState, Result
-from bookkeeper_aio.context import ClientContext
+from bookkeeper_aio.client.connection import ADD_OK, BookieConnection, ConnectionState, Result
+from bookkeeper_aio.client.context import ClientContext
+from bookkeeper_aio.client.quorum import DistributionSchedule
 from bookkeeper_aio.errors import (
     BKError,
     BKInterfaceError,
@@ -54,7 +55,6 @@ from bookkeeper_aio.errors import (
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import AddFlag, OpCode
 from bookkeeper_aio.protocol.digest import DIGEST_BYTES, HEADER, HEADER_BYTES, DigestType, EntryCodec
-from bookkeeper_aio.quorum import DistributionSchedule
 from metadata.errors import BadVersion, CasResultUnknown, MetadataError
 from metadata.ledger import LedgerMetadata, LedgerState
 from metadata.ledgers import VersionedLedger

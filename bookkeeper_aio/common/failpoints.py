@@ -1,7 +1,7 @@
-"""Named failpoints on every durability step (DESIGN.md §9): the one engine for the whole project.
+"""Named failpoints on every durability step: the one engine, and every failpoint name, of the project.
 
-It lives here because ``metadata`` is the package everything else may import (``bookkeeper_aio``
-and ``bookie`` re-export it from :mod:`bookkeeper_aio.failpoints`, which also lists their names).
+It is on the ground floor (docs/internals.md) so the bookie, the metadata package and the client
+share it without importing each other. The names of all failpoints are the constants below.
 
 Enabled only through the environment variable ``BKAIO_FAILPOINTS``, a comma-separated list of
 ``name=action`` pairs, read once at import (tests that start subprocesses set it in their env;
@@ -13,6 +13,8 @@ in-process tests call :func:`configure`). Actions:
 - ``partial:<n>``         the step writes only its first ``n`` bytes, then the process dies;
 - ``unavailable``         raise `MetadataUnavailable` (before a metadata write: nothing applied);
 - ``unknown``             raise `CasResultUnknown` (after a metadata write: applied, answer lost);
+                          (these two raise what the metadata package registered with
+                          :func:`register_error`: this floor does not know its error classes)
 - ``count:<k>:<action>``  the action fires on the k-th hit only (1-based); earlier hits pass.
 
     BKAIO_FAILPOINTS="metadata.cas_after=count:3:kill" python -m ...   # die right after the 3rd CAS
@@ -25,16 +27,39 @@ from __future__ import annotations
 import errno
 import os
 import time
-
-from metadata.errors import CasResultUnknown, MetadataUnavailable
+from collections.abc import Callable
 
 ENV_VAR = "BKAIO_FAILPOINTS"
+
+# ---------------------------------------------------------------- every failpoint name
+JOURNAL_WRITE = "journal.write"
+JOURNAL_BEFORE_SYNC = "journal.before_fdatasync"
+JOURNAL_AFTER_SYNC = "journal.after_fdatasync"
+BEFORE_ACK = "bookie.before_ack"
+FENCE_PERSIST = "bookie.fence_persist"
+INDEX_CHECKPOINT = "index.checkpoint"
+RENAME = "fileio.rename"
+DIR_FSYNC = "fileio.dir_fsync"
 CAS_BEFORE = "metadata.cas_before"  # before a ledger create / CAS is sent
 CAS_AFTER = "metadata.cas_after"  # after it was applied, before the caller learns it
+METADATA_CAS_BEFORE = CAS_BEFORE
+METADATA_CAS_AFTER = CAS_AFTER
+
+ErrorFactory = Callable[[str, str], BaseException]
+"""``(failpoint name, key) -> exception`` for an action a higher floor defines the error of."""
 
 _ACTIONS = frozenset({"kill", "sleep", "eio", "enospc", "partial", "unavailable", "unknown", "count"})
+_ERROR_ACTIONS = frozenset({"unavailable", "unknown"})
 _active: dict[str, str] = {}
 _hits: dict[str, int] = {}
+_errors: dict[str, ErrorFactory] = {}
+
+
+def register_error(action: str, factory: ErrorFactory) -> None:
+    """Say what the ``unavailable`` / ``unknown`` actions raise (the metadata package does, at import)."""
+    if action not in _ERROR_ACTIONS:
+        raise FailpointError(f"{action!r} is not an error action (one of {sorted(_ERROR_ACTIONS)})")
+    _errors[action] = factory
 
 
 class FailpointError(ValueError):
@@ -96,10 +121,11 @@ def _fire(name: str, action: str, count: int, data_len: int, key: str) -> int | 
         raise OSError(code, f"failpoint {name}: injected {kind.upper()}")
     if kind == "partial":
         return min(int(arg or "0"), data_len)
-    if kind == "unavailable":
-        raise MetadataUnavailable(f"failpoint {name}: injected unavailability writing {key!r}")
-    if kind == "unknown":
-        raise CasResultUnknown(key, f"failpoint {name}: injected lost answer")
+    if kind in _ERROR_ACTIONS:
+        factory = _errors.get(kind)
+        if factory is None:
+            raise FailpointError(f"failpoint {name}: action {kind!r} has no registered error in this process")
+        raise factory(name, key)
     raise FailpointError(f"unknown failpoint action {action!r}")
 
 

@@ -20,12 +20,12 @@ from typing import Any, Protocol
 
 import structlog
 
-from bookkeeper_aio.config import ClientConfig
-from bookkeeper_aio.connection import BookieConnection, ConnectionState, Result
+from bookkeeper_aio.client.config import ClientConfig
+from bookkeeper_aio.client.connection import BookieConnection, ConnectionState, Result
+from bookkeeper_aio.common.backoff import Backoff
 from bookkeeper_aio.errors import BKError, BKInterfaceError, error_for_status
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import REQUEST_ID_MAX, StatusCode
-from metadata.backoff import Backoff
 from metadata.errors import MetadataError
 
 log = structlog.get_logger(__name__)

@@ -21,15 +21,15 @@ import asyncio
 
 import structlog
 
-from bookkeeper_aio.connection import Result
-from bookkeeper_aio.context import ClientContext
+from bookkeeper_aio.client.connection import Result
+from bookkeeper_aio.client.context import ClientContext
+from bookkeeper_aio.client.ledger import encode_add_request
+from bookkeeper_aio.client.quorum import DistributionSchedule
 from bookkeeper_aio.errors import BKError, LedgerRecoveryError, NotEnoughBookies
-from bookkeeper_aio.ledger import encode_add_request
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import AddFlag, StatusCode
-from bookkeeper_aio.quorum import DistributionSchedule
 
-log = structlog.get_logger("bookkeeper_aio.recovery")
+log = structlog.get_logger("bookkeeper_aio.client.recovery")
 
 
 def describe(response: m.Response | BKError) -> str:

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bookkeeper_aio.bookie_client import BookiePool
-from bookkeeper_aio.config import ClientConfig
-from bookkeeper_aio.metrics import ClientMetrics
-from bookkeeper_aio.placement import PlacementPolicy
+from bookkeeper_aio.client.bookie_client import BookiePool
+from bookkeeper_aio.client.config import ClientConfig
+from bookkeeper_aio.client.metrics import ClientMetrics
+from bookkeeper_aio.client.placement import PlacementPolicy
 from metadata.ledgers import LedgerManager
 
 
@@ -41,4 +41,4 @@ class ClientContext:
     directory: BookieDirectory
     placement: PlacementPolicy
     metrics: ClientMetrics | None = None
-    """Metrics hooks (:mod:`bookkeeper_aio.metrics`); None: no call is made at all."""
+    """Metrics hooks (:mod:`bookkeeper_aio.client.metrics`); None: no call is made at all."""

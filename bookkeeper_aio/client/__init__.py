@@ -1,0 +1,16 @@
+"""The client floor: ledger handles, reads, tailing, recovery, and the one replication primitive.
+
+It stands on the wire codec (:mod:`bookkeeper_aio.protocol`), the ground floor
+(:mod:`bookkeeper_aio.common`, :mod:`bookkeeper_aio.errors`) and :mod:`metadata`; it never imports
+:mod:`bookie`. Applications use the names :mod:`bookkeeper_aio` re-exports (docs/api.md).
+"""
+
+import structlog as _structlog
+
+from bookkeeper_aio.common.logging_setup import configure_logging as _configure_logging
+
+if not _structlog.is_configured():
+    # structlog's unconfigured default prints every level to stdout; a library must not write to
+    # an application's stdout. Warnings and errors go to stderr until the application configures
+    # structlog itself (or calls bookkeeper_aio.common.logging_setup.configure_logging).
+    _configure_logging(level="warning")
