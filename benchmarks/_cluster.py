@@ -15,7 +15,7 @@ from typing import Any
 
 import uvloop
 
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
 from metadata.memory import MemoryStore
 from tests.harness.bookie_proc import BookieProcess
 

@@ -32,7 +32,7 @@ from bookkeeper_aio.client.connection import BookieConnection
 from bookkeeper_aio.client.context import StaticDirectory
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import FEATURE_ADD_ACKS, FRAME_BYTES_MAX, PROTOCOL_VERSION, OpCode
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
 from metadata.memory import MemoryStore
 
 _LENGTH = struct.Struct(">I")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from metadata.cluster import connect
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
 
 BOOKIES = ("127.0.0.1:3181", "127.0.0.1:3182", "127.0.0.1:3183")
 

@@ -26,7 +26,7 @@ from benchmarks import _cluster
 from bookkeeper_aio import BookKeeper, ClientConfig
 from bookkeeper_aio.client.bookie_client import StaticResolver
 from bookkeeper_aio.client.context import StaticDirectory
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
 from tests.harness.bookie_proc import BookieProcess
 
 _DEFAULTS = ClientConfig()

@@ -28,8 +28,8 @@ from bookkeeper_aio.client.bookie_client import StaticResolver
 from bookkeeper_aio.client.context import StaticDirectory
 from bookkeeper_aio.client.recovery import recover_ledger
 from bookkeeper_aio.protocol.digest import EntryCodec, master_key
-from metadata.ledger import LedgerState
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
+from metadata.ledger_metadata import LedgerState
 from tests.harness.bookie_proc import BookieProcess
 
 

@@ -38,7 +38,7 @@ from benchmarks.bookie_add import thread_cpu_s
 from bookkeeper_aio import BookKeeper, ClientConfig
 from bookkeeper_aio.client.bookie_client import StaticResolver
 from bookkeeper_aio.client.context import StaticDirectory
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
 from metadata.memory import MemoryStore
 from tests.harness.admin_http import get_json
 from tests.harness.bookie_proc import BookieProcess

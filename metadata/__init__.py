@@ -50,8 +50,8 @@ from metadata.errors import (
 from metadata.etcd import EtcdConfig, EtcdStore
 from metadata.idgen import IdGenerator
 from metadata.keys import ClusterKeys
-from metadata.ledger import LedgerMetadata, LedgerState
-from metadata.ledgers import UNCHANGED, LedgerIdPage, LedgerManager, VersionedLedger
+from metadata.ledger_manager import UNCHANGED, LedgerIdPage, LedgerManager, VersionedLedger
+from metadata.ledger_metadata import LedgerMetadata, LedgerState
 from metadata.memory import MemoryStore
 from metadata.store import EventKind, KeyValue, MetadataStore, Page, WatchEvent
 

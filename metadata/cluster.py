@@ -16,12 +16,12 @@ from typing import Any
 
 import msgpack
 
-from metadata import ledger as serde
+from metadata import ledger_metadata as serde
 from metadata.bookies import BookieSet, list_bookies
 from metadata.errors import InvalidUrl, MetadataFormatError, NodeExists
 from metadata.etcd import EtcdConfig, EtcdStore
 from metadata.keys import ClusterKeys, validate_root
-from metadata.ledgers import LedgerIdPage, LedgerManager
+from metadata.ledger_manager import LedgerIdPage, LedgerManager
 from metadata.memory import MemoryStore
 from metadata.store import MetadataStore
 

@@ -21,7 +21,7 @@ from metadata.errors import (
     NoNode,
     UpdateRetriesExhausted,
 )
-from metadata.ledger import LEDGER_ID_MAX
+from metadata.ledger_metadata import LEDGER_ID_MAX
 from metadata.store import MetadataStore
 
 FIRST_ID = 1  # id 0 is never handed out: it stays free as a "no ledger" marker for callers

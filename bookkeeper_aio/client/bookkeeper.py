@@ -37,8 +37,8 @@ from metadata import errors as md_errors
 from metadata.bookies import BookieInfo, list_bookies
 from metadata.cluster import MetadataConnection
 from metadata.cluster import connect as metadata_connect
-from metadata.ledger import LedgerState
-from metadata.ledgers import LedgerManager, VersionedLedger
+from metadata.ledger_manager import LedgerManager, VersionedLedger
+from metadata.ledger_metadata import LedgerState
 from metadata.store import MetadataStore
 
 log = structlog.get_logger(__name__)

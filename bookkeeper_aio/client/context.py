@@ -14,7 +14,7 @@ from bookkeeper_aio.client.bookie_client import BookiePool
 from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.client.metrics import ClientMetrics
 from bookkeeper_aio.client.placement import PlacementPolicy
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
 
 
 class BookieDirectory(Protocol):

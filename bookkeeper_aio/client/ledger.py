@@ -56,8 +56,8 @@ from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import AddFlag, OpCode
 from bookkeeper_aio.protocol.digest import DIGEST_BYTES, HEADER, HEADER_BYTES, DigestType, EntryCodec
 from metadata.errors import BadVersion, CasResultUnknown, MetadataError
-from metadata.ledger import LedgerMetadata, LedgerState
-from metadata.ledgers import VersionedLedger
+from metadata.ledger_manager import VersionedLedger
+from metadata.ledger_metadata import LedgerMetadata, LedgerState
 
 log = structlog.get_logger(__name__)
 

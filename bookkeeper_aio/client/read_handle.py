@@ -45,8 +45,8 @@ from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import NO_ENTRY, StatusCode
 from bookkeeper_aio.protocol.digest import Entry, EntryCodec
 from bookkeeper_aio.protocol.errors import DigestMismatch
-from metadata.ledger import LedgerMetadata, LedgerState
-from metadata.ledgers import VersionedLedger
+from metadata.ledger_manager import VersionedLedger
+from metadata.ledger_metadata import LedgerMetadata, LedgerState
 
 log = structlog.get_logger(__name__)
 

@@ -58,8 +58,8 @@ from bookkeeper_aio.protocol.codes import LAST_ENTRY, NO_ENTRY, ReadFlag, Status
 from bookkeeper_aio.protocol.digest import Entry, EntryCodec
 from bookkeeper_aio.protocol.errors import DigestMismatch
 from metadata import errors as md_errors
-from metadata.ledger import LedgerMetadata, LedgerState
-from metadata.ledgers import UNCHANGED, VersionedLedger, _Unchanged
+from metadata.ledger_manager import UNCHANGED, VersionedLedger, _Unchanged
+from metadata.ledger_metadata import LedgerMetadata, LedgerState
 
 log = structlog.get_logger(__name__)
 

@@ -36,7 +36,7 @@ from bookkeeper_aio.protocol.codes import LONG_POLL_TIMEOUT_MS_MAX, ReadFlag, St
 from bookkeeper_aio.protocol.digest import Entry
 from bookkeeper_aio.protocol.errors import DigestMismatch
 from metadata.errors import MetadataError
-from metadata.ledgers import VersionedLedger
+from metadata.ledger_manager import VersionedLedger
 
 if TYPE_CHECKING:
     from bookkeeper_aio.client.read_handle import ReadHandle

@@ -16,7 +16,7 @@ from bookkeeper_aio import (
     Unauthorized,
 )
 from bookkeeper_aio.protocol.digest import master_key
-from metadata.ledger import LedgerState
+from metadata.ledger_metadata import LedgerState
 from tests.integration.client.conftest import CONFIG, Cluster
 
 pytestmark = pytest.mark.etcd

@@ -10,7 +10,7 @@ import pytest
 
 from metadata.errors import MetadataUnavailable, WatchCompacted
 from metadata.etcd import EtcdConfig, EtcdStore
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
 from metadata.memory import MemoryStore
 from metadata.store import EventKind, WatchEvent
 from tests.harness.etcd import EtcdCluster, free_port

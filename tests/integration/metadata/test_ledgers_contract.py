@@ -9,8 +9,8 @@ import pytest
 
 from metadata.errors import BadVersion, MetadataFormatError, NodeExists, NoSuchLedger
 from metadata.idgen import IdGenerator
-from metadata.ledger import LedgerMetadata, LedgerState
-from metadata.ledgers import UNCHANGED, LedgerManager, VersionedLedger
+from metadata.ledger_manager import UNCHANGED, LedgerManager, VersionedLedger
+from metadata.ledger_metadata import LedgerMetadata, LedgerState
 from metadata.memory import MemoryStore
 from metadata.store import MetadataStore
 

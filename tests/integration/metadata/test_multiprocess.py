@@ -13,7 +13,7 @@ import pytest
 from metadata.bookies import BookieSet, list_bookies, watch_bookies
 from metadata.cluster import connect
 from metadata.errors import MetadataUnavailable
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
 from tests.harness.etcd import EtcdCluster, require_etcd_binary
 from tests.integration.metadata.procs import Worker
 

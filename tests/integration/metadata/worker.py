@@ -16,8 +16,8 @@ from metadata.bookies import BookieInfo, BookieRegistration
 from metadata.cluster import connect
 from metadata.errors import MetadataUnavailable
 from metadata.idgen import IdGenerator
-from metadata.ledger import LedgerMetadata
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
+from metadata.ledger_metadata import LedgerMetadata
 
 
 def say(line: str) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from bookkeeper_aio import BKError, BookKeeper, LedgerFenced, LedgerHandle, ReadHandle
-from metadata.ledger import LedgerState
+from metadata.ledger_metadata import LedgerState
 from tests.integration.recovery.conftest import CONFIG, Cluster
 
 pytestmark = pytest.mark.etcd

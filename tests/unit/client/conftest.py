@@ -9,7 +9,7 @@ import pytest
 
 from bookkeeper_aio import BookKeeper, ClientConfig, RandomPlacement
 from bookkeeper_aio.client.context import StaticDirectory
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
 from metadata.memory import MemoryStore
 from tests.harness.fake_bookie import FakeCluster
 

@@ -17,8 +17,8 @@ from bookkeeper_aio.client.placement import RandomPlacement
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import ID_MAX, REQUEST_ID_MAX, AddFlag
 from bookkeeper_aio.protocol.digest import DIGEST_BYTES, HEADER_BYTES, DigestType, EntryCodec, master_key
-from metadata.ledger import LedgerMetadata
-from metadata.ledgers import LedgerManager, VersionedLedger
+from metadata.ledger_manager import LedgerManager, VersionedLedger
+from metadata.ledger_metadata import LedgerMetadata
 from metadata.memory import MemoryStore
 
 PREFIX = HEADER_BYTES + DIGEST_BYTES[DigestType.CRC32C]  # entry body = prefix + payload

@@ -15,7 +15,7 @@ from bookkeeper_aio import BookKeeper, DigestError, LedgerEntry, NoSuchEntry
 from bookkeeper_aio.client.context import StaticDirectory
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
 from tests.harness.fake_bookie import FakeBookie, FakeCluster, Reply
 from tests.unit.client.conftest import FAST, make_client
 

@@ -21,7 +21,7 @@ from bookkeeper_aio import (
 )
 from bookkeeper_aio.client.context import StaticDirectory
 from bookkeeper_aio.client.metrics import LATENCY_SECONDS_BOUNDS
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
 from tests.harness.fake_bookie import FakeCluster
 from tests.unit.client.conftest import FAST
 

@@ -14,8 +14,8 @@ from bookkeeper_aio import (
     Unauthorized,
 )
 from bookkeeper_aio.client.context import StaticDirectory
-from metadata.ledger import LedgerState
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
+from metadata.ledger_metadata import LedgerState
 from tests.harness.fake_bookie import FakeCluster
 from tests.unit.client.conftest import make_client
 

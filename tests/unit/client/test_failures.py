@@ -10,8 +10,8 @@ from bookkeeper_aio import BookKeeper, ClientConfig, LedgerFenced, NotEnoughBook
 from bookkeeper_aio.client.context import StaticDirectory
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
-from metadata.ledger import LedgerState
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
+from metadata.ledger_metadata import LedgerState
 from tests.harness.fake_bookie import FakeCluster, Reply
 from tests.harness.fake_bookie import LedgerState as FakeLedger
 from tests.unit.client.conftest import make_client

@@ -23,7 +23,7 @@ from bookkeeper_aio.client.ledger import encode_add_request
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
 from bookkeeper_aio.protocol.digest import DigestType, EntryCodec
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
 from tests.harness.fake_bookie import FakeBookie, FakeCluster, Reply
 from tests.unit.client.conftest import make_client
 

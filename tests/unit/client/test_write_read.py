@@ -8,8 +8,8 @@ import pytest
 
 from bookkeeper_aio import BookKeeper, HandleState, LedgerClosed
 from bookkeeper_aio.protocol import messages as m
-from metadata.ledger import LedgerState
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
+from metadata.ledger_metadata import LedgerState
 from tests.harness.fake_bookie import FakeCluster
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from bookkeeper_aio.common import failpoints
 from metadata.errors import CasResultUnknown, MetadataUnavailable
-from metadata.ledger import LedgerState
-from metadata.ledgers import LedgerManager
+from metadata.ledger_manager import LedgerManager
+from metadata.ledger_metadata import LedgerState
 from metadata.memory import MemoryStore
 
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metadata import ledger as serde
+from metadata import ledger_metadata as serde
 from metadata.errors import InvalidMetadata, MetadataFormatError
-from metadata.ledger import LedgerMetadata, LedgerState
+from metadata.ledger_metadata import LedgerMetadata, LedgerState
 
 BOOKIES = ("b1:3181", "b2:3181", "b3:3181")
 

@@ -16,8 +16,8 @@ import pytest
 from bookkeeper_aio import BookKeeper, ClientConfig, RandomPlacement, password_hash
 from bookkeeper_aio.client.context import StaticDirectory
 from bookkeeper_aio.protocol.digest import DigestType, EntryCodec, master_key
-from metadata.ledger import LedgerMetadata, LedgerState
-from metadata.ledgers import LedgerManager, VersionedLedger
+from metadata.ledger_manager import LedgerManager, VersionedLedger
+from metadata.ledger_metadata import LedgerMetadata, LedgerState
 from metadata.memory import MemoryStore
 from tests.harness.fake_bookie import FakeCluster
 from tests.harness.fake_bookie import LedgerState as BookieLedger

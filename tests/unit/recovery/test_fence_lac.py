@@ -13,7 +13,7 @@ import pytest
 from bookkeeper_aio import LedgerRecoveryError
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import AddFlag, ReadFlag
-from metadata.ledger import LedgerState
+from metadata.ledger_metadata import LedgerState
 from tests.harness.fake_bookie import Reply
 from tests.unit.recovery.conftest import PASSWORD, World, payload
 

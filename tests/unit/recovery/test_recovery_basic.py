@@ -9,7 +9,7 @@ import pytest
 from bookkeeper_aio import LedgerFenced
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import AddFlag, ReadFlag
-from metadata.ledger import LedgerState
+from metadata.ledger_metadata import LedgerState
 from tests.unit.recovery.conftest import PASSWORD, World, payload
 
 

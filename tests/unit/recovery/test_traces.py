@@ -17,7 +17,7 @@ from bookkeeper_aio import ClientConfig, LedgerFenced, LedgerRecoveryError
 from bookkeeper_aio.client import recovery
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import AddFlag, ReadFlag, StatusCode
-from metadata.ledger import LedgerState
+from metadata.ledger_metadata import LedgerState
 from tests.harness.fake_bookie import Reply
 from tests.unit.recovery.conftest import FAST, PASSWORD, World, payload
 

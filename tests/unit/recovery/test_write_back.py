@@ -24,7 +24,7 @@ from bookkeeper_aio.client.recovery_writeback import WriteBack
 from bookkeeper_aio.errors import BKError
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import AddFlag, StatusCode
-from metadata.ledger import LedgerMetadata
+from metadata.ledger_metadata import LedgerMetadata
 from tests.harness.fake_bookie import Reply
 from tests.unit.recovery.conftest import PASSWORD, World, payload
 

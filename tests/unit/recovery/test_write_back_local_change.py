@@ -1,4 +1,4 @@
-"""Review: recovery write-back with a local ensemble change (recovery.py `_WriteBack`)."""
+"""Recovery write-back with a local ensemble change (bookkeeper_aio/client/recovery_writeback.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Regression tests for bugs found in the protocol review (see docs/protocol.md)."""
+"""Decoder regressions: inputs that once crashed or misled a decoder, each kept as a case."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The ledger manager: create / read / update (CAS loop) / delete / list / watch ledger metadata.
 
-Keys: ``<root>/ledgers/<19-digit id>`` (see `metadata.keys`). Values: `metadata.ledger.encode`.
+Keys: ``<root>/ledgers/<19-digit id>`` (see `metadata.keys`). Values: `metadata.ledger_metadata.encode`.
 
 The read-modify-write loop (`LedgerManager.update`): read (metadata, version) -> ``transform(current)``
 -> CAS at that version. ``transform`` returns the new metadata, or `UNCHANGED` to stop without writing,
@@ -27,7 +27,7 @@ from typing import Final
 import structlog
 
 from bookkeeper_aio.common import failpoints
-from metadata import ledger as serde
+from metadata import ledger_metadata as serde
 from metadata.errors import (
     BadVersion,
     CasResultUnknown,
@@ -40,10 +40,10 @@ from metadata.errors import (
 )
 from metadata.idgen import IdGenerator
 from metadata.keys import ClusterKeys
-from metadata.ledger import LedgerMetadata
+from metadata.ledger_metadata import LedgerMetadata
 from metadata.store import EventKind, MetadataStore
 
-log = structlog.get_logger("metadata.ledgers")
+log = structlog.get_logger("metadata.ledger_manager")
 
 CAS_ATTEMPTS_MAX = 200
 # Jitter after a lost CAS so that many writers of one ledger spread out instead of colliding again.
