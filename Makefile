@@ -30,6 +30,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-logo
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .
