@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Where `make run` keeps the sandbox's etcd and bookie data (bkaio honours $BKAIO_HOME too).
+BKAIO_HOME ?= $(HOME)/.bkaio
 
-.PHONY: setup test test-slow run bench lint fmt clean
+.PHONY: setup test test-slow run bench lint fmt clean clean-sandbox
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,3 +40,15 @@ fmt: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	@if [ -d "$(BKAIO_HOME)/sandbox" ]; then \
+	  echo "kept the sandbox data in $(BKAIO_HOME)/sandbox ($$(du -sh "$(BKAIO_HOME)/sandbox" | cut -f1)): make clean-sandbox deletes it"; \
+	fi
+
+# The sandbox's etcd and bookie data: every ledger written to it is gone afterwards.
+clean-sandbox:
+	@pid=$$(cat "$(BKAIO_HOME)/sandbox/sandbox.pid" 2>/dev/null); \
+	if [ -n "$$pid" ] && kill -0 "$$pid" 2>/dev/null; then \
+	  echo "a sandbox (pid $$pid) is running on $(BKAIO_HOME)/sandbox: stop it first (Ctrl-C, or kill -INT $$pid)"; \
+	  exit 1; \
+	fi
+	rm -rf "$(BKAIO_HOME)/sandbox"

@@ -5,19 +5,36 @@ can with a bounded number in flight (throughput), then — once the reader has c
 rate (latency). A second client opens the ledger without recovery and follows the LAC while the
 writer runs, reading each new entry as it is confirmed. At the end the reader checks it saw every
 entry, in order, byte-identical.
+
+Every demo ledger carries the custom metadata ``app=sandbox-demo`` and the password
+``sandbox-demo`` (:data:`DEMO_PASSWORD`). Before writing, the demo deletes the demo ledgers of
+earlier runs (and says which): one run's ledger is kept to look at, not one per run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 import metadata
 from bookkeeper_aio.cli.output import Progress
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.client.ledger import LedgerHandle
+from metadata.idgen import BLOCK_SIZE_DEFAULT as ID_BLOCK_SIZE
 
 DEMO_PASSWORD = b"sandbox-demo"
+DEMO_APP = b"sandbox-demo"
+"""The ``app`` custom metadata value that marks a ledger as the demo's own."""
+
+
+@dataclass(frozen=True, slots=True)
+class DemoResult:
+    ledger_id: int
+    entries_per_s: float
+    p50_ms: float
+    p99_ms: float
+    reader_entries: int
 
 
 def payload_for(entry_id: int, size: int) -> bytes:
@@ -33,56 +50,98 @@ async def _quorums(url: str) -> tuple[int, int, int]:
     return ensemble, quorum, quorum
 
 
-async def run_demo(url: str, entries: int = 20_000, entry_bytes: int = 1024) -> dict[str, float]:
+async def previous_demo_ledgers(url: str) -> list[int]:
+    """Ids of the ledgers an earlier demo wrote (custom metadata ``app=sandbox-demo``)."""
+    found: list[int] = []
+    async with metadata.connect(url) as meta:
+        manager = meta.ledger_manager()
+        after: int | None = None
+        while True:
+            page = await manager.list_page(start_after=after, limit=1000)
+            for ledger_id in page.ledger_ids:
+                try:
+                    current = await manager.read(ledger_id)
+                except metadata.NoSuchLedger:
+                    continue  # deleted meanwhile
+                if current.metadata.custom_metadata.get("app") == DEMO_APP:
+                    found.append(ledger_id)
+            if not page.more or not page.ledger_ids:
+                return found
+            after = page.ledger_ids[-1]
+
+
+async def run_demo(url: str, entries: int = 20_000, entry_bytes: int = 1024) -> DemoResult:
     """Throughput phase (``entries`` pipelined, <= ``IN_FLIGHT_MAX`` in flight), then a latency
     phase (a tenth as many at ``RATE_PER_S``), while a second client tails the ledger."""
     rate_entries = max(100, entries // 10)
     ensemble, write_quorum, ack_quorum = await _quorums(url)
     total = entries + rate_entries
-    print(f"demo: ledger E{ensemble}/Qw{write_quorum}/Qa{ack_quorum}, {total} entries of {entry_bytes} B")
     async with BookKeeper.connect(url) as writer_bk, BookKeeper.connect(url) as reader_bk:
+        old = await previous_demo_ledgers(url)
+        for ledger_id in old:
+            await writer_bk.delete_ledger(ledger_id)
+        if old:
+            print(f"demo: deleted the previous demo ledger{'s' if len(old) > 1 else ''} {_ids(old)}")
         handle = await writer_bk.create_ledger(
             ensemble,
             write_quorum,
             ack_quorum,
             password=DEMO_PASSWORD,
-            custom_metadata={"app": b"sandbox-demo"},
+            custom_metadata={"app": DEMO_APP},
         )
+        print(
+            f"demo: ledger {handle.id} (E{ensemble}/Qw{write_quorum}/Qa{ack_quorum}, password "
+            f"{DEMO_PASSWORD.decode()}), {total:,} entries of {entry_bytes} B: {entries:,} as fast as "
+            f"possible, then {rate_entries:,} at {RATE_PER_S:,}/s"
+        )
+        if handle.id > 1:
+            print(
+                "demo: (ledger ids come in blocks of "
+                f"{ID_BLOCK_SIZE:,}: each client claims a block for the ledgers it "
+                "creates, so a new client's first id is the next block's)"
+            )
         caught_up = asyncio.Event()
         reader = asyncio.create_task(_tail(reader_bk, handle.id, total, entry_bytes, (entries, caught_up)))
         try:
-            elapsed_s = await _write_pipelined(handle, entries, entry_bytes)
+            progress = Progress("write", total)
+            elapsed_s = await _write_pipelined(handle, entries, entry_bytes, progress)
             # measure latency on a quiet cluster, not behind the reader's catch-up
             waiter = asyncio.ensure_future(caught_up.wait())
             await asyncio.wait([reader, waiter], return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
-            latencies_ms = await _write_at_rate(handle, entries, rate_entries, entry_bytes)
+            latencies_ms = await _write_at_rate(handle, entries, rate_entries, entry_bytes, progress)
+            progress.finish()
             await handle.close()
             seen = await reader
         finally:
             reader.cancel()
     lat = sorted(latencies_ms)
-    summary = {
-        "entries_per_s": entries / elapsed_s,
-        "p50_ms": lat[len(lat) // 2],
-        "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))],
-        "reader_entries": float(seen),
-    }
+    result = DemoResult(
+        ledger_id=handle.id,
+        entries_per_s=entries / elapsed_s,
+        p50_ms=lat[len(lat) // 2],
+        p99_ms=lat[min(len(lat) - 1, int(len(lat) * 0.99))],
+        reader_entries=seen,
+    )
     print(
-        f"demo: throughput {summary['entries_per_s']:,.0f} entries/s ({IN_FLIGHT_MAX} in flight); "
-        f"add latency at {RATE_PER_S}/s: p50 {summary['p50_ms']:.2f} ms, p99 {summary['p99_ms']:.2f} ms"
+        f"demo: throughput {result.entries_per_s:,.0f} entries/s ({IN_FLIGHT_MAX} in flight); "
+        f"add latency at {RATE_PER_S}/s: p50 {result.p50_ms:.2f} ms, p99 {result.p99_ms:.2f} ms"
     )
     print(f"demo: tailing reader saw {seen} entries, in order and byte-identical; ledger {handle.id} closed")
-    return summary
+    return result
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(str(i) for i in ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
 
 
 IN_FLIGHT_MAX = 1_000
 RATE_PER_S = 2_000
 
 
-async def _write_pipelined(handle: LedgerHandle, entries: int, entry_bytes: int) -> float:
-    """``entries`` appends with at most ``IN_FLIGHT_MAX`` outstanding; returns the seconds taken."""
-    progress = Progress("write", entries)
+async def _write_pipelined(handle: LedgerHandle, entries: int, entry_bytes: int, progress: Progress) -> float:
+    """``entries`` appends with at most ``IN_FLIGHT_MAX`` outstanding; returns the seconds taken.
+    ``progress`` counts both phases (as the header does)."""
     slots = asyncio.Semaphore(IN_FLIGHT_MAX)
     done = 0
 
@@ -103,17 +162,23 @@ async def _write_pipelined(handle: LedgerHandle, entries: int, entry_bytes: int)
     await asyncio.gather(*futures)
     elapsed = time.perf_counter() - start
     progress.update(done)
-    progress.finish()
     return elapsed
 
 
-async def _write_at_rate(handle: LedgerHandle, first: int, count: int, entry_bytes: int) -> list[float]:
-    """``count`` appends at ``RATE_PER_S`` (open loop); each add's latency in ms."""
+async def _write_at_rate(
+    handle: LedgerHandle, first: int, count: int, entry_bytes: int, progress: Progress
+) -> list[float]:
+    """``count`` appends at ``RATE_PER_S`` (open loop); each add's latency in ms. ``progress`` goes
+    on from ``first``."""
     latencies_ms: list[float] = []
     clock = time.perf_counter
 
     def timed(future: asyncio.Future[int], sent: float) -> None:
-        future.add_done_callback(lambda _f: latencies_ms.append((clock() - sent) * 1e3))
+        def done(_future: asyncio.Future[int]) -> None:
+            latencies_ms.append((clock() - sent) * 1e3)
+            progress.update(first + len(latencies_ms))
+
+        future.add_done_callback(done)
 
     start = clock()
     futures = []
@@ -126,6 +191,7 @@ async def _write_at_rate(handle: LedgerHandle, first: int, count: int, entry_byt
         timed(future, sent)
         futures.append(future)
     await asyncio.gather(*futures)
+    progress.update(first + len(latencies_ms))
     return latencies_ms
 
 

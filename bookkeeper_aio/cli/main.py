@@ -7,6 +7,7 @@ Every command that talks to a cluster takes ``--metadata etcd://HOST:PORT[,HOST:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ import uvloop
 
 import metadata
 from bookkeeper_aio.cli import shell, state
+from bookkeeper_aio.cli.procs import ChildFailed
 from bookkeeper_aio.common.logging_setup import configure_logging
 from bookkeeper_aio.errors import BKError
 
@@ -39,7 +41,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     sandbox.add_argument("--no-demo", action="store_true", help="skip the demo")
     sandbox.add_argument(
-        "--demo-entries", type=int, default=20_000, help="entries the demo writes (default 20000)"
+        "--demo-entries",
+        type=int,
+        default=20_000,
+        help="entries the demo writes as fast as it can (default 20000); then a tenth as many "
+        "(at least 100) at a fixed rate, for latency",
     )
     sandbox.add_argument("--fresh", action="store_true", help="wipe the data dir first")
     sandbox.add_argument("--no-serve", action="store_true", help="stop right after the demo (for scripts)")
@@ -51,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure_logging(args.log_level or "warning")
+    name = " ".join(filter(None, ["bkaio", args.command, getattr(args, f"{args.command}_command", None)]))
     try:
         if args.func is not None:
             code: int = uvloop.run(args.func(args))
@@ -68,10 +75,44 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.fresh,
                 not args.no_serve,
             )
-    except (state.NoClusterConfigured, BKError, metadata.MetadataError) as exc:
-        print(f"bkaio {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except (state.NoClusterConfigured, shell.NoSuchCluster, ChildFailed) as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 1
+    except (BKError, metadata.MetadataError) as exc:
+        print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"{name}: {_os_error(exc, args)}", file=sys.stderr)
         return 1
     return 2
+
+
+def _os_error(exc: OSError, args: argparse.Namespace) -> str:
+    """``exc`` with the configured path it hit and where that path comes from."""
+    failed = exc.filename
+    reason = exc.strerror or str(exc)
+    if failed is None:
+        return f"{type(exc).__name__}: {reason}"
+    failed_path = Path(failed).absolute()
+    for path, origin in _configured_paths(args):
+        if failed_path == path:
+            return f"{failed} ({origin}): {reason}; fix that path or choose another"
+        if path in failed_path.parents:
+            return f"{failed} (in {path}, {origin}): {reason}; fix that path or choose another"
+    return f"{failed}: {reason}"
+
+
+def _configured_paths(args: argparse.Namespace) -> list[tuple[Path, str]]:
+    """The paths a user configured, most specific first, each with where it was set."""
+    paths: list[tuple[Path, str]] = []
+    data_dir = getattr(args, "data_dir", None)
+    if data_dir:
+        paths.append((Path(data_dir).absolute(), "given with --data-dir"))
+    elif args.command == "sandbox":
+        paths.append((state.home().absolute() / "sandbox", "the default --data-dir, $BKAIO_HOME/sandbox"))
+    origin = "from $BKAIO_HOME" if os.environ.get("BKAIO_HOME") else "the default $BKAIO_HOME"
+    paths.append((state.home().absolute(), origin))
+    return paths
 
 
 if __name__ == "__main__":

@@ -44,7 +44,8 @@ def print_table(rows: Sequence[Mapping[str, Any]], out: TextIO | None = None) ->
 
 
 class Progress:
-    """A single refreshing line on a TTY (a line every ``every_s`` otherwise)."""
+    """A single refreshing line on a TTY (a line every ``every_s`` otherwise, and the final state
+    exactly once)."""
 
     def __init__(self, label: str, total: int, out: TextIO | None = None, every_s: float = 0.2) -> None:
         self.label, self.total = label, total
@@ -53,15 +54,17 @@ class Progress:
         self.every_s = every_s if self.tty else max(every_s, 2.0)
         self.start = self.last = time.monotonic()
         self.done = 0
+        self.drawn: tuple[int, str] | None = None  # (done, extra) of the line last printed
 
     def update(self, done: int, extra: str = "") -> None:
         self.done = done
         now = time.monotonic()
-        if now - self.last >= self.every_s or done >= self.total:
+        if (now - self.last >= self.every_s or done >= self.total) and self.drawn != (done, extra):
             self.last = now
             self._draw(extra)
 
     def _draw(self, extra: str) -> None:
+        self.drawn = (self.done, extra)
         elapsed = max(time.monotonic() - self.start, 1e-9)
         frac = self.done / self.total if self.total else 1.0
         bar = "#" * int(frac * 30)
@@ -72,6 +75,8 @@ class Progress:
             print(line, file=self.out, flush=True)
 
     def finish(self, extra: str = "") -> None:
-        self._draw(extra)
+        # Without a TTY every line stays on screen: the final one only if it is not there already.
+        if self.tty or self.drawn != (self.done, extra):
+            self._draw(extra)
         if self.tty:
             print(file=self.out)

@@ -7,6 +7,8 @@ until Ctrl-C / SIGTERM and stop every child cleanly (SIGTERM, then SIGKILL after
 
 The data directory is reused by a second run when the previous sandbox has stopped (bookie data and
 etcd state survive); ``--fresh`` wipes it first. A data directory in use by a live sandbox is refused.
+Bookies do not reclaim the space of deleted ledgers yet, so the data directory grows with every
+demo; the first line says how big it is and how to wipe it.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ from typing import Any
 
 import metadata
 from bookkeeper_aio.cli import output, state
-from bookkeeper_aio.cli.demo import run_demo
+from bookkeeper_aio.cli.demo import DEMO_PASSWORD, run_demo
 from bookkeeper_aio.cli.procs import Child, ChildFailed, etcd_child, free_port, port_open
 
 ETCD_READY_TIMEOUT_S = 30.0
 BOOKIE_READY_TIMEOUT_S = 30.0
 DEFAULT_ROOT = "/bookkeeper/sandbox"
+PID_FILE = "sandbox.pid"
+CHILDREN_FILE = "sandbox.children"
 
 
 @dataclass
@@ -50,6 +54,7 @@ class Sandbox:
         self.etcd_endpoint = endpoint
         self.children.append(etcd)
         etcd.start()
+        self._record_children()
         host, port = endpoint.rsplit(":", 1)
         self.metadata_url = f"etcd://{endpoint}{self.root}"
         etcd.wait_ready(lambda: port_open(host, int(port)), ETCD_READY_TIMEOUT_S)
@@ -76,7 +81,14 @@ class Sandbox:
         child = Child(f"bookie-{index}", argv, self.data_dir / "logs" / f"bookie-{index}.log")
         self.children.append(child)
         child.start()
+        self._record_children()
         self.bookie_addresses.append(f"127.0.0.1:{port}")
+
+    def _record_children(self) -> None:
+        """``name pid`` per child in the data dir: a sandbox killed with SIGKILL leaves its children
+        running (each in its own session), and the next start names them."""
+        lines = "".join(f"{child.name} {child.pid}\n" for child in self.children)
+        (self.data_dir / CHILDREN_FILE).write_text(lines)
 
     def table(self) -> list[dict[str, Any]]:
         rows = []
@@ -132,34 +144,120 @@ def _admin_address(child: Child) -> str:
 def _sandbox_lock(data_dir: Path) -> Iterator[None]:
     """One live sandbox per data dir: a pid file, taken over when its owner is gone."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    pid_file = data_dir / "sandbox.pid"
+    pid_file = data_dir / PID_FILE
     try:
         other = int(pid_file.read_text())
     except (OSError, ValueError):
         other = 0
-    if other and other != os.getpid() and _pid_alive(other):
-        raise ChildFailed(f"a sandbox (pid {other}) is already running on {data_dir}; stop it first")
+    if other and other != os.getpid() and state.pid_alive(other):
+        raise ChildFailed(
+            f"a sandbox (pid {other}) is already running on {data_dir}: use it (bkaio commands find it "
+            f"by themselves), stop it first (Ctrl-C in its terminal, or kill -INT {other}), or start "
+            "another one with --data-dir DIR"
+        )
+    left = _leftover_children(data_dir)
+    if left:
+        named = ", ".join(f"{name} (pid {pid})" for name, pid in left)
+        pids = " ".join(str(pid) for _, pid in left)
+        raise ChildFailed(
+            f"the last sandbox on {data_dir}{f' (pid {other})' if other else ''} was killed and left "
+            f"{named} running: stop them with `kill {pids}`, then start again"
+        )
     pid_file.write_text(str(os.getpid()))
     try:
         yield
     finally:
+        (data_dir / CHILDREN_FILE).unlink(missing_ok=True)
         pid_file.unlink(missing_ok=True)
 
 
-def _pid_alive(pid: int) -> bool:
+def _leftover_children(data_dir: Path) -> list[tuple[str, int]]:
+    """Children of a dead sandbox on ``data_dir`` still running (checked by pid and command line)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        lines = (data_dir / CHILDREN_FILE).read_text().splitlines()
+    except OSError:
+        return []
+    left = []
+    for line in lines:
+        name, _, pid_text = line.partition(" ")
+        if not pid_text.isdigit() or not state.pid_alive(int(pid_text)):
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid_text}/cmdline").read_bytes()
+        except OSError:
+            cmdline = str(data_dir).encode()  # no /proc: trust the pid
+        if str(data_dir).encode() in cmdline:
+            left.append((name, int(pid_text)))
+    return left
+
+
+def _wipe(data_dir: Path) -> None:
+    """``--fresh``: everything in the data dir but the lock's pid file."""
+    for child in data_dir.iterdir():
+        if child.name == PID_FILE:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def _disk_usage(path: Path) -> int:
+    """Bytes allocated under ``path`` (what ``du`` counts)."""
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            if name in (PID_FILE, CHILDREN_FILE):
+                continue
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+    return total
+
+
+def _size(amount: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if amount < 1024 or unit == "GiB":
+            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
+        amount /= 1024
+    return f"{amount:.1f} TiB"
+
+
+def _starting_line(data_dir: Path, bookies: int) -> str:
+    used = _disk_usage(data_dir) if data_dir.exists() else 0
+    wipe = "--fresh wipes it on start"
+    if data_dir == (state.home() / "sandbox").resolve():
+        wipe = "`make clean-sandbox` deletes it, " + wipe
+    kept = f" (kept from earlier runs: {_size(used)}; {wipe})" if used else ""
+    return f"starting etcd and {bookies} bookies in {data_dir}{kept} ..."
+
+
+def _bkaio() -> str:
+    """How to type ``bkaio`` in another terminal: the bare name when PATH finds this one."""
+    beside = Path(sys.executable).parent / "bkaio"
+    if not beside.exists():
+        return "bkaio"
+    found = shutil.which("bkaio")
+    return "bkaio" if found and Path(found).resolve() == beside.resolve() else str(beside)
+
+
+def _try_lines(demo_ledger: int | None) -> list[str]:
+    """What to type next: the commands that work against this sandbox, pasted as they are."""
+    bkaio = _bkaio()
+    lines = [f"try, in another terminal ({bkaio} finds this sandbox by itself):", f"  {bkaio} bookies"]
+    if demo_ledger is None:
+        lines.append(f"  {bkaio} simpletest")
+        return lines
+    password = DEMO_PASSWORD.decode()
+    lines += [
+        f"  {bkaio} ledgers -l",
+        f"  {bkaio} ledger show {demo_ledger}",
+        f"  {bkaio} ledger read {demo_ledger} --password {password} --to 9"
+        f"    # the demo's ledgers have the password {password}",
+    ]
+    return lines
 
 
 def run(data_dir: Path, bookies: int, demo_entries: int, fresh: bool, serve: bool = True) -> int:
-    if fresh and data_dir.exists():
-        shutil.rmtree(data_dir)
-
     def on_signal(signum: int, frame: object) -> None:
         # The first signal starts the shutdown; later ones must not interrupt it (children would be
         # orphaned). Shutdown is bounded anyway: SIGKILL after procs.STOP_GRACE_S per child.
@@ -172,18 +270,22 @@ def run(data_dir: Path, bookies: int, demo_entries: int, fresh: bool, serve: boo
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     with _sandbox_lock(data_dir):
+        if fresh:
+            _wipe(data_dir)
         box = Sandbox(data_dir, bookies)
         try:
-            print(f"starting etcd and {bookies} bookies in {data_dir} ...", flush=True)
+            print(_starting_line(data_dir, bookies), flush=True)
             box.start()
             state.write_state(
                 {"metadata_url": box.metadata_url, "pid": os.getpid(), "data_dir": str(data_dir)}
             )
             print(f"cluster ready: {box.metadata_url}", flush=True)
             output.print_table(box.table())
+            demo_ledger = None
             if demo_entries > 0:
-                asyncio.run(run_demo(box.metadata_url, demo_entries))
+                demo_ledger = asyncio.run(run_demo(box.metadata_url, demo_entries)).ledger_id
             if serve:
+                print("\n".join(_try_lines(demo_ledger)), flush=True)
                 print("serving; Ctrl-C stops every process", flush=True)
                 while all(child.alive() for child in box.children):
                     time.sleep(0.5)

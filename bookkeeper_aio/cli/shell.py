@@ -8,24 +8,53 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import fcntl
 import os
 import shutil
 import time
+import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import metadata
 from bookkeeper_aio.cli import output
+from bookkeeper_aio.cli.demo import DEMO_PASSWORD
 from bookkeeper_aio.cli.state import resolve_metadata_url
 from bookkeeper_aio.client.bookkeeper import BookKeeper
+from bookkeeper_aio.errors import Unauthorized
 from bookkeeper_aio.protocol import messages as m
 
 BOOKIE_INFO_TIMEOUT_S = 3.0
 
 
+class NoSuchCluster(RuntimeError):
+    """The URL's root holds no cluster: never initialised, or a typo in the root."""
+
+
 def _url(args: argparse.Namespace) -> str:
     return resolve_metadata_url(args.metadata)
+
+
+async def _require_cluster(meta: metadata.MetadataConnection, url: str) -> None:
+    """The check a bookie makes before registering (``bookie.registration``): a root without
+    ``<root>/cluster`` is no cluster, not an empty one."""
+    if await metadata.read_cluster_info(meta.store, meta.root) is not None:
+        return
+    where = url if urllib.parse.urlsplit(url).path else f"{url} (no root in the URL, so {meta.root})"
+    raise NoSuchCluster(
+        f"no cluster at {where}: run `bkaio cluster init --metadata {url}` first "
+        "(or check the root in the URL: `make run` prints the sandbox's)"
+    )
+
+
+async def _cluster_url(args: argparse.Namespace) -> str:
+    """The metadata URL, checked to hold a cluster."""
+    url = _url(args)
+    async with metadata.connect(url) as meta:
+        await _require_cluster(meta, url)
+    return url
 
 
 async def cmd_cluster_init(args: argparse.Namespace) -> int:
@@ -38,8 +67,11 @@ async def cmd_cluster_init(args: argparse.Namespace) -> int:
 
 
 async def cmd_bookies(args: argparse.Namespace) -> int:
+    """``--json`` gives ``free_disk`` / ``total_disk`` in bytes (null when the bookie did not say);
+    the table shows them in KiB / MiB / GiB."""
     url = _url(args)
     async with metadata.connect(url) as meta:
+        await _require_cluster(meta, url)
         found = await metadata.list_bookies(meta.store, meta.root)
     rows: list[dict[str, Any]] = []
     async with BookKeeper.connect(url) as bk:
@@ -49,7 +81,10 @@ async def cmd_bookies(args: argparse.Namespace) -> int:
                 rows.append(
                     {"bookie_id": bookie_id, "state": state, "address": f"{info.host}:{info.port}", **disk}
                 )
-    output.emit(rows, as_json=args.json, table=rows)
+    table = [
+        {**row, "free_disk": _size(row["free_disk"]), "total_disk": _size(row["total_disk"])} for row in rows
+    ]
+    output.emit(rows, as_json=args.json, table=table)
     return 0
 
 
@@ -57,14 +92,18 @@ async def _bookie_info(bk: BookKeeper, bookie_id: str) -> dict[str, Any]:
     try:
         response = await bk.context.pool.request(bookie_id, m.GetBookieInfoRequest, BOOKIE_INFO_TIMEOUT_S)
     except Exception as error:  # noqa: BLE001 - a dead bookie is a row, not a crash of the listing
-        return {"free_disk": "?", "total_disk": "?", "error": type(error).__name__}
+        return {"free_disk": None, "total_disk": None, "error": type(error).__name__}
     assert isinstance(response, m.GetBookieInfoResponse)
     info = response.info
     return {
-        "free_disk": _size(info.get("free_disk_bytes")),
-        "total_disk": _size(info.get("total_disk_bytes")),
+        "free_disk": _bytes(info.get("free_disk_bytes")),
+        "total_disk": _bytes(info.get("total_disk_bytes")),
         "error": "" if response.status == 0 else str(response.message),
     }
+
+
+def _bytes(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _size(value: object) -> str:
@@ -79,7 +118,9 @@ def _size(value: object) -> str:
 
 
 async def cmd_ledgers(args: argparse.Namespace) -> int:
-    async with metadata.connect(_url(args)) as meta:
+    url = _url(args)
+    async with metadata.connect(url) as meta:
+        await _require_cluster(meta, url)
         page = await metadata.list_ledgers(meta.store, meta.root, start_after=args.after, limit=args.limit)
         rows = []
         if args.long:
@@ -98,27 +139,81 @@ async def cmd_ledgers(args: argparse.Namespace) -> int:
 
 
 async def cmd_ledger_show(args: argparse.Namespace) -> int:
-    async with metadata.connect(_url(args)) as meta:
+    """``--json`` is :func:`metadata.describe_ledger` as is (custom metadata values in hex); the
+    human view decodes them as UTF-8 where they are text and lists the ensembles one per line."""
+    url = _url(args)
+    async with metadata.connect(url) as meta:
+        await _require_cluster(meta, url)
         view = await metadata.show_ledger(meta.store, meta.root, args.ledger_id)
-    output.emit(view, as_json=args.json)
+    if args.json:
+        output.emit(view, as_json=True)
+    else:
+        print("\n".join(_ledger_lines(view)))
     return 0
 
 
+def _ledger_lines(view: Mapping[str, Any]) -> list[str]:
+    nested = {"ensembles", "custom_metadata"}
+    width = max(len(key) for key in view)
+    lines = [f"{key:<{width}}  {value}" for key, value in view.items() if key not in nested]
+    lines.append("ensembles (first entry: bookies)")
+    lines.extend(
+        f"  {ensemble['first_entry_id']}: [{', '.join(ensemble['bookies'])}]"
+        for ensemble in view["ensembles"]
+    )
+    custom = view["custom_metadata"]
+    lines.append("custom_metadata" + ("" if custom else "  (none)"))
+    lines.extend(f"  {key}: {_text_or_hex(bytes.fromhex(value))}" for key, value in sorted(custom.items()))
+    return lines
+
+
+def _text_or_hex(value: bytes) -> str:
+    """UTF-8 text when ``value`` decodes to printable text, else ``0x`` and its hex."""
+    try:
+        text = value.decode()
+    except UnicodeDecodeError:
+        text = ""
+    return text if text and text.isprintable() else "0x" + value.hex()
+
+
 async def cmd_ledger_read(args: argparse.Namespace) -> int:
-    async with BookKeeper.connect(_url(args)) as bk:
-        handle = await bk.open_ledger(args.ledger_id, password=args.password.encode())
-        last = handle.last_add_confirmed if args.to is None else args.to
-        rows = []
-        async for entry in handle.read(args.start, last):
-            row = {"entry_id": entry.entry_id, "bytes": len(entry.payload), "payload": _show(entry.payload)}
-            rows.append(row)
-            if not args.json:
-                print(f"{row['entry_id']:>10}  {row['bytes']:>8}  {row['payload']}")
+    """``--json``: one object per entry with the whole payload, as UTF-8 text when it decodes
+    (``"encoding": "utf-8"``), else base64 (``"encoding": "base64"``). The human view shows the first
+    64 bytes."""
+    url = await _cluster_url(args)
+    async with BookKeeper.connect(url) as bk:
+        try:
+            rows, last = await _read_entries(bk, args)
+        except Unauthorized as error:
+            raise Unauthorized(
+                f"{error}: give the ledger's password with --password PASSWORD "
+                f"(the sandbox demo's ledgers: --password {DEMO_PASSWORD.decode()})"
+            ) from error
     if args.json:
         output.emit(rows, as_json=True)
     elif not rows:
         print(f"(no entries in [{args.start}, {last}])")
     return 0
+
+
+async def _read_entries(bk: BookKeeper, args: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:
+    handle = await bk.open_ledger(args.ledger_id, password=args.password.encode())
+    last = handle.last_add_confirmed if args.to is None else args.to
+    rows = []
+    async for entry in handle.read(args.start, last):
+        if args.json:
+            rows.append({"entry_id": entry.entry_id, "bytes": len(entry.payload), **_whole(entry.payload)})
+        else:
+            rows.append({"entry_id": entry.entry_id})
+            print(f"{entry.entry_id:>10}  {len(entry.payload):>8}  {_show(entry.payload)}")
+    return rows, last
+
+
+def _whole(payload: bytes) -> dict[str, str]:
+    try:
+        return {"payload": payload.decode(), "encoding": "utf-8"}
+    except UnicodeDecodeError:
+        return {"payload": base64.b64encode(payload).decode(), "encoding": "base64"}
 
 
 def _show(payload: bytes, limit: int = 64) -> str:
@@ -133,7 +228,7 @@ def _show(payload: bytes, limit: int = 64) -> str:
 
 
 async def cmd_ledger_delete(args: argparse.Namespace) -> int:
-    async with BookKeeper.connect(_url(args)) as bk:
+    async with BookKeeper.connect(await _cluster_url(args)) as bk:
         await bk.delete_ledger(args.ledger_id)
     output.emit({"deleted": args.ledger_id}, as_json=args.json)
     return 0
@@ -141,11 +236,13 @@ async def cmd_ledger_delete(args: argparse.Namespace) -> int:
 
 async def cmd_bookie_format(args: argparse.Namespace) -> int:
     """Forget a bookie's data-dir identity (after a disk loss), optionally wiping its local data."""
-    if args.data_dir:
-        if not args.force:
-            raise SystemExit(f"bkaio bookie format: wiping {args.data_dir} deletes its entries; add --force")
-        _wipe_data_dir(Path(args.data_dir))
-    async with metadata.connect(_url(args)) as meta:
+    if args.data_dir and not args.force:
+        raise SystemExit(f"bkaio bookie format: wiping {args.data_dir} deletes its entries; add --force")
+    url = _url(args)
+    async with metadata.connect(url) as meta:
+        await _require_cluster(meta, url)  # before wiping anything: a wrong URL changes nothing
+        if args.data_dir:
+            _wipe_data_dir(Path(args.data_dir))
         stored = await metadata.read_cookie(meta.store, meta.root, args.bookie_id)
         if stored is not None:
             await metadata.delete_cookie(meta.store, meta.root, args.bookie_id, stored[1])
@@ -183,7 +280,7 @@ async def cmd_simpletest(args: argparse.Namespace) -> int:
     """Create a ledger, write entries, read them back, delete it: the cluster works end to end."""
     password = os.urandom(8)
     started = time.perf_counter()
-    async with BookKeeper.connect(_url(args)) as bk:
+    async with BookKeeper.connect(await _cluster_url(args)) as bk:
         handle = await bk.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum, password=password)
         payloads = [f"simpletest {handle.id} entry {i}".encode() for i in range(args.entries)]
         progress = output.Progress("simpletest write", args.entries)
@@ -239,7 +336,11 @@ def add_commands(sub: Any) -> None:
     read.add_argument("ledger_id", type=int)
     read.add_argument("--from", dest="start", type=int, default=0, help="first entry (default 0)")
     read.add_argument("--to", type=int, default=None, help="last entry (default: the last add confirmed)")
-    read.add_argument("--password", default="", help="the ledger's password")
+    read.add_argument(
+        "--password",
+        default="",
+        help=f"the ledger's password (the sandbox demo's ledgers: {DEMO_PASSWORD.decode()})",
+    )
     delete = _command(ledger, "delete", cmd_ledger_delete, "delete a ledger (bookies reclaim space later)")
     delete.add_argument("ledger_id", type=int)
     bookie = _group(sub, "bookie", "one bookie's identity")

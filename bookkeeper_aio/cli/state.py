@@ -1,5 +1,10 @@
 """Where ``bkaio`` finds its cluster: ``--metadata URL``, ``$BKAIO_METADATA``, or the state file
-the sandbox writes (``$BKAIO_HOME/sandbox.json``, default ``~/.bkaio``)."""
+the sandbox writes (``$BKAIO_HOME/sandbox.json``, default ``~/.bkaio``).
+
+The state file records the sandbox's pid: a sandbox killed with SIGKILL leaves it behind, so it is
+used only while that pid is alive (and is a sandbox); otherwise the commands say the sandbox is not
+running instead of timing out against a dead etcd.
+"""
 
 from __future__ import annotations
 
@@ -46,6 +51,34 @@ def clear_state(pid: int) -> None:
         state_path().unlink(missing_ok=True)
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (a zombie counts as gone)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc (macOS): kill(0) is all we know
+
+
+def sandbox_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live sandbox (not a process that reused the pid of a dead one)."""
+    if not pid_alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc: trust the pid
+    return b"sandbox" in cmdline
+
+
 def resolve_metadata_url(explicit: str | None) -> str:
     if explicit:
         return explicit
@@ -54,6 +87,12 @@ def resolve_metadata_url(explicit: str | None) -> str:
         return env
     state = read_state()
     if state and state.get("metadata_url"):
+        pid = state.get("pid")
+        if isinstance(pid, int) and not sandbox_alive(pid):
+            raise NoClusterConfigured(
+                f"the sandbox is not running (stale state from pid {pid} in {state_path()}): "
+                "start it with `make run` (bkaio sandbox), or pass --metadata etcd://HOST:PORT/ROOT"
+            )
         return str(state["metadata_url"])
     raise NoClusterConfigured(
         f"no cluster given: pass --metadata etcd://HOST:PORT/ROOT, set ${METADATA_ENV}, "

@@ -1,0 +1,262 @@
+"""A newcomer's first hour with `make run`: what the sandbox prints and what the commands say when
+something is off (a missing password, a second sandbox, a wrong cluster root, a killed sandbox).
+
+One sandbox subprocess with the demo (1 bookie, a short demo) serves the module, as `make run` runs
+it; the last test kills it with SIGKILL and checks what the commands say about the leftovers, then
+stops its children by PID.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from bookkeeper_aio.cli.demo import payload_for
+from tests.integration.cli.test_sandbox import BKAIO, READY_TIMEOUT_S, _alive, _env, _read_until_ready
+
+DEMO_ENTRIES = 300  # and a tenth as many (at least 100) at a fixed rate: 400 in all
+PROCESS_ROW = re.compile(r"^(?:etcd|bookie-\d+)\s+(\d+)\s")
+
+
+@dataclass
+class DemoSandbox:
+    proc: subprocess.Popen[str]
+    url: str
+    child_pids: list[int]
+    home: Path
+    lines: list[str]
+    demo_ledger: int
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoSandbox]:
+    home = tmp_path_factory.mktemp("bkaio-home")
+    proc = subprocess.Popen(
+        [*BKAIO, "sandbox", "--bookies", "1", "--demo-entries", str(DEMO_ENTRIES)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # the progress line goes to stderr, not a TTY here
+        text=True,
+        env=_env(home),
+    )
+    pids: list[int] = []
+    try:
+        lines = _read_until_ready(proc, time.monotonic() + READY_TIMEOUT_S)
+        url = next(line.split(": ", 1)[1] for line in lines if line.startswith("cluster ready: "))
+        pids = [int(m.group(1)) for line in lines if (m := PROCESS_ROW.match(line))]
+        ledger = next(int(m.group(1)) for line in lines if (m := re.match(r"demo: ledger (\d+) ", line)))
+        yield DemoSandbox(proc, url, pids, home, lines, ledger)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        _stop(pids)  # after the SIGKILL test the children are orphans
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _stop(pids: list[int]) -> None:
+    for pid in pids:
+        if _alive(pid):
+            subprocess.run(["kill", "-TERM", str(pid)], check=False)
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in pids:
+        if _alive(pid):
+            subprocess.run(["kill", "-KILL", str(pid)], check=False)
+
+
+def run(box: DemoSandbox, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [*BKAIO, *args], capture_output=True, text=True, env=_env(box.home), timeout=120, check=False
+    )
+    if check:
+        assert result.returncode == 0, f"bkaio {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def _endpoint(url: str) -> str:
+    return url.removeprefix("etcd://").split("/", 1)[0]
+
+
+# ---- 1. the demo's password
+
+
+def test_banner_gives_a_ready_to_paste_read_of_the_demo_ledger(box: DemoSandbox) -> None:
+    read = [line for line in box.lines if re.search(r"bkaio ledger read \d+ --password", line)]
+    assert len(read) == 1, box.lines
+    assert f"ledger read {box.demo_ledger} --password sandbox-demo " in read[0]
+    argv = shlex.split(read[0].split("#", 1)[0])  # pasted as it is
+    pasted = subprocess.run(argv, capture_output=True, text=True, env=_env(box.home), timeout=60, check=False)
+    assert pasted.returncode == 0, pasted.stdout + pasted.stderr
+    assert len(pasted.stdout.splitlines()) == 10
+    assert "demo entry 00000009" in pasted.stdout
+
+
+def test_wrong_password_says_to_pass_password(box: DemoSandbox) -> None:
+    result = run(box, "ledger", "read", str(box.demo_ledger), check=False)
+    assert result.returncode == 1
+    assert "Unauthorized" in result.stderr
+    assert "--password" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# ---- 2. a second sandbox
+
+
+def test_second_sandbox_prints_only_the_message(box: DemoSandbox) -> None:
+    result = run(box, "sandbox", "--no-demo", "--no-serve", check=False)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert f"a sandbox (pid {box.proc.pid}) is already running" in result.stderr
+
+
+# ---- 3. a wrong cluster root
+
+
+@pytest.mark.parametrize(
+    ("command", "root"),
+    [("bookies", "/bookkeeper/nope"), ("ledgers", "/bookkeeper/nope"), ("ledgers", "")],
+)
+def test_wrong_root_is_an_error_not_an_empty_cluster(box: DemoSandbox, command: str, root: str) -> None:
+    url = f"etcd://{_endpoint(box.url)}{root}"
+    result = run(box, command, "--metadata", url, check=False)
+    assert result.returncode == 1, result.stdout
+    assert "(none)" not in result.stdout
+    assert f"no cluster at {url}" in result.stderr
+    assert f"bkaio cluster init --metadata {url}" in result.stderr
+    if not root:
+        assert "/bookkeeper/default" in result.stderr
+
+
+# ---- 9. output
+
+
+def test_progress_prints_its_last_line_once_without_a_tty(box: DemoSandbox) -> None:
+    header = next(line for line in box.lines if line.startswith("demo: ledger "))
+    total = int(re.search(r"([\d,]+) entries of", header).group(1).replace(",", ""))  # type: ignore[union-attr]
+    assert total == DEMO_ENTRIES + 100
+    finals = [line for line in box.lines if line.startswith("write [") and f" {total}/{total} " in line]
+    assert len(finals) == 1, box.lines
+
+
+def test_bookies_json_gives_disk_sizes_in_bytes(box: DemoSandbox) -> None:
+    rows = json.loads(run(box, "bookies", "--json").stdout)
+    assert rows
+    assert all(isinstance(row["free_disk"], int) and isinstance(row["total_disk"], int) for row in rows)
+    assert all(0 < row["free_disk"] <= row["total_disk"] for row in rows)
+    table = run(box, "bookies").stdout
+    assert re.search(r"\d+\.\d (?:KiB|MiB|GiB|TiB)", table), table
+
+
+def test_ledger_read_json_carries_the_whole_payload(box: DemoSandbox) -> None:
+    args = ("ledger", "read", str(box.demo_ledger), "--password", "sandbox-demo", "--to", "1", "--json")
+    rows = json.loads(run(box, *args).stdout)
+    assert [row["encoding"] for row in rows] == ["utf-8", "utf-8"]
+    assert [row["payload"].encode() for row in rows] == [payload_for(i, 1024) for i in range(2)]
+    # and binary payloads as base64
+    script = (
+        "import asyncio, sys\n"
+        "from bookkeeper_aio import BookKeeper\n"
+        "async def main():\n"
+        "    async with BookKeeper.connect(sys.argv[1]) as bk:\n"
+        "        lh = await bk.create_ledger(1, 1, 1, password=b'pw')\n"
+        "        await lh.append(bytes(range(256)) * 4)\n"
+        "        await lh.close()\n"
+        "        print(lh.id)\n"
+        "asyncio.run(main())\n"
+    )
+    made = subprocess.run([sys.executable, "-c", script, box.url], capture_output=True, text=True, check=True)
+    ledger_id = made.stdout.strip()
+    (row,) = json.loads(run(box, "ledger", "read", ledger_id, "--password", "pw", "--json").stdout)
+    assert row["encoding"] == "base64"
+    assert base64.b64decode(row["payload"]) == bytes(range(256)) * 4
+    run(box, "ledger", "delete", ledger_id)
+
+
+def test_ledger_show_prints_readable_text(box: DemoSandbox) -> None:
+    shown = run(box, "ledger", "show", str(box.demo_ledger)).stdout
+    lines = shown.splitlines()
+    assert "  app: sandbox-demo" in lines, shown
+    assert "  0: [bookie-0]" in lines, shown
+    assert "{" not in shown
+    # --json keeps the metadata package's view
+    data = json.loads(run(box, "ledger", "show", str(box.demo_ledger), "--json").stdout)
+    assert data["custom_metadata"] == {"app": b"sandbox-demo".hex()}
+
+
+# ---- 8. the demo keeps one ledger, not one per run
+
+
+def test_demo_deletes_the_previous_demo_ledger_and_says_so(box: DemoSandbox) -> None:
+    script = (
+        "import asyncio, sys\n"
+        "from bookkeeper_aio.cli.demo import run_demo\n"
+        "print('id', asyncio.run(run_demo(sys.argv[1], 100)).ledger_id)\n"
+    )
+    again = subprocess.run(
+        [sys.executable, "-c", script, box.url], capture_output=True, text=True, timeout=120, check=True
+    )
+    new_id = int(again.stdout.split("id ")[-1])
+    assert f"demo: deleted the previous demo ledger {box.demo_ledger}\n" in again.stdout
+    assert new_id > box.demo_ledger
+    assert "ledger ids come in blocks of 1,000" in again.stdout
+    listed = [row["ledger_id"] for row in json.loads(run(box, "ledgers", "--json").stdout)["ledgers"]]
+    assert box.demo_ledger not in listed
+    assert new_id in listed
+
+
+# ---- 5. a sandbox killed with SIGKILL (last: it ends the module's sandbox)
+
+
+def test_zz_killed_sandbox_is_reported_not_waited_for(box: DemoSandbox) -> None:
+    box.proc.send_signal(signal.SIGKILL)
+    box.proc.wait(30)
+    started = time.monotonic()
+    result = run(box, "bookies", check=False)
+    assert result.returncode == 1
+    assert time.monotonic() - started < 3.0  # no etcd timeout
+    assert f"the sandbox is not running (stale state from pid {box.proc.pid}" in result.stderr
+    assert "make run" in result.stderr
+    # its children outlived it (each in its own session): a new sandbox names them
+    again = run(box, "sandbox", "--no-demo", "--no-serve", check=False)
+    assert again.returncode == 1
+    assert "was killed and left" in again.stderr
+    assert all(str(pid) in again.stderr for pid in box.child_pids), again.stderr
+    assert "Traceback" not in again.stderr
+
+
+# ---- OS errors name the configured path
+
+
+def test_os_error_names_the_configured_path(tmp_path: Path) -> None:
+    home = tmp_path / "not-a-dir"
+    home.write_text("")
+    result = subprocess.run(
+        [*BKAIO, "sandbox", "--no-demo", "--no-serve"],
+        capture_output=True,
+        text=True,
+        env=_env(home),
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert f"{home}/sandbox" in result.stderr
+    assert "$BKAIO_HOME" in result.stderr
