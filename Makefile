@@ -44,11 +44,14 @@ clean:
 	  echo "kept the sandbox data in $(BKAIO_HOME)/sandbox ($$(du -sh "$(BKAIO_HOME)/sandbox" | cut -f1)): make clean-sandbox deletes it"; \
 	fi
 
-# The sandbox's etcd and bookie data: every ledger written to it is gone afterwards.
+# The sandbox's etcd and bookie data: every ledger written to it is gone afterwards. Refused while
+# the sandbox or a child it left behind (a sandbox killed with SIGKILL) still runs.
 clean-sandbox:
-	@pid=$$(cat "$(BKAIO_HOME)/sandbox/sandbox.pid" 2>/dev/null); \
-	if [ -n "$$pid" ] && kill -0 "$$pid" 2>/dev/null; then \
-	  echo "a sandbox (pid $$pid) is running on $(BKAIO_HOME)/sandbox: stop it first (Ctrl-C, or kill -INT $$pid)"; \
+	@dir="$(BKAIO_HOME)/sandbox"; \
+	pids=$$(cat "$$dir/sandbox.pid" 2>/dev/null; awk '{print $$2}' "$$dir/sandbox.children" 2>/dev/null); \
+	live=""; for pid in $$pids; do kill -0 "$$pid" 2>/dev/null && live="$$live $$pid"; done; \
+	if [ -n "$$live" ]; then \
+	  echo "sandbox processes still run on $$dir (pids$$live): stop them first (Ctrl-C in the sandbox's terminal, or kill -INT PID)"; \
 	  exit 1; \
 	fi
 	rm -rf "$(BKAIO_HOME)/sandbox"

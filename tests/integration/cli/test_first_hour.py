@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shlex
 import signal
@@ -120,11 +121,12 @@ def test_wrong_password_says_to_pass_password(box: DemoSandbox) -> None:
 
 
 def test_second_sandbox_prints_only_the_message(box: DemoSandbox) -> None:
-    result = run(box, "sandbox", "--no-demo", "--no-serve", check=False)
+    result = run(box, "sandbox", "--no-demo", "--no-serve", "--fresh", check=False)
     assert result.returncode != 0
     assert "Traceback" not in result.stdout + result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
     assert f"a sandbox (pid {box.proc.pid}) is already running" in result.stderr
+    assert (box.home / "sandbox" / "etcd").is_dir()  # --fresh wiped nothing under the live one
 
 
 # ---- 3. a wrong cluster root
@@ -260,3 +262,37 @@ def test_os_error_names_the_configured_path(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
     assert f"{home}/sandbox" in result.stderr
     assert "$BKAIO_HOME" in result.stderr
+
+
+# ---- 8. where the sandbox's data goes
+
+
+def test_make_clean_sandbox_deletes_the_data_only_when_nothing_runs_on_it(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[3]
+    data = tmp_path / "sandbox"
+    (data / "bookie-0").mkdir(parents=True)
+    (data / "sandbox.children").write_text(f"etcd {os.getpid()}\n")  # a live leftover child
+
+    def clean() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["make", "-s", "-C", str(repo), "clean-sandbox", f"BKAIO_HOME={tmp_path}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    refused = clean()
+    assert refused.returncode != 0
+    assert f"pids {os.getpid()}" in refused.stdout
+    assert data.exists()
+    (data / "sandbox.children").write_text(f"etcd {_dead_pid()}\n")
+    done = clean()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not data.exists()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
