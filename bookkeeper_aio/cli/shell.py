@@ -21,7 +21,7 @@ from typing import Any
 import metadata
 from bookkeeper_aio.cli import output
 from bookkeeper_aio.cli.demo import DEMO_PASSWORD
-from bookkeeper_aio.cli.state import resolve_metadata_url
+from bookkeeper_aio.cli.state import METADATA_ENV, resolve_metadata_url
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.errors import Unauthorized
 from bookkeeper_aio.protocol import messages as m
@@ -47,6 +47,11 @@ async def _require_cluster(meta: metadata.MetadataConnection, url: str) -> None:
         f"no cluster at {where}: run `bkaio cluster init --metadata {url}` first "
         "(or check the root in the URL: `make run` prints the sandbox's)"
     )
+
+
+def _uses_sandbox(args: argparse.Namespace) -> bool:
+    """Whether the cluster comes from the sandbox's state file (no --metadata, no $BKAIO_METADATA)."""
+    return not args.metadata and not os.environ.get(METADATA_ENV)
 
 
 async def _cluster_url(args: argparse.Namespace) -> str:
@@ -185,10 +190,10 @@ async def cmd_ledger_read(args: argparse.Namespace) -> int:
         try:
             rows, last = await _read_entries(bk, args)
         except Unauthorized as error:
-            raise Unauthorized(
-                f"{error}: give the ledger's password with --password PASSWORD "
-                f"(the sandbox demo's ledgers: --password {DEMO_PASSWORD.decode()})"
-            ) from error
+            hint = "give the ledger's password with --password PASSWORD"
+            if _uses_sandbox(args):
+                hint += f" (the sandbox demo's ledgers: --password {DEMO_PASSWORD.decode()})"
+            raise Unauthorized(f"{error}: {hint}") from error
     if args.json:
         output.emit(rows, as_json=True)
     elif not rows:

@@ -113,8 +113,13 @@ def test_wrong_password_says_to_pass_password(box: DemoSandbox) -> None:
     result = run(box, "ledger", "read", str(box.demo_ledger), check=False)
     assert result.returncode == 1
     assert "Unauthorized" in result.stderr
-    assert "--password" in result.stderr
+    assert "--password PASSWORD (the sandbox demo's ledgers: --password sandbox-demo)" in result.stderr
     assert "Traceback" not in result.stderr
+    # against a cluster named explicitly, no word of the sandbox
+    explicit = run(box, "ledger", "read", str(box.demo_ledger), "--metadata", box.url, check=False)
+    assert explicit.returncode == 1
+    assert "--password PASSWORD" in explicit.stderr
+    assert "sandbox" not in explicit.stderr
 
 
 # ---- 2. a second sandbox
