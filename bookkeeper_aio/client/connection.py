@@ -19,8 +19,9 @@ Rules (STYLE habits 3, 4, 7; DESIGN §10 for the performance choices):
   request whose id is not above every id already sent on the connection also gets its own timer:
   ids come from the pool's counter but are not always used at once (a recovery read's speculative
   second replica; the first request of a connection whose hello took the next id).
-- Responses are framed straight out of the receive buffer (no per-frame copy) and a successful ADD
-  answer, the hot path, is validated inline; everything else goes through the generic decoder.
+- Responses are framed straight out of the receive buffer (no per-frame copy) and decoded by
+  :func:`~bookkeeper_aio.protocol.messages.decode_answer`, which reduces a successful ADD answer,
+  the hot path, to its request id.
 - Losing the connection fails every pending request with :class:`BookieConnectionLost` whose
   ``__cause__`` is the trigger. ``close()`` is graceful (sends what is queued), ``abort()`` immediate;
   both fail pending requests.
@@ -35,7 +36,6 @@ import socket
 from collections.abc import Callable
 from typing import Any, NoReturn, cast
 
-import msgpack
 import structlog
 
 from bookkeeper_aio.errors import (
@@ -47,11 +47,8 @@ from bookkeeper_aio.errors import (
 )
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import (
-    ADD_ACKS_IDS_MAX,
     FEATURE_ADD_ACKS,
-    ID_MAX,
     PROTOCOL_VERSION,
-    REQUEST_ID_MAX,
     OpCode,
     StatusCode,
 )
@@ -73,9 +70,6 @@ SWEEP_INTERVAL_S_MIN = 0.01
 """Timeout sweeps run at most this often: a deadline fires within one sweep interval after it."""
 
 
-_UNPACK_ERRORS = (ValueError, TypeError, OverflowError, msgpack.UnpackException)
-
-
 class ConnectionState(enum.Enum):
     CONNECTING = "connecting"
     READY = "ready"
@@ -89,8 +83,9 @@ _READY = ConnectionState.READY
 _OPEN_GROUP = float("inf")
 _ADD = int(OpCode.ADD_ENTRY)
 _ADD_ACKS = int(OpCode.ADD_ACKS)
-assert REQUEST_ID_MAX == (1 << 64) - 1  # the largest msgpack int: the ack check does not test it
-_unpackb = msgpack.unpackb
+_decode_answer = m.decode_answer
+_RESPONSE_OP = m.RESPONSE_OP
+_ADD_ACKS_RESPONSE = m.AddAcksResponse
 _length_at = LENGTH.unpack_from
 
 
@@ -262,52 +257,23 @@ class BookieConnection(asyncio.Protocol):
                     if end > size:
                         break
                     pos = end
-                    try:
-                        obj = _unpackb(view[start:end])
-                    except _UNPACK_ERRORS as exc:
-                        raise ProtocolError(f"frame is not one valid msgpack value: {exc!r}") from None
-                    # Hot paths: [ADD_ACKS, 0, EOK, nil, [request_id, ...]] (FEATURE_ADD_ACKS), and
-                    # [ADD_ENTRY, request_id, EOK, nil, ledger_id, entry_id], checked as strictly
-                    # as the generic decoder does (ints, not bools, in range): msgpack ints are
-                    # below 2^64 (REQUEST_ID_MAX), and for ints >= 0, a | b < 2^63 iff both are.
-                    if (
-                        type(obj) is list
-                        and len(obj) == 5
-                        and obj[0] == _ADD_ACKS
-                        and obj[1] == 0
-                        and obj[2] == 0
-                        and obj[3] is None
-                        and type(obj[0]) is type(obj[1]) is type(obj[2]) is int
-                        and type(rids := obj[4]) is list
-                        and 0 < len(rids) <= ADD_ACKS_IDS_MAX
-                    ):
-                        self._ack_adds(rids)
+                    answer = _decode_answer(view[start:end])
+                    response: m.Response
+                    if type(answer) is int:  # the hot path: an EOK ADD_ENTRY answer, its request id
+                        rid, response, op = answer, ADD_OK, _ADD
+                    elif type(answer) is _ADD_ACKS_RESPONSE:
+                        self._ack_adds(answer.request_ids)
                         continue
-                    if (
-                        type(obj) is list
-                        and len(obj) == 6
-                        and obj[0] == _ADD
-                        and obj[2] == 0
-                        and obj[3] is None
-                        and type(obj[0]) is type(rid := obj[1]) is type(obj[2]) is int
-                        and type(lid := obj[4]) is type(eid := obj[5]) is int
-                        and rid >= 0
-                        and 0 <= lid | eid <= ID_MAX
-                    ):
-                        response: m.Response = ADD_OK
                     else:
-                        response = m.decode_response_object(obj)
-                        rid = response.request_id
-                        if type(response) is m.AddAcksResponse:  # e.g. with fields beyond the known
-                            self._ack_adds(response.request_ids)
-                            continue
-                        if type(response) is m.AddEntryResponse and response.status == 0:
+                        response = cast(m.Response, answer)
+                        rid, op = response.request_id, _RESPONSE_OP[type(response)]
+                        if op == _ADD and response.status == 0:
                             response = ADD_OK  # e.g. an ack with fields beyond the known ones
                     entry = pending.pop(rid, None)
                     if entry is None:
                         continue  # late (timed out / failed / forgotten) or unknown: ignored
-                    if entry[2] != obj[0]:
-                        self._wrong_op(rid, entry, obj[0])
+                    if entry[2] != op:
+                        self._wrong_op(rid, entry, op)
                     if timers and (timer := timers.pop(rid, None)) is not None:
                         timer.cancel()
                     entry[0](entry[1], bookie_id, response)
@@ -320,12 +286,9 @@ class BookieConnection(asyncio.Protocol):
                 del buf[:pos]
 
     def _ack_adds(self, request_ids: list[int]) -> None:
-        """Complete the ADD_ENTRY requests of one ADD_ACKS response (its shape already checked)."""
+        """Complete the ADD_ENTRY requests of one ADD_ACKS response (validated by the decoder)."""
         if not self._add_acks:
             raise ProtocolError("ADD_ACKS without FEATURE_ADD_ACKS agreed in HELLO")
-        for rid in request_ids:
-            if type(rid) is not int or rid < 0:
-                raise ProtocolError(f"ADD_ACKS: bad request id {rid!r:.40}")
         pending, timers = self._pending, self._timers
         for rid in request_ids:
             entry = pending.pop(rid, None)

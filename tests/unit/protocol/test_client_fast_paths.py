@@ -1,0 +1,142 @@
+"""The client's hot-path codec (``encode_add_request``, ``AddFrameEncoder``, ``add_request_with_id``,
+``decode_answer``) against the generic one (``encode`` / ``FrameDecoder`` / ``decode_request`` /
+``decode_response``): for random valid inputs the fast bytes are the generic bytes, and the fast
+decode of any frame body is the generic decode (an EOK ADD answer reduced to its request id), or
+both raise ProtocolError."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import (
+    ADD_ACKS_IDS_MAX,
+    ID_MAX,
+    REQUEST_ID_MAX,
+    AddFlag,
+    OpCode,
+    StatusCode,
+)
+from bookkeeper_aio.protocol.digest import DigestType, EntryCodec
+from bookkeeper_aio.protocol.errors import ProtocolError
+from bookkeeper_aio.protocol.framing import FrameDecoder
+
+ids = st.integers(0, ID_MAX)
+rids = st.integers(0, REQUEST_ID_MAX)
+lacs = st.integers(-1, ID_MAX)
+keys = st.binary(max_size=64)
+# Payloads around the body's bin8/bin16 edges (the body is the payload plus 36 bytes).
+payloads = st.one_of(st.binary(max_size=300), st.integers(65400, 65600).map(lambda n: b"\xa5" * n))
+
+
+def _one_frame(data: bytes) -> bytes:
+    decoder = FrameDecoder()
+    decoder.feed(data)
+    frame = decoder.next_frame()
+    assert frame is not None
+    assert decoder.next_frame() is None
+    return bytes(frame)
+
+
+@settings(max_examples=500)
+@given(rids, ids, ids, st.sampled_from([0, int(AddFlag.RECOVERY_ADD)]), keys, st.binary(max_size=2000))
+def test_encode_add_request__generic_bytes(
+    rid: int, lid: int, eid: int, flags: int, key: bytes, body: bytes
+) -> None:
+    fast = m.encode_add_request(rid, lid, eid, flags, key, body)
+    assert fast == m.encode(m.AddEntryRequest(rid, lid, eid, flags, key, body))
+    assert m.decode_request(_one_frame(fast)) == m.AddEntryRequest(rid, lid, eid, flags, key, body)
+
+
+@settings(max_examples=300)
+@given(rids, ids, ids, lacs, ids, keys, payloads, rids)
+def test_add_frame_encoder__crc32c_frame_is_the_generic_frame_and_resends_are_too(
+    rid: int, lid: int, eid: int, lac: int, length: int, key: bytes, payload: bytes, rid2: int
+) -> None:
+    encoder = m.AddFrameEncoder(lid, key)
+    body = EntryCodec(DigestType.CRC32C, b"pw").encode(lid, eid, lac, length, payload)
+    generic = m.encode(m.AddEntryRequest(rid, lid, eid, 0, key, body))
+    assert encoder.crc32c_frame(rid, eid, lac, length, payload) == generic
+    assert encoder.frame(rid, eid, body) == generic
+    again = m.encode(m.AddEntryRequest(rid2, lid, eid, 0, key, body))
+    assert m.add_request_with_id(generic, rid2) == again
+
+
+answers = st.one_of(
+    st.builds(m.AddEntryResponse, rids, st.just(0), st.none(), ids, ids),
+    st.builds(
+        m.AddEntryResponse,
+        rids,
+        st.sampled_from([int(code) for code in StatusCode]),
+        st.one_of(st.none(), st.text(max_size=9)),
+        ids,
+        ids,
+    ),
+    st.builds(m.AddAcksResponse, st.just(0), st.just(0), st.none(), st.lists(rids, min_size=1, max_size=50)),
+    st.builds(m.ReadLacResponse, rids, st.just(0), st.none(), ids, lacs),
+    st.builds(m.WriteLacResponse, rids, st.just(0), st.none(), ids),
+)
+
+
+def _same_decode(body: bytes) -> None:
+    try:
+        generic: Any = m.decode_response(body)
+    except ProtocolError:
+        generic = ProtocolError
+    try:
+        fast: Any = m.decode_answer(body)
+    except ProtocolError:
+        fast = ProtocolError
+    if type(fast) is int:
+        assert type(generic) is m.AddEntryResponse, (body, generic)
+        assert generic.status == 0
+        assert generic.request_id == fast
+    else:
+        assert fast == generic, body
+
+
+@settings(max_examples=1000)
+@given(answers)
+def test_decode_answer__valid_answers_decode_as_the_generic_decoder(answer: m.Response) -> None:
+    frame = _one_frame(m.encode(answer))
+    _same_decode(frame)
+    decoded = m.decode_answer(frame)
+    if isinstance(answer, m.AddEntryResponse) and answer.status == 0 and answer.message is None:
+        assert decoded == answer.request_id
+    else:
+        assert decoded == answer
+
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(1 << 63), REQUEST_ID_MAX),
+    st.sampled_from([-1, 0, 1, ID_MAX, ID_MAX + 1, REQUEST_ID_MAX]),
+    st.text(max_size=5),
+    st.binary(max_size=5),
+)
+ops = st.sampled_from([int(OpCode.ADD_ENTRY), int(OpCode.ADD_ACKS), int(OpCode.READ_LAC), True, -1, 99])
+near_misses = st.one_of(
+    st.tuples(ops, scalars, st.sampled_from([0, 1, False]), scalars, scalars, scalars).map(list),
+    st.tuples(ops, st.sampled_from([0, 1, False]), st.sampled_from([0, False]), scalars).map(
+        lambda t: [*t, []]
+    ),
+    st.tuples(ops, scalars, scalars, scalars).map(lambda t: [*t, [0] * (ADD_ACKS_IDS_MAX + 1)]),
+    st.tuples(ops, st.just(0), st.just(0), st.none(), st.lists(scalars, min_size=1, max_size=4)).map(list),
+    st.lists(scalars, max_size=8),
+)
+
+
+@settings(max_examples=2000)
+@given(near_misses)
+def test_decode_answer__near_misses_decode_or_fail_as_the_generic_decoder(obj: list[Any]) -> None:
+    _same_decode(msgpack.packb(obj, use_bin_type=True))
+
+
+@given(st.binary(max_size=40))
+def test_decode_answer__any_bytes_decode_or_fail_as_the_generic_decoder(body: bytes) -> None:
+    _same_decode(body)
