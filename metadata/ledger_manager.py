@@ -175,14 +175,29 @@ class LedgerManager:
         return VersionedLedger(metadata, version)
 
     async def update(
-        self, ledger_id: int, transform: Transform, *, attempts_max: int = CAS_ATTEMPTS_MAX
+        self,
+        ledger_id: int,
+        transform: Transform,
+        *,
+        attempts_max: int = CAS_ATTEMPTS_MAX,
+        current: VersionedLedger | None = None,
+        retry_unknown: bool = False,
     ) -> VersionedLedger:
         """Read-modify-write with CAS until it applies, ``transform`` says `UNCHANGED`, or it raises.
 
+        The one CAS loop of ledger metadata (writer ensemble changes and close, recovery). Starts
+        from ``current`` when the caller holds a recent copy (saves a read), else reads. After a
+        `BadVersion` it re-reads and calls ``transform`` on the fresh metadata. With
+        ``retry_unknown`` a `CasResultUnknown` is handled the same way: ``transform`` must then
+        recognise its own change already applied and return `UNCHANGED` (otherwise it is applied
+        twice).
+
         Returns the metadata as stored afterwards. Raises whatever ``transform`` raises, `NoSuchLedger`,
-        `UpdateRetriesExhausted`, `CasResultUnknown`, `MetadataUnavailable`.
+        `UpdateRetriesExhausted`, `CasResultUnknown` (unless ``retry_unknown``), `MetadataUnavailable`.
         """
-        current = await self.read(ledger_id)
+        if current is None:
+            current = await self.read(ledger_id)
+        retried = (BadVersion, CasResultUnknown) if retry_unknown else (BadVersion,)
         for attempt in range(1, attempts_max + 1):
             proposed = transform(current.metadata)
             if isinstance(proposed, _Unchanged):
@@ -191,8 +206,8 @@ class LedgerManager:
                 raise ValueError(f"transform changed the ledger id {ledger_id} -> {proposed.ledger_id}")
             try:
                 return await self.write(proposed, current.version)
-            except BadVersion:
-                log.debug("ledger.cas_conflict", ledger_id=ledger_id, attempt=attempt)
+            except retried as error:
+                log.debug("ledger.cas_conflict", ledger_id=ledger_id, attempt=attempt, error=repr(error))
             await asyncio.sleep(self._rng.uniform(0, min(CAS_CONFLICT_SLEEP_S_MAX, 0.001 * attempt)))
             current = await self.read(ledger_id)
         raise UpdateRetriesExhausted(self.keys.ledger(ledger_id), attempts_max)
