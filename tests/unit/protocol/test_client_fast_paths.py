@@ -24,11 +24,8 @@ from bookkeeper_aio.protocol.codes import (
 from bookkeeper_aio.protocol.digest import DigestType, EntryCodec
 from bookkeeper_aio.protocol.errors import ProtocolError
 from bookkeeper_aio.protocol.framing import FrameDecoder
+from tests.unit.protocol.test_codec import ids, keys, lacs, rids
 
-ids = st.integers(0, ID_MAX)
-rids = st.integers(0, REQUEST_ID_MAX)
-lacs = st.integers(-1, ID_MAX)
-keys = st.binary(max_size=64)
 # Payloads around the body's bin8/bin16 edges (the body is the payload plus 36 bytes).
 payloads = st.one_of(st.binary(max_size=300), st.integers(65400, 65600).map(lambda n: b"\xa5" * n))
 
