@@ -1,10 +1,12 @@
-"""Quorum arithmetic for striped ledgers: write sets, ack counting, quorum and ensemble coverage.
+"""Quorum arithmetic for striped ledgers: write sets, ack counting (:class:`AckSet`), quorum and
+ensemble coverage.
 
 Pure (no I/O, no asyncio). Seeds 000/001 define the striping; seed 002 the coverage rules:
 
 - The write set of entry ``e`` is the ``Qw`` ensemble positions starting at ``e mod E`` (wrapping).
   There are only ``E`` distinct write sets; they are precomputed.
-- An entry is *acknowledged* when ``Qa`` bookies of its write set acked it.
+- An entry is *acknowledged* when ``Qa`` bookies of its write set acked it. Acks are counted in
+  one place, :class:`AckSet` (the writer's pending adds and recovery's write-back are AckSets).
 - *Quorum coverage* (QC) of a write set: enough definite answers that no ``Qa`` bookies of the set
   are left unanswered, i.e. at least ``Qw - Qa + 1`` answers. Then no write could still reach
   ``Qa`` acks without one of the answering bookies.
@@ -50,9 +52,6 @@ class DistributionSchedule:
         """All ``E`` distinct write sets (the one starting at position ``i`` is at index ``i``)."""
         return self._write_sets
 
-    def has_ack_quorum(self, acked: int) -> bool:
-        return acked >= self.ack_quorum
-
     def covers_write_set(self, entry_id: int, answered: Iterable[int]) -> bool:
         """Quorum coverage: ``answered`` (positions with a definite answer) leaves fewer than ``Qa``
         bookies of the entry's write set unanswered."""
@@ -72,3 +71,44 @@ class DistributionSchedule:
         if self.write_quorum == self.ensemble_size:
             return range(first, last + 1)
         return [e for e in range(first, last + 1) if position in self.write_set(e)]
+
+
+class AckSet:
+    """The bookies of one entry's write set that acked it: bit ``i`` of ``acked`` is
+    ``write_set[i]`` (a bitmask: no allocation per ack on the add hot path). Subclassed by the
+    per-entry state of the writer and of recovery's write-back."""
+
+    __slots__ = ("acked", "write_set")
+
+    def __init__(self, write_set: tuple[str, ...]) -> None:
+        self.write_set = write_set
+        self.acked = 0
+
+    def ack(self, bookie_id: str) -> int:
+        """Record an ack of ``bookie_id``; returns how many bookies of the write set acked, or -1
+        if ``bookie_id`` is not in the write set (replaced since the send: the ack does not count)."""
+        try:
+            position = self.write_set.index(bookie_id)
+        except ValueError:
+            return -1
+        acked = self.acked | (1 << position)
+        self.acked = acked
+        return acked.bit_count()
+
+    @property
+    def count(self) -> int:
+        return self.acked.bit_count()
+
+    def has_acked(self, bookie_id: str) -> bool:
+        return bookie_id in self.write_set and bool(self.acked >> self.write_set.index(bookie_id) & 1)
+
+    def move_to(self, write_set: tuple[str, ...]) -> int:
+        """The entry's write set changed (an ensemble change): acks of bookies still in it move to
+        their new positions, acks of replaced bookies no longer count. Returns the new count."""
+        acked = 0
+        for position, bookie_id in enumerate(write_set):
+            if self.has_acked(bookie_id):
+                acked |= 1 << position
+        self.write_set = write_set
+        self.acked = acked
+        return acked.bit_count()
