@@ -23,11 +23,12 @@ import structlog
 
 from bookkeeper_aio.client.connection import Result
 from bookkeeper_aio.client.context import ClientContext
-from bookkeeper_aio.client.ledger import encode_add_request
-from bookkeeper_aio.client.quorum import DistributionSchedule
+from bookkeeper_aio.client.ensemble_change import BookieReplacer
+from bookkeeper_aio.client.quorum import AckSet, DistributionSchedule
 from bookkeeper_aio.errors import BKError, LedgerRecoveryError, NotEnoughBookies
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import AddFlag, StatusCode
+from bookkeeper_aio.protocol.messages import encode_add_request
 
 log = structlog.get_logger("bookkeeper_aio.client.recovery")
 
@@ -40,14 +41,13 @@ def describe(response: m.Response | BKError) -> str:
     return f"{name or response.status} {response.message or ''}".strip()
 
 
-class _Add:
-    __slots__ = ("acked", "entry_id", "finished", "frame_body", "sent_to", "write_set")
+class _Add(AckSet):
+    __slots__ = ("entry_id", "finished", "frame_body", "sent_to")
 
-    def __init__(self, entry_id: int, body: bytes) -> None:
+    def __init__(self, entry_id: int, body: bytes, write_set: tuple[str, ...]) -> None:
+        super().__init__(write_set)
         self.entry_id = entry_id
         self.frame_body = body
-        self.write_set: tuple[str, ...] = ()
-        self.acked: set[str] = set()
         self.sent_to: set[str] = set()
         self.finished = False
 
@@ -77,7 +77,7 @@ class WriteBack:
         self._unfinished = 0
         self._written = start  # the written-through mark
         self._failed: set[str] = set()
-        self._ever_failed: set[str] = set()
+        self._replacer = BookieReplacer(ctx, ledger_id)
         self._given_up: set[str] = set()
         self._error: BKError | None = None
         self._wakeup: asyncio.Future[None] | None = None
@@ -100,8 +100,7 @@ class WriteBack:
         Entries come in order, without gaps."""
         self._check()
         assert entry_id == self._written + len(self._ops) + 1, (entry_id, self._written, len(self._ops))
-        op = _Add(entry_id, body)
-        op.write_set = self._write_set(entry_id)
+        op = _Add(entry_id, body, self._write_set(entry_id))
         self._ops[entry_id] = op
         self._unfinished += 1
         for bookie_id in op.write_set:
@@ -122,7 +121,7 @@ class WriteBack:
         if self._ops.get(op.entry_id) is not op or op.finished or bookie_id not in op.write_set:
             return  # finished already, or the bookie was replaced since
         if not isinstance(result, BKError) and result.status == StatusCode.EOK:
-            op.acked.add(bookie_id)
+            op.ack(bookie_id)
             self._maybe_finished(op)
             return
         error = result if isinstance(result, BKError) else BKError(describe(result))
@@ -133,9 +132,9 @@ class WriteBack:
             self._start_change()
 
     def _maybe_finished(self, op: _Add) -> None:
-        if op.finished or len(op.acked) < self._ack_quorum:
+        if op.finished or op.count < self._ack_quorum:
             return
-        if all(b in op.acked or b in self._given_up for b in op.write_set):
+        if all(op.has_acked(b) or b in self._given_up for b in op.write_set):
             op.finished = True
             self._unfinished -= 1
             ops = self._ops
@@ -149,34 +148,22 @@ class WriteBack:
         self._change_task.add_done_callback(self._change_done)
 
     async def _change_ensemble(self) -> None:
-        ctx = self._ctx
         while self._failed:
             failed, self._failed = self._failed, set()
-            self._ever_failed |= failed
-            writable = await ctx.directory.writable_bookies()
-            ensemble = list(self.ensemble)
-            replaced: list[str] = []
-            for position, bookie_id in enumerate(ensemble):
-                if bookie_id not in failed:
-                    continue
-                try:
-                    ensemble[position] = ctx.placement.replace_bookie(
-                        ensemble, position, writable, self._ever_failed | set(ensemble)
-                    )
-                    replaced.append(bookie_id)
-                except NotEnoughBookies:
-                    log.warning("recovery.bookie_given_up", ledger_id=self._ledger_id, bookie=bookie_id)
-                    self._given_up.add(bookie_id)
-            if replaced:
+            change = await self._replacer.choose(self.ensemble, failed, give_up=True)
+            for bookie_id in change.given_up:
+                log.warning("recovery.bookie_given_up", ledger_id=self._ledger_id, bookie=bookie_id)
+            self._given_up.update(change.given_up)
+            if change.replaced:
                 first = self._written + 1  # every entry from here on is in self._ops (or not read yet)
-                self.ensemble = tuple(ensemble)
+                self.ensemble = change.ensemble
                 self.fragments = [f for f in self.fragments if f[0] < first]
                 self.fragments.append((first, self.ensemble))
                 log.info(
                     "recovery.ensemble_changed",
                     ledger_id=self._ledger_id,
                     first_entry=first,
-                    replaced=replaced,
+                    replaced=list(change.replaced),
                     ensemble=list(self.ensemble),
                 )
             self._resend()
@@ -191,8 +178,7 @@ class WriteBack:
         for op in self._ops.values():
             write_set = self._write_set(op.entry_id)
             if write_set != op.write_set:
-                op.write_set = write_set
-                op.acked.intersection_update(write_set)
+                op.move_to(write_set)
                 if op.finished:
                     op.finished = False
                     self._unfinished += 1

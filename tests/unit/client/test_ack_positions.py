@@ -163,8 +163,7 @@ async def test_ack_during_the_change_from_a_survivor_counts_once_the_change_land
 
 def _move(lh: LedgerHandle, ensemble: tuple[str, ...]) -> None:
     """What an ensemble change does to the handle's write sets, with an arbitrary new ensemble."""
-    lh._ensemble = ensemble
-    lh._write_sets = lh._bookie_write_sets(ensemble)
+    lh._use_ensemble(ensemble)
     lh._resend_outstanding()
 
 

@@ -1,5 +1,6 @@
-"""The CRC32C ADD frame fast path (``LedgerHandle._encode_crc32c``, one join) and the resend path
-(``encode_add_request`` over the body cut back out of that frame) produce exactly the bytes of
+"""The CRC32C ADD frame fast path (``AddFrameEncoder.crc32c_frame`` of a handle, one join) and the
+resend paths (``encode_add_request`` over the body cut back out of that frame, and
+``add_request_with_id`` of the frame itself) produce exactly the bytes of
 ``messages.encode(AddEntryRequest(...))`` over ``EntryCodec.encode`` — around every msgpack length
 boundary of the body and for ids at every msgpack integer width (and LACs down to -1)."""
 
@@ -12,11 +13,12 @@ import pytest
 from bookkeeper_aio.client.bookie_client import BookiePool
 from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.client.context import ClientContext, StaticDirectory
-from bookkeeper_aio.client.ledger import LedgerHandle, encode_add_request
+from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.client.placement import RandomPlacement
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import ID_MAX, REQUEST_ID_MAX, AddFlag
 from bookkeeper_aio.protocol.digest import DIGEST_BYTES, HEADER_BYTES, DigestType, EntryCodec, master_key
+from bookkeeper_aio.protocol.messages import encode_add_request
 from metadata.ledger_manager import LedgerManager, VersionedLedger
 from metadata.ledger_metadata import LedgerMetadata
 from metadata.memory import MemoryStore
@@ -57,9 +59,18 @@ def reference(ledger_id: int, rid: int, eid: int, lac: int, length: int, payload
     return m.encode(m.AddEntryRequest(rid, ledger_id, eid, int(AddFlag.NONE), master_key(pw), body))
 
 
+def encode_crc32c(
+    lh: LedgerHandle, rid: int, eid: int, lac: int, length: int, payload: bytes
+) -> tuple[bytes, int]:
+    """The handle's frame and where its entry body starts (found by the generic decoder)."""
+    frame = lh._frames.crc32c_frame(rid, eid, lac, length, payload)
+    body = m.decode_request(frame[4:]).body  # type: ignore[union-attr]
+    return frame, len(frame) - len(body)
+
+
 def check_frame(lh: LedgerHandle, rid: int, eid: int, lac: int, length: int, payload: bytes) -> None:
     expected = reference(lh.id, rid, eid, lac, length, payload, b"pw")
-    frame, body_start = lh._encode_crc32c(rid, eid, lac, length, payload)
+    frame, body_start = encode_crc32c(lh, rid, eid, lac, length, payload)
     assert frame == expected, (lh.id, rid, eid, lac, length, len(payload))
     body = frame[body_start:]
     assert len(body) == PREFIX + len(payload)
@@ -67,6 +78,7 @@ def check_frame(lh: LedgerHandle, rid: int, eid: int, lac: int, length: int, pay
     # The resend path cuts the body back out and re-frames it under a new request id.
     resent = encode_add_request(rid + 1, lh.id, eid, AddFlag.NONE, master_key(b"pw"), body)
     assert resent == reference(lh.id, rid + 1, eid, lac, length, payload, b"pw")
+    assert m.add_request_with_id(frame, rid + 1) == resent  # the writer's resend path
     # And a bookie decodes it to the request we meant (the bookie's fast path).
     decoded = m.decode_request(frame[4:])
     assert decoded == m.AddEntryRequest(rid, lh.id, eid, int(AddFlag.NONE), master_key(b"pw"), body)
@@ -85,7 +97,7 @@ async def test_crc32c_frame__byte_identical_at_body_size_bin_boundaries_exactly(
     for edge in BODY_EDGES:
         for body_len in (edge - 1, edge, edge + 1):
             payload = b"\xa5" * (body_len - PREFIX)
-            frame, body_start = lh._encode_crc32c(1, 0, -1, len(payload), payload)
+            frame, body_start = encode_crc32c(lh, 1, 0, -1, len(payload), payload)
             assert len(frame) - body_start == body_len
             assert frame == reference(9, 1, 0, -1, len(payload), payload, b"pw")
     lh.abort()
@@ -105,6 +117,6 @@ async def test_crc32c_frame__byte_identical_for_every_id_width(ledger_id: int) -
 async def test_crc32c_frame__other_passwords_change_only_the_master_key() -> None:
     for password in (b"", b"pw", b"\x00" * 100):
         lh = await handle_for(5, password)
-        frame, _ = lh._encode_crc32c(300, 70000, 69999, 5, b"hello")
+        frame, _ = encode_crc32c(lh, 300, 70000, 69999, 5, b"hello")
         assert frame == reference(5, 300, 70000, 69999, 5, b"hello", password)
         lh.abort()

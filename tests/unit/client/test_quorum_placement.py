@@ -80,8 +80,8 @@ def test_rack_aware__spreads_over_racks() -> None:
 
 
 def test_encode_add_request__same_bytes_as_the_protocol_module() -> None:
-    from bookkeeper_aio.client.ledger import encode_add_request
     from bookkeeper_aio.protocol import messages as m
+    from bookkeeper_aio.protocol.messages import encode_add_request
 
     for args in [(1, 2, 3, 0, b"k" * 32, b"body"), ((1 << 64) - 1, (1 << 63) - 1, 0, 1, b"", b"x" * 70000)]:
         assert encode_add_request(*args) == m.encode(m.AddEntryRequest(*args))

@@ -19,10 +19,10 @@ from bookkeeper_aio import BKTimeout, BookKeeper, ClientConfig
 from bookkeeper_aio.client.bookie_client import BookiePool, check
 from bookkeeper_aio.client.connection import BookieConnection, ConnectionState, Result
 from bookkeeper_aio.client.context import StaticDirectory
-from bookkeeper_aio.client.ledger import encode_add_request
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
 from bookkeeper_aio.protocol.digest import DigestType, EntryCodec
+from bookkeeper_aio.protocol.messages import encode_add_request
 from metadata.ledger_manager import LedgerManager
 from tests.harness.fake_bookie import FakeBookie, FakeCluster, Reply
 from tests.unit.client.conftest import make_client

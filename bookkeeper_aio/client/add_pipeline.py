@@ -1,0 +1,405 @@
+"""The writer's add pipeline: pending adds, ordered completion, ack counting, LAC, explicit LAC.
+
+Rules (seed 000 "Writing to the ledger"; DESIGN §5):
+
+- Entry ids are sequential. Entry ``e`` goes to its write set: ``Qw`` bookies of the *current*
+  ensemble starting at position ``e mod E``; its body carries the LAC at send time (piggyback).
+- An add *completes* (its future resolves, the LAC advances) only when ``Qa`` bookies of its write
+  set acked it **and** every lower entry completed, and never while an ensemble change is in
+  flight (``_changing``).
+- After an ensemble change (:meth:`AddPipeline._use_ensemble`), acks of replaced bookies no longer
+  count and every outstanding entry is re-sent to the bookies of its new write set it was not
+  sent to (:meth:`AddPipeline._resend_outstanding`).
+- Backpressure: at most ``add_window_max`` adds in flight; ``append`` waits for a slot.
+- Explicit LAC: after ``explicit_lac_interval_ms`` without an add carrying the latest LAC, the LAC is
+  sent to the ensemble with WRITE_LAC so readers see the last entry.
+
+What to do about a failing bookie is the subclass's business (:meth:`AddPipeline._bookie_failed`:
+the ledger handle replaces it). Hot path: one small :class:`PendingAdd` per entry completed by
+connection callbacks, one frame encoded per entry and shared by its write set, one future per entry
+for the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from bookkeeper_aio.client.connection import ADD_OK, BookieConnection, ConnectionState, Result
+from bookkeeper_aio.client.context import ClientContext
+from bookkeeper_aio.client.metrics import ClientMetrics
+from bookkeeper_aio.client.quorum import AckSet, DistributionSchedule
+from bookkeeper_aio.errors import (
+    BKError,
+    BKInterfaceError,
+    LedgerClosed,
+    LedgerFenced,
+    Unauthorized,
+    error_for_status,
+)
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.digest import DigestType, EntryCodec
+from metadata.ledger_manager import VersionedLedger
+
+log = structlog.get_logger("bookkeeper_aio.client.ledger")
+
+
+class HandleState(enum.Enum):
+    WRITABLE = "writable"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+EventListener = Callable[[str, int], None]
+"""``listener(event, entry_id)``: ``add.completed`` (entry id), ``ensemble_change.started`` (the
+LAC), ``ensemble_change.finished`` (first entry of the new fragment). Observability and tests."""
+
+_WRITABLE = HandleState.WRITABLE
+_CLOSED = ConnectionState.CLOSED
+
+
+class PendingAdd(AckSet):
+    """One outstanding add; its acks are the :class:`AckSet` over ``write_set``. ``sent_to`` is
+    the write set itself while the entry went to exactly that (the common case, no allocation),
+    else a set of every bookie it was sent to. ``frame`` is the encoded ADD request. ``started``
+    (loop time) is set only when the handle reports metrics."""
+
+    __slots__ = ("entry_id", "frame", "future", "length", "quorum", "sent_to", "started")
+    started: float
+
+    def __init__(
+        self,
+        entry_id: int,
+        length: int,
+        future: asyncio.Future[int],
+        frame: bytes,
+        write_set: tuple[str, ...],
+    ) -> None:
+        self.entry_id = entry_id
+        self.length = length
+        self.future = future
+        self.frame = frame
+        self.write_set = write_set
+        self.acked = 0
+        self.sent_to: tuple[str, ...] | set[str] = write_set
+        self.quorum = False
+
+
+def _fail_future(future: asyncio.Future[int], error: BKError) -> None:
+    if not future.done():
+        future.set_exception(error)
+        # The caller may drop an append future without awaiting it; the error is also in the
+        # handle's state, so asyncio must not log "exception never retrieved" for each one.
+        future.exception()
+
+
+class AddPipeline:
+    """The add pipeline of one ledger open for writing (the base of the ledger handle)."""
+
+    def __init__(
+        self, ctx: ClientContext, versioned: VersionedLedger, password: bytes, master_key: bytes
+    ) -> None:
+        md = versioned.metadata
+        self._ctx = ctx
+        self._config = ctx.config
+        self._pool = ctx.pool
+        self._loop = asyncio.get_running_loop()
+        self._metadata = md
+        self._version = versioned.version
+        self._id = md.ledger_id
+        self._schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
+        self._ack_quorum = md.ack_quorum
+        self._codec = EntryCodec(md.digest_type, password)
+        self._master_key = master_key
+        self._crc32c = self._codec.digest_type is DigestType.CRC32C
+        self._frames = m.AddFrameEncoder(self._id, master_key)
+        self._ensemble_size = md.ensemble_size
+        self._use_ensemble(md.current_ensemble)
+        self._state = HandleState.WRITABLE
+        self._error: BKError | None = None
+        self._next_entry_id = 0
+        self._lac = -1
+        self._length_sent = 0
+        self._length_confirmed = 0
+        self._pending: collections.deque[PendingAdd] = collections.deque()
+        self._window = self._config.add_window_max
+        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._slots_reserved = 0
+        self._drained: asyncio.Event | None = None
+        self._failed_bookies: dict[str, BKError] = {}
+        self._changing = False
+        self._lac_sent = -1
+        self._sends = 0
+        self._sends_at_lac_check = 0
+        self._entry_bytes_max = self._config.entry_bytes_max
+        self._add_timeout_s = self._config.add_timeout_s
+        self._lac_timer: asyncio.TimerHandle | None = None
+        self._lac_interval_s = self._config.explicit_lac_interval_ms / 1000
+        self._metrics: ClientMetrics | None = ctx.metrics
+        self._on_add = self._on_add_result
+        self._listener: EventListener | None = None
+
+    def _use_ensemble(self, ensemble: tuple[str, ...]) -> None:
+        """Send from now on to ``ensemble`` (the current fragment's)."""
+        self._ensemble = ensemble
+        self._write_sets = tuple(
+            tuple(ensemble[i] for i in positions) for positions in self._schedule.write_sets()
+        )
+        self._write_conns: list[tuple[BookieConnection, ...] | None] = [None] * self._ensemble_size
+        """The pool's connections of each write set (None: look them up), so an add does not."""
+
+    # ------------------------------------------------------------------ appends
+    async def append(self, payload: bytes) -> int:
+        """Add ``payload`` and wait for it to complete; returns its entry id.
+
+        Raises LedgerClosed, LedgerFenced (outcome unknown: see docs/api.md), NotEnoughBookies,
+        Unauthorized, BKInterfaceError (payload too large). Cancelling the wait does not withdraw
+        the entry once it was handed to the bookies.
+        """
+        if (  # fast path, same checks as append_async: no extra coroutine per entry
+            self._state is _WRITABLE
+            and type(payload) is bytes
+            and len(payload) <= self._entry_bytes_max
+            and not self._slot_waiters
+            and len(self._pending) + self._slots_reserved < self._window
+        ):
+            future = self._start_add(payload)
+        else:
+            future = await self.append_async(payload)
+        return await future
+
+    async def append_async(self, payload: bytes) -> asyncio.Future[int]:
+        """Hand ``payload`` to the bookies; returns a future of its entry id (pipelining).
+
+        Waits only while the window of in-flight adds is full (backpressure). The returned future
+        fails with the errors listed for :meth:`append`.
+        """
+        self._check_writable()
+        if len(payload) > self._entry_bytes_max:
+            raise BKInterfaceError(f"entry of {len(payload)} bytes exceeds {self._entry_bytes_max}")
+        if self._slot_waiters or len(self._pending) + self._slots_reserved >= self._window:
+            await self._wait_for_slot()
+            self._slots_reserved -= 1
+            self._wake_slot_waiters()
+            self._check_writable()
+        return self._start_add(bytes(payload))
+
+    def _check_writable(self) -> None:
+        if self._state is HandleState.WRITABLE:
+            return
+        if self._error is not None:
+            raise self._error
+        raise LedgerClosed(f"ledger {self._id} is {self._state.value}")
+
+    async def _wait_for_slot(self) -> None:
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._slot_waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._slots_reserved -= 1  # woken, then cancelled: pass the slot on
+                self._wake_slot_waiters()
+            else:
+                self._slot_waiters.remove(waiter)
+            raise
+
+    def _wake_slot_waiters(self) -> None:
+        waiters = self._slot_waiters
+        while waiters and len(self._pending) + self._slots_reserved < self._window:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                self._slots_reserved += 1
+                waiter.set_result(None)
+
+    def _release_slot_waiters(self) -> None:
+        """Wake every slot waiter now: each re-checks the state and raises."""
+        for waiter in self._slot_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+                self._slots_reserved += 1
+        self._slot_waiters.clear()
+
+    def _start_add(self, payload: bytes) -> asyncio.Future[int]:
+        entry_id = self._next_entry_id
+        self._next_entry_id = entry_id + 1
+        length = self._length_sent + len(payload)
+        self._length_sent = length
+        lac = self._lac
+        self._lac_sent = lac
+        self._sends += 1
+        # One request id for the whole write set: ids are unique per pool, hence per connection,
+        # so the frame is encoded once and shared.
+        pool = self._pool
+        rid = pool.next_request_id()
+        if self._crc32c:
+            frame = self._frames.crc32c_frame(rid, entry_id, lac, length, payload)
+        else:
+            frame = self._frames.frame(
+                rid, entry_id, self._codec.encode(self._id, entry_id, lac, length, payload)
+            )
+        future: asyncio.Future[int] = self._loop.create_future()
+        index = entry_id % self._ensemble_size
+        write_set = self._write_sets[index]
+        op = PendingAdd(entry_id, length, future, frame, write_set)
+        if self._metrics is not None:
+            op.started = self._loop.time()
+        self._pending.append(op)
+        timeout_s, on_add = self._add_timeout_s, self._on_add
+        if self._failed_bookies:
+            failed = self._failed_bookies
+            op.sent_to = sent_to = set()
+            for bookie_id in write_set:
+                if bookie_id not in failed:
+                    sent_to.add(bookie_id)
+                    pool.connection(bookie_id).request(rid, frame, on_add, op, timeout_s)
+        else:
+            conns = self._write_conns[index]
+            if conns is None:
+                conns = self._write_conns[index] = tuple(pool.connection(b) for b in write_set)
+            for conn in conns:
+                if conn.state is _CLOSED:  # the pool replaces it: look the set up again next time
+                    self._write_conns[index] = None
+                    conn = pool.connection(conn.bookie_id)
+                conn.request(rid, frame, on_add, op, timeout_s)
+        return future
+
+    def _resend(self, op: PendingAdd, bookie_id: str) -> None:
+        rid = self._pool.next_request_id()
+        frame = m.add_request_with_id(op.frame, rid)
+        if type(op.sent_to) is not set:
+            op.sent_to = set(op.sent_to)
+        op.sent_to.add(bookie_id)
+        self._pool.connection(bookie_id).request(rid, frame, self._on_add, op, self._add_timeout_s)
+
+    # ------------------------------------------------------------------ responses
+    def _on_add_result(self, op: PendingAdd, bookie_id: str, result: Result) -> None:
+        if result is ADD_OK:  # the hot path: an ack (from a bookie replaced since: not counted)
+            if op.ack(bookie_id) >= self._ack_quorum and not op.quorum:
+                op.quorum = True
+                pending = self._pending
+                if pending and pending[0] is op:
+                    self._complete_ready()
+            return
+        error = result if isinstance(result, BKError) else error_for_status(result.status, result.message)
+        if bookie_id not in op.write_set or bookie_id not in self._ensemble:
+            return  # failure of a bookie already replaced
+        if isinstance(error, LedgerFenced | Unauthorized):
+            self._fail(error)
+            return
+        self._bookie_failed(bookie_id, error)
+
+    def _complete_ready(self) -> None:
+        if self._changing:
+            return
+        pending = self._pending
+        listener = self._listener
+        metrics = self._metrics
+        now = self._loop.time() if metrics is not None else 0.0
+        completed = False
+        while pending and pending[0].quorum:
+            op = pending.popleft()
+            self._lac = op.entry_id
+            self._length_confirmed = op.length
+            if not op.future.done():
+                op.future.set_result(op.entry_id)
+            if metrics is not None:
+                metrics.add_completed(now - op.started)
+            if listener is not None:
+                listener("add.completed", op.entry_id)
+            completed = True
+        if not completed:
+            return
+        if self._slot_waiters:
+            self._wake_slot_waiters()
+        if not pending and self._drained is not None:
+            self._drained.set()
+        if self._lac_interval_s > 0 and self._lac_timer is None:
+            self._sends_at_lac_check = self._sends
+            self._lac_timer = self._loop.call_later(self._lac_interval_s, self._explicit_lac)
+
+    def _resend_outstanding(self) -> None:
+        """After an ensemble change: acks of replaced bookies no longer count, and each entry goes
+        to the bookies of its new write set it was not sent to."""
+        write_sets = self._write_sets
+        quorum = self._ack_quorum
+        for op in self._pending:
+            write_set = write_sets[op.entry_id % len(write_sets)]
+            if write_set == op.write_set:
+                continue
+            op.quorum = op.move_to(write_set) >= quorum
+            for bookie_id in write_set:
+                if bookie_id not in op.sent_to:
+                    self._resend(op, bookie_id)
+
+    # ------------------------------------------------------------------ explicit LAC
+    def _explicit_lac(self) -> None:
+        self._lac_timer = None
+        if self._state in (HandleState.CLOSED, HandleState.FAILED) or self._lac <= self._lac_sent:
+            return
+        if self._sends != self._sends_at_lac_check:  # not idle: adds went out (each carries a LAC)
+            self._sends_at_lac_check = self._sends
+            self._lac_timer = self._loop.call_later(self._lac_interval_s, self._explicit_lac)
+            return
+        lac = self._lac_sent = self._lac
+        ledger_id, key = self._id, self._master_key
+
+        def make(rid: int) -> m.Request:
+            return m.WriteLacRequest(rid, ledger_id, key, lac)
+
+        for bookie_id in self._ensemble:
+            self._pool.request_with_callback(bookie_id, make, _ignore_result, None, self._add_timeout_s)
+
+    def _stop_lac_timer(self) -> None:
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+
+    # ------------------------------------------------------------------ failures
+    def _bookie_failed(self, bookie_id: str, error: BKError) -> None:
+        """A bookie of the current ensemble failed an add (not fenced, not unauthorized)."""
+        raise NotImplementedError
+
+    def _fail(self, error: BKError) -> None:
+        """Fail the handle and every outstanding add with ``error``."""
+        if self._state in (HandleState.CLOSED, HandleState.FAILED):
+            return
+        log.warning("ledger.failed", ledger_id=self._id, lac=self._lac, error=repr(error))
+        self._state = HandleState.FAILED
+        self._error = error
+        self._fail_outstanding(error)
+
+    def _fail_outstanding(self, error: BKError) -> None:
+        pending, self._pending = self._pending, collections.deque()
+        metrics = self._metrics
+        for op in pending:
+            if metrics is not None:
+                metrics.add_failed(error)
+            _fail_future(op.future, error)
+        self._release_slot_waiters()
+        if self._drained is not None:
+            self._drained.set()
+
+    async def _wait_drained(self) -> None:
+        """Until no add is outstanding (completed or failed)."""
+        if self._pending:
+            self._drained = asyncio.Event()
+            await self._drained.wait()
+
+    def _versioned(self) -> VersionedLedger:
+        """The latest metadata this writer knows, with its version (the CAS token)."""
+        return VersionedLedger(self._metadata, self._version)
+
+    def _set_metadata(self, stored: VersionedLedger) -> None:
+        self._metadata = stored.metadata
+        self._version = stored.version
+
+
+def _ignore_result(context: Any, bookie_id: str, result: Result) -> None:
+    return None

@@ -1,0 +1,192 @@
+"""The replication primitive: replace failed bookies of one fragment of a ledger and record it.
+
+One primitive, :class:`BookieReplacer`, for everything that moves a ledger's entries off a bookie:
+
+- the **writer** (:class:`~bookkeeper_aio.client.ledger.LedgerHandle`): a bookie of the current
+  ensemble failed; :meth:`BookieReplacer.replace` CASes a new fragment at LAC+1 (replacing the
+  last fragment if it already starts there) and the write pipeline re-sends its outstanding adds
+  to the replacement (they are in memory: no copy is needed);
+- **recovery's write-back** (:mod:`bookkeeper_aio.client.recovery_writeback`): a bookie failed
+  while found entries were written back; :meth:`BookieReplacer.choose` picks the replacement (or
+  gives the bookie up), the fragment stays local until recovery's close CASes it;
+- an **autorecovery worker** (re-replication of a lost bookie's fragments): :meth:`replace` with
+  ``first_entry`` the fragment's first entry, ``accept`` that allows a closed ledger, and a
+  ``copy`` step that reads the fragment's entries from the surviving replicas and writes them to
+  the replacement *before* the CAS makes the new ensemble visible to readers.
+
+Rules (seed 000):
+
+- A replacement is chosen by the placement policy among the writable bookies, never one of the
+  ensemble nor one that ever failed for this ledger (``ever_failed``).
+- The CAS goes through :meth:`metadata.ledger_manager.LedgerManager.update`: on a conflict the
+  decision is taken again on the fresh metadata (``accept`` first: the writer refuses a ledger
+  that is no longer OPEN), with a new choice if the fragment changed. An unknown CAS outcome is
+  re-read too: finding our own proposal there means it landed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable, Collection, Sequence
+
+from bookkeeper_aio.client.context import ClientContext
+from bookkeeper_aio.errors import MetadataConflict, NotEnoughBookies
+from metadata.errors import UpdateRetriesExhausted
+from metadata.ledger_manager import UNCHANGED, VersionedLedger, _Unchanged
+from metadata.ledger_metadata import LedgerMetadata
+
+Ensemble = tuple[str, ...]
+
+
+class Replacement:
+    """What :class:`BookieReplacer` decided for one fragment: its ``ensemble`` after the change,
+    the bookies ``replaced`` in it and those ``given_up`` (no replacement, only when allowed);
+    ``stored`` is the ledger's metadata after the CAS (None when the change is local)."""
+
+    __slots__ = ("ensemble", "first_entry", "given_up", "replaced", "stored")
+
+    def __init__(
+        self,
+        first_entry: int,
+        ensemble: Ensemble,
+        replaced: tuple[str, ...],
+        given_up: tuple[str, ...] = (),
+        stored: VersionedLedger | None = None,
+    ) -> None:
+        self.first_entry = first_entry
+        self.ensemble = ensemble
+        self.replaced = replaced
+        self.given_up = given_up
+        self.stored = stored
+
+
+Accept = Callable[[LedgerMetadata], None]
+"""``accept(metadata)`` raises if the change may no longer be made to the ledger as it is now."""
+Copy = Callable[[Replacement], Awaitable[None]]
+"""``copy(replacement)`` writes the fragment's entries to the bookies that replaced others."""
+
+
+class BookieReplacer:
+    """Replaces bookies in the fragments of one ledger (see the module doc for the users).
+
+    ``ever_failed`` grows with every bookie passed as failed and is never chosen again.
+    """
+
+    def __init__(self, ctx: ClientContext, ledger_id: int) -> None:
+        self._ctx = ctx
+        self._ledger_id = ledger_id
+        self.ever_failed: set[str] = set()
+
+    async def choose(
+        self, ensemble: Ensemble, failed: Collection[str], *, give_up: bool = False
+    ) -> Replacement:
+        """Choose a replacement for each bookie of ``ensemble`` in ``failed`` (nothing is written).
+
+        With ``give_up`` a bookie without a replacement stays in the ensemble and is listed in
+        ``given_up``; otherwise raises NotEnoughBookies. ``first_entry`` of the result is -1.
+        """
+        self.ever_failed.update(failed)
+        writable = await self._ctx.directory.writable_bookies()
+        return self._choose(-1, ensemble, failed, writable, give_up)
+
+    async def replace(
+        self,
+        current: VersionedLedger,
+        first_entry: int,
+        failed: Collection[str],
+        *,
+        accept: Accept,
+        copy: Copy | None = None,
+        attempts_max: int,
+    ) -> Replacement:
+        """Replace ``failed`` in the fragment of ``current`` that holds ``first_entry`` and CAS
+        the fragment starting at ``first_entry`` (a new one past the last fragment's start, else
+        the one starting there) with the new ensemble. ``copy`` (re-replication) runs between the
+        choice and the CAS; if the fragment then changes under us the change is refused.
+
+        Raises what ``accept`` raises, NotEnoughBookies (no replacement, or the metadata race was
+        lost ``attempts_max`` times), MetadataConflict (the fragment changed during ``copy``),
+        TimeoutError (``metadata_timeout_s``), MetadataError.
+        """
+        self.ever_failed.update(failed)
+        writable = await self._ctx.directory.writable_bookies()
+        base = current.metadata.ensemble_for(first_entry)
+        chosen = self._choose(first_entry, base, failed, writable, False)
+        if copy is not None:
+            await copy(chosen)
+
+        def transform(md: LedgerMetadata) -> LedgerMetadata | _Unchanged:
+            nonlocal chosen, base
+            accept(md)
+            if _starting_at(md, first_entry) == chosen.ensemble:
+                return UNCHANGED  # ours landed (its answer was lost, or a conflict came after)
+            fresh = md.ensemble_for(first_entry)
+            if fresh != base:  # decide again on the fresh fragment
+                if copy is not None:
+                    raise MetadataConflict(f"ledger {md.ledger_id}: fragment {first_entry} changed")
+                base = fresh
+                chosen = self._choose(first_entry, fresh, failed, writable, False)
+            return _with_fragment(md, first_entry, chosen.ensemble)
+
+        ledgers = self._ctx.ledgers
+        try:
+            async with asyncio.timeout(self._ctx.config.metadata_timeout_s):
+                chosen.stored = await ledgers.update(
+                    self._ledger_id,
+                    transform,
+                    attempts_max=attempts_max,
+                    current=current,
+                    retry_unknown=True,
+                )
+        except UpdateRetriesExhausted as error:
+            raise NotEnoughBookies(
+                f"ledger {self._ledger_id}: ensemble change lost the metadata race too often"
+            ) from error
+        return chosen
+
+    def _choose(
+        self,
+        first_entry: int,
+        ensemble: Ensemble,
+        failed: Collection[str],
+        writable: Sequence[str],
+        give_up: bool,
+    ) -> Replacement:
+        placement = self._ctx.placement
+        members = list(ensemble)
+        replaced: list[str] = []
+        given_up: list[str] = []
+        for position, bookie_id in enumerate(members):
+            if bookie_id not in failed:
+                continue
+            try:
+                members[position] = placement.replace_bookie(
+                    members, position, writable, self.ever_failed | set(members)
+                )
+                replaced.append(bookie_id)
+            except NotEnoughBookies:
+                if not give_up:
+                    raise
+                given_up.append(bookie_id)
+        return Replacement(first_entry, tuple(members), tuple(replaced), tuple(given_up))
+
+
+def _starting_at(md: LedgerMetadata, first_entry: int) -> Ensemble | None:
+    for first, bookies in md.ensembles:
+        if first == first_entry:
+            return bookies
+    return None
+
+
+def _with_fragment(md: LedgerMetadata, first_entry: int, ensemble: Ensemble) -> LedgerMetadata:
+    """``md`` with the fragment starting at ``first_entry`` set to ``ensemble``: a new last
+    fragment, or the existing fragment starting there replaced (re-replication of a fragment)."""
+    if first_entry >= md.ensembles[-1][0]:
+        return md.with_ensemble_change(first_entry, ensemble)
+    fragments = tuple(
+        (first, ensemble if first == first_entry else bookies) for first, bookies in md.ensembles
+    )
+    if _starting_at(md, first_entry) is None:
+        raise MetadataConflict(f"ledger {md.ledger_id}: no fragment starts at entry {first_entry}")
+    return dataclasses.replace(md, ensembles=fragments)
