@@ -31,7 +31,6 @@ from benchmarks._fake_transport import FakeTransport, frame_bodies
 from bookie.config import BookieConfig
 from bookie.connection_handler import ServerConnection
 from bookie.server import BookieServer
-from bookkeeper_aio.client.ledger import encode_add_request
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import FEATURE_ADD_ACKS, PROTOCOL_VERSION, AddFlag
 from bookkeeper_aio.protocol.digest import DigestType, EntryCodec, master_key
@@ -108,7 +107,7 @@ def build_frames(count: int, size: int, ledger_id: int) -> list[bytes]:
     frames = []
     for entry_id in range(count):
         body = codec.encode(ledger_id, entry_id, entry_id - 1, (entry_id + 1) * size, payload)
-        frames.append(encode_add_request(entry_id + 1, ledger_id, entry_id, AddFlag.NONE, key, body))
+        frames.append(m.encode_add_request(entry_id + 1, ledger_id, entry_id, AddFlag.NONE, key, body))
     return frames
 
 

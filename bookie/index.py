@@ -16,8 +16,7 @@ An entry id far from the dense range (more than :data:`DENSE_GAP_MAX` past its e
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 DENSE_GAP_MAX = 1 << 16
 """How far past the dense range an entry id may land and still grow the arrays (holes cost 12 B)."""
@@ -68,37 +67,37 @@ class LedgerIndex:
         if entry_id > self.last_entry_id:
             self.last_entry_id = entry_id
 
-    def put_run(self, items: Sequence[tuple[Any, ...]], start: int, stop: int) -> None:
-        """:meth:`put` for ``items[start:stop]``, each item beginning ``(entry_id, segment_id,
-        offset, length)`` (later fields are the caller's): a journal group's adds of this ledger,
-        inserted in one loop instead of a call each."""
+    def put_run(self, segment_id: int, offset: int, entry_ids: list[int], lengths: list[int]) -> None:
+        """:meth:`put` for records that lie back to back in segment ``segment_id`` from ``offset``,
+        of ``lengths``, holding ``entry_ids``: a journal group's adds of this ledger, inserted in
+        one loop instead of a call each."""
         positions = self._positions
-        lengths = self._lengths
+        lengths_at = self._lengths
         base = self._base
         size = len(positions)
         overflow = self._overflow
         last = self.last_entry_id
+        position = segment_id << _OFFSET_BITS | offset
         added = 0
-        for i in range(start, stop):
-            item = items[i]
-            entry_id: int = item[0]
+        for entry_id, length in zip(entry_ids, lengths, strict=True):
             slot = entry_id - base
             if 0 <= slot < size and (not overflow or positions[slot] >= 0):
                 # The fast case of put(): inside the dense range, and no overflow copy to move.
                 if positions[slot] < 0:
                     added += 1
-                positions[slot] = item[1] << _OFFSET_BITS | item[2]
-                lengths[slot] = item[3]
+                positions[slot] = position
+                lengths_at[slot] = length
                 if entry_id > last:
                     last = entry_id
             else:
                 self.count += added
                 self.last_entry_id = last
                 added = 0
-                self.put(entry_id, item[1], item[2], item[3])
-                positions, lengths, base = self._positions, self._lengths, self._base  # may have grown
+                self.put(entry_id, segment_id, position & _OFFSET_MASK, length)
+                positions, lengths_at, base = self._positions, self._lengths, self._base  # may have grown
                 size = len(positions)
                 last = self.last_entry_id
+            position += length
         self.count += added
         self.last_entry_id = last
 

@@ -23,6 +23,12 @@ Strategy (DESIGN §4, §10):
   the server to stop reading sockets; ``on_pressure(False)`` once the backlog halves.
 - After a write or sync error the journal is failed: pending and later appends get the error, and
   nothing is ever acknowledged that was not synced.
+- The add path appends many records with no call per record: :meth:`Journal.open_batch` hands out a
+  :class:`RecordBatch` (where the records go), :meth:`Journal.close_batch` takes it back. The bytes
+  of a record come from :mod:`bookie.journal_format` only.
+
+Seams (DESIGN §8): the writer thread is made by a :class:`bookie.threads.Threads`, the disk is a
+:class:`bookie.fileio.FileIO`, time is a :class:`bookkeeper_aio.common.clock.Clock`.
 """
 
 from __future__ import annotations
@@ -31,11 +37,8 @@ import asyncio
 import contextlib
 import os
 import queue
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -43,22 +46,12 @@ from bookie import journal_format as fmt
 from bookie.fileio import FileIO
 from bookie.journal_format import Position
 from bookie.stats import FSYNC_SECONDS_BOUNDS, GROUP_RECORDS_BOUNDS, BucketHistogram
+from bookie.threads import OS_THREADS, Threads
+from bookkeeper_aio.common.clock import SYSTEM_CLOCK, Clock
 
 log = structlog.get_logger(__name__)
 
 Callback = Callable[[BaseException | None], None]
-
-
-class Batch(Protocol):
-    """Completion of a run of batched records (:meth:`Journal.append_batched`): built with no
-    arguments, called once with the group's outcome."""
-
-    items: list[Any]
-
-    def __call__(self, error: BaseException | None) -> None: ...
-
-
-B = TypeVar("B", bound=Batch)
 
 
 class JournalError(Exception):
@@ -114,6 +107,23 @@ class _Run:
         self.parts: list[bytes] = []
 
 
+class RecordBatch:
+    """Records appended in bulk (:meth:`Journal.open_batch`). The caller appends each record as
+    ``parts.append(head); parts.append(body)`` at ``offset``, then advances its own copy of
+    ``offset`` by the record's size, for records with ``offset + size <= end`` and
+    ``size <= record_max``, and hands the final offset and count to :meth:`Journal.close_batch`.
+    Nothing else may be appended to the journal in between."""
+
+    __slots__ = ("end", "offset", "parts", "record_max", "segment_id")
+
+    def __init__(self, parts: list[bytes], segment_id: int, offset: int, end: int, record_max: int) -> None:
+        self.parts = parts
+        self.segment_id = segment_id
+        self.offset = offset
+        self.end = end
+        self.record_max = record_max
+
+
 _GROUP_HEADER_BYTES = fmt.GROUP_HEADER_BYTES
 
 PREALLOCATE_BYTES = 16 * 1024 * 1024
@@ -124,8 +134,9 @@ a metadata sync, once per 16 MiB; and at most 16 MiB of zeros to scan at startup
 class _Writer:
     """State touched only by the writer thread: open segment fds and their preallocated ends."""
 
-    def __init__(self, fileio: FileIO, directory: str, segment_bytes: int) -> None:
+    def __init__(self, fileio: FileIO, directory: str, segment_bytes: int, clock: Clock) -> None:
         self.fileio = fileio
+        self.clock = clock
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.fds: dict[int, int] = {}
@@ -179,9 +190,9 @@ class _Writer:
             data = b"".join(run.parts)
             self._ensure_allocated(run.segment_id, fd, run.offset + len(data))
             self.fileio.journal_write(fd, data, run.offset)
-            sync_start_s = time.perf_counter()
+            sync_start_s = self.clock.monotonic()
             self.fileio.journal_sync(fd)
-            self.sync_seconds.observe(time.perf_counter() - sync_start_s)
+            self.sync_seconds.observe(self.clock.monotonic() - sync_start_s)
             if i != last:
                 self.close_segment(run.segment_id)
         if spare_segment_id not in self.fds:
@@ -227,13 +238,13 @@ class _WriterThread:
         writer: _Writer,
         loop: asyncio.AbstractEventLoop,
         on_done: Callable[[_Group, BaseException | None], None],
+        threads: Threads,
     ) -> None:
         self._writer = writer
         self._loop = loop
         self._on_done = on_done
         self._queue: queue.SimpleQueue[_Group | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
-        self._thread.start()
+        self._thread = threads.start_thread(self._run, "journal-writer")
 
     def submit(self, group: _Group) -> None:
         self._queue.put(group)
@@ -264,6 +275,7 @@ class Journal:
     # adding a 30th attribute cost ~350 instructions per add, callgrind).
     __slots__ = (
         "_callbacks",
+        "_clock",
         "_closing",
         "_config",
         "_failed",
@@ -294,14 +306,23 @@ class Journal:
         "sync_seconds",
     )
 
-    def __init__(self, fileio: FileIO, directory: str, start: Position, config: JournalConfig) -> None:
+    def __init__(
+        self,
+        fileio: FileIO,
+        directory: str,
+        start: Position,
+        config: JournalConfig,
+        threads: Threads = OS_THREADS,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         config.validate()
         self._config = config
+        self._clock = clock
         # The hot path's limits as plain attributes (one load each instead of two).
         self._record_bytes_max = config.record_bytes_max
         self._segment_bytes = config.segment_bytes
         self._loop = asyncio.get_running_loop()
-        self._writer = _Writer(fileio, directory, config.segment_bytes)
+        self._writer = _Writer(fileio, directory, config.segment_bytes, clock)
         self._segment_id, self._offset = start
         self._synced = start
         self._runs: list[_Run] = [_Run(start.segment_id, start.offset)]
@@ -321,7 +342,7 @@ class Journal:
         self._idle.set()
         self._pressure = False
         self.on_pressure: Callable[[bool], None] | None = None
-        self._thread = _WriterThread(self._writer, self._loop, self._on_group_done)
+        self._thread = _WriterThread(self._writer, self._loop, self._on_group_done, threads)
         self.groups_written = 0
         self.records_written = 0
         self.bytes_written = 0
@@ -372,49 +393,33 @@ class Journal:
         self._appended(offset + size, 0 if callback is None else 1)
         return segment_id, offset
 
-    def append_batched(self, head: bytes, body: bytes, batch_type: type[B]) -> tuple[int, int, B]:
-        """Queue one record given as two parts, its completion gathered into a batch:
-        ``(segment_id, offset, batch)``. The caller adds one item to ``batch.items``.
+    @property
+    def last_callback(self) -> Callback | None:
+        """The gathering group's last completion (a batch may take more records: :meth:`close_batch`)."""
+        callbacks = self._callbacks
+        return callbacks[-1] if callbacks else None
 
-        A batch is one callback of the group being gathered: consecutive batched records of one
-        ``batch_type`` share it until the group goes to the writer or another callback is appended
-        (order kept), so its ``__call__`` runs once per group, after the covering fdatasync, for
-        all its items. Raises like :meth:`append`. The add path appends many records at a time
-        through :meth:`open_batch`.
-        """
-        size = len(head) + len(body)
-        if size > self._record_bytes_max:
+    def open_batch(self, size: int) -> RecordBatch:
+        """Start appending records in bulk with room for one of ``size`` bytes at ``offset``,
+        rolling to the next segment if needed (see :class:`RecordBatch`). Raises
+        :class:`JournalError` when the journal is closed or failed or ``size`` is over
+        ``record_bytes_max``."""
+        if not 0 < size <= self._record_bytes_max:
             raise self._size_error(size)
         parts, segment_id, offset = self._place(size)
-        batch = self._batch_for(batch_type)
-        parts.append(head)
-        parts.append(body)
-        self.close_batch(offset + size, 1, batch)
-        return segment_id, offset, batch
+        return RecordBatch(parts, segment_id, offset, self._segment_bytes, self._record_bytes_max)
 
-    def open_batch(self, batch_type: type[B]) -> tuple[list[bytes], int, int, int, int, B]:
-        """Start appending batched records in bulk (the add path: one socket read's adds, with no
-        call per record): ``(parts, segment_id, offset, end, record_max, batch)``.
-
-        The caller appends each record at ``offset`` as ``parts.append(head); parts.append(body)``,
-        adds its item to ``batch.items`` and advances ``offset`` by the record's size, for records
-        with ``offset + size <= end`` and ``size <= record_max``; then :meth:`close_batch`. Nothing
-        else may be appended in between. A record that does not fit goes, after ``close_batch``,
-        through :meth:`append_batched`, which rolls the segment or raises. Raises
-        :class:`JournalError` when the journal is closed or failed.
-        """
-        parts, segment_id, offset = self._place(0)
-        batch = self._batch_for(batch_type)
-        return parts, segment_id, offset, self._segment_bytes, self._record_bytes_max, batch
-
-    def close_batch(self, offset: int, records: int, batch: Batch) -> None:
+    def close_batch(self, batch: RecordBatch, offset: int, records: int, completion: Callback) -> None:
         """End what :meth:`open_batch` started: ``records`` records were appended, ending at
-        ``offset``, their items in ``batch``."""
+        ``offset``. ``completion(error)`` runs once for all of them after the covering fdatasync;
+        it is added to the group's callbacks unless it is already the last one (a completion may
+        cover records of several batches, in order)."""
         if not records:
             return
+        assert batch.parts is self._runs[-1].parts, "another append came between open and close"
         callbacks = self._callbacks
-        if not callbacks or callbacks[-1] is not batch:
-            callbacks.append(batch)
+        if not callbacks or callbacks[-1] is not completion:
+            callbacks.append(completion)
         self._appended(offset, records)
 
     def _size_error(self, size: int) -> JournalError:
@@ -435,20 +440,13 @@ class Journal:
             offset = self._offset + _GROUP_HEADER_BYTES
         return parts, self._segment_id, offset
 
-    def _batch_for(self, batch_type: type[B]) -> B:
-        """The gathering group's last callback if it is a batch of ``batch_type``, else a new one
-        (appended to the callbacks with its first record)."""
-        callbacks = self._callbacks
-        batch = callbacks[-1] if callbacks else None
-        return batch if type(batch) is batch_type else batch_type()
-
     def _appended(self, end: int, completions: int) -> None:
         """Account for the records just appended up to ``end`` and the completions added."""
         size = end - self._offset
         self._offset = end
         self._pending_records += completions
         if not self._pending_bytes:
-            self._first_append_s = time.monotonic()
+            self._first_append_s = self._clock.monotonic()
         self._pending_bytes += size
         self._after_append()
 
@@ -522,7 +520,7 @@ class Journal:
 
     def _schedule_next(self) -> None:
         wait_ms = self._config.group_wait_ms
-        waited_ms = (time.monotonic() - self._first_append_s) * 1000.0
+        waited_ms = (self._clock.monotonic() - self._first_append_s) * 1000.0
         if wait_ms <= 0 or self._pending_bytes >= self._config.group_bytes or waited_ms >= wait_ms:
             self._flush()  # at once, not next tick: a tick of socket reads would delay the writer
         else:

@@ -158,21 +158,23 @@ def encode_entry(ledger_id: int, entry_id: int, entry_body: bytes | memoryview) 
     return encode_record(RecordType.ENTRY, LEDGER_ENTRY.pack(ledger_id, entry_id) + bytes(entry_body))
 
 
-_ENTRY_CRC_PREFIX = struct.Struct(">IBqq")  # body length, type, ledger id, entry id
-_ENTRY_HEAD = struct.Struct(">IIIBqq")  # the record header followed by the ENTRY id prefix
+_pack_entry_crc_prefix = struct.Struct(">IBqq").pack  # body length, type, ledger id, entry id
+_pack_entry_head = struct.Struct(">IIIBqq").pack  # the record header followed by the ENTRY id prefix
+_crc32c = crc32c.crc32c
 _ENTRY = 1
+ENTRY_RECORD_OVERHEAD_BYTES = RECORD_HEADER_BYTES + ENTRY_PREFIX_BYTES
+"""An ENTRY record's bytes besides the entry body."""
 
 
-def encode_entry_parts(ledger_id: int, entry_id: int, entry_body: bytes) -> tuple[bytes, bytes]:
-    """An ENTRY record as (header and id prefix, body) so the hot path never copies the body:
-    the journal joins a whole group's parts in one go. Same bytes as :func:`encode_entry`."""
+def encode_entry_head(ledger_id: int, entry_id: int, entry_body: bytes) -> bytes:
+    """The bytes of an ENTRY record before its entry body (record header and id prefix): the
+    record is this followed by ``entry_body``, so the add path never copies a body (the journal
+    joins a whole group's parts in one go). The one producer of ENTRY record bytes; the caller
+    keeps ``ENTRY_PREFIX_BYTES + len(entry_body)`` within ``RECORD_BODY_BYTES_MAX`` (the journal's
+    ``record_bytes_max`` does). Same bytes as :func:`encode_entry`, pinned by a test."""
     length = ENTRY_PREFIX_BYTES + len(entry_body)
-    if length > RECORD_BODY_BYTES_MAX:
-        raise ValueError(f"entry of {len(entry_body)} bytes exceeds the journal record maximum")
-    crc = crc32c.crc32c(
-        entry_body, crc32c.crc32c(_ENTRY_CRC_PREFIX.pack(length, _ENTRY, ledger_id, entry_id))
-    )
-    return _ENTRY_HEAD.pack(RECORD_MAGIC, length, crc, _ENTRY, ledger_id, entry_id), entry_body
+    crc = _crc32c(entry_body, _crc32c(_pack_entry_crc_prefix(length, _ENTRY, ledger_id, entry_id)))
+    return _pack_entry_head(RECORD_MAGIC, length, crc, _ENTRY, ledger_id, entry_id)
 
 
 def encode_master_key(ledger_id: int, key: bytes) -> bytes:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import enum
 import importlib.metadata
 import os
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -177,7 +176,7 @@ def snapshot(server: BookieServer, disk: DiskStatus | None = None) -> Snapshot:
         "bookie_id": config.bookie_id,
         "address": "{}:{}".format(*server.address) if server.address else None,
         "admin_address": server.admin_address,
-        "uptime_s": time.monotonic() - server.started_s,
+        "uptime_s": server.clock.monotonic() - server.started_s,
         "connections": server.connection_count,
         "connections_max": config.connections_max,
         "connections_refused": server.connections_refused,

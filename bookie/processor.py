@@ -1,9 +1,15 @@
 """Request processing: one handler per op; storage errors become wire statuses in one table.
 
-The add path (hot): decode -> check the body's header names the request's ledger and entry ->
-master key (EUA) -> fenced unless RECOVERY_ADD (EFENCED) -> journal -> after the covering fdatasync
-the storage updates the index and LAC -> the response is queued on the connection. Nothing is
-acknowledged before it is durable. Handlers that read the disk run as tasks owned by the connection.
+The add path (hot): the frames of one socket read are handled in one loop
+(:meth:`Processor.dispatch_frames`); each ADD is decoded by the codec's shortcut
+(:func:`~bookkeeper_aio.protocol.messages.decode_add_request`) and the consecutive ones go to
+:meth:`Storage.add_run <bookie.storage.Storage.add_run>` together, which checks them (entry body
+header, read-only gate, master key, fence) and journals them. After the covering fdatasync the
+storage indexes the entries and advances the LAC, then :class:`_AddReplies` answers them: one
+ADD_ACKS frame (or one frame per add) per connection and journal group. Nothing is acknowledged
+before it is durable. A frame the shortcut does not take (another op, a malformed or large ADD, a
+duplicate request id) is decoded by the generic codec at its place in the stream; an ADD among
+them goes to the same ``add_run``. Handlers that read the disk run as tasks owned by the connection.
 
 Status table (:data:`STATUS_FOR`): NoLedger -> ENOLEDGER, NoEntry -> ENOENTRY, Fenced -> EFENCED,
 Unauthorized -> EUA, EntryCorrupt / JournalError / OSError -> EIO, BadRequest -> EBADREQ,
@@ -20,25 +26,21 @@ unaffected.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import os
 import struct
 from collections.abc import Callable
 from typing import Any
 
-import crc32c
 import msgpack
 import structlog
 
-from bookie import journal_format as fmt
 from bookie.connection_handler import ServerConnection, ServerLoad
 from bookie.journal import JournalError
 from bookie.ledger_state import LedgerState, Waiter, WakeReason
 from bookie.mode import ModeMachine, ReadOnly
 from bookie.storage import (
     AddBatch,
-    AddCompletion,
-    AddItem,
+    BadRequest,
     EntryCorrupt,
     Fenced,
     NoEntry,
@@ -54,11 +56,7 @@ from bookkeeper_aio.common.failpoints import (
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import (
     FEATURE_ADD_ACKS,
-    ID_MAX,
-    MASTER_KEY_BYTES_MAX,
     PROTOCOL_VERSION,
-    REQUEST_ID_MAX,
-    AddFlag,
     OpCode,
     ReadFlag,
     StatusCode,
@@ -67,15 +65,9 @@ from bookkeeper_aio.protocol.errors import ProtocolError
 
 log = structlog.get_logger(__name__)
 
-_BODY_HEADER = struct.Struct(">qqq")  # ledger id, entry id, piggybacked LAC (digest.py header)
 _LENGTH = struct.Struct(">I")
-_BODY_HEADER_BYTES = 32
 RESPONSE_OVERHEAD_BYTES = 1024
 """Room for a response's envelope beside its entry bodies when bounding a batch by frame size."""
-
-
-class BadRequest(StorageError):
-    pass
 
 
 class TooManyRequests(StorageError):
@@ -105,99 +97,58 @@ def status_for(error: BaseException) -> StatusCode:
 
 
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
-_unpackb = msgpack.unpackb
-_UNPACK_ERRORS = (ValueError, TypeError, OverflowError, msgpack.UnpackException)
-_FAST_ADD_BYTES_MAX = m.PLAIN_REQUEST_BYTES_MAX
-_REQUEST_ID_MAX = REQUEST_ID_MAX
-_ID_MAX = ID_MAX
-_MASTER_KEY_BYTES_MAX = MASTER_KEY_BYTES_MAX
 _ADD_OP = int(OpCode.ADD_ENTRY)
 _BEFORE_ACK = failpoints.BEFORE_ACK
 _AddEntryRequest = m.AddEntryRequest
-_RECOVERY_ADD = int(AddFlag.RECOVERY_ADD)
-_unpack_body_header = _BODY_HEADER.unpack_from
-_crc32c = crc32c.crc32c
-_compare_digest = hmac.compare_digest
-_ENTRY_TYPE = int(fmt.RecordType.ENTRY)
-_pack_crc_prefix = struct.Struct(">IBqq").pack  # body length, type, ledger id, entry id
-_pack_entry_head = struct.Struct(">IIIBqq").pack  # the record header, then the ENTRY id prefix
-_ENTRY_PREFIX_BYTES = fmt.ENTRY_PREFIX_BYTES
-_RECORD_BODY_BYTES_MAX = fmt.RECORD_BODY_BYTES_MAX
-_RECORD_HEADER_BYTES = fmt.RECORD_HEADER_BYTES
-_RECORD_MAGIC = fmt.RECORD_MAGIC
-
-
-def encode_add_ok(request_id: int, ledger_id: int, entry_id: int) -> bytes:
-    """``m.encode(m.AddEntryResponse(request_id, EOK, None, ledger_id, entry_id))``, without the
-    NamedTuple and lookups (the hot path; a unit test pins the two to the same bytes)."""
-    body = _packb((_ADD_OP, request_id, 0, None, ledger_id, entry_id))
-    return _LENGTH.pack(len(body)) + body
+_decode_add_request = m.decode_add_request
 
 
 _FRAME_PREFIX = [_LENGTH.pack(size) for size in range(64)]
 """Length prefixes of the short frames an ADD answer is (its body is at most 31 bytes)."""
 
 
+def encode_add_ok(request_id: int, ledger_id: int, entry_id: int) -> bytes:
+    """``m.encode(m.AddEntryResponse(request_id, EOK, None, ledger_id, entry_id))``, without the
+    NamedTuple and lookups (the hot path; a unit test pins the two to the same bytes)."""
+    body = _packb((_ADD_OP, request_id, 0, None, ledger_id, entry_id))
+    return _FRAME_PREFIX[len(body)] + body
+
+
 class _AddReplies(AddBatch):
-    """The adds of one journal group: answer them, one ``complete_adds`` per connection run."""
+    """One connection's adds of one journal group (see :class:`~bookie.storage.AddBatch`): one
+    ``complete_adds`` for them all once durable; a refused add answered at once."""
 
     __slots__ = ()
 
-    def on_durable(self, items: list[AddItem], error: BaseException | None) -> None:
+    def on_error(self, request_id: int, error: BaseException) -> None:
+        conn: ServerConnection = self.target
+        conn.processor.add_error(conn, request_id, error)
+
+    def on_durable(self, error: BaseException | None) -> None:
+        conn: ServerConnection = self.target
+        rids: list[int] = []
+        for run in self.runs:
+            rids += run.request_ids
         if error is not None:
             status = status_for(error)
-            frame_of = m.encode_error
-            for item in items:
-                target: ServerConnection = item[6]
-                target.processor.count_error(status)
-                target.complete(item[7], frame_of(_ADD_OP, item[7], status, str(error)))
+            for rid in rids:
+                conn.processor.count_error(status)
+                conn.complete(rid, m.encode_error(_ADD_OP, rid, status, str(error)))
             return
         # ``count:N:kill`` counts acks, so the failpoint is passed once per ack, as before batching;
         # the table is checked once per batch, not a call per ack, while no failpoint is set.
-        hit = failpoints.hit if _failpoints_active else None
-        packb = _packb
-        prefix = _FRAME_PREFIX
-        conn: ServerConnection | None = None
-        batched = False  # the connection agreed to ADD_ACKS: one frame for its run, not one per add
-        frames: list[bytes] = []
-        rids: list[int] = []
-        for entry_id, _, _, _, state, _, target, rid in items:
-            if target is not conn:
-                if conn is not None:
-                    conn.complete_adds(rids, m.encode_add_acks(rids) if batched else frames)
-                    frames, rids = [], []
-                conn = target
-                batched = target.add_acks
-            if hit is not None:
-                hit(_BEFORE_ACK)
-            if not batched:
-                body = packb((_ADD_OP, rid, 0, None, state.ledger_id, entry_id))
-                frames.append(prefix[len(body)])
-                frames.append(body)
-            rids.append(rid)
-        if conn is not None:
-            conn.complete_adds(rids, m.encode_add_acks(rids) if batched else frames)
-
-
-class _AddReply(AddCompletion):
-    """One add's completion: queue the response on its connection."""
-
-    __slots__ = ("conn", "ledger_id", "request_id")
-
-    def __init__(self, conn: ServerConnection, request_id: int, ledger_id: int) -> None:
-        self.conn = conn
-        self.request_id = request_id
-        self.ledger_id = ledger_id
-
-    def on_durable(self, error: BaseException | None) -> None:
-        if error is None:
-            failpoints.hit(failpoints.BEFORE_ACK)
-            frame = encode_add_ok(self.request_id, self.ledger_id, self.entry_id)
-        else:
-            status = status_for(error)
-            self.conn.processor.count_error(status)
-            frame = m.encode_error(_ADD_OP, self.request_id, status, str(error))
-        self.conn.complete(self.request_id, frame)
+        if _failpoints_active:
+            for _ in rids:
+                failpoints.hit(_BEFORE_ACK)
+        if conn.add_acks:  # agreed in HELLO: one ADD_ACKS frame for the lot, not one per add
+            conn.complete_adds(rids, m.encode_add_acks(rids))
+            return
+        frames = []
+        for run in self.runs:
+            ledger_id = run.state.ledger_id
+            for rid, entry_id in zip(run.request_ids, run.entry_ids, strict=True):
+                frames.append(encode_add_ok(rid, ledger_id, entry_id))
+        conn.complete_adds(rids, frames)
 
 
 class Processor:
@@ -250,32 +201,33 @@ class Processor:
         frame); returns the position after the last frame handled. Stops before an incomplete frame
         or one longer than ``frame_max`` (the caller closes the connection for that one).
 
-        The frames of one socket read in one loop (the add hot path): a well-formed ADD is checked
-        field by field (as ``messages._fast_add_request`` does), then the ledger checks and the
-        record of :meth:`Storage.add_entry` run here, and the record goes into the journal batch
-        this read holds open (:meth:`Journal.open_batch`), its completion one item of the group's
-        batch: no call per add. Anything the inline checks do not accept (another op, a malformed ADD,
-        a duplicate request id) goes to the generic path at its place in the stream, which decodes
-        again and answers precisely. ``view`` is ``buf``'s
-        memoryview: the slices decoded here are dropped before the caller compacts ``buf``.
+        The frames of one socket read in one loop (the add hot path): the ADDs the codec's shortcut
+        decodes gather into one list, handed to :meth:`Storage.add_run` (one call, one journal
+        batch) before any other frame is handled and when the loop stops, so every answer keeps its
+        place in the stream. ``view`` is ``buf``'s memoryview: the slices decoded here are dropped
+        before the caller compacts ``buf``.
         """
         size_total = len(buf)
         unpack_length = _LENGTH.unpack_from
-        generic = self._dispatch_generic
+        decode_add = _decode_add_request
         request_ids = conn.request_ids
-        storage = self.storage
-        ledgers = storage.ledgers
-        journal = storage.journal
-        fast_max = _FAST_ADD_BYTES_MAX
-        adds = 0
-        # The journal batch open for this read (see Journal.open_batch): ``parts`` is None while
-        # none is; closed before anything else may append to the journal (the generic path, a new
-        # ledger's key record) and at the end.
-        parts: list[bytes] | None = None
-        segment_id = offset = end_max = record_max = records = 0
-        batch: Any = None
+        adds: list[m.AddEntryRequest] = []
+        # Permits taken are counted in ``taken`` and added to ``conn`` and ``load`` before any call
+        # that may read or give back permits (two attribute updates per frame saved).
+        in_flight = conn.in_flight
+        taken = 0
         try:
-            while size_total - pos >= 4 and conn.in_flight < limit and not conn.closed:
+            while True:
+                if size_total - pos < 4 or in_flight + taken >= limit or conn.closed:
+                    if not adds:
+                        break
+                    conn.in_flight += taken
+                    load.in_flight += taken
+                    taken = 0
+                    pending, adds = adds, []
+                    self._add_run(conn, pending)  # a refused add gives its permit back at once
+                    in_flight = conn.in_flight
+                    continue
                 (size,) = unpack_length(buf, pos)
                 if size > frame_max:
                     break
@@ -283,101 +235,33 @@ class Processor:
                 end = start + size
                 if end > size_total:
                     break
-                conn.in_flight += 1
-                load.in_flight += 1
+                taken += 1
                 pos = end
-                fast = False
-                if 2 < size <= fast_max and buf[start] == 0x97 and buf[start + 1] == _ADD_OP:
-                    try:
-                        _, rid, lid, eid, flags, key, entry = _unpackb(
-                            view[start:end], max_array_len=7, max_map_len=0
-                        )
-                    except _UNPACK_ERRORS:
-                        pass
-                    else:
-                        fast = (
-                            type(rid) is int
-                            and type(lid) is int
-                            and type(eid) is int
-                            and type(flags) is int
-                            and type(key) is bytes
-                            and type(entry) is bytes
-                            and 0 <= rid <= _REQUEST_ID_MAX
-                            and 0 <= lid <= _ID_MAX
-                            and 0 <= eid <= _ID_MAX
-                            and 0 <= flags <= 0xFF
-                            and len(key) <= _MASTER_KEY_BYTES_MAX
-                            and len(entry) >= _BODY_HEADER_BYTES
-                            and rid not in request_ids
-                        )
-                if not fast:
-                    if parts is not None:
-                        parts = None  # first: the batch is closed once even if close_batch raises
-                        journal.close_batch(offset, records, batch)
-                    generic(conn, view[start:end])
+                request = decode_add(view[start:end])
+                if request is not None and (rid := request.request_id) not in request_ids:
+                    request_ids.add(rid)
+                    adds.append(request)
                     continue
-                request_ids.add(rid)
-                adds += 1
-                ledger_id, entry_id, lac = _unpack_body_header(entry)
-                if ledger_id != lid or entry_id != eid:
-                    message = f"entry body does not carry ledger {lid} entry {eid}"
-                    self._add_error(conn, rid, BadRequest(message))
-                    continue
-                try:
-                    recovery = flags & _RECOVERY_ADD != 0
-                    if self.read_only and self.mode is not None:
-                        self.mode.check_add(recovery)
-                    # The ledger checks and record of an add (Storage.add_entry's, with the
-                    # completion one item of the group's batch).
-                    state = ledgers.get(lid)
-                    if (
-                        state is None
-                        or state.master_key is None
-                        or not _compare_digest(state.master_key, key)
-                    ):
-                        if parts is not None:  # a new ledger journals its key first
-                            parts = None
-                            journal.close_batch(offset, records, batch)
-                        state = storage.ledger_for_write(lid, key)
-                    if state.fenced and not recovery:
-                        self._add_error(conn, rid, Fenced(f"ledger {lid} is fenced"))
-                        continue
-                    length = _ENTRY_PREFIX_BYTES + len(entry)
-                    if length > _RECORD_BODY_BYTES_MAX:
-                        message = f"entry of {len(entry)} bytes exceeds the journal record maximum"
-                        self._add_error(conn, rid, JournalError(message))
-                        continue
-                    crc = _crc32c(entry, _crc32c(_pack_crc_prefix(length, _ENTRY_TYPE, lid, eid)))
-                    head = _pack_entry_head(_RECORD_MAGIC, length, crc, _ENTRY_TYPE, lid, eid)
-                    record_size = length + _RECORD_HEADER_BYTES
-                    if parts is None:
-                        parts, segment_id, offset, end_max, record_max, batch = journal.open_batch(
-                            _AddReplies
-                        )
-                        records = 0
-                    if offset + record_size > end_max or record_size > record_max:
-                        # Past the segment's end (or the configured record maximum): the one-record
-                        # path rolls the segment (or raises).
-                        parts = None
-                        journal.close_batch(offset, records, batch)
-                        seg, at, one = journal.append_batched(head, entry, _AddReplies)
-                        one.items.append((eid, seg, at, record_size, state, lac, conn, rid))
-                        continue
-                    parts.append(head)
-                    parts.append(entry)
-                    batch.items.append((eid, segment_id, offset, record_size, state, lac, conn, rid))
-                    offset += record_size
-                    records += 1
-                except (StorageError, JournalError, OSError) as exc:
-                    self._add_error(conn, rid, exc)
-                except Exception as exc:  # a handler bug: answer EIO, keep serving
-                    log.exception("processor.handler_failed", op=_ADD_OP)
-                    self._add_error(conn, rid, exc)
+                conn.in_flight += taken
+                load.in_flight += taken
+                taken = 0
+                if adds:
+                    pending, adds = adds, []
+                    self._add_run(conn, pending)
+                self._dispatch_generic(conn, view[start:end])
+                in_flight = conn.in_flight
         finally:
-            self.adds += adds
-            if parts is not None:
-                journal.close_batch(offset, records, batch)
+            conn.in_flight += taken
+            load.in_flight += taken
+            if adds:  # only if something raised: still answer every request taken
+                self._add_run(conn, adds)
         return pos
+
+    def _add_run(self, conn: ServerConnection, adds: list[m.AddEntryRequest]) -> None:
+        """Journal (or refuse, answering at once) consecutive adds of ``conn``."""
+        self.adds += len(adds)
+        check_add = self.mode.check_add if self.read_only and self.mode is not None else None
+        self.storage.add_run(adds, conn, _AddReplies, check_add)
 
     def _dispatch_generic(self, conn: ServerConnection, body: memoryview) -> None:
         """Decode one frame body into a request object and run its handler (every op; an ADD the
@@ -400,7 +284,6 @@ class Processor:
         request_ids.add(rid)
         try:
             if type(request) is _AddEntryRequest:  # the hot path skips the table lookup
-                self.adds += 1
                 self._add(conn, request)
             else:
                 self.requests[type(request)] += 1
@@ -429,7 +312,8 @@ class Processor:
         op = exc.op if exc.op is not None else 0
         conn.complete(None, m.encode_error(op, exc.request_id, StatusCode.EBADREQ, str(exc)))
 
-    def _add_error(self, conn: ServerConnection, rid: int, exc: BaseException) -> None:
+    def add_error(self, conn: ServerConnection, rid: int, exc: BaseException) -> None:
+        """Answer an add refused before the journal (for :class:`_AddReplies`)."""
         status = status_for(exc)
         self.count_error(status)
         conn.complete(rid, m.encode_error(_ADD_OP, rid, status, str(exc) or type(exc).__name__))
@@ -446,17 +330,7 @@ class Processor:
 
     # ------------------------------------------------------------------ writes
     def _add(self, conn: ServerConnection, req: m.AddEntryRequest) -> None:
-        body = req.body
-        if len(body) < _BODY_HEADER_BYTES:
-            raise BadRequest(f"entry body of {len(body)} bytes is shorter than its header")
-        ledger_id, entry_id, lac = _BODY_HEADER.unpack_from(body)
-        if ledger_id != req.ledger_id or entry_id != req.entry_id:
-            raise BadRequest(f"entry body does not carry ledger {req.ledger_id} entry {req.entry_id}")
-        recovery = req.flags & _RECOVERY_ADD != 0
-        if self.read_only and self.mode is not None:
-            self.mode.check_add(recovery)
-        reply = _AddReply(conn, req.request_id, ledger_id)
-        self.storage.add_entry(ledger_id, entry_id, lac, req.master_key, body, recovery, reply)
+        self._add_run(conn, [req])
 
     def _write_lac(self, conn: ServerConnection, req: m.WriteLacRequest) -> None:
         if self.read_only and self.mode is not None and req.ledger_id not in self.storage.ledgers:

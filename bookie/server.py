@@ -17,13 +17,15 @@ must not stall the loop) and the journal's failure; the operator toggles it thro
 endpoint (:meth:`BookieServer.set_read_only`). On each transition the processor starts or stops
 refusing normal adds at once, and a second task moves the registration between ``writable/`` and
 ``readonly/`` (retried with backoff while metadata is unreachable; the latest wanted state wins).
+
+Seams (DESIGN §8): threads and executors come from a :class:`~bookie.threads.Threads`, time from a
+:class:`~bookkeeper_aio.common.clock.Clock` (both passed down to the storage and journal).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import Protocol
 
 import structlog
@@ -36,6 +38,8 @@ from bookie.metrics import DiskStatus, Snapshot, probe_disk, snapshot
 from bookie.mode import Mode, ModeMachine
 from bookie.processor import Processor
 from bookie.storage import Storage
+from bookie.threads import OS_THREADS, Threads
+from bookkeeper_aio.common.clock import SYSTEM_CLOCK, Clock
 
 log = structlog.get_logger(__name__)
 
@@ -59,8 +63,16 @@ REGISTRATION_RETRY_S_MAX = 5.0
 
 
 class BookieServer:
-    def __init__(self, config: BookieConfig, registration: Registration | None = None) -> None:
+    def __init__(
+        self,
+        config: BookieConfig,
+        registration: Registration | None = None,
+        threads: Threads = OS_THREADS,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.config = config
+        self.threads = threads
+        self.clock = clock
         self.registration = registration
         self.storage: Storage | None = None
         self.processor: Processor | None = None
@@ -79,7 +91,8 @@ class BookieServer:
         """Listening, and registered when there is a registration; False again once closing."""
         self.closing = False
         self.connections_refused = 0
-        self.started_s = time.monotonic()
+        self.started_s = clock.monotonic()
+        self._disk_probe = threads.executor("disk-probe")  # its thread starts with the first probe
         self.mode = ModeMachine(config.disk_thresholds(), self._on_mode_change)
         self._mode_task: asyncio.Task[None] | None = None
         self._registration_task: asyncio.Task[None] | None = None
@@ -115,7 +128,9 @@ class BookieServer:
         if self.admin is not None:
             await self.admin.start()
         try:
-            self.storage = await Storage.open(self.config.storage_config())
+            self.storage = await Storage.open(
+                self.config.storage_config(), threads=self.threads, clock=self.clock
+            )
         except BaseException:
             if self.admin is not None:
                 self.admin.abort()
@@ -178,7 +193,8 @@ class BookieServer:
 
     async def check_mode(self) -> None:
         """One disk + journal observation (the periodic task calls this; tests may too)."""
-        disk = await asyncio.to_thread(probe_disk, self.config.data_dir)
+        loop = asyncio.get_running_loop()
+        disk = await loop.run_in_executor(self._disk_probe, probe_disk, self.config.data_dir)
         self.mode.observe_disk(None if disk.error else disk.free_bytes, _disk_mode_problem(disk))
         if self.storage is not None:
             self.mode.observe_journal(self.storage.journal.failed)
@@ -224,6 +240,7 @@ class BookieServer:
             if task is not None:
                 task.cancel()
         self._mode_task = self._registration_task = None
+        self._disk_probe.shutdown(wait=False)  # a probe stuck in a hung filesystem must not block
 
     def _new_connection(self) -> asyncio.Protocol:
         assert self.processor is not None

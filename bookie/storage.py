@@ -12,8 +12,20 @@ Rules this module keeps:
   adds, since the loop is single-threaded) and its callback fires after the FENCE record is durable;
 - reads verify the record's CRC32C; a damaged record is :class:`EntryCorrupt` (EIO), never "no entry".
 
+The add path (:meth:`Storage.add_run`) takes a connection's consecutive ADD requests at once: the
+entry-body checks, the ledger checks (master key, fence, read-only through the caller's check),
+then each record goes into one journal batch (:meth:`~bookie.journal.Journal.open_batch`), its
+bytes from :func:`bookie.journal_format.encode_entry_head`. What the completion needs is kept per
+run of one ledger (:class:`AddRun`: lists, no object per add), and one :class:`AddBatch` per reply
+target and journal group indexes them and answers. Every add, the inline-decoded ones and the
+others, goes this way: there is one add path.
+
+Seams (DESIGN §8): files through :class:`~bookie.fileio.FileIO`, threads and executors through
+:class:`~bookie.threads.Threads`, time through :class:`~bookkeeper_aio.common.clock.Clock`.
+
 Typed errors (mapped to wire statuses by the processor): :class:`NoLedger`, :class:`NoEntry`,
-:class:`Fenced`, :class:`Unauthorized`, :class:`EntryCorrupt`, :class:`~bookie.journal.JournalError`.
+:class:`Fenced`, :class:`Unauthorized`, :class:`EntryCorrupt`, :class:`BadRequest`,
+:class:`~bookie.journal.JournalError`.
 """
 
 from __future__ import annotations
@@ -22,9 +34,10 @@ import asyncio
 import contextlib
 import hmac
 import os
-from concurrent.futures import ThreadPoolExecutor
+import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -33,9 +46,15 @@ from bookie import journal_format as fmt
 from bookie.cookie import ensure_cookie
 from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.index import Location
-from bookie.journal import Callback, Journal, JournalConfig
+from bookie.journal import Callback, Journal, JournalConfig, JournalError, RecordBatch
 from bookie.ledger_state import LedgerState
+from bookie.threads import OS_THREADS, Threads
 from bookkeeper_aio.common import failpoints
+from bookkeeper_aio.common.clock import SYSTEM_CLOCK, Clock
+from bookkeeper_aio.protocol.codes import AddFlag
+
+if TYPE_CHECKING:
+    from bookkeeper_aio.protocol.messages import AddEntryRequest
 
 log = structlog.get_logger(__name__)
 
@@ -69,6 +88,11 @@ class EntryCorrupt(StorageError):
     """A stored record that fails its checksum or names another entry: answer EIO, never ENOENTRY."""
 
 
+class BadRequest(StorageError):
+    """A request that is well-formed on the wire but not an acceptable one (an ADD whose entry
+    body does not carry its ledger and entry ids)."""
+
+
 @dataclass(frozen=True)
 class StorageConfig:
     data_dir: str
@@ -78,96 +102,94 @@ class StorageConfig:
     """How often the index is checkpointed when the journal moved: bounds replay time at restart."""
 
 
-class AddCompletion:
-    """Completion of one add, subclassed by the caller (one small object per add: no closure, no
-    Future, DESIGN §10). Storage fills the slots; once the record is durable it indexes the entry,
-    advances the piggybacked LAC, then calls :meth:`on_durable` (``error`` None on success)."""
+_BODY_HEADER = struct.Struct(">qqq")  # ledger id, entry id, piggybacked LAC (protocol/digest.py)
+_BODY_HEADER_BYTES = 32  # digest.HEADER_BYTES: the three above and the entry's length
+_unpack_body_header = _BODY_HEADER.unpack_from
+_RECOVERY_ADD = int(AddFlag.RECOVERY_ADD)
+_ENTRY_RECORD_OVERHEAD_BYTES = fmt.ENTRY_RECORD_OVERHEAD_BYTES
+_encode_entry_head = fmt.encode_entry_head
+_compare_digest = hmac.compare_digest
 
-    __slots__ = ("entry_id", "lac", "length", "offset", "segment_id", "state")
-    state: LedgerState
-    entry_id: int
-    lac: int
-    length: int
-    segment_id: int
-    offset: int
+
+class AddRun:
+    """Adds of one ledger whose records lie back to back in one journal segment, from ``offset``:
+    their entry ids and record lengths (for the index), request ids (for the answers, opaque
+    here) and the highest LAC they piggyback. Lists, not an object per add: one append each."""
+
+    __slots__ = ("entry_ids", "lac_max", "lengths", "offset", "request_ids", "segment_id", "state")
+
+    def __init__(self, state: LedgerState, segment_id: int, offset: int) -> None:
+        self.state = state
+        self.segment_id = segment_id
+        self.offset = offset
+        self.entry_ids: list[int] = []
+        self.lengths: list[int] = []
+        self.request_ids: list[int] = []
+        self.lac_max = -1
+
+
+class AddBatch:
+    """Completion of one reply target's adds in one journal group, subclassed by the caller: one
+    journal callback for them all. Once the group is durable it indexes every run's entries and
+    advances each ledger's piggybacked LAC, then calls :meth:`on_durable` (``error`` None on
+    success; on error nothing is indexed). :meth:`on_error` answers an add refused before the
+    journal, at once."""
+
+    __slots__ = ("runs", "target")
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+        self.runs: list[AddRun] = []
 
     def on_durable(self, error: BaseException | None) -> None:
         raise NotImplementedError
 
-    def __call__(self, error: BaseException | None) -> None:
-        if error is None:
-            state = self.state
-            state.index.put(self.entry_id, self.segment_id, self.offset, self.length)
-            if self.lac > state.piggyback_lac:
-                state.advance_piggyback(self.lac)
-        self.on_durable(error)
-
-
-AddItem = tuple[int, int, int, int, LedgerState, int, Any, int]
-"""One batched add: entry id, record segment id, offset and length (the index's
-:meth:`~bookie.index.LedgerIndex.put_run` reads these four), ledger state, piggybacked LAC, then
-the caller's reply target and request id (opaque to storage)."""
-
-
-class AddBatch:
-    """Completion of the adds of one group (the processor's add path), subclassed by the caller:
-    one callback per group instead of one object and four calls per add. Once the group is durable
-    it indexes every entry and advances each ledger's piggybacked LAC, then calls
-    :meth:`on_durable` with the items (``error`` None on success; on error nothing is indexed)."""
-
-    __slots__ = ("items",)
-
-    def __init__(self) -> None:
-        self.items: list[AddItem] = []
-
-    def on_durable(self, items: list[AddItem], error: BaseException | None) -> None:
+    def on_error(self, request_id: int, error: BaseException) -> None:
         raise NotImplementedError
 
     def __call__(self, error: BaseException | None) -> None:
-        items = self.items
-        if error is None and items:
-            # Runs of one ledger (usually the whole group): one index call and one LAC update each.
-            state = items[0][4]
-            start = i = 0
-            lac_max = -1
-            for item in items:
-                if item[4] is not state:
-                    state.index.put_run(items, start, i)
-                    if lac_max > state.piggyback_lac:
-                        state.advance_piggyback(lac_max)
-                    state = item[4]
-                    start = i
-                    lac_max = -1
-                if item[5] > lac_max:
-                    lac_max = item[5]
-                i += 1
-            state.index.put_run(items, start, i)
-            if lac_max > state.piggyback_lac:
-                state.advance_piggyback(lac_max)
-        self.on_durable(items, error)
+        if error is None:
+            for run in self.runs:
+                state = run.state
+                state.index.put_run(run.segment_id, run.offset, run.entry_ids, run.lengths)
+                if run.lac_max > state.piggyback_lac:
+                    state.advance_piggyback(run.lac_max)
+        self.on_durable(error)
 
 
 class Storage:
     """Owner of the journal, the ledger states and the checkpoint task."""
 
     def __init__(
-        self, config: StorageConfig, fileio: FileIO, recovered: replay.Recovered, lock_fd: int
+        self,
+        config: StorageConfig,
+        fileio: FileIO,
+        recovered: replay.Recovered,
+        lock_fd: int,
+        threads: Threads = OS_THREADS,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config
         self.fileio = fileio
         self.ledgers: dict[int, LedgerState] = recovered.ledgers
         self._loop = asyncio.get_running_loop()
         self._journal_dir = os.path.join(config.data_dir, replay.JOURNAL_DIR)
-        self.journal = Journal(fileio, self._journal_dir, recovered.start, config.journal)
+        self.journal = Journal(fileio, self._journal_dir, recovered.start, config.journal, threads, clock)
         self._lock_fd = lock_fd
-        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage-reader")
-        self._cold = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage-cold")
+        self._reader = threads.executor("storage-reader")
+        self._cold = threads.executor("storage-cold")
         self._read_fds: dict[int, int] = {}
         self._checkpointed = recovered.start
         self._checkpoint_task: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, config: StorageConfig, fileio: FileIO = OS_FILE_IO) -> Storage:
+    async def open(
+        cls,
+        config: StorageConfig,
+        fileio: FileIO = OS_FILE_IO,
+        threads: Threads = OS_THREADS,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> Storage:
         """Guard the data dir (lock + cookie), recover state, start the journal.
 
         Raises ``BlockingIOError`` (dir in use), :class:`~bookie.cookie.CookieMismatch`,
@@ -177,11 +199,14 @@ class Storage:
         loop = asyncio.get_running_loop()
         fileio.makedirs(config.data_dir)
         lock_fd = fileio.lock_dir(config.data_dir)
+        recovery = threads.executor("storage-recovery")
         try:
-            recovered = await loop.run_in_executor(None, _recover_blocking, fileio, config)
+            recovered = await loop.run_in_executor(recovery, _recover_blocking, fileio, config)
         except BaseException:
             fileio.close(lock_fd)
             raise
+        finally:
+            recovery.shutdown(wait=False)
         log.info(
             "storage.recovered",
             ledgers=len(recovered.ledgers),
@@ -190,7 +215,7 @@ class Storage:
             start_segment=recovered.start.segment_id,
             start_offset=recovered.start.offset,
         )
-        storage = cls(config, fileio, recovered, lock_fd)
+        storage = cls(config, fileio, recovered, lock_fd, threads, clock)
         storage._checkpoint_task = loop.create_task(storage._checkpoint_loop(), name="storage-checkpoint")
         return storage
 
@@ -210,32 +235,96 @@ class Storage:
         state.master_key = master_key
         return state
 
-    def add_entry(
+    def add_run(
         self,
-        ledger_id: int,
-        entry_id: int,
-        lac: int,
-        master_key: bytes,
-        body: bytes,
-        recovery: bool,
-        completion: AddCompletion,
+        requests: list[AddEntryRequest],
+        target: Any,
+        batch_type: type[AddBatch],
+        check_add: Callable[[bool], None] | None = None,
     ) -> None:
-        """Journal an entry; ``completion`` runs once it is durable (then readable).
+        """Journal consecutive adds of one reply target, in order. Each is checked: its entry body
+        carries its ledger and entry ids (:class:`BadRequest`), ``check_add(recovery)`` passes
+        (the caller's read-only gate; None: writable), the master key (:class:`Unauthorized`),
+        not fenced unless a recovery add (:class:`Fenced`), the record fits (:class:`JournalError`).
+        A refused add is answered at once through ``on_error`` of a ``batch_type(target)``; the
+        others are answered by such a batch after the covering fdatasync (see :class:`AddBatch`).
+        Never raises for one add."""
+        journal = self.journal
+        batch = self._batch_for(target, batch_type)
+        ledgers = self.ledgers
+        records: RecordBatch | None = None  # the journal batch open, if any
+        run: AddRun | None = None
+        parts: list[bytes] = []
+        entry_ids: list[int] = []  # the run's lists, bound here: one load each per add
+        lengths: list[int] = []
+        request_ids: list[int] = []
+        offset = end = record_max = count = 0
+        try:
+            for rid, lid, eid, flags, key, body in requests:
+                try:
+                    if len(body) < _BODY_HEADER_BYTES:
+                        message = f"entry body of {len(body)} bytes is shorter than its header"
+                        batch.on_error(rid, BadRequest(message))
+                        continue
+                    ledger_id, entry_id, lac = _unpack_body_header(body)
+                    if ledger_id != lid or entry_id != eid:
+                        batch.on_error(rid, BadRequest(f"entry body does not carry ledger {lid} entry {eid}"))
+                        continue
+                    recovery = flags & _RECOVERY_ADD != 0
+                    if check_add is not None:
+                        check_add(recovery)
+                    state = ledgers.get(lid)
+                    # ledger_for_write decides what is not the common case: a new ledger, a wrong key.
+                    if (
+                        state is None
+                        or (known_key := state.master_key) is None
+                        or not _compare_digest(known_key, key)
+                    ):
+                        if records is not None:  # a new ledger journals its key first
+                            closing, records = records, None  # closed once even if this raises
+                            journal.close_batch(closing, offset, count, batch)
+                        state = self.ledger_for_write(lid, key)
+                    if state.fenced and not recovery:
+                        batch.on_error(rid, Fenced(f"ledger {lid} is fenced"))
+                        continue
+                    size = _ENTRY_RECORD_OVERHEAD_BYTES + len(body)
+                    if records is None or offset + size > end or size > record_max:
+                        if records is not None:  # full: the next batch starts in the next segment
+                            closing, records = records, None
+                            journal.close_batch(closing, offset, count, batch)
+                        records = journal.open_batch(size)  # rolls to the next segment, or raises
+                        parts, offset, end = records.parts, records.offset, records.end
+                        record_max, count = records.record_max, 0
+                        run = None
+                    if run is None or run.state is not state:
+                        run = AddRun(state, records.segment_id, offset)
+                        batch.runs.append(run)
+                        entry_ids, lengths, request_ids = run.entry_ids, run.lengths, run.request_ids
+                    parts.append(_encode_entry_head(lid, eid, body))
+                    parts.append(body)
+                    entry_ids.append(eid)
+                    lengths.append(size)
+                    request_ids.append(rid)
+                    if lac > run.lac_max:
+                        run.lac_max = lac
+                    offset += size
+                    count += 1
+                except (StorageError, JournalError, OSError) as exc:
+                    batch.on_error(rid, exc)
+                except Exception as exc:  # a bug: answer (EIO), keep serving
+                    log.exception("storage.add_failed", ledger_id=lid, entry_id=eid)
+                    batch.on_error(rid, exc)
+        finally:
+            if records is not None:
+                journal.close_batch(records, offset, count, batch)
 
-        ``body`` must already be checked to carry ``ledger_id``/``entry_id``/``lac`` in its header.
-        Raises :class:`Unauthorized`, :class:`Fenced` (unless ``recovery``), :class:`JournalError`.
-        """
-        state = self.ledgers.get(ledger_id)
-        if state is None or state.master_key is None or not hmac.compare_digest(state.master_key, master_key):
-            state = self.ledger_for_write(ledger_id, master_key)
-        if state.fenced and not recovery:
-            raise Fenced(f"ledger {ledger_id} is fenced")
-        head, tail = fmt.encode_entry_parts(ledger_id, entry_id, body)
-        completion.state = state
-        completion.entry_id = entry_id
-        completion.lac = lac
-        completion.length = len(head) + len(tail)
-        completion.segment_id, completion.offset = self.journal.append((head, tail), completion)
+    def _batch_for(self, target: Any, batch_type: type[AddBatch]) -> AddBatch:
+        """The gathering group's last completion if it is ``target``'s (its adds keep one
+        completion, and so one answer, per group), else a new one."""
+        last = self.journal.last_callback
+        if type(last) is batch_type and last.target is target:
+            return last
+        return batch_type(target)
 
     def fence(self, ledger_id: int, master_key: bytes | None, callback: Callback) -> LedgerState:
         """Fence ``ledger_id`` (creating it fenced if unknown); ``callback`` once durable.

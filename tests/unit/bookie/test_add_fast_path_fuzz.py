@@ -1,4 +1,5 @@
-"""Differential fuzz: the fused add path (one journal batch per read) vs the generic path.
+"""Differential fuzz: the add hot path (the codec's ADD shortcut, one ``Storage.add_run`` per run of
+adds in a read) vs the generic path (every ADD through the generic validator, one add at a time).
 
 Random streams: adds of many sizes (segment rolls, records over record_bytes_max), new ledgers
 (key records), WRITE_LAC (key + LAC records), FORCE_LEDGER, fencing reads, HELLO, malformed and
@@ -18,13 +19,12 @@ import msgpack
 import pytest
 
 from bookie import journal_format as fmt
-from bookie import processor as processor_module
 from bookie.connection_handler import ConnectionLimits, ServerConnection
 from bookie.journal import JournalConfig
 from bookie.processor import Processor
 from bookie.storage import Storage, StorageConfig
 from bookkeeper_aio.protocol.framing import LENGTH
-from tests.unit.bookie.test_add_fast_path import KEY, Transport, entry, frame
+from tests.unit.bookie.test_add_fast_path import KEY, Transport, entry, frame, generic_only
 
 
 def stream(seed: int) -> list[bytes]:
@@ -134,7 +134,7 @@ async def test_fused_path_matches_the_generic_path_on_random_streams(
     reads = stream(seed)
     fast = await run(tmp_path / "fast", reads, wait_ms, queue_max)
     with monkeypatch.context() as patch:
-        patch.setattr(processor_module, "_FAST_ADD_BYTES_MAX", 0)
+        generic_only(patch)
         generic = await run(tmp_path / "generic", reads, wait_ms, queue_max)
     assert fast[4] == generic[4]  # the same records in the same order
     if wait_ms == 0:  # adaptive: the same groups, so the same bytes and places

@@ -88,15 +88,21 @@ def test_checkpoint_round_trip_keeps_everything() -> None:
     st.lists(st.integers(0, 200), max_size=6),
 )
 def test_put_run_matches_put(puts: list[tuple[int, int]], cuts: list[int]) -> None:
-    """``put_run`` (a journal group's adds in one loop) leaves the index exactly as ``put`` one by
-    one: dense, sparse, overflow, replaced, and ids that grow the arrays mid-run."""
-    items = [(abs(e), s, abs(e) * 7 % (1 << 32), abs(e) % 5000, "caller's") for e, s in puts]
+    """``put_run`` (a journal group's adds of a ledger, back to back, in one loop) leaves the index
+    exactly as ``put`` one by one: dense, sparse, overflow, replaced, and ids that grow the arrays
+    mid-run."""
+    segment_id, start_offset = 3, 16
     one_by_one, in_runs = LedgerIndex(), LedgerIndex()
-    for entry_id, segment_id, offset, length, _ in items:
-        one_by_one.put(entry_id, segment_id, offset, length)
-    bounds = sorted({0, len(items), *(min(cut, len(items)) for cut in cuts)})
+    offset = start_offset
+    for entry_id, length in puts:
+        one_by_one.put(abs(entry_id), segment_id, offset, length)
+        offset += length
+    bounds = sorted({0, len(puts), *(min(cut, len(puts)) for cut in cuts)})
+    offset = start_offset
     for start, stop in itertools.pairwise(bounds):
-        in_runs.put_run(items, start, stop)
+        run = puts[start:stop]
+        in_runs.put_run(segment_id, offset, [abs(e) for e, _ in run], [length for _, length in run])
+        offset += sum(length for _, length in run)
     assert in_runs.items() == one_by_one.items()
     assert len(in_runs) == len(one_by_one)
     assert in_runs.last_entry_id == one_by_one.last_entry_id

@@ -19,7 +19,8 @@ SMALL = JournalConfig(segment_bytes=64 * 1024, record_bytes_max=4096)
 
 
 def _record(i: int, size: int = 100) -> tuple[bytes, ...]:
-    return fmt.encode_entry_parts(1, i, bytes([i % 256]) * size)
+    payload = bytes([i % 256]) * size
+    return fmt.encode_entry_head(1, i, payload), payload
 
 
 def _read_all(directory: Path) -> list[tuple[int, int]]:

@@ -38,7 +38,8 @@ class FullDisk(FileIO):
 
 
 def _record(i: int, size: int = 1000) -> tuple[bytes, ...]:
-    return fmt.encode_entry_parts(1, i, bytes([i % 256]) * size)
+    payload = bytes([i % 256]) * size
+    return fmt.encode_entry_head(1, i, payload), payload
 
 
 async def _append_and_wait(journal: Journal, first: int, count: int) -> list[BaseException | None]:

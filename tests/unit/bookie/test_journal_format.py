@@ -42,9 +42,12 @@ def test_record_round_trip_all_types() -> None:
     assert fmt.parse_ledger_entry(scan.records[3].body) == (1, 5)
 
 
-def test_entry_parts_equal_whole_record() -> None:
-    head, body = fmt.encode_entry_parts(3, 4, b"payload")
-    assert head + body == fmt.encode_entry(3, 4, b"payload")
+@pytest.mark.parametrize("size", [0, 1, 1000, 70_000])
+def test_entry_head_and_body_equal_whole_record(size: int) -> None:
+    body = bytes(i & 0xFF for i in range(size))
+    head = fmt.encode_entry_head(3, 4, body)
+    assert len(head) + len(body) == fmt.ENTRY_RECORD_OVERHEAD_BYTES + size
+    assert head + body == fmt.encode_entry(3, 4, body)
 
 
 def test_group_header_names_its_own_place() -> None:

@@ -23,7 +23,7 @@ from bookie.index import Location
 from bookie.journal import JournalConfig
 from bookie.storage import NoEntry, Storage, StorageConfig
 
-from .test_storage import KEY, Done, add, body, config, patch
+from .test_storage import add, body, config, patch, start_add
 
 PAGE = 4096
 SYNCED = 24  # entries in synced groups (ledger 1, entries 0..23)
@@ -53,12 +53,10 @@ async def write_origin(path: Path, journal: JournalConfig | None = None) -> Orig
         await asyncio.gather(*(add(storage, 1, i, payload=PAYLOAD) for i in range(first, first + 6)))
     start = storage.journal.synced_position
     groups = storage.journal.groups_written
-    dones: list[Done] = []
-    for i in range(SYNCED, SYNCED + FINAL):  # all in one tick: one group
-        done = Done()
-        storage.add_entry(1, i, i - 1, KEY, body(1, i, i - 1, PAYLOAD), False, done)
-        dones.append(done)
-    await asyncio.gather(*(d.future for d in dones))
+    dones = [  # all in one tick: one group
+        start_add(storage, 1, i, body(1, i, i - 1, PAYLOAD)) for i in range(SYNCED, SYNCED + FINAL)
+    ]
+    await asyncio.gather(*dones)
     end = storage.journal.synced_position
     assert storage.journal.groups_written == groups + 1, "the final adds did not form one group"
     segment_of: dict[int, Location] = {}

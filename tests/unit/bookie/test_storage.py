@@ -16,7 +16,7 @@ from bookie.cookie import CookieMismatch
 from bookie.journal import JournalConfig, JournalError
 from bookie.ledger_state import LONG_POLL_WAITERS_PER_LEDGER_MAX, WakeReason
 from bookie.storage import (
-    AddCompletion,
+    AddBatch,
     EntryCorrupt,
     Fenced,
     NoEntry,
@@ -25,6 +25,7 @@ from bookie.storage import (
     StorageConfig,
     Unauthorized,
 )
+from bookkeeper_aio.protocol import messages as m
 
 from .fakes import FaultyFileIO
 
@@ -41,17 +42,29 @@ def config(path: Path, bookie_id: str = "bookie-1") -> StorageConfig:
     return StorageConfig(data_dir=str(path), bookie_id=bookie_id, journal=JOURNAL, checkpoint_interval_s=3600)
 
 
-class Done(AddCompletion):
-    __slots__ = ("future",)
+class Done(AddBatch):
+    """Completion of a test's adds: ``target`` is the future their outcome goes to."""
 
-    def __init__(self) -> None:
-        self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    __slots__ = ()
+
+    def on_error(self, request_id: int, error: BaseException) -> None:
+        self.target.set_exception(error)
 
     def on_durable(self, error: BaseException | None) -> None:
         if error is None:
-            self.future.set_result(None)
+            self.target.set_result(None)
         else:
-            self.future.set_exception(error)
+            self.target.set_exception(error)
+
+
+def start_add(
+    storage: Storage, ledger_id: int, entry_id: int, entry: bytes, *, recovery: bool = False, key: bytes = KEY
+) -> asyncio.Future[None]:
+    """Journal one add (its own reply target); the future completes once it is durable."""
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    request = m.AddEntryRequest(entry_id, ledger_id, entry_id, int(recovery), key, entry)
+    storage.add_run([request], future, Done)
+    return future
 
 
 async def add(
@@ -63,10 +76,8 @@ async def add(
     key: bytes = KEY,
     payload: bytes = b"",
 ) -> None:
-    done = Done()
     entry = body(ledger_id, entry_id, entry_id - 1, payload)
-    storage.add_entry(ledger_id, entry_id, entry_id - 1, key, entry, recovery, done)
-    await done.future
+    await start_add(storage, ledger_id, entry_id, entry, recovery=recovery, key=key)
 
 
 async def durable(start: object) -> None:
