@@ -2,7 +2,7 @@
 
 The add path (hot): the frames of one socket read are handled in one loop
 (:meth:`Processor.dispatch_frames`); each ADD is decoded by the codec's shortcut
-(:func:`~bookkeeper_aio.protocol.messages.decode_add_request`) and the consecutive ones go to
+(:meth:`AddRequests.take <bookkeeper_aio.protocol.messages.AddRequests.take>`) and the consecutive ones go to
 :meth:`Storage.add_run <bookie.storage.Storage.add_run>` together, which checks them (entry body
 header, read-only gate, master key, fence) and journals them. After the covering fdatasync the
 storage indexes the entries and advances the LAC, then :class:`_AddReplies` answers them: one
@@ -100,7 +100,7 @@ _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _ADD_OP = int(OpCode.ADD_ENTRY)
 _BEFORE_ACK = failpoints.BEFORE_ACK
 _AddEntryRequest = m.AddEntryRequest
-_decode_add_request = m.decode_add_request
+_AddRequests = m.AddRequests
 
 
 _FRAME_PREFIX = [_LENGTH.pack(size) for size in range(64)]
@@ -209,9 +209,9 @@ class Processor:
         """
         size_total = len(buf)
         unpack_length = _LENGTH.unpack_from
-        decode_add = _decode_add_request
         request_ids = conn.request_ids
-        adds: list[m.AddEntryRequest] = []
+        adds = _AddRequests()
+        take = adds.take
         # Permits taken are counted in ``taken`` and added to ``conn`` and ``load`` before any call
         # that may read or give back permits (two attribute updates per frame saved).
         in_flight = conn.in_flight
@@ -219,12 +219,13 @@ class Processor:
         try:
             while True:
                 if size_total - pos < 4 or in_flight + taken >= limit or conn.closed:
-                    if not adds:
+                    if not adds.request_ids:
                         break
                     conn.in_flight += taken
                     load.in_flight += taken
                     taken = 0
-                    pending, adds = adds, []
+                    pending, adds = adds, _AddRequests()
+                    take = adds.take
                     self._add_run(conn, pending)  # a refused add gives its permit back at once
                     in_flight = conn.in_flight
                     continue
@@ -237,29 +238,32 @@ class Processor:
                     break
                 taken += 1
                 pos = end
-                request = decode_add(view[start:end])
-                if request is not None and (rid := request.request_id) not in request_ids:
+                rid = take(view[start:end])  # the codec's ADD shortcut: -1 if not taken
+                if rid >= 0:
+                    known = len(request_ids)
                     request_ids.add(rid)
-                    adds.append(request)
-                    continue
+                    if len(request_ids) != known:
+                        continue
+                    adds.drop_last()  # a duplicate of one in flight: the generic path refuses it
                 conn.in_flight += taken
                 load.in_flight += taken
                 taken = 0
-                if adds:
-                    pending, adds = adds, []
+                if adds.request_ids:
+                    pending, adds = adds, _AddRequests()
+                    take = adds.take
                     self._add_run(conn, pending)
                 self._dispatch_generic(conn, view[start:end])
                 in_flight = conn.in_flight
         finally:
             conn.in_flight += taken
             load.in_flight += taken
-            if adds:  # only if something raised: still answer every request taken
+            if adds.request_ids:  # only if something raised: still answer every request taken
                 self._add_run(conn, adds)
         return pos
 
-    def _add_run(self, conn: ServerConnection, adds: list[m.AddEntryRequest]) -> None:
+    def _add_run(self, conn: ServerConnection, adds: m.AddRequests) -> None:
         """Journal (or refuse, answering at once) consecutive adds of ``conn``."""
-        self.adds += len(adds)
+        self.adds += len(adds.request_ids)
         check_add = self.mode.check_add if self.read_only and self.mode is not None else None
         self.storage.add_run(adds, conn, _AddReplies, check_add)
 
@@ -330,7 +334,9 @@ class Processor:
 
     # ------------------------------------------------------------------ writes
     def _add(self, conn: ServerConnection, req: m.AddEntryRequest) -> None:
-        self._add_run(conn, [req])
+        adds = _AddRequests()
+        adds.append(req)
+        self._add_run(conn, adds)
 
     def _write_lac(self, conn: ServerConnection, req: m.WriteLacRequest) -> None:
         if self.read_only and self.mode is not None and req.ledger_id not in self.storage.ledgers:
@@ -401,12 +407,8 @@ class Processor:
             frame = m.encode(
                 m.ReadEntryResponse(rid, StatusCode.ENOENTRY, str(exc), lid, req.entry_id, None, lac)
             )
-        except Exception as exc:
-            if not isinstance(exc, StorageError | OSError):
-                log.exception("processor.read_failed", ledger_id=lid, entry_id=req.entry_id)
-            status = status_for(exc)
-            self.count_error(status)
-            frame = m.encode_error(OpCode.READ_ENTRY, rid, status, str(exc) or type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001 (a bug is logged with its trace by _read_failed)
+            frame = self._read_failed(OpCode.READ_ENTRY, rid, lid, req.entry_id, exc)
         conn.complete(rid, frame)
 
     def _long_poll(self, conn: ServerConnection, req: m.ReadEntryRequest) -> None:
@@ -465,13 +467,18 @@ class Processor:
             self.entries_read += len(bodies)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
-            if not isinstance(exc, StorageError | OSError):
-                log.exception("processor.read_failed", ledger_id=lid, entry_id=req.start_entry_id)
-            status = status_for(exc)
-            self.count_error(status)
-            frame = m.encode_error(OpCode.BATCH_READ, rid, status, str(exc) or type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001 (a bug is logged with its trace by _read_failed)
+            frame = self._read_failed(OpCode.BATCH_READ, rid, lid, req.start_entry_id, exc)
         conn.complete(rid, frame)
+
+    def _read_failed(self, op: int, rid: int, lid: int, entry_id: int, exc: Exception) -> bytes:
+        """The answer to a read that failed; what is not a storage or disk error is a bug, logged
+        with its trace (call from the ``except`` block)."""
+        if not isinstance(exc, StorageError | OSError):
+            log.exception("processor.read_failed", ledger_id=lid, entry_id=entry_id)
+        status = status_for(exc)
+        self.count_error(status)
+        return m.encode_error(op, rid, status, str(exc) or type(exc).__name__)
 
     # ------------------------------------------------------------------ misc
     def _hello(self, conn: ServerConnection, req: m.HelloRequest) -> None:

@@ -54,7 +54,7 @@ from bookkeeper_aio.common.clock import SYSTEM_CLOCK, Clock
 from bookkeeper_aio.protocol.codes import AddFlag
 
 if TYPE_CHECKING:
-    from bookkeeper_aio.protocol.messages import AddEntryRequest
+    from bookkeeper_aio.protocol.messages import AddRequests
 
 log = structlog.get_logger(__name__)
 
@@ -237,30 +237,38 @@ class Storage:
 
     def add_run(
         self,
-        requests: list[AddEntryRequest],
+        requests: AddRequests,
         target: Any,
         batch_type: type[AddBatch],
         check_add: Callable[[bool], None] | None = None,
     ) -> None:
-        """Journal consecutive adds of one reply target, in order. Each is checked: its entry body
-        carries its ledger and entry ids (:class:`BadRequest`), ``check_add(recovery)`` passes
-        (the caller's read-only gate; None: writable), the master key (:class:`Unauthorized`),
-        not fenced unless a recovery add (:class:`Fenced`), the record fits (:class:`JournalError`).
-        A refused add is answered at once through ``on_error`` of a ``batch_type(target)``; the
-        others are answered by such a batch after the covering fdatasync (see :class:`AddBatch`).
-        Never raises for one add."""
+        """Journal consecutive adds of one reply target, in order, each checked: its entry body
+        carries its ids (:class:`BadRequest`), ``check_add(recovery)`` (the read-only gate; None:
+        writable), the key (:class:`Unauthorized`), the fence unless a recovery add
+        (:class:`Fenced`), the record size (:class:`JournalError`). A refused add is answered at
+        once (``on_error`` of a ``batch_type(target)``), the others by such a batch once durable."""
         journal = self.journal
         batch = self._batch_for(target, batch_type)
         ledgers = self.ledgers
         records: RecordBatch | None = None  # the journal batch open, if any
         run: AddRun | None = None
+        run_state: LedgerState | None = None  # run.state, and run.lac_max below, kept in locals
+        lac_max = -1
         parts: list[bytes] = []
         entry_ids: list[int] = []  # the run's lists, bound here: one load each per add
         lengths: list[int] = []
         request_ids: list[int] = []
         offset = end = record_max = count = 0
         try:
-            for rid, lid, eid, flags, key, body in requests:
+            for rid, lid, eid, flags, key, body in zip(
+                requests.request_ids,
+                requests.ledger_ids,
+                requests.entry_ids,
+                requests.flags,
+                requests.master_keys,
+                requests.bodies,
+                strict=True,
+            ):
                 try:
                     if len(body) < _BODY_HEADER_BYTES:
                         message = f"entry body of {len(body)} bytes is shorter than its header"
@@ -273,8 +281,7 @@ class Storage:
                     recovery = flags & _RECOVERY_ADD != 0
                     if check_add is not None:
                         check_add(recovery)
-                    state = ledgers.get(lid)
-                    # ledger_for_write decides what is not the common case: a new ledger, a wrong key.
+                    state = ledgers.get(lid)  # ledger_for_write decides a new ledger or a wrong key
                     if (
                         state is None
                         or (known_key := state.master_key) is None
@@ -295,18 +302,21 @@ class Storage:
                         records = journal.open_batch(size)  # rolls to the next segment, or raises
                         parts, offset, end = records.parts, records.offset, records.end
                         record_max, count = records.record_max, 0
-                        run = None
-                    if run is None or run.state is not state:
+                        run_state = None
+                    if state is not run_state:
+                        if run is not None:
+                            run.lac_max = lac_max
                         run = AddRun(state, records.segment_id, offset)
                         batch.runs.append(run)
                         entry_ids, lengths, request_ids = run.entry_ids, run.lengths, run.request_ids
+                        run_state, lac_max = state, -1
                     parts.append(_encode_entry_head(lid, eid, body))
                     parts.append(body)
                     entry_ids.append(eid)
                     lengths.append(size)
                     request_ids.append(rid)
-                    if lac > run.lac_max:
-                        run.lac_max = lac
+                    if lac > lac_max:
+                        lac_max = lac
                     offset += size
                     count += 1
                 except (StorageError, JournalError, OSError) as exc:
@@ -315,6 +325,8 @@ class Storage:
                     log.exception("storage.add_failed", ledger_id=lid, entry_id=eid)
                     batch.on_error(rid, exc)
         finally:
+            if run is not None:
+                run.lac_max = lac_max
             if records is not None:
                 journal.close_batch(records, offset, count, batch)
 

@@ -429,40 +429,106 @@ _new_tuple = tuple.__new__  # NamedTuple construction without the generated __ne
 
 
 _unpackb = msgpack.unpackb
-_FIXARRAY_7 = 0x97  # an ADD_ENTRY request with its six fields starts with this, then the op
 
 
 # Hot-path shortcuts: one flat check for the common, well-formed message. Anything they do not
 # accept goes through the generic validator, which also produces the precise error.
+class AddRequests:
+    """ADD_ENTRY requests decoded by :meth:`take`, kept as parallel lists: the bookie's add hot
+    path decodes a socket read's ADDs into one of these, one append per field and no object per
+    request (a NamedTuple per request, built and unpacked again, cost more than the rest of the
+    shortcut). :meth:`take` is the one fast ADD decoder (:func:`decode_add_request` is built on
+    it); tests pin it to the generic validator."""
+
+    __slots__ = ("bodies", "entry_ids", "flags", "ledger_ids", "master_keys", "request_ids")
+
+    def __init__(self) -> None:
+        self.request_ids: list[int] = []
+        self.ledger_ids: list[int] = []
+        self.entry_ids: list[int] = []
+        self.flags: list[int] = []
+        self.master_keys: list[bytes] = []
+        self.bodies: list[bytes] = []
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    def take(self, body: bytes | memoryview) -> int:
+        """Append the ADD_ENTRY request in ``body`` and return its request id if it is a
+        well-formed one of at most ``PLAIN_REQUEST_BYTES_MAX`` bytes with exactly its six fields;
+        else append nothing and return -1 (:func:`decode_request` decodes it, or says precisely
+        what is wrong)."""
+        if len(body) > PLAIN_REQUEST_BYTES_MAX:
+            return -1
+        try:
+            # A map anywhere is refused (max_map_len=0), arrays hold at most 7 items: anything
+            # else (another op's request, a malformed one) is the generic path's, with its bounds.
+            op, rid, lid, eid, flags, key, entry = _unpackb(body, max_array_len=7, max_map_len=0)
+        except _UNPACK_ERRORS:
+            return -1
+        if (
+            op == _ADD
+            and type(op) is int
+            and type(rid) is int
+            and type(lid) is int
+            and type(eid) is int
+            and type(flags) is int
+            and type(key) is bytes
+            and type(entry) is bytes
+            and 0 <= rid <= REQUEST_ID_MAX
+            and 0 <= lid <= ID_MAX
+            and 0 <= eid <= ID_MAX
+            and 0 <= flags <= 0xFF
+            and len(key) <= MASTER_KEY_BYTES_MAX
+        ):
+            self.request_ids.append(rid)
+            self.ledger_ids.append(lid)
+            self.entry_ids.append(eid)
+            self.flags.append(flags)
+            self.master_keys.append(key)
+            self.bodies.append(entry)
+            return rid
+        return -1
+
+    def append(self, request: AddEntryRequest) -> None:
+        """Append a request decoded otherwise (by the generic validator)."""
+        self.request_ids.append(request.request_id)
+        self.ledger_ids.append(request.ledger_id)
+        self.entry_ids.append(request.entry_id)
+        self.flags.append(request.flags)
+        self.master_keys.append(request.master_key)
+        self.bodies.append(request.body)
+
+    def drop_last(self) -> None:
+        """Forget the last request appended (one the caller refuses: a duplicate request id)."""
+        for column in (
+            self.request_ids,
+            self.ledger_ids,
+            self.entry_ids,
+            self.flags,
+            self.master_keys,
+            self.bodies,
+        ):
+            column.pop()
+
+    def request(self, i: int) -> AddEntryRequest:
+        return _new_tuple(
+            AddEntryRequest,
+            (
+                self.request_ids[i],
+                self.ledger_ids[i],
+                self.entry_ids[i],
+                self.flags[i],
+                self.master_keys[i],
+                self.bodies[i],
+            ),
+        )
+
+
 def decode_add_request(body: bytes | memoryview) -> AddEntryRequest | None:
-    """The ADD_ENTRY request in ``body`` if it is a well-formed one of at most
-    ``PLAIN_REQUEST_BYTES_MAX`` bytes with exactly its six fields, else None: then
-    :func:`decode_request` decodes it (or says precisely what is wrong). The bookie's add hot path
-    calls this for every frame first (for another op it returns None after two bytes); tests pin
-    it to the generic validator."""
-    if not 2 < len(body) <= PLAIN_REQUEST_BYTES_MAX or body[0] != _FIXARRAY_7 or body[1] != _ADD:
-        return None
-    try:
-        # A map anywhere is refused (max_map_len=0), nested arrays are bounded: the generic path
-        # takes those, with its own bounds.
-        _, rid, lid, eid, flags, key, entry = _unpackb(body, max_array_len=7, max_map_len=0)
-    except _UNPACK_ERRORS:
-        return None
-    if (
-        type(rid) is int
-        and type(lid) is int
-        and type(eid) is int
-        and type(flags) is int
-        and type(key) is bytes
-        and type(entry) is bytes
-        and 0 <= rid <= REQUEST_ID_MAX
-        and 0 <= lid <= ID_MAX
-        and 0 <= eid <= ID_MAX
-        and 0 <= flags <= 0xFF
-        and len(key) <= MASTER_KEY_BYTES_MAX
-    ):
-        return _new_tuple(AddEntryRequest, (rid, lid, eid, flags, key, entry))
-    return None
+    """The ADD_ENTRY request in ``body`` if :meth:`AddRequests.take` takes it, else None."""
+    requests = AddRequests()
+    return requests.request(0) if requests.take(body) >= 0 else None
 
 
 def _fast_add_response(obj: list[Any]) -> AddEntryResponse | None:

@@ -13,7 +13,6 @@ from typing import Any
 import msgpack
 import pytest
 
-from bookie import processor as processor_module
 from bookie.connection_handler import ConnectionLimits, ServerConnection
 from bookie.journal import JournalConfig
 from bookie.mode import ReadOnly
@@ -144,11 +143,10 @@ async def run(
 def generic_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every ADD decoded by the generic validator: the codec's shortcut refuses them all."""
 
-    def refuse(body: object) -> None:
-        return None
+    def refuse(self: m.AddRequests, body: object) -> int:
+        return -1
 
-    monkeypatch.setattr(processor_module, "_decode_add_request", refuse)
-    monkeypatch.setattr(m, "decode_add_request", refuse)
+    monkeypatch.setattr(m.AddRequests, "take", refuse)
 
 
 async def test_fast_path_matches_the_generic_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -62,8 +62,9 @@ def start_add(
 ) -> asyncio.Future[None]:
     """Journal one add (its own reply target); the future completes once it is durable."""
     future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    request = m.AddEntryRequest(entry_id, ledger_id, entry_id, int(recovery), key, entry)
-    storage.add_run([request], future, Done)
+    requests = m.AddRequests()
+    requests.append(m.AddEntryRequest(entry_id, ledger_id, entry_id, int(recovery), key, entry))
+    storage.add_run(requests, future, Done)
     return future
 
 

@@ -1,6 +1,7 @@
-"""The codec's ADD_ENTRY shortcut (``decode_add_request``, the bookie's add hot path) pinned to the
-generic validator: whatever the shortcut accepts, the generic decoder decodes to the same request;
-every well-formed ADD within its size is taken; nothing it is given makes it raise."""
+"""The codec's ADD_ENTRY shortcut (``AddRequests.take``, the bookie's add hot path, and
+``decode_add_request`` built on it) pinned to the generic validator: whatever the shortcut accepts,
+the generic decoder decodes to the same request; what it refuses leaves nothing behind; every
+well-formed ADD within its size is taken; nothing it is given makes it raise."""
 
 from __future__ import annotations
 
@@ -49,11 +50,22 @@ def test_what_the_shortcut_accepts_the_generic_decoder_decodes_the_same(
     raw = msgpack.packb([op, *fields, *trailing], use_bin_type=True)
     for body in (raw, memoryview(raw)):
         fast = m.decode_add_request(body)
-        if fast is not None:
+        requests = m.AddRequests()
+        requests.append(m.AddEntryRequest(9, 9, 9, 9, b"k", b"before"))
+        rid = requests.take(body)
+        if fast is None:
+            assert rid == -1
+            assert len(requests) == 1  # nothing of a refused frame is kept
+        else:
             assert type(fast) is m.AddEntryRequest
             assert fast == _generic(body)
             assert m.decode_request(body) == fast
             assert not trailing  # a trailing field is the generic path's to ignore
+            assert rid == fast.request_id
+            assert requests.request(1) == fast
+            requests.drop_last()
+        assert len(requests) == 1
+        assert requests.request(0) == m.AddEntryRequest(9, 9, 9, 9, b"k", b"before")
 
 
 @given(
