@@ -257,7 +257,7 @@ class Processor:
         finally:
             conn.in_flight += taken
             load.in_flight += taken
-            if adds.request_ids:  # only if something raised: still answer every request taken
+            if adds.request_ids:  # stopped before an incomplete or oversized frame (or raised)
                 self._add_run(conn, adds)
         return pos
 
