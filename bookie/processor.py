@@ -342,14 +342,9 @@ class Processor:
         if self.read_only and self.mode is not None and req.ledger_id not in self.storage.ledgers:
             raise ReadOnly(f"bookie is read-only ({self.mode.reason}): no new ledgers")
 
-        def done(error: BaseException | None) -> None:
-            if error is not None:
-                self._error(conn, req, error)
-            else:
-                conn.complete(
-                    req.request_id, m.encode(m.WriteLacResponse(req.request_id, 0, None, req.ledger_id))
-                )
-
+        done = self._answer_once_durable(
+            conn, req, m.WriteLacResponse(req.request_id, 0, None, req.ledger_id)
+        )
         self.storage.write_lac(req.ledger_id, req.master_key, req.lac, b"", done)
 
     def _force(self, conn: ServerConnection, req: m.ForceLedgerRequest) -> None:
@@ -357,15 +352,24 @@ class Processor:
         if state is not None and state.master_key is not None and state.master_key != req.master_key:
             raise Unauthorized(f"ledger {req.ledger_id}: master key mismatch")
 
+        self.storage.force(
+            self._answer_once_durable(
+                conn, req, m.ForceLedgerResponse(req.request_id, 0, None, req.ledger_id)
+            )
+        )
+
+    def _answer_once_durable(
+        self, conn: ServerConnection, req: Any, response: m.Response
+    ) -> Callable[[BaseException | None], None]:
+        """The journal callback of a write: ``response`` once durable, else the error's answer."""
+
         def done(error: BaseException | None) -> None:
             if error is not None:
                 self._error(conn, req, error)
             else:
-                conn.complete(
-                    req.request_id, m.encode(m.ForceLedgerResponse(req.request_id, 0, None, req.ledger_id))
-                )
+                conn.complete(req.request_id, m.encode(response))
 
-        self.storage.force(done)
+        return done
 
     # ------------------------------------------------------------------ reads
     def _read_entry(self, conn: ServerConnection, req: m.ReadEntryRequest) -> None:
