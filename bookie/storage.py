@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import operator
 import os
 import struct
 from collections.abc import Callable
@@ -109,6 +110,11 @@ _RECOVERY_ADD = int(AddFlag.RECOVERY_ADD)
 _ENTRY_RECORD_OVERHEAD_BYTES = fmt.ENTRY_RECORD_OVERHEAD_BYTES
 _encode_entry_head = fmt.encode_entry_head
 _compare_digest = hmac.compare_digest
+_request_fields = operator.attrgetter(
+    "request_ids", "ledger_ids", "entry_ids", "flags", "master_keys", "bodies"
+)  # an AddRequests' lists, in the order add_run unpacks them
+AddGate = Callable[[bool], None]
+"""The caller's read-only gate: ``gate(recovery)`` raises to refuse an add."""
 
 
 class AddRun:
@@ -236,11 +242,7 @@ class Storage:
         return state
 
     def add_run(
-        self,
-        requests: AddRequests,
-        target: Any,
-        batch_type: type[AddBatch],
-        check_add: Callable[[bool], None] | None = None,
+        self, requests: AddRequests, target: Any, batch_type: type[AddBatch], check_add: AddGate | None = None
     ) -> None:
         """Journal consecutive adds of one reply target, in order, each checked: its entry body
         carries its ids (:class:`BadRequest`), ``check_add(recovery)`` (the read-only gate; None:
@@ -253,22 +255,9 @@ class Storage:
         records: RecordBatch | None = None  # the journal batch open, if any
         run: AddRun | None = None
         run_state: LedgerState | None = None  # run.state, and run.lac_max below, kept in locals
-        lac_max = -1
-        parts: list[bytes] = []
-        entry_ids: list[int] = []  # the run's lists, bound here: one load each per add
-        lengths: list[int] = []
-        request_ids: list[int] = []
-        offset = end = record_max = count = 0
+        offset = end = record_max = count = lac_max = 0
         try:
-            for rid, lid, eid, flags, key, body in zip(
-                requests.request_ids,
-                requests.ledger_ids,
-                requests.entry_ids,
-                requests.flags,
-                requests.master_keys,
-                requests.bodies,
-                strict=True,
-            ):
+            for rid, lid, eid, flags, key, body in zip(*_request_fields(requests), strict=True):
                 try:
                     if len(body) < _BODY_HEADER_BYTES:
                         message = f"entry body of {len(body)} bytes is shorter than its header"
@@ -300,7 +289,7 @@ class Storage:
                             closing, records = records, None
                             journal.close_batch(closing, offset, count, batch)
                         records = journal.open_batch(size)  # rolls to the next segment, or raises
-                        parts, offset, end = records.parts, records.offset, records.end
+                        parts, offset, end = records.parts, records.offset, records.end  # in locals
                         record_max, count = records.record_max, 0
                         run_state = None
                     if state is not run_state:
@@ -308,7 +297,11 @@ class Storage:
                             run.lac_max = lac_max
                         run = AddRun(state, records.segment_id, offset)
                         batch.runs.append(run)
-                        entry_ids, lengths, request_ids = run.entry_ids, run.lengths, run.request_ids
+                        entry_ids, lengths, request_ids = (
+                            run.entry_ids,
+                            run.lengths,
+                            run.request_ids,
+                        )  # locals
                         run_state, lac_max = state, -1
                     parts.append(_encode_entry_head(lid, eid, body))
                     parts.append(body)
