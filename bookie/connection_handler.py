@@ -1,6 +1,6 @@
 """One client connection: framing over a bytearray, permits, deadlines, coalesced responses.
 
-An ``asyncio.Protocol`` (3x cheaper than streams here, DESIGN §10). Rules:
+An ``asyncio.Protocol`` (3x cheaper than streams here, docs/internals.md §6). Rules:
 
 - The length prefix is checked against ``frame_bytes_max`` before a byte of the frame is kept; a
   frame over it closes the connection (the stream cannot be resynchronised).

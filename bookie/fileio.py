@@ -3,8 +3,9 @@
 Every byte the bookie persists or reads back goes through a :class:`FileIO`: the journal's hot path
 (append, fdatasync), cold paths (index checkpoints and the cookie: write a temp file, fsync, rename,
 fsync the directory) and reads (pread). Production uses :class:`OsFileIO`; tests pass a twin that
-injects faults at this seam (DESIGN §8). The named failpoints of the durability steps are hit here
-(DESIGN §9), so enabling ``journal.write=partial:100`` tears a journal write exactly as a crash would.
+injects faults at this seam (docs/internals.md §2). The named failpoints of the durability steps
+(bookkeeper_aio/common/failpoints.py) are hit here, so enabling ``journal.write=partial:100`` tears
+a journal write exactly as a crash would.
 
 Everything here blocks: callers run it on the journal's writer thread or a cold-path executor,
 never on the event loop (the one exception is startup, before the server accepts anything).

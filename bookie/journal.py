@@ -1,6 +1,6 @@
 """The journal: append records, group-commit them, call back once they are durable.
 
-Strategy (DESIGN §4, §10):
+Strategy (docs/bookie.md "Group commit"; docs/internals.md §6):
 
 - The event loop owns the layout. ``append`` assigns each record its segment and offset at once
   (so the caller knows where the entry will live) and adds its bytes to the pending group; no I/O.
@@ -10,7 +10,7 @@ Strategy (DESIGN §4, §10):
   ``group_wait_ms > 0`` a timed policy is used instead: a group goes out when it is
   ``group_bytes`` large or its first record has waited ``group_wait_ms``.
 - Completion is a plain callback per record (``cb(error)``), fired on the loop after the covering
-  fdatasync, in append order. No Future per record: they cost ~38% on this path (DESIGN §10).
+  fdatasync, in append order. No Future per record: they cost ~38% on this path (docs/internals.md §6).
 - Each group starts with a GROUP header record (its own position and its records' length), one per
   segment it touches: ``append`` reserves the room when a run gets its first record, the writer
   fills it in. Replay uses it to tell the final group, torn by a power loss in any page order, from
@@ -27,7 +27,7 @@ Strategy (DESIGN §4, §10):
   :class:`RecordBatch` (where the records go), :meth:`Journal.close_batch` takes it back. The bytes
   of a record come from :mod:`bookie.journal_format` only.
 
-Seams (DESIGN §8): the writer thread is made by a :class:`bookie.threads.Threads`, the disk is a
+Seams (docs/internals.md §2): the writer thread is made by a :class:`bookie.threads.Threads`, the disk is a
 :class:`bookie.fileio.FileIO`, time is a :class:`bookkeeper_aio.common.clock.Clock`.
 """
 

@@ -1,6 +1,6 @@
 """Bookie metrics and health: a snapshot of plain counters, turned into Prometheus text at scrape.
 
-Strategy (DESIGN §10: CPU per entry is the limit): nothing on the request path calls
+Strategy (docs/internals.md §6: CPU per entry is the limit): nothing on the request path calls
 prometheus_client. The objects that already count keep plain ints (``Processor.adds``,
 ``Journal.records_written``, ``BookieServer.connections_refused``) and the journal's writer thread
 fills fixed-bucket histograms once per group (:mod:`bookie.stats`). At scrape time

@@ -1,4 +1,4 @@
-"""The bookie's mode: WRITABLE or READONLY, with explicit transitions (DESIGN §4: disk full).
+"""The bookie's mode: WRITABLE or READONLY, with explicit transitions (disk full: docs/bookie.md).
 
 :class:`ModeMachine` is pure state (no I/O, no clock): the server feeds it observations and it
 decides. Reasons for READONLY, any of which holds it there:

@@ -1,6 +1,6 @@
 """Plain counters for the bookie's metrics: what the hot paths touch instead of a metrics library.
 
-Rules (DESIGN §10: CPU per entry is the limit):
+Rules (docs/internals.md §6: CPU per entry is the limit):
 
 - Nothing here is called per entry. A histogram is observed once per journal group (fsync latency,
   records per group); per-request counts are a ``+= 1`` on an attribute of an object that already
@@ -32,7 +32,7 @@ FSYNC_SECONDS_BOUNDS: tuple[float, ...] = (
     1.0,
     2.5,
 )
-"""fdatasync latency buckets: ~0.2 ms is a healthy local SSD here (DESIGN §10); seconds is a sick disk."""
+"""fdatasync latency buckets: ~0.2 ms is a healthy local SSD (docs/internals.md §6), seconds a sick disk."""
 
 GROUP_RECORDS_BOUNDS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 """Records per group commit: 1 at idle, hundreds at peak (adaptive grouping)."""

@@ -20,7 +20,7 @@ run of one ledger (:class:`AddRun`: lists, no object per add), and one :class:`A
 target and journal group indexes them and answers. Every add, the inline-decoded ones and the
 others, goes this way: there is one add path.
 
-Seams (DESIGN §8): files through :class:`~bookie.fileio.FileIO`, threads and executors through
+Seams (docs/internals.md §2): files through :class:`~bookie.fileio.FileIO`, threads and executors through
 :class:`~bookie.threads.Threads`, time through :class:`~bookkeeper_aio.common.clock.Clock`.
 
 Typed errors (mapped to wire statuses by the processor): :class:`NoLedger`, :class:`NoEntry`,

@@ -5,8 +5,8 @@ The bookie runs blocking work off the event loop in two shapes: the journal's on
 paths (:mod:`bookie.storage`). Both are made here, through a :class:`Threads` passed down from
 :meth:`Storage.open <bookie.storage.Storage.open>` (default :data:`OS_THREADS`: real threads and
 ``ThreadPoolExecutor``), so a deterministic simulation can pass a twin that runs the work inline
-or on its own schedule (DESIGN §8). Production pays one call per thread or executor made, at
-startup: nothing on the hot path. Time goes through the other seam,
+or on its own schedule (docs/internals.md §2, the seams). Production pays one call per thread or
+executor made, at startup: nothing on the hot path. Time goes through the other seam,
 :class:`bookkeeper_aio.common.clock.Clock`.
 """
 

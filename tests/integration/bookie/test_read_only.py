@@ -1,4 +1,4 @@
-"""Read-only mode of real bookie processes with real etcd (DESIGN §4: disk full).
+"""Read-only mode of real bookie processes with real etcd (docs/bookie.md "Read-only mode": disk full).
 
 - A bookie whose disk is below ``disk_free_bytes_min`` at start registers straight under
   ``bookies/readonly/``, answers EREADONLY (with the reason) to normal adds and accepts recovery adds.

@@ -127,7 +127,7 @@ def test_segment_names_round_trip() -> None:
 
 @pytest.mark.parametrize("module", ["journal_format", "index", "checkpoint", "cookie"])
 def test_pure_modules_do_no_network_or_event_loop_io(module: str) -> None:
-    """STYLE habit 1: the record format, index and checkpoint serde are pure cores."""
+    """Pure cores: the record format, index and checkpoint serde are pure cores."""
     import ast
     from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""The pure decision rules, checked exhaustively against their definitions (seed 002).
+"""The pure decision rules, checked exhaustively against their definitions (docs/replication.md §1, §4).
 
 For every E <= 5, Qw <= E, Qa <= Qw: every assignment of {positive, negative, unknown, no reply}
 to the replicas of a write set, and every subset of answered bookies of an ensemble.
@@ -79,8 +79,9 @@ def test_quorum_coverage__every_entry_and_subset_matches_definition(e: int, qw: 
 
 @pytest.mark.parametrize(("e", "qw", "qa"), CONFIGS)
 def test_ensemble_coverage__fenced_subset_leaves_no_unfenced_ack_quorum(e: int, qw: int, qa: int) -> None:
-    """Fencing is done exactly when no write set keeps Qa unfenced bookies (seed 000), and then
-    ``covers_ensemble`` needs at least E - Qa + 1 answers when Qw == E (seed 002's EC)."""
+    """Fencing is done exactly when no write set keeps Qa unfenced bookies (docs/replication.md §4),
+    and then ``covers_ensemble`` needs at least E - Qa + 1 answers when Qw == E (ensemble coverage,
+    docs/replication.md §1)."""
     schedule = DistributionSchedule(e, qw, qa)
     for size in range(e + 1):
         for fenced in itertools.combinations(range(e), size):

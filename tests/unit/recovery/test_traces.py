@@ -1,4 +1,4 @@
-"""Scripted recovery traces (STYLE: LedgerRecovery2Test as an executable, step-by-step test).
+"""Scripted recovery traces, each an executable step-by-step test (as BookKeeper's LedgerRecovery2Test).
 
 Each test builds the exact bookie state of a trace, scripts which message is lost or late, runs
 recovery, and checks the protocol's promise: every entry the writer saw acked is <= the closed
