@@ -62,6 +62,9 @@ _EXPORTS: dict[str, str] = {
     "DigestType": "bookkeeper_aio.protocol.digest",
     "LedgerEntry": "bookkeeper_aio.client.read_handle",
     "ReadHandle": "bookkeeper_aio.client.read_handle",
+    "NoClusterFound": "bookkeeper_aio.client.discovery",
+    "LedgerState": "metadata.ledger_metadata",
+    "ReplacedBookie": "metadata.ledger_metadata",
 }
 
 __all__ = [
@@ -85,7 +88,9 @@ __all__ = [
     "LedgerFenced",
     "LedgerHandle",
     "LedgerRecoveryError",
+    "LedgerState",
     "MetadataConflict",
+    "NoClusterFound",
     "NoSuchEntry",
     "NoSuchLedger",
     "NotEnoughBookies",
@@ -95,6 +100,7 @@ __all__ = [
     "RackAwarePlacement",
     "RandomPlacement",
     "ReadHandle",
+    "ReplacedBookie",
     "TooManyRequests",
     "Unauthorized",
     "UnknownLedgerState",
@@ -118,6 +124,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from bookkeeper_aio.client.bookkeeper import BookKeeper, password_hash
     from bookkeeper_aio.client.config import ClientConfig
+    from bookkeeper_aio.client.discovery import NoClusterFound
     from bookkeeper_aio.client.ledger import HandleState, LedgerHandle
     from bookkeeper_aio.client.metrics import ClientMetrics, PrometheusClientMetrics
     from bookkeeper_aio.client.placement import PlacementPolicy, RackAwarePlacement, RandomPlacement
@@ -146,3 +153,4 @@ if TYPE_CHECKING:
         UnknownLedgerState,
     )
     from bookkeeper_aio.protocol.digest import DigestType
+    from metadata.ledger_metadata import LedgerState, ReplacedBookie

@@ -1,10 +1,14 @@
-"""One error model for the client (STYLE habit 5).
+"""One error model for the whole project: every error we raise on purpose is a `BKError`.
 
 ``BKError`` is the root. Every wire status has exactly one class, registered by its code;
 :func:`error_for_status` is the only mapping from a status to an exception. ``retriable`` says
 whether the same operation may succeed when tried again (after backoff, another replica or a new
 ensemble). Misuse of the API is :class:`BKInterfaceError` (also a ``ValueError``); a broken
-invariant inside the library is :class:`BKInternalError`.
+invariant inside the library is :class:`BKInternalError`. ``outcome_unknown`` is True on the error an
+add fails with once the add was sent to the bookies: the entry may or may not be in the ledger (see
+docs/api.md, "An add error after sending means unknown"). The metadata package's root
+(``metadata.errors.MetadataError``) and the codec's ``ProtocolError`` derive from ``BKError`` too, so
+``except BKError`` catches everything the project raises on purpose.
 """
 
 from __future__ import annotations
@@ -15,10 +19,18 @@ from bookkeeper_aio.protocol.codes import StatusCode
 
 
 class BKError(Exception):
-    """Root of every error bookkeeper-aio raises on purpose."""
+    """Root of every error bookkeeper-aio raises on purpose.
+
+    ``outcome_unknown`` (an instance attribute, False unless set): the error failed an add that had
+    already been sent to the bookies, so the entry **may or may not be in the ledger**, whatever the
+    error class (``LedgerFenced``, ``LedgerClosed``, ``NotEnoughBookies``, ``Unauthorized``, ...).
+    Only reading the ledger once it is closed (recovered) tells. False: the operation did nothing
+    (e.g. an add refused before it was sent), so retrying it cannot duplicate an entry.
+    """
 
     code: ClassVar[int | None] = None
     retriable: ClassVar[bool] = False
+    outcome_unknown: bool = False
 
 
 _BY_CODE: dict[int, type[BKError]] = {}
@@ -70,7 +82,8 @@ class BookieIOError(BKError):
 
 @_register
 class Unauthorized(BKError):
-    """Wrong ledger password (the bookie's master key check failed)."""
+    """Wrong ledger password (the bookie's master key check failed). On an add that was sent
+    (``outcome_unknown`` True) other bookies may have stored the entry."""
 
     code = int(StatusCode.EUA)
 
@@ -82,8 +95,9 @@ class ProtocolVersionMismatch(BKError):
 
 @_register
 class LedgerFenced(BKError):
-    """The ledger was fenced by a recovering reader. For an add this is like a timeout: the entry
-    may or may not be in the ledger; only the recovered ledger's last entry tells."""
+    """The ledger was fenced by a recovering reader. For an add that was sent this is like a
+    timeout (``outcome_unknown`` is True): the entry may or may not be in the ledger; only the
+    recovered ledger's last entry tells."""
 
     code = int(StatusCode.EFENCED)
 
@@ -127,13 +141,22 @@ class DigestError(BKError):
 
 
 class NotEnoughBookies(BKError):
-    """Fewer writable bookies than the ensemble needs. Start more bookies or lower E."""
+    """Fewer writable bookies than the ensemble needs. Start more bookies or lower E.
+
+    On an add that was sent (``outcome_unknown`` True: the writer found no replacement for a failed
+    bookie) the entry may or may not be in the ledger: it may have reached ``Qa`` bookies, and a
+    recovery keeps it. Only the recovered ledger's last entry tells."""
 
     retriable = True
 
 
 class LedgerClosed(BKError):
-    """The ledger is closed (by us or by a recovering reader): no more adds."""
+    """The ledger is closed (by us or by a recovering reader): no more adds.
+
+    On an add that was sent (``outcome_unknown`` True: e.g. a writer that resumed after a reader
+    recovered and closed its ledger, or ``abort()``) the entry may or may not be in the ledger; only
+    the closed ledger's last entry tells. Raised before sending (a closed handle) it is
+    ``outcome_unknown`` False: nothing was written."""
 
 
 class LedgerRecoveryError(BKError):
@@ -145,6 +168,18 @@ class LedgerRecoveryError(BKError):
 class MetadataConflict(BKError):
     """Ledger metadata changed in a way that contradicts this handle (e.g. closed elsewhere with
     another last entry)."""
+
+
+def with_outcome_unknown(error: BKError, unknown: bool) -> BKError:
+    """A copy of ``error`` (same class, message, attributes and cause) whose ``outcome_unknown`` is
+    ``unknown``; ``__init__`` is not called, so classes with their own signature copy too."""
+    clone = type(error).__new__(type(error), *error.args)
+    clone.args = error.args
+    clone.__dict__.update(error.__dict__)
+    clone.outcome_unknown = unknown
+    clone.__cause__ = error.__cause__
+    clone.__suppress_context__ = error.__suppress_context__
+    return clone
 
 
 def error_for_status(status: int, message: str | None = None) -> BKError:

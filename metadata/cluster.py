@@ -178,6 +178,9 @@ def describe_ledger(md: serde.LedgerMetadata, version: int) -> dict[str, Any]:
         "custom_metadata": {k: v.hex() for k, v in md.custom_metadata.items()},
         "ctime_ms": md.ctime_ms,
         "format_version": md.format_version,
+        "replaced_bookies": [
+            list(r) for r in md.replaced_bookies
+        ],  # [first_entry, bookie, replacement, time_ms]
     }
 
 

@@ -8,10 +8,15 @@ Pure: no I/O, no asyncio. The rules come from the BookKeeper replication protoco
 - State OPEN -> IN_RECOVERY -> CLOSED, or OPEN -> CLOSED; CLOSED is final (`TRANSITIONS`).
 - ``last_entry_id`` is set only when CLOSED (-1: closed empty); ``length`` (bytes) likewise.
 - The client stores a *hash* of the ledger password, never the password.
+- ``replaced_bookies``: the history of ensemble changes, one `ReplacedBookie` per bookie replaced
+  (the latest `REPLACED_BOOKIES_MAX` kept). A change at a fragment's first entry replaces that
+  fragment in place, so without it the metadata would keep no trace of the replaced bookie.
 
 Wire format: ``MAGIC`` + one msgpack map (maps, not arrays: here evolution matters more than speed).
 The map carries ``format_version``; a decoder rejects versions newer than `FORMAT_VERSION` and any value
-that is not our format with a `MetadataFormatError` naming the key and the ledger id.
+that is not our format with a `MetadataFormatError` naming the key and the ledger id. Optional keys
+(``replaced_bookies``) are written only when non-empty and read as empty when missing, so metadata
+written before them decodes, and older decoders ignore them (same ``format_version``).
 """
 
 from __future__ import annotations
@@ -20,9 +25,9 @@ import bisect
 import dataclasses
 import enum
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -39,6 +44,7 @@ CUSTOM_METADATA_VALUE_BYTES_MAX = 8 * 1024
 PASSWORD_HASH_BYTES_MAX = 128
 BOOKIE_ID_CHARS_MAX = 256
 ENCODED_BYTES_MAX = 1024 * 1024
+REPLACED_BOOKIES_MAX = 64
 DIGEST_TYPES = frozenset({"crc32c", "hmac-sha256", "none"})
 
 
@@ -61,6 +67,16 @@ Ensemble = tuple[str, ...]
 Fragment = tuple[int, Ensemble]
 
 
+class ReplacedBookie(NamedTuple):
+    """One bookie replaced by an ensemble change: in the fragment starting at ``first_entry``,
+    ``bookie`` was replaced by ``replacement`` at ``time_ms`` (wall clock, ms since the epoch)."""
+
+    first_entry: int
+    bookie: str
+    replacement: str
+    time_ms: int
+
+
 @dataclass(frozen=True, slots=True)
 class LedgerMetadata:
     """Immutable ledger metadata. Build with `LedgerMetadata.new`, change with the ``with_*`` helpers."""
@@ -78,10 +94,12 @@ class LedgerMetadata:
     length: int = 0
     ctime_ms: int = 0
     format_version: int = FORMAT_VERSION
+    replaced_bookies: tuple[ReplacedBookie, ...] = ()
 
     def __post_init__(self) -> None:
         ensembles = tuple((int(first), tuple(bookies)) for first, bookies in self.ensembles)
         object.__setattr__(self, "ensembles", ensembles)
+        object.__setattr__(self, "replaced_bookies", tuple(ReplacedBookie(*r) for r in self.replaced_bookies))
         object.__setattr__(self, "custom_metadata", types.MappingProxyType(dict(self.custom_metadata)))
         validate(self)
 
@@ -159,6 +177,13 @@ class LedgerMetadata:
         kept = self.ensembles[:-1] if first_entry_id == last_first else self.ensembles
         return dataclasses.replace(self, ensembles=(*kept, (first_entry_id, tuple(bookies))))
 
+    def with_replaced_bookies(self, records: Sequence[ReplacedBookie]) -> LedgerMetadata:
+        """``records`` appended to the replaced-bookies history (the latest `REPLACED_BOOKIES_MAX` kept)."""
+        if not records:
+            return self
+        history = (*self.replaced_bookies, *records)[-REPLACED_BOOKIES_MAX:]
+        return dataclasses.replace(self, replaced_bookies=history)
+
     def with_custom_metadata(self, updates: Mapping[str, bytes]) -> LedgerMetadata:
         """Custom metadata with ``updates`` merged in."""
         return dataclasses.replace(self, custom_metadata={**self.custom_metadata, **updates})
@@ -205,6 +230,18 @@ def _first_problem(md: LedgerMetadata) -> str | None:
             return f"custom metadata {name!r} longer than {CUSTOM_METADATA_VALUE_BYTES_MAX} bytes"
     if md.ctime_ms < 0 or md.format_version < 1:
         return "ctime_ms and format_version must be non-negative / >= 1"
+    return _replaced_problem(md)
+
+
+def _replaced_problem(md: LedgerMetadata) -> str | None:
+    if len(md.replaced_bookies) > REPLACED_BOOKIES_MAX:
+        return f"more than {REPLACED_BOOKIES_MAX} replaced bookies recorded"
+    for first, bookie, replacement, time_ms in md.replaced_bookies:
+        if not (_is(first, int) and _is(time_ms, int) and first >= 0 and time_ms >= 0):
+            return f"bad replaced-bookie record at entry {first!r} (time {time_ms!r})"
+        for name in (bookie, replacement):
+            if not _is(name, str) or not 0 < len(name) <= BOOKIE_ID_CHARS_MAX:
+                return f"bad bookie id {name!r} in the replaced-bookie record at entry {first}"
     return None
 
 
@@ -251,6 +288,8 @@ def encode(md: LedgerMetadata) -> bytes:
         "custom_metadata": dict(md.custom_metadata),
         "ctime_ms": md.ctime_ms,
     }
+    if md.replaced_bookies:  # optional: absent (not empty) keeps older metadata byte-identical
+        body["replaced_bookies"] = [list(record) for record in md.replaced_bookies]
     data = MAGIC + msgpack.packb(body, use_bin_type=True)
     if len(data) > ENCODED_BYTES_MAX:
         raise InvalidMetadata(
@@ -301,6 +340,11 @@ def decode(data: bytes, *, key: str, ledger_id: int | None = None) -> LedgerMeta
             raise MetadataFormatError(key, f"{who}: field {name!r} missing or of wrong type")
     if ledger_id is not None and body["ledger_id"] != ledger_id:
         raise MetadataFormatError(key, f"{who}: value names ledger {body['ledger_id']}")
+    replaced = body.get("replaced_bookies", [])  # optional: metadata written before it has none
+    if not isinstance(replaced, list) or not all(
+        isinstance(record, list) and len(record) == len(ReplacedBookie._fields) for record in replaced
+    ):
+        raise MetadataFormatError(key, f"{who}: field 'replaced_bookies' of wrong type")
     try:
         return LedgerMetadata(
             ledger_id=body["ledger_id"],
@@ -316,6 +360,7 @@ def decode(data: bytes, *, key: str, ledger_id: int | None = None) -> LedgerMeta
             length=body["length"],
             ctime_ms=body["ctime_ms"],
             format_version=version,
+            replaced_bookies=tuple(ReplacedBookie(*record) for record in replaced),
         )
     except (InvalidMetadata, ValueError, TypeError) as error:
         raise MetadataFormatError(key, f"{who}: {error}") from error

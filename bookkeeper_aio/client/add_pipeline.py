@@ -41,6 +41,7 @@ from bookkeeper_aio.errors import (
     LedgerFenced,
     Unauthorized,
     error_for_status,
+    with_outcome_unknown,
 )
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.digest import DigestType, EntryCodec
@@ -158,9 +159,10 @@ class AddPipeline:
     async def append(self, payload: bytes) -> int:
         """Add ``payload`` and wait for it to complete; returns its entry id.
 
-        Raises LedgerClosed, LedgerFenced (outcome unknown: see docs/api.md), NotEnoughBookies,
-        Unauthorized, BKInterfaceError (payload too large). Cancelling the wait does not withdraw
-        the entry once it was handed to the bookies.
+        Raises LedgerClosed, LedgerFenced, NotEnoughBookies, Unauthorized, BKInterfaceError (payload
+        too large). An error failing an add that was already sent has ``outcome_unknown`` True: the
+        entry may or may not be in the ledger (docs/api.md); one raised before sending has it False.
+        Cancelling the wait does not withdraw the entry once it was handed to the bookies.
         """
         if (  # fast path, same checks as append_async: no extra coroutine per entry
             self._state is _WRITABLE
@@ -193,8 +195,8 @@ class AddPipeline:
     def _check_writable(self) -> None:
         if self._state is HandleState.WRITABLE:
             return
-        if self._error is not None:
-            raise self._error
+        if self._error is not None:  # a fresh copy: this add was not sent, its outcome is known
+            raise with_outcome_unknown(self._error, False)
         raise LedgerClosed(f"ledger {self._id} is {self._state.value}")
 
     async def _wait_for_slot(self) -> None:
@@ -376,8 +378,11 @@ class AddPipeline:
         self._fail_outstanding(error)
 
     def _fail_outstanding(self, error: BKError) -> None:
+        """Fail every outstanding add: each was sent, so its error says ``outcome_unknown``."""
         pending, self._pending = self._pending, collections.deque()
         metrics = self._metrics
+        if pending:
+            error = with_outcome_unknown(error, True)
         for op in pending:
             if metrics is not None:
                 metrics.add_failed(error)

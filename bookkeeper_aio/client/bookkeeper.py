@@ -17,7 +17,7 @@ import asyncio
 import hashlib
 import hmac
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -26,6 +26,7 @@ import structlog
 from bookkeeper_aio.client.bookie_client import AddressResolver, BookiePool
 from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.client.context import BookieDirectory, ClientContext
+from bookkeeper_aio.client.discovery import find_metadata_url
 from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.client.metrics import ClientMetrics
 from bookkeeper_aio.client.placement import PlacementPolicy, RandomPlacement
@@ -37,7 +38,7 @@ from metadata import errors as md_errors
 from metadata.bookies import BookieInfo, list_bookies
 from metadata.cluster import MetadataConnection
 from metadata.cluster import connect as metadata_connect
-from metadata.ledger_manager import LedgerManager, VersionedLedger
+from metadata.ledger_manager import LIST_PAGE_SIZE_DEFAULT, LedgerManager, VersionedLedger
 from metadata.ledger_metadata import LedgerState
 from metadata.store import MetadataStore
 
@@ -107,15 +108,18 @@ class BookKeeper:
     @classmethod
     def connect(
         cls,
-        url: str,
+        url: str | None = None,
         *,
         config: ClientConfig | None = None,
         placement: PlacementPolicy | None = None,
         metrics: ClientMetrics | None = None,
     ) -> _Connect:
         """``async with BookKeeper.connect(url) as bk`` (or ``bk = await BookKeeper.connect(url)``).
-        ``metrics``: hooks called as adds, reads and recoveries finish
-        (:mod:`bookkeeper_aio.client.metrics`)."""
+
+        Without ``url`` the cluster is found as ``bkaio`` finds it: ``$BKAIO_METADATA``, else the
+        running sandbox (``$BKAIO_HOME/sandbox.json``; :mod:`bookkeeper_aio.client.discovery`);
+        NoClusterFound (a BKInterfaceError) when neither is there. ``metrics``: hooks called as adds,
+        reads and recoveries finish (:mod:`bookkeeper_aio.client.metrics`)."""
         return _Connect(url, config, placement, metrics)
 
     @property
@@ -207,6 +211,15 @@ class BookKeeper:
         except md_errors.NoSuchLedger as error:
             raise NoSuchLedger(f"ledger {ledger_id} does not exist") from error
 
+    def list_ledgers(self, *, page_size: int = LIST_PAGE_SIZE_DEFAULT) -> AsyncIterator[int]:
+        """Every ledger id in increasing order, read from metadata ``page_size`` ids at a time (as
+        ``bkaio ledgers`` pages). Not a snapshot: ledgers created or deleted meanwhile may or may not
+        show up. Raises BKInterfaceError (``page_size`` < 1), MetadataUnavailable."""
+        self._check_open()
+        if page_size < 1:
+            raise BKInterfaceError(f"page_size must be >= 1, got {page_size}")
+        return self._ctx.ledgers.iter_ledger_ids(page_size=page_size)
+
     async def _read_metadata(self, ledger_id: int) -> VersionedLedger:
         try:
             return await self._ctx.ledgers.read(ledger_id)
@@ -252,7 +265,7 @@ class _Connect:
 
     def __init__(
         self,
-        url: str,
+        url: str | None,
         config: ClientConfig | None,
         placement: PlacementPolicy | None,
         metrics: ClientMetrics | None = None,
@@ -264,8 +277,10 @@ class _Connect:
         self._client: BookKeeper | None = None
 
     async def _make(self) -> BookKeeper:
+        # No URL: $BKAIO_METADATA or the running sandbox (NoClusterFound when neither is there).
+        url = find_metadata_url() if self._url is None else self._url
         try:
-            conn = metadata_connect(self._url)
+            conn = metadata_connect(url)
         except md_errors.InvalidUrl as error:
             raise BKInterfaceError(str(error)) from error
         directory = RegistryDirectory(conn.store, conn.root)

@@ -18,6 +18,12 @@ Rules (seed 000):
 
 - A replacement is chosen by the placement policy among the writable bookies, never one of the
   ensemble nor one that ever failed for this ledger (``ever_failed``).
+- No replacement: before NotEnoughBookies is raised the ledger's metadata is read and ``accept``
+  asked, so a writer whose ledger was fenced or closed meanwhile says so (LedgerFenced /
+  LedgerClosed) instead of blaming the bookies.
+- Each replaced bookie is recorded in the ledger's ``replaced_bookies`` history by the same CAS
+  (first entry, replaced bookie, replacement, time): a fragment replaced in place (an ensemble
+  change at its first entry) otherwise leaves no trace of the bookie it had.
 - The CAS goes through :meth:`metadata.ledger_manager.LedgerManager.update`: on a conflict the
   decision is taken again on the fresh metadata (``accept`` first: the writer refuses a ledger
   that is no longer OPEN), with a new choice if the fragment changed. An unknown CAS outcome is
@@ -28,13 +34,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from bookkeeper_aio.client.context import ClientContext
 from bookkeeper_aio.errors import MetadataConflict, NotEnoughBookies
-from metadata.errors import UpdateRetriesExhausted
+from metadata.errors import MetadataError, UpdateRetriesExhausted
 from metadata.ledger_manager import UNCHANGED, VersionedLedger, _Unchanged
-from metadata.ledger_metadata import LedgerMetadata
+from metadata.ledger_metadata import LedgerMetadata, ReplacedBookie
 
 Ensemble = tuple[str, ...]
 
@@ -105,14 +112,19 @@ class BookieReplacer:
         the one starting there) with the new ensemble. ``copy`` (re-replication) runs between the
         choice and the CAS; if the fragment then changes under us the change is refused.
 
-        Raises what ``accept`` raises, NotEnoughBookies (no replacement, or the metadata race was
-        lost ``attempts_max`` times), MetadataConflict (the fragment changed during ``copy``),
+        Raises what ``accept`` raises (also when no replacement exists: the stored metadata is
+        checked first), NotEnoughBookies (no replacement, or the metadata race was lost
+        ``attempts_max`` times), MetadataConflict (the fragment changed during ``copy``),
         TimeoutError (``metadata_timeout_s``), MetadataError.
         """
         self.ever_failed.update(failed)
         writable = await self._ctx.directory.writable_bookies()
         base = current.metadata.ensemble_for(first_entry)
-        chosen = self._choose(first_entry, base, failed, writable, False)
+        try:
+            chosen = self._choose(first_entry, base, failed, writable, False)
+        except NotEnoughBookies:
+            await self._check_stored(accept)
+            raise
         if copy is not None:
             await copy(chosen)
 
@@ -127,7 +139,13 @@ class BookieReplacer:
                     raise MetadataConflict(f"ledger {md.ledger_id}: fragment {first_entry} changed")
                 base = fresh
                 chosen = self._choose(first_entry, fresh, failed, writable, False)
-            return _with_fragment(md, first_entry, chosen.ensemble)
+            now_ms = time.time_ns() // 1_000_000
+            history = [
+                ReplacedBookie(first_entry, old, new, now_ms)
+                for old, new in zip(base, chosen.ensemble, strict=True)
+                if old != new
+            ]
+            return _with_fragment(md, first_entry, chosen.ensemble).with_replaced_bookies(history)
 
         ledgers = self._ctx.ledgers
         try:
@@ -144,6 +162,17 @@ class BookieReplacer:
                 f"ledger {self._ledger_id}: ensemble change lost the metadata race too often"
             ) from error
         return chosen
+
+    async def _check_stored(self, accept: Accept) -> None:
+        """Raise what ``accept`` raises on the stored metadata (the ledger may have been fenced or
+        closed since the caller's copy). A metadata read that fails leaves the decision to the
+        caller's error."""
+        try:
+            async with asyncio.timeout(self._ctx.config.metadata_timeout_s):
+                stored = await self._ctx.ledgers.read(self._ledger_id)
+        except (MetadataError, TimeoutError):
+            return
+        accept(stored.metadata)
 
     def _choose(
         self,

@@ -356,6 +356,52 @@ class ReadHandle:
         self._check_range(entry_id, entry_id)
         return await self._reader.read_entry(entry_id)
 
+    def replicas(self, entry_id: int) -> tuple[str, ...]:
+        """The bookies that should hold ``entry_id``: its write set in the fragment storing it."""
+        if entry_id < 0:
+            raise BKInterfaceError(f"bad entry id {entry_id}")
+        return self._reader.replicas(entry_id)
+
+    async def read_from(self, bookie_id: str, entry_id: int) -> LedgerEntry:
+        """``entry_id`` as stored by one replica, ``bookie_id`` (verifying replicas): no other
+        replica is asked, nothing speculative. The body is digest-checked like any read.
+
+        Raises BKInterfaceError (``bookie_id`` is not in the entry's write set — the message names
+        the replicas — or the entry is beyond the LAC), NoSuchEntry / NoSuchLedger (this bookie
+        does not have it), DigestError (its copy is corrupt), BKTimeout, BookieConnectionLost, or
+        the error of the bookie's status.
+        """
+        self._check_range(entry_id, entry_id)
+        replicas = self._reader.replicas(entry_id)
+        if bookie_id not in replicas:
+            raise BKInterfaceError(
+                f"ledger {self.id}: bookie {bookie_id!r} is not in the write set of entry {entry_id} "
+                f"(its replicas: {', '.join(replicas)})"
+            )
+        ledger_id = self.id
+        response = await self._ctx.pool.request(
+            bookie_id,
+            lambda rid: m.ReadEntryRequest(rid, ledger_id, entry_id, 0, None),
+            self._ctx.config.read_timeout_s,
+        )
+        if response.status != StatusCode.EOK:
+            error = error_for_status(response.status, response.message)
+            raise type(error)(f"ledger {ledger_id} entry {entry_id} on {bookie_id}: {error}")
+        body = getattr(response, "body", None)
+        if body is None:
+            raise NoSuchEntry(f"ledger {ledger_id}: {bookie_id} has no entry {entry_id}")
+        try:
+            return self._codec.decode(body, ledger_id, entry_id)
+        except DigestMismatch as mismatch:
+            log.warning(
+                "read.corrupt_replica",
+                ledger_id=ledger_id,
+                entry_id=entry_id,
+                bookie=bookie_id,
+                error=str(mismatch),
+            )
+            raise DigestError(f"ledger {ledger_id} entry {entry_id} on {bookie_id}: {mismatch}") from mismatch
+
     def read(self, first: int = 0, last: int | None = None) -> AsyncIterator[LedgerEntry]:
         """Entries ``first..last`` (default: up to the LAC) in order. Raises BKInterfaceError for a
         range beyond the LAC; NoSuchEntry / BKTimeout / DigestError... when no replica can serve one."""
