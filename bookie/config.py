@@ -30,51 +30,97 @@ class ConfigError(ValueError):
     """A configuration value that is missing, unknown, of the wrong type or out of range."""
 
 
+def _key(default: Any, help_text: str) -> Any:
+    """A config key: its default and its one description (``bookie --help`` and the reference table
+    in docs/configuration.md both come from it; a test keeps the doc equal to :func:`reference_table`)."""
+    return dataclasses.field(default=default, metadata={"help": help_text})
+
+
 @dataclass(frozen=True)
 class BookieConfig:
-    data_dir: str = ""
-    bookie_id: str = ""
-    """Defaults to ``<host>:<port>``; required when ``port`` is 0."""
-    host: str = "127.0.0.1"
-    port: int = 3181
-    journal_segment_bytes: int = 256 * 1024 * 1024
-    journal_group_wait_ms: float = 0.0
-    """0 = adaptive group commit (recommended); > 0 = timed groups with this maximum wait."""
-    journal_group_bytes: int = 512 * 1024
-    journal_queue_bytes_max: int = 64 * 1024 * 1024
-    checkpoint_interval_s: float = 30.0
-    frame_bytes_max: int = FRAME_BYTES_MAX
-    in_flight_per_connection_max: int = 4096
-    """Unanswered requests per connection before it stops being read: a client pipelining 1,000
-    adds (the benchmark) never waits, a flood is held at ~4k requests (~4 MiB of 1 KiB adds)."""
-    in_flight_total_max: int = 65536
-    """Unanswered requests across all connections before every socket stops being read: bounds
-    memory whatever the number of connections (~64 MiB of 1 KiB adds)."""
-    connections_max: int = 1024
-    """Client connections; beyond it new connections are closed at once (bounds memory + fds)."""
-    frame_read_timeout_s: float = 30.0
-    """A started frame must complete this soon after the previous one (slow-loris guard)."""
-    log_level: str = "info"
-    metadata: str = ""
-    """Metadata URL (``etcd://HOST:PORT[,HOST:PORT]/ROOT``): the bookie checks its cookie there and
-    registers itself so clients find it. Empty: a standalone bookie that clients address directly."""
-    registration_ttl_s: int = 10
-    """Lease of the registration: a bookie that stops refreshing it vanishes from the writable set
-    after this long (clients then stop choosing it for new ensembles)."""
-    admin_host: str = "127.0.0.1"
-    """Listen address of the admin HTTP endpoint (``/health``, ``/ready``, ``/metrics``, ``/state``)."""
-    admin_port: int = -1
-    """Admin HTTP port: -1 = disabled, 0 = ephemeral (the bookie prints ``ADMIN host:port``)."""
-    disk_free_bytes_min: int = 512 * 1024 * 1024
-    """Read-only mode below this much free space on the data dir: normal adds get EREADONLY and the
-    registration moves to ``bookies/readonly/``. Room for ~1 s of journal at full speed plus the
-    preallocated segment steps, above the recovery reserve."""
-    disk_free_bytes_writable: int = 768 * 1024 * 1024
-    """Back to writable once free space is at least this (hysteresis; >= disk_free_bytes_min)."""
-    disk_reserve_bytes: int = 128 * 1024 * 1024
-    """While read-only, recovery adds are still accepted as long as free space is above this."""
-    disk_check_interval_s: float = 1.0
-    """How often the data dir's free space is checked (one statvfs, off the event loop)."""
+    data_dir: str = _key("", "Directory for the journal, index checkpoints and the COOKIE (required).")
+    bookie_id: str = _key(
+        "",
+        "The bookie's identity, written into the cookie; defaults to `<host>:<port>`, required when "
+        "`port` is 0.",
+    )
+    host: str = _key("127.0.0.1", "Listen address for the bookie protocol.")
+    port: int = _key(3181, "Listen port; 0 = ephemeral (printed in the `READY host:port` line).")
+    journal_segment_bytes: int = _key(
+        256 * 1024 * 1024,
+        "Size of a preallocated journal segment (must hold two maximum-size records).",
+    )
+    journal_group_wait_ms: float = _key(
+        0.0, "0 = adaptive group commit (recommended); > 0 = timed groups with this maximum wait."
+    )
+    journal_group_bytes: int = _key(
+        512 * 1024, "Timed policy only: a group goes out once this many bytes gathered."
+    )
+    journal_queue_bytes_max: int = _key(
+        64 * 1024 * 1024,
+        "Bytes appended but not yet synced before sockets stop being read (backpressure).",
+    )
+    checkpoint_interval_s: float = _key(
+        30.0, "How often the index is checkpointed (replay after a crash starts there)."
+    )
+    frame_bytes_max: int = _key(
+        FRAME_BYTES_MAX,
+        "Largest request frame accepted; a larger length prefix closes the connection before "
+        "anything is buffered.",
+    )
+    in_flight_per_connection_max: int = _key(
+        4096,
+        "Unanswered requests per connection before it stops being read: a client pipelining 1,000 "
+        "adds (the benchmark) never waits, a flood is held at ~4k requests (~4 MiB of 1 KiB adds).",
+    )
+    in_flight_total_max: int = _key(
+        65536,
+        "Unanswered requests across all connections before every socket stops being read: bounds "
+        "memory whatever the number of connections (~64 MiB of 1 KiB adds); checked once per socket "
+        "read, so it may overshoot by one read's worth.",
+    )
+    connections_max: int = _key(
+        1024, "Client connections; beyond it new connections are closed at once (bounds memory + fds)."
+    )
+    frame_read_timeout_s: float = _key(
+        30.0, "A started frame must complete this soon after the previous one (slow-loris guard)."
+    )
+    log_level: str = _key("info", "debug, info, warning or error.")
+    metadata: str = _key(
+        "",
+        "Metadata URL (`etcd://HOST:PORT[,HOST:PORT]/ROOT`): once listening, the bookie checks its "
+        "cookie there and registers itself so clients find it. Empty: a standalone bookie that "
+        "clients address directly.",
+    )
+    registration_ttl_s: int = _key(
+        10,
+        "Lease of the registration (2..3600): a bookie that stops refreshing it vanishes from the "
+        "writable set after this long (clients then stop choosing it for new ensembles).",
+    )
+    admin_host: str = _key(
+        "127.0.0.1",
+        "Listen address of the admin HTTP endpoint (`/health`, `/ready`, `/metrics`, `/state`).",
+    )
+    admin_port: int = _key(
+        -1, "Admin HTTP port: -1 = disabled, 0 = ephemeral (the bookie prints `ADMIN host:port`)."
+    )
+    disk_free_bytes_min: int = _key(
+        512 * 1024 * 1024,
+        "Read-only mode below this much free space on the data dir: normal adds get EREADONLY and "
+        "the registration moves to `bookies/readonly/` (docs/bookie.md, *Read-only mode*).",
+    )
+    disk_free_bytes_writable: int = _key(
+        768 * 1024 * 1024,
+        "Back to writable once free space is at least this (hysteresis; >= `disk_free_bytes_min`).",
+    )
+    disk_reserve_bytes: int = _key(
+        128 * 1024 * 1024,
+        "While read-only, recovery adds are still accepted as long as free space is above this "
+        "(<= `disk_free_bytes_min`).",
+    )
+    disk_check_interval_s: float = _key(
+        1.0, "How often the data dir's free space is checked (one statvfs, in a worker thread)."
+    )
 
     def validate(self) -> BookieConfig:
         """Return a config with derived defaults filled in; raise :class:`ConfigError`."""
@@ -188,10 +234,66 @@ def load(
     return BookieConfig(**values).validate(), args
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bookie", description="Run a bookkeeper-aio bookie (storage node).")
-    parser.add_argument("--config", help="TOML file with bookie settings (keys as below, underscores)")
+def help_text(name: str) -> str:
+    """The description of config key ``name`` (markdown: the reference table in the docs)."""
+    return str(_FIELDS[name].metadata.get("help", ""))
+
+
+def format_default(name: str) -> str:
+    """A key's default as the docs and ``--help`` show it (byte sizes in KiB / MiB)."""
+    value = _FIELDS[name].default
+    if "bytes" in name and isinstance(value, int) and value >= 1024:
+        for unit, size in (("MiB", 1024 * 1024), ("KiB", 1024)):
+            if value % size == 0:
+                return f"{value // size} {unit}"
+    return repr(value)
+
+
+def reference_table() -> str:
+    """The markdown table of every key, as docs/configuration.md (*Reference*) holds it.
+
+    ``python -m bookie.config`` prints it (paste it into the doc after changing a key).
+    """
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for name, field in _FIELDS.items():
-        help_text = f"(default: {field.default!r}; env {ENV_PREFIX}{name.upper()})"
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=help_text)
+        rows.append(f"| `{name}` | {field.type} | `{format_default(name)}` | {help_text(name)} |")
+    return "\n".join(rows) + "\n"
+
+
+def _metavar(name: str, kind: str) -> str:
+    if name.endswith("_ms"):
+        return "MS"
+    if name.endswith("_s"):
+        return "SECONDS"
+    if "bytes" in name:
+        return "BYTES"
+    return {"int": "N", "float": "X"}.get(kind, name.upper())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bookie",
+        description="Run a bookkeeper-aio bookie (storage node).",
+        epilog=f"Every option can also be set in the --config TOML file (key with underscores) or "
+        f"the environment ({ENV_PREFIX}<KEY>); flags win over the environment, which wins over the "
+        "file. Reference: docs/configuration.md.",
+    )
+    parser.add_argument("--config", metavar="FILE", help="TOML file with bookie settings (keys at top level)")
+    for name, field in _FIELDS.items():
+        described = help_text(name).replace("`", "").replace("*", "")
+        default = repr(field.default)
+        if format_default(name) != default:
+            default = f"{default} = {format_default(name)}"
+        help_line = f"{described} (default: {default}; env {ENV_PREFIX}{name.upper()})"
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            default=None,
+            metavar=_metavar(name, str(field.type)),
+            help=help_line.replace("%", "%%"),
+        )
     return parser
+
+
+if __name__ == "__main__":
+    print(reference_table(), end="")

@@ -26,6 +26,7 @@ unaffected.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import os
 import struct
 from collections.abc import Callable
@@ -349,7 +350,11 @@ class Processor:
 
     def _force(self, conn: ServerConnection, req: m.ForceLedgerRequest) -> None:
         state = self.storage.ledgers.get(req.ledger_id)
-        if state is not None and state.master_key is not None and state.master_key != req.master_key:
+        if (
+            state is not None
+            and state.master_key is not None
+            and not hmac.compare_digest(state.master_key, req.master_key)
+        ):
             raise Unauthorized(f"ledger {req.ledger_id}: master key mismatch")
 
         self.storage.force(

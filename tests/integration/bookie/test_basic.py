@@ -50,6 +50,8 @@ async def test_add_read_lac_batch_list(client: WireClient) -> None:
     assert listing.ranges == [[0, 99]]
     force = await client.request(m.ForceLedgerRequest, 1, b"K" * 32)
     assert force.status == StatusCode.EOK
+    wrong_key = await client.request(m.ForceLedgerRequest, 1, b"X" * 32)
+    assert wrong_key.status == StatusCode.EUA
 
 
 async def test_add_acks_batch_the_ok_answers_when_agreed_in_hello(client: WireClient) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from bookie.config import ConfigError, load
+from bookie.config import BookieConfig, ConfigError, build_parser, help_text, load, reference_table
 
 
 def test_precedence_toml_env_flags(tmp_path: Path) -> None:
@@ -64,3 +65,27 @@ def test_toml_type_errors_and_unknown_keys(tmp_path: Path) -> None:
 def test_in_flight_total_max_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="in_flight_total_max"):
         load(["--data-dir", "/d", "--in-flight-total-max", "0"], env={})
+
+
+def test_every_key_has_a_help_text_shown_by_help() -> None:
+    usage = " ".join(build_parser().format_help().split())  # argparse wraps lines
+    for field in fields(BookieConfig):
+        text = help_text(field.name)
+        assert len(text) > 10, f"config key {field.name} has no help text (bookie/config.py, _key)"
+        flag = "--" + field.name.replace("_", "-")
+        shown = " ".join(text.replace("`", "").replace("*", "").split())
+        assert f"{flag} " in usage
+        assert shown in usage, f"{flag}: its help text is missing from `bookie --help`"
+        assert f"BKAIO_BOOKIE_{field.name.upper()}" in usage
+
+
+def test_docs_reference_table_is_the_generated_one() -> None:
+    doc = (Path(__file__).parents[3] / "docs" / "configuration.md").read_text()
+    section = doc.split("### BookieConfig (bookie)", 1)[1].split("\n### ", 1)[0]
+    table = "\n".join(line for line in section.splitlines() if line.startswith("|")) + "\n"
+    assert table == reference_table(), (
+        "docs/configuration.md's BookieConfig table differs from bookie/config.py: "
+        "paste the output of `python -m bookie.config` into it"
+    )
+    for field in fields(BookieConfig):
+        assert f"| `{field.name}` |" in table
