@@ -18,8 +18,11 @@ What this module adds is the orchestration:
   IN_RECOVERY, LedgerClosed when CLOSED); OPEN -> decide again on the fresh metadata. Late failures
   from a bookie of the current ensemble still lead to its replacement; answers from replaced
   bookies are ignored.
-- EFENCED or EUA from any bookie fails the handle (and every outstanding add). A LedgerFenced add
-  is *unknown*: it may or may not be in the ledger (only the recovered ledger's last entry tells).
+- EFENCED or EUA from any bookie fails the handle (and every outstanding add). Any error of an add
+  that was sent is *unknown* (``outcome_unknown`` True): it may or may not be in the ledger (only
+  the recovered ledger's last entry tells); later adds are refused before sending (False).
+- No replacement bookie: the replacer reads the stored state first, so a ledger fenced or closed
+  meanwhile fails the adds with LedgerFenced / LedgerClosed rather than NotEnoughBookies.
 - Close: wait for outstanding adds and any ensemble change, then CAS state CLOSED + last entry =
   LAC (outcomes in :mod:`~bookkeeper_aio.client.ledger_close`).
 """
