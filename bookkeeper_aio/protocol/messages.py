@@ -593,6 +593,10 @@ def decode_response_object(obj: Any) -> Response:
         raise ProtocolError(f"response for unknown op {op}", request_id=rid, op=op)
     lenient = len(obj) > 2 and obj[2] != StatusCode.EOK
     result: Response = _validate(obj[1:], spec, op, rid, lenient=lenient)
+    if op == _ADD_ACKS and (rid != 0 or obj[2] != StatusCode.EOK):
+        # docs/protocol.md §3.9: ADD_ACKS carries EOK answers only, under request id 0; a failed add
+        # is answered on its own. Anything else must not be read as the success of its ids.
+        raise ProtocolError(f"op {op}: ADD_ACKS must be [{op}, 0, 0, nil, ids], got {obj!r:.80}", op=op)
     return result
 
 

@@ -237,11 +237,16 @@ def test_hello_of_a_peer_without_features_decodes_with_none() -> None:
         [11, 0, 0, None, list(range(1, ADD_ACKS_IDS_MAX + 2))],
         [11, 0, 0, None, 5],
         [11, 0, 0, None],  # EOK needs the ids
+        [11, 0, 504, "fenced", [1]],  # a failed add is answered on its own, never in ADD_ACKS
+        [11, 0, 501, None, [1, 2]],
+        [11, 7, 0, None, [1]],  # request id 0 only
     ],
 )
 def test_add_acks_response_is_validated(body: list[object]) -> None:
     with pytest.raises(ProtocolError):
         m.decode_response(msgpack.packb(body))
+    with pytest.raises(ProtocolError):
+        m.decode_answer(msgpack.packb(body))  # the client's fast path agrees
 
 
 def test_add_acks_is_not_a_request() -> None:
