@@ -23,3 +23,17 @@ def test_unknown_status_is_bad_request_not_crash() -> None:
 def test_fenced_is_not_retriable_and_io_is() -> None:
     assert not errors.LedgerFenced.retriable
     assert errors.BookieIOError.retriable
+
+
+def test_outcome_unknown_defaults_false_and_copies_keep_class_message_and_fields() -> None:
+    from metadata.errors import CasResultUnknown
+
+    assert errors.LedgerClosed("x").outcome_unknown is False
+    original = CasResultUnknown("/k", "lost")  # its own __init__ signature
+    original.__cause__ = OSError("cause")
+    sent = errors.with_outcome_unknown(original, True)
+    assert type(sent) is CasResultUnknown
+    assert (str(sent), sent.key, sent.outcome_unknown) == (str(original), "/k", True)
+    assert sent.__cause__ is original.__cause__
+    assert original.outcome_unknown is False  # the original is left alone
+    assert errors.with_outcome_unknown(sent, False).outcome_unknown is False
