@@ -182,6 +182,7 @@ class LedgerManager:
         attempts_max: int = CAS_ATTEMPTS_MAX,
         current: VersionedLedger | None = None,
         retry_unknown: bool = False,
+        attempt_timeout_s: float | None = None,
     ) -> VersionedLedger:
         """Read-modify-write with CAS until it applies, ``transform`` says `UNCHANGED`, or it raises.
 
@@ -192,24 +193,35 @@ class LedgerManager:
         recognise its own change already applied and return `UNCHANGED` (otherwise it is applied
         twice).
 
+        ``attempt_timeout_s`` bounds each read and each CAS on its own (``TimeoutError``), not the
+        loop: a slow store that loses a few races still gets its full budget per attempt. When the
+        last attempt loses, ``transform`` still sees the state that beat it, so its own rules (e.g.
+        "the ledger is not OPEN any more") decide the error rather than the retry count.
+
         Returns the metadata as stored afterwards. Raises whatever ``transform`` raises, `NoSuchLedger`,
-        `UpdateRetriesExhausted`, `CasResultUnknown` (unless ``retry_unknown``), `MetadataUnavailable`.
+        `UpdateRetriesExhausted`, `CasResultUnknown` (unless ``retry_unknown``), `MetadataUnavailable`,
+        ``TimeoutError``.
         """
         if current is None:
-            current = await self.read(ledger_id)
+            async with asyncio.timeout(attempt_timeout_s):
+                current = await self.read(ledger_id)
         retried = (BadVersion, CasResultUnknown) if retry_unknown else (BadVersion,)
-        for attempt in range(1, attempts_max + 1):
+        for attempt in range(1, attempts_max + 2):
             proposed = transform(current.metadata)
             if isinstance(proposed, _Unchanged):
                 return current
+            if attempt > attempts_max:  # the state that beat the last attempt passed the transform
+                break
             if proposed.ledger_id != ledger_id:
                 raise ValueError(f"transform changed the ledger id {ledger_id} -> {proposed.ledger_id}")
             try:
-                return await self.write(proposed, current.version)
+                async with asyncio.timeout(attempt_timeout_s):
+                    return await self.write(proposed, current.version)
             except retried as error:
                 log.debug("ledger.cas_conflict", ledger_id=ledger_id, attempt=attempt, error=repr(error))
             await asyncio.sleep(self._rng.uniform(0, min(CAS_CONFLICT_SLEEP_S_MAX, 0.001 * attempt)))
-            current = await self.read(ledger_id)
+            async with asyncio.timeout(attempt_timeout_s):
+                current = await self.read(ledger_id)
         raise UpdateRetriesExhausted(self.keys.ledger(ledger_id), attempts_max)
 
     # ---- delete / list / watch -------------------------------------------------------------------

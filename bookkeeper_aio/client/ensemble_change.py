@@ -115,7 +115,7 @@ class BookieReplacer:
         Raises what ``accept`` raises (also when no replacement exists: the stored metadata is
         checked first), NotEnoughBookies (no replacement, or the metadata race was lost
         ``attempts_max`` times), MetadataConflict (the fragment changed during ``copy``),
-        TimeoutError (``metadata_timeout_s``), MetadataError.
+        TimeoutError (one read or CAS over ``metadata_timeout_s``), MetadataError.
         """
         self.ever_failed.update(failed)
         writable = await self._ctx.directory.writable_bookies()
@@ -149,14 +149,14 @@ class BookieReplacer:
 
         ledgers = self._ctx.ledgers
         try:
-            async with asyncio.timeout(self._ctx.config.metadata_timeout_s):
-                chosen.stored = await ledgers.update(
-                    self._ledger_id,
-                    transform,
-                    attempts_max=attempts_max,
-                    current=current,
-                    retry_unknown=True,
-                )
+            chosen.stored = await ledgers.update(
+                self._ledger_id,
+                transform,
+                attempts_max=attempts_max,
+                current=current,
+                retry_unknown=True,
+                attempt_timeout_s=self._ctx.config.metadata_timeout_s,
+            )
         except UpdateRetriesExhausted as error:
             raise NotEnoughBookies(
                 f"ledger {self._ledger_id}: ensemble change lost the metadata race too often"

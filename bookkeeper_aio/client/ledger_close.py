@@ -13,8 +13,6 @@ every re-read of the CAS loop (:meth:`metadata.ledger_manager.LedgerManager.upda
 
 from __future__ import annotations
 
-import asyncio
-
 from bookkeeper_aio.client.context import ClientContext
 from bookkeeper_aio.errors import LedgerFenced, MetadataConflict
 from metadata.errors import UpdateRetriesExhausted
@@ -39,17 +37,17 @@ async def close_in_metadata(
     ctx: ClientContext, current: VersionedLedger, lac: int, length: int
 ) -> VersionedLedger:
     """Close the ledger of ``current`` (the writer's latest copy) at ``lac``; returns the metadata
-    as stored. Raises LedgerFenced, MetadataConflict, TimeoutError (``metadata_timeout_s``),
-    MetadataError."""
+    as stored. Raises LedgerFenced, MetadataConflict, TimeoutError (one read or CAS over
+    ``metadata_timeout_s``), MetadataError."""
     try:
-        async with asyncio.timeout(ctx.config.metadata_timeout_s):
-            return await ctx.ledgers.update(
-                current.ledger_id,
-                lambda md: close_decision(md, lac, length),
-                attempts_max=ctx.config.ensemble_change_attempts_max,
-                current=current,
-                retry_unknown=True,
-            )
+        return await ctx.ledgers.update(
+            current.ledger_id,
+            lambda md: close_decision(md, lac, length),
+            attempts_max=ctx.config.ensemble_change_attempts_max,
+            current=current,
+            retry_unknown=True,
+            attempt_timeout_s=ctx.config.metadata_timeout_s,
+        )
     except UpdateRetriesExhausted as error:
         raise MetadataConflict(
             f"ledger {current.ledger_id}: close lost the metadata race too often"
