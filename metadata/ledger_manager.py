@@ -5,8 +5,8 @@ Keys: ``<root>/ledgers/<19-digit id>`` (see `metadata.keys`). Values: `metadata.
 The read-modify-write loop (`LedgerManager.update`): read (metadata, version) -> ``transform(current)``
 -> CAS at that version. ``transform`` returns the new metadata, or `UNCHANGED` to stop without writing,
 or raises to abort (the exception propagates). On `BadVersion` the loop re-reads and calls ``transform``
-again on the fresh metadata, so decisions are always taken on the latest state (seed 000: "If the CAS
-write fails ... reread the metadata" and decide again). Retries are bounded and jittered.
+again on the fresh metadata, so decisions are always taken on the latest state (docs/replication.md
+§2: on a CAS conflict, re-read and decide again). Retries are bounded and jittered.
 
 `CasResultUnknown` from the CAS is propagated, not guessed: the caller re-runs its update, and a
 well-written transform recognises that its change is already there (e.g. close finds CLOSED at the same

@@ -1,6 +1,6 @@
 """`LedgerMetadata`: the replicated ledger's metadata, its state machine, validation and serde.
 
-Pure: no I/O, no asyncio. The rules come from the BookKeeper replication protocol (seeds 000, 001):
+Pure: no I/O, no asyncio. The rules come from the BookKeeper replication protocol (docs/replication.md §1):
 
 - E >= Qw >= Qa >= 1 (ensemble size, write quorum, ack quorum).
 - Ensembles (fragments) are ``(first_entry_id, bookies)`` pairs in strictly increasing first-entry order,

@@ -1,6 +1,6 @@
 """The writer's add pipeline: pending adds, ordered completion, ack counting, LAC, explicit LAC.
 
-Rules (seed 000 "Writing to the ledger"; DESIGN §5):
+Rules (docs/replication.md §2):
 
 - Entry ids are sequential. Entry ``e`` goes to its write set: ``Qw`` bookies of the *current*
   ensemble starting at position ``e mod E``; its body carries the LAC at send time (piggyback).

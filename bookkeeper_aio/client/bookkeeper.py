@@ -7,7 +7,7 @@
         async for entry in rh.read():
             ...
 
-Lifecycle (STYLE habit 6): everything a client starts is closed by :meth:`BookKeeper.close`
+Lifecycle: everything a client starts is closed by :meth:`BookKeeper.close`
 (graceful: open write handles are closed, connections flushed) or :meth:`BookKeeper.abort`.
 """
 

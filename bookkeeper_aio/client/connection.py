@@ -1,6 +1,6 @@
 """One multiplexed TCP connection to one bookie: framing, request matching, timeouts, loss.
 
-Rules (STYLE habits 3, 4, 7; DESIGN §10 for the performance choices):
+Rules (docs/internals.md §6 for the performance choices):
 
 - ``asyncio.Protocol`` with a :class:`FrameDecoder` over a bytearray (3x faster than streams).
 - Requests are matched to answers by request id in one dict; answers may come out of order. An

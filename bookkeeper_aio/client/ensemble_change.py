@@ -14,7 +14,7 @@ One primitive, :class:`BookieReplacer`, for everything that moves a ledger's ent
   ``copy`` step that reads the fragment's entries from the surviving replicas and writes them to
   the replacement *before* the CAS makes the new ensemble visible to readers.
 
-Rules (seed 000):
+Rules (docs/replication.md §2):
 
 - A replacement is chosen by the placement policy among the writable bookies, never one of the
   ensemble nor one that ever failed for this ledger (``ever_failed``).

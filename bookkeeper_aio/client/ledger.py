@@ -1,4 +1,4 @@
-"""The write handle: the add pipeline, plus ensemble change and close (seed 000; DESIGN §5).
+"""The write handle: the add pipeline, plus ensemble change and close (docs/replication.md §2, §3).
 
 The handle is the ledger's one writer. Its parts, each in its own module:
 
@@ -166,7 +166,7 @@ class LedgerHandle(AddPipeline):
 
     # ------------------------------------------------------------------ close / abort
     async def close(self) -> None:
-        """Wait for outstanding adds, then close the ledger in metadata at the LAC (seed 000).
+        """Wait for outstanding adds, then close the ledger in metadata at the LAC (docs/replication.md §3).
 
         Idempotent. Raises LedgerFenced (the ledger is being recovered by someone else) or
         MetadataConflict (closed by someone else at another last entry). Cancelling leaves the
@@ -221,7 +221,7 @@ class LedgerHandle(AddPipeline):
 
 
 def _require_open(md: LedgerMetadata) -> None:
-    """The writer's ensemble change is only for an OPEN ledger (seed 000)."""
+    """The writer's ensemble change is only for an OPEN ledger (docs/replication.md §2)."""
     if md.state is LedgerState.IN_RECOVERY:
         raise LedgerFenced(f"ledger {md.ledger_id} is in recovery: outstanding adds have unknown outcome")
     if md.state is LedgerState.CLOSED:

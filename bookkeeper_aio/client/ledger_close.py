@@ -1,4 +1,4 @@
-"""Closing a ledger as its writer: one CAS of state CLOSED and last entry = LAC (seed 000).
+"""Closing a ledger as its writer: one CAS of state CLOSED and last entry = LAC (docs/replication.md §3).
 
 The decision is a pure function of the metadata found (:func:`close_decision`), taken again on
 every re-read of the CAS loop (:meth:`metadata.ledger_manager.LedgerManager.update`):

@@ -1,7 +1,7 @@
 """Quorum arithmetic for striped ledgers: write sets, ack counting (:class:`AckSet`), quorum and
 ensemble coverage.
 
-Pure (no I/O, no asyncio). Seeds 000/001 define the striping; seed 002 the coverage rules:
+Pure (no I/O, no asyncio). docs/replication.md §1 defines the striping and the coverage rules:
 
 - The write set of entry ``e`` is the ``Qw`` ensemble positions starting at ``e mod E`` (wrapping).
   There are only ``E`` distinct write sets; they are precomputed.

@@ -1,6 +1,6 @@
 """Reading a ledger: entries up to the LAC from any replica, verified, in order.
 
-Rules (seed 000 "Guarantees", DESIGN §5):
+Rules (docs/replication.md §1, §6):
 
 - An entry is read from the bookies of its write set in the fragment that stores it, one replica at
   a time; on an error, a timeout or a corrupt body the next replica is asked. After
@@ -14,8 +14,8 @@ Rules (seed 000 "Guarantees", DESIGN §5):
   holds every entry (``Qw == E``) sequential ranges use BATCH_READ, falling back to single reads.
 - A reader never reads past the LAC (or, once closed, past the metadata's last entry).
 
-:func:`read_lac_with_coverage` is the coverage-checked LAC read (seed 002); recovery reuses it and
-:class:`EntryReader` with its own flags.
+:func:`read_lac_with_coverage` is the coverage-checked LAC read (docs/replication.md §4); recovery
+reuses it and :class:`EntryReader` with its own flags.
 """
 
 from __future__ import annotations

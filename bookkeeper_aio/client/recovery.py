@@ -1,6 +1,6 @@
-"""Ledger recovery: fence the last fragment, find the last entry, replicate, close (seeds 000-004).
+"""Ledger recovery: fence the last fragment, find the last entry, replicate, close (docs/replication.md §4).
 
-The steps, exactly as the seeds and BookKeeper's two TLA+-found bugs require:
+The steps, exactly as docs/replication.md §4 and BookKeeper's two TLA+-found bugs require:
 
 1. **IN_RECOVERY** by CAS (OPEN -> IN_RECOVERY). CLOSED: nothing to do, the metadata is the answer.
    IN_RECOVERY: another recoverer started (and maybe died): run recovery too; the close CAS decides.
@@ -22,7 +22,7 @@ The steps, exactly as the seeds and BookKeeper's two TLA+-found bugs require:
    NoSuchLedger answers -> ABSENT; everything answered and neither -> UNDECIDED, and recovery aborts
    with the retriable :class:`LedgerRecoveryError` (never guess). Timeouts, I/O errors, corrupt
    bodies and EUNKNOWNLEDGERSTATE are *unknown*, never "absent". The last entry is the one before the
-   first ABSENT entry; entries after it are ignored even if some bookie has them (seed 004).
+   first ABSENT entry; entries after it are ignored even if some bookie has them (docs/replication.md §5).
 4. **Write back** every found entry with RECOVERY_ADD (passes the fence) to its whole write set
    (:mod:`bookkeeper_aio.client.recovery_writeback`). A failing bookie is replaced locally: a new fragment
    from the lowest entry not yet fully written, and every entry from there on — including those
@@ -104,13 +104,13 @@ def classify_read(status: int, body_valid: bool) -> Reply:
 def decide_entry(
     write_quorum: int, ack_quorum: int, positives: int, negatives: int, unknowns: int
 ) -> Decision:
-    """The recovery-read rule (seed 002, BOOKKEEPER-1067).
+    """The recovery-read rule (docs/replication.md §4, BOOKKEEPER-1067).
 
     EXISTS on one valid body: writing it back makes it replicated, and closing after it is correct
-    even if it was never acknowledged (seed 004). ABSENT on ``Qw - Qa + 1`` negatives: the bookies
-    that did not say "no" are fewer than ``Qa``, so the entry cannot have been acknowledged, and as
-    each negative came from a fenced bookie it never will be. Otherwise wait; once every replica
-    answered without either rule holding, UNDECIDED.
+    even if it was never acknowledged (docs/replication.md §5). ABSENT on ``Qw - Qa + 1``
+    negatives: the bookies that did not say "no" are fewer than ``Qa``, so the entry cannot have
+    been acknowledged, and as each negative came from a fenced bookie it never will be. Otherwise
+    wait; once every replica answered without either rule holding, UNDECIDED.
     """
     assert 1 <= ack_quorum <= write_quorum
     assert min(positives, negatives, unknowns) >= 0
@@ -402,7 +402,7 @@ class _EntryRead:
 
 def _on_recovery_read(op: _EntryRead, bookie_id: str, result: Result) -> None:
     if op.decision is not Decision.PENDING:
-        return  # decided already (first rule to hold wins; both outcomes are correct, seed 004)
+        return  # decided already (first rule to hold wins; both outcomes are correct, docs/replication.md §5)
     run = op.run
     if isinstance(result, BKError):
         reply = Reply.UNKNOWN

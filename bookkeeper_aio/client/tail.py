@@ -1,6 +1,6 @@
 """Tailing a ledger that is still being written: ``async for entry in handle.tail(from_entry)``.
 
-Rules (seed 002 "long polling to read LAC", DESIGN §5):
+Rules (docs/replication.md §6):
 
 - Entries up to the known LAC are read with normal (windowed) reads: a tailing reader that is behind
   catches up at read-range speed.

@@ -1,4 +1,5 @@
-"""Bookie failures on the write path: ensemble change (seed 000), fencing, slow bookies, backpressure."""
+"""Bookie failures on the write path: ensemble change (docs/replication.md §2), fencing, slow bookies,
+backpressure."""
 
 from __future__ import annotations
 
