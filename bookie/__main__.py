@@ -4,7 +4,8 @@ Prints ``READY <host>:<port>`` on stdout (flushed) once it serves, so harnesses 
 ``--port 0`` can find it (then ``ADMIN <host>:<port>`` when the admin endpoint is enabled: a
 second line, so readers of the first are unchanged); logs go to stderr (structlog). Exit codes:
 0 clean shutdown, 2 bad configuration, 3 refused to start (data dir guard, corrupt
-journal/checkpoint, bind failure).
+journal/checkpoint, cannot listen, no cluster, metadata cookie of another data dir, bookie id held
+by another running bookie), with one ``bookie: refusing to start: ...`` line saying what to do.
 """
 
 from __future__ import annotations
@@ -21,8 +22,13 @@ from bookie.checkpoint import CheckpointCorrupt
 from bookie.config import BookieConfig, ConfigError, load
 from bookie.cookie import CookieMismatch
 from bookie.journal_format import JournalCorrupt
-from bookie.registration import ClusterNotInitialised, MetadataCookieMismatch, MetadataRegistration
-from bookie.server import BookieServer
+from bookie.registration import (
+    BookieIdInUse,
+    ClusterNotInitialised,
+    MetadataCookieMismatch,
+    MetadataRegistration,
+)
+from bookie.server import BookieServer, ListenError
 from bookkeeper_aio.common.logging_setup import configure_logging
 from metadata import MetadataError
 
@@ -38,15 +44,18 @@ async def serve(config: BookieConfig) -> int:
     )
     server = BookieServer(config, registration)
     refusals = (
-        *(CookieMismatch, JournalCorrupt, CheckpointCorrupt, BlockingIOError, OSError),
-        *(ClusterNotInitialised, MetadataCookieMismatch, MetadataError),
+        *(CookieMismatch, JournalCorrupt, CheckpointCorrupt, ListenError, BlockingIOError, OSError),
+        *(ClusterNotInitialised, MetadataCookieMismatch, BookieIdInUse, MetadataError),
     )
     try:
         await server.start()
     except refusals as exc:
         if registration is not None:
             await registration.close()
-        reason = "data dir in use by another process" if isinstance(exc, BlockingIOError) else str(exc)
+        if isinstance(exc, BlockingIOError):
+            reason = f"data dir {config.data_dir} is locked by another running bookie: stop it first"
+        else:
+            reason = str(exc)
         log.error("bookie.refused_to_start", reason=reason, error_type=type(exc).__name__)  # noqa: TRY400
         print(f"bookie: refusing to start: {reason}", file=sys.stderr, flush=True)
         return EXIT_REFUSED

@@ -15,7 +15,9 @@ import uuid
 from bookie.fileio import FileIO
 
 COOKIE_FILE = "COOKIE"
+LOCK_FILE = "LOCK"
 LAYOUT_VERSION = 1
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
 
 class CookieMismatch(Exception):
@@ -57,3 +59,20 @@ def read_instance_id(fileio: FileIO, data_dir: str) -> str:
         return str(json.loads(fileio.read_file(os.path.join(data_dir, COOKIE_FILE)))["instance_id"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CookieMismatch(f"{data_dir}/{COOKIE_FILE} is unreadable: {exc}") from exc
+
+
+def lock_identity(data_dir: str, boot_id_path: str = BOOT_ID_PATH) -> str:
+    """Which lock file, on which running kernel, guards ``data_dir``: ``<boot id>:<device>:<inode>``.
+
+    Two processes that saw the same identity locked the very same file on the same machine since its
+    last boot, and ``flock`` lets only one hold it at a time (the kernel releases it when the holder
+    dies, kill -9 included). A copy of the directory, another machine or a reboot gives another
+    identity. Empty when the kernel has no boot id (not Linux): then nothing can be proven by it.
+    """
+    try:
+        with open(boot_id_path, encoding="ascii") as handle:
+            boot_id = handle.read().strip()
+        status = os.stat(os.path.join(data_dir, LOCK_FILE))
+    except OSError:
+        return ""
+    return f"{boot_id}:{status.st_dev}:{status.st_ino}" if boot_id else ""

@@ -2,14 +2,24 @@
 
 Plugs into :class:`bookie.server.BookieServer`:
 
-- ``verify(bookie_id, instance_id, data_dir)`` runs *before* the bookie listens. The metadata cookie
+- ``verify(bookie_id, instance_id, data_dir)`` runs once the bookie holds its data dir's lock and its
+  listening socket, and *before* it serves anything (so a bookie that cannot bind its port never
+  claims the id: a retry elsewhere must not meet a cookie it wrote). The metadata cookie
   ``cookies/<bookie id>`` records which data directory (its instance id, from the local COOKIE file)
   the bookie id was first started with. A bookie whose data directory was wiped or replaced comes
   back with a new instance id and is refused: otherwise it would answer "no such entry" for entries
   it used to hold, and recovery could count that as proof an acknowledged entry never existed.
   After a disk loss an operator runs ``bkaio bookie format BOOKIE_ID`` to forget the old cookie.
 - ``start(bookie_id, address)`` registers under ``bookies/writable/`` bound to a lease (re-registered
-  after a lease loss by :class:`metadata.BookieRegistration`); ``close()`` deregisters.
+  after a lease loss by :class:`metadata.BookieRegistration`); ``close()`` deregisters. The value
+  carries ``instance_id`` (the data directory's) and ``data_dir_lock`` (:func:`bookie.cookie.
+  lock_identity`: that directory's lock file on this machine's running kernel).
+- A registration found under our id (a bookie killed with -9 leaves its key until its lease expires)
+  is replaced at once when it is provably our own dead previous incarnation: it names our instance
+  id *and* our ``data_dir_lock``, so its process held the very lock file we hold now, which the kernel
+  gives to one process at a time and frees only when it dies. Anything else (another data directory,
+  a copy of ours, another machine, a reboot, an older bookie without these attributes) is waited for
+  as before (2 TTLs) and then refused with :class:`BookieIdInUse`.
 - ``set_read_only(flag)`` moves the key between ``bookies/writable/`` and ``bookies/readonly/``
   (same lease; read-only mode, :mod:`bookie.mode`). Called before ``start`` it only records the
   state, and ``start`` registers straight into it (a bookie that starts with a full disk never
@@ -24,6 +34,8 @@ from __future__ import annotations
 import structlog
 
 import metadata
+from bookie.cookie import lock_identity
+from metadata.bookies import RegistrationHeld
 
 log = structlog.get_logger(__name__)
 
@@ -36,6 +48,10 @@ class MetadataCookieMismatch(RuntimeError):
     """The metadata says this bookie id belongs to another data directory."""
 
 
+class BookieIdInUse(RuntimeError):
+    """Another live bookie keeps this bookie id registered."""
+
+
 class MetadataRegistration:
     def __init__(self, url: str, ttl_s: int = metadata.bookies.REGISTRATION_TTL_S_DEFAULT) -> None:
         self._url = url
@@ -43,6 +59,8 @@ class MetadataRegistration:
         self._connection: metadata.MetadataConnection | None = None
         self._registration: metadata.BookieRegistration | None = None
         self._read_only = False
+        self._instance_id = ""
+        self._lock_identity = ""
 
     def _connect(self) -> metadata.MetadataConnection:
         if self._connection is None:
@@ -51,6 +69,8 @@ class MetadataRegistration:
 
     async def verify(self, bookie_id: str, instance_id: str, data_dir: str) -> None:
         """Check (or create) the metadata cookie. Raises ClusterNotInitialised, MetadataCookieMismatch."""
+        self._instance_id = instance_id
+        self._lock_identity = lock_identity(data_dir)
         conn = self._connect()
         if await metadata.read_cluster_info(conn.store, conn.root) is None:
             raise ClusterNotInitialised(
@@ -76,10 +96,31 @@ class MetadataRegistration:
         conn = self._connect()
         host, _, port = address.rpartition(":")
         state = metadata.BookieState.READONLY if self._read_only else metadata.BookieState.WRITABLE
-        info = metadata.BookieInfo(bookie_id=bookie_id, host=host, port=int(port), state=state)
-        self._registration = metadata.BookieRegistration(conn.store, conn.root, info, ttl_s=self._ttl_s)
-        await self._registration.start()
+        attributes = {"instance_id": self._instance_id, "data_dir_lock": self._lock_identity}
+        info = metadata.BookieInfo(bookie_id, host, int(port), state, attributes)
+        registration = metadata.BookieRegistration(
+            conn.store, conn.root, info, ttl_s=self._ttl_s, is_previous_self=self._is_previous_self
+        )
+        try:
+            await registration.start()
+        except RegistrationHeld as exc:
+            holder = exc.holder
+            where = "another bookie" if holder is None else f"the bookie at {holder.host}:{holder.port}"
+            raise BookieIdInUse(
+                f"bookie id {bookie_id!r} is registered by {where}, which kept its lease alive for "
+                f"{self._ttl_s * metadata.bookies.STALE_KEY_WAIT_TTLS}s: two running bookies cannot share "
+                "an id. Stop that bookie first, or start this one with another --bookie-id"
+            ) from None
+        self._registration = registration
         log.info("bookie.registered", bookie_id=bookie_id, address=address, root=conn.root, state=state.value)
+
+    def _is_previous_self(self, found: metadata.BookieInfo) -> bool:
+        """Whether a registration under our id was left by this bookie's dead previous incarnation."""
+        return (
+            bool(self._lock_identity)
+            and found.attributes.get("instance_id") == self._instance_id
+            and found.attributes.get("data_dir_lock") == self._lock_identity
+        )
 
     async def set_read_only(self, read_only: bool) -> None:
         """Move the registration to ``bookies/readonly/`` (True) or ``bookies/writable/`` (False).

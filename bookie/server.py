@@ -1,8 +1,11 @@
 """The bookie server: storage + processor + the accept loop, with a clean start/close.
 
-``BookieServer.start()`` opens storage (recovery), binds the listener (port 0 allowed: see
-``address``), then starts the optional registration (a metadata-side object with
-``async start(bookie_id, address)`` and ``async close()``: the etcd registration plugs in here).
+``BookieServer.start()`` opens storage (recovery), binds and listens (port 0 allowed: see
+``address``; a port in use refuses with :class:`ListenError` naming it), and only then lets the
+optional registration (the etcd one plugs in here) check or claim the id in metadata, starts serving
+connections, and registers. So a bookie that cannot serve never claims its id, and one whose metadata
+cookie refuses it never answers a request (connections made meanwhile wait in the listen backlog and
+are dropped).
 ``close()`` is graceful and bounded: deregister, stop accepting, stop reading, let accepted adds
 become durable and answered, close connections, flush and close the journal, checkpoint.
 ``abort()`` drops everything at once.
@@ -26,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 from typing import Protocol
 
 import structlog
@@ -60,6 +65,30 @@ class Registration(Protocol):
 
 
 REGISTRATION_RETRY_S_MAX = 5.0
+LISTEN_BACKLOG = 1024
+
+
+class ListenError(OSError):
+    """The bookie cannot listen on its address (port in use, not a local address, no permission)."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        reason = os.strerror(cause.errno) if cause.errno else str(cause)
+        if cause.errno == errno.EADDRINUSE:
+            hint = (
+                f"another process listens on port {port} (`ss -ltnp 'sport = :{port}'` shows which): "
+                "stop it, or start this bookie with another --port"
+            )
+        elif cause.errno == errno.EADDRNOTAVAIL:
+            hint = f"{host} is not an address of this machine: fix --host"
+        elif cause.errno == errno.EACCES:
+            hint = "ports below 1024 need privileges: use another --port"
+        else:
+            hint = "check --host and --port"
+        super().__init__(cause.errno, f"cannot listen on {host}:{port}: {reason}; {hint}")
+        self.host, self.port = host, port
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 class BookieServer:
@@ -124,7 +153,9 @@ class BookieServer:
         return snapshot(self)
 
     async def start(self) -> None:
-        """Recover storage, listen, register. Raises what Storage.open raises, or OSError (bind)."""
+        """Recover storage, listen, verify the id, serve, register.
+
+        Raises what Storage.open raises, :class:`ListenError`, or what the registration raises."""
         if self.admin is not None:
             await self.admin.start()
         try:
@@ -144,16 +175,20 @@ class BookieServer:
         loop = asyncio.get_running_loop()
         try:
             await self.check_mode()  # a bookie that starts with a full disk starts read-only
+            # Hold the port before claiming the id in metadata: a bookie that cannot serve must not
+            # leave a metadata cookie behind (its retry on a fresh data dir would be refused).
+            self._server = await self._listen(loop)
             if self.registration is not None:
-                # Before listening: a bookie whose data was wiped must never answer a single read.
+                # Before serving: a bookie whose data was wiped must never answer a single read.
                 instance_id = read_instance_id(self.storage.fileio, self.config.data_dir)
                 await self.registration.verify(self.config.bookie_id, instance_id, self.config.data_dir)
                 initial_read_only = self.mode.read_only
                 await self.registration.set_read_only(initial_read_only)  # the set start() uses
-            self._server = await loop.create_server(
-                self._new_connection, self.config.host, self.config.port, backlog=1024
-            )
+            await self._server.start_serving()
         except BaseException:
+            if self._server is not None:
+                self._server.close()
+                self._server = None
             self.storage.abort()
             if self.admin is not None:
                 self.admin.abort()
@@ -172,6 +207,26 @@ class BookieServer:
             self._registration_task = loop.create_task(self._registration_loop(), name="bookie-mode-reg")
         self._mode_task = loop.create_task(self._mode_loop(), name="bookie-disk-check")
         self.ready = True
+
+    async def _listen(self, loop: asyncio.AbstractEventLoop) -> asyncio.Server:
+        """Bind and listen without accepting yet (``start_serving`` accepts); :class:`ListenError`."""
+        host, port = self.config.host, self.config.port
+        try:
+            server = await loop.create_server(
+                self._new_connection, host, port, backlog=LISTEN_BACKLOG, start_serving=False
+            )
+        except OSError as exc:
+            raise ListenError(host, port, exc) from exc
+        try:
+            # asyncio binds now but listens only once serving starts: listen at once (through a
+            # duplicate of each socket), so the port is ours before the id is claimed.
+            for sock in server.sockets:
+                with sock.dup() as listening:
+                    listening.listen(LISTEN_BACKLOG)
+        except OSError as exc:
+            server.close()
+            raise ListenError(host, port, exc) from exc
+        return server
 
     # ------------------------------------------------------------------ read-only mode
     def set_read_only(self, read_only: bool | None) -> dict[str, object]:

@@ -8,6 +8,12 @@ data-directory identity (`Cookie`), created once and changed only by CAS.
 that keeps the lease alive every ``ttl_s / 3`` seconds and checks that the key is still ours. When the
 lease is gone (the process was paused past the TTL, or etcd lost it), it grants a new lease and
 registers again; when the store is unreachable it retries with backoff.
+
+A key already present under the bookie id (another lease) blocks a registration: ``start()`` waits
+for it to expire and then refuses with `RegistrationHeld`, unless the ``is_previous_self`` judge
+(given by the bookie, which alone can tell) says it was left by an earlier, dead incarnation of this
+same bookie (a kill -9): then that incarnation's lease is revoked at once, which deletes every key it
+held (writable/ and readonly/), and the registration goes ahead without waiting for the TTL.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import asyncio
 import contextlib
 import enum
 import types
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -25,6 +31,7 @@ import structlog
 
 from bookkeeper_aio.common.backoff import Backoff
 from metadata.errors import (
+    BadVersion,
     CasResultUnknown,
     InvalidMetadata,
     LeaseExpired,
@@ -45,6 +52,16 @@ REGISTRATION_TTL_S_DEFAULT = 10
 VALUE_BYTES_MAX = 64 * 1024
 # How long start() waits for a previous incarnation's key (same bookie id, old lease) to expire.
 STALE_KEY_WAIT_TTLS = 2
+
+
+class RegistrationHeld(NodeExists):
+    """The bookie id stayed registered under another lease (kept alive) for the whole wait.
+
+    ``holder``: what that registration says (None when it vanished or is unreadable)."""
+
+    def __init__(self, key: str, holder: BookieInfo | None) -> None:
+        super().__init__(key)
+        self.holder = holder
 
 
 class BookieState(enum.Enum):
@@ -185,7 +202,12 @@ async def watch_bookies(store: MetadataStore, root: str) -> AsyncGenerator[Booki
 
 
 class BookieRegistration:
-    """Keeps ``info`` registered while started. ``start()`` / ``set_state()`` / ``close()`` / ``abort()``."""
+    """Keeps ``info`` registered while started. ``start()`` / ``set_state()`` / ``close()`` / ``abort()``.
+
+    ``is_previous_self(found)``: True when a registration found under this bookie id (under another
+    lease) was provably left by an earlier incarnation of this same bookie that is no longer alive;
+    it is then replaced at once (see the module docstring). None: always wait for it to expire.
+    """
 
     def __init__(
         self,
@@ -195,12 +217,14 @@ class BookieRegistration:
         *,
         ttl_s: int = REGISTRATION_TTL_S_DEFAULT,
         stale_wait_s: float | None = None,
+        is_previous_self: Callable[[BookieInfo], bool] | None = None,
     ) -> None:
         self._store = store
         self._keys = ClusterKeys(root)
         self._info = info
         self._ttl_s = ttl_s
         self._stale_wait_s = ttl_s * STALE_KEY_WAIT_TTLS if stale_wait_s is None else stale_wait_s
+        self._is_previous_self = is_previous_self
         self._lease_id = 0
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -222,7 +246,7 @@ class BookieRegistration:
     async def start(self) -> None:
         """Register (waiting ``stale_wait_s``, default 2 TTLs, for an old incarnation's key), keep alive.
 
-        Raises `NodeExists` if another live registration holds this bookie id.
+        Raises `RegistrationHeld` (a `NodeExists`) if another live registration holds this bookie id.
         """
         assert self._task is None, "already started"
         await self._register(wait_stale_s=self._stale_wait_s)
@@ -241,6 +265,8 @@ class BookieRegistration:
             self._lease_id = await self._store.grant_lease(self._ttl_s)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait_stale_s
+            waiting_logged = False
+            judged: set[int] = set()
             while True:
                 try:
                     await self._store.create(self.key, self._info.encode(), lease_id=self._lease_id)
@@ -249,18 +275,73 @@ class BookieRegistration:
                     if await self._is_ours():
                         break
                 except NodeExists:
-                    if await self._is_ours():
+                    current = await self._store.get(self.key)
+                    if current is None:
+                        continue  # expired meanwhile
+                    if current.lease_id == self._lease_id:
                         break
+                    found = _decode_or_none(current)
+                    if current.version not in judged and found is not None:
+                        judged.add(current.version)  # once per stale key: never a hot loop
+                        if await self._replace_previous_self(current, found):
+                            continue
                     if loop.time() >= deadline:
                         with contextlib.suppress(MetadataError):
                             await self._store.revoke_lease(self._lease_id)
                         self._lease_id = 0
-                        raise
+                        raise RegistrationHeld(self.key, found) from None
+                    if not waiting_logged:
+                        waiting_logged = True
+                        log.info(
+                            "bookie.registration_waiting",
+                            key=self.key,
+                            held_by_lease=current.lease_id,
+                            wait_s=wait_stale_s,
+                        )
                     await asyncio.sleep(min(0.5, self._ttl_s / 4))
+                    await self._keep_waiting_lease()
+            await self._replace_previous_self_elsewhere()
             self.registrations += 1
             log.info(
                 "bookie.registered", key=self.key, lease_id=self._lease_id, registrations=self.registrations
             )
+
+    async def _keep_waiting_lease(self) -> None:
+        """Our lease, granted before the wait, must outlive a wait longer than its TTL."""
+        try:
+            await self._store.keepalive(self._lease_id)
+        except LeaseExpired:
+            self._lease_id = await self._store.grant_lease(self._ttl_s)
+
+    async def _replace_previous_self(self, current: KeyValue, found: BookieInfo) -> bool:
+        """Revoke the lease of ``current`` if the judge says a dead earlier incarnation left it."""
+        if self._is_previous_self is None or not self._is_previous_self(found):
+            return False
+        if current.lease_id:  # its keys (writable/ and readonly/) all go with it
+            await self._store.revoke_lease(current.lease_id)
+        else:
+            with contextlib.suppress(NoNode, BadVersion):
+                await self._store.delete(current.key, expected_version=current.version)
+        log.info(
+            "bookie.previous_registration_replaced",
+            key=current.key,
+            stale_lease_id=current.lease_id,
+            stale_address=f"{found.host}:{found.port}",
+        )
+        return True
+
+    async def _replace_previous_self_elsewhere(self) -> None:
+        """A dead incarnation registered in the other set (it was read-only) would linger beside us."""
+        if self._is_previous_self is None:
+            return
+        for state in BookieState:
+            if state is self._info.state:
+                continue
+            current = await self._store.get(self._keys.bookie(state.value, self._info.bookie_id))
+            if current is not None and current.lease_id != self._lease_id:
+                found = _decode_or_none(current)
+                if found is not None:
+                    await self._replace_previous_self(current, found)
 
     async def _is_ours(self) -> bool:
         current = await self._store.get(self.key)
@@ -334,6 +415,13 @@ class BookieRegistration:
     async def abort(self) -> None:
         """Stop keepalive without deregistering (the key expires with the lease)."""
         await self._stop_task()
+
+
+def _decode_or_none(current: KeyValue) -> BookieInfo | None:
+    try:
+        return BookieInfo.decode(current.key, current.value)
+    except MetadataFormatError:
+        return None
 
 
 # ---- cookies --------------------------------------------------------------------------------------
