@@ -21,7 +21,7 @@ endpoint (:meth:`BookieServer.set_read_only`). On each transition the processor 
 refusing normal adds at once, and a second task moves the registration between ``writable/`` and
 ``readonly/`` (retried with backoff while metadata is unreachable; the latest wanted state wins).
 
-Seams (DESIGN §8): threads and executors come from a :class:`~bookie.threads.Threads`, time from a
+Seams (docs/internals.md §2): threads and executors come from a :class:`~bookie.threads.Threads`, time from a
 :class:`~bookkeeper_aio.common.clock.Clock` (both passed down to the storage and journal).
 """
 
