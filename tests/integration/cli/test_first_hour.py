@@ -24,71 +24,25 @@ from pathlib import Path
 import pytest
 
 from bookkeeper_aio.cli.demo import payload_for
-from tests.integration.cli.test_sandbox import BKAIO, READY_TIMEOUT_S, _alive, _env, _read_until_ready
+from tests.harness.sandbox import RunningSandbox, bkaio, running_sandbox, sandbox_env
 
 DEMO_ENTRIES = 300  # and a tenth as many (at least 100) at a fixed rate: 400 in all
-PROCESS_ROW = re.compile(r"^(?:etcd|bookie-\d+)\s+(\d+)\s")
 
 
 @dataclass
-class DemoSandbox:
-    proc: subprocess.Popen[str]
-    url: str
-    child_pids: list[int]
-    home: Path
-    lines: list[str]
+class DemoSandbox(RunningSandbox):
     demo_ledger: int
 
 
 @pytest.fixture(scope="module")
 def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoSandbox]:
     home = tmp_path_factory.mktemp("bkaio-home")
-    proc = subprocess.Popen(
-        [*BKAIO, "sandbox", "--bookies", "1", "--demo-entries", str(DEMO_ENTRIES)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,  # the progress line goes to stderr, not a TTY here
-        text=True,
-        env=_env(home),
-    )
-    pids: list[int] = []
-    try:
-        lines = _read_until_ready(proc, time.monotonic() + READY_TIMEOUT_S)
-        url = next(line.split(": ", 1)[1] for line in lines if line.startswith("cluster ready: "))
-        pids = [int(m.group(1)) for line in lines if (m := PROCESS_ROW.match(line))]
-        ledger = next(int(m.group(1)) for line in lines if (m := re.match(r"demo: ledger (\d+) ", line)))
-        yield DemoSandbox(proc, url, pids, home, lines, ledger)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        _stop(pids)  # after the SIGKILL test the children are orphans
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-
-def _stop(pids: list[int]) -> None:
-    for pid in pids:
-        if _alive(pid):
-            subprocess.run(["kill", "-TERM", str(pid)], check=False)
-    deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in pids:
-        if _alive(pid):
-            subprocess.run(["kill", "-KILL", str(pid)], check=False)
-
-
-def run(box: DemoSandbox, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [*BKAIO, *args], capture_output=True, text=True, env=_env(box.home), timeout=120, check=False
-    )
-    if check:
-        assert result.returncode == 0, f"bkaio {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
-    return result
+    # stopped by PID too: after the SIGKILL test the children are orphans
+    with running_sandbox(home, "--bookies", "1", "--demo-entries", str(DEMO_ENTRIES)) as running:
+        ledger = next(
+            int(m.group(1)) for line in running.lines if (m := re.match(r"demo: ledger (\d+) ", line))
+        )
+        yield DemoSandbox(**vars(running), demo_ledger=ledger)
 
 
 def _endpoint(url: str) -> str:
@@ -103,20 +57,22 @@ def test_banner_gives_a_ready_to_paste_read_of_the_demo_ledger(box: DemoSandbox)
     assert len(read) == 1, box.lines
     assert f"ledger read {box.demo_ledger} --password sandbox-demo " in read[0]
     argv = shlex.split(read[0].split("#", 1)[0])  # pasted as it is
-    pasted = subprocess.run(argv, capture_output=True, text=True, env=_env(box.home), timeout=60, check=False)
+    pasted = subprocess.run(
+        argv, capture_output=True, text=True, env=sandbox_env(box.home), timeout=60, check=False
+    )
     assert pasted.returncode == 0, pasted.stdout + pasted.stderr
     assert len(pasted.stdout.splitlines()) == 10
     assert "demo entry 00000009" in pasted.stdout
 
 
 def test_wrong_password_says_to_pass_password(box: DemoSandbox) -> None:
-    result = run(box, "ledger", "read", str(box.demo_ledger), check=False)
+    result = bkaio(box.home, "ledger", "read", str(box.demo_ledger), check=False)
     assert result.returncode == 1
     assert "Unauthorized" in result.stderr
     assert "--password PASSWORD (the sandbox demo's ledgers: --password sandbox-demo)" in result.stderr
     assert "Traceback" not in result.stderr
     # against a cluster named explicitly, no word of the sandbox
-    explicit = run(box, "ledger", "read", str(box.demo_ledger), "--metadata", box.url, check=False)
+    explicit = bkaio(box.home, "ledger", "read", str(box.demo_ledger), "--metadata", box.url, check=False)
     assert explicit.returncode == 1
     assert "--password PASSWORD" in explicit.stderr
     assert "sandbox" not in explicit.stderr
@@ -126,7 +82,7 @@ def test_wrong_password_says_to_pass_password(box: DemoSandbox) -> None:
 
 
 def test_second_sandbox_prints_only_the_message(box: DemoSandbox) -> None:
-    result = run(box, "sandbox", "--no-demo", "--no-serve", "--fresh", check=False)
+    result = bkaio(box.home, "sandbox", "--no-demo", "--no-serve", "--fresh", check=False)
     assert result.returncode != 0
     assert "Traceback" not in result.stdout + result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
@@ -143,7 +99,7 @@ def test_second_sandbox_prints_only_the_message(box: DemoSandbox) -> None:
 )
 def test_wrong_root_is_an_error_not_an_empty_cluster(box: DemoSandbox, command: str, root: str) -> None:
     url = f"etcd://{_endpoint(box.url)}{root}"
-    result = run(box, command, "--metadata", url, check=False)
+    result = bkaio(box.home, command, "--metadata", url, check=False)
     assert result.returncode == 1, result.stdout
     assert "(none)" not in result.stdout
     assert f"no cluster at {url}" in result.stderr
@@ -164,17 +120,17 @@ def test_progress_prints_its_last_line_once_without_a_tty(box: DemoSandbox) -> N
 
 
 def test_bookies_json_gives_disk_sizes_in_bytes(box: DemoSandbox) -> None:
-    rows = json.loads(run(box, "bookies", "--json").stdout)
+    rows = json.loads(bkaio(box.home, "bookies", "--json").stdout)
     assert rows
     assert all(isinstance(row["free_disk"], int) and isinstance(row["total_disk"], int) for row in rows)
     assert all(0 < row["free_disk"] <= row["total_disk"] for row in rows)
-    table = run(box, "bookies").stdout
+    table = bkaio(box.home, "bookies").stdout
     assert re.search(r"\d+\.\d (?:KiB|MiB|GiB|TiB)", table), table
 
 
 def test_ledger_read_json_carries_the_whole_payload(box: DemoSandbox) -> None:
     args = ("ledger", "read", str(box.demo_ledger), "--password", "sandbox-demo", "--to", "1", "--json")
-    rows = json.loads(run(box, *args).stdout)
+    rows = json.loads(bkaio(box.home, *args).stdout)
     assert [row["encoding"] for row in rows] == ["utf-8", "utf-8"]
     assert [row["payload"].encode() for row in rows] == [payload_for(i, 1024) for i in range(2)]
     # and binary payloads as base64
@@ -191,20 +147,20 @@ def test_ledger_read_json_carries_the_whole_payload(box: DemoSandbox) -> None:
     )
     made = subprocess.run([sys.executable, "-c", script, box.url], capture_output=True, text=True, check=True)
     ledger_id = made.stdout.strip()
-    (row,) = json.loads(run(box, "ledger", "read", ledger_id, "--password", "pw", "--json").stdout)
+    (row,) = json.loads(bkaio(box.home, "ledger", "read", ledger_id, "--password", "pw", "--json").stdout)
     assert row["encoding"] == "base64"
     assert base64.b64decode(row["payload"]) == bytes(range(256)) * 4
-    run(box, "ledger", "delete", ledger_id)
+    bkaio(box.home, "ledger", "delete", ledger_id)
 
 
 def test_ledger_show_prints_readable_text(box: DemoSandbox) -> None:
-    shown = run(box, "ledger", "show", str(box.demo_ledger)).stdout
+    shown = bkaio(box.home, "ledger", "show", str(box.demo_ledger)).stdout
     lines = shown.splitlines()
     assert "  app: sandbox-demo" in lines, shown
     assert "  0: [bookie-0]" in lines, shown
     assert "{" not in shown
     # --json keeps the metadata package's view
-    data = json.loads(run(box, "ledger", "show", str(box.demo_ledger), "--json").stdout)
+    data = json.loads(bkaio(box.home, "ledger", "show", str(box.demo_ledger), "--json").stdout)
     assert data["custom_metadata"] == {"app": b"sandbox-demo".hex()}
 
 
@@ -224,7 +180,7 @@ def test_demo_deletes_the_previous_demo_ledger_and_says_so(box: DemoSandbox) -> 
     assert f"demo: deleted the previous demo ledger {box.demo_ledger}\n" in again.stdout
     assert new_id > box.demo_ledger
     assert "ledger ids come in blocks of 1,000" in again.stdout
-    listed = [row["ledger_id"] for row in json.loads(run(box, "ledgers", "--json").stdout)["ledgers"]]
+    listed = [row["ledger_id"] for row in json.loads(bkaio(box.home, "ledgers", "--json").stdout)["ledgers"]]
     assert box.demo_ledger not in listed
     assert new_id in listed
 
@@ -236,13 +192,13 @@ def test_zz_killed_sandbox_is_reported_not_waited_for(box: DemoSandbox) -> None:
     box.proc.send_signal(signal.SIGKILL)
     box.proc.wait(30)
     started = time.monotonic()
-    result = run(box, "bookies", check=False)
+    result = bkaio(box.home, "bookies", check=False)
     assert result.returncode == 1
     assert time.monotonic() - started < 3.0  # no etcd timeout
     assert f"the sandbox is not running (stale state from pid {box.proc.pid}" in result.stderr
     assert "make run" in result.stderr
     # its children outlived it (each in its own session): a new sandbox names them
-    again = run(box, "sandbox", "--no-demo", "--no-serve", check=False)
+    again = bkaio(box.home, "sandbox", "--no-demo", "--no-serve", check=False)
     assert again.returncode == 1
     assert "was killed and left" in again.stderr
     assert all(str(pid) in again.stderr for pid in box.child_pids), again.stderr
@@ -255,14 +211,7 @@ def test_zz_killed_sandbox_is_reported_not_waited_for(box: DemoSandbox) -> None:
 def test_os_error_names_the_configured_path(tmp_path: Path) -> None:
     home = tmp_path / "not-a-dir"
     home.write_text("")
-    result = subprocess.run(
-        [*BKAIO, "sandbox", "--no-demo", "--no-serve"],
-        capture_output=True,
-        text=True,
-        env=_env(home),
-        timeout=60,
-        check=False,
-    )
+    result = bkaio(home, "sandbox", "--no-demo", "--no-serve", check=False, timeout=60)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert f"{home}/sandbox" in result.stderr

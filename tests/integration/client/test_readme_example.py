@@ -9,16 +9,14 @@ without a URL) and print what it says.
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.cli.test_sandbox import BKAIO, READY_TIMEOUT_S, _env, _read_until_ready
+from tests.harness.sandbox import running_sandbox, sandbox_env
 
 pytestmark = pytest.mark.etcd
 
@@ -35,27 +33,8 @@ def readme_example() -> str:
 
 @pytest.fixture(scope="module")
 def sandbox_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    home = tmp_path_factory.mktemp("bkaio-home")
-    proc = subprocess.Popen(
-        [*BKAIO, "sandbox", "--bookies", "3", "--no-demo"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=_env(home),
-    )
-    try:
-        _read_until_ready(proc, time.monotonic() + READY_TIMEOUT_S)
-        yield home
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+    with running_sandbox(tmp_path_factory.mktemp("bkaio-home"), "--bookies", "3", "--no-demo") as box:
+        yield box.home
 
 
 def test_readme_example_runs_as_written_against_the_sandbox(sandbox_home: Path, tmp_path: Path) -> None:
@@ -64,7 +43,7 @@ def test_readme_example_runs_as_written_against_the_sandbox(sandbox_home: Path, 
     result = subprocess.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,
-        env=_env(sandbox_home),
+        env=sandbox_env(sandbox_home),
         capture_output=True,
         text=True,
         timeout=120,
@@ -81,7 +60,7 @@ def test_readme_example_without_a_cluster_says_how_to_give_one(tmp_path: Path) -
     result = subprocess.run(
         [sys.executable, "-c", readme_example()],
         cwd=tmp_path,
-        env=_env(tmp_path / "no-sandbox-here"),
+        env=sandbox_env(tmp_path / "no-sandbox-here"),
         capture_output=True,
         text=True,
         timeout=60,
