@@ -613,6 +613,16 @@ def encode(msg: Request | Response) -> bytes:
 
 
 _ADD_ACKS = int(OpCode.ADD_ACKS)
+_SHORT_FRAME_PREFIX = [LENGTH.pack(size) for size in range(64)]
+"""Length prefixes of the short frames an ADD answer is (its body is at most 31 bytes)."""
+
+
+def encode_add_ok(request_id: int, ledger_id: int, entry_id: int) -> bytes:
+    """``encode(AddEntryResponse(request_id, EOK, None, ledger_id, entry_id))`` without the
+    NamedTuple and lookups (the bookie's answer to an add when ADD_ACKS was not agreed; a unit
+    test pins the two to the same bytes)."""
+    body = _packb((_ADD, request_id, 0, None, ledger_id, entry_id))
+    return _SHORT_FRAME_PREFIX[len(body)] + body
 
 
 def encode_add_acks(request_ids: list[int]) -> list[bytes]:

@@ -318,11 +318,10 @@ async def test_long_poll_waiters_wake_on_advance_fence_and_timeout(tmp_path: Pat
 
 
 def test_fast_add_response_encoding_matches_the_protocol() -> None:
-    from bookie.processor import encode_add_ok
     from bookkeeper_aio.protocol import messages as m
 
     for rid, lid, eid in [(0, 0, 0), (1, 2, 3), (2**64 - 1, 2**63 - 1, 2**63 - 1), (300, 70000, 2**40)]:
-        assert encode_add_ok(rid, lid, eid) == m.encode(m.AddEntryResponse(rid, 0, None, lid, eid))
+        assert m.encode_add_ok(rid, lid, eid) == m.encode(m.AddEntryResponse(rid, 0, None, lid, eid))
 
 
 async def test_journal_shorter_than_the_checkpoint_refuses(tmp_path: Path) -> None:
