@@ -300,8 +300,8 @@ class BookieRegistration:
                         )
                     await asyncio.sleep(min(0.5, self._ttl_s / 4))
                     await self._keep_waiting_lease()
+            self.registrations += 1  # the key exists now: counted before anything else is awaited
             await self._replace_previous_self_elsewhere()
-            self.registrations += 1
             log.info(
                 "bookie.registered", key=self.key, lease_id=self._lease_id, registrations=self.registrations
             )
