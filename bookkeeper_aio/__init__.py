@@ -38,9 +38,11 @@ _EXPORTS: dict[str, str] = {
             "LedgerClosed",
             "LedgerFenced",
             "LedgerRecoveryError",
+            "LogFenced",
             "MetadataConflict",
             "NoSuchEntry",
             "NoSuchLedger",
+            "NoSuchLog",
             "NotEnoughBookies",
             "ProtocolVersionMismatch",
             "TooManyRequests",
@@ -64,6 +66,11 @@ _EXPORTS: dict[str, str] = {
     "ReadHandle": "bookkeeper_aio.client.read_handle",
     "NoClusterFound": "bookkeeper_aio.client.discovery",
     "LedgerState": "metadata.ledger_metadata",
+    "LogPosition": "bookkeeper_aio.log.position",
+    "LogRecord": "bookkeeper_aio.log.position",
+    "LogWriter": "bookkeeper_aio.log.writer",
+    "open_log_reader": "bookkeeper_aio.log.reader",
+    "open_log_writer": "bookkeeper_aio.log.writer",
     "ReplacedBookie": "metadata.ledger_metadata",
 }
 
@@ -89,10 +96,15 @@ __all__ = [
     "LedgerHandle",
     "LedgerRecoveryError",
     "LedgerState",
+    "LogFenced",
+    "LogPosition",
+    "LogRecord",
+    "LogWriter",
     "MetadataConflict",
     "NoClusterFound",
     "NoSuchEntry",
     "NoSuchLedger",
+    "NoSuchLog",
     "NotEnoughBookies",
     "PlacementPolicy",
     "PrometheusClientMetrics",
@@ -104,6 +116,8 @@ __all__ = [
     "TooManyRequests",
     "Unauthorized",
     "UnknownLedgerState",
+    "open_log_reader",
+    "open_log_writer",
     "password_hash",
 ]
 
@@ -143,14 +157,19 @@ if TYPE_CHECKING:
         LedgerClosed,
         LedgerFenced,
         LedgerRecoveryError,
+        LogFenced,
         MetadataConflict,
         NoSuchEntry,
         NoSuchLedger,
+        NoSuchLog,
         NotEnoughBookies,
         ProtocolVersionMismatch,
         TooManyRequests,
         Unauthorized,
         UnknownLedgerState,
     )
+    from bookkeeper_aio.log.position import LogPosition, LogRecord
+    from bookkeeper_aio.log.reader import open_log_reader
+    from bookkeeper_aio.log.writer import LogWriter, open_log_writer
     from bookkeeper_aio.protocol.digest import DigestType
     from metadata.ledger_metadata import LedgerState, ReplacedBookie

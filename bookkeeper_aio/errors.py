@@ -170,6 +170,25 @@ class MetadataConflict(BKError):
     another last entry)."""
 
 
+class NoSuchLog(BKError):
+    """The named log does not exist (docs/api.md "Logs")."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"log {name!r} does not exist")
+        self.name = name
+
+
+class LogFenced(BKError):
+    """Another writer took the log over (it fenced this writer's ledger or changed the ledger list):
+    this writer is stopped. ``outcome_unknown`` as for `LedgerFenced`: an append that was sent may
+    or may not be in the log; reading the log tells."""
+
+    def __init__(self, name: str, detail: str, *, outcome_unknown: bool = False) -> None:
+        super().__init__(f"log {name!r}: fenced by another writer ({detail})")
+        self.name = name
+        self.outcome_unknown = outcome_unknown
+
+
 def with_outcome_unknown(error: BKError, unknown: bool) -> BKError:
     """A copy of ``error`` (same class, message, attributes and cause) whose ``outcome_unknown`` is
     ``unknown``; ``__init__`` is not called, so classes with their own signature copy too."""

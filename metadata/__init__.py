@@ -52,6 +52,8 @@ from metadata.idgen import IdGenerator
 from metadata.keys import ClusterKeys
 from metadata.ledger_manager import UNCHANGED, LedgerIdPage, LedgerManager, VersionedLedger
 from metadata.ledger_metadata import LedgerMetadata, LedgerState
+from metadata.log_manager import LogManager, VersionedLog
+from metadata.log_metadata import LogLedger, LogLedgerState, LogMetadata
 from metadata.memory import MemoryStore
 from metadata.store import EventKind, KeyValue, MetadataStore, Page, WatchEvent
 
@@ -79,6 +81,10 @@ __all__ = [
     "LedgerManager",
     "LedgerMetadata",
     "LedgerState",
+    "LogLedger",
+    "LogLedgerState",
+    "LogManager",
+    "LogMetadata",
     "MemoryStore",
     "MetadataConnection",
     "MetadataError",
@@ -92,6 +98,7 @@ __all__ = [
     "Page",
     "UpdateRetriesExhausted",
     "VersionedLedger",
+    "VersionedLog",
     "WatchCompacted",
     "WatchEvent",
     "connect",

@@ -77,8 +77,19 @@ class ClusterKeys:
     def cookie(self, bookie_id: str) -> str:
         return f"{self.root}/cookies/{validate_name(bookie_id, 'bookie id')}"
 
+    @property
+    def logs_prefix(self) -> str:
+        return f"{self.root}/logs/"
+
     def log(self, name: str) -> str:
-        return f"{self.root}/logs/{validate_name(name, 'log name')}"
+        return f"{self.logs_prefix}{validate_name(name, 'log name')}"
+
+    def log_name_of(self, key: str) -> str:
+        """The log name in a log key; raises `InvalidMetadata` for a foreign key."""
+        tail = key.removeprefix(self.logs_prefix)
+        if tail == key:
+            raise InvalidMetadata(f"not a log key: {key!r}")
+        return validate_name(tail, "log name")
 
     def underreplicated(self, ledger_id: int) -> str:
         return f"{self.root}/underreplicated/{ledger_id:0{LEDGER_ID_DIGITS}d}"
