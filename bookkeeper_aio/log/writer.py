@@ -32,8 +32,9 @@ from bookkeeper_aio.errors import (
 )
 from bookkeeper_aio.log._common import log_manager
 from bookkeeper_aio.log.position import LogPosition
-from metadata.errors import BadVersion, NodeExists
+from metadata.errors import BadVersion, CasResultUnknown, MetadataError, NodeExists
 from metadata.log_manager import LogManager, VersionedLog
+from metadata.log_metadata import LogMetadata
 
 log = structlog.get_logger("bookkeeper_aio.log.writer")
 
@@ -164,12 +165,17 @@ class LogWriter:
             ensemble, wq, aq = self._ensemble
             new = await self._bk.create_ledger(ensemble, wq, aq, password=self._password)
             try:
-                versioned = await self._manager.write(
-                    self._versioned.metadata.with_ledger_appended(new.id), self._versioned.version
+                versioned = await _cas(
+                    self._manager,
+                    self._versioned.metadata.with_ledger_appended(new.id),
+                    self._versioned.version,
                 )
             except BadVersion as error:
                 await _discard(self._bk, new)
                 raise self._fence("the ledger list changed (another writer opened the log)") from error
+            except CasResultUnknown:
+                new.abort()  # it may be in the list: leave it for recovery, keep writing to the old one
+                raise
             except BaseException:
                 await _discard(self._bk, new)
                 raise
@@ -185,8 +191,8 @@ class LogWriter:
         except _FENCING_ERRORS as error:
             raise self._fence(error) from error
         try:
-            self._versioned = await self._manager.write(
-                self._versioned.metadata.with_closed(old.id), self._versioned.version
+            self._versioned = await _cas(
+                self._manager, self._versioned.metadata.with_closed(old.id), self._versioned.version
             )
         except BadVersion as error:
             raise self._fence("the ledger list changed (another writer opened the log)") from error
@@ -210,6 +216,25 @@ class LogWriter:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+async def _cas(manager: LogManager, proposed: LogMetadata, expected_version: int) -> VersionedLog:
+    """One CAS of the list. A lost answer (`CasResultUnknown`) is resolved by reading the list back:
+    ours if it is exactly ``proposed``, tried again if the version did not move (not applied), else
+    `CasResultUnknown` (the caller must then assume its ledger may be in the list)."""
+    for _ in range(2):
+        try:
+            return await manager.write(proposed, expected_version)
+        except CasResultUnknown as unknown:
+            try:
+                current = await manager.read(proposed.name)
+            except MetadataError:
+                raise unknown from None
+            if current.metadata == proposed:
+                return current
+            if current.version != expected_version:
+                raise
+    raise CasResultUnknown(manager.keys.log(proposed.name), "log CAS outcome lost twice")
 
 
 async def _discard(bk: BookKeeper, handle: LedgerHandle) -> None:
@@ -254,11 +279,13 @@ async def open_log_writer(
         handle = await bk.create_ledger(ensemble, write_quorum, ack_quorum, password=password)
         proposed = current.metadata.with_closed(*last_two).with_ledger_appended(handle.id)
         try:
-            versioned = await manager.write(proposed, current.version)
+            versioned = await _cas(manager, proposed, current.version)
         except BadVersion:
             log.info("log.open_conflict", log=name, attempt=attempt, discarded_ledger=handle.id)
             await _discard(bk, handle)
             continue
+        except CasResultUnknown:
+            raise  # the ledger may be in the list: keep it (a later writer fences it like any other)
         except BaseException:
             await _discard(bk, handle)
             raise
