@@ -76,9 +76,15 @@ async def test_takeover_fences_the_old_writer(cluster: Cluster, bk: BookKeeper) 
         for i in range(5, 8):
             acked.append((await writer_a.append(f"a{i}".encode()), f"a{i}".encode()))
 
+        # a reader while A writes: a prefix of the acked records (the open ledger up to its LAC)
+        live = await _read_all(bk, "events")
+        assert [(r.position, r.payload) for r in live] == acked[: len(live)]
+        assert len(live) >= 5
+
         writer_b = await open_log_writer(bk, "events", **QUORUM)  # type: ignore[arg-type]
-        with pytest.raises(LogFenced, match="'events'"):
+        with pytest.raises(LogFenced, match="'events'") as caught:
             await writer_a.append(b"lost")
+        assert caught.value.outcome_unknown  # sent, then refused: as the ledger API marks it
         with pytest.raises(LogFenced):  # stopped for good
             await writer_a.append(b"lost again")
         with pytest.raises(LogFenced):
