@@ -98,11 +98,15 @@ class LogWriter:
         """Hand ``payload`` to the current ledger; returns a future of its position (pipelining:
         waits only for a window slot, as `LedgerHandle.append_async`)."""
         self._check_writable()
-        handle = self._handle
-        try:
-            inner = await handle.append_async(payload)
-        except _FENCING_ERRORS as error:
-            raise self._fence(error) from error
+        while True:
+            handle = self._handle
+            try:
+                inner = await handle.append_async(payload)
+                break
+            except _FENCING_ERRORS as error:
+                if handle is not self._handle and type(error) is LedgerClosed and not error.outcome_unknown:
+                    continue  # a roll closed it while we waited for a window slot: nothing was sent
+                raise self._fence(error) from error
         self._entries_in_ledger += 1
         self._maybe_roll()
         outer: asyncio.Future[LogPosition] = asyncio.get_running_loop().create_future()

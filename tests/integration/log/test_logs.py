@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -137,3 +138,17 @@ async def test_unknown_log_and_corrupt_key(cluster: Cluster, bk: BookKeeper) -> 
         await open_log_reader(bk, "broken")
     with pytest.raises(MetadataFormatError, match="log 'broken'"):
         await open_log_writer(bk, "broken", **QUORUM)  # type: ignore[arg-type]
+
+
+async def test_roll_while_appends_wait_for_a_window_slot(cluster: Cluster) -> None:
+    await cluster.start(3)
+    async with BookKeeper.connect(cluster.url, config=dataclasses.replace(CONFIG, add_window_max=2)) as bk:
+        writer = await open_log_writer(bk, "busy", **QUORUM)  # type: ignore[arg-type]
+        tasks = [asyncio.create_task(writer.append(f"{i}".encode())) for i in range(30)]
+        await asyncio.sleep(0)
+        await writer.roll()
+        positions = await asyncio.gather(*tasks)
+        await writer.close()
+        records = await _read_all(bk, "busy")
+    assert sorted(r.payload for r in records) == sorted(f"{i}".encode() for i in range(30))
+    assert sorted(positions) == [r.position for r in records]
