@@ -102,6 +102,11 @@ class LedgerManager:
         self._now_ms = now_ms
         self._rng = rng or random.Random()
 
+    @property
+    def store(self) -> MetadataStore:
+        """The metadata store this manager writes to (other managers of the cluster share it)."""
+        return self._store
+
     # ---- create / read ---------------------------------------------------------------------------
 
     async def create(

@@ -9,4 +9,4 @@ from metadata.log_manager import LogManager
 def log_manager(bk: BookKeeper) -> LogManager:
     """A `LogManager` on the client's metadata store and cluster root."""
     ledgers = bk.context.ledgers
-    return LogManager(ledgers._store, ledgers.keys.root)  # the store the client already uses
+    return LogManager(ledgers.store, ledgers.keys.root)  # the store the client already uses
