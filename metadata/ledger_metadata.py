@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from metadata.envelope import open_envelope
 from metadata.errors import InvalidMetadata, MetadataFormatError
 
 FORMAT_VERSION = 1
@@ -320,24 +321,16 @@ _FIELD_TYPES: Mapping[str, type | tuple[type, ...]] = types.MappingProxyType(
 def decode(data: bytes, *, key: str, ledger_id: int | None = None) -> LedgerMetadata:
     """Parse stored metadata; raise `MetadataFormatError` naming ``key`` and the ledger on any problem."""
     who = f"ledger {ledger_id}" if ledger_id is not None else "ledger"
-    if len(data) > ENCODED_BYTES_MAX:
-        raise MetadataFormatError(key, f"{who}: value of {len(data)} bytes exceeds {ENCODED_BYTES_MAX}")
-    if not data.startswith(MAGIC):
-        raise MetadataFormatError(key, f"{who}: not ledger metadata (bad magic {data[:4]!r})")
-    try:
-        body = msgpack.unpackb(data[len(MAGIC) :], raw=False, strict_map_key=True)
-    except (ValueError, msgpack.UnpackException) as error:
-        raise MetadataFormatError(key, f"{who}: corrupt msgpack: {error}") from error
-    if not isinstance(body, dict):
-        raise MetadataFormatError(key, f"{who}: expected a map, got {type(body).__name__}")
-    version = body.get("format_version")
-    if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
-        raise MetadataFormatError(
-            key, f"{who}: unsupported format_version {version!r} (max {FORMAT_VERSION})"
-        )
-    for name, expected in _FIELD_TYPES.items():
-        if not isinstance(body.get(name), expected):
-            raise MetadataFormatError(key, f"{who}: field {name!r} missing or of wrong type")
+    body = open_envelope(
+        data,
+        key=key,
+        who=who,
+        what="ledger metadata",
+        magic=MAGIC,
+        bytes_max=ENCODED_BYTES_MAX,
+        format_version_max=FORMAT_VERSION,
+        field_types=_FIELD_TYPES,
+    )
     if ledger_id is not None and body["ledger_id"] != ledger_id:
         raise MetadataFormatError(key, f"{who}: value names ledger {body['ledger_id']}")
     replaced = body.get("replaced_bookies", [])  # optional: metadata written before it has none
@@ -359,7 +352,7 @@ def decode(data: bytes, *, key: str, ledger_id: int | None = None) -> LedgerMeta
             last_entry_id=body["last_entry_id"],
             length=body["length"],
             ctime_ms=body["ctime_ms"],
-            format_version=version,
+            format_version=body["format_version"],
             replaced_bookies=tuple(ReplacedBookie(*record) for record in replaced),
         )
     except (InvalidMetadata, ValueError, TypeError) as error:

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import msgpack
 
+from metadata.envelope import open_envelope
 from metadata.errors import InvalidMetadata, MetadataFormatError
 from metadata.keys import validate_name
 
@@ -125,29 +126,21 @@ def encode(md: LogMetadata) -> bytes:
 def decode(data: bytes, *, key: str, name: str) -> LogMetadata:
     """Parse a stored log; raise `MetadataFormatError` naming ``key`` and the log on any problem."""
     who = f"log {name!r}"
-    if len(data) > ENCODED_BYTES_MAX:
-        raise MetadataFormatError(key, f"{who}: value of {len(data)} bytes exceeds {ENCODED_BYTES_MAX}")
-    if not data.startswith(MAGIC):
-        raise MetadataFormatError(key, f"{who}: not log metadata (bad magic {data[:4]!r})")
-    try:
-        body = msgpack.unpackb(data[len(MAGIC) :], raw=False, strict_map_key=True)
-    except (ValueError, msgpack.UnpackException) as error:
-        raise MetadataFormatError(key, f"{who}: corrupt msgpack: {error}") from error
-    if not isinstance(body, dict):
-        raise MetadataFormatError(key, f"{who}: expected a map, got {type(body).__name__}")
-    version = body.get("format_version")
-    if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
-        raise MetadataFormatError(
-            key, f"{who}: unsupported format_version {version!r} (max {FORMAT_VERSION})"
-        )
-    for field_name, kind in (("name", str), ("ledgers", list), ("ctime_ms", int)):
-        if not isinstance(body.get(field_name), kind):
-            raise MetadataFormatError(key, f"{who}: field {field_name!r} missing or of wrong type")
+    body = open_envelope(
+        data,
+        key=key,
+        who=who,
+        what="log metadata",
+        magic=MAGIC,
+        bytes_max=ENCODED_BYTES_MAX,
+        format_version_max=FORMAT_VERSION,
+        field_types={"name": str, "ledgers": list, "ctime_ms": int},
+    )
     if body["name"] != name:
         raise MetadataFormatError(key, f"{who}: value names log {body['name']!r}")
     try:
         ledgers = tuple(_ledger(item) for item in body["ledgers"])
-        return LogMetadata(name, ledgers, body["ctime_ms"], version)
+        return LogMetadata(name, ledgers, body["ctime_ms"], body["format_version"])
     except (InvalidMetadata, TypeError, ValueError) as error:
         raise MetadataFormatError(key, f"{who}: {error}") from error
 

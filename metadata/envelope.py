@@ -1,0 +1,48 @@
+"""The envelope every stored metadata value shares: ``MAGIC | msgpack map`` with a format version.
+
+Pure (no I/O). :func:`open_envelope` does the checks every decoder starts with — size bound before
+parsing, magic, msgpack, a map, a supported ``format_version``, the required fields' types — and
+raises `MetadataFormatError` naming the key and ``who`` (e.g. ``ledger 7``, ``log 'orders'``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+
+from metadata.errors import MetadataFormatError
+
+
+def open_envelope(
+    data: bytes,
+    *,
+    key: str,
+    who: str,
+    what: str,
+    magic: bytes,
+    bytes_max: int,
+    format_version_max: int,
+    field_types: Mapping[str, type | tuple[type, ...]],
+) -> dict[str, Any]:
+    """The map inside ``data``, checked; ``what`` names the kind of value (``ledger metadata``)."""
+    if len(data) > bytes_max:
+        raise MetadataFormatError(key, f"{who}: value of {len(data)} bytes exceeds {bytes_max}")
+    if not data.startswith(magic):
+        raise MetadataFormatError(key, f"{who}: not {what} (bad magic {data[:4]!r})")
+    try:
+        body = msgpack.unpackb(data[len(magic) :], raw=False, strict_map_key=True)
+    except (ValueError, msgpack.UnpackException) as error:
+        raise MetadataFormatError(key, f"{who}: corrupt msgpack: {error}") from error
+    if not isinstance(body, dict):
+        raise MetadataFormatError(key, f"{who}: expected a map, got {type(body).__name__}")
+    version = body.get("format_version")
+    if not isinstance(version, int) or not 1 <= version <= format_version_max:
+        raise MetadataFormatError(
+            key, f"{who}: unsupported format_version {version!r} (max {format_version_max})"
+        )
+    for name, expected in field_types.items():
+        if not isinstance(body.get(name), expected):
+            raise MetadataFormatError(key, f"{who}: field {name!r} missing or of wrong type")
+    return body
