@@ -3,7 +3,7 @@
 The log writer (open as leader: fence the last two ledgers, CAS the ledger list; roll to a new
 ledger) and the log reader. Floor 4 (docs/internals.md): it uses the client
 (:mod:`bookkeeper_aio.client`) and :mod:`metadata`, never :mod:`bookie`. Not done yet: truncation,
-durable cursors, tailing readers, idempotent appends, CLI.
+durable cursors, idempotent appends, CLI.
 """
 
 from bookkeeper_aio.log.position import LogPosition, LogRecord
