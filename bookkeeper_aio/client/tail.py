@@ -23,7 +23,6 @@ Rules (docs/replication.md §6):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
@@ -146,8 +145,12 @@ class Tail:
             watch, self._watch = self._watch, None
             if watch is not None:
                 watch.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
+                try:
                     await watch
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise  # our caller's cancel, not only the watch's: pass it on
 
     def _check(self) -> None:
         if self._error is not None:

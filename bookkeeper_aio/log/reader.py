@@ -92,18 +92,8 @@ async def _follow(
             async with contextlib.aclosing(entries):
                 async for entry in entries:
                     yield LogRecord(LogPosition(ledger_id, entry.entry_id), entry.payload)
-            _raise_if_cancelling()
             done, next_entry = ledger_id, 0  # closed and read to its last entry
         pending = await _next_ledgers(manager, name, done)
-
-
-def _raise_if_cancelling() -> None:
-    """Re-raise a cancellation of the iterating task that ended a tail without CancelledError: the
-    tail's cleanup awaits its metadata watch task under ``suppress(CancelledError)``, so a cancel
-    that arrives during that await is swallowed there (Task.cancelling() still counts it)."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 async def _next_ledgers(manager: LogManager, name: str, after: int) -> list[int]:

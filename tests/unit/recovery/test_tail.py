@@ -153,3 +153,27 @@ async def test_tail__early_exit_cancels_the_watch(world: World) -> None:
     await asyncio.sleep(0)
     assert len(asyncio.all_tasks()) == tasks_before
     await lh.close()
+
+
+async def test_tail__a_cancel_arriving_while_closing_is_not_swallowed(world: World) -> None:
+    """The caller is cancelled just as it leaves the loop: closing the tail awaits its metadata watch,
+    where the cancel lands; it must reach the caller, not end the watch's clean-up quietly."""
+    lh = await world.client().create_ledger(3, 2, 2, password=PASSWORD)
+    for i in range(5):
+        await lh.append(payload(i))
+    rh = await world.client(seed=8).open_ledger(lh.id, password=PASSWORD)
+    after_loop: list[str] = []
+
+    async def follow() -> None:
+        async with contextlib.aclosing(rh.tail(0)) as entries:
+            async for entry in entries:
+                if entry.entry_id == 2:
+                    asyncio.current_task().cancel()  # type: ignore[union-attr]
+                    break
+        after_loop.append("ran on after a cancel")
+
+    task = asyncio.create_task(follow())
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 2)
+    assert after_loop == []
+    await lh.close()
