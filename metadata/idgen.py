@@ -50,20 +50,23 @@ class IdGenerator:
         self._end = 0
         self._lock = asyncio.Lock()
 
-    async def next_id(self) -> int:
-        """Raises `MetadataUnavailable` (store down), `MetadataError` (id space exhausted)."""
-        while self._next >= self._end:
+    async def next_id(self, after: int = 0) -> int:
+        """An id larger than ``after`` (a block starting below it is dropped, and the next claimed
+        block starts above it). Raises `MetadataUnavailable` (store down), `MetadataError` (id space
+        exhausted)."""
+        while self._next >= self._end or self._next <= after:
             async with self._lock:
-                if self._next >= self._end:
-                    await self._claim_block()
+                if self._next >= self._end or self._next <= after:
+                    await self._claim_block(after)
         ledger_id = self._next
         self._next += 1
         return ledger_id
 
-    async def _claim_block(self) -> None:
+    async def _claim_block(self, after: int = 0) -> None:
         for _ in range(CLAIM_ATTEMPTS_MAX):
             current = await self._store.get(self._key)
             start = FIRST_ID if current is None else _decode_counter(self._key, current.value)
+            start = max(start, after + 1)
             end = start + self._block_size
             if end - 1 > LEDGER_ID_MAX:
                 raise MetadataError(f"id space exhausted at {start} (counter {self._key!r})")

@@ -118,9 +118,11 @@ class LedgerManager:
         digest_type: str = "crc32c",
         password_hash: bytes = b"",
         custom_metadata: Mapping[str, bytes] | None = None,
+        after_ledger_id: int = 0,
     ) -> VersionedLedger:
-        """A new OPEN ledger with a fresh unique id. Raises `InvalidMetadata`, `MetadataUnavailable`."""
-        ledger_id = await self._ids.next_id()
+        """A new OPEN ledger with a fresh unique id larger than ``after_ledger_id``. Raises
+        `InvalidMetadata`, `MetadataUnavailable`."""
+        ledger_id = await self._ids.next_id(after_ledger_id)
         metadata = LedgerMetadata.new(
             ledger_id,
             ensemble,

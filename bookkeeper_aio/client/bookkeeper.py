@@ -39,7 +39,7 @@ from metadata.bookies import BookieInfo, list_bookies
 from metadata.cluster import MetadataConnection
 from metadata.cluster import connect as metadata_connect
 from metadata.ledger_manager import LIST_PAGE_SIZE_DEFAULT, LedgerManager, VersionedLedger
-from metadata.ledger_metadata import LedgerState
+from metadata.ledger_metadata import LEDGER_ID_MAX, LedgerState
 from metadata.store import MetadataStore
 
 log = structlog.get_logger(__name__)
@@ -137,11 +137,13 @@ class BookKeeper:
         password: bytes = b"",
         digest: DigestType | str = DigestType.CRC32C,
         custom_metadata: Mapping[str, bytes] | None = None,
+        after_ledger_id: int = 0,
     ) -> LedgerHandle:
-        """A new ledger open for writing.
+        """A new ledger open for writing, with an id larger than ``after_ledger_id`` (logs use it so
+        that ledger ids grow along their list; a client's id block below it is dropped).
 
-        Raises BKInterfaceError (E >= Qw >= Qa >= 1 violated, bad digest: nothing is written),
-        NotEnoughBookies, MetadataUnavailable.
+        Raises BKInterfaceError (E >= Qw >= Qa >= 1 violated, bad digest, bad ``after_ledger_id``:
+        nothing is written), NotEnoughBookies, MetadataUnavailable.
         """
         self._check_open()
         if not ensemble >= write_quorum >= ack_quorum >= 1:
@@ -149,6 +151,8 @@ class BookKeeper:
                 "need ensemble >= write_quorum >= ack_quorum >= 1, "
                 f"got {ensemble}/{write_quorum}/{ack_quorum}"
             )
+        if not 0 <= after_ledger_id < LEDGER_ID_MAX:
+            raise BKInterfaceError(f"after_ledger_id must be in [0, {LEDGER_ID_MAX}), got {after_ledger_id}")
         try:
             digest_type = DigestType(digest)
         except ValueError:
@@ -164,6 +168,7 @@ class BookKeeper:
                 digest_type=digest_type.value,
                 password_hash=password_hash(password),
                 custom_metadata=custom_metadata,
+                after_ledger_id=after_ledger_id,
             )
         except md_errors.InvalidMetadata as error:
             raise BKInterfaceError(str(error)) from error

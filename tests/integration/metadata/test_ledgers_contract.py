@@ -172,6 +172,20 @@ async def test_id_generator_is_unique_across_generators_sharing_a_counter(
     assert min(ids) >= 1
 
 
+async def test_id_generator_after_skips_its_block_and_stays_unique(store: MetadataStore, root: str) -> None:
+    """``next_id(after)``: a block at or below ``after`` is dropped, and ids stay unique: another
+    generator's block above it is never handed out twice."""
+    old = IdGenerator(store, f"{root}/idgen", block_size=10)
+    new = IdGenerator(store, f"{root}/idgen", block_size=10)
+    assert await old.next_id() == 1  # old holds [1, 11)
+    high = await new.next_id()  # new holds [11, 21)
+    assert high == 11
+    assert await old.next_id(after=high) == 21  # its own block is below: claims [21, 31)
+    assert await new.next_id(after=5) == 12  # its block is above: no claim
+    assert await new.next_id(after=1000) == 1001  # beyond the counter: the claim starts after it
+    assert await old.next_id() == 22
+
+
 async def test_id_counter_garbage_is_a_format_error(store: MetadataStore, root: str) -> None:
     await store.put(f"{root}/idgen", b"\x00garbage")
     with pytest.raises(MetadataFormatError, match="idgen"):
