@@ -91,5 +91,55 @@ class ClusterKeys:
             raise InvalidMetadata(f"not a log key: {key!r}")
         return validate_name(tail, "log name")
 
+    def log_cursors_prefix(self, name: str) -> str:
+        """A log's named cursors live beside it, not in its key: committing one never races the
+        writer's CAS of the ledger list."""
+        return f"{self.root}/logcursors/{validate_name(name, 'log name')}/"
+
+    def log_cursor(self, name: str, cursor: str) -> str:
+        return f"{self.log_cursors_prefix(name)}{validate_name(cursor, 'cursor name')}"
+
+    # ---- autorecovery (metadata/underreplication.py) ----------------------------------------------
+
+    @property
+    def underreplicated_prefix(self) -> str:
+        return f"{self.root}/underreplicated/"
+
     def underreplicated(self, ledger_id: int) -> str:
-        return f"{self.root}/underreplicated/{ledger_id:0{LEDGER_ID_DIGITS}d}"
+        if ledger_id < 0:
+            raise InvalidMetadata(f"ledger id must be >= 0, got {ledger_id}")
+        return f"{self.underreplicated_prefix}{ledger_id:0{LEDGER_ID_DIGITS}d}"
+
+    def underreplicated_id_of(self, key: str) -> int:
+        """The ledger id in an under-replication mark's key; `InvalidMetadata` for a foreign key."""
+        tail = key.removeprefix(self.underreplicated_prefix)
+        if tail == key or len(tail) != LEDGER_ID_DIGITS or not tail.isdigit():
+            raise InvalidMetadata(f"not an under-replication key: {key!r}")
+        return int(tail)
+
+    @property
+    def replication_locks_prefix(self) -> str:
+        return f"{self.root}/replication/locks/"
+
+    def replication_lock(self, ledger_id: int) -> str:
+        if ledger_id < 0:
+            raise InvalidMetadata(f"ledger id must be >= 0, got {ledger_id}")
+        return f"{self.replication_locks_prefix}{ledger_id:0{LEDGER_ID_DIGITS}d}"
+
+    @property
+    def replication_disabled(self) -> str:
+        return f"{self.root}/replication/disabled"
+
+    @property
+    def replication_daemons_prefix(self) -> str:
+        return f"{self.root}/replication/daemons/"
+
+    def replication_daemon(self, daemon_id: str) -> str:
+        return f"{self.replication_daemons_prefix}{validate_name(daemon_id, 'daemon id')}"
+
+    @property
+    def decommissioning_prefix(self) -> str:
+        return f"{self.root}/replication/decommissioning/"
+
+    def decommissioning(self, bookie_id: str) -> str:
+        return f"{self.decommissioning_prefix}{validate_name(bookie_id, 'bookie id')}"

@@ -1,0 +1,322 @@
+"""Under-replication marks, replication locks and the autorecovery switch (used by autorecovery).
+
+Keys (docs/metadata.md, *Autorecovery*):
+
+- ``R/underreplicated/<id>``: one per ledger that needs re-replication; a msgpack map
+  ``{format_version, missing, marked_ms, reasons}``: the bookies whose copies must be replaced
+  (sorted, each once), when the ledger was first marked (wall clock, ms), and why (``lost``,
+  ``check``, ``decommission``, ``operator``; each once). Marking an already marked ledger adds its
+  bookies and reasons to the same key by CAS (never loses a bookie another marker added).
+- ``R/replication/locks/<id>``: the worker healing the ledger (its id, UTF-8), bound to the
+  worker's lease: a worker that dies leaves the lock to expire with its lease, and the ledger to
+  the next worker. Taken with create-if-absent, released only by the lease that holds it.
+- ``R/replication/disabled``: present = workers take no new ledger (``bkaio autorecovery disable``);
+  the auditor keeps marking.
+- ``R/replication/daemons/<id>``: each daemon's status and metrics (msgpack map), bound to its lease.
+- ``R/replication/decommissioning/<bookie id>``: a bookie being decommissioned: never chosen as a
+  replacement; removed once no ledger references it.
+
+A mark is resolved (``resolve``) by removing the bookies a worker replaced, by CAS: bookies marked
+meanwhile stay, and the key goes only when nothing is left. Every method may raise
+`MetadataUnavailable`; a lost answer (`CasResultUnknown`) is resolved by reading the key back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from metadata.errors import (
+    BadVersion,
+    CasResultUnknown,
+    InvalidMetadata,
+    MetadataFormatError,
+    NodeExists,
+    NoNode,
+    UpdateRetriesExhausted,
+)
+from metadata.keys import ClusterKeys, validate_name
+from metadata.store import MetadataStore, list_all
+
+UNDERREPLICATED_FORMAT_VERSION = 1
+VALUE_BYTES_MAX = 64 * 1024
+MISSING_BOOKIES_MAX = 64  # an ensemble has at most 64 bookies: a ledger cannot miss more
+REASONS = frozenset({"lost", "check", "decommission", "operator"})
+UPDATE_ATTEMPTS_MAX = 100
+PAGE_SIZE_DEFAULT = 1000
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class UnderReplicated:
+    """One ledger's mark: ``missing`` bookies (sorted), first ``marked_ms``, ``reasons`` (sorted),
+    and the key's ``version`` (for a CAS)."""
+
+    ledger_id: int
+    missing: tuple[str, ...]
+    marked_ms: int
+    reasons: tuple[str, ...]
+    version: int = 0
+
+    def encode(self) -> bytes:
+        body = {
+            "format_version": UNDERREPLICATED_FORMAT_VERSION,
+            "missing": list(self.missing),
+            "marked_ms": self.marked_ms,
+            "reasons": list(self.reasons),
+        }
+        return msgpack.packb(body, use_bin_type=True)
+
+    @classmethod
+    def decode(cls, key: str, ledger_id: int, data: bytes, version: int) -> UnderReplicated:
+        if len(data) > VALUE_BYTES_MAX:
+            raise MetadataFormatError(key, f"value of {len(data)} bytes exceeds {VALUE_BYTES_MAX}")
+        try:
+            body = msgpack.unpackb(data, raw=False)
+        except (ValueError, msgpack.UnpackException) as error:
+            raise MetadataFormatError(key, f"corrupt msgpack: {error}") from error
+        if not isinstance(body, dict):
+            raise MetadataFormatError(key, f"expected a map, got {type(body).__name__}")
+        fmt = body.get("format_version")
+        if not isinstance(fmt, int) or not 1 <= fmt <= UNDERREPLICATED_FORMAT_VERSION:
+            raise MetadataFormatError(key, f"unsupported format_version {fmt!r}")
+        missing, reasons, marked_ms = body.get("missing"), body.get("reasons"), body.get("marked_ms")
+        if not isinstance(missing, list) or not all(isinstance(b, str) for b in missing):
+            raise MetadataFormatError(key, "field 'missing' must be a list of bookie ids")
+        if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
+            raise MetadataFormatError(key, "field 'reasons' must be a list of strings")
+        if not isinstance(marked_ms, int) or isinstance(marked_ms, bool):
+            raise MetadataFormatError(key, "field 'marked_ms' must be an int")
+        return cls(ledger_id, tuple(missing), marked_ms, tuple(reasons), version)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationLock:
+    """A held lock: the ledger, the ``owner`` (worker id), the lease it is bound to."""
+
+    ledger_id: int
+    owner: str
+    lease_id: int
+    version: int
+
+
+def _check_missing(ledger_id: int, missing: Collection[str]) -> tuple[str, ...]:
+    bookies = tuple(sorted({validate_name(b, "bookie id") for b in missing}))
+    if not bookies:
+        raise InvalidMetadata(f"ledger {ledger_id}: a mark needs at least one missing bookie")
+    if len(bookies) > MISSING_BOOKIES_MAX:
+        raise InvalidMetadata(f"ledger {ledger_id}: more than {MISSING_BOOKIES_MAX} missing bookies")
+    return bookies
+
+
+class UnderReplicationManager:
+    """Marks, locks, the switch and daemon statuses under one cluster root (see the module doc)."""
+
+    def __init__(self, store: MetadataStore, root: str, *, now_ms: Any = _now_ms) -> None:
+        self._store = store
+        self.keys = ClusterKeys(root)
+        self._now_ms = now_ms
+
+    @property
+    def store(self) -> MetadataStore:
+        return self._store
+
+    # ---- marks ------------------------------------------------------------------------------------
+
+    async def get(self, ledger_id: int) -> UnderReplicated | None:
+        """The ledger's mark, or None."""
+        key = self.keys.underreplicated(ledger_id)
+        current = await self._store.get(key)
+        if current is None:
+            return None
+        return UnderReplicated.decode(key, ledger_id, current.value, current.version)
+
+    async def mark(self, ledger_id: int, missing: Collection[str], *, reason: str) -> UnderReplicated:
+        """Mark the ledger under-replicated for ``missing`` (added to an existing mark). Returns the
+        stored mark. Raises `InvalidMetadata` (no bookie, a bad id, an unknown reason)."""
+        bookies = _check_missing(ledger_id, missing)
+        if reason not in REASONS:
+            raise InvalidMetadata(f"unknown reason {reason!r}: one of {sorted(REASONS)}")
+        key = self.keys.underreplicated(ledger_id)
+        for _ in range(UPDATE_ATTEMPTS_MAX):
+            current = await self.get(ledger_id)
+            try:
+                if current is None:
+                    fresh = UnderReplicated(ledger_id, bookies, self._now_ms(), (reason,))
+                    version = await self._store.create(key, fresh.encode())
+                else:
+                    merged_missing = tuple(sorted(set(current.missing) | set(bookies)))
+                    merged_reasons = tuple(sorted(set(current.reasons) | {reason}))
+                    if merged_missing == current.missing and merged_reasons == current.reasons:
+                        return current
+                    fresh = UnderReplicated(ledger_id, merged_missing, current.marked_ms, merged_reasons)
+                    version = await self._store.compare_and_set(key, fresh.encode(), current.version)
+            except (NodeExists, BadVersion, NoNode):
+                continue  # someone else marked or resolved meanwhile: merge with what is there now
+            except CasResultUnknown:
+                continue  # re-read: if ours landed, the next round finds nothing to add
+            return UnderReplicated(ledger_id, fresh.missing, fresh.marked_ms, fresh.reasons, version)
+        raise UpdateRetriesExhausted(key, UPDATE_ATTEMPTS_MAX)
+
+    async def resolve(self, ledger_id: int, healed: Collection[str]) -> UnderReplicated | None:
+        """Remove ``healed`` bookies from the ledger's mark; delete it when none is left. Returns
+        what is left (None: the ledger is no longer marked)."""
+        key = self.keys.underreplicated(ledger_id)
+        gone = set(healed)
+        for _ in range(UPDATE_ATTEMPTS_MAX):
+            current = await self.get(ledger_id)
+            if current is None:
+                return None
+            left = tuple(b for b in current.missing if b not in gone)
+            try:
+                if not left:
+                    await self._store.delete(key, current.version)
+                    return None
+                if left == current.missing:
+                    return current
+                fresh = UnderReplicated(ledger_id, left, current.marked_ms, current.reasons)
+                version = await self._store.compare_and_set(key, fresh.encode(), current.version)
+                return UnderReplicated(ledger_id, left, current.marked_ms, current.reasons, version)
+            except (BadVersion, NoNode, CasResultUnknown):
+                continue
+        raise UpdateRetriesExhausted(key, UPDATE_ATTEMPTS_MAX)
+
+    async def list_page(
+        self, *, start_after: int | None = None, limit: int = PAGE_SIZE_DEFAULT
+    ) -> tuple[list[UnderReplicated], bool]:
+        """Up to ``limit`` marks of ledgers after ``start_after``, in ledger id order, and whether
+        more follow."""
+        after = None if start_after is None else self.keys.underreplicated(start_after)
+        page = await self._store.list(self.keys.underreplicated_prefix, start_after=after, limit=limit)
+        marks = [
+            UnderReplicated.decode(kv.key, self.keys.underreplicated_id_of(kv.key), kv.value, kv.version)
+            for kv in page.items
+        ]
+        return marks, page.more
+
+    async def iter_marks(self, *, page_size: int = PAGE_SIZE_DEFAULT) -> AsyncIterator[UnderReplicated]:
+        """Every mark, page by page (not a snapshot)."""
+        start_after: int | None = None
+        while True:
+            marks, more = await self.list_page(start_after=start_after, limit=page_size)
+            for mark in marks:
+                yield mark
+            if not more or not marks:
+                return
+            start_after = marks[-1].ledger_id
+
+    async def count(self) -> int:
+        """How many ledgers are marked now."""
+        total = 0
+        async for _ in self.iter_marks():
+            total += 1
+        return total
+
+    # ---- locks ------------------------------------------------------------------------------------
+
+    async def try_lock(self, ledger_id: int, owner: str, lease_id: int) -> bool:
+        """Take the ledger's replication lock for ``owner``, bound to ``lease_id``. False: another
+        worker holds it. Raises `LeaseExpired`-like store errors if the lease is gone."""
+        if lease_id <= 0:
+            raise InvalidMetadata("a replication lock must be bound to a lease")
+        key = self.keys.replication_lock(ledger_id)
+        try:
+            await self._store.create(key, validate_name(owner, "worker id").encode(), lease_id=lease_id)
+            return True
+        except NodeExists:
+            return False
+        except CasResultUnknown:
+            current = await self._store.get(key)
+            return current is not None and current.lease_id == lease_id
+
+    async def unlock(self, ledger_id: int, lease_id: int) -> None:
+        """Release the lock if ``lease_id`` holds it (never another worker's)."""
+        key = self.keys.replication_lock(ledger_id)
+        for _ in range(UPDATE_ATTEMPTS_MAX):
+            current = await self._store.get(key)
+            if current is None or current.lease_id != lease_id:
+                return
+            try:
+                await self._store.delete(key, current.version)
+                return
+            except (BadVersion, NoNode, CasResultUnknown):
+                continue
+        raise UpdateRetriesExhausted(key, UPDATE_ATTEMPTS_MAX)
+
+    async def lock_holder(self, ledger_id: int) -> ReplicationLock | None:
+        current = await self._store.get(self.keys.replication_lock(ledger_id))
+        if current is None:
+            return None
+        return ReplicationLock(
+            ledger_id, current.value.decode(errors="replace"), current.lease_id, current.version
+        )
+
+    async def locks(self) -> list[ReplicationLock]:
+        """Every held lock, in ledger id order."""
+        items, _ = await list_all(self._store, self.keys.replication_locks_prefix)
+        prefix = self.keys.replication_locks_prefix
+        return [
+            ReplicationLock(
+                int(kv.key[len(prefix) :]), kv.value.decode(errors="replace"), kv.lease_id, kv.version
+            )
+            for kv in items
+            if kv.key[len(prefix) :].isdigit()
+        ]
+
+    # ---- switch -----------------------------------------------------------------------------------
+
+    async def is_enabled(self) -> bool:
+        return await self._store.get(self.keys.replication_disabled) is None
+
+    async def set_enabled(self, enabled: bool) -> None:
+        """Enable (delete the switch) or disable (put it) re-replication; idempotent."""
+        key = self.keys.replication_disabled
+        if enabled:
+            with contextlib.suppress(NoNode):
+                await self._store.delete(key)
+            return
+        await self._store.put(key, str(self._now_ms()).encode())
+
+    # ---- decommissioning ----------------------------------------------------------------------------
+
+    async def decommissioning(self) -> set[str]:
+        """Bookies being decommissioned (never chosen as replacements)."""
+        items, _ = await list_all(self._store, self.keys.decommissioning_prefix)
+        return {kv.key[len(self.keys.decommissioning_prefix) :] for kv in items}
+
+    async def start_decommission(self, bookie_id: str) -> None:
+        await self._store.put(self.keys.decommissioning(bookie_id), str(self._now_ms()).encode())
+
+    async def end_decommission(self, bookie_id: str) -> None:
+        with contextlib.suppress(NoNode):
+            await self._store.delete(self.keys.decommissioning(bookie_id))
+
+    # ---- daemon statuses --------------------------------------------------------------------------
+
+    async def publish_status(self, daemon_id: str, lease_id: int, status: Mapping[str, Any]) -> None:
+        """Put the daemon's status (bound to its lease: it vanishes with the daemon)."""
+        body = msgpack.packb({"format_version": 1, **status}, use_bin_type=True)
+        if len(body) > VALUE_BYTES_MAX:
+            raise InvalidMetadata(f"daemon status of {len(body)} bytes exceeds {VALUE_BYTES_MAX}")
+        await self._store.put(self.keys.replication_daemon(daemon_id), body, lease_id=lease_id)
+
+    async def statuses(self) -> dict[str, dict[str, Any]]:
+        """Every live daemon's last published status, by daemon id (garbage is skipped)."""
+        items, _ = await list_all(self._store, self.keys.replication_daemons_prefix)
+        found: dict[str, dict[str, Any]] = {}
+        for kv in items:
+            try:
+                body = msgpack.unpackb(kv.value, raw=False)
+            except (ValueError, msgpack.UnpackException):
+                continue
+            if isinstance(body, dict):
+                found[kv.key[len(self.keys.replication_daemons_prefix) :]] = body
+        return found

@@ -1,0 +1,160 @@
+"""Under-replication marks, replication locks and the switch: the same contract on both drivers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+import pytest
+
+from metadata.errors import CasResultUnknown, InvalidMetadata, MetadataFormatError
+from metadata.memory import MemoryStore
+from metadata.store import MetadataStore
+from metadata.underreplication import UnderReplicated, UnderReplicationManager
+
+
+async def test_mark_merges_bookies_and_reasons_and_keeps_the_first_time(
+    store: MetadataStore, root: str
+) -> None:
+    urm = UnderReplicationManager(store, root)
+    first = await urm.mark(7, ["b2"], reason="lost")
+    assert first.missing == ("b2",)
+    assert first.reasons == ("lost",)
+    again = await urm.mark(7, ["b1", "b2"], reason="check")
+    assert again.missing == ("b1", "b2")
+    assert again.reasons == ("check", "lost")
+    assert again.marked_ms == first.marked_ms
+    assert again.version > first.version
+    stored = await urm.get(7)
+    assert stored == again
+    same = await urm.mark(7, ["b1"], reason="lost")  # nothing new: no write
+    assert same.version == again.version
+
+
+async def test_concurrent_marks_never_lose_a_bookie(store: MetadataStore, root: str) -> None:
+    urm = UnderReplicationManager(store, root)
+    bookies = [f"b{i}" for i in range(12)]
+    await asyncio.gather(*(urm.mark(3, [b], reason="lost") for b in bookies))
+    stored = await urm.get(3)
+    assert stored is not None
+    assert stored.missing == tuple(sorted(bookies))
+
+
+async def test_resolve_removes_only_the_healed_bookies(store: MetadataStore, root: str) -> None:
+    urm = UnderReplicationManager(store, root)
+    await urm.mark(5, ["a", "b"], reason="lost")
+    left = await urm.resolve(5, ["a"])
+    assert left is not None
+    assert left.missing == ("b",)
+    assert (await urm.get(5)) == left
+    assert await urm.resolve(5, ["b", "zzz"]) is None
+    assert await urm.get(5) is None
+    assert await urm.resolve(5, ["b"]) is None  # resolving twice is harmless
+
+
+async def test_list_pages_in_ledger_order_and_counts(store: MetadataStore, root: str) -> None:
+    urm = UnderReplicationManager(store, root)
+    ids = [900, 3, 10_000_000_000, 42, 7]
+    for ledger_id in ids:
+        await urm.mark(ledger_id, ["x"], reason="check")
+    first, more = await urm.list_page(limit=2)
+    assert [m.ledger_id for m in first] == [3, 7]
+    assert more
+    every = [m.ledger_id async for m in urm.iter_marks(page_size=2)]
+    assert every == sorted(ids)
+    assert await urm.count() == len(ids)
+
+
+async def test_bad_input_is_a_typed_error(store: MetadataStore, root: str) -> None:
+    urm = UnderReplicationManager(store, root)
+    with pytest.raises(InvalidMetadata):
+        await urm.mark(1, [], reason="lost")
+    with pytest.raises(InvalidMetadata):
+        await urm.mark(1, ["a/b"], reason="lost")
+    with pytest.raises(InvalidMetadata):
+        await urm.mark(1, ["a"], reason="because")
+    with pytest.raises(InvalidMetadata):
+        await urm.mark(-1, ["a"], reason="lost")
+    await store.put(urm.keys.underreplicated(9), b"\x93garbage")
+    with pytest.raises(MetadataFormatError):
+        await urm.get(9)
+    newer = msgpack.packb({"format_version": 99, "missing": ["a"], "marked_ms": 1, "reasons": []})
+    await store.put(urm.keys.underreplicated(10), newer)
+    with pytest.raises(MetadataFormatError):
+        await urm.get(10)
+
+
+async def test_one_lock_holder_released_only_by_its_lease(store: MetadataStore, root: str) -> None:
+    urm = UnderReplicationManager(store, root)
+    lease_a, lease_b = await store.grant_lease(5), await store.grant_lease(5)
+    try:
+        results = await asyncio.gather(urm.try_lock(11, "w-a", lease_a), urm.try_lock(11, "w-b", lease_b))
+        assert sorted(results) == [False, True]
+        holder = await urm.lock_holder(11)
+        assert holder is not None
+        winner, loser = (lease_a, lease_b) if holder.lease_id == lease_a else (lease_b, lease_a)
+        await urm.unlock(11, loser)  # not the holder: nothing happens
+        assert (await urm.lock_holder(11)) == holder
+        assert [lock.ledger_id for lock in await urm.locks()] == [11]
+        await urm.unlock(11, winner)
+        assert await urm.lock_holder(11) is None
+        assert await urm.try_lock(11, "w-b", loser)
+    finally:
+        await store.revoke_lease(lease_a)
+        await store.revoke_lease(lease_b)
+
+
+async def test_a_dead_workers_lock_goes_with_its_lease(store: MetadataStore, root: str) -> None:
+    urm = UnderReplicationManager(store, root)
+    lease = await store.grant_lease(2)
+    assert await urm.try_lock(12, "w-dead", lease)
+    await store.revoke_lease(lease)  # what expiry does when the worker is killed
+    other = await store.grant_lease(5)
+    try:
+        assert await urm.try_lock(12, "w-next", other)
+        holder = await urm.lock_holder(12)
+        assert holder is not None
+        assert holder.owner == "w-next"
+    finally:
+        await store.revoke_lease(other)
+
+
+async def test_switch_decommissioning_and_statuses(store: MetadataStore, root: str) -> None:
+    urm = UnderReplicationManager(store, root)
+    assert await urm.is_enabled()
+    await urm.set_enabled(False)
+    await urm.set_enabled(False)
+    assert not await urm.is_enabled()
+    await urm.set_enabled(True)
+    await urm.set_enabled(True)
+    assert await urm.is_enabled()
+    await urm.start_decommission("bk-1")
+    assert await urm.decommissioning() == {"bk-1"}
+    await urm.end_decommission("bk-1")
+    await urm.end_decommission("bk-1")
+    assert await urm.decommissioning() == set()
+    lease = await store.grant_lease(5)
+    await urm.publish_status("daemon-1", lease, {"bytes_copied": 10})
+    assert (await urm.statuses())["daemon-1"]["bytes_copied"] == 10
+    await store.revoke_lease(lease)
+    assert await urm.statuses() == {}
+
+
+async def test_a_lost_answer_on_mark_is_resolved_by_reading_back(root: str) -> None:
+    store = MemoryStore()
+    urm = UnderReplicationManager(store, root)
+    original = store.create
+    calls = 0
+
+    async def create_then_lose_the_answer(key: str, value: bytes, *, lease_id: int = 0) -> int:
+        nonlocal calls
+        calls += 1
+        await original(key, value, lease_id=lease_id)
+        raise CasResultUnknown(key, "answer lost")
+
+    store.create = create_then_lose_the_answer  # type: ignore[method-assign]
+    stored = await urm.mark(4, ["a"], reason="lost")
+    assert calls == 1
+    assert isinstance(stored, UnderReplicated)
+    assert stored.missing == ("a",)
+    assert (await urm.get(4)) == stored
