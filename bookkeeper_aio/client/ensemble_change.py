@@ -210,8 +210,9 @@ def _starting_at(md: LedgerMetadata, first_entry: int) -> Ensemble | None:
 
 def _with_fragment(md: LedgerMetadata, first_entry: int, ensemble: Ensemble) -> LedgerMetadata:
     """``md`` with the fragment starting at ``first_entry`` set to ``ensemble``: a new last
-    fragment, or the existing fragment starting there replaced (re-replication of a fragment)."""
-    if first_entry >= md.ensembles[-1][0]:
+    fragment, or the existing fragment starting there replaced (re-replication of a fragment,
+    also the last one of a closed ledger: only a new fragment needs an open ledger)."""
+    if first_entry > md.ensembles[-1][0]:
         return md.with_ensemble_change(first_entry, ensemble)
     fragments = tuple(
         (first, ensemble if first == first_entry else bookies) for first, bookies in md.ensembles
