@@ -1,0 +1,149 @@
+"""A log writer in its own process, driven line by line on stdin (the acceptance tests' competitors).
+
+    python -m tests.integration.log.writer_worker URL LOG WRITER_ID OUT_FILE [WINDOW] [ROLL_ENTRIES]
+
+Commands (stdin, one per line):
+
+- ``open``: become the log's writer (`open_log_writer`: fences whoever wrote before), then append
+  without pause (``WINDOW`` appends in flight, values ``<WRITER_ID>-<sequence>``) until fenced.
+  Answers ``opened <ledger_id>``, then ``acked <n>`` once this session has ``n`` = 20 acks, and
+  ``stopped <reason>`` when the session ends (fenced, or another error).
+- ``close``: stop appending, close the writer if it still leads, write every append's outcome to
+  ``OUT_FILE`` (`tests.harness.log_history.AppendRecord` rows as JSON lines) and answer ``done``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import sys
+import time
+from typing import Any
+
+from bookkeeper_aio import BookKeeper, ClientConfig, LogFenced, open_log_writer
+from bookkeeper_aio.errors import BKError
+from bookkeeper_aio.log.writer import LogWriter
+from tests.harness.log_history import AppendRecord, Outcome, outcome_of
+
+CONFIG = ClientConfig(add_timeout_s=2.0, read_timeout_s=2.0, reconnect_backoff_max_s=0.5)
+QUORUM = {"ensemble": 3, "write_quorum": 2, "ack_quorum": 2, "password": b"pw"}
+ACKED_REPORT = 20
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+class Worker:
+    def __init__(self, bk: BookKeeper, log_name: str, writer_id: str, window: int, roll: int) -> None:
+        self.bk = bk
+        self.log_name = log_name
+        self.writer_id = writer_id
+        self.window = window
+        self.roll = roll or None
+        self.records: list[AppendRecord] = []
+        self.sequence = 0
+        self.writer: LogWriter | None = None
+        self.pump: asyncio.Task[None] | None = None
+        self.stopping = False
+
+    async def open(self) -> None:
+        await self.stop_pump()
+        self.stopping = False
+        self.writer = await open_log_writer(
+            self.bk,
+            self.log_name,
+            roll_entries_max=self.roll,
+            **QUORUM,  # type: ignore[arg-type]
+        )
+        say(f"opened {self.writer.ledger_id}")
+        self.pump = asyncio.create_task(self._pump(self.writer))
+
+    async def _pump(self, writer: LogWriter) -> None:
+        slots = asyncio.Semaphore(self.window)
+        acked = [0]
+        stopped: list[str] = []
+        inflight: set[asyncio.Future[Any]] = set()
+
+        def finish(record: AppendRecord, future: asyncio.Future[Any]) -> None:
+            slots.release()
+            inflight.discard(future)
+            record.completed_s = time.monotonic()
+            if future.cancelled():
+                record.outcome, record.error = Outcome.INDETERMINATE, "cancelled"
+                return
+            error = future.exception()
+            if error is None and future.result() is None:  # a skipped duplicate: not on this log
+                record.outcome, record.error = Outcome.INDETERMINATE, "skipped"
+                return
+            if error is None:
+                record.outcome, record.position = Outcome.OK, future.result()
+                acked[0] += 1
+                if acked[0] == ACKED_REPORT:
+                    say(f"acked {ACKED_REPORT}")
+                return
+            record.outcome, record.error = outcome_of(error), repr(error)
+            if not stopped:
+                stopped.append(type(error).__name__)
+
+        while not self.stopping and not stopped:
+            await slots.acquire()
+            record = AppendRecord(self.writer_id, self.sequence, Outcome.INDETERMINATE)
+            self.sequence += 1
+            self.records.append(record)
+            record.invoked_s = time.monotonic()
+            try:
+                future = await writer.append_async(record.value)
+            except BKError as error:
+                slots.release()
+                record.completed_s = time.monotonic()
+                record.outcome, record.error = outcome_of(error), repr(error)
+                stopped.append(type(error).__name__)
+                break
+            inflight.add(future)
+            future.add_done_callback(functools.partial(finish, record))
+        if inflight:
+            await asyncio.wait(set(inflight))
+        if stopped:
+            say(f"stopped {stopped[0]}")
+
+    async def stop_pump(self) -> None:
+        self.stopping = True
+        if self.pump is not None:
+            await self.pump
+            self.pump = None
+
+    async def close(self, out_file: str) -> None:
+        await self.stop_pump()
+        if self.writer is not None:
+            with contextlib.suppress(LogFenced):
+                await self.writer.close()
+        with open(out_file, "w") as out:  # noqa: ASYNC230 -- once, at the end
+            out.write("".join(record.to_json() + "\n" for record in self.records))
+        say("done")
+
+
+async def main(url: str, log_name: str, writer_id: str, out_file: str, window: int, roll: int) -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    async with BookKeeper.connect(url, config=CONFIG) as bk:
+        worker = Worker(bk, log_name, writer_id, window, roll)
+        say("ready")
+        while line := (await reader.readline()).decode().strip():
+            if line == "open":
+                try:
+                    await worker.open()
+                except BKError as error:
+                    say(f"open_failed {error!r}")
+            elif line == "close":
+                await worker.close(out_file)
+                return
+
+
+if __name__ == "__main__":
+    url, log_name, writer_id, out_file = sys.argv[1:5]
+    window = int(sys.argv[5]) if len(sys.argv) > 5 else 16
+    roll = int(sys.argv[6]) if len(sys.argv) > 6 else 0
+    asyncio.run(main(url, log_name, writer_id, out_file, window, roll))
