@@ -21,6 +21,7 @@ import uvloop
 from bookie.checkpoint import CheckpointCorrupt
 from bookie.config import BookieConfig, ConfigError, load
 from bookie.cookie import CookieMismatch
+from bookie.gc import MetadataCatalog
 from bookie.journal_format import JournalCorrupt
 from bookie.registration import (
     BookieIdInUse,
@@ -42,7 +43,8 @@ async def serve(config: BookieConfig) -> int:
     registration = (
         MetadataRegistration(config.metadata, config.registration_ttl_s) if config.metadata else None
     )
-    server = BookieServer(config, registration)
+    catalog = MetadataCatalog(config.metadata) if config.metadata else None
+    server = BookieServer(config, registration, catalog=catalog)
     refusals = (
         *(CookieMismatch, JournalCorrupt, CheckpointCorrupt, ListenError, BlockingIOError, OSError),
         *(ClusterNotInitialised, MetadataCookieMismatch, BookieIdInUse, MetadataError),
@@ -52,6 +54,8 @@ async def serve(config: BookieConfig) -> int:
     except refusals as exc:
         if registration is not None:
             await registration.close()
+        if catalog is not None:
+            await catalog.close()
         if isinstance(exc, BlockingIOError):
             reason = f"data dir {config.data_dir} is locked by another running bookie: stop it first"
         else:

@@ -13,8 +13,12 @@ dependency, and the admin port must stay cheap and predictable next to the data 
 - ``GET /readonly`` the read-only mode as JSON (``mode``, ``manual``, ``reason``, ...);
   ``GET|POST /readonly?set=1`` puts the bookie in read-only mode by hand (it sticks until
   ``?set=0``, even if the disk frees up), ``?set=0`` clears the manual flag (the disk may still hold
-  the bookie read-only: the answer says why). Any other ``set`` value is 400. The only route that
-  changes anything; it exists only when the server was given a ``read_only`` action.
+  the bookie read-only: the answer says why). Any other ``set`` value is 400. It exists only when
+  the server was given a ``read_only`` action.
+- ``GET /gc`` garbage collection as JSON (the pass running with its phase and progress, the last
+  one's report, totals); ``POST /gc`` or ``GET /gc?start=1`` starts a pass now (``started`` false
+  when one is already running) and answers at once: poll ``GET /gc`` to follow it (``bkaio bookie
+  gc`` does). It exists only when the server was given a ``gc`` action.
 
 ``HEAD`` is accepted wherever ``GET`` is. Every response closes its connection (``Connection:
 close``): scrapers reconnect, and there is no keep-alive state to bound. Bounds, each against a peer
@@ -51,7 +55,7 @@ CLOSE_TIMEOUT_S = 1.0
 _JSON = "application/json"
 _TEXT = "text/plain; charset=utf-8"
 _SET_VALUES = {"1": True, "true": True, "0": False, "false": False}
-_INDEX = b"bookie admin: /health /ready /metrics /state /readonly\n"
+_INDEX = b"bookie admin: /health /ready /metrics /state /readonly /gc\n"
 
 
 class BadRequest(Exception):
@@ -125,9 +129,11 @@ class AdminServer:
         host: str,
         port: int,
         read_only: Callable[[bool | None], dict[str, Any]] | None = None,
+        gc: Callable[[bool], dict[str, Any]] | None = None,
     ) -> None:
         self._source = source
         self._read_only = read_only
+        self._gc = gc
         self._host = host
         self._port = port
         self._registry = make_registry(source)
@@ -193,6 +199,8 @@ class AdminServer:
         method, path = parse_request_line(request_line)
         if path == "/readonly" and self._read_only is not None:
             return self._readonly(method, request_line)
+        if path == "/gc" and self._gc is not None:
+            return self._gc_route(method, request_line)
         if method not in ("GET", "HEAD"):
             return response_bytes(HTTPStatus.METHOD_NOT_ALLOWED, b"use GET\n", _TEXT, allow="GET, HEAD")
         head_only = method == "HEAD"
@@ -228,6 +236,20 @@ class AdminServer:
         if wanted is not None:
             log.info("admin.readonly_set", read_only=wanted)
         return _json(HTTPStatus.OK, self._read_only(wanted), method == "HEAD")
+
+    def _gc_route(self, method: str, request_line: bytes) -> bytes:
+        assert self._gc is not None
+        if method not in ("GET", "HEAD", "POST"):
+            return response_bytes(
+                HTTPStatus.METHOD_NOT_ALLOWED, b"use GET or POST\n", _TEXT, allow="GET, HEAD, POST"
+            )
+        value = parse_query(request_line).get("start")
+        if value is not None and value not in _SET_VALUES:
+            return response_bytes(HTTPStatus.BAD_REQUEST, b"start must be 1 or 0\n", _TEXT)
+        start = method == "POST" or (method == "GET" and value is not None and _SET_VALUES[value])
+        if start:
+            log.info("admin.gc_requested")
+        return _json(HTTPStatus.OK, self._gc(start), method == "HEAD")
 
     async def close(self) -> None:
         """Stop accepting, end open admin connections, wait (bounded) for the listener to close."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from bookie import journal_format as fmt
+from bookie.gc import GcConfig
 from bookie.journal import JournalConfig
 from bookie.mode import DiskThresholds
 from bookie.storage import StorageConfig
@@ -122,6 +123,26 @@ class BookieConfig:
         1.0, "How often the data dir's free space is checked (one statvfs, in a worker thread)."
     )
 
+    gc_interval_s: float = _key(
+        900.0,
+        "Seconds between garbage-collection passes (forget ledgers deleted from metadata, compact "
+        "journal segments, delete dead ones); 0 = only on demand (admin `/gc`, `bkaio bookie gc`).",
+    )
+    gc_deleted_ledger_grace_s: float = _key(
+        60.0,
+        "A ledger is collected only after it was missing from metadata in two listings this far "
+        "apart (ledgers whose id is at or above the id counter are never collected).",
+    )
+    compaction_threshold: float = _key(
+        0.5,
+        "Journal segments whose live bytes fall below this fraction of their size are compacted "
+        "(live entries copied, index switched, segment deleted); 0 = never compact, 1 = always.",
+    )
+    compaction_rate_bytes_per_s: int = _key(
+        32 * 1024 * 1024,
+        "Throttle of compaction's copies, so foreground adds keep their latency.",
+    )
+
     def validate(self) -> BookieConfig:
         """Return a config with derived defaults filled in; raise :class:`ConfigError`."""
         if not self.data_dir:
@@ -144,7 +165,11 @@ class BookieConfig:
             raise ConfigError(f"frame_bytes_max {config.frame_bytes_max} is out of range")
         if config.journal_group_wait_ms < 0:
             raise ConfigError("journal_group_wait_ms must be >= 0")
-        _positive(config, "disk_check_interval_s")
+        _positive(config, "disk_check_interval_s", "compaction_rate_bytes_per_s")
+        if config.gc_interval_s < 0 or config.gc_deleted_ledger_grace_s < 0:
+            raise ConfigError("gc_interval_s and gc_deleted_ledger_grace_s must be >= 0")
+        if not 0.0 <= config.compaction_threshold <= 1.0:
+            raise ConfigError(f"compaction_threshold {config.compaction_threshold} is out of range 0..1")
         try:
             config.disk_thresholds().validate()
         except ValueError as exc:
@@ -171,6 +196,14 @@ class BookieConfig:
             free_bytes_min=self.disk_free_bytes_min,
             free_bytes_writable=self.disk_free_bytes_writable,
             reserve_bytes=self.disk_reserve_bytes,
+        )
+
+    def gc_config(self) -> GcConfig:
+        return GcConfig(
+            interval_s=self.gc_interval_s,
+            deleted_ledger_grace_s=self.gc_deleted_ledger_grace_s,
+            compaction_threshold=self.compaction_threshold,
+            compaction_rate_bytes_per_s=self.compaction_rate_bytes_per_s,
         )
 
     def storage_config(self) -> StorageConfig:

@@ -172,6 +172,49 @@ class LedgerIndex:
         index.last_entry_id = last_entry_id
         return index
 
+    @property
+    def slots(self) -> int:
+        """Size of the dense range (for callers that walk it in steps: :meth:`segment_bytes`)."""
+        return len(self._positions)
+
+    def segment_bytes(self, counts: dict[int, int], start: int = 0, stop: int | None = None) -> None:
+        """Add the record bytes this ledger holds in each segment to ``counts`` (segment id ->
+        bytes), for dense slots ``[start, stop)``; the overflow entries count with ``start == 0``.
+        Bookie GC walks big ledgers in steps so the event loop is never held for long."""
+        positions = self._positions
+        end = len(positions) if stop is None else min(stop, len(positions))
+        get = counts.get
+        for position, length in zip(positions[start:end], self._lengths[start:end], strict=True):
+            if position >= 0:
+                segment_id = position >> _OFFSET_BITS
+                counts[segment_id] = get(segment_id, 0) + length
+        if start == 0:
+            for segment_id, _, length in self._overflow.values():
+                counts[segment_id] = get(segment_id, 0) + length
+
+    def in_segment(
+        self, segment_id: int, start: int = 0, stop: int | None = None
+    ) -> list[tuple[int, Location]]:
+        """``(entry id, location)`` of the entries whose record lies in segment ``segment_id``,
+        among dense slots ``[start, stop)`` (and the overflow with ``start == 0``)."""
+        positions = self._positions
+        end = len(positions) if stop is None else min(stop, len(positions))
+        low = segment_id << _OFFSET_BITS
+        high = low + _OFFSET_MASK
+        base = self._base
+        out = [
+            (base + slot, Location(segment_id, position & _OFFSET_MASK, self._lengths[slot]))
+            for slot in range(start, end)
+            if low <= (position := positions[slot]) <= high
+        ]
+        if start == 0:
+            out += [
+                (entry_id, Location._make(found))
+                for entry_id, found in self._overflow.items()
+                if found[0] == segment_id
+            ]
+        return out
+
     def items(self) -> list[tuple[int, Location]]:
         out = []
         for entry_id in self.entry_ids():

@@ -39,6 +39,7 @@ from bookie.admin import AdminServer
 from bookie.config import BookieConfig
 from bookie.connection_handler import ConnectionLimits, ServerConnection, ServerLoad
 from bookie.cookie import read_instance_id
+from bookie.gc import GarbageCollector, LedgerCatalog
 from bookie.metrics import DiskStatus, Snapshot, probe_disk, snapshot
 from bookie.mode import Mode, ModeMachine
 from bookie.processor import Processor
@@ -98,8 +99,11 @@ class BookieServer:
         registration: Registration | None = None,
         threads: Threads = OS_THREADS,
         clock: Clock = SYSTEM_CLOCK,
+        catalog: LedgerCatalog | None = None,
     ) -> None:
         self.config = config
+        self.catalog = catalog
+        self.gc: GarbageCollector | None = None
         self.threads = threads
         self.clock = clock
         self.registration = registration
@@ -131,7 +135,11 @@ class BookieServer:
         self.admin: AdminServer | None = None
         if config.admin_port >= 0:
             self.admin = AdminServer(
-                self.snapshot, config.admin_host, config.admin_port, read_only=self.set_read_only
+                self.snapshot,
+                config.admin_host,
+                config.admin_port,
+                read_only=self.set_read_only,
+                gc=self.gc_request,
             )
 
     @property
@@ -206,6 +214,8 @@ class BookieServer:
             self._registration_wanted.set()  # reconcile a transition that happened meanwhile
             self._registration_task = loop.create_task(self._registration_loop(), name="bookie-mode-reg")
         self._mode_task = loop.create_task(self._mode_loop(), name="bookie-disk-check")
+        self.gc = GarbageCollector(self.storage, self.config.gc_config(), self.catalog)
+        self.gc.start()
         self.ready = True
 
     async def _listen(self, loop: asyncio.AbstractEventLoop) -> asyncio.Server:
@@ -227,6 +237,14 @@ class BookieServer:
             server.close()
             raise ListenError(host, port, exc) from exc
         return server
+
+    # ------------------------------------------------------------------ garbage collection
+    def gc_request(self, start: bool) -> dict[str, object]:
+        """The admin ``/gc`` action: start a pass when ``start`` (unless one runs), and report."""
+        if self.gc is None:
+            return {"started": False, "running": None, "last": None, "reason": "bookie is not serving"}
+        started = self.gc.trigger("admin") if start else False
+        return {"started": started, **self.gc.status()}
 
     # ------------------------------------------------------------------ read-only mode
     def set_read_only(self, read_only: bool | None) -> dict[str, object]:
@@ -326,6 +344,8 @@ class BookieServer:
         self.closing = True
         self.ready = False
         self._stop_mode_tasks()
+        if self.gc is not None:
+            await self.gc.close()  # a compaction in flight stops between batches
         if self.registration is not None:
             with contextlib.suppress(Exception):
                 await self.registration.close()
@@ -352,6 +372,8 @@ class BookieServer:
         self.closing = True
         self.ready = False
         self._stop_mode_tasks()
+        if self.gc is not None:
+            self.gc.abort()
         if self.admin is not None:
             self.admin.abort()
         if self._server is not None:

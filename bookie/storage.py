@@ -48,7 +48,8 @@ from bookie.cookie import ensure_cookie
 from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.index import Location
 from bookie.journal import Callback, Journal, JournalConfig, JournalError, RecordBatch
-from bookie.ledger_state import LedgerState
+from bookie.journal_format import Position
+from bookie.ledger_state import LedgerState, WakeReason
 from bookie.threads import OS_THREADS, Threads
 from bookkeeper_aio.common import failpoints
 from bookkeeper_aio.common.clock import SYSTEM_CLOCK, Clock
@@ -443,12 +444,30 @@ class Storage:
             fd = self._read_fds[segment_id] = self.fileio.open_read(path)
         return fd
 
+    # ------------------------------------------------------------------ garbage collection
+    def forget_ledger(self, ledger_id: int) -> bool:
+        """Drop a ledger that no longer exists in metadata (bookie GC, :mod:`bookie.gc`): it leaves
+        the index at once (reads answer ENOLEDGER, long polls parked on it are answered), and the
+        next checkpoint leaves it out; its records become garbage for compaction. False if unknown."""
+        state = self.ledgers.pop(ledger_id, None)
+        if state is None:
+            return False
+        for waiter in list(state.waiters):
+            waiter.fire(WakeReason.TIMEOUT)  # answered from the ledgers table: ENOLEDGER
+        return True
+
     # ------------------------------------------------------------------ checkpoints and lifecycle
     async def checkpoint(self) -> bool:
         """Write a checkpoint if the journal moved since the last one; True if one was written."""
-        position = self.journal.synced_position
-        if position == self._checkpointed:
+        if self.journal.synced_position == self._checkpointed:
             return False
+        await self.write_checkpoint()
+        return True
+
+    async def write_checkpoint(self) -> Position:
+        """Write a checkpoint of the state as it is now (also when the journal did not move: GC
+        dropped ledgers) and return its position once the file is durable. Raises ``OSError``."""
+        position = self.journal.synced_position
         data = checkpoint.encode(position, self.ledgers.values())
         path = os.path.join(self.config.data_dir, replay.INDEX_DIR, replay.CHECKPOINT_FILE)
         await self._loop.run_in_executor(
@@ -456,7 +475,7 @@ class Storage:
         )
         self._checkpointed = position
         log.info("storage.checkpointed", segment=position.segment_id, offset=position.offset, bytes=len(data))
-        return True
+        return position
 
     async def _checkpoint_loop(self) -> None:
         while True:

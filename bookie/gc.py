@@ -1,0 +1,277 @@
+"""Bookie garbage collection: forget ledgers deleted from metadata, then return their disk space.
+
+Deleting a ledger (``BookKeeper.delete_ledger``) removes only its metadata; each bookie finds out by
+itself. A GC pass (periodic, every ``gc_interval_s``, or on demand through the admin endpoint's
+``/gc`` and ``bkaio bookie gc``) does, in order (docs/bookie.md, *Garbage collection*):
+
+1. **Deleted ledgers.** Snapshot the ids of the ledgers this bookie holds, *then* list the ledger
+   ids in metadata and read the id counter. A local ledger is collected only when it is absent
+   from that listing, its id is below the counter (ids at or above it were never handed out by
+   the id generator: never touched), and it was already absent from a listing at least
+   ``gc_deleted_ledger_grace_s`` earlier (so a fencing record of a ledger whose metadata is
+   momentarily out of sight, or anything racing a create, survives). A listing that fails, times
+   out, or finds no cluster at the root collects nothing. Collected ledgers leave the index at
+   once (:meth:`bookie.storage.Storage.forget_ledger`) and a checkpoint is written, so a restart
+   does not bring them back.
+2. **Compaction** (:mod:`bookie.compaction`): segments whose live fraction fell under
+   ``compaction_threshold`` get their live entries copied to the journal head, throttled, the
+   index switched once the copies are durable; fully dead segments are deleted after a checkpoint
+   that no longer needs them.
+
+Without metadata (a standalone bookie) step 1 is skipped: nothing says which ledgers were deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+import structlog
+
+import metadata
+from bookie.storage import Storage
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class GcConfig:
+    interval_s: float = 900.0
+    """Seconds between periodic passes; 0 = only on demand (admin ``/gc``, ``bkaio bookie gc``)."""
+    deleted_ledger_grace_s: float = 60.0
+    """A ledger must be missing from metadata for this long (two listings) before it is collected."""
+    compaction_threshold: float = 0.5
+    """Segments whose live bytes are below this fraction of their size are compacted; 0 = never."""
+    compaction_rate_bytes_per_s: int = 32 * 1024 * 1024
+    """Throttle of the copies compaction makes, so foreground adds keep their latency."""
+    metadata_timeout_s: float = 60.0
+    """Bound on one metadata listing; a pass whose listing takes longer collects nothing."""
+
+
+class MetadataView(NamedTuple):
+    """What metadata says, as read by one pass."""
+
+    ledger_ids: frozenset[int]
+    id_counter: int
+    """The id generator's next unallocated id: ledger ids at or above it were never handed out."""
+
+
+class LedgerCatalog(Protocol):
+    """The ledgers metadata knows (the etcd one is :class:`MetadataCatalog`; tests pass twins)."""
+
+    async def view(self) -> MetadataView:
+        """Raise when the listing cannot be trusted whole (store down, no cluster at the root)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class MetadataUnusable(RuntimeError):
+    """The metadata cannot tell which ledgers exist (no cluster at the root, a bad id counter)."""
+
+
+class MetadataCatalog:
+    """:class:`LedgerCatalog` over the cluster's metadata store (its own connection)."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._connection: metadata.MetadataConnection | None = None
+
+    async def view(self) -> MetadataView:
+        if self._connection is None:
+            self._connection = metadata.connect(self._url)
+        conn = self._connection
+        if await metadata.read_cluster_info(conn.store, conn.root) is None:
+            raise MetadataUnusable(f"no cluster at {self._url}: collecting nothing")
+        manager = metadata.LedgerManager(conn.store, conn.root)
+        counter = await conn.store.get(manager.keys.idgen)
+        if counter is None:
+            id_counter = 0  # no id was ever handed out: every local ledger is protected
+        elif counter.value.isdigit():
+            id_counter = int(counter.value)
+        else:
+            raise MetadataUnusable(f"id counter {manager.keys.idgen} holds {counter.value[:32]!r}")
+        ids = frozenset([ledger_id async for ledger_id in manager.iter_ledger_ids()])
+        return MetadataView(ids, id_counter)
+
+    async def close(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.close()
+
+
+@dataclass
+class GcReport:
+    """What one pass did (the admin endpoint shows the last one, and the running one's progress)."""
+
+    trigger: str
+    started_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    phase: str = "starting"
+    error: str | None = None
+    ledgers_local: int = 0
+    ledgers_in_metadata: int | None = None
+    ledgers_collected: int = 0
+    ledgers_waiting_grace: int = 0
+    ledgers_protected: int = 0
+    """Missing from metadata but at or above the id counter: never collected."""
+    segments_compacted: int = 0
+    segments_deleted: int = 0
+    bytes_copied: int = 0
+    bytes_freed: int = 0
+    entries_copied: int = 0
+    entries_corrupt: int = 0
+    progress: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class GarbageCollector:
+    """Owner of the GC task of one bookie: periodic passes, on-demand triggers, the last report."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        config: GcConfig,
+        catalog: LedgerCatalog | None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.storage = storage
+        self.config = config
+        self.catalog = catalog
+        self._loop = asyncio.get_running_loop()
+        self._clock = clock or self._loop.time
+        self._missing_since: dict[int, float] = {}
+        self._wanted = asyncio.Event()
+        self._wanted_by = "periodic"
+        self._task: asyncio.Task[None] | None = None
+        self.running: GcReport | None = None
+        self.last: GcReport | None = None
+        self.passes = 0
+        self.ledgers_collected_total = 0
+        self.bytes_freed_total = 0
+        self._done = asyncio.Condition()
+
+    def start(self) -> None:
+        self._task = self._loop.create_task(self._run_loop(), name="bookie-gc")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.catalog is not None:
+            with contextlib.suppress(Exception):
+                await self.catalog.close()
+
+    def abort(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    def trigger(self, by: str = "admin") -> bool:
+        """Ask for a pass now; False when one is already running (it is not queued twice)."""
+        if self.running is not None:
+            return False
+        self._wanted_by = by
+        self._wanted.set()
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "running": None if self.running is None else self.running.as_json(),
+            "last": None if self.last is None else self.last.as_json(),
+            "passes": self.passes,
+            "ledgers_collected_total": self.ledgers_collected_total,
+            "bytes_freed_total": self.bytes_freed_total,
+            "interval_s": self.config.interval_s,
+            "metadata": self.catalog is not None,
+        }
+
+    async def _run_loop(self) -> None:
+        interval = self.config.interval_s
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval if interval > 0 else None):
+                    await self._wanted.wait()
+            by, self._wanted_by = self._wanted_by, "periodic"
+            self._wanted.clear()
+            await self.run_once(by)
+
+    async def run_once(self, trigger: str = "manual") -> GcReport:
+        """One whole pass; errors end it early (logged, in the report), never the bookie."""
+        report = GcReport(trigger)
+        self.running = report
+        log.info("gc.started", trigger=trigger)
+        try:
+            await self._collect_deleted(report)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 (metadata down, a disk error: the next pass retries)
+            report.error = f"{type(exc).__name__}: {exc}"
+            log.warning("gc.failed", phase=report.phase, error=repr(exc))
+        finally:
+            report.phase = "done" if report.error is None else "failed"
+            report.finished_at = time.time()
+            self.running = None
+            self.last = report
+            self.passes += 1
+            self.ledgers_collected_total += report.ledgers_collected
+            self.bytes_freed_total += report.bytes_freed
+        log.info(
+            "gc.finished",
+            trigger=trigger,
+            seconds=round(report.finished_at - report.started_at, 3),
+            ledgers_collected=report.ledgers_collected,
+            ledgers_waiting_grace=report.ledgers_waiting_grace,
+            segments_compacted=report.segments_compacted,
+            segments_deleted=report.segments_deleted,
+            bytes_copied=report.bytes_copied,
+            bytes_freed=report.bytes_freed,
+            error=report.error,
+        )
+        return report
+
+    async def _collect_deleted(self, report: GcReport) -> None:
+        storage = self.storage
+        local = list(storage.ledgers)  # before the listing: a ledger made later is not judged now
+        report.ledgers_local = len(local)
+        if self.catalog is None:
+            return
+        report.phase = "listing metadata"
+        async with asyncio.timeout(self.config.metadata_timeout_s):
+            view = await self.catalog.view()
+        report.ledgers_in_metadata = len(view.ledger_ids)
+        report.phase = "collecting deleted ledgers"
+        now = self._clock()
+        grace = self.config.deleted_ledger_grace_s
+        missing = set()
+        for ledger_id in local:
+            if ledger_id in view.ledger_ids:
+                continue
+            if ledger_id >= view.id_counter:
+                report.ledgers_protected += 1
+                continue
+            missing.add(ledger_id)
+        for ledger_id in [i for i in self._missing_since if i not in missing]:
+            del self._missing_since[ledger_id]  # back in metadata, or gone from the bookie
+        collected = []
+        for ledger_id in sorted(missing):
+            first_seen = self._missing_since.setdefault(ledger_id, now)
+            if now - first_seen >= grace:
+                if storage.forget_ledger(ledger_id):
+                    collected.append(ledger_id)
+                del self._missing_since[ledger_id]
+            else:
+                report.ledgers_waiting_grace += 1
+        report.ledgers_collected = len(collected)
+        if collected:
+            log.info("gc.ledgers_collected", count=len(collected), first=collected[:10])
+            report.phase = "checkpoint"
+            await storage.write_checkpoint()  # a restart must not bring them back

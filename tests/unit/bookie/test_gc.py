@@ -1,0 +1,197 @@
+"""Bookie GC, deleted ledgers: which local ledgers a pass collects (and which it must never), that
+they leave the index at once and stay gone after a restart, and the admin ``/gc`` route."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from bookie.admin import AdminServer
+from bookie.gc import GarbageCollector, GcConfig, MetadataView
+from bookie.ledger_state import WakeReason
+from bookie.storage import NoLedger, Storage
+from tests.harness.admin_http import get_json, http_get
+
+from .test_mode import make_snapshot
+from .test_storage import add, body, config
+
+
+class Catalog:
+    """A metadata twin: the ledger ids it lists, the id counter, or an error to raise."""
+
+    def __init__(self, ids: set[int], counter: int = 1000) -> None:
+        self.ids = ids
+        self.counter = counter
+        self.error: Exception | None = None
+        self.views = 0
+
+    async def view(self) -> MetadataView:
+        self.views += 1
+        if self.error is not None:
+            raise self.error
+        return MetadataView(frozenset(self.ids), self.counter)
+
+    async def close(self) -> None:
+        pass
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def filled(tmp_path: Path, ledgers: range) -> Storage:
+    storage = await Storage.open(config(tmp_path))
+    for ledger_id in ledgers:
+        for entry_id in range(3):
+            await add(storage, ledger_id, entry_id)
+    return storage
+
+
+async def test_collects_only_ledgers_missing_from_metadata_for_the_grace_period(tmp_path: Path) -> None:
+    storage = await filled(tmp_path, range(1, 7))
+    catalog = Catalog({1, 2, 3}, counter=6)  # 6 is at the counter: never handed out, protected
+    clock = Clock()
+    gc = GarbageCollector(storage, GcConfig(deleted_ledger_grace_s=30.0), catalog, clock)
+
+    first = await gc.run_once()
+    assert (first.ledgers_collected, first.ledgers_waiting_grace, first.ledgers_protected) == (0, 2, 1)
+    assert sorted(storage.ledgers) == [1, 2, 3, 4, 5, 6]
+
+    catalog.ids.add(4)  # ledger 4 shows up again (e.g. the first listing raced something): kept
+    clock.now += 29.0
+    second = await gc.run_once()
+    assert (second.ledgers_collected, second.ledgers_waiting_grace) == (0, 1)
+
+    clock.now += 1.0
+    third = await gc.run_once()
+    assert third.ledgers_collected == 1
+    assert sorted(storage.ledgers) == [1, 2, 3, 4, 6]
+    with pytest.raises(NoLedger):
+        await storage.read_entry(5, 0)
+    assert (await storage.read_entry(4, 2))[1] == body(4, 2, 1)
+
+    catalog.ids.discard(4)  # 4 missing again: its grace starts over, it is not collected at once
+    fourth = await gc.run_once()
+    assert (fourth.ledgers_collected, fourth.ledgers_waiting_grace) == (0, 1)
+    await storage.close()
+
+
+async def test_collected_ledgers_stay_gone_after_a_restart(tmp_path: Path) -> None:
+    storage = await filled(tmp_path, range(1, 5))
+    gc = GarbageCollector(storage, GcConfig(deleted_ledger_grace_s=0.0), Catalog({1, 3}), Clock())
+    report = await gc.run_once()
+    assert report.ledgers_collected == 2
+    storage.abort()  # a crash right after the pass: only what the pass made durable counts
+
+    reopened = await Storage.open(config(tmp_path))
+    assert sorted(reopened.ledgers) == [1, 3]
+    for ledger_id in (1, 3):
+        for entry_id in range(3):
+            assert (await reopened.read_entry(ledger_id, entry_id))[1] == body(
+                ledger_id, entry_id, entry_id - 1
+            )
+    await reopened.close()
+
+
+async def test_a_listing_that_fails_collects_nothing(tmp_path: Path) -> None:
+    storage = await filled(tmp_path, range(1, 4))
+    catalog = Catalog(set())
+    catalog.error = ConnectionError("etcd is down")
+    gc = GarbageCollector(storage, GcConfig(deleted_ledger_grace_s=0.0), catalog, Clock())
+    report = await gc.run_once()
+    assert report.error is not None
+    assert "etcd is down" in report.error
+    assert report.ledgers_collected == 0
+    assert sorted(storage.ledgers) == [1, 2, 3]
+    assert gc.status()["last"]["phase"] == "failed"
+    await storage.close()
+
+
+async def test_without_metadata_no_ledger_is_collected(tmp_path: Path) -> None:
+    storage = await filled(tmp_path, range(1, 3))
+    gc = GarbageCollector(storage, GcConfig(deleted_ledger_grace_s=0.0), None, Clock())
+    report = await gc.run_once()
+    assert (report.ledgers_collected, report.ledgers_in_metadata, report.error) == (0, None, None)
+    assert sorted(storage.ledgers) == [1, 2]
+    await storage.close()
+
+
+async def test_fenced_unknown_ledger_is_collected_after_the_grace(tmp_path: Path) -> None:
+    """A fence of a ledger this bookie never held creates a ledger record; without metadata it
+    is garbage once the grace period has passed."""
+    storage = await filled(tmp_path, range(1, 2))
+    fenced = asyncio.get_running_loop().create_future()
+    storage.fence(7, None, fenced.set_result)
+    assert await fenced is None
+    clock = Clock()
+    gc = GarbageCollector(storage, GcConfig(deleted_ledger_grace_s=10.0), Catalog({1}), clock)
+    assert (await gc.run_once()).ledgers_collected == 0
+    clock.now += 10.0
+    assert (await gc.run_once()).ledgers_collected == 1
+    assert sorted(storage.ledgers) == [1]
+    await storage.close()
+
+
+async def test_a_parked_long_poll_on_a_collected_ledger_is_answered(tmp_path: Path) -> None:
+    storage = await filled(tmp_path, range(1, 3))
+    woken: list[WakeReason] = []
+    state = storage.ledger(2)
+    state.add_waiter(state.lac, 60.0, woken.append, asyncio.get_running_loop())
+    gc = GarbageCollector(storage, GcConfig(deleted_ledger_grace_s=0.0), Catalog({1}), Clock())
+    await gc.run_once()
+    assert woken == [WakeReason.TIMEOUT]
+    assert not state.waiters
+    await storage.close()
+
+
+async def test_periodic_and_triggered_passes(tmp_path: Path) -> None:
+    storage = await filled(tmp_path, range(1, 3))
+    catalog = Catalog({1, 2})
+    gc = GarbageCollector(storage, GcConfig(interval_s=0.0), catalog, Clock())  # on demand only
+    gc.start()
+    await asyncio.sleep(0.05)
+    assert gc.passes == 0
+    assert gc.trigger("test")
+    for _ in range(100):
+        if gc.passes:
+            break
+        await asyncio.sleep(0.01)
+    assert gc.passes == 1
+    assert gc.status()["last"]["trigger"] == "test"
+    await gc.close()
+
+    periodic = GarbageCollector(storage, GcConfig(interval_s=0.02), catalog, Clock())
+    periodic.start()
+    await asyncio.sleep(0.2)
+    assert periodic.passes >= 2
+    await periodic.close()
+    await storage.close()
+
+
+async def test_admin_gc_route() -> None:
+    calls: list[bool] = []
+
+    def gc(start: bool) -> dict[str, object]:
+        calls.append(start)
+        return {"started": start}
+
+    server = AdminServer(lambda: make_snapshot(), "127.0.0.1", 0, gc=gc)
+    await server.start()
+    assert server.address is not None
+    host, port = server.address
+    assert await get_json(host, port, "/gc") == (200, {"started": False})
+    assert await get_json(host, port, "/gc?start=1") == (200, {"started": True})
+    status, _, _ = await http_get(host, port, "/gc", method="POST")
+    assert status == 200
+    status, _, body_bytes = await http_get(host, port, "/gc?start=soon")
+    assert (status, body_bytes) == (400, b"start must be 1 or 0\n")
+    status, _, _ = await http_get(host, port, "/gc", method="DELETE")
+    assert status == 405
+    assert calls == [False, True, True]
+    await server.close()
