@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
             "LedgerFenced",
             "LedgerRecoveryError",
             "LogFenced",
+            "LogTruncated",
             "MetadataConflict",
             "NoSuchEntry",
             "NoSuchLedger",
@@ -71,6 +72,22 @@ _EXPORTS: dict[str, str] = {
     "LogWriter": "bookkeeper_aio.log.writer",
     "open_log_reader": "bookkeeper_aio.log.reader",
     "open_log_writer": "bookkeeper_aio.log.writer",
+    "truncate_log": "bookkeeper_aio.log.truncation",
+    **dict.fromkeys(
+        [
+            "LogInfo",
+            "LogLedgerInfo",
+            "append_ledgers",
+            "commit_cursor",
+            "committed_batch",
+            "delete_cursor",
+            "delete_log",
+            "describe_log",
+            "list_logs",
+            "read_cursors",
+        ],
+        "bookkeeper_aio.log.admin",
+    ),
     "ReplacedBookie": "metadata.ledger_metadata",
 }
 
@@ -97,8 +114,11 @@ __all__ = [
     "LedgerRecoveryError",
     "LedgerState",
     "LogFenced",
+    "LogInfo",
+    "LogLedgerInfo",
     "LogPosition",
     "LogRecord",
+    "LogTruncated",
     "LogWriter",
     "MetadataConflict",
     "NoClusterFound",
@@ -116,9 +136,18 @@ __all__ = [
     "TooManyRequests",
     "Unauthorized",
     "UnknownLedgerState",
+    "append_ledgers",
+    "commit_cursor",
+    "committed_batch",
+    "delete_cursor",
+    "delete_log",
+    "describe_log",
+    "list_logs",
     "open_log_reader",
     "open_log_writer",
     "password_hash",
+    "read_cursors",
+    "truncate_log",
 ]
 
 
@@ -158,6 +187,7 @@ if TYPE_CHECKING:
         LedgerFenced,
         LedgerRecoveryError,
         LogFenced,
+        LogTruncated,
         MetadataConflict,
         NoSuchEntry,
         NoSuchLedger,
@@ -168,8 +198,21 @@ if TYPE_CHECKING:
         Unauthorized,
         UnknownLedgerState,
     )
+    from bookkeeper_aio.log.admin import (
+        LogInfo,
+        LogLedgerInfo,
+        append_ledgers,
+        commit_cursor,
+        committed_batch,
+        delete_cursor,
+        delete_log,
+        describe_log,
+        list_logs,
+        read_cursors,
+    )
     from bookkeeper_aio.log.position import LogPosition, LogRecord
     from bookkeeper_aio.log.reader import open_log_reader
+    from bookkeeper_aio.log.truncation import truncate_log
     from bookkeeper_aio.log.writer import LogWriter, open_log_writer
     from bookkeeper_aio.protocol.digest import DigestType
     from metadata.ledger_metadata import LedgerState, ReplacedBookie

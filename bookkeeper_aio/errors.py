@@ -189,6 +189,17 @@ class LogFenced(BKError):
         self.outcome_unknown = outcome_unknown
 
 
+class LogTruncated(BKError):
+    """The records asked for were truncated from the log (docs/api.md "Logs": truncation).
+    ``first_position`` is the log's first position now (None: the log holds no ledger)."""
+
+    def __init__(self, name: str, detail: str, first_position: tuple[int, int] | None) -> None:
+        where = "the log is empty" if first_position is None else f"it now starts at {tuple(first_position)}"
+        super().__init__(f"log {name!r}: {detail} was truncated ({where}); start from 'earliest'")
+        self.name = name
+        self.first_position = first_position
+
+
 def with_outcome_unknown(error: BKError, unknown: bool) -> BKError:
     """A copy of ``error`` (same class, message, attributes and cause) whose ``outcome_unknown`` is
     ``unknown``; ``__init__`` is not called, so classes with their own signature copy too."""

@@ -22,7 +22,7 @@ from metadata.errors import BadVersion, NoNode, UpdateRetriesExhausted
 from metadata.keys import ClusterKeys
 from metadata.ledger_manager import UNCHANGED, _Unchanged
 from metadata.log_metadata import LogMetadata
-from metadata.store import MetadataStore
+from metadata.store import MetadataStore, list_all
 
 log = structlog.get_logger("metadata.log_manager")
 
@@ -67,9 +67,9 @@ class LogManager:
         self._now_ms = now_ms
         self._rng = rng or random.Random()
 
-    async def create(self, name: str) -> VersionedLog:
+    async def create(self, name: str, *, sequenced: bool = False) -> VersionedLog:
         """A new empty log. Raises `NodeExists`, `InvalidMetadata` (bad name), `CasResultUnknown`."""
-        metadata = LogMetadata(name, (), self._now_ms())
+        metadata = LogMetadata(name, (), self._now_ms(), sequenced=sequenced)
         version = await self._store.create(self.keys.log(name), serde.encode(metadata))
         return VersionedLog(metadata, version)
 
@@ -122,6 +122,33 @@ class LogManager:
             await self._store.delete(self.keys.log(name), expected_version)
         except NoNode:
             raise NoSuchLog(name) from None
+
+    # ------------------------------------------------------------------ named cursors
+    async def write_cursor(self, name: str, cursor: str, ledger_id: int, entry_id: int) -> None:
+        """Store ``cursor``'s position (the last record it consumed); last writer wins. Raises
+        `InvalidMetadata` (bad names or position), `CasResultUnknown`."""
+        value = serde.encode_cursor(ledger_id, entry_id, self._now_ms())
+        await self._store.put(self.keys.log_cursor(name, cursor), value)
+
+    async def read_cursors(self, name: str) -> dict[str, tuple[int, int]]:
+        """Every cursor of the log: name -> (ledger id, entry id). Raises `MetadataFormatError`."""
+        prefix = self.keys.log_cursors_prefix(name)
+        items, _ = await list_all(self._store, prefix)
+        return {
+            kv.key.removeprefix(prefix): serde.decode_cursor(kv.value, key=kv.key, name=name) for kv in items
+        }
+
+    async def delete_cursor(self, name: str, cursor: str) -> bool:
+        """Whether the cursor existed."""
+        try:
+            await self._store.delete(self.keys.log_cursor(name, cursor))
+        except NoNode:
+            return False
+        return True
+
+    async def delete_cursors(self, name: str) -> None:
+        for cursor in await self.read_cursors(name):
+            await self.delete_cursor(name, cursor)
 
     async def iter_names(self, *, page_size: int = LIST_PAGE_SIZE_DEFAULT) -> AsyncIterator[str]:
         """Every log name in key order, page by page (not a snapshot)."""

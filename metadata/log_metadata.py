@@ -1,7 +1,8 @@
 """Log metadata (docs/replication.md §7, docs/metadata.md "Logs"): a pure model and its serde.
 
-A log is a name and an ordered list of ledgers; only the last ledgers may still be OPEN (as far as
-the log knows: the ledger's own metadata is the truth). The list is changed only by CAS
+A log is a name and an ordered list of ledgers whose ids grow along the list; only the last two
+ledgers may still be OPEN (as far as the log knows: the ledger's own metadata is the truth; a roll
+lists the new ledger before it closes the previous one). The list is changed only by CAS
 (`metadata.log_manager.LogManager`).
 
 Stored value: ``MAGIC`` + a msgpack map carrying ``format_version``; a decoder rejects versions newer
@@ -11,6 +12,8 @@ than `FORMAT_VERSION` and any malformed value with `MetadataFormatError` naming 
 from __future__ import annotations
 
 import enum
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -20,10 +23,14 @@ from metadata.envelope import open_envelope
 from metadata.errors import InvalidMetadata, MetadataFormatError
 from metadata.keys import validate_name
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""1: ledgers as ``[id, state]``. 2: ledgers as ``[id, state, first_offset, last_entry_id, length,
+closed_ms]`` plus ``truncated_before``, ``sequenced`` and ``commits`` (a version-1 value decodes with
+the new fields unknown or empty)."""
 MAGIC = b"BKLG"
 LEDGER_ID_MAX = 2**63 - 1
 LEDGERS_MAX = 100_000
+COMMITS_MAX = 10_000
 ENCODED_BYTES_MAX = 1024 * 1024
 
 
@@ -35,23 +42,58 @@ class LogLedgerState(enum.Enum):
 
 
 class LogLedger(NamedTuple):
+    """One ledger of the list. ``first_offset`` is the log-wide offset of the ledger's entry 0 (the
+    number of records the log held before it, truncated ones included): known once every earlier
+    ledger's last entry is. ``last_entry_id`` (-1: empty), ``length`` (payload bytes) and
+    ``closed_ms`` are recorded when the log marks the ledger CLOSED."""
+
     ledger_id: int
     state: LogLedgerState
+    first_offset: int | None = None
+    last_entry_id: int | None = None
+    length: int | None = None
+    closed_ms: int | None = None
+
+    @property
+    def entries(self) -> int | None:
+        return None if self.last_entry_id is None else self.last_entry_id + 1
 
 
 @dataclass(frozen=True, slots=True)
 class LogMetadata:
+    """``truncated_before``: records of ledgers with smaller ids were truncated (0: never).
+    ``sequenced``: appends carry a writer-supplied sequence number (docs/api.md "Logs").
+    ``commits``: per importer id, the last batch id committed with its ledgers (exactly-once
+    imports)."""
+
     name: str
     ledgers: tuple[LogLedger, ...] = ()
     ctime_ms: int = 0
     format_version: int = field(default=FORMAT_VERSION)
+    truncated_before: int = 0
+    sequenced: bool = False
+    commits: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "commits", types.MappingProxyType(dict(self.commits)))
         validate(self)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LogMetadata):
+            return NotImplemented
+        return _comparable(self) == _comparable(other)
+
+    def __hash__(self) -> int:
+        return hash(_comparable(self))
 
     @property
     def ledger_ids(self) -> tuple[int, ...]:
         return tuple(entry.ledger_id for entry in self.ledgers)
+
+    @property
+    def last_ledger_id(self) -> int:
+        """The largest id the list ever held (0 for a log that never had a ledger)."""
+        return self.ledgers[-1].ledger_id if self.ledgers else max(0, self.truncated_before - 1)
 
     def index_of(self, ledger_id: int) -> int | None:
         for index, entry in enumerate(self.ledgers):
@@ -60,25 +102,84 @@ class LogMetadata:
         return None
 
     def with_ledger_appended(self, ledger_id: int) -> LogMetadata:
-        """The list with ``ledger_id`` appended as OPEN. Raises `InvalidMetadata` if already listed."""
-        return replace(self, ledgers=(*self.ledgers, LogLedger(ledger_id, LogLedgerState.OPEN)))
+        """The list with ``ledger_id`` appended as OPEN. Raises `InvalidMetadata` unless its id is
+        larger than every listed one."""
+        return _with_offsets(
+            replace(self, ledgers=(*self.ledgers, LogLedger(ledger_id, LogLedgerState.OPEN)))
+        )
 
-    def with_closed(self, *ledger_ids: int) -> LogMetadata:
-        """The list with the given ledgers marked CLOSED (others unchanged, unknown ids ignored)."""
-        closing = set(ledger_ids)
+    def with_closed(
+        self,
+        ledger_id: int,
+        *,
+        last_entry_id: int | None = None,
+        length: int | None = None,
+        closed_ms: int | None = None,
+    ) -> LogMetadata:
+        """The list with ``ledger_id`` marked CLOSED, with what is known of its end (unknown ids
+        ignored); later ledgers' first offsets follow when they can."""
+        ledgers = tuple(
+            e._replace(
+                state=LogLedgerState.CLOSED,
+                last_entry_id=e.last_entry_id if last_entry_id is None else last_entry_id,
+                length=e.length if length is None else length,
+                closed_ms=e.closed_ms if closed_ms is None else closed_ms,
+            )
+            if e.ledger_id == ledger_id
+            else e
+            for e in self.ledgers
+        )
+        return _with_offsets(replace(self, ledgers=ledgers))
+
+    def with_truncated_before(self, ledger_id: int) -> LogMetadata:
+        """The list without the ledgers whose ids are below ``ledger_id``."""
         return replace(
             self,
-            ledgers=tuple(
-                LogLedger(e.ledger_id, LogLedgerState.CLOSED) if e.ledger_id in closing else e
-                for e in self.ledgers
-            ),
+            ledgers=tuple(e for e in self.ledgers if e.ledger_id >= ledger_id),
+            truncated_before=max(self.truncated_before, ledger_id),
         )
+
+    def with_commit(self, importer: str, batch_id: int) -> LogMetadata:
+        return replace(self, commits={**self.commits, importer: batch_id})
+
+
+def _comparable(md: LogMetadata) -> tuple[object, ...]:
+    return (
+        md.name,
+        md.ledgers,
+        md.ctime_ms,
+        md.format_version,
+        md.truncated_before,
+        md.sequenced,
+        tuple(sorted(md.commits.items())),
+    )
+
+
+def _with_offsets(md: LogMetadata) -> LogMetadata:
+    """First offsets filled in along the list where the previous ledger's are known (the first
+    ledger of a never-truncated log starts at 0)."""
+    ledgers = list(md.ledgers)
+    for index, entry in enumerate(ledgers):
+        if entry.first_offset is not None:
+            continue
+        if index == 0:
+            if md.truncated_before == 0:
+                ledgers[0] = entry._replace(first_offset=0)
+            continue
+        previous = ledgers[index - 1]
+        if previous.first_offset is not None and previous.entries is not None:
+            ledgers[index] = entry._replace(first_offset=previous.first_offset + previous.entries)
+    return replace(md, ledgers=tuple(ledgers))
 
 
 def validate(md: LogMetadata) -> None:
     problem = _first_problem(md)
     if problem is not None:
         raise InvalidMetadata(f"invalid metadata for log {md.name!r}: {problem}")
+
+
+def _is_int(value: object, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and minimum <= value <= LEDGER_ID_MAX
 
 
 def _first_problem(md: LogMetadata) -> str | None:
@@ -91,31 +192,63 @@ def _first_problem(md: LogMetadata) -> str | None:
         return str(error)
     if not isinstance(md.format_version, int) or not 1 <= md.format_version <= FORMAT_VERSION:
         return f"format_version {md.format_version!r} unsupported"
-    if not isinstance(md.ctime_ms, int) or isinstance(md.ctime_ms, bool) or md.ctime_ms < 0:
+    if not _is_int(md.ctime_ms, 0):
         return f"ctime_ms must be an int >= 0, got {md.ctime_ms!r}"
+    if not _is_int(md.truncated_before, 0):
+        return f"truncated_before must be an int >= 0, got {md.truncated_before!r}"
+    sequenced: object = md.sequenced
+    if not isinstance(sequenced, bool):
+        return f"sequenced must be a bool, got {sequenced!r}"
+    if len(md.commits) > COMMITS_MAX:
+        return f"{len(md.commits)} commit tokens > {COMMITS_MAX}"
+    for importer, batch in md.commits.items():
+        if not isinstance(importer, str) or not importer or not _is_int(batch, 0):
+            return f"bad commit token {importer!r}: {batch!r}"
     if len(md.ledgers) > LEDGERS_MAX:
         return f"{len(md.ledgers)} ledgers > {LEDGERS_MAX}"
-    seen: set[int] = set()
+    previous = md.truncated_before - 1
     entries: tuple[object, ...] = md.ledgers
     for entry in entries:
-        if not isinstance(entry, LogLedger) or not isinstance(entry.state, LogLedgerState):
-            return f"bad ledger entry {entry!r}"
-        lid = entry.ledger_id
-        if not isinstance(lid, int) or isinstance(lid, bool) or not 0 <= lid <= LEDGER_ID_MAX:
-            return f"bad ledger id {lid!r}"
-        if lid in seen:
-            return f"ledger {lid} listed twice"
-        seen.add(lid)
+        problem = _ledger_problem(entry)
+        if problem is not None:
+            return problem
+        assert isinstance(entry, LogLedger)
+        if entry.ledger_id <= previous:
+            return f"ledger {entry.ledger_id} is not above the one before it ({previous}): ids must grow"
+        previous = entry.ledger_id
+    return None
+
+
+def _ledger_problem(entry: object) -> str | None:
+    if not isinstance(entry, LogLedger) or not isinstance(entry.state, LogLedgerState):
+        return f"bad ledger entry {entry!r}"
+    if not _is_int(entry.ledger_id, 0):
+        return f"bad ledger id {entry.ledger_id!r}"
+    optional = (
+        ("first_offset", entry.first_offset, 0),
+        ("last_entry_id", entry.last_entry_id, -1),
+        ("length", entry.length, 0),
+        ("closed_ms", entry.closed_ms, 0),
+    )
+    for what, value, minimum in optional:
+        if value is not None and not _is_int(value, minimum):
+            return f"ledger {entry.ledger_id}: bad {what} {value!r}"
     return None
 
 
 def encode(md: LogMetadata) -> bytes:
     """``MAGIC`` + msgpack map. Raises `InvalidMetadata` when the result exceeds `ENCODED_BYTES_MAX`."""
     body = {
-        "format_version": md.format_version,
+        "format_version": FORMAT_VERSION,
         "name": md.name,
-        "ledgers": [[e.ledger_id, e.state.value] for e in md.ledgers],
+        "ledgers": [
+            [e.ledger_id, e.state.value, e.first_offset, e.last_entry_id, e.length, e.closed_ms]
+            for e in md.ledgers
+        ],
         "ctime_ms": md.ctime_ms,
+        "truncated_before": md.truncated_before,
+        "sequenced": md.sequenced,
+        "commits": dict(md.commits),
     }
     data = MAGIC + msgpack.packb(body, use_bin_type=True)
     if len(data) > ENCODED_BYTES_MAX:
@@ -140,12 +273,54 @@ def decode(data: bytes, *, key: str, name: str) -> LogMetadata:
         raise MetadataFormatError(key, f"{who}: value names log {body['name']!r}")
     try:
         ledgers = tuple(_ledger(item) for item in body["ledgers"])
-        return LogMetadata(name, ledgers, body["ctime_ms"], body["format_version"])
+        commits = _commits(body.get("commits", {}))
+        return LogMetadata(
+            name,
+            ledgers,
+            body["ctime_ms"],
+            FORMAT_VERSION,
+            truncated_before=body.get("truncated_before", 0),
+            sequenced=body.get("sequenced", False),
+            commits=commits,
+        )
     except (InvalidMetadata, TypeError, ValueError) as error:
         raise MetadataFormatError(key, f"{who}: {error}") from error
 
 
+def _commits(value: object) -> dict[str, int]:
+    if not isinstance(value, dict):
+        raise TypeError(f"commits must be a map, got {type(value).__name__}")
+    return value
+
+
 def _ledger(item: object) -> LogLedger:
-    if not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], int):
+    if not isinstance(item, list) or len(item) not in (2, 6) or not isinstance(item[0], int):
         raise ValueError(f"bad ledger entry {item!r}")
-    return LogLedger(item[0], LogLedgerState(item[1]))
+    return LogLedger(item[0], LogLedgerState(item[1]), *item[2:])
+
+
+CURSOR_MAGIC = b"BKCR"
+CURSOR_BYTES_MAX = 1024
+
+
+def encode_cursor(ledger_id: int, entry_id: int, mtime_ms: int) -> bytes:
+    """A named cursor's value: the last position it consumed, and when it was committed."""
+    if not _is_int(ledger_id, 0) or not _is_int(entry_id, -1):
+        raise InvalidMetadata(f"bad cursor position ({ledger_id!r}, {entry_id!r})")
+    body = {"format_version": 1, "ledger_id": ledger_id, "entry_id": entry_id, "mtime_ms": mtime_ms}
+    return CURSOR_MAGIC + msgpack.packb(body, use_bin_type=True)
+
+
+def decode_cursor(data: bytes, *, key: str, name: str) -> tuple[int, int]:
+    """(ledger id, entry id) of a stored cursor; `MetadataFormatError` naming the key and log."""
+    body = open_envelope(
+        data,
+        key=key,
+        who=f"a cursor of log {name!r}",
+        what="a log cursor",
+        magic=CURSOR_MAGIC,
+        bytes_max=CURSOR_BYTES_MAX,
+        format_version_max=1,
+        field_types={"ledger_id": int, "entry_id": int},
+    )
+    return body["ledger_id"], body["entry_id"]

@@ -1,12 +1,75 @@
-"""Shared by the log writer and reader: the `LogManager` of a client."""
+"""Shared by the log writer, reader and operations: the `LogManager` of a client, the one CAS of a
+list (with a lost answer resolved), recovery of listed ledgers, discarding an unlisted ledger."""
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 from bookkeeper_aio.client.bookkeeper import BookKeeper
-from metadata.log_manager import LogManager
+from bookkeeper_aio.client.ledger import LedgerHandle
+from bookkeeper_aio.errors import BKError
+from metadata.errors import CasResultUnknown, MetadataError
+from metadata.log_manager import LogManager, VersionedLog
+from metadata.log_metadata import LogLedgerState, LogMetadata
 
 
 def log_manager(bk: BookKeeper) -> LogManager:
     """A `LogManager` on the client's metadata store and cluster root."""
     ledgers = bk.context.ledgers
     return LogManager(ledgers.store, ledgers.keys.root)  # the store the client already uses
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+async def cas_log(manager: LogManager, proposed: LogMetadata, expected_version: int) -> VersionedLog:
+    """One CAS of the list. A lost answer (`CasResultUnknown`) is resolved by reading the list back:
+    ours if it is exactly ``proposed``, tried again if the version did not move (not applied), else
+    `CasResultUnknown` (the caller must then assume its change may be in the list)."""
+    for _ in range(2):
+        try:
+            return await manager.write(proposed, expected_version)
+        except CasResultUnknown as unknown:
+            try:
+                current = await manager.read(proposed.name)
+            except MetadataError:
+                raise unknown from None
+            if current.metadata == proposed:
+                return current
+            if current.version != expected_version:
+                raise
+    raise CasResultUnknown(manager.keys.log(proposed.name), "log CAS outcome lost twice")
+
+
+async def recover_ledgers(
+    bk: BookKeeper, ledger_ids: tuple[int, ...], password: bytes
+) -> dict[int, tuple[int, int]]:
+    """Fence and recover (close) each ledger: id -> (last entry id, length in bytes)."""
+    ends: dict[int, tuple[int, int]] = {}
+    for ledger_id in ledger_ids:
+        handle = await bk.open_ledger(ledger_id, password=password, recovery=True)
+        md = handle.metadata
+        ends[ledger_id] = (-1 if md.last_entry_id is None else md.last_entry_id, md.length)
+    return ends
+
+
+async def discard_ledger(bk: BookKeeper, handle: LedgerHandle) -> None:
+    """Close and delete a ledger that never made it into the list (best effort)."""
+    with contextlib.suppress(BKError):
+        await handle.close()
+    with contextlib.suppress(BKError):
+        await bk.delete_ledger(handle.id)
+
+
+def with_recovered(md: LogMetadata, ends: dict[int, tuple[int, int]]) -> LogMetadata:
+    """``md`` with the recovered ledgers marked CLOSED at their ends (a close time for those the
+    list still had OPEN)."""
+    for ledger_id, (last_entry_id, length) in ends.items():
+        index = md.index_of(ledger_id)
+        was_open = index is not None and md.ledgers[index].state is LogLedgerState.OPEN
+        md = md.with_closed(
+            ledger_id, last_entry_id=last_entry_id, length=length, closed_ms=now_ms() if was_open else None
+        )
+    return md

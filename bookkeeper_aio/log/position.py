@@ -13,5 +13,9 @@ class LogPosition(NamedTuple):
 
 
 class LogRecord(NamedTuple):
+    """A record as a reader hands it out; ``sequence`` is the writer-supplied number of a
+    sequenced log (None otherwise)."""
+
     position: LogPosition
     payload: bytes
+    sequence: int | None = None

@@ -11,98 +11,181 @@ LAC) and its last entry was handed out. The reader then re-reads the log metadat
 exponential backoff between reads) until a ledger after it is in the list, and goes on at that
 ledger's entry 0. Ledger ids grow along the list, so positions come out strictly increasing.
 Close it with ``aclose()`` (or ``contextlib.aclosing``); cancelling the task iterating it is clean.
+
+Both modes stop before ``end`` (exclusive) when given. A position the log no longer holds raises
+`LogTruncated` — at the start, or when a ledger disappears under the reader because a truncation
+removed it — never a silent gap. Sequenced logs: the header is stripped into ``record.sequence``,
+and a record whose sequence is not above the last one handed out is dropped (a duplicate).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Literal
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
-from bookkeeper_aio.errors import BKInterfaceError
+from bookkeeper_aio.client.read_handle import LedgerEntry, ReadHandle
+from bookkeeper_aio.errors import BKInterfaceError, LogTruncated, NoSuchLedger
+from bookkeeper_aio.log import records
 from bookkeeper_aio.log._common import log_manager
 from bookkeeper_aio.log.position import LogPosition, LogRecord
 from metadata.log_manager import LogManager
+from metadata.log_metadata import LogMetadata
 
 FOLLOW_POLL_S_INITIAL = 0.01
 FOLLOW_POLL_S_MAX = 0.5
 """Between reads of the log metadata while a following reader waits for the next ledger."""
+
+Start = Literal["earliest", "latest"] | LogPosition
 
 
 async def open_log_reader(
     bk: BookKeeper,
     name: str,
     *,
-    start: Literal["earliest"] | LogPosition = "earliest",
+    start: Start = "earliest",
+    end: LogPosition | None = None,
     password: bytes = b"",
     follow: bool = False,
 ) -> AsyncGenerator[LogRecord, None]:
-    """Every record from ``start`` (inclusive) in log order: to the log's current end, or, with
-    ``follow=True``, on and on as the writer appends (see the module docstring).
+    """Every record from ``start`` (inclusive; "latest": only records appended from now on) up to
+    ``end`` (exclusive), in log order: to the log's current end, or, with ``follow=True``, on and on
+    as the writer appends (see the module docstring).
 
     Raises NoSuchLog (naming the log), MetadataFormatError (a corrupt log key, naming the log),
-    BKInterfaceError (``start`` not in the log), and the ledger API's read errors.
+    LogTruncated (``start`` was truncated), BKInterfaceError (``start`` not in the log, bad
+    arguments), and the ledger API's read errors.
     """
+    if end is not None and not isinstance(end, LogPosition):
+        raise BKInterfaceError(f"end must be a LogPosition or None, got {end!r}")
     manager = log_manager(bk)
-    versioned = await manager.read(name)
-    ledger_ids = versioned.metadata.ledger_ids
-    first_index, first_entry = 0, 0
-    if start != "earliest":
-        if not isinstance(start, LogPosition):
-            raise BKInterfaceError(f"start must be 'earliest' or a LogPosition, got {start!r}")
-        if start.ledger_id not in ledger_ids:
-            raise BKInterfaceError(f"log {name!r}: ledger {start.ledger_id} is not in the log")
-        first_index, first_entry = ledger_ids.index(start.ledger_id), max(0, start.entry_id)
+    md = (await manager.read(name)).metadata
+    first_index, first_entry = await _start_at(bk, md, start, password)
+    walk = _Walk(bk, manager, md, password, end)
+    ledger_ids = md.ledger_ids[first_index:]
     if follow:
-        return _follow(bk, manager, name, ledger_ids[first_index:], first_entry, password)
-    return _records(bk, ledger_ids[first_index:], first_entry, password)
+        return walk.follow(ledger_ids, first_entry)
+    return walk.to_current_end(ledger_ids, first_entry)
 
 
-async def _records(
-    bk: BookKeeper, ledger_ids: tuple[int, ...], first_entry: int, password: bytes
-) -> AsyncGenerator[LogRecord, None]:
-    for index, ledger_id in enumerate(ledger_ids):
-        handle = await bk.open_ledger(ledger_id, password=password)
-        first = first_entry if index == 0 else 0
-        last = handle.last_add_confirmed
-        if last < first:
-            continue
-        async for entry in handle.read(first, last):
-            yield LogRecord(LogPosition(ledger_id, entry.entry_id), entry.payload)
+async def _start_at(bk: BookKeeper, md: LogMetadata, start: Start, password: bytes) -> tuple[int, int]:
+    """(index in the list, entry id) of the first record to read."""
+    ledger_ids = md.ledger_ids
+    if start == "earliest":
+        return 0, 0
+    if start == "latest":
+        if not ledger_ids:
+            return 0, 0
+        handle = await bk.open_ledger(ledger_ids[-1], password=password)
+        return len(ledger_ids) - 1, handle.last_add_confirmed + 1
+    if not isinstance(start, LogPosition):
+        raise BKInterfaceError(f"start must be 'earliest', 'latest' or a LogPosition, got {start!r}")
+    if start.ledger_id < md.truncated_before or (ledger_ids and start.ledger_id < ledger_ids[0]):
+        raise LogTruncated(md.name, f"position {tuple(start)}", _first_position(md))
+    if start.ledger_id not in ledger_ids:
+        raise BKInterfaceError(f"log {md.name!r}: ledger {start.ledger_id} is not in the log")
+    return ledger_ids.index(start.ledger_id), max(0, start.entry_id)
 
 
-async def _follow(
-    bk: BookKeeper,
-    manager: LogManager,
-    name: str,
-    ledger_ids: tuple[int, ...],
-    first_entry: int,
-    password: bytes,
-) -> AsyncGenerator[LogRecord, None]:
-    pending = list(ledger_ids)
-    done = -1  # the last ledger read to its end; the next ones have larger ids
-    next_entry = first_entry
-    while True:
-        while pending:
-            ledger_id = pending.pop(0)
-            handle = await bk.open_ledger(ledger_id, password=password)
-            entries = handle.tail(next_entry)
-            async with contextlib.aclosing(entries):
-                async for entry in entries:
-                    yield LogRecord(LogPosition(ledger_id, entry.entry_id), entry.payload)
-            done, next_entry = ledger_id, 0  # closed and read to its last entry
-        pending = await _next_ledgers(manager, name, done)
+def _first_position(md: LogMetadata) -> tuple[int, int] | None:
+    return (md.ledgers[0].ledger_id, 0) if md.ledgers else None
 
 
-async def _next_ledgers(manager: LogManager, name: str, after: int) -> list[int]:
-    """The ledgers of the list after ledger ``after``, once there are some."""
-    delay_s = FOLLOW_POLL_S_INITIAL
-    while True:
-        versioned = await manager.read(name)
-        later = [ledger_id for ledger_id in versioned.metadata.ledger_ids if ledger_id > after]
-        if later:
-            return later
-        await asyncio.sleep(delay_s)
-        delay_s = min(delay_s * 2, FOLLOW_POLL_S_MAX)
+class _Walk:
+    """One reader's state: where it is, the sequence it passed, where it stops."""
+
+    def __init__(
+        self, bk: BookKeeper, manager: LogManager, md: LogMetadata, password: bytes, end: LogPosition | None
+    ) -> None:
+        self._bk = bk
+        self._manager = manager
+        self._name = md.name
+        self._sequenced = md.sequenced
+        self._password = password
+        self._end = end
+        self._last_sequence = -1
+
+    async def to_current_end(
+        self, ledger_ids: tuple[int, ...], first_entry: int
+    ) -> AsyncGenerator[LogRecord, None]:
+        for index, ledger_id in enumerate(ledger_ids):
+            if self._past_end(ledger_id, 0):
+                return
+            handle = await self._open(ledger_id)
+            first = first_entry if index == 0 else 0
+            last = handle.last_add_confirmed
+            if self._end is not None and ledger_id == self._end.ledger_id:
+                last = min(last, self._end.entry_id - 1)
+            if last < first:
+                continue
+            async for record in self._records(ledger_id, handle.read(first, last)):
+                yield record
+
+    async def follow(self, ledger_ids: tuple[int, ...], first_entry: int) -> AsyncGenerator[LogRecord, None]:
+        pending = list(ledger_ids)
+        done = -1  # the last ledger read to its end; the next ones have larger ids
+        next_entry = first_entry
+        while True:
+            while pending:
+                ledger_id = pending.pop(0)
+                if self._past_end(ledger_id, next_entry):
+                    return
+                handle = await self._open(ledger_id)
+                entries = handle.tail(next_entry)
+                async with contextlib.aclosing(entries):
+                    async for record in self._records(ledger_id, entries):
+                        if self._past_end(ledger_id, record.position.entry_id):
+                            return
+                        yield record
+                done, next_entry = ledger_id, 0  # closed and read to its last entry
+            pending = await self._next_ledgers(done)
+
+    def _past_end(self, ledger_id: int, entry_id: int) -> bool:
+        return self._end is not None and LogPosition(ledger_id, entry_id) >= self._end
+
+    async def _records(
+        self, ledger_id: int, entries: AsyncIterator[LedgerEntry]
+    ) -> AsyncGenerator[LogRecord, None]:
+        try:
+            async for entry in entries:
+                data = entry.payload
+                position = LogPosition(ledger_id, entry.entry_id)
+                if not self._sequenced:
+                    yield LogRecord(position, data)
+                    continue
+                sequence, payload = records.decode_sequenced(data, where=f"log {self._name!r} {position}")
+                if sequence <= self._last_sequence:
+                    continue  # a duplicate of a record already handed out
+                self._last_sequence = sequence
+                yield LogRecord(position, payload, sequence)
+        except NoSuchLedger as error:
+            raise await self._truncated(ledger_id) from error
+
+    async def _open(self, ledger_id: int) -> ReadHandle:
+        try:
+            return await self._bk.open_ledger(ledger_id, password=self._password)
+        except NoSuchLedger as error:
+            raise await self._truncated(ledger_id) from error
+
+    async def _truncated(self, ledger_id: int) -> BaseException:
+        """The error for a listed ledger that vanished: `LogTruncated` when a truncation removed
+        it, else the ledger's own NoSuchLedger (someone deleted a listed ledger: data loss)."""
+        md = (await self._manager.read(self._name)).metadata
+        if ledger_id < md.truncated_before:
+            return LogTruncated(self._name, f"ledger {ledger_id}, being read,", _first_position(md))
+        return NoSuchLedger(
+            f"log {self._name!r}: listed ledger {ledger_id} does not exist (deleted by hand?)"
+        )
+
+    async def _next_ledgers(self, after: int) -> list[int]:
+        """The ledgers of the list after ledger ``after``, once there are some."""
+        delay_s = FOLLOW_POLL_S_INITIAL
+        while True:
+            versioned = await self._manager.read(self._name)
+            later = [ledger_id for ledger_id in versioned.metadata.ledger_ids if ledger_id > after]
+            if later:
+                return later
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, FOLLOW_POLL_S_MAX)

@@ -1,21 +1,32 @@
 """The log writer (docs/replication.md §7, docs/api.md "Logs").
 
 Opening as leader: read the ledger list; fence and recover the last two ledgers
-(``open_ledger(recovery=True)``, which closes them); create a new ledger; CAS the list with the
-recovered ledgers marked CLOSED and the new one appended. On a CAS conflict the new ledger is
-deleted and the open starts over. No append is served before the CAS succeeded.
+(``open_ledger(recovery=True)``, which closes them); create a new ledger whose id is above every
+listed one; CAS the list with the recovered ledgers marked CLOSED (with their last entries) and the
+new one appended. On a CAS conflict the new ledger is deleted and the open starts over. No append is
+served before the CAS succeeded.
 
-Rolling: create a new ledger, CAS it into the list, switch appends to it, then close the previous
-one and mark it CLOSED in the list. Until the first CAS succeeded appends go to the old ledger.
+Rolling (by entry count, payload bytes or age, or ``roll()``): create a new ledger, CAS it into the
+list, switch appends to it, then close the previous one and mark it CLOSED in the list. Until the
+first CAS succeeded appends go to the old ledger. Retention runs after each roll.
 
-A writer that loses the log (its ledger fenced, or a CAS that finds the list changed by someone
-else) raises `LogFenced` and stops for good.
+The writer's later CASes (roll, close, truncation) survive changes by others that leave it leader —
+a truncation, a cursor-driven retention — by re-reading the list and applying their change again.
+It is still leader while the list's last ledger is its own and OPEN: a takeover (or an import,
+`append_ledgers`) always lists a ledger after it. A writer that lost the log raises `LogFenced` and
+stops for good.
+
+Sequenced logs (``sequenced=True`` at creation): each record carries the writer-supplied sequence
+number in an 8-byte header (`bookkeeper_aio.log.records`); a new writer learns the last one from the
+log's last record, and ``append`` skips (returns None for) a sequence at or below it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Callable
 
 import structlog
 
@@ -30,15 +41,25 @@ from bookkeeper_aio.errors import (
     MetadataConflict,
     NoSuchLog,
 )
-from bookkeeper_aio.log._common import log_manager
+from bookkeeper_aio.log import records
+from bookkeeper_aio.log._common import (
+    cas_log,
+    discard_ledger,
+    log_manager,
+    now_ms,
+    recover_ledgers,
+    with_recovered,
+)
 from bookkeeper_aio.log.position import LogPosition
-from metadata.errors import BadVersion, CasResultUnknown, MetadataError, NodeExists
+from bookkeeper_aio.log.truncation import delete_ledgers, retention_cut, truncate_list
+from metadata.errors import BadVersion, CasResultUnknown, NodeExists
 from metadata.log_manager import LogManager, VersionedLog
-from metadata.log_metadata import LogMetadata
+from metadata.log_metadata import LogLedgerState, LogMetadata
 
 log = structlog.get_logger("bookkeeper_aio.log.writer")
 
 OPEN_ATTEMPTS_MAX = 50
+CHANGE_ATTEMPTS_MAX = 100
 _FENCING_ERRORS = (LedgerFenced, LedgerClosed, MetadataConflict)
 
 
@@ -52,25 +73,29 @@ class LogWriter:
         versioned: VersionedLog,
         handle: LedgerHandle,
         *,
-        ensemble: int,
-        write_quorum: int,
-        ack_quorum: int,
+        ensemble: tuple[int, int, int],
         password: bytes,
-        roll_entries_max: int | None,
+        rolls: tuple[int | None, int | None, float | None],
+        retention: tuple[float | None, int | None],
+        last_sequence: int | None,
     ) -> None:
         self._bk = bk
         self._manager = manager
         self._versioned = versioned
         self._handle = handle
-        self._ensemble = (ensemble, write_quorum, ack_quorum)
+        self._ensemble = ensemble
         self._password = password
-        self._roll_entries_max = roll_entries_max
+        self._roll_entries_max, self._roll_bytes_max, self._roll_age_s = rolls
+        self._retention = retention
         self._entries_in_ledger = 0
+        self._bytes_in_ledger = 0
+        self._ledger_started = time.monotonic()
         self._roll_task: asyncio.Task[None] | None = None
         self._roll_lock = asyncio.Lock()
-        self._old_closes: set[asyncio.Task[None]] = set()
         self._fenced: LogFenced | None = None
         self._closed = False
+        self._sequenced = versioned.metadata.sequenced
+        self._last_sequence = last_sequence
 
     @property
     def name(self) -> str:
@@ -86,30 +111,51 @@ class LogWriter:
         """The log's ledger list as this writer last wrote it."""
         return self._versioned.metadata.ledger_ids
 
+    @property
+    def sequenced(self) -> bool:
+        return self._sequenced
+
+    @property
+    def last_sequence(self) -> int | None:
+        """Sequenced logs: the highest sequence number in the log when this writer opened it, then
+        the highest this writer accepted (None: none yet)."""
+        return self._last_sequence
+
     # ------------------------------------------------------------------ appends
-    async def append(self, payload: bytes) -> LogPosition:
-        """Append and wait; returns the record's position. Raises `LogFenced` (another writer took
-        over: this writer is stopped), the ledger API's errors (``outcome_unknown`` as documented
-        there), BKInterfaceError (closed writer)."""
-        future = await self.append_async(payload)
+    async def append(self, payload: bytes, *, sequence: int | None = None) -> LogPosition | None:
+        """Append and wait; returns the record's position, or None when ``sequence`` is at or below
+        `last_sequence` (a duplicate, not written). Raises `LogFenced` (another writer took over:
+        this writer is stopped), the ledger API's errors (``outcome_unknown`` as documented there),
+        BKInterfaceError (closed writer; a sequence on an unsequenced log or none on a sequenced
+        one)."""
+        future = await self.append_async(payload, sequence=sequence)
         return await future
 
-    async def append_async(self, payload: bytes) -> asyncio.Future[LogPosition]:
+    async def append_async(
+        self, payload: bytes, *, sequence: int | None = None
+    ) -> asyncio.Future[LogPosition | None]:
         """Hand ``payload`` to the current ledger; returns a future of its position (pipelining:
         waits only for a window slot, as `LedgerHandle.append_async`)."""
         self._check_writable()
+        loop = asyncio.get_running_loop()
+        data = self._frame(payload, sequence)
+        if data is None:
+            skipped: asyncio.Future[LogPosition | None] = loop.create_future()
+            skipped.set_result(None)
+            return skipped
         while True:
             handle = self._handle
             try:
-                inner = await handle.append_async(payload)
+                inner = await handle.append_async(data)
                 break
             except _FENCING_ERRORS as error:
                 if handle is not self._handle and type(error) is LedgerClosed and not error.outcome_unknown:
                     continue  # a roll closed it while we waited for a window slot: nothing was sent
                 raise self._fence(error) from error
         self._entries_in_ledger += 1
+        self._bytes_in_ledger += len(data)
         self._maybe_roll()
-        outer: asyncio.Future[LogPosition] = asyncio.get_running_loop().create_future()
+        outer: asyncio.Future[LogPosition | None] = loop.create_future()
 
         def done(f: asyncio.Future[int]) -> None:
             if outer.done():
@@ -130,6 +176,21 @@ class LogWriter:
         inner.add_done_callback(done)
         return outer
 
+    def _frame(self, payload: bytes, sequence: int | None) -> bytes | None:
+        """The entry's bytes, or None for a duplicate sequence."""
+        if not self._sequenced:
+            if sequence is not None:
+                raise BKInterfaceError(f"log {self.name!r} is not sequenced: append without sequence=")
+            return payload
+        if sequence is None:
+            raise BKInterfaceError(f"log {self.name!r} is sequenced: append needs sequence=N")
+        data = records.encode_sequenced(sequence, payload)
+        if self._last_sequence is not None and sequence <= self._last_sequence:
+            log.debug("log.duplicate_skipped", log=self.name, sequence=sequence, last=self._last_sequence)
+            return None
+        self._last_sequence = sequence
+        return data
+
     def _check_writable(self) -> None:
         if self._fenced is not None:
             raise LogFenced(self.name, "this writer was already fenced")
@@ -146,12 +207,45 @@ class LogWriter:
             self._handle.abort()
         return LogFenced(self.name, str(detail), outcome_unknown=unknown)
 
+    # ------------------------------------------------------------------ list changes
+    async def _change(self, change: Callable[[LogMetadata], LogMetadata], leader_ledger: int) -> VersionedLog:
+        """CAS ``change`` of the list, re-applied on a newer list while this writer is still its
+        leader (``leader_ledger`` is the last ledger and OPEN); `LogFenced` once it is not."""
+        current = self._versioned
+        for _ in range(CHANGE_ATTEMPTS_MAX):
+            last = current.metadata.ledgers[-1] if current.metadata.ledgers else None
+            if last is None or last.ledger_id != leader_ledger or last.state is not LogLedgerState.OPEN:
+                raise self._fence("the ledger list changed (another writer took the log over)")
+            proposed = change(current.metadata)
+            if proposed == current.metadata:
+                self._versioned = current
+                return current
+            try:
+                self._versioned = await cas_log(self._manager, proposed, current.version)
+                return self._versioned
+            except BadVersion:
+                pass
+            try:
+                current = await self._manager.read(self.name)
+            except NoSuchLog as error:
+                raise self._fence("the log was deleted") from error
+        raise MetadataConflict(
+            f"log {self.name!r}: the list kept changing ({CHANGE_ATTEMPTS_MAX} CAS conflicts)"
+        )
+
     # ------------------------------------------------------------------ roll
     def _maybe_roll(self) -> None:
-        limit = self._roll_entries_max
-        if limit is None or self._entries_in_ledger < limit or self._roll_task is not None:
+        if self._roll_task is not None or not self._roll_due():
             return
         self._roll_task = asyncio.create_task(self._auto_roll())
+
+    def _roll_due(self) -> bool:
+        entries, size, age = self._roll_entries_max, self._roll_bytes_max, self._roll_age_s
+        return (
+            (entries is not None and self._entries_in_ledger >= entries)
+            or (size is not None and self._bytes_in_ledger >= size)
+            or (age is not None and time.monotonic() - self._ledger_started >= age)
+        )
 
     async def _auto_roll(self) -> None:
         try:
@@ -163,43 +257,81 @@ class LogWriter:
 
     async def roll(self) -> int:
         """Move appends to a new ledger (create it, CAS it into the list, then close the previous
-        one). Returns the new ledger's id. Raises `LogFenced` when the list changed under us."""
+        one), then apply retention. Returns the new ledger's id. Raises `LogFenced` when another
+        writer took the log over."""
         async with self._roll_lock:
             self._check_writable()
             ensemble, wq, aq = self._ensemble
-            new = await self._bk.create_ledger(ensemble, wq, aq, password=self._password)
+            old = self._handle
+            new = await self._bk.create_ledger(
+                ensemble,
+                wq,
+                aq,
+                password=self._password,
+                after_ledger_id=self._versioned.metadata.last_ledger_id,
+            )
             try:
-                versioned = await _cas(
-                    self._manager,
-                    self._versioned.metadata.with_ledger_appended(new.id),
-                    self._versioned.version,
-                )
-            except BadVersion as error:
-                await _discard(self._bk, new)
-                raise self._fence("the ledger list changed (another writer opened the log)") from error
+                await self._change(lambda md: md.with_ledger_appended(new.id), old.id)
             except CasResultUnknown:
                 new.abort()  # it may be in the list: leave it for recovery, keep writing to the old one
                 raise
             except BaseException:
-                await _discard(self._bk, new)
+                await discard_ledger(self._bk, new)
                 raise
-            old, self._handle, self._versioned = self._handle, new, versioned
-            self._entries_in_ledger = 0
+            self._handle = new
+            self._entries_in_ledger = self._bytes_in_ledger = 0
+            self._ledger_started = time.monotonic()
             log.info("log.rolled", log=self.name, old_ledger=old.id, new_ledger=new.id)
             await self._close_old(old)
-            return new.id
+        await self._apply_retention()
+        return new.id
 
     async def _close_old(self, old: LedgerHandle) -> None:
         try:
             await old.close()  # waits for the adds still pending on it
         except _FENCING_ERRORS as error:
             raise self._fence(error) from error
-        try:
-            self._versioned = await _cas(
-                self._manager, self._versioned.metadata.with_closed(old.id), self._versioned.version
-            )
-        except BadVersion as error:
-            raise self._fence("the ledger list changed (another writer opened the log)") from error
+        md = old.metadata
+        await self._change(
+            lambda current: current.with_closed(
+                old.id, last_entry_id=md.last_entry_id, length=md.length, closed_ms=now_ms()
+            ),
+            self._handle.id,
+        )
+
+    # ------------------------------------------------------------------ truncation
+    async def truncate_before(self, position: LogPosition) -> LogPosition | None:
+        """Drop the whole ledgers before ``position``'s ledger from the list (never the ledger being
+        written, never past the slowest named cursor) and delete them. Returns the log's first
+        position afterwards. See `bookkeeper_aio.log.truncate_log`."""
+        self._check_writable()
+        async with self._roll_lock:
+            return await self._truncate(position.ledger_id)
+
+    async def _apply_retention(self) -> None:
+        age_s, size = self._retention
+        if age_s is None and size is None:
+            return
+        cut = retention_cut(self._versioned.metadata, age_s, size, now_ms())
+        if cut is not None:
+            try:
+                async with self._roll_lock:
+                    await self._truncate(cut)
+            except BKError as error:
+                log.warning("log.retention_failed", log=self.name, error=repr(error))
+
+    async def _truncate(self, before_ledger_id: int) -> LogPosition | None:
+        cursors = await self._manager.read_cursors(self.name)
+        dropped: list[int] = []
+
+        def change(md: LogMetadata) -> LogMetadata:
+            proposed, gone = truncate_list(md, before_ledger_id, cursors)
+            dropped[:] = gone
+            return proposed
+
+        versioned = await self._change(change, self._handle.id)
+        await delete_ledgers(self._bk, self.name, dropped)
+        return LogPosition(versioned.metadata.ledgers[0].ledger_id, 0)
 
     # ------------------------------------------------------------------ close
     async def close(self) -> None:
@@ -213,40 +345,27 @@ class LogWriter:
         if self._fenced is not None:
             return
         async with self._roll_lock:
-            await self._close_old(self._handle)
+            await self._close_last()
+
+    async def _close_last(self) -> None:
+        handle = self._handle
+        try:
+            await handle.close()
+        except _FENCING_ERRORS as error:
+            raise self._fence(error) from error
+        md = handle.metadata
+        await self._change(
+            lambda current: current.with_closed(
+                handle.id, last_entry_id=md.last_entry_id, length=md.length, closed_ms=now_ms()
+            ),
+            handle.id,
+        )
 
     async def __aenter__(self) -> LogWriter:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
-
-
-async def _cas(manager: LogManager, proposed: LogMetadata, expected_version: int) -> VersionedLog:
-    """One CAS of the list. A lost answer (`CasResultUnknown`) is resolved by reading the list back:
-    ours if it is exactly ``proposed``, tried again if the version did not move (not applied), else
-    `CasResultUnknown` (the caller must then assume its ledger may be in the list)."""
-    for _ in range(2):
-        try:
-            return await manager.write(proposed, expected_version)
-        except CasResultUnknown as unknown:
-            try:
-                current = await manager.read(proposed.name)
-            except MetadataError:
-                raise unknown from None
-            if current.metadata == proposed:
-                return current
-            if current.version != expected_version:
-                raise
-    raise CasResultUnknown(manager.keys.log(proposed.name), "log CAS outcome lost twice")
-
-
-async def _discard(bk: BookKeeper, handle: LedgerHandle) -> None:
-    """Close and delete a ledger that never made it into the list (best effort)."""
-    with contextlib.suppress(BKError):
-        await handle.close()
-    with contextlib.suppress(BKError):
-        await bk.delete_ledger(handle.id)
 
 
 async def open_log_writer(
@@ -258,15 +377,20 @@ async def open_log_writer(
     ack_quorum: int = 2,
     password: bytes = b"",
     create: bool = True,
+    sequenced: bool = False,
     roll_entries_max: int | None = None,
+    roll_bytes_max: int | None = None,
+    roll_age_s: float | None = None,
+    retention_age_s: float | None = None,
+    retention_bytes: int | None = None,
 ) -> LogWriter:
     """Become the log's writer (docs/replication.md §7). Fences whoever wrote before.
 
-    Raises NoSuchLog (``create=False`` and no such log), MetadataFormatError (a corrupt log key,
-    naming the log), the ledger API's errors (recovery, creation), BKInterfaceError.
+    ``sequenced`` applies when this call creates the log. Raises NoSuchLog (``create=False`` and no
+    such log), MetadataFormatError (a corrupt log key, naming the log), the ledger API's errors
+    (recovery, creation), BKInterfaceError (bad limits).
     """
-    if roll_entries_max is not None and roll_entries_max < 1:
-        raise BKInterfaceError(f"roll_entries_max must be >= 1, got {roll_entries_max}")
+    _check_limits(roll_entries_max, roll_bytes_max, roll_age_s, retention_age_s, retention_bytes)
     manager = log_manager(bk)
     for attempt in range(1, OPEN_ATTEMPTS_MAX + 1):
         try:
@@ -275,34 +399,49 @@ async def open_log_writer(
             if not create:
                 raise
             with contextlib.suppress(NodeExists):
-                await manager.create(name)
+                await manager.create(name, sequenced=sequenced)
             continue
         last_two = current.metadata.ledger_ids[-2:]
-        for ledger_id in last_two:  # fence: the old leader's adds now fail
-            await bk.open_ledger(ledger_id, password=password, recovery=True)
-        handle = await bk.create_ledger(ensemble, write_quorum, ack_quorum, password=password)
-        proposed = current.metadata.with_closed(*last_two).with_ledger_appended(handle.id)
+        recovered = await recover_ledgers(bk, last_two, password)  # fence: the old leader's adds fail
+        handle = await bk.create_ledger(
+            ensemble,
+            write_quorum,
+            ack_quorum,
+            password=password,
+            after_ledger_id=current.metadata.last_ledger_id,
+        )
+        proposed = with_recovered(current.metadata, recovered).with_ledger_appended(handle.id)
         try:
-            versioned = await _cas(manager, proposed, current.version)
+            versioned = await cas_log(manager, proposed, current.version)
         except BadVersion:
             log.info("log.open_conflict", log=name, attempt=attempt, discarded_ledger=handle.id)
-            await _discard(bk, handle)
+            await discard_ledger(bk, handle)
             continue
         except CasResultUnknown:
             raise  # the ledger may be in the list: keep it (a later writer fences it like any other)
         except BaseException:
-            await _discard(bk, handle)
+            await discard_ledger(bk, handle)
             raise
+        last_sequence = await records.last_sequence(bk, versioned.metadata, password)
         log.info("log.writer_opened", log=name, ledger_id=handle.id, fenced=list(last_two))
-        return LogWriter(
+        writer = LogWriter(
             bk,
             manager,
             versioned,
             handle,
-            ensemble=ensemble,
-            write_quorum=write_quorum,
-            ack_quorum=ack_quorum,
+            ensemble=(ensemble, write_quorum, ack_quorum),
             password=password,
-            roll_entries_max=roll_entries_max,
+            rolls=(roll_entries_max, roll_bytes_max, roll_age_s),
+            retention=(retention_age_s, retention_bytes),
+            last_sequence=last_sequence,
         )
+        await writer._apply_retention()
+        return writer
     raise MetadataConflict(f"log {name!r}: could not open as writer after {OPEN_ATTEMPTS_MAX} attempts")
+
+
+def _check_limits(*limits: float | None) -> None:
+    names = ("roll_entries_max", "roll_bytes_max", "roll_age_s", "retention_age_s", "retention_bytes")
+    for what, value in zip(names, limits, strict=True):
+        if value is not None and not value > 0:
+            raise BKInterfaceError(f"{what} must be > 0 (or None), got {value!r}")

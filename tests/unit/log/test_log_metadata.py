@@ -25,14 +25,34 @@ KEY = "/bookkeeper/test/logs/orders"
 
 def test_roundtrip_and_transitions() -> None:
     md = LogMetadata("orders", (), 5).with_ledger_appended(7).with_ledger_appended(9)
-    assert md.ledgers == (LogLedger(7, LogLedgerState.OPEN), LogLedger(9, LogLedgerState.OPEN))
-    md = md.with_closed(7)
-    assert md.ledgers[0].state is LogLedgerState.CLOSED
-    assert md.ledgers[1].state is LogLedgerState.OPEN
+    assert md.ledgers == (LogLedger(7, LogLedgerState.OPEN, 0), LogLedger(9, LogLedgerState.OPEN))
+    md = md.with_closed(7, last_entry_id=4, length=50, closed_ms=6)
+    assert md.ledgers[0] == LogLedger(7, LogLedgerState.CLOSED, 0, 4, 50, 6)
+    assert md.ledgers[1] == LogLedger(9, LogLedgerState.OPEN, 5)  # offset follows from ledger 7's end
+    md = md.with_closed(9, last_entry_id=-1).with_ledger_appended(11)
+    assert md.ledgers[2].first_offset == 5  # ledger 9 was empty
+    md = md.with_commit("job", 3).with_truncated_before(9)
     assert decode(encode(md), key=KEY, name="orders") == md
-    assert md.ledger_ids == (7, 9)
-    assert md.index_of(9) == 1
+    assert md.ledger_ids == (9, 11)
+    assert md.truncated_before == 9
+    assert md.commits == {"job": 3}
+    assert md.index_of(11) == 1
     assert md.index_of(8) is None
+
+
+def test_version_1_values_decode_with_the_new_fields_unknown() -> None:
+    md = decode(_body(ledgers=[[1, "closed"], [2, "open"]]), key=KEY, name="orders")
+    assert md.ledgers == (LogLedger(1, LogLedgerState.CLOSED), LogLedger(2, LogLedgerState.OPEN))
+    assert (md.truncated_before, md.sequenced, dict(md.commits)) == (0, False, {})
+
+
+def test_truncation_keeps_the_offsets_and_new_ledgers_must_sort_after_truncated_ones() -> None:
+    md = LogMetadata("orders").with_ledger_appended(3).with_closed(3, last_entry_id=9).with_ledger_appended(4)
+    md = md.with_closed(4, last_entry_id=9).with_truncated_before(4)
+    assert md.ledgers[0].first_offset == 10
+    assert md.with_truncated_before(5).last_ledger_id == 4  # an empty list still remembers
+    with pytest.raises(InvalidMetadata, match="ids must grow"):
+        md.with_truncated_before(5).with_ledger_appended(4)
 
 
 @pytest.mark.parametrize("name", ["", "a/b", ".", "..", "x" * 257])
@@ -43,9 +63,11 @@ def test_bad_names_rejected(name: str) -> None:
         ClusterKeys(ROOT).log(name)
 
 
-def test_ledger_listed_twice_rejected() -> None:
-    with pytest.raises(InvalidMetadata, match="listed twice"):
+def test_ledger_ids_must_grow() -> None:
+    with pytest.raises(InvalidMetadata, match="ids must grow"):
         LogMetadata("orders").with_ledger_appended(3).with_ledger_appended(3)
+    with pytest.raises(InvalidMetadata, match="ids must grow"):
+        LogMetadata("orders").with_ledger_appended(3).with_ledger_appended(2)
     with pytest.raises(InvalidMetadata, match="bad ledger id"):
         LogMetadata("orders").with_ledger_appended(-1)
 
@@ -62,11 +84,14 @@ def _body(**changes: object) -> bytes:
         (b"garbage", "bad magic"),
         (MAGIC + b"\xc1", "corrupt msgpack"),
         (MAGIC + msgpack.packb([1, 2]), "expected a map"),
-        (_body(format_version=2), "unsupported format_version"),
+        (_body(format_version=3), "unsupported format_version"),
         (_body(name="other"), "names log 'other'"),
         (_body(ledgers="x"), "'ledgers'"),
         (_body(ledgers=[[1, "weird"]]), "weird"),
-        (_body(ledgers=[[1, "open"], [1, "closed"]]), "listed twice"),
+        (_body(ledgers=[[1, "open"], [1, "closed"]]), "ids must grow"),
+        (_body(ledgers=[[1, "open", -5, None, None, None]]), "bad first_offset"),
+        (_body(commits=[1]), "commits must be a map"),
+        (_body(sequenced="yes"), "sequenced must be a bool"),
         (_body(ledgers=[["1", "open"]]), "bad ledger entry"),
     ],
 )

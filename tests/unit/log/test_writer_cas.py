@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from bookkeeper_aio.log._common import cas_log as _cas
 from bookkeeper_aio.log.position import LogPosition
-from bookkeeper_aio.log.writer import _cas
 from metadata import MemoryStore
 from metadata.errors import CasResultUnknown
 from metadata.log_manager import LogManager, VersionedLog

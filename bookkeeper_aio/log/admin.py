@@ -1,0 +1,192 @@
+"""Operations on logs besides writing and reading (docs/api.md "Logs"): describe, list, delete,
+named cursors, and imports of already-written ledgers (`append_ledgers`, exactly once per token).
+
+Named cursors are keys beside the log's (``<root>/logcursors/<log>/<cursor>``): a consumer commits
+the last position it processed; truncation and retention never cut into a cursor's ledger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import structlog
+
+from bookkeeper_aio.client.bookkeeper import BookKeeper
+from bookkeeper_aio.errors import BKInterfaceError, MetadataConflict, NoSuchLog
+from bookkeeper_aio.log._common import cas_log, log_manager, now_ms, recover_ledgers, with_recovered
+from bookkeeper_aio.log.position import LogPosition
+from bookkeeper_aio.log.truncation import delete_ledgers
+from metadata.errors import BadVersion, InvalidMetadata, NodeExists
+
+log = structlog.get_logger("bookkeeper_aio.log.admin")
+
+IMPORT_ATTEMPTS_MAX = 50
+
+
+class LogLedgerInfo(NamedTuple):
+    """A ledger of a log as its list records it (``state`` "open" | "closed"; ``first_offset``:
+    the log-wide offset of its entry 0 once known; end fields once the log closed it)."""
+
+    ledger_id: int
+    state: str
+    first_offset: int | None
+    last_entry_id: int | None
+    length: int | None
+    closed_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class LogInfo:
+    name: str
+    ledgers: tuple[LogLedgerInfo, ...]
+    truncated_before: int
+    sequenced: bool
+    ctime_ms: int
+    commits: Mapping[str, int]
+    cursors: Mapping[str, LogPosition]
+    version: int
+
+
+async def describe_log(bk: BookKeeper, name: str) -> LogInfo:
+    """The log's list and cursors. Raises NoSuchLog, MetadataFormatError, MetadataUnavailable."""
+    manager = log_manager(bk)
+    versioned = await manager.read(name)
+    cursors = await read_cursors(bk, name)
+    md = versioned.metadata
+    return LogInfo(
+        name,
+        tuple(LogLedgerInfo(e.ledger_id, e.state.value, *e[2:]) for e in md.ledgers),
+        md.truncated_before,
+        md.sequenced,
+        md.ctime_ms,
+        types.MappingProxyType(dict(md.commits)),
+        types.MappingProxyType(cursors),
+        versioned.version,
+    )
+
+
+async def list_logs(bk: BookKeeper) -> list[str]:
+    """Every log's name, in key order."""
+    return [name async for name in log_manager(bk).iter_names()]
+
+
+async def delete_log(bk: BookKeeper, name: str, *, password: bytes = b"") -> None:
+    """Fence the log's writer (recover its last two ledgers), remove the log, then delete its
+    ledgers and cursors. Raises NoSuchLog and the ledger API's recovery errors."""
+    manager = log_manager(bk)
+    versioned = await manager.read(name)
+    await recover_ledgers(bk, versioned.metadata.ledger_ids[-2:], password)
+    while True:
+        try:
+            await manager.delete(name, versioned.version)
+            break
+        except BadVersion:
+            versioned = await manager.read(name)  # a truncation or import meanwhile: delete that list
+    await delete_ledgers(bk, name, list(versioned.metadata.ledger_ids))
+    await manager.delete_cursors(name)
+    log.info("log.deleted", log=name, ledgers=len(versioned.metadata.ledgers))
+
+
+# ---------------------------------------------------------------------- cursors
+async def commit_cursor(bk: BookKeeper, name: str, cursor: str, position: LogPosition) -> None:
+    """Record that ``cursor`` consumed the log up to ``position`` (inclusive); last commit wins.
+    Raises NoSuchLog, BKInterfaceError (bad cursor name or position)."""
+    manager = log_manager(bk)
+    await manager.read(name)  # the log must exist
+    try:
+        await manager.write_cursor(name, cursor, position.ledger_id, position.entry_id)
+    except InvalidMetadata as error:
+        raise BKInterfaceError(f"log {name!r}: {error}") from error
+
+
+async def read_cursors(bk: BookKeeper, name: str) -> dict[str, LogPosition]:
+    """Every named cursor of the log and the last position it committed."""
+    cursors = await log_manager(bk).read_cursors(name)
+    return {cursor: LogPosition(*position) for cursor, position in sorted(cursors.items())}
+
+
+async def delete_cursor(bk: BookKeeper, name: str, cursor: str) -> bool:
+    """Remove a named cursor (it no longer holds back truncation). Whether it existed."""
+    try:
+        return await log_manager(bk).delete_cursor(name, cursor)
+    except InvalidMetadata as error:
+        raise BKInterfaceError(f"log {name!r}: {error}") from error
+
+
+# ---------------------------------------------------------------------- imports
+async def append_ledgers(
+    bk: BookKeeper,
+    name: str,
+    ledger_ids: Sequence[int],
+    *,
+    password: bytes = b"",
+    commit: tuple[str, int] | None = None,
+    create: bool = True,
+) -> bool:
+    """Append closed ledgers (in id order) to the log in one CAS, taking the log over as a new
+    writer does (its last two ledgers are fenced and recovered: a live writer gets `LogFenced`).
+
+    ``commit=(importer, batch_id)`` is stored in the same CAS; when that importer already committed
+    a batch id at or above ``batch_id`` nothing changes and the result is False (a replay: the
+    caller deletes its ledgers). Raises BKInterfaceError (a ledger not closed, bad token),
+    MetadataConflict (a ledger id not above every listed one: the log got a newer ledger since
+    these were created), NoSuchLog (``create=False``), the ledger API's errors.
+    """
+    if commit is not None and (not isinstance(commit[0], str) or not commit[0] or commit[1] < 0):
+        raise BKInterfaceError(f"commit must be (non-empty importer id, batch id >= 0), got {commit!r}")
+    ends = {}
+    for ledger_id in sorted(set(ledger_ids)):
+        handle = await bk.open_ledger(ledger_id, password=password)
+        if not handle.is_closed:
+            raise BKInterfaceError(
+                f"log {name!r}: ledger {ledger_id} is not closed; close it before appending it"
+            )
+        md = handle.metadata
+        ends[ledger_id] = (-1 if md.last_entry_id is None else md.last_entry_id, md.length)
+    manager = log_manager(bk)
+    for _ in range(IMPORT_ATTEMPTS_MAX):
+        try:
+            current = await manager.read(name)
+        except NoSuchLog:
+            if not create:
+                raise
+            with contextlib.suppress(NodeExists):
+                await manager.create(name)
+            continue
+        if commit is not None and current.metadata.commits.get(commit[0], -1) >= commit[1]:
+            log.info("log.import_replayed", log=name, importer=commit[0], batch=commit[1])
+            return False
+        last = current.metadata.last_ledger_id
+        if ends and min(ends) <= last:
+            raise MetadataConflict(
+                f"log {name!r}: ledger {min(ends)} is not above the log's last ledger {last} "
+                "(create ledgers for a log with after_ledger_id=its last ledger, and write them again)"
+            )
+        recovered = await recover_ledgers(bk, current.metadata.ledger_ids[-2:], password)
+        proposed = with_recovered(current.metadata, recovered)
+        for ledger_id, (last_entry_id, length) in sorted(ends.items()):
+            proposed = proposed.with_ledger_appended(ledger_id).with_closed(
+                ledger_id, last_entry_id=last_entry_id, length=length, closed_ms=now_ms()
+            )
+        if commit is not None:
+            proposed = proposed.with_commit(*commit)
+        try:
+            await cas_log(manager, proposed, current.version)
+        except BadVersion:
+            continue
+        log.info("log.imported", log=name, ledgers=sorted(ends), commit=commit)
+        return True
+    raise MetadataConflict(f"log {name!r}: could not append ledgers after {IMPORT_ATTEMPTS_MAX} attempts")
+
+
+async def committed_batch(bk: BookKeeper, name: str, importer: str) -> int | None:
+    """The last batch id ``importer`` committed into the log (None: none)."""
+    try:
+        md = (await log_manager(bk).read(name)).metadata
+    except NoSuchLog:
+        return None
+    return md.commits.get(importer)
