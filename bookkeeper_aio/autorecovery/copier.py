@@ -1,0 +1,177 @@
+"""The copy step of re-replication: a fragment's entries, read from surviving replicas, written to
+the bookies that replace the missing ones, before the fragment's new ensemble is published.
+
+Rules (docs/autorecovery.md):
+
+- Only the entries a replacement must hold are copied: those whose write set includes the position
+  it takes (with striping, E > Qw, a bookie holds only some entries of a fragment).
+- An entry is read from the other members of its write set that stay (the survivors), then from the
+  replaced bookie itself (alive when it is being decommissioned). Every body is verified (digest,
+  ledger id, entry id) before it is written anywhere; a corrupt replica is skipped and logged.
+- It is written with RECOVERY_ADD (accepted on a fenced ledger and on a read-only bookie) and the
+  ledger's master key, byte for byte as read. Only an EOK (durable, docs/protocol.md §7.1) counts.
+- When no replica has the entry (every answer "no such entry/ledger"), the copy stops with
+  EntryUnavailable: the fragment keeps the missing bookie, whose disk may hold the only copy. Any
+  other failure (timeouts, EIO, a failing replacement) stops it with a retriable ReplicationError.
+  Either way nothing was published: the replacement holds orphan copies that no metadata lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from bookkeeper_aio.autorecovery.errors import EntryUnavailable, ReplicationError
+from bookkeeper_aio.client.context import ClientContext
+from bookkeeper_aio.client.quorum import DistributionSchedule
+from bookkeeper_aio.errors import BKError, NoSuchEntry, NoSuchLedger, error_for_status
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import AddFlag, StatusCode
+from bookkeeper_aio.protocol.digest import EntryCodec
+from bookkeeper_aio.protocol.errors import DigestMismatch
+from metadata.ledger_metadata import LedgerMetadata
+
+log = structlog.get_logger("bookkeeper_aio.autorecovery.copier")
+
+
+@dataclass(slots=True)
+class CopyStats:
+    entries: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentCopy:
+    """What to copy: entries ``first``..``last`` (inclusive; ``last < first``: none) of ``metadata``'s
+    ledger, from ``old`` to ``new`` (same length, differing where a bookie was replaced)."""
+
+    metadata: LedgerMetadata
+    first: int
+    last: int
+    old: tuple[str, ...]
+    new: tuple[str, ...]
+
+
+async def copy_fragment(
+    ctx: ClientContext,
+    fragment: FragmentCopy,
+    codec: EntryCodec,
+    master_key: bytes,
+    *,
+    window: int,
+    stats: CopyStats | None = None,
+) -> CopyStats:
+    """Copy the entries of ``fragment`` to its replacement bookies (see the module doc)."""
+    md = fragment.metadata
+    schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
+    changed = {p for p, (a, b) in enumerate(zip(fragment.old, fragment.new, strict=True)) if a != b}
+    stats = stats if stats is not None else CopyStats()
+    if not changed or fragment.last < fragment.first:
+        return stats
+    slots = asyncio.Semaphore(window)
+    failure: BaseException | None = None  # BKError or OSError
+
+    async def one(entry_id: int, targets: list[str], sources: list[str]) -> None:
+        nonlocal failure
+        try:
+            body = await _read_verified(ctx, md.ledger_id, entry_id, sources, codec)
+            await asyncio.gather(*(_write(ctx, md.ledger_id, entry_id, t, master_key, body) for t in targets))
+            stats.entries += 1
+            stats.bytes += len(body) * len(targets)
+        except (BKError, OSError) as error:  # the first failure stops the whole copy
+            if failure is None:
+                failure = error
+        finally:
+            slots.release()
+
+    tasks: set[asyncio.Task[None]] = set()
+    try:
+        for entry_id in range(fragment.first, fragment.last + 1):
+            positions = schedule.write_set(entry_id)
+            targets = [fragment.new[p] for p in positions if p in changed]
+            if not targets:
+                continue
+            survivors = [fragment.old[p] for p in positions if p not in changed]
+            replaced = [fragment.old[p] for p in positions if p in changed]
+            await slots.acquire()
+            if failure is not None:
+                slots.release()
+                break
+            task = asyncio.create_task(one(entry_id, targets, survivors + replaced))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+    if failure is not None:
+        raise failure
+    return stats
+
+
+async def _read_verified(
+    ctx: ClientContext, ledger_id: int, entry_id: int, sources: Sequence[str], codec: EntryCodec
+) -> bytes:
+    errors: list[BKError] = []
+    for bookie_id in sources:
+        try:
+            response = await ctx.pool.request(
+                bookie_id,
+                lambda rid: m.ReadEntryRequest(rid, ledger_id, entry_id),
+                ctx.config.read_timeout_s,
+            )
+        except BKError as error:
+            errors.append(error)
+            continue
+        if response.status != StatusCode.EOK:
+            errors.append(error_for_status(response.status, response.message))
+            continue
+        body = getattr(response, "body", None)
+        if body is None:
+            errors.append(NoSuchEntry(f"{bookie_id} has no entry {entry_id}"))
+            continue
+        try:
+            codec.decode(body, ledger_id, entry_id)
+        except DigestMismatch as mismatch:
+            log.warning(
+                "autorecovery.corrupt_replica",
+                ledger_id=ledger_id,
+                entry_id=entry_id,
+                bookie=bookie_id,
+                error=str(mismatch),
+            )
+            errors.append(ReplicationError(f"{bookie_id}: corrupt entry {entry_id}: {mismatch}"))
+            continue
+        return bytes(body)
+    if errors and all(isinstance(e, NoSuchEntry | NoSuchLedger) for e in errors):
+        raise EntryUnavailable(
+            f"ledger {ledger_id} entry {entry_id}: none of {list(sources)} has it; the fragment keeps "
+            "the missing bookie (its disk may hold the only copy: bring it back if it can be)"
+        )
+    raise ReplicationError(f"ledger {ledger_id} entry {entry_id}: no replica could be read: {errors}")
+
+
+async def _write(
+    ctx: ClientContext, ledger_id: int, entry_id: int, bookie_id: str, master_key: bytes, body: bytes
+) -> None:
+    try:
+        response = await ctx.pool.request(
+            bookie_id,
+            lambda rid: m.AddEntryRequest(
+                rid, ledger_id, entry_id, int(AddFlag.RECOVERY_ADD), master_key, body
+            ),
+            ctx.config.add_timeout_s,
+        )
+    except BKError as error:
+        raise ReplicationError(
+            f"ledger {ledger_id} entry {entry_id}: replacement {bookie_id}: {error!r}"
+        ) from error
+    if response.status != StatusCode.EOK:
+        refused = error_for_status(response.status, response.message)
+        raise ReplicationError(
+            f"ledger {ledger_id} entry {entry_id}: replacement {bookie_id}: {refused!r}"
+        ) from refused

@@ -1,0 +1,322 @@
+"""Replication workers: take an under-replicated ledger under a lease-bound lock and heal it.
+
+Healing one ledger (:meth:`ReplicationWorker.heal`), for the bookies its mark lists as missing:
+
+1. Read the ledger's metadata. Deleted: the mark goes (nothing to heal).
+2. Find its password among the daemon's (the metadata stores a hash): the replacement bookie needs
+   the master key, and an open ledger's fence too. None matches: NoPasswordForLedger, mark kept.
+3. Every fragment that lists a missing bookie, oldest first, except the last fragment of a ledger
+   that is not CLOSED: :class:`~bookkeeper_aio.client.ensemble_change.BookieReplacer` (the one
+   replication primitive) chooses the replacements (placement policy over writable bookies, never a
+   member of the fragment, never a bookie being decommissioned), :func:`copy_fragment` writes the
+   fragment's entries to them, and only then the fragment's new ensemble is CASed. A fragment that
+   changed during the copy (another worker, a writer) is refused and looked at again.
+4. The last fragment of an OPEN (or IN_RECOVERY) ledger belongs to its writer, whose next add
+   replaces a dead bookie itself (an ensemble change). It is touched only after
+   ``open_ledger_grace_s`` from the first mark, and only after the ledger was fenced and recovered
+   (``open_ledger(recovery=True)``: from then on it is CLOSED and its last fragment fixed).
+5. The mark loses the bookies no fragment lists any more (by CAS: a bookie marked meanwhile
+   stays). Time to heal is counted from the first mark.
+
+Safety: a fragment lists a replacement only after every entry it must hold was acknowledged by it
+(durable); the lock only avoids duplicate work, correctness rests on the CAS after the copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
+from bookkeeper_aio.autorecovery.copier import CopyStats, FragmentCopy, copy_fragment
+from bookkeeper_aio.autorecovery.errors import NoPasswordForLedger, ReplicationError
+from bookkeeper_aio.autorecovery.metrics import AutorecoveryMetrics
+from bookkeeper_aio.client.bookkeeper import BookKeeper, password_hash
+from bookkeeper_aio.client.ensemble_change import BookieReplacer, Replacement
+from bookkeeper_aio.errors import BKError, MetadataConflict
+from bookkeeper_aio.protocol.digest import EntryCodec, master_key
+from metadata.errors import MetadataError, NoSuchLedger
+from metadata.ledger_manager import VersionedLedger
+from metadata.ledger_metadata import LedgerMetadata, LedgerState
+from metadata.underreplication import UnderReplicated, UnderReplicationManager
+
+log = structlog.get_logger("bookkeeper_aio.autorecovery.worker")
+
+FRAGMENT_ATTEMPTS_MAX = 8
+"""Times one fragment is looked at again after it changed during its copy."""
+
+
+@dataclass(frozen=True, slots=True)
+class HealResult:
+    """What one :meth:`ReplicationWorker.heal` did: the bookies ``healed`` (no fragment lists them),
+    those ``left`` (still listed: an open ledger's last fragment within its grace), the fragments
+    re-replicated, and whether the ledger was fenced, deleted, or fully healed (mark gone)."""
+
+    ledger_id: int
+    healed: tuple[str, ...]
+    left: tuple[str, ...]
+    fragments: int
+    copied: CopyStats
+    fenced: bool = False
+    deleted: bool = False
+    resolved: bool = False
+
+
+def fragment_ranges(md: LedgerMetadata) -> list[tuple[int, int, tuple[str, ...]]]:
+    """``(first, last, ensemble)`` of every fragment; ``last`` of the last fragment is the closed
+    ledger's last entry (or -1 for an open ledger: its end is unknown)."""
+    ranges = []
+    for index, (first, ensemble) in enumerate(md.ensembles):
+        if index + 1 < len(md.ensembles):
+            last = md.ensembles[index + 1][0] - 1
+        elif md.state is LedgerState.CLOSED:
+            assert md.last_entry_id is not None
+            last = md.last_entry_id
+        else:
+            last = -1
+        ranges.append((first, last, ensemble))
+    return ranges
+
+
+def password_for(md: LedgerMetadata, passwords: Sequence[bytes]) -> bytes:
+    """The password among ``passwords`` whose hash the ledger stores (the first one when the ledger
+    stores none). Raises NoPasswordForLedger."""
+    if not md.password_hash:
+        return passwords[0]
+    for candidate in passwords:
+        if hmac.compare_digest(md.password_hash, password_hash(candidate)):
+            return candidate
+    raise NoPasswordForLedger(
+        f"ledger {md.ledger_id}: none of the autorecovery daemon's {len(passwords)} password(s) "
+        "matches the ledger's; give it with --password (the mark stays until then)"
+    )
+
+
+class ReplicationWorker:
+    """Heals marked ledgers one at a time (:meth:`run`), or one on demand (:meth:`heal`)."""
+
+    def __init__(
+        self,
+        bk: BookKeeper,
+        urm: UnderReplicationManager,
+        config: AutorecoveryConfig,
+        *,
+        worker_id: str,
+        metrics: AutorecoveryMetrics | None = None,
+        now_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self._bk = bk
+        self._ctx = bk.context
+        self._urm = urm
+        self._config = config
+        self.worker_id = worker_id
+        self.metrics = metrics or AutorecoveryMetrics()
+        self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
+        self._retry_at: dict[int, float] = {}
+
+    # ------------------------------------------------------------------ the loop
+    async def run(self, lease_id: Callable[[], int], wakeup: asyncio.Event | None = None) -> None:
+        """Take marked ledgers under a lock bound to ``lease_id()`` and heal them, forever."""
+        loop = asyncio.get_running_loop()
+        while True:
+            worked = False
+            try:
+                if await self._urm.is_enabled():
+                    worked = await self._one_pass(lease_id, loop)
+            except MetadataError as error:
+                log.warning("autorecovery.worker_metadata_error", worker=self.worker_id, error=repr(error))
+            if not worked:
+                await _wait(wakeup, self._config.worker_idle_poll_s)
+
+    async def _one_pass(self, lease_id: Callable[[], int], loop: asyncio.AbstractEventLoop) -> bool:
+        worked = False
+        async for mark in self._urm.iter_marks():
+            if self._retry_at.get(mark.ledger_id, 0.0) > loop.time():
+                continue
+            if not await self._urm.is_enabled():
+                return worked
+            lease = lease_id()
+            if not lease or not await self._urm.try_lock(mark.ledger_id, self.worker_id, lease):
+                continue
+            worked = True
+            try:
+                fresh = await self._urm.get(mark.ledger_id)  # the mark may be gone or grown meanwhile
+                if fresh is not None:
+                    result = await self.heal(fresh)
+                    if result.left:
+                        self._retry_at[mark.ledger_id] = loop.time() + self._config.worker_idle_poll_s
+                    else:
+                        self._retry_at.pop(mark.ledger_id, None)
+            except (BKError, MetadataError) as error:
+                self.metrics.heal_failures += 1
+                self._retry_at[mark.ledger_id] = loop.time() + self._config.ledger_retry_s
+                log.warning(
+                    "autorecovery.heal_failed",
+                    ledger_id=mark.ledger_id,
+                    worker=self.worker_id,
+                    error=repr(error),
+                    retry_in_s=self._config.ledger_retry_s,
+                )
+            finally:
+                with contextlib.suppress(MetadataError):
+                    await self._urm.unlock(mark.ledger_id, lease)
+        return worked
+
+    # ------------------------------------------------------------------ one ledger
+    async def heal(self, mark: UnderReplicated) -> HealResult:
+        """Heal one marked ledger (see the module doc). The caller holds its lock.
+
+        Raises NoPasswordForLedger, EntryUnavailable, ReplicationError, NotEnoughBookies (no
+        replacement: add bookies), LedgerRecoveryError (the fence/recovery failed: retried),
+        MetadataError."""
+        ledger_id = mark.ledger_id
+        missing = set(mark.missing)
+        try:
+            current = await self._ctx.ledgers.read(ledger_id)
+        except NoSuchLedger:
+            await self._urm.resolve(ledger_id, mark.missing)
+            log.info("autorecovery.ledger_deleted", ledger_id=ledger_id)
+            return HealResult(ledger_id, mark.missing, (), 0, CopyStats(), deleted=True, resolved=True)
+        password = password_for(current.metadata, self._config.passwords)
+        stats = CopyStats()
+        fragments = 0
+        fenced = False
+        md = current.metadata
+        if md.state is not LedgerState.CLOSED and missing & set(md.current_ensemble):
+            age_s = (self._now_ms() - mark.marked_ms) / 1000
+            if age_s >= self._config.open_ledger_grace_s:
+                log.info(
+                    "autorecovery.fencing_open_ledger",
+                    ledger_id=ledger_id,
+                    missing=sorted(missing & set(md.current_ensemble)),
+                    marked_s_ago=round(age_s, 1),
+                )
+                await self._bk.open_ledger(ledger_id, password=password, recovery=True)
+                self.metrics.ledgers_fenced += 1
+                fenced = True
+                current = await self._ctx.ledgers.read(ledger_id)
+        codec = EntryCodec(current.metadata.digest_type, password)
+        key = master_key(password)
+        replacer = BookieReplacer(self._ctx, ledger_id)
+        attempts = 0
+        while True:
+            target = _next_fragment(current.metadata, missing)
+            if target is None:
+                break
+            first, last, ensemble = target
+            try:
+                current = await self._replace(
+                    current, replacer, first, last, ensemble, missing, codec, key, stats
+                )
+                fragments += 1
+                self.metrics.fragments_healed += 1
+            except MetadataConflict as conflict:
+                attempts += 1
+                if attempts >= FRAGMENT_ATTEMPTS_MAX:
+                    raise ReplicationError(
+                        f"ledger {ledger_id}: fragment {first} kept changing during its copy"
+                    ) from conflict
+                log.info("autorecovery.fragment_changed", ledger_id=ledger_id, first_entry=first)
+                current = await self._ctx.ledgers.read(ledger_id)
+        listed = {b for _, bookies in current.metadata.ensembles for b in bookies}
+        healed = tuple(sorted(missing - listed))
+        left = tuple(sorted(missing & listed))
+        resolved = False
+        if healed:
+            remaining = await self._urm.resolve(ledger_id, healed)
+            resolved = remaining is None
+            if resolved:
+                self.metrics.healed(max(0.0, (self._now_ms() - mark.marked_ms) / 1000))
+        log.info(
+            "autorecovery.ledger_healed" if not left else "autorecovery.ledger_partly_healed",
+            ledger_id=ledger_id,
+            healed=list(healed),
+            waiting_for_grace=list(left),
+            fragments=fragments,
+            entries=stats.entries,
+            bytes=stats.bytes,
+            fenced=fenced,
+        )
+        return HealResult(ledger_id, healed, left, fragments, stats, fenced=fenced, resolved=resolved)
+
+    async def _replace(
+        self,
+        current: VersionedLedger,
+        replacer: BookieReplacer,
+        first: int,
+        last: int,
+        ensemble: tuple[str, ...],
+        missing: set[str],
+        codec: EntryCodec,
+        key: bytes,
+        stats: CopyStats,
+    ) -> VersionedLedger:
+        md = current.metadata
+        failed = [b for b in ensemble if b in missing]
+
+        async def copy(replacement: Replacement) -> None:
+            await copy_fragment(
+                self._ctx,
+                FragmentCopy(md, first, last, ensemble, replacement.ensemble),
+                codec,
+                key,
+                window=self._config.copy_window,
+                stats=stats,
+            )
+            log.info(
+                "autorecovery.fragment_copied",
+                ledger_id=md.ledger_id,
+                first_entry=first,
+                last_entry=last,
+                replaced=list(replacement.replaced),
+                ensemble=list(replacement.ensemble),
+            )
+
+        def accept(now: LedgerMetadata) -> None:
+            if now.state is not LedgerState.CLOSED and now.ensembles[-1][0] <= first:
+                raise MetadataConflict(
+                    f"ledger {now.ledger_id}: fragment {first} is the last of an open ledger: "
+                    "left to its writer until fenced"
+                )
+
+        before = stats.entries, stats.bytes
+        change = await replacer.replace(
+            current,
+            first,
+            failed,
+            accept=accept,
+            copy=copy,
+            attempts_max=self._ctx.config.ensemble_change_attempts_max,
+        )
+        self.metrics.entries_copied += stats.entries - before[0]
+        self.metrics.bytes_copied += stats.bytes - before[1]
+        assert change.stored is not None
+        return change.stored
+
+
+def _next_fragment(md: LedgerMetadata, missing: set[str]) -> tuple[int, int, tuple[str, ...]] | None:
+    """The oldest fragment listing a missing bookie that may be touched now (not the last fragment
+    of a ledger that is not CLOSED)."""
+    ranges = fragment_ranges(md)
+    for index, (first, last, ensemble) in enumerate(ranges):
+        if md.state is not LedgerState.CLOSED and index == len(ranges) - 1:
+            return None
+        if missing & set(ensemble):
+            return first, last, ensemble
+    return None
+
+
+async def _wait(event: asyncio.Event | None, timeout_s: float) -> None:
+    if event is None:
+        await asyncio.sleep(timeout_s)
+        return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    event.clear()

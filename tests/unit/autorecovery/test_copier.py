@@ -1,0 +1,107 @@
+"""The copy step at its seam (a scripted pool): which entries go to which replacement, from which
+replica, verified; a missing entry everywhere is EntryUnavailable, never skipped."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+import pytest
+
+from bookkeeper_aio import ClientConfig
+from bookkeeper_aio.autorecovery.copier import FragmentCopy, copy_fragment
+from bookkeeper_aio.autorecovery.errors import EntryUnavailable, ReplicationError
+from bookkeeper_aio.client.context import ClientContext
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import AddFlag, StatusCode
+from bookkeeper_aio.protocol.digest import EntryCodec
+from metadata.ledger_metadata import LedgerMetadata
+
+LEDGER = 9
+CODEC = EntryCodec("crc32c", b"pw")
+
+
+class ScriptedPool:
+    """Bookies as dicts of entry id -> body; records every request."""
+
+    def __init__(self, stores: dict[str, dict[int, bytes]]) -> None:
+        self.stores = stores
+        self.reads: list[tuple[str, int]] = []
+        self.adds: list[tuple[str, int, int, bytes]] = []
+
+    async def request(self, bookie_id: str, make: Callable[[int], Any], timeout_s: float) -> Any:
+        request = make(1)
+        if isinstance(request, m.ReadEntryRequest):
+            self.reads.append((bookie_id, request.entry_id))
+            body = self.stores[bookie_id].get(request.entry_id)
+            if body is None:
+                return m.ReadEntryResponse(1, int(StatusCode.ENOENTRY))
+            return m.ReadEntryResponse(1, int(StatusCode.EOK), None, LEDGER, request.entry_id, body)
+        assert isinstance(request, m.AddEntryRequest)
+        assert request.flags == int(AddFlag.RECOVERY_ADD)
+        self.adds.append((bookie_id, request.entry_id, request.flags, request.master_key))
+        self.stores.setdefault(bookie_id, {})[request.entry_id] = request.body
+        return m.AddEntryResponse(1, int(StatusCode.EOK))
+
+
+def _ctx(pool: ScriptedPool) -> ClientContext:
+    return cast(ClientContext, type("Ctx", (), {"pool": pool, "config": ClientConfig()})())
+
+
+def _body(entry_id: int) -> bytes:
+    return CODEC.encode(LEDGER, entry_id, entry_id - 1, 0, f"entry {entry_id}".encode())
+
+
+def _fragment(old: tuple[str, ...], new: tuple[str, ...], last: int) -> FragmentCopy:
+    md = LedgerMetadata.new(LEDGER, old, write_quorum=2, ack_quorum=2)
+    return FragmentCopy(md, 0, last, old, new)
+
+
+async def test_copies_exactly_the_entries_the_replacement_must_hold() -> None:
+    # E3/Qw2: entry e is on positions e%3 and (e+1)%3; position 1 (b -> d) holds entries 0, 1, 3, 4
+    stores: dict[str, dict[int, bytes]] = {b: {} for b in ("a", "b", "c")}
+    for e in range(6):
+        for p in (e % 3, (e + 1) % 3):
+            stores["abc"[p]][e] = _body(e)
+    del stores["b"]  # the lost bookie: never asked before the survivors
+    stores["b"] = {}
+    pool = ScriptedPool(stores)
+    stats = await copy_fragment(
+        _ctx(pool), _fragment(("a", "b", "c"), ("a", "d", "c"), 5), CODEC, b"k", window=4
+    )
+    assert sorted(e for _, e, _, _ in pool.adds) == [0, 1, 3, 4]
+    assert {b for b, _, _, _ in pool.adds} == {"d"}
+    assert all(key == b"k" for *_, key in pool.adds)
+    assert pool.stores["d"] == {e: _body(e) for e in (0, 1, 3, 4)}
+    assert all(bookie != "b" for bookie, _ in pool.reads)
+    assert stats.entries == 4
+    assert stats.bytes == sum(len(_body(e)) for e in (0, 1, 3, 4))
+
+
+async def test_a_corrupt_survivor_is_skipped_for_the_next_replica() -> None:
+    good = _body(0)
+    corrupt = good[:-1] + bytes([good[-1] ^ 1])
+    pool = ScriptedPool({"a": {0: corrupt}, "b": {0: good}, "c": {}})
+    # E3/Qw3: entry 0 on every bookie; c is replaced, a (corrupt) then b are read
+    md = LedgerMetadata.new(LEDGER, ("a", "b", "c"), write_quorum=3, ack_quorum=2)
+    await copy_fragment(
+        _ctx(pool), FragmentCopy(md, 0, 0, ("a", "b", "c"), ("a", "b", "d")), CODEC, b"k", window=1
+    )
+    assert pool.stores["d"] == {0: good}
+    assert pool.reads == [("a", 0), ("b", 0)]
+
+
+async def test_an_entry_nobody_has_stops_the_copy() -> None:
+    pool = ScriptedPool({"a": {}, "b": {}, "c": {}})
+    with pytest.raises(EntryUnavailable, match="entry 0"):
+        await copy_fragment(_ctx(pool), _fragment(("a", "b", "c"), ("a", "d", "c"), 2), CODEC, b"k", window=2)
+    assert issubclass(EntryUnavailable, ReplicationError)
+
+
+async def test_an_empty_fragment_copies_nothing() -> None:
+    pool = ScriptedPool({})
+    stats = await copy_fragment(
+        _ctx(pool), _fragment(("a", "b", "c"), ("a", "d", "c"), -1), CODEC, b"k", window=2
+    )
+    assert stats.entries == 0
+    assert pool.reads == []
