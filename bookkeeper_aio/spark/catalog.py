@@ -1,0 +1,51 @@
+"""The driver's view of the cluster: a client whose metadata is known to answer, and the ledgers
+of a log with what each holds now (``describe_log`` plus one ledger open per ledger)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from bookkeeper_aio import BKError, BookKeeper, NoSuchLog
+from bookkeeper_aio.spark import options as opt
+from bookkeeper_aio.spark.plan import LedgerExtent
+
+
+@contextlib.asynccontextmanager
+async def connect(url: str, *, probe: bool = True) -> AsyncIterator[BookKeeper]:
+    """A client of the cluster at ``url``. With ``probe`` (the driver's calls), one metadata read
+    first, so that an unreachable or wrong URL is reported as the ``metadata`` option's fault
+    instead of surfacing from the middle of a plan or a commit."""
+    async with BookKeeper.connect(url) as bk:
+        if probe:
+            try:
+                async for _ in bk.list_ledgers(page_size=1):
+                    break
+            except BKError as error:
+                raise opt.SparkOptionError(
+                    opt.METADATA,
+                    f"cannot read the cluster's metadata at {url!r} ({type(error).__name__}: {error}); "
+                    "check the URL and that etcd is reachable from the Spark driver and executors",
+                ) from error
+        yield bk
+
+
+async def log_extents(bk: BookKeeper, name: str, password: bytes) -> list[LedgerExtent]:
+    """The log's ledgers in order, each with its last readable entry and first offset."""
+    from bookkeeper_aio import describe_log
+
+    try:
+        info = await describe_log(bk, name)
+    except NoSuchLog:
+        raise opt.SparkOptionError(opt.PATH, f"log {name!r} does not exist") from None
+
+    async def one(ledger: object) -> LedgerExtent:
+        ledger_id: int = ledger.ledger_id  # type: ignore[attr-defined]
+        last: int | None = ledger.last_entry_id  # type: ignore[attr-defined]
+        if ledger.state != "closed" or last is None:  # type: ignore[attr-defined]
+            handle = await bk.open_ledger(ledger_id, password=password)
+            last = handle.last_add_confirmed
+        return LedgerExtent(ledger_id, last, ledger.first_offset)  # type: ignore[attr-defined]
+
+    return list(await asyncio.gather(*(one(ledger) for ledger in info.ledgers)))

@@ -1,0 +1,39 @@
+"""The ``bookkeeper`` data source: Spark's entry point, handing each mode to its module.
+
+Spark instantiates the class on the driver with the job's options, asks it for a schema and a
+reader or writer, pickles those to the executors and calls them there. Each holds only plain data
+(URL, log name, positions): clients and event loops are made per call (``runtime``).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+)
+from pyspark.sql.types import StructType
+
+from bookkeeper_aio.spark.reader import SCHEMA_DDL, BookKeeperBatchReader
+
+NAME = "bookkeeper"
+
+
+class BookKeeperDataSource(DataSource):
+    """``spark.read.format("bookkeeper")`` / ``df.write.format("bookkeeper")`` (docs/spark.md)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BookKeeperBatchReader(self.options)
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("bookkeeper")`` known to ``spark`` (the documented way: Spark's automatic
+    discovery of ``pyspark_*`` modules skips every data source silently if one fails to import)."""
+    spark.dataSource.register(BookKeeperDataSource)
