@@ -1,0 +1,334 @@
+"""The auditor: exactly one active in a cluster (elected on ``R/auditor``), it finds what needs
+re-replication and marks it; workers do the copying.
+
+While it leads:
+
+- **Lost bookies.** Every ``audit_interval_s`` it compares the bookies it knows (cookies, every
+  bookie a ledger lists, every bookie seen registered) with those registered now (writable or
+  read-only). A bookie unregistered for ``lost_bookie_recovery_delay_s`` is lost: every ledger with
+  a fragment on it is marked under-replicated with it (reason ``lost``), once per absence (again if
+  it comes back and goes again). The delay counts from when *this* auditor first saw it missing: a
+  new auditor after a failover waits a full delay again (later, never sooner).
+- **Periodic check.** Every ``check_interval_s`` every ledger is checked: for each fragment and each
+  registered bookie of it, the first and the last entry that bookie should hold (its write sets) are
+  read from it; a bookie that answers "no such entry/ledger" is marked for that ledger (reason
+  ``check``). An open ledger's last fragment is skipped (its writer is still adding to it), and
+  timeouts or errors mark nothing (a down bookie is the lost-bookie rule's business).
+
+When the election's lease is lost the auditor stops at once (another may already lead) and
+campaigns again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Collection
+
+import structlog
+
+from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
+from bookkeeper_aio.autorecovery.metrics import AutorecoveryMetrics
+from bookkeeper_aio.autorecovery.worker import fragment_ranges
+from bookkeeper_aio.client.context import ClientContext
+from bookkeeper_aio.client.quorum import DistributionSchedule
+from bookkeeper_aio.errors import BKError
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import StatusCode
+from metadata.bookies import list_bookies
+from metadata.election import Election
+from metadata.errors import MetadataError, NoSuchLedger
+from metadata.ledger_manager import LedgerManager
+from metadata.ledger_metadata import LedgerMetadata, LedgerState
+from metadata.store import list_all
+from metadata.underreplication import UnderReplicationManager
+
+log = structlog.get_logger("bookkeeper_aio.autorecovery.auditor")
+
+SCAN_WINDOW = 32
+"""Ledger metadata reads in flight while scanning every ledger."""
+
+Progress = Callable[[int, int], None]
+"""``progress(ledgers_scanned, ledgers_marked)``."""
+
+
+async def _scan(
+    ledgers: LedgerManager, visit: Callable[[LedgerMetadata], Awaitable[None]], *, window: int = SCAN_WINDOW
+) -> int:
+    """Read every ledger's metadata (``window`` at a time) and await ``visit`` on each; returns the
+    number scanned. Ledgers deleted meanwhile are skipped."""
+    slots = asyncio.Semaphore(window)
+    scanned = 0
+    failure: BaseException | None = None
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(ledger_id: int) -> None:
+        nonlocal scanned, failure
+        try:
+            current = await ledgers.read(ledger_id)
+            await visit(current.metadata)
+            scanned += 1
+        except NoSuchLedger:
+            pass  # deleted meanwhile
+        except (MetadataError, BKError) as error:
+            failure = failure or error
+        finally:
+            slots.release()
+
+    try:
+        async for ledger_id in ledgers.iter_ledger_ids():
+            await slots.acquire()
+            if failure is not None:
+                slots.release()
+                break
+            task = asyncio.create_task(one(ledger_id))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+    if failure is not None:
+        raise failure
+    return scanned
+
+
+async def mark_ledgers_on(
+    ledgers: LedgerManager,
+    urm: UnderReplicationManager,
+    bookies: Collection[str],
+    *,
+    reason: str,
+    progress: Progress | None = None,
+) -> list[int]:
+    """Mark every ledger with a fragment on one of ``bookies`` (with those of them it lists).
+    Returns the marked ledger ids, sorted."""
+    wanted = set(bookies)
+    marked: list[int] = []
+    scanned = 0
+
+    async def visit(md: LedgerMetadata) -> None:
+        nonlocal scanned
+        listed = wanted & {b for _, ensemble in md.ensembles for b in ensemble}
+        if listed:
+            await urm.mark(md.ledger_id, listed, reason=reason)
+            marked.append(md.ledger_id)
+        scanned += 1
+        if progress is not None:
+            progress(scanned, len(marked))
+
+    await _scan(ledgers, visit)
+    return sorted(marked)
+
+
+async def referenced_bookies(ledgers: LedgerManager) -> set[str]:
+    """Every bookie some ledger's fragment lists."""
+    found: set[str] = set()
+
+    async def visit(md: LedgerMetadata) -> None:
+        for _, ensemble in md.ensembles:
+            found.update(ensemble)
+
+    await _scan(ledgers, visit)
+    return found
+
+
+def _holder_entries(md: LedgerMetadata, first: int, last: int, position: int) -> tuple[int, ...]:
+    """The first and the last entry of ``first..last`` whose write set includes ``position``."""
+    schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
+    span = md.ensemble_size
+
+    def holds(entry_id: int) -> bool:
+        return position in schedule.write_set(entry_id)
+
+    head = next((e for e in range(first, min(last, first + span - 1) + 1) if holds(e)), None)
+    tail = next((e for e in range(last, max(first, last - span + 1) - 1, -1) if holds(e)), None)
+    return tuple(sorted({e for e in (head, tail) if e is not None}))
+
+
+async def check_ledger(
+    ctx: ClientContext, md: LedgerMetadata, registered: Collection[str], slots: asyncio.Semaphore
+) -> set[str]:
+    """The registered bookies of ``md`` that answer "no such entry" for an entry they should hold
+    (first/last of each fragment; an open ledger's last fragment skipped)."""
+    ranges = fragment_ranges(md)
+    if md.state is not LedgerState.CLOSED:
+        ranges = ranges[:-1]
+    probes: list[tuple[str, int]] = []
+    for first, last, ensemble in ranges:
+        if last < first:
+            continue
+        for position, bookie_id in enumerate(ensemble):
+            if bookie_id in registered:
+                probes.extend((bookie_id, e) for e in _holder_entries(md, first, last, position))
+    lacking: set[str] = set()
+
+    async def probe(bookie_id: str, entry_id: int) -> None:
+        async with slots:
+            try:
+                response = await ctx.pool.request(
+                    bookie_id,
+                    _read_request(md.ledger_id, entry_id),
+                    ctx.config.read_timeout_s,
+                )
+            except BKError:
+                return  # unreachable: not evidence of loss
+        if response.status in (StatusCode.ENOENTRY, StatusCode.ENOLEDGER) or (
+            response.status == StatusCode.EOK and getattr(response, "body", None) is None
+        ):
+            log.warning(
+                "autorecovery.check_missing_entry",
+                ledger_id=md.ledger_id,
+                entry_id=entry_id,
+                bookie=bookie_id,
+            )
+            lacking.add(bookie_id)
+
+    await asyncio.gather(*(probe(b, e) for b, e in probes))
+    return lacking
+
+
+def _read_request(ledger_id: int, entry_id: int) -> Callable[[int], m.Request]:
+    return lambda rid: m.ReadEntryRequest(rid, ledger_id, entry_id)
+
+
+class Auditor:
+    """One candidate for the auditor role (see the module doc). :meth:`run` campaigns and leads
+    forever; :meth:`audit_once` and :meth:`check_all` are the leader's two jobs."""
+
+    def __init__(
+        self,
+        ctx: ClientContext,
+        urm: UnderReplicationManager,
+        config: AutorecoveryConfig,
+        *,
+        candidate_id: str,
+        metrics: AutorecoveryMetrics | None = None,
+    ) -> None:
+        self._ctx = ctx
+        self._urm = urm
+        self._config = config
+        self.candidate_id = candidate_id
+        self.metrics = metrics or AutorecoveryMetrics()
+        self._known: set[str] = set()
+        self._missing_since: dict[str, float] = {}
+        self._marked: set[str] = set()
+        self.leading = asyncio.Event()
+
+    @property
+    def missing(self) -> dict[str, float]:
+        """Bookies known but not registered, with the loop time this auditor first saw them so."""
+        return dict(self._missing_since)
+
+    async def run(self) -> None:
+        """Campaign, lead until the lease is lost, campaign again; forever (cancel to stop)."""
+        store = self._urm.store
+        while True:
+            election = Election(
+                store, self._urm.keys.auditor, self.candidate_id, ttl_s=self._config.lease_ttl_s
+            )
+            try:
+                await election.campaign()
+            except MetadataError as error:
+                log.warning("autorecovery.campaign_failed", candidate=self.candidate_id, error=repr(error))
+                await asyncio.sleep(self._config.audit_interval_s)
+                continue
+            log.info("autorecovery.auditor_elected", candidate=self.candidate_id)
+            self.metrics.is_auditor = True
+            self.leading.set()
+            lead = asyncio.create_task(self._lead(), name="auditor")
+            lost = asyncio.create_task(election.lost.wait(), name="auditor-lease")
+            try:
+                await asyncio.wait({lead, lost}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self.leading.clear()
+                self.metrics.is_auditor = False
+                for task in (lead, lost):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, BKError):
+                        await task
+                await election.resign()
+            log.warning("autorecovery.auditor_stopped", candidate=self.candidate_id)
+
+    async def _lead(self) -> None:
+        self._known.clear()
+        self._missing_since.clear()
+        self._marked.clear()
+        checker = asyncio.create_task(self._check_loop(), name="auditor-check")
+        try:
+            with contextlib.suppress(MetadataError):
+                self._known |= await referenced_bookies(self._ctx.ledgers)
+            while True:
+                try:
+                    await self.audit_once()
+                except (MetadataError, BKError) as error:
+                    log.warning("autorecovery.audit_failed", error=repr(error))
+                await asyncio.sleep(self._config.audit_interval_s)
+        finally:
+            checker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await checker
+
+    async def audit_once(self) -> list[int]:
+        """One lost-bookie round; returns the ledgers it marked."""
+        store, root = self._urm.store, self._urm.keys.root
+        bookies = await list_bookies(store, root)
+        registered = set(bookies.writable) | set(bookies.readonly)
+        cookies, _ = await list_all(store, f"{root}/cookies/")
+        self._known |= registered | {kv.key.rsplit("/", 1)[-1] for kv in cookies}
+        now = asyncio.get_running_loop().time()
+        for bookie_id in registered:
+            if self._missing_since.pop(bookie_id, None) is not None:
+                log.info("autorecovery.bookie_back", bookie=bookie_id)
+            self._marked.discard(bookie_id)
+        for bookie_id in self._known - registered:
+            if bookie_id not in self._missing_since:
+                log.info(
+                    "autorecovery.bookie_missing",
+                    bookie=bookie_id,
+                    lost_after_s=self._config.lost_bookie_recovery_delay_s,
+                )
+                self._missing_since[bookie_id] = now
+        due = {
+            b
+            for b, since in self._missing_since.items()
+            if b not in self._marked and now - since >= self._config.lost_bookie_recovery_delay_s
+        }
+        if not due:
+            return []
+        marked = await mark_ledgers_on(self._ctx.ledgers, self._urm, due, reason="lost")
+        self._marked |= due
+        self.metrics.ledgers_marked += len(marked)
+        log.warning("autorecovery.bookies_lost", bookies=sorted(due), ledgers_marked=len(marked))
+        return marked
+
+    async def _check_loop(self) -> None:
+        interval = self._config.check_interval_s
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.check_all()
+            except (MetadataError, BKError) as error:
+                log.warning("autorecovery.check_failed", error=repr(error))
+
+    async def check_all(self) -> list[int]:
+        """The periodic check of every ledger (module doc); returns the ledgers it marked."""
+        bookies = await list_bookies(self._urm.store, self._urm.keys.root)
+        registered = set(bookies.writable) | set(bookies.readonly)
+        slots = asyncio.Semaphore(self._config.check_window)
+        marked: list[int] = []
+
+        async def visit(md: LedgerMetadata) -> None:
+            lacking = await check_ledger(self._ctx, md, registered, slots)
+            if lacking:
+                await self._urm.mark(md.ledger_id, lacking, reason="check")
+                marked.append(md.ledger_id)
+
+        scanned = await _scan(self._ctx.ledgers, visit)
+        self.metrics.checks_run += 1
+        self.metrics.ledgers_marked += len(marked)
+        log.info("autorecovery.check_done", ledgers=scanned, marked=len(marked))
+        return sorted(marked)

@@ -1,0 +1,140 @@
+"""The auditor at the metadata seam (MemoryStore, bookie registrations without bookie processes):
+the lost-bookie delay, a bookie back in time, marks with the missing bookies, one leader."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+
+from bookkeeper_aio import ClientConfig, RandomPlacement
+from bookkeeper_aio.autorecovery.auditor import Auditor, mark_ledgers_on
+from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
+from bookkeeper_aio.client.bookie_client import BookiePool
+from bookkeeper_aio.client.context import ClientContext, StaticDirectory
+from metadata.bookies import BookieInfo, BookieRegistration
+from metadata.ledger_manager import LedgerManager
+from metadata.memory import MemoryStore
+from metadata.underreplication import UnderReplicationManager
+from tests.unit.autorecovery.waiting import wait_until
+
+ROOT = "/bookkeeper/unit"
+
+
+def _ctx(store: MemoryStore) -> ClientContext:
+    config = ClientConfig(metadata_timeout_s=2.0)
+    return ClientContext(
+        config=config,
+        pool=BookiePool(config),
+        ledgers=LedgerManager(store, ROOT, rng=random.Random(1)),
+        directory=StaticDirectory([]),
+        placement=RandomPlacement(random.Random(2)),
+    )
+
+
+async def _register(store: MemoryStore, bookie_id: str, port: int) -> BookieRegistration:
+    registration = BookieRegistration(store, ROOT, BookieInfo(bookie_id, "127.0.0.1", port), ttl_s=5)
+    await registration.start()
+    return registration
+
+
+async def test_a_bookie_gone_past_the_delay_marks_every_ledger_on_it() -> None:
+    store = MemoryStore()
+    ctx = _ctx(store)
+    urm = UnderReplicationManager(store, ROOT)
+    regs = {b: await _register(store, b, 4000 + i) for i, b in enumerate(["b0", "b1", "b2", "b3"])}
+    on_b1 = [(await ctx.ledgers.create(("b0", "b1", "b2"), write_quorum=2, ack_quorum=2)).ledger_id]
+    created = await ctx.ledgers.create(("b0", "b2", "b3"), write_quorum=2, ack_quorum=2)
+    # b1 in a later fragment only
+    await ctx.ledgers.write(created.metadata.with_ensemble_change(5, ("b0", "b1", "b3")), created.version)
+    on_b1.append(created.ledger_id)
+    not_on_b1 = (await ctx.ledgers.create(("b0", "b2", "b3"), write_quorum=2, ack_quorum=2)).ledger_id
+    auditor = Auditor(ctx, urm, AutorecoveryConfig(lost_bookie_recovery_delay_s=0.3), candidate_id="a1")
+    try:
+        assert await auditor.audit_once() == []
+        await regs["b1"].close()  # gone (its lease revoked)
+        assert await auditor.audit_once() == []  # within the delay
+        assert "b1" in auditor.missing
+        await asyncio.sleep(0.35)
+        assert await auditor.audit_once() == sorted(on_b1)
+        for ledger_id in on_b1:
+            mark = await urm.get(ledger_id)
+            assert mark is not None
+            assert mark.missing == ("b1",)
+            assert mark.reasons == ("lost",)
+        assert await urm.get(not_on_b1) is None
+        assert await auditor.audit_once() == []  # once per absence
+        assert auditor.metrics.ledgers_marked == 2
+    finally:
+        for registration in regs.values():
+            await registration.close()
+        await ctx.pool.close()
+
+
+async def test_a_bookie_back_within_the_delay_marks_nothing() -> None:
+    store = MemoryStore()
+    ctx = _ctx(store)
+    urm = UnderReplicationManager(store, ROOT)
+    reg = await _register(store, "b0", 4100)
+    await ctx.ledgers.create(("b0",), write_quorum=1, ack_quorum=1)
+    auditor = Auditor(ctx, urm, AutorecoveryConfig(lost_bookie_recovery_delay_s=0.3), candidate_id="a1")
+    try:
+        await auditor.audit_once()
+        await reg.close()
+        await auditor.audit_once()
+        await asyncio.sleep(0.1)
+        reg = await _register(store, "b0", 4100)  # a restart
+        await asyncio.sleep(0.25)
+        assert await auditor.audit_once() == []
+        assert auditor.missing == {}
+        assert await urm.count() == 0
+    finally:
+        await reg.close()
+        await ctx.pool.close()
+
+
+async def test_mark_ledgers_on_reports_progress_and_marks_only_the_listed_bookies() -> None:
+    store = MemoryStore()
+    ctx = _ctx(store)
+    urm = UnderReplicationManager(store, ROOT)
+    ids = [(await ctx.ledgers.create(("x", "y"), write_quorum=2, ack_quorum=2)).ledger_id for _ in range(5)]
+    seen: list[tuple[int, int]] = []
+    marked = await mark_ledgers_on(
+        ctx.ledgers, urm, {"y", "z"}, reason="operator", progress=lambda s, m: seen.append((s, m))
+    )
+    assert marked == ids
+    assert seen[-1] == (5, 5)
+    for ledger_id in ids:
+        mark = await urm.get(ledger_id)
+        assert mark is not None
+        assert mark.missing == ("y",)
+    await ctx.pool.close()
+
+
+async def test_exactly_one_auditor_leads_and_another_takes_over() -> None:
+    store = MemoryStore()
+    ctx = _ctx(store)
+    urm = UnderReplicationManager(store, ROOT)
+    config = AutorecoveryConfig(lease_ttl_s=2, audit_interval_s=0.05, check_interval_s=0)
+    auditors = [Auditor(ctx, urm, config, candidate_id=f"a{i}") for i in range(3)]
+    tasks = [asyncio.create_task(a.run()) for a in auditors]
+    try:
+        await wait_until(lambda: any(a.leading.is_set() for a in auditors))
+        await asyncio.sleep(0.3)
+        leaders = [a for a in auditors if a.leading.is_set()]
+        assert len(leaders) == 1
+        assert await store.get(urm.keys.auditor) is not None
+        first = leaders[0]
+        index = auditors.index(first)
+        tasks[index].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await tasks[index]
+        await wait_until(lambda: any(a.leading.is_set() for a in auditors if a is not first))
+        await asyncio.sleep(0.3)
+        assert sum(a.leading.is_set() for a in auditors if a is not first) == 1
+        assert not first.leading.is_set()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await ctx.pool.close()
