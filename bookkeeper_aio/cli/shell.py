@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import metadata
-from bookkeeper_aio.cli import output
+from bookkeeper_aio.cli import autorecovery_commands, output
 from bookkeeper_aio.cli.demo import DEMO_PASSWORD
 from bookkeeper_aio.cli.state import METADATA_ENV, resolve_metadata_url
 from bookkeeper_aio.client.bookkeeper import BookKeeper
@@ -362,3 +362,4 @@ def add_commands(sub: Any) -> None:
     simple.add_argument("--ensemble", "-E", type=int, default=3)
     simple.add_argument("--write-quorum", "-W", type=int, default=2)
     simple.add_argument("--ack-quorum", "-A", type=int, default=2)
+    autorecovery_commands.add_commands(sub)

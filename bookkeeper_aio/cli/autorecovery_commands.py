@@ -1,0 +1,447 @@
+"""``bkaio autorecovery run|status|enable|disable|list-underreplicated``, ``bkaio recover BOOKIE``,
+``bkaio decommission BOOKIE`` (docs/autorecovery.md).
+
+``recover`` and ``decommission`` do the work in this process, as BookKeeper's shell does: they mark
+every ledger on the bookie and heal the marks with a replication worker of their own (locks bound
+to their own lease, so they never copy a ledger a daemon is copying), with a progress bar; a ledger
+a daemon holds is waited for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import metadata
+from bookkeeper_aio.autorecovery.auditor import mark_ledgers_on
+from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
+from bookkeeper_aio.autorecovery.daemon import AutorecoveryDaemon, ReplacementDirectory
+from bookkeeper_aio.autorecovery.metrics import AutorecoveryCollector
+from bookkeeper_aio.autorecovery.worker import ReplicationWorker
+from bookkeeper_aio.cli import output
+from bookkeeper_aio.cli.demo import DEMO_PASSWORD
+from bookkeeper_aio.cli.state import resolve_metadata_url
+from bookkeeper_aio.client.bookkeeper import BookKeeper, RegistryDirectory
+from bookkeeper_aio.errors import BKError, BKInterfaceError
+from metadata.keys import validate_name
+from metadata.underreplication import UnderReplicationManager
+
+ADMIN_TIMEOUT_S = 5.0
+HEAL_RETRY_S = 1.0
+
+
+class NoSuchClusterHere(BKInterfaceError):
+    """The URL's root holds no cluster."""
+
+
+async def _connect(args: argparse.Namespace) -> metadata.MetadataConnection:
+    url = resolve_metadata_url(args.metadata)
+    meta = metadata.connect(url)
+    if await metadata.read_cluster_info(meta.store, meta.root) is None:
+        await meta.close()
+        raise NoSuchClusterHere(f"no cluster at {url}: run `bkaio cluster init --metadata {url}` first")
+    return meta
+
+
+def _config(args: argparse.Namespace) -> AutorecoveryConfig:
+    passwords = tuple(p.encode() for p in (args.password or [])) or (b"",)
+    values: dict[str, Any] = {"passwords": passwords}
+    for name in (
+        "lost_bookie_recovery_delay_s",
+        "open_ledger_grace_s",
+        "audit_interval_s",
+        "check_interval_s",
+        "workers",
+    ):
+        value = getattr(args, name, None)
+        if value is not None:
+            values[name] = value
+    return AutorecoveryConfig(**values)
+
+
+# ---- run ------------------------------------------------------------------------------------------
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    config = _config(args)
+    meta = await _connect(args)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        daemon = AutorecoveryDaemon(meta, config, daemon_id=args.id)
+        if args.metrics_port is not None:
+            from prometheus_client import start_http_server
+            from prometheus_client.registry import CollectorRegistry
+
+            registry = CollectorRegistry()
+            registry.register(AutorecoveryCollector(daemon.metrics))
+            start_http_server(args.metrics_port, registry=registry)
+        async with daemon:
+            print(f"READY autorecovery {daemon.daemon_id} workers={config.workers}", flush=True)
+            await stop.wait()
+    finally:
+        await meta.close()
+    return 0
+
+
+# ---- status / switch / list -----------------------------------------------------------------------
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    meta = await _connect(args)
+    async with meta:
+        urm = UnderReplicationManager(meta.store, meta.root)
+        leader = await meta.store.get(meta.keys.auditor)
+        daemons = await urm.statuses()
+        locks = await urm.locks()
+        summary = {
+            "enabled": await urm.is_enabled(),
+            "auditor": None if leader is None else leader.value.decode(errors="replace"),
+            "under_replicated_ledgers": await urm.count(),
+            "ledgers_being_healed": len(locks),
+            "decommissioning": sorted(await urm.decommissioning()),
+            "daemons": daemons,
+        }
+    if args.json:
+        output.emit(summary, as_json=True)
+        return 0
+    output.emit({k: v for k, v in summary.items() if k != "daemons"}, as_json=False)
+    rows = [
+        {
+            "daemon": name,
+            "auditor": "yes" if status.get("is_auditor") else "",
+            "workers": status.get("workers", ""),
+            "healed": status.get("ledgers_healed", 0),
+            "copied": _size(status.get("bytes_copied", 0)),
+            "entries": status.get("entries_copied", 0),
+            "failures": status.get("heal_failures", 0),
+            "heal_s_max": round(float(status.get("heal_seconds_max", 0.0)), 1),
+            "heal_s_last": round(float(status.get("heal_seconds_last", 0.0)), 1),
+        }
+        for name, status in sorted(daemons.items())
+    ]
+    print()
+    output.print_table(rows)
+    if not daemons:
+        print("no autorecovery daemon is running: start one with `bkaio autorecovery run`", file=sys.stderr)
+    return 0
+
+
+def _size(value: object) -> str:
+    amount = float(value) if isinstance(value, int | float) else 0.0
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if amount < 1024 or unit == "GiB":
+            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
+        amount /= 1024
+    return str(value)
+
+
+async def cmd_enable(args: argparse.Namespace) -> int:
+    meta = await _connect(args)
+    async with meta:
+        await UnderReplicationManager(meta.store, meta.root).set_enabled(True)
+    output.emit({"enabled": True}, as_json=args.json)
+    return 0
+
+
+async def cmd_disable(args: argparse.Namespace) -> int:
+    meta = await _connect(args)
+    async with meta:
+        await UnderReplicationManager(meta.store, meta.root).set_enabled(False)
+    output.emit({"enabled": False}, as_json=args.json)
+    return 0
+
+
+async def cmd_list(args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise BKInterfaceError(f"--limit must be >= 1, got {args.limit}")
+    meta = await _connect(args)
+    async with meta:
+        urm = UnderReplicationManager(meta.store, meta.root)
+        marks, more = await urm.list_page(start_after=args.after, limit=args.limit)
+        holders = {lock.ledger_id: lock.owner for lock in await urm.locks()}
+    now_ms = time.time_ns() // 1_000_000
+    rows = [
+        {
+            "ledger_id": mark.ledger_id,
+            "missing": ",".join(mark.missing),
+            "reasons": ",".join(mark.reasons),
+            "marked_s_ago": round((now_ms - mark.marked_ms) / 1000, 1),
+            "healing_by": holders.get(mark.ledger_id, ""),
+        }
+        for mark in marks
+    ]
+    if args.json:
+        output.emit({"ledgers": rows, "more": more}, as_json=True)
+    else:
+        output.print_table(rows)
+        if more:
+            print(f"(more: --after {marks[-1].ledger_id})")
+    return 0
+
+
+# ---- recover / decommission -----------------------------------------------------------------------
+
+
+async def _heal_inline(
+    bk: BookKeeper,
+    urm: UnderReplicationManager,
+    config: AutorecoveryConfig,
+    ledger_ids: list[int],
+    bookie_id: str,
+    timeout_s: float,
+    label: str,
+) -> tuple[int, list[str]]:
+    """Heal the marks of ``ledger_ids`` with a worker of this process; returns (ledgers healed,
+    problems left)."""
+    store = urm.store
+    lease = await store.grant_lease(config.lease_ttl_s)
+    keeper = asyncio.create_task(_keepalive(store, lease, config.lease_ttl_s))
+    worker = ReplicationWorker(bk, urm, config, worker_id=f"{label}-{bookie_id}")
+    pending = set(ledger_ids)
+    problems: dict[int, str] = {}
+    progress = output.Progress(label, len(ledger_ids))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    try:
+        while pending and loop.time() < deadline:
+            for ledger_id in sorted(pending):
+                mark = await urm.get(ledger_id)
+                if mark is None or bookie_id not in mark.missing:
+                    pending.discard(ledger_id)
+                    continue
+                if not await urm.try_lock(ledger_id, worker.worker_id, lease):
+                    problems[ledger_id] = "being healed by a daemon"
+                    continue
+                try:
+                    result = await worker.heal(mark)
+                    if bookie_id in result.healed:
+                        pending.discard(ledger_id)
+                        problems.pop(ledger_id, None)
+                    else:
+                        problems[ledger_id] = "open ledger: waiting for its writer or the grace period"
+                except BKError as error:
+                    problems[ledger_id] = f"{type(error).__name__}: {error}"
+                finally:
+                    await urm.unlock(ledger_id, lease)
+                progress.update(
+                    len(ledger_ids) - len(pending), f"copied {_size(worker.metrics.bytes_copied)}"
+                )
+            if pending:
+                await asyncio.sleep(HEAL_RETRY_S)
+        progress.update(len(ledger_ids) - len(pending), f"copied {_size(worker.metrics.bytes_copied)}")
+        progress.finish(f"copied {_size(worker.metrics.bytes_copied)}")
+    finally:
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
+        with contextlib.suppress(metadata.MetadataError):
+            await store.revoke_lease(lease)
+    left = [f"ledger {lid}: {problems.get(lid, 'not healed in time')}" for lid in sorted(pending)]
+    return len(ledger_ids) - len(pending), left
+
+
+async def _keepalive(store: metadata.MetadataStore, lease: int, ttl_s: int) -> None:
+    while True:
+        await asyncio.sleep(ttl_s / 3)
+        with contextlib.suppress(metadata.MetadataError):
+            await store.keepalive(lease)
+
+
+def _client(meta: metadata.MetadataConnection, urm: UnderReplicationManager) -> BookKeeper:
+    registry = RegistryDirectory(meta.store, meta.root)
+    return BookKeeper(meta.ledger_manager(), ReplacementDirectory(registry, urm), resolver=registry)
+
+
+async def cmd_recover(args: argparse.Namespace) -> int:
+    """Re-replicate every ledger fragment on BOOKIE (lost, or suspect) to other bookies."""
+    config = _config(args)
+    meta = await _connect(args)
+    async with meta:
+        urm = UnderReplicationManager(meta.store, meta.root)
+        bk = _client(meta, urm)
+        try:
+            code = await _recover(args, config, meta, urm, bk, reason="operator")
+        finally:
+            await bk.close()
+    return code
+
+
+async def _recover(
+    args: argparse.Namespace,
+    config: AutorecoveryConfig,
+    meta: metadata.MetadataConnection,
+    urm: UnderReplicationManager,
+    bk: BookKeeper,
+    *,
+    reason: str,
+) -> int:
+    bookie_id = validate_name(args.bookie_id, "bookie id")
+    ledgers = meta.ledger_manager()
+    total = 0
+    async for _ in ledgers.iter_ledger_ids():
+        total += 1
+    scan = output.Progress("scan", total)
+    marked = await mark_ledgers_on(
+        ledgers,
+        urm,
+        {bookie_id},
+        reason=reason,
+        progress=lambda s, m: scan.update(min(s, total), f"marked {m}"),
+    )
+    scan.finish(f"marked {len(marked)}")
+    healed, left = await _heal_inline(bk, urm, config, marked, bookie_id, args.timeout, reason)
+    result = {"bookie": bookie_id, "ledgers": len(marked), "healed": healed, "left": left}
+    output.emit(result, as_json=args.json)
+    if left:
+        print(
+            f"{len(left)} ledger(s) still list {bookie_id}; their marks stay for the autorecovery "
+            "daemons (`bkaio autorecovery list-underreplicated`), or run this again",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+async def cmd_decommission(args: argparse.Namespace) -> int:
+    """Move every ledger off a live (or dead) bookie, then let it leave: afterwards no ledger lists
+    it and its cookie is gone."""
+    config = _config(args)
+    meta = await _connect(args)
+    async with meta:
+        urm = UnderReplicationManager(meta.store, meta.root)
+        bookie_id = validate_name(args.bookie_id, "bookie id")
+        await urm.start_decommission(bookie_id)  # never chosen as a replacement from now on
+        if args.admin:
+            await asyncio.to_thread(_set_read_only, args.admin)
+        bk = _client(meta, urm)
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + args.timeout
+            while True:  # new ledgers may have been placed on it meanwhile: until a scan finds none
+                code = await _recover(args, config, meta, urm, bk, reason="decommission")
+                marked = await mark_ledgers_on(meta.ledger_manager(), urm, {bookie_id}, reason="decommission")
+                if not marked:
+                    break
+                if loop.time() >= deadline:
+                    print(f"ledgers still on {bookie_id}: {marked[:20]}", file=sys.stderr)
+                    return 1
+        finally:
+            await bk.close()
+        if code != 0:
+            return code
+        cookie = await metadata.read_cookie(meta.store, meta.root, bookie_id)
+        if cookie is not None:
+            await metadata.delete_cookie(meta.store, meta.root, bookie_id, cookie[1])
+        await urm.end_decommission(bookie_id)
+    print(
+        f"{bookie_id} holds no ledger that metadata lists and its cookie is gone: stop it now",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _set_read_only(admin: str) -> None:
+    url = f"http://{admin}/readonly?set=1"
+    request = urllib.request.Request(url, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=ADMIN_TIMEOUT_S) as answer:
+            answer.read()
+    except (urllib.error.URLError, OSError) as error:
+        raise BKInterfaceError(
+            f"could not make the bookie read-only through {url}: {error}; check --admin (the bookie's "
+            "ADMIN host:port) or leave it out and stop writers from placing ledgers on it"
+        ) from error
+
+
+# ---- registration ---------------------------------------------------------------------------------
+
+
+def _command(sub: Any, name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+    parser.add_argument(
+        "--metadata", help="etcd://HOST:PORT[,HOST:PORT]/ROOT (default: $BKAIO_METADATA, else the sandbox)"
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(func=func)
+    return parser
+
+
+def _password_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--password",
+        action="append",
+        help="a ledger password the workers may use (repeat for several; each ledger's is found by "
+        f"the hash its metadata stores; default: the empty password). Sandbox demo: {DEMO_PASSWORD.decode()}",
+    )
+    parser.add_argument(
+        "--open-ledger-grace",
+        dest="open_ledger_grace_s",
+        type=float,
+        default=None,
+        help="seconds an open ledger's last fragment is left to its writer before it is fenced (default 30)",
+    )
+
+
+def _recover_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bookie_id")
+    _password_option(parser)
+    parser.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
+
+
+def add_commands(sub: Any) -> None:
+    """Register ``autorecovery``, ``recover`` and ``decommission`` on the bkaio subparsers."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "autorecovery",
+        help="the self-healing daemon and its state",
+        description="The autorecovery daemon (auditor + replication workers) and its state in metadata.",
+    )
+    group = parser.add_subparsers(dest="autorecovery_command", required=True, metavar="COMMAND")
+    run = _command(group, "run", cmd_run, "run an autorecovery daemon (auditor candidate + workers)")
+    run.add_argument("--id", default=None, help="daemon id (default HOST-PID)")
+    run.add_argument("--workers", type=int, default=None, help="replication workers (default 2)")
+    run.add_argument(
+        "--lost-bookie-delay",
+        dest="lost_bookie_recovery_delay_s",
+        type=float,
+        default=None,
+        help="seconds a bookie may be unregistered before its ledgers are re-replicated (default 30)",
+    )
+    run.add_argument("--audit-interval", dest="audit_interval_s", type=float, default=None)
+    run.add_argument(
+        "--check-interval",
+        dest="check_interval_s",
+        type=float,
+        default=None,
+        help="seconds between checks of every ledger's replicas (default 86400; 0: never)",
+    )
+    run.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    _password_option(run)
+    _command(group, "status", cmd_status, "auditor, switch, under-replicated count, daemons and metrics")
+    _command(group, "enable", cmd_enable, "let workers re-replicate (the default)")
+    _command(
+        group, "disable", cmd_disable, "stop workers from taking new ledgers (the auditor keeps marking)"
+    )
+    listing = _command(group, "list-underreplicated", cmd_list, "ledgers marked under-replicated")
+    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--after", type=int, default=None, help="start after this ledger id")
+    recover = _command(sub, "recover", cmd_recover, "re-replicate every ledger fragment on a bookie")
+    _recover_options(recover)
+    decommission = _command(
+        sub, "decommission", cmd_decommission, "move every ledger off a bookie, then forget it (cookie)"
+    )
+    _recover_options(decommission)
+    decommission.add_argument(
+        "--admin",
+        default=None,
+        help="the bookie's admin HOST:PORT: made read-only first, so writers move off it",
+    )
