@@ -15,7 +15,7 @@ from pathlib import Path
 import uvloop
 
 import metadata
-from bookkeeper_aio.cli import shell, state
+from bookkeeper_aio.cli import log_commands, shell, state
 from bookkeeper_aio.cli.procs import ChildFailed
 from bookkeeper_aio.common.logging_setup import configure_logging
 from bookkeeper_aio.errors import BKError
@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     sandbox.add_argument("--no-serve", action="store_true", help="stop right after the demo (for scripts)")
     sandbox.set_defaults(func=None)
     shell.add_commands(sub)
+    log_commands.add_commands(sub)
     return parser
 
 
@@ -84,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"{name}: {_os_error(exc, args)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return 130  # Ctrl-C, e.g. of `bkaio log tail --follow`: no traceback
     return 2
 
 

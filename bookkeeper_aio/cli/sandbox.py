@@ -29,7 +29,7 @@ from typing import Any
 
 import metadata
 from bookkeeper_aio.cli import output, state
-from bookkeeper_aio.cli.demo import DEMO_PASSWORD, run_demo
+from bookkeeper_aio.cli.demo import DEMO_LOG, DEMO_PASSWORD, run_demo, run_log_demo
 from bookkeeper_aio.cli.procs import Child, ChildFailed, etcd_child, free_port, port_open
 
 ETCD_READY_TIMEOUT_S = 30.0
@@ -252,7 +252,10 @@ def _try_lines(demo_ledger: int | None) -> list[str]:
         f"  {bkaio} ledgers -l",
         f"  {bkaio} ledger show {demo_ledger}",
         f"  {bkaio} ledger read {demo_ledger} --password {password} --to 9"
-        f"    # the demo's ledgers have the password {password}",
+        f"    # the demo's ledgers and log have the password {password}",
+        f"  {bkaio} log list",
+        f"  {bkaio} log show {DEMO_LOG}",
+        f"  {bkaio} log tail {DEMO_LOG} --password {password} -n 5",
     ]
     return lines
 
@@ -284,6 +287,7 @@ def run(data_dir: Path, bookies: int, demo_entries: int, fresh: bool, serve: boo
             demo_ledger = None
             if demo_entries > 0:
                 demo_ledger = asyncio.run(run_demo(box.metadata_url, demo_entries)).ledger_id
+                asyncio.run(run_log_demo(box.metadata_url))
             if serve:
                 print("\n".join(_try_lines(demo_ledger)), flush=True)
                 print("serving; Ctrl-C stops every process", flush=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper_aio.cli.demo import payload_for
+from bookkeeper_aio.cli.demo import DEMO_LOG, order_record, payload_for
 from tests.harness.sandbox import RunningSandbox, bkaio, running_sandbox, sandbox_env
 
 DEMO_ENTRIES = 300  # and a tenth as many (at least 100) at a fixed rate: 400 in all
@@ -186,6 +186,73 @@ def test_demo_deletes_the_previous_demo_ledger_and_says_so(box: DemoSandbox) -> 
 
 
 # ---- 5. a sandbox killed with SIGKILL (last: it ends the module's sandbox)
+
+
+# ---- logs: the demo's log and `bkaio log ...`
+
+
+def test_demo_writes_a_log_and_the_log_commands_show_it(box: DemoSandbox) -> None:
+    said = [line for line in box.lines if line.startswith(f"demo: log '{DEMO_LOG}'")]
+    assert len(said) == 1, box.lines
+    ledgers = int(re.search(r"1,000 JSON orders in (\d+) ledgers", said[0]).group(1))  # type: ignore[union-attr]
+    assert ledgers >= 4  # rolled after 250 each: a roll lets the appends in flight finish first
+    assert f"bkaio log tail {DEMO_LOG} --password sandbox-demo -n 5" in "\n".join(box.lines)
+    listed = json.loads(bkaio(box.home, "log", "list", "--json").stdout)
+    assert [info["name"] for info in listed] == [DEMO_LOG]
+    assert "records" in bkaio(box.home, "log", "list").stdout.splitlines()[0].lower()
+    shown = json.loads(bkaio(box.home, "log", "show", DEMO_LOG, "--json").stdout)
+    entries = [e["last_entry_id"] + 1 for e in shown["ledgers"]]
+    assert sum(entries) == 1000
+    assert len(entries) == ledgers
+    assert [e["first_offset"] for e in shown["ledgers"]] == [sum(entries[:i]) for i in range(ledgers)]
+    assert {e["state"] for e in shown["ledgers"]} == {"closed"}
+    table = bkaio(box.home, "log", "show", DEMO_LOG).stdout
+    assert "FIRST_OFFSET" in table
+    assert str(shown["ledgers"][2]["ledger_id"]) in table
+    tail = bkaio(box.home, "log", "tail", DEMO_LOG, "--password", "sandbox-demo", "-n", "3", "--json")
+    rows = [json.loads(line) for line in tail.stdout.splitlines()]
+    assert [row["payload"].encode() for row in rows] == [order_record(i) for i in range(3)]
+    first = shown["ledgers"][0]["ledger_id"]
+    assert [row["position"] for row in rows] == [[first, 0], [first, 1], [first, 2]]
+    wrong = bkaio(box.home, "log", "tail", DEMO_LOG, "-n", "1", check=False)
+    assert wrong.returncode == 1
+    assert "--password sandbox-demo" in wrong.stderr
+
+
+def test_log_cursors_and_truncate(box: DemoSandbox) -> None:
+    ledgers = [
+        e["ledger_id"]
+        for e in json.loads(bkaio(box.home, "log", "show", DEMO_LOG, "--json").stdout)["ledgers"]
+    ]
+    set_ = bkaio(box.home, "log", "cursors", DEMO_LOG, "--set", f"spark={ledgers[1]}:10", "--json")
+    assert json.loads(set_.stdout) == {"spark": [ledgers[1], 10]}
+    cut = json.loads(
+        bkaio(box.home, "log", "truncate", DEMO_LOG, "--before", str(ledgers[3]), "--json").stdout
+    )
+    assert cut == {"log": DEMO_LOG, "dropped_ledgers": ledgers[:1], "first_position": [ledgers[1], 0]}
+    bkaio(box.home, "log", "cursors", DEMO_LOG, "--delete", "spark")
+    said = bkaio(box.home, "log", "truncate", DEMO_LOG, "--before", str(ledgers[3])).stdout
+    assert f"dropped 2 ledgers [{ledgers[1]}, {ledgers[2]}]; the log now starts at {ledgers[3]}:0" in said
+    early = bkaio(
+        box.home,
+        "log",
+        "tail",
+        DEMO_LOG,
+        "--from",
+        f"{ledgers[0]}:0",
+        "--password",
+        "sandbox-demo",
+        check=False,
+    )
+    assert early.returncode == 1
+    assert "LogTruncated" in early.stderr
+    assert "start from 'earliest'" in early.stderr
+    unknown = bkaio(box.home, "log", "show", "nope", check=False)
+    assert unknown.returncode == 1
+    assert "log 'nope' does not exist" in unknown.stderr
+    bad = bkaio(box.home, "log", "truncate", DEMO_LOG, "--before", "x:y", check=False)
+    assert bad.returncode == 1
+    assert "--before must look like LEDGER:ENTRY" in bad.stderr
 
 
 def test_zz_killed_sandbox_is_reported_not_waited_for(box: DemoSandbox) -> None:
