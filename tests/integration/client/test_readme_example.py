@@ -23,9 +23,9 @@ pytestmark = pytest.mark.etcd
 README = Path(__file__).resolve().parents[3] / "README.md"
 
 
-def readme_example() -> str:
-    """The one ```python block of the README's "Using the client" section."""
-    section = README.read_text().split("## Using the client", 1)[1].split("\n## ", 1)[0]
+def readme_example(section_title: str = "Using the client") -> str:
+    """The one ```python block of a README section."""
+    section = README.read_text().split(f"## {section_title}\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"^```python\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL)
     assert len(blocks) == 1, blocks
     return str(blocks[0])
@@ -54,6 +54,22 @@ def test_readme_example_runs_as_written_against_the_sandbox(sandbox_home: Path, 
     assert lines[0] == "0 b'hello'"
     assert lines[1:1001] == [f"{i} {b'x' * 20!r}" for i in range(1, 1001)]
     assert lines[1001:] == ["last entry: 1000"]
+
+
+def test_readme_log_example_runs_as_written_against_the_sandbox(sandbox_home: Path, tmp_path: Path) -> None:
+    code = readme_example("Using logs")
+    assert "BookKeeper.connect()" in code
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=sandbox_env(sandbox_home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    assert result.stdout.splitlines() == ["appended True", "read 1200 b'order 1199'"]
 
 
 def test_readme_example_without_a_cluster_says_how_to_give_one(tmp_path: Path) -> None:
