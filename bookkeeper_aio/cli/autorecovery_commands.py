@@ -209,7 +209,7 @@ async def _heal_inline(
     worker = ReplicationWorker(bk, urm, config, worker_id=f"{label}-{bookie_id}")
     pending = set(ledger_ids)
     problems: dict[int, str] = {}
-    progress = output.Progress(label, len(ledger_ids))
+    progress = output.Progress("heal", len(ledger_ids))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     try:
