@@ -10,10 +10,13 @@ import argparse
 import asyncio
 import base64
 import fcntl
+import json
 import os
 import shutil
+import sys
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -281,6 +284,59 @@ def _wipe_data_dir(path: Path) -> None:
             child.unlink()
 
 
+GC_POLL_S = 0.5
+GC_HTTP_TIMEOUT_S = 10.0
+
+
+def _admin_json(address: str, path: str, method: str = "GET") -> dict[str, Any]:
+    """One request to a bookie's admin endpoint (blocking: run in a thread)."""
+    request = urllib.request.Request(f"http://{address}{path}", method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=GC_HTTP_TIMEOUT_S) as response:
+            data: dict[str, Any] = json.loads(response.read())
+    except (OSError, ValueError) as error:
+        raise SystemExit(
+            f"bkaio bookie gc: no answer from the admin endpoint at {address} ({error}): start the "
+            "bookie with --admin-port and pass its ADMIN host:port"
+        ) from None
+    return data
+
+
+async def cmd_bookie_gc(args: argparse.Namespace) -> int:
+    """Start a garbage-collection pass on one bookie (its admin endpoint) and follow it to the end."""
+    if ":" not in args.admin:
+        raise SystemExit(f"bkaio bookie gc: {args.admin!r} is not HOST:PORT (the bookie's ADMIN line)")
+    before = await asyncio.to_thread(_admin_json, args.admin, "/gc")
+    started = await asyncio.to_thread(_admin_json, args.admin, "/gc", "POST")
+    if not started.get("started"):
+        print("a pass is already running: following it", file=sys.stderr)
+    passes = before.get("passes", 0)
+    progress: output.Progress | None = None
+    while not args.no_wait:
+        status = await asyncio.to_thread(_admin_json, args.admin, "/gc")
+        if status.get("passes", 0) > passes and status.get("running") is None:
+            break
+        running = status.get("running") or {}
+        done = running.get("progress") or {}
+        if done.get("bytes_to_copy"):
+            if progress is None:
+                progress = output.Progress("gc: compacting", int(done["bytes_to_copy"]))
+            progress.update(int(done.get("bytes_copied", 0)), done.get("paused") or running.get("phase", ""))
+        await asyncio.sleep(GC_POLL_S)
+    if progress is not None:
+        progress.finish()
+    if args.no_wait:
+        output.emit({"started": bool(started.get("started"))}, as_json=args.json)
+        return 0
+    report = status["last"]
+    fields = (
+        *("phase", "error", "ledgers_collected", "ledgers_waiting_grace", "segments_compacted"),
+        *("segments_deleted", "bytes_copied", "bytes_freed", "entries_corrupt"),
+    )
+    output.emit(report if args.json else {k: report.get(k) for k in fields}, as_json=args.json)
+    return 1 if report.get("error") else 0
+
+
 async def cmd_simpletest(args: argparse.Namespace) -> int:
     """Create a ledger, write entries, read them back, delete it: the cluster works end to end."""
     password = os.urandom(8)
@@ -357,6 +413,11 @@ def add_commands(sub: Any) -> None:
         "--data-dir", default=None, help="also wipe this (stopped) bookie's local data directory"
     )
     fmt.add_argument("--force", action="store_true", help="required with --data-dir")
+    gc = _command(
+        bookie, "gc", cmd_bookie_gc, "run garbage collection on a bookie now (reclaim deleted ledgers' space)"
+    )
+    gc.add_argument("admin", metavar="ADMIN", help="the bookie's admin endpoint HOST:PORT (its ADMIN line)")
+    gc.add_argument("--no-wait", action="store_true", help="start the pass and return at once")
     simple = _command(sub, "simpletest", cmd_simpletest, "create, write, read back and delete one ledger")
     simple.add_argument("--entries", type=int, default=100, help="entries to write (default 100)")
     simple.add_argument("--ensemble", "-E", type=int, default=3)
