@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from bookkeeper_aio import BKError, BookKeeper, NoSuchLog
+from bookkeeper_aio import BKError, BookKeeper, LogInfo, LogLedgerInfo, NoSuchLog, describe_log
 from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark.plan import LedgerExtent
 
@@ -31,21 +31,18 @@ async def connect(url: str, *, probe: bool = True) -> AsyncIterator[BookKeeper]:
         yield bk
 
 
-async def log_extents(bk: BookKeeper, name: str, password: bytes) -> list[LedgerExtent]:
-    """The log's ledgers in order, each with its last readable entry and first offset."""
-    from bookkeeper_aio import describe_log
-
+async def log_extents(bk: BookKeeper, name: str, password: bytes) -> tuple[LogInfo, list[LedgerExtent]]:
+    """The log, and its ledgers in order, each with its last readable entry and first offset."""
     try:
         info = await describe_log(bk, name)
     except NoSuchLog:
         raise opt.SparkOptionError(opt.PATH, f"log {name!r} does not exist") from None
 
-    async def one(ledger: object) -> LedgerExtent:
-        ledger_id: int = ledger.ledger_id  # type: ignore[attr-defined]
-        last: int | None = ledger.last_entry_id  # type: ignore[attr-defined]
-        if ledger.state != "closed" or last is None:  # type: ignore[attr-defined]
-            handle = await bk.open_ledger(ledger_id, password=password)
+    async def one(ledger: LogLedgerInfo) -> LedgerExtent:
+        last = ledger.last_entry_id
+        if ledger.state != "closed" or last is None:
+            handle = await bk.open_ledger(ledger.ledger_id, password=password)
             last = handle.last_add_confirmed
-        return LedgerExtent(ledger_id, last, ledger.first_offset)  # type: ignore[attr-defined]
+        return LedgerExtent(ledger.ledger_id, last, ledger.first_offset)
 
-    return list(await asyncio.gather(*(one(ledger) for ledger in info.ledgers)))
+    return info, list(await asyncio.gather(*(one(ledger) for ledger in info.ledgers)))

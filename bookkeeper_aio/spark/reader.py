@@ -14,6 +14,7 @@ cost Spark a Python-to-JVM conversion per row.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from bookkeeper_aio import BookKeeper, LogPosition, NoSuchLedger
+from bookkeeper_aio import BookKeeper, LogPosition, NoSuchLedger, open_log_reader
 from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark import runtime
 from bookkeeper_aio.spark.catalog import connect, log_extents
@@ -88,14 +89,11 @@ class BookKeeperBatchReader(DataSourceReader):
         self.max_entries = max_entries
 
     def partitions(self) -> Sequence[InputPartition]:
-        extents = runtime.run(self._extents)
+        truncated_before, extents = runtime.run(self._extents)
         ids = [extent.ledger_id for extent in extents]
         for name, position in ((opt.STARTING_POSITION, self.start), (opt.ENDING_POSITION, self.end)):
             if position is not None and position.ledger_id not in ids:
-                where = f"log {self.spec.log!r}" if self.spec.log else "the ledgers read"
-                raise opt.SparkOptionError(
-                    name, f"ledger {position.ledger_id} is not in {where} (its ledgers: {ids})"
-                )
+                raise opt.SparkOptionError(name, self._not_there(position, ids, truncated_before))
         if self.start is not None and self.end is not None and self.end < self.start:
             raise opt.SparkOptionError(
                 opt.ENDING_POSITION, f"{tuple(self.end)} is before the startingPosition {tuple(self.start)}"
@@ -103,12 +101,23 @@ class BookKeeperBatchReader(DataSourceReader):
         ranges = plan_ranges(extents, self.start, self.end, self.max_entries)
         return [RangePartition(i, entries) for i, entries in enumerate(ranges)]
 
-    async def _extents(self) -> list[LedgerExtent]:
+    def _not_there(self, position: LogPosition, ids: list[int], truncated_before: int) -> str:
+        if self.spec.log is None:
+            return f"ledger {position.ledger_id} is not among the ledgers read ({ids})"
+        if position.ledger_id < truncated_before:
+            return (
+                f"ledger {position.ledger_id} of log {self.spec.log!r} was truncated (the log starts at "
+                f'ledger {truncated_before}); start at "earliest" or a later position'
+            )
+        return f"ledger {position.ledger_id} is not in log {self.spec.log!r} (its ledgers: {ids})"
+
+    async def _extents(self) -> tuple[int, list[LedgerExtent]]:
         async with connect(self.spec.metadata) as bk:
             if self.spec.log is not None:
-                return await log_extents(bk, self.spec.log, self.spec.password)
+                info, extents = await log_extents(bk, self.spec.log, self.spec.password)
+                return info.truncated_before, extents
             assert self.ledgers is not None
-            return await ledger_extents(bk, self.ledgers, self.spec.password)
+            return 0, await ledger_extents(bk, self.ledgers, self.spec.password)
 
     def read(self, partition: InputPartition) -> Iterator[RecordBatch]:
         assert isinstance(partition, RangePartition)
@@ -131,37 +140,50 @@ def read_range(spec: ReadSpec, entries: EntryRange) -> Iterator[RecordBatch]:
 
 
 async def _batches(spec: ReadSpec, entries: EntryRange) -> AsyncIterator[RecordBatch]:
-    async with connect(spec.metadata) as bk:
-        handle = await bk.open_ledger(entries.ledger_id, password=spec.password)
+    async with connect(spec.metadata, probe=False) as bk:
+        ids: list[int] = []
         payloads: list[bytes] = []
         size = 0
-        next_id = entries.first
-        async for entry in handle.read(entries.first, entries.last):
-            assert entry.entry_id == next_id + len(payloads), (entry.entry_id, next_id, len(payloads))
-            payloads.append(entry.payload)
-            size += len(entry.payload)
+        async for entry_id, payload in _entries(bk, spec, entries):
+            assert entries.first <= entry_id <= entries.last
+            assert not ids or ids[-1] < entry_id
+            ids.append(entry_id)
+            payloads.append(payload)
+            size += len(payload)
             if len(payloads) >= BATCH_ROWS_MAX or size >= BATCH_BYTES_MAX:
-                yield _batch(spec.log, entries, next_id, payloads)
-                next_id += len(payloads)
-                payloads, size = [], 0
+                yield _batch(spec.log, entries, ids, payloads)
+                ids, payloads, size = [], [], 0
         if payloads:
-            yield _batch(spec.log, entries, next_id, payloads)
-            next_id += len(payloads)
-        assert next_id == entries.last + 1, (next_id, entries)
+            yield _batch(spec.log, entries, ids, payloads)
 
 
-def _batch(log: str | None, entries: EntryRange, first_id: int, payloads: list[bytes]) -> RecordBatch:
+async def _entries(bk: BookKeeper, spec: ReadSpec, entries: EntryRange) -> AsyncIterator[tuple[int, bytes]]:
+    """(entry id, payload) of the range: a log's through the log reader (sequence headers
+    stripped, duplicates dropped, a truncated range an error), explicit ledgers as stored."""
+    if spec.log is None:
+        handle = await bk.open_ledger(entries.ledger_id, password=spec.password)
+        async for entry in handle.read(entries.first, entries.last):
+            yield entry.entry_id, entry.payload
+        return
+    start = LogPosition(entries.ledger_id, entries.first)
+    end = LogPosition(entries.ledger_id, entries.last + 1)
+    records = await open_log_reader(bk, spec.log, start=start, end=end, password=spec.password)
+    async with contextlib.aclosing(records):
+        async for record in records:
+            yield record.position.entry_id, record.payload
+
+
+def _batch(log: str | None, entries: EntryRange, ids: list[int], payloads: list[bytes]) -> RecordBatch:
     n = len(payloads)
-    ids = pa.array(range(first_id, first_id + n), pa.int64())
     if entries.first_offset is None:
         offsets = pa.nulls(n, pa.int64())
     else:
-        base = entries.first_offset + (first_id - entries.first)
-        offsets = pa.array(range(base, base + n), pa.int64())
+        base = entries.first_offset - entries.first
+        offsets = pa.array([base + entry_id for entry_id in ids], pa.int64())
     columns: list[Any] = [
         pa.array([log] * n, pa.string()) if log is not None else pa.nulls(n, pa.string()),
         pa.array([entries.ledger_id] * n, pa.int64()),
-        ids,
+        pa.array(ids, pa.int64()),
         pa.array(payloads, pa.binary()),
         offsets,
     ]
