@@ -62,9 +62,8 @@ def test_unknown_and_unused_options_are_refused() -> None:
 def test_positions() -> None:
     parse = opt.parse_position
     assert parse({}, "startingPosition", "earliest", ("earliest",)) == "earliest"
-    assert parse({"startingposition": " LATEST "}, "startingPosition", "earliest", ("earliest", "latest")) == (
-        "latest"
-    )
+    both = ("earliest", "latest")
+    assert parse({"startingposition": " LATEST "}, "startingPosition", "earliest", both) == "latest"
     text = '{"ledger_id": 12, "entry_id": 3}'
     assert parse({"startingposition": text}, "startingPosition", "earliest", ()) == LogPosition(12, 3)
 
