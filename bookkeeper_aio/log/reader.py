@@ -38,6 +38,10 @@ FOLLOW_POLL_S_INITIAL = 0.01
 FOLLOW_POLL_S_MAX = 0.5
 """Between reads of the log metadata while a following reader waits for the next ledger."""
 
+START_LAC_WAIT_S = 2.0
+START_LAC_POLL_S = 0.05
+"""How long a start position past an open ledger's LAC waits for the LAC to catch up."""
+
 Start = Literal["earliest", "latest"] | LogPosition
 
 
@@ -86,7 +90,25 @@ async def _start_at(bk: BookKeeper, md: LogMetadata, start: Start, password: byt
         raise LogTruncated(md.name, f"position {tuple(start)}", _first_position(md))
     if start.ledger_id not in ledger_ids:
         raise BKInterfaceError(f"log {md.name!r}: ledger {start.ledger_id} is not in the log")
+    await _check_not_beyond_end(bk, md.name, start, password)
     return ledger_ids.index(start.ledger_id), max(0, start.entry_id)
+
+
+async def _check_not_beyond_end(bk: BookKeeper, name: str, start: LogPosition, password: bytes) -> None:
+    """A start may be at most one past its ledger's last record (where a consumer that read that
+    record resumes); further would skip records that may yet exist. An open ledger's LAC may lag an
+    acknowledged append until the writer's next add or explicit LAC, so it gets a short wait."""
+    handle = await bk.open_ledger(start.ledger_id, password=password)
+    deadline = asyncio.get_running_loop().time() + START_LAC_WAIT_S
+    while start.entry_id > handle.last_add_confirmed + 1:
+        if handle.is_closed or asyncio.get_running_loop().time() >= deadline:
+            state = "closed" if handle.is_closed else "open"
+            raise BKInterfaceError(
+                f"log {name!r}: position {tuple(start)} is beyond the end of ledger {start.ledger_id} "
+                f"({state}, last confirmed entry {handle.last_add_confirmed}): start at most one past it"
+            )
+        await asyncio.sleep(START_LAC_POLL_S)
+        await handle.refresh_lac()
 
 
 def _first_position(md: LogMetadata) -> tuple[int, int] | None:

@@ -73,12 +73,6 @@ async def test_unknown_log_and_a_ledger_beyond_the_end(cluster: Cluster, bk: Boo
 
 
 # ---------------------------------------------------------------------------- beyond the end
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a start past the last entry of a closed ledger is taken silently (reader.py _start_at "
-    "checks only the ledger id): no error, the reader returns nothing or skips to the next ledger",
-)
 async def test_an_entry_beyond_a_closed_ledgers_end_is_an_error(cluster: Cluster, bk: BookKeeper) -> None:
     await cluster.start(3)
     positions = await _closed_log(bk, "short")
@@ -93,12 +87,6 @@ async def test_an_entry_beyond_a_closed_ledgers_end_is_an_error(cluster: Cluster
     assert "'short'" in str(outcome), outcome
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a following reader started past the open ledger's next entry silently skips the records "
-    "in between (reader.py _start_at only clamps entry_id below 0): a gap the reader cannot explain",
-)
 async def test_following_from_beyond_an_open_ledgers_end_leaves_no_silent_gap(
     cluster: Cluster, bk: BookKeeper
 ) -> None:

@@ -75,6 +75,8 @@ async def test_truncation_drops_whole_ledgers_and_readers_say_so(cluster: Cluste
         with pytest.raises(NoSuchLedger):
             await bk.open_ledger(gone, password=b"pw")
     assert [r.position for r in await _read_all(bk, "t")] == positions[6:]
+    resume = LogPosition(ledgers[2], 3)  # one past ledger 2's last record: where a cursor resumes
+    assert [r.position for r in await _read_all(bk, "t", start=resume)] == positions[9:]
     with pytest.raises(LogTruncated, match=r"'t'.*truncated.*start from 'earliest'") as caught:
         await open_log_reader(bk, "t", start=positions[0], password=b"pw")
     assert caught.value.first_position == (ledgers[2], 0)
