@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -87,10 +88,27 @@ async def cmd_run(args: argparse.Namespace) -> int:
             start_http_server(args.metrics_port, registry=registry)
         async with daemon:
             print(f"READY autorecovery {daemon.daemon_id} workers={config.workers}", flush=True)
+            if args.parent_pid is not None:
+                watcher = asyncio.create_task(_exit_with(args.parent_pid, stop))
             await stop.wait()
+            if args.parent_pid is not None:
+                watcher.cancel()
     finally:
         await meta.close()
     return 0
+
+
+async def _exit_with(pid: int, stop: asyncio.Event) -> None:
+    """Set ``stop`` once process ``pid`` is gone (a supervisor killed with SIGKILL leaves no orphan)."""
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            stop.set()
+            return
+        except PermissionError:
+            pass  # alive, another user's
+        await asyncio.sleep(1.0)
 
 
 # ---- status / switch / list -----------------------------------------------------------------------
@@ -425,6 +443,9 @@ def add_commands(sub: Any) -> None:
         help="seconds between checks of every ledger's replicas (default 86400; 0: never)",
     )
     run.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    run.add_argument(
+        "--parent-pid", type=int, default=None, help="exit when this process is gone (supervisors)"
+    )
     _password_option(run)
     _command(group, "status", cmd_status, "auditor, switch, under-replicated count, daemons and metrics")
     _command(group, "enable", cmd_enable, "let workers re-replicate (the default)")

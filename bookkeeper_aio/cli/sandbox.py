@@ -48,6 +48,7 @@ class Sandbox:
     metadata_url: str = ""
     etcd_endpoint: str = ""
     bookie_addresses: list[str] = field(default_factory=list)
+    autorecovery: list[Child] = field(default_factory=list)
 
     def start(self) -> None:
         etcd, endpoint = etcd_child(self.data_dir)
@@ -64,6 +65,29 @@ class Sandbox:
         asyncio.run(_wait_registered(self.metadata_url, self.bookies, BOOKIE_READY_TIMEOUT_S))
         for child in self.children[1:]:  # the ADMIN line follows READY, printed after registering
             child.wait_ready(functools.partial(_admin_address, child), BOOKIE_READY_TIMEOUT_S)
+        self._start_autorecovery()
+
+    def _start_autorecovery(self) -> None:
+        """The autorecovery daemon beside the bookies (docs/autorecovery.md): a bookie gone for
+        the default delay (30 s) is re-replicated; it exits with this process."""
+        log_path = self.data_dir / "logs" / "autorecovery.log"
+        start = log_path.stat().st_size if log_path.exists() else 0
+        argv = [
+            sys.executable, "-m", "bookkeeper_aio.cli.main", "--log-level", "info", "autorecovery", "run",
+            "--metadata", self.metadata_url, "--id", "sandbox-autorecovery", "--parent-pid", str(os.getpid()),
+            "--password", "", "--password", DEMO_PASSWORD.decode(),
+        ]  # fmt: skip
+        child = Child("autorecovery", argv, log_path)
+        self.autorecovery.append(child)
+        child.start()
+        self._record_children()
+
+        def ready() -> bool:
+            with log_path.open("rb") as log:
+                log.seek(start)
+                return b"READY autorecovery" in log.read()
+
+        child.wait_ready(ready, BOOKIE_READY_TIMEOUT_S)
 
     def _start_bookie(self, index: int) -> None:
         # A stable id per data directory (the bookie's cookie ties the two); the port may change
@@ -87,7 +111,7 @@ class Sandbox:
     def _record_children(self) -> None:
         """``name pid`` per child in the data dir: a sandbox killed with SIGKILL leaves its children
         running (each in its own session), and the next start names them."""
-        lines = "".join(f"{child.name} {child.pid}\n" for child in self.children)
+        lines = "".join(f"{child.name} {child.pid}\n" for child in [*self.children, *self.autorecovery])
         (self.data_dir / CHILDREN_FILE).write_text(lines)
 
     def table(self) -> list[dict[str, Any]]:
@@ -104,11 +128,22 @@ class Sandbox:
                     "log": str(child.log_path),
                 }
             )
+        for child in self.autorecovery:
+            rows.append(
+                {
+                    "process": child.name,
+                    "pid": child.pid,
+                    "address": "",
+                    "metrics": "",
+                    "log": str(child.log_path),
+                }
+            )
         return rows
 
     def stop(self) -> None:
-        # Bookies first (they deregister through etcd), etcd last.
-        for child in reversed(self.children):
+        # Autorecovery first (it would take the bookies' leaving for a loss), then the bookies (they
+        # deregister through etcd), etcd last.
+        for child in [*self.autorecovery, *reversed(self.children)]:
             child.stop()
 
 
