@@ -33,7 +33,9 @@ from typing import Any, NamedTuple, Protocol
 import structlog
 
 import metadata
+from bookie.compaction import Compactor, Progress
 from bookie.storage import Storage
+from bookie.threads import OS_THREADS, Threads
 
 log = structlog.get_logger(__name__)
 
@@ -125,10 +127,12 @@ class GcReport:
     bytes_freed: int = 0
     entries_copied: int = 0
     entries_corrupt: int = 0
-    progress: dict[str, Any] = field(default_factory=dict)
+    progress: Progress = field(default_factory=Progress)
 
     def as_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        out["progress"] = dict(self.progress.__dict__)
+        return out
 
 
 class GarbageCollector:
@@ -140,8 +144,13 @@ class GarbageCollector:
         config: GcConfig,
         catalog: LedgerCatalog | None,
         clock: Callable[[], float] | None = None,
+        *,
+        threads: Threads = OS_THREADS,
+        copy_refused: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.storage = storage
+        self._executor = threads.executor("storage-gc")
+        self._copy_refused = copy_refused
         self.config = config
         self.catalog = catalog
         self._loop = asyncio.get_running_loop()
@@ -169,11 +178,13 @@ class GarbageCollector:
         if self.catalog is not None:
             with contextlib.suppress(Exception):
                 await self.catalog.close()
+        self._executor.shutdown(wait=True)
 
     def abort(self) -> None:
         if self._task is not None:
             self._task.cancel()
             self._task = None
+        self._executor.shutdown(wait=False)
 
     def trigger(self, by: str = "admin") -> bool:
         """Ask for a pass now; False when one is already running (it is not queued twice)."""
@@ -211,6 +222,7 @@ class GarbageCollector:
         log.info("gc.started", trigger=trigger)
         try:
             await self._collect_deleted(report)
+            await self._compact(report)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 (metadata down, a disk error: the next pass retries)
@@ -275,3 +287,24 @@ class GarbageCollector:
             log.info("gc.ledgers_collected", count=len(collected), first=collected[:10])
             report.phase = "checkpoint"
             await storage.write_checkpoint()  # a restart must not bring them back
+
+    async def _compact(self, report: GcReport) -> None:
+        compactor = Compactor(
+            self.storage,
+            self._executor,
+            threshold=self.config.compaction_threshold,
+            rate_bytes_per_s=self.config.compaction_rate_bytes_per_s,
+            copy_refused=self._copy_refused,
+            progress=report.progress,
+        )
+        report.phase = "compacting"
+        try:
+            await compactor.compact()
+        finally:
+            progress = report.progress
+            report.segments_compacted = progress.segments_done
+            report.bytes_copied = progress.bytes_copied
+            report.entries_copied = progress.entries_copied
+            report.entries_corrupt = progress.entries_corrupt
+        report.phase = "deleting dead segments"
+        report.segments_deleted, report.bytes_freed = await compactor.delete_dead()

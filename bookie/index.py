@@ -192,26 +192,25 @@ class LedgerIndex:
             for segment_id, _, length in self._overflow.values():
                 counts[segment_id] = get(segment_id, 0) + length
 
-    def in_segment(
-        self, segment_id: int, start: int = 0, stop: int | None = None
+    def in_segments(
+        self, segment_ids: frozenset[int], start: int = 0, stop: int | None = None
     ) -> list[tuple[int, Location]]:
-        """``(entry id, location)`` of the entries whose record lies in segment ``segment_id``,
+        """``(entry id, location)`` of the entries whose record lies in one of ``segment_ids``,
         among dense slots ``[start, stop)`` (and the overflow with ``start == 0``)."""
         positions = self._positions
+        lengths = self._lengths
         end = len(positions) if stop is None else min(stop, len(positions))
-        low = segment_id << _OFFSET_BITS
-        high = low + _OFFSET_MASK
         base = self._base
-        out = [
-            (base + slot, Location(segment_id, position & _OFFSET_MASK, self._lengths[slot]))
-            for slot in range(start, end)
-            if low <= (position := positions[slot]) <= high
-        ]
+        out = []
+        for slot in range(start, end):
+            position = positions[slot]
+            if position >= 0 and (segment_id := position >> _OFFSET_BITS) in segment_ids:
+                out.append((base + slot, Location(segment_id, position & _OFFSET_MASK, lengths[slot])))
         if start == 0:
             out += [
                 (entry_id, Location._make(found))
                 for entry_id, found in self._overflow.items()
-                if found[0] == segment_id
+                if found[0] in segment_ids
             ]
         return out
 

@@ -63,16 +63,38 @@ def apply_record(ledgers: dict[int, LedgerState], segment_id: int, record: fmt.R
         state.advance_explicit(lac, bytes(body[16:]))
 
 
-def _segment_ids(fileio: FileIO, journal_dir: str) -> list[int]:
+def segment_ids(fileio: FileIO, journal_dir: str) -> list[int]:
+    """The journal segments on disk, in order."""
     ids = []
     for name in fileio.listdir(journal_dir):
         segment_id = fmt.parse_segment_name(name)
         if segment_id is not None:
             ids.append(segment_id)
+    return sorted(ids)
+
+
+def _check_consecutive(ids: list[int]) -> None:
+    """Segments that replay reads must all be there: a gap means journal data is gone. (Below the
+    checkpoint's segment gaps are normal: bookie GC deletes segments nothing needs any more.)"""
     for before, after in itertools.pairwise(ids):
         if after != before + 1:
             raise fmt.JournalCorrupt(f"journal segments {before:016x} -> {after:016x}: a segment is missing")
-    return ids
+
+
+def _check_indexed_segments(ledgers: dict[int, LedgerState], ids: list[int]) -> None:
+    """Every segment the checkpoint's index points into must exist (GC deletes a segment only once
+    a durable checkpoint no longer points into it): otherwise entries would read as EIO."""
+    present = set(ids)
+    for state in ledgers.values():
+        counts: dict[int, int] = {}
+        state.index.segment_bytes(counts)
+        missing = sorted(set(counts) - present)
+        if missing:
+            raise fmt.JournalCorrupt(
+                f"the index checkpoint points ledger {state.ledger_id} into journal segment "
+                f"{missing[0]:016x}, which is gone: refusing to start (entries would be lost). "
+                "Restore the segment, or wipe the bookie and let re-replication rebuild it."
+            )
 
 
 def load_checkpoint(fileio: FileIO, data_dir: str) -> tuple[Position | None, dict[int, LedgerState]]:
@@ -89,13 +111,17 @@ def recover(fileio: FileIO, data_dir: str) -> Recovered:
     fileio.makedirs(journal_dir)
     fileio.makedirs(os.path.join(data_dir, INDEX_DIR))
     position, ledgers = load_checkpoint(fileio, data_dir)
-    ids = _segment_ids(fileio, journal_dir)
+    ids = segment_ids(fileio, journal_dir)
     if position is None:
+        _check_consecutive(ids)
         position = Position(ids[0] if ids else 1, fmt.SEGMENT_HEADER_BYTES)
     elif position.segment_id not in ids:
         raise fmt.JournalCorrupt(
             f"checkpoint points into journal segment {position.segment_id:016x}, which is gone"
         )
+    else:
+        _check_consecutive([i for i in ids if i >= position.segment_id])
+        _check_indexed_segments(ledgers, ids)
     result = Recovered(ledgers, position, segments=ids)
     damaged: tuple[int, int] | None = None  # segment and offset of the damage found so far
     torn: tuple[int, int, int] | None = None

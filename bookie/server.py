@@ -214,7 +214,13 @@ class BookieServer:
             self._registration_wanted.set()  # reconcile a transition that happened meanwhile
             self._registration_task = loop.create_task(self._registration_loop(), name="bookie-mode-reg")
         self._mode_task = loop.create_task(self._mode_loop(), name="bookie-disk-check")
-        self.gc = GarbageCollector(self.storage, self.config.gc_config(), self.catalog)
+        self.gc = GarbageCollector(
+            self.storage,
+            self.config.gc_config(),
+            self.catalog,
+            threads=self.threads,
+            copy_refused=self._gc_copy_refused,
+        )
         self.gc.start()
         self.ready = True
 
@@ -239,6 +245,11 @@ class BookieServer:
         return server
 
     # ------------------------------------------------------------------ garbage collection
+    def _gc_copy_refused(self) -> str | None:
+        """Compaction copies need disk space: none while read-only (a full disk would fail the
+        journal); deleting dead segments goes on."""
+        return f"bookie is read-only: {self.mode.reason}" if self.mode.read_only else None
+
     def gc_request(self, start: bool) -> dict[str, object]:
         """The admin ``/gc`` action: start a pass when ``start`` (unless one runs), and report."""
         if self.gc is None:

@@ -64,6 +64,9 @@ READ_FDS_MAX = 256
 """Open read descriptors on journal segments; beyond this the least recently opened is closed."""
 
 _RECORD_OVERHEAD_BYTES = fmt.RECORD_HEADER_BYTES + fmt.ENTRY_PREFIX_BYTES
+_COALESCE_GAP_BYTES = 64 * 1024
+"""Compaction reads live records that lie closer than this in one ``pread`` (dead bytes between)."""
+_COALESCE_BYTES_MAX = 4 * 1024 * 1024
 
 
 class StorageError(Exception):
@@ -455,6 +458,101 @@ class Storage:
         for waiter in list(state.waiters):
             waiter.fire(WakeReason.TIMEOUT)  # answered from the ledgers table: ENOLEDGER
         return True
+
+    @property
+    def checkpointed_position(self) -> Position:
+        """The position of the last checkpoint this process wrote (or recovery started from)."""
+        return self._checkpointed
+
+    def segment_sizes_blocking(self) -> dict[int, int]:
+        """Journal segment id -> its size on disk (bytes), for every segment file. Blocking."""
+        sizes = {}
+        for segment_id in replay.segment_ids(self.fileio, self._journal_dir):
+            path = os.path.join(self._journal_dir, fmt.segment_name(segment_id))
+            try:
+                fd = self.fileio.open_read(path)
+            except FileNotFoundError:
+                continue
+            try:
+                sizes[segment_id] = self.fileio.size(fd)
+            finally:
+                self.fileio.close(fd)
+        return sizes
+
+    def read_records_blocking(
+        self, segment_id: int, wanted: list[tuple[int, int, Location]]
+    ) -> list[bytes | None]:
+        """The whole ENTRY records (header included) at ``wanted`` = ``(ledger id, entry id,
+        location)`` in segment ``segment_id``, sorted by offset; None for a record that fails its
+        checksum or is not that entry. Neighbouring records are read with one ``pread``. Blocking."""
+        path = os.path.join(self._journal_dir, fmt.segment_name(segment_id))
+        fd = self.fileio.open_read(path)
+        out: list[bytes | None] = []
+        try:
+            i = 0
+            while i < len(wanted):
+                first = wanted[i][2].offset
+                j, end = i, first
+                while j < len(wanted) and wanted[j][2].offset <= end + _COALESCE_GAP_BYTES:
+                    end = max(end, wanted[j][2].offset + wanted[j][2].length)
+                    j += 1
+                    if end - first >= _COALESCE_BYTES_MAX:
+                        break
+                data = self.fileio.pread(fd, end - first, first)
+                for ledger_id, entry_id, location in wanted[i:j]:
+                    record = fmt.decode_record_at(data, location.offset - first)
+                    if (
+                        record is None
+                        or record.type != fmt.RecordType.ENTRY
+                        or record.length != location.length
+                        or fmt.parse_ledger_entry(record.body) != (ledger_id, entry_id)
+                    ):
+                        out.append(None)
+                    else:
+                        start = location.offset - first
+                        out.append(data[start : start + location.length])
+                i = j
+        finally:
+            self.fileio.close(fd)
+        return out
+
+    async def delete_segments(self, segment_ids: list[int]) -> int:
+        """Delete journal segments nothing needs any more; returns the bytes freed.
+
+        The caller (bookie GC) guarantees that no index entry points into them and that a durable
+        checkpoint lies past them; this re-checks the position (replay reads nothing before the
+        checkpoint's segment) and refuses a segment at or past it. Each goes on the reader's
+        executor, so every read planned against it before the index moved has finished, and its
+        cached descriptor is closed there, before the unlink. Then the directory is fsynced."""
+        limit = min(self._checkpointed.segment_id, self.journal.synced_position.segment_id)
+        freed = 0
+        deleted = 0
+        for segment_id in segment_ids:
+            if segment_id >= limit:
+                raise ValueError(f"journal segment {segment_id:016x} is not before the checkpoint")
+            freed += await self._loop.run_in_executor(self._reader, self._delete_segment_blocking, segment_id)
+            deleted += 1
+            failpoints.hit(failpoints.GC_AFTER_DELETE)
+        if deleted:
+            await self._loop.run_in_executor(self._cold, self.fileio.fsync_dir, self._journal_dir)
+        return freed
+
+    def _delete_segment_blocking(self, segment_id: int) -> int:
+        fd = self._read_fds.pop(segment_id, None)
+        if fd is not None:
+            self.fileio.close(fd)
+        path = os.path.join(self._journal_dir, fmt.segment_name(segment_id))
+        try:
+            probe = self.fileio.open_read(path)
+        except FileNotFoundError:
+            return 0  # gone already (a crash after an earlier unlink)
+        try:
+            size = self.fileio.size(probe)
+        finally:
+            self.fileio.close(probe)
+        self.fileio.remove(path)
+        log.info("storage.segment_deleted", segment=f"{segment_id:016x}", bytes=size)
+        return size
 
     # ------------------------------------------------------------------ checkpoints and lifecycle
     async def checkpoint(self) -> bool:

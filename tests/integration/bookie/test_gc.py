@@ -4,7 +4,10 @@ bookie (reads answer ENOLEDGER, also after a restart) and the others read back w
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -118,7 +121,11 @@ async def test_deleted_ledgers_leave_the_bookie_and_stay_gone(
         await write(bookie, ledgers, 20, 100)
         deleted, kept = ledgers[:7], ledgers[7:]
         await delete_ledgers(url, deleted)
-        report = await run_gc(bookie)
+        admin = "{}:{}".format(*bookie.admin_address())
+        command = [sys.executable, "-m", "bookkeeper_aio.cli.main", "bookie", "gc", admin, "--json"]
+        done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
         assert report["error"] is None
         assert (report["ledgers_collected"], report["ledgers_in_metadata"]) == (7, 3)
         assert await statuses(bookie, deleted) == {StatusCode.ENOLEDGER}
@@ -130,5 +137,75 @@ async def test_deleted_ledgers_leave_the_bookie_and_stay_gone(
         await read_back(bookie, kept, 20, 100)
         again = await run_gc(bookie)
         assert (again["ledgers_collected"], again["error"]) == (0, None)
+    finally:
+        bookie.cleanup()
+
+
+def journal_bytes(bookie: BookieProcess) -> int:
+    """Disk space the journal really takes (allocated blocks, not file sizes)."""
+    journal = bookie.data_dir / "journal"
+    return sum(p.stat().st_blocks * 512 for p in journal.iterdir() if p.name.startswith("segment-"))
+
+
+async def write_interleaved(bookie: BookieProcess, ledger_ids: list[int], entries: int, size: int) -> None:
+    """Entry 0 of every ledger, then entry 1 of every ledger, ...: every segment holds some of each."""
+    client = await WireClient.connect(*bookie.address)
+    try:
+        for entry_id in range(entries):
+            futures = [client.add(i, entry_id, payload(i, entry_id, size)) for i in ledger_ids]
+            for response in await asyncio.gather(*futures):
+                assert response.status == StatusCode.EOK
+    finally:
+        client.close()
+
+
+SMALL_SEGMENTS = [
+    "--journal-segment-bytes",
+    "262144",
+    "--frame-bytes-max",
+    "65536",
+    "--checkpoint-interval-s",
+    "3600",
+]
+KILL_POINTS = [
+    pytest.param("gc.copied=count:1:kill", id="first-copy-durable"),
+    pytest.param("gc.copied=count:4:kill", id="fourth-copy-durable", marks=pytest.mark.slow),
+    pytest.param("gc.before_checkpoint=kill", id="before-checkpoint", marks=pytest.mark.slow),
+    pytest.param("index.checkpoint=count:2:kill", id="checkpoint-before-rename", marks=pytest.mark.slow),
+    pytest.param("gc.before_delete=kill", id="checkpoint-durable-before-delete"),
+    pytest.param("gc.after_delete=count:2:kill", id="second-unlink-before-dir-fsync", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("failpoint", KILL_POINTS)
+async def test_kill_at_a_compaction_step_loses_nothing(
+    etcd_server: EtcdCluster, tmp_path: Path, failpoint: str
+) -> None:
+    url = etcd_server.url(f"/bookkeeper/gck-{uuid.uuid4().hex[:8]}")
+    await init_cluster(url)
+    bookie = gc_bookie(tmp_path, url, *SMALL_SEGMENTS, env={"BKAIO_FAILPOINTS": failpoint})
+    bookie.start()
+    try:
+        ledgers = await create_ledgers(url, 20)
+        await write_interleaved(bookie, ledgers, 60, 1500)
+        kept = ledgers[::10]
+        await delete_ledgers(url, [i for i in ledgers if i not in kept])
+        before = journal_bytes(bookie)
+        host, port = bookie.admin_address()
+        assert (await get_json(host, port, "/gc?start=1"))[1]["started"]
+        assert await asyncio.to_thread(bookie.wait, 60.0) == 137  # the failpoint killed it mid-pass
+        assert "gc.started" in bookie.log_path.read_text()
+
+        bookie.env = {}
+        bookie.start()  # restarts after kill -9 at that step ...
+        await read_back(bookie, kept, 60, 1500)  # ... and lost nothing
+        report = await run_gc(bookie)  # the next pass finishes the work
+        assert report["error"] is None
+        await read_back(bookie, kept, 60, 1500)
+        assert journal_bytes(bookie) < before / 2
+        bookie.kill()
+        bookie.start()
+        await read_back(bookie, kept, 60, 1500)
+        assert await statuses(bookie, [i for i in ledgers if i not in kept]) == {StatusCode.ENOLEDGER}
     finally:
         bookie.cleanup()

@@ -1,0 +1,209 @@
+"""Bookie GC, compaction: segments holding mostly deleted data are copied out and deleted, the disk
+space really comes back, every remaining entry reads back (also after a restart), and a crash at
+each step (a failpoint raising, then the process state dropped as a kill would) loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from bookie import journal_format as fmt
+from bookie import replay
+from bookie.gc import GarbageCollector, GcConfig
+from bookie.storage import EntryCorrupt, NoLedger, Storage
+from bookkeeper_aio.common import failpoints
+
+from .test_gc import Catalog, Clock
+from .test_storage import body, config, start_add
+
+LEDGERS = range(1, 21)
+ENTRIES = 60
+KEPT = {3, 11}
+
+
+def payload(ledger_id: int, entry_id: int) -> bytes:
+    return bytes([ledger_id % 251]) * (700 + (entry_id * 37) % 400)
+
+
+def entry(ledger_id: int, entry_id: int) -> bytes:
+    return body(ledger_id, entry_id, entry_id - 1, payload(ledger_id, entry_id))
+
+
+async def fill(storage: Storage) -> None:
+    """Every ledger gets ENTRIES entries, interleaved: each segment holds some of every ledger."""
+    for entry_id in range(ENTRIES):
+        await asyncio.gather(*(start_add(storage, i, entry_id, entry(i, entry_id)) for i in LEDGERS))
+
+
+def segments_on_disk(path: Path) -> dict[int, int]:
+    journal = path / replay.JOURNAL_DIR
+    out = {}
+    for name in os.listdir(journal):
+        segment_id = fmt.parse_segment_name(name)
+        if segment_id is not None:
+            out[segment_id] = (journal / name).stat().st_size
+    return out
+
+
+async def assert_kept_read_back(storage: Storage, kept: set[int] = KEPT) -> None:
+    for ledger_id in sorted(kept):
+        for entry_id in range(ENTRIES):
+            assert (await storage.read_entry(ledger_id, entry_id))[1] == entry(ledger_id, entry_id)
+
+
+def collector(storage: Storage, **overrides: object) -> GarbageCollector:
+    settings: dict[str, object] = {"deleted_ledger_grace_s": 0.0, "compaction_rate_bytes_per_s": 1 << 30}
+    settings.update(overrides)
+    return GarbageCollector(storage, GcConfig(**settings), Catalog(set(KEPT)), Clock())  # type: ignore[arg-type]
+
+
+async def test_compaction_returns_the_space_of_deleted_ledgers(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    await fill(storage)
+    before = segments_on_disk(tmp_path)
+    assert len(before) >= 6
+    gc = collector(storage)
+    report = await gc.run_once()
+    assert report.error is None
+    assert report.ledgers_collected == len(LEDGERS) - len(KEPT)
+    assert report.segments_compacted >= 4
+    assert report.entries_copied > 0
+    after = segments_on_disk(tmp_path)
+    assert report.segments_deleted == len(set(before) - set(after)) >= 4
+    assert sum(after.values()) < sum(before.values()) / 2
+    assert report.bytes_freed == sum(size for s, size in before.items() if s not in after)
+    # Nothing the index needs is in a deleted segment, every kept entry reads back.
+    for ledger_id in KEPT:
+        for _, location in storage.ledger(ledger_id).index.items():
+            assert location.segment_id in after
+    await assert_kept_read_back(storage)
+    with pytest.raises(NoLedger):
+        await storage.read_entry(1, 0)
+    await storage.close()
+
+    reopened = await Storage.open(config(tmp_path))
+    assert sorted(reopened.ledgers) == sorted(KEPT)
+    await assert_kept_read_back(reopened)
+    again = await collector(reopened).run_once()  # nothing left to do
+    assert (again.ledgers_collected, again.segments_deleted, again.entries_copied) == (0, 0, 0)
+    await assert_kept_read_back(reopened)
+    await reopened.close()
+
+
+async def test_adds_during_compaction_are_kept(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    await fill(storage)
+    gc = collector(storage, compaction_rate_bytes_per_s=2 * 1024 * 1024)  # slow: adds interleave
+    run = asyncio.ensure_future(gc.run_once())
+    extra = 0
+    while not run.done():
+        await start_add(storage, 3, ENTRIES + extra, entry(3, ENTRIES + extra))
+        extra += 1
+    report = run.result()
+    assert report.error is None
+    assert report.segments_deleted > 0
+    assert extra > 0
+    for entry_id in range(ENTRIES + extra):
+        assert (await storage.read_entry(3, entry_id))[1] == entry(3, entry_id)
+    await storage.close()
+
+
+@pytest.mark.parametrize(
+    "failpoint",
+    [
+        "gc.copied=count:1:eio",
+        "gc.copied=count:3:eio",
+        "gc.before_checkpoint=eio",
+        "index.checkpoint=count:2:eio",
+        "gc.before_delete=eio",
+        "gc.after_delete=count:1:eio",
+        "gc.after_delete=count:3:eio",
+    ],
+)
+async def test_a_crash_at_each_compaction_step_loses_nothing(tmp_path: Path, failpoint: str) -> None:
+    storage = await Storage.open(config(tmp_path))
+    await fill(storage)
+    failpoints.configure(failpoint)
+    try:
+        report = await collector(storage).run_once()
+    finally:
+        failpoints.configure(None)
+    assert report.error is not None
+    assert "injected EIO" in report.error
+    storage.abort()  # the process dies here: only what is on disk counts
+
+    reopened = await Storage.open(config(tmp_path))
+    await assert_kept_read_back(reopened)
+    finished = await collector(reopened).run_once()  # the next pass completes the work
+    assert finished.error is None
+    await assert_kept_read_back(reopened)
+    assert sum(segments_on_disk(tmp_path).values()) < 3 * 256 * 1024 + 16 * 1024
+    await reopened.close()
+    final = await Storage.open(config(tmp_path))
+    assert sorted(final.ledgers) == sorted(KEPT)
+    await assert_kept_read_back(final)
+    await final.close()
+
+
+async def test_a_damaged_live_record_keeps_its_segment(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    await fill(storage)
+    location = storage.ledger(3).index.get(5)
+    assert location is not None
+    await storage.close()
+    path = tmp_path / replay.JOURNAL_DIR / fmt.segment_name(location.segment_id)
+    data = bytearray(path.read_bytes())
+    data[location.offset + location.length - 3] ^= 0xFF  # a byte of the entry body: its CRC fails
+    path.write_bytes(bytes(data))
+
+    storage = await Storage.open(config(tmp_path))
+    report = await collector(storage).run_once()
+    assert report.error is None
+    assert report.entries_corrupt == 1
+    assert location.segment_id in segments_on_disk(tmp_path)  # kept: it still holds a live record
+    assert storage.ledger(3).index.get(5) == location
+    with pytest.raises(EntryCorrupt):  # still EIO, never "no such entry"
+        await storage.read_entry(3, 5)
+    for entry_id in range(ENTRIES):
+        if entry_id != 5:
+            assert (await storage.read_entry(3, entry_id))[1] == entry(3, entry_id)
+    await storage.close()
+
+
+async def test_a_segment_the_checkpoint_needs_must_exist(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    await fill(storage)
+    await storage.write_checkpoint()
+    first = min(segments_on_disk(tmp_path))
+    await storage.close()
+    os.remove(tmp_path / replay.JOURNAL_DIR / fmt.segment_name(first))
+    with pytest.raises(fmt.JournalCorrupt, match="which is gone"):
+        await Storage.open(config(tmp_path))
+
+
+async def test_compaction_pauses_while_copies_are_refused(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    await fill(storage)
+    refused: list[str | None] = ["bookie is read-only: disk low"]
+    gc = GarbageCollector(
+        storage,
+        GcConfig(deleted_ledger_grace_s=0.0, compaction_rate_bytes_per_s=1 << 30),
+        Catalog(set(KEPT)),
+        Clock(),
+        copy_refused=lambda: refused[0],
+    )
+    run = asyncio.ensure_future(gc.run_once())
+    await asyncio.sleep(0.3)
+    assert not run.done()
+    assert gc.running is not None
+    assert gc.running.progress.paused == "bookie is read-only: disk low"
+    assert gc.running.progress.bytes_copied == 0
+    refused[0] = None
+    report = await run
+    assert report.error is None
+    assert report.bytes_copied > 0
+    await assert_kept_read_back(storage)
+    await storage.close()
