@@ -9,20 +9,21 @@ a version it holds) where a conflict must not be retried blindly (docs/replicati
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 
 import structlog
 
 from bookkeeper_aio.errors import NoSuchLog
 from metadata import log_metadata as serde
-from metadata.errors import BadVersion, NoNode, UpdateRetriesExhausted
+from metadata.errors import BadVersion, NoNode, UpdateRetriesExhausted, WatchCompacted
 from metadata.keys import ClusterKeys
 from metadata.ledger_manager import UNCHANGED, _Unchanged
 from metadata.log_metadata import LogMetadata
-from metadata.store import MetadataStore, list_all
+from metadata.store import EventKind, MetadataStore, list_all
 
 log = structlog.get_logger("metadata.log_manager")
 
@@ -122,6 +123,34 @@ class LogManager:
             await self._store.delete(self.keys.log(name), expected_version)
         except NoNode:
             raise NoSuchLog(name) from None
+
+    async def watch(self, name: str) -> AsyncGenerator[VersionedLog | None, None]:
+        """The current list, then every change; ``None`` once the log is deleted (then it ends).
+        Survives reconnects; after a compaction it re-reads and goes on. Raises `NoSuchLog` if the
+        log does not exist when the watch starts. Close it with ``aclose()``."""
+        key = self.keys.log(name)
+        current = await self.read(name)
+        yield current
+        while True:
+            events = self._store.watch(key, start_revision=current.version + 1)
+            try:
+                async with contextlib.aclosing(events):
+                    async for event in events:
+                        if event.kind is EventKind.DELETE or event.value is None:
+                            yield None
+                            return
+                        current = VersionedLog(serde.decode(event.value, key=key, name=name), event.revision)
+                        yield current
+            except WatchCompacted:
+                log.info("log.watch_compacted", log=name)
+                try:
+                    fresh = await self.read(name)
+                except NoSuchLog:
+                    yield None
+                    return
+                if fresh.version != current.version:
+                    current = fresh
+                    yield current
 
     # ------------------------------------------------------------------ named cursors
     async def write_cursor(self, name: str, cursor: str, ledger_id: int, entry_id: int) -> None:

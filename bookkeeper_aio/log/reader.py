@@ -7,10 +7,10 @@ last add confirmed at the time it is reached.
 ``follow=True`` tails the log and never ends by itself: each ledger of the list is read with
 `ReadHandle.tail` (caught up: long-poll LAC reads), which ends once that ledger is closed (a roll,
 the writer's close, or a takeover's recovery: the metadata's last entry bounds it, never a bookie's
-LAC) and its last entry was handed out. The reader then re-reads the log metadata (bounded,
-exponential backoff between reads) until a ledger after it is in the list, and goes on at that
-ledger's entry 0. Ledger ids grow along the list, so positions come out strictly increasing.
-Close it with ``aclose()`` (or ``contextlib.aclosing``); cancelling the task iterating it is clean.
+LAC) and its last entry was handed out. The reader then watches the log's metadata key until a
+ledger after it is in the list, and goes on at that ledger's entry 0. Ledger ids grow along the
+list, so positions come out strictly increasing. Close it with ``aclose()`` (or
+``contextlib.aclosing``); cancelling the task iterating it is clean.
 
 Both modes stop before ``end`` (exclusive) when given. A position the log no longer holds raises
 `LogTruncated` — at the start, or when a ledger disappears under the reader because a truncation
@@ -27,16 +27,12 @@ from typing import Literal
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.client.read_handle import LedgerEntry, ReadHandle
-from bookkeeper_aio.errors import BKInterfaceError, LogTruncated, NoSuchLedger
+from bookkeeper_aio.errors import BKInterfaceError, LogTruncated, NoSuchLedger, NoSuchLog
 from bookkeeper_aio.log import records
 from bookkeeper_aio.log._common import log_manager
 from bookkeeper_aio.log.position import LogPosition, LogRecord
 from metadata.log_manager import LogManager
 from metadata.log_metadata import LogMetadata
-
-FOLLOW_POLL_S_INITIAL = 0.01
-FOLLOW_POLL_S_MAX = 0.5
-"""Between reads of the log metadata while a following reader waits for the next ledger."""
 
 START_LAC_WAIT_S = 2.0
 START_LAC_POLL_S = 0.05
@@ -202,12 +198,14 @@ class _Walk:
         )
 
     async def _next_ledgers(self, after: int) -> list[int]:
-        """The ledgers of the list after ledger ``after``, once there are some."""
-        delay_s = FOLLOW_POLL_S_INITIAL
-        while True:
-            versioned = await self._manager.read(self._name)
-            later = [ledger_id for ledger_id in versioned.metadata.ledger_ids if ledger_id > after]
-            if later:
-                return later
-            await asyncio.sleep(delay_s)
-            delay_s = min(delay_s * 2, FOLLOW_POLL_S_MAX)
+        """The ledgers of the list after ledger ``after``, once there are some: from a watch of the
+        log's key (the current list first, then each change). Raises NoSuchLog once it is deleted."""
+        changes = self._manager.watch(self._name)
+        async with contextlib.aclosing(changes):
+            async for versioned in changes:
+                if versioned is None:
+                    raise NoSuchLog(self._name)
+                later = [ledger_id for ledger_id in versioned.metadata.ledger_ids if ledger_id > after]
+                if later:
+                    return later
+        raise NoSuchLog(self._name)

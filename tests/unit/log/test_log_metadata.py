@@ -158,3 +158,35 @@ async def test_manager_corrupt_value_names_the_log() -> None:
     await store.put(KEY, b"not a log")
     with pytest.raises(MetadataFormatError, match="log 'orders'"):
         await LogManager(store, ROOT).read("orders")
+
+
+async def test_manager_watch_yields_current_then_changes_then_none() -> None:
+    manager = LogManager(MemoryStore(), ROOT)
+    created = await manager.create("orders")
+    watch = manager.watch("orders")
+    assert await anext(watch) == created
+    changed = await manager.write(created.metadata.with_ledger_appended(3), created.version)
+    assert await anext(watch) == changed
+    await manager.delete("orders")
+    assert await anext(watch) is None
+    with pytest.raises(StopAsyncIteration):
+        await anext(watch)
+    with pytest.raises(NoSuchLog):
+        await anext(manager.watch("orders"))
+
+
+async def test_manager_cursors_round_trip_and_reject_bad_names() -> None:
+    manager = LogManager(MemoryStore(), ROOT)
+    await manager.write_cursor("orders", "billing", 3, 7)
+    await manager.write_cursor("orders", "audit", 2, -1)
+    await manager.write_cursor("other", "x", 9, 9)
+    assert await manager.read_cursors("orders") == {"audit": (2, -1), "billing": (3, 7)}
+    assert await manager.delete_cursor("orders", "audit")
+    assert not await manager.delete_cursor("orders", "audit")
+    await manager.delete_cursors("orders")
+    assert await manager.read_cursors("orders") == {}
+    assert await manager.read_cursors("other") == {"x": (9, 9)}
+    with pytest.raises(InvalidMetadata):
+        await manager.write_cursor("orders", "a/b", 1, 1)
+    with pytest.raises(InvalidMetadata):
+        await manager.write_cursor("orders", "c", -1, 1)
