@@ -11,7 +11,8 @@ collection*). Driven by :class:`bookie.gc.GarbageCollector`, one step at a time:
    records in batches (CRC checked; a damaged record is left where it is, and so is the segment),
    append each record whose index entry still points there to the journal, unchanged, and wait
    for the covering fdatasync. Throttled to ``rate_bytes_per_s`` and paused while the journal has a
-   backlog or the bookie is read-only (copies need disk space; a full disk must not fail the journal).
+   backlog; skipped for the rest of the pass while the bookie is read-only (copies need disk space, a
+   full disk must not fail the journal; step 4 goes on and frees what is wholly dead).
 3. **Switch.** Once a batch is durable, each index entry that still points at the old record is
    pointed at its copy (in one loop step, so a read sees one or the other, both whole).
 4. **Checkpoint, then delete.** A fresh walk finds the segments with no live bytes left; a
@@ -51,6 +52,10 @@ LIVE_BYTES_PER_WALK = 256 * 1024 * 1024
 PAUSE_S = 0.05
 
 
+class CopiesRefused(Exception):
+    """Copies must not be made now (the bookie is read-only); the message says why."""
+
+
 @dataclass
 class Progress:
     """What compaction has done so far in this pass (the GC report shows it)."""
@@ -63,6 +68,8 @@ class Progress:
     entries_copied: int = 0
     entries_corrupt: int = 0
     paused: str | None = None
+    skipped: str | None = None
+    """Why copying stopped early in this pass (read-only), if it did."""
 
 
 async def segment_usage(storage: Storage) -> dict[int, int]:
@@ -125,7 +132,7 @@ class Compactor:
 
     async def compact(self) -> None:
         """Copy the live entries out of every segment under the threshold."""
-        if self.threshold <= 0:
+        if self.threshold <= 0 or self.storage.journal.failed is not None:
             return
         usage, sizes, limit = await self.candidates()
         chosen = sorted(
@@ -145,14 +152,20 @@ class Compactor:
             )
         group: list[int] = []
         group_bytes = 0
-        for _, segment_id in chosen:
-            group.append(segment_id)
-            group_bytes += usage[segment_id]
-            if group_bytes >= LIVE_BYTES_PER_WALK:
+        try:
+            for _, segment_id in chosen:
+                group.append(segment_id)
+                group_bytes += usage[segment_id]
+                if group_bytes >= LIVE_BYTES_PER_WALK:
+                    await self._compact_group(group)
+                    group, group_bytes = [], 0
+            if group:
                 await self._compact_group(group)
-                group, group_bytes = [], 0
-        if group:
-            await self._compact_group(group)
+        except CopiesRefused as refused:  # dead segments are still deleted: that needs no space
+            progress.skipped = str(refused)
+            log.warning(
+                "compaction.skipped", reason=str(refused), segments_left=len(chosen) - progress.segments_done
+            )
 
     async def _compact_group(self, segment_ids: list[int]) -> None:
         found = await _live_entries(self.storage, frozenset(segment_ids))
@@ -192,15 +205,16 @@ class Compactor:
         return copied
 
     async def _wait_until_allowed(self) -> None:
-        """Pause while copies would hurt: the bookie is read-only (disk space), or the journal has a
-        backlog (foreground adds first)."""
+        """Pause while the journal has a backlog (foreground adds first); raise
+        :class:`CopiesRefused` while copies must not be made at all (read-only: disk space)."""
         journal = self.storage.journal
         while True:
-            reason = self._copy_refused()
-            if reason is None and (journal.under_pressure or journal.queue_bytes > self._batch_bytes * 4):
-                reason = "journal backlog"
-            self.progress.paused = reason
-            if reason is None:
+            refused = self._copy_refused()
+            if refused is not None:
+                raise CopiesRefused(refused)
+            busy = journal.under_pressure or journal.queue_bytes > self._batch_bytes * 4
+            self.progress.paused = "journal backlog" if busy else None
+            if not busy:
                 return
             await asyncio.sleep(PAUSE_S)
 
@@ -254,6 +268,8 @@ class Compactor:
     async def delete_dead(self) -> tuple[int, int]:
         """Checkpoint, then delete every judged segment with no live bytes; ``(segments, bytes)``."""
         storage = self.storage
+        if storage.journal.failed is not None:
+            return 0, 0  # a failed journal: restart first; a checkpoint now could not be trusted
         usage, sizes, limit = await self.candidates()
         dead = sorted(s for s in sizes if s < limit and usage.get(s, 0) == 0)
         if not dead:

@@ -184,9 +184,18 @@ async def test_a_segment_the_checkpoint_needs_must_exist(tmp_path: Path) -> None
         await Storage.open(config(tmp_path))
 
 
-async def test_compaction_pauses_while_copies_are_refused(tmp_path: Path) -> None:
+async def test_read_only_skips_copies_but_still_deletes_dead_segments(tmp_path: Path) -> None:
+    """On a full disk (read-only) copies would take space the journal needs: they are skipped, but
+    wholly dead segments are deleted, which is what gives the space back."""
     storage = await Storage.open(config(tmp_path))
-    await fill(storage)
+    await fill(storage)  # interleaved: every segment holds some of the kept ledgers
+    for ledger_id in LEDGERS:  # then ledger 30 alone fills segments that will be wholly dead
+        if ledger_id not in KEPT:
+            storage.forget_ledger(ledger_id)
+    for first in range(0, 1200, 100):
+        await asyncio.gather(*(start_add(storage, 30, e, entry(30, e)) for e in range(first, first + 100)))
+    await start_add(storage, 3, ENTRIES, entry(3, ENTRIES))  # the head moves on past them
+    before = segments_on_disk(tmp_path)
     refused: list[str | None] = ["bookie is read-only: disk low"]
     gc = GarbageCollector(
         storage,
@@ -195,15 +204,20 @@ async def test_compaction_pauses_while_copies_are_refused(tmp_path: Path) -> Non
         Clock(),
         copy_refused=lambda: refused[0],
     )
-    run = asyncio.ensure_future(gc.run_once())
-    await asyncio.sleep(0.3)
-    assert not run.done()
-    assert gc.running is not None
-    assert gc.running.progress.paused == "bookie is read-only: disk low"
-    assert gc.running.progress.bytes_copied == 0
-    refused[0] = None
-    report = await run
+    report = await gc.run_once()
+    assert report.error is None
+    assert report.ledgers_collected == 1
+    assert report.progress.skipped == "bookie is read-only: disk low"
+    assert report.bytes_copied == 0
+    assert report.segments_deleted >= 2
+    after = segments_on_disk(tmp_path)
+    assert report.bytes_freed == sum(size for s, size in before.items() if s not in after) > 0
+    await assert_kept_read_back(storage)
+
+    refused[0] = None  # writable again: the mixed segments are compacted too
+    report = await gc.run_once()
     assert report.error is None
     assert report.bytes_copied > 0
+    assert report.segments_deleted > 0
     await assert_kept_read_back(storage)
     await storage.close()
