@@ -60,6 +60,7 @@ def _config(args: argparse.Namespace) -> AutorecoveryConfig:
         "audit_interval_s",
         "check_interval_s",
         "workers",
+        "lease_ttl_s",
     ):
         value = getattr(args, name, None)
         if value is not None:
@@ -435,6 +436,13 @@ def add_commands(sub: Any) -> None:
         help="seconds a bookie may be unregistered before its ledgers are re-replicated (default 30)",
     )
     run.add_argument("--audit-interval", dest="audit_interval_s", type=float, default=None)
+    run.add_argument(
+        "--lease-ttl",
+        dest="lease_ttl_s",
+        type=int,
+        default=None,
+        help="seconds: the daemon's lease (its locks) and the auditor election's (default 10)",
+    )
     run.add_argument(
         "--check-interval",
         dest="check_interval_s",

@@ -3,6 +3,10 @@ every entry from every replica metadata lists afterwards."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+from typing import Any
+
 import pytest
 
 from bookkeeper_aio import BookKeeper
@@ -11,8 +15,9 @@ from bookkeeper_aio.autorecovery.errors import NoPasswordForLedger, ReplicationE
 from bookkeeper_aio.autorecovery.worker import ReplicationWorker
 from bookkeeper_aio.errors import LedgerFenced
 from metadata.ledger_metadata import LedgerState
-from metadata.underreplication import UnderReplicationManager
+from metadata.underreplication import UnderReplicated, UnderReplicationManager
 from tests.integration.autorecovery.conftest import Cluster, verify_every_replica
+from tests.unit.autorecovery.waiting import wait_until
 
 pytestmark = pytest.mark.etcd
 
@@ -158,3 +163,60 @@ async def test_a_deleted_ledgers_mark_goes(cluster: Cluster, bk: BookKeeper) -> 
     result = await worker.heal(mark)
     assert result.deleted
     assert await urm.get(ledger_id) is None
+
+
+async def test_two_workers_never_heal_the_same_ledger_at_once(cluster: Cluster, bk: BookKeeper) -> None:
+    await cluster.start(4)
+    ledgers = [await _write(bk, 8) for _ in range(6)]
+    victim = "b3"
+    await cluster.kill(victim)
+    urm = UnderReplicationManager(cluster.meta.store, cluster.root)
+    marked = set()
+    for ledger_id, _ in ledgers:
+        md = (await bk.context.ledgers.read(ledger_id)).metadata
+        if victim in md.ensembles[0][1]:
+            await urm.mark(ledger_id, [victim], reason="lost")
+            marked.add(ledger_id)
+    assert marked
+    config = AutorecoveryConfig(passwords=(PASSWORD,), worker_idle_poll_s=0.1)
+    healing: dict[int, str] = {}
+    overlaps: list[int] = []
+    healed_by: dict[int, str] = {}
+    workers = [ReplicationWorker(bk, urm, config, worker_id=f"w{i}") for i in range(2)]
+    for worker in workers:
+        original = worker.heal
+
+        async def heal(mark: UnderReplicated, original: Any = original, name: str = worker.worker_id) -> Any:
+            if mark.ledger_id in healing:
+                overlaps.append(mark.ledger_id)
+            healing[mark.ledger_id] = name
+            try:
+                await asyncio.sleep(0.05)  # widen the window a second worker would have to slip in
+                result = await original(mark)
+                healed_by[mark.ledger_id] = name
+                return result
+            finally:
+                del healing[mark.ledger_id]
+
+        worker.heal = heal  # type: ignore[method-assign]
+    leases = [await cluster.meta.store.grant_lease(10) for _ in workers]
+    tasks = [
+        asyncio.create_task(w.run(functools.partial(int, lease)))
+        for w, lease in zip(workers, leases, strict=True)
+    ]
+    try:
+
+        async def done() -> bool:
+            return await urm.count() == 0
+
+        await wait_until(done, timeout_s=30)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for lease in leases:
+            await cluster.meta.store.revoke_lease(lease)
+    assert overlaps == []
+    assert set(healed_by) == marked
+    for ledger_id, payloads in ledgers:
+        await verify_every_replica(bk, ledger_id, PASSWORD, payloads, absent=[victim])
