@@ -209,3 +209,48 @@ async def test_kill_at_a_compaction_step_loses_nothing(
         assert await statuses(bookie, [i for i in ledgers if i not in kept]) == {StatusCode.ENOLEDGER}
     finally:
         bookie.cleanup()
+
+
+@pytest.mark.slow
+async def test_acceptance_gc_of_90_percent_of_half_a_gib(etcd_server: EtcdCluster, tmp_path: Path) -> None:
+    """Issue acceptance 5: a bookie holding >= 500 MiB; 90% of its ledgers deleted; after GC and
+    compaction its disk usage drops accordingly and the remaining entries read back, also after a
+    kill -9 in the middle of the compaction and a restart."""
+    url = etcd_server.url(f"/bookkeeper/gca-{uuid.uuid4().hex[:8]}")
+    await init_cluster(url)
+    segment = ["--journal-segment-bytes", str(64 * 1024 * 1024), "--checkpoint-interval-s", "3600"]
+    bookie = gc_bookie(tmp_path, url, *segment, env={"BKAIO_FAILPOINTS": "gc.copied=count:20:kill"})
+    bookie.start()
+    ledger_count, entries, size = 100, 80, 64 * 1024  # 100 x 80 x 64 KiB = 500 MiB
+    try:
+        ledgers = await create_ledgers(url, ledger_count)
+        await write_interleaved(bookie, ledgers, entries, size)
+        before = journal_bytes(bookie)
+        assert before >= 500 * 1024 * 1024
+        kept = ledgers[::10]
+        await delete_ledgers(url, [i for i in ledgers if i not in kept])
+
+        host, port = bookie.admin_address()
+        assert (await get_json(host, port, "/gc?start=1"))[1]["started"]
+        assert await asyncio.to_thread(bookie.wait, 300.0) == 137  # killed mid-compaction
+        bookie.env = {}
+        bookie.start()
+        await read_back(bookie, kept, entries, size)
+
+        report = await run_gc(bookie, timeout_s=600.0)
+        assert report["error"] is None
+        after = journal_bytes(bookie)
+        live = len(kept) * entries * (size + 32 + 29)
+        mib = 1024 * 1024
+        print(f"journal before {before // mib} MiB, after {after // mib} MiB, live {live // mib} MiB")
+        print(f"report {report}")
+        # What stays: the live 10% (copied to the head) plus the segment that was the head when the
+        # pass started and the one created ahead of time (at most two segments).
+        assert after <= live + 2 * 64 * 1024 * 1024 + 16 * 1024 * 1024
+        assert after < before / 3
+        await read_back(bookie, kept, entries, size)
+        bookie.kill()
+        bookie.start()
+        await read_back(bookie, kept, entries, size)
+    finally:
+        bookie.cleanup()
