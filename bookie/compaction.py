@@ -163,6 +163,7 @@ class Compactor:
                 await self._compact_group(group)
         except CopiesRefused as refused:  # dead segments are still deleted: that needs no space
             progress.skipped = str(refused)
+            progress.segment = None
             log.warning(
                 "compaction.skipped", reason=str(refused), segments_left=len(chosen) - progress.segments_done
             )

@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -252,5 +253,86 @@ async def test_acceptance_gc_of_90_percent_of_half_a_gib(etcd_server: EtcdCluste
         bookie.kill()
         bookie.start()
         await read_back(bookie, kept, entries, size)
+    finally:
+        bookie.cleanup()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 96 MiB tmpfs of the test's own (skips where mounting is not allowed)."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a size-limited tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+async def test_acceptance_full_disk_read_only_then_gc_makes_it_writable(
+    etcd_server: EtcdCluster, small_disk: Path
+) -> None:
+    """Issue acceptance 6: the disk fills, the bookie goes read-only (adds get EREADONLY, nothing
+    acked is lost); ledgers are deleted and a GC pass brings it back to writable."""
+    url = etcd_server.url(f"/bookkeeper/gcf-{uuid.uuid4().hex[:8]}")
+    await init_cluster(url)
+    mib = 1024 * 1024
+    bookie = BookieProcess(
+        small_disk / "b0",
+        "b0",
+        extra_args=[
+            *("--metadata", url, "--admin-port", "0", "--gc-interval-s", "0"),
+            *("--gc-deleted-ledger-grace-s", "0", "--checkpoint-interval-s", "3600"),
+            *("--journal-segment-bytes", str(8 * mib), "--frame-bytes-max", str(mib)),
+            *("--disk-free-bytes-min", str(24 * mib), "--disk-free-bytes-writable", str(40 * mib)),
+            *("--disk-reserve-bytes", str(8 * mib), "--disk-check-interval-s", "0.05"),
+        ],
+    )
+    bookie.start()
+    host, port = bookie.admin_address()
+    entries, size = 32, 64 * 1024  # 2 MiB per ledger, written one ledger after the other
+    try:
+        ledgers = await create_ledgers(url, 60)
+        acked: dict[int, int] = {}
+        client = await WireClient.connect(*bookie.address)
+        refused = None
+        for ledger_id in ledgers:
+            responses = await asyncio.gather(
+                *(client.add(ledger_id, e, payload(ledger_id, e, size)) for e in range(entries))
+            )
+            ok = [r.status == StatusCode.EOK for r in responses]
+            acked[ledger_id] = ok.index(False) if False in ok else entries
+            if not all(ok):
+                refused = next(r for r in responses if r.status != StatusCode.EOK)
+                break
+        client.close()
+        assert refused is not None, "the disk never filled"
+        assert refused.status == StatusCode.EREADONLY
+        assert (await get_json(host, port, "/readonly"))[1]["mode"] == "readonly"
+        written = [i for i in ledgers if acked.get(i)]
+        for ledger_id in written:  # nothing acked is lost
+            await read_back(bookie, [ledger_id], acked[ledger_id], size)
+
+        kept = written[::10]
+        await delete_ledgers(url, [i for i in written if i not in kept])
+        report = await run_gc(bookie)
+        assert report["error"] is None
+        assert report["segments_deleted"] > 0
+        print(f"written {len(written)} ledgers before EREADONLY; GC report {report}")
+        async with asyncio.timeout(10):
+            while True:
+                mode = (await get_json(host, port, "/readonly"))[1]
+                if mode["mode"] == "writable":
+                    break
+                await asyncio.sleep(0.05)
+        for ledger_id in kept:
+            await read_back(bookie, [ledger_id], acked[ledger_id], size)
+        extra = ledgers[-1]
+        await write(bookie, [extra], 8, size)  # writable again: adds are accepted
+        await read_back(bookie, [extra], 8, size)
     finally:
         bookie.cleanup()
