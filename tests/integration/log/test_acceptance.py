@@ -100,7 +100,9 @@ class WriterProcess:
         self.lines: list[str] = []
 
     @classmethod
-    async def spawn(cls, url: str, log: str, writer_id: str, base: Path, window: int = 16) -> WriterProcess:
+    async def spawn(
+        cls, url: str, log: str, writer_id: str, base: Path, window: int = 16, roll_entries: int = 0
+    ) -> WriterProcess:
         out_file = base / f"history-{writer_id}.jsonl"
         stderr = open(base / f"worker-{writer_id}.log", "wb")  # noqa: ASYNC230,SIM115 -- a test's log
         process = await asyncio.create_subprocess_exec(
@@ -112,6 +114,7 @@ class WriterProcess:
             writer_id,
             str(out_file),
             str(window),
+            str(roll_entries),
             cwd=REPO_ROOT,
             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
             stdin=asyncio.subprocess.PIPE,
@@ -268,7 +271,9 @@ class Tailer:
 
 
 # ------------------------------------------------------------------------------ 1. leader churn
-async def _leader_churn(cluster: Cluster, bk: BookKeeper, base: Path, takeovers: int) -> None:
+async def _leader_churn(
+    cluster: Cluster, bk: BookKeeper, base: Path, takeovers: int, roll_entries: int = 0
+) -> None:
     await cluster.start(4)
     name = "churn"
     await LogManager(cluster.meta.store, cluster.root).create(name)
@@ -278,7 +283,9 @@ async def _leader_churn(cluster: Cluster, bk: BookKeeper, base: Path, takeovers:
     workers: list[WriterProcess] = []
     try:
         for writer_id in ("A", "B"):
-            workers.append(await WriterProcess.spawn(cluster.url, name, writer_id, base))
+            workers.append(
+                await WriterProcess.spawn(cluster.url, name, writer_id, base, roll_entries=roll_entries)
+            )
         for session in range(takeovers + 1):
             worker = workers[session % 2]
             worker.send("open")  # fences the other, which is appending without pause
@@ -292,13 +299,21 @@ async def _leader_churn(cluster: Cluster, bk: BookKeeper, base: Path, takeovers:
             await worker.reap()
     read = await _read_all(bk, name)
     await sampler.stop()
-    result = history.check(read, open_max=1)
-    print(f"\nleader churn, {takeovers} takeovers: {result.summary()}")
+    # without rolls one ledger is OPEN at a time; a roll lists the new one before closing the old
+    result = history.check(read, open_max=2 if roll_entries else 1)
+    rolling = sum(1 for sample in history.samples if sum(s is LogLedgerState.OPEN for _, s in sample) == 2)
+    print(f"\nleader churn, {takeovers} takeovers, roll every {roll_entries}: {result.summary()}")
+    mid_roll = _takeovers_during_a_roll(history)
+    print(f"list samples with two OPEN ledgers (a roll under way): {rolling}; takeovers of them: {mid_roll}")
     assert result.ok, result.summary()
     # every session but the last was ended by the next open, while it was appending
     fenced = sum(line == "stopped LogFenced" for worker in workers for line in worker.lines)
     assert fenced == takeovers, [worker.lines for worker in workers]
-    assert result.ledgers == takeovers + 1
+    if not roll_entries:
+        assert result.ledgers == takeovers + 1
+    else:
+        assert rolling > 0
+        assert mid_roll > 0  # takeovers did land on a roll under way
     assert result.acked >= 20 * (takeovers + 1)
 
 
@@ -310,6 +325,32 @@ async def test_leader_churn_small(cluster: Cluster, bk: BookKeeper, tmp_path: Pa
 @pytest.mark.timeout(600)
 async def test_leader_churn_100_takeovers(cluster: Cluster, bk: BookKeeper, tmp_path: Path) -> None:
     await _leader_churn(cluster, bk, tmp_path, takeovers=100)
+
+
+def _takeovers_during_a_roll(history: LogHistory) -> int:
+    """List changes that took a list with two OPEN ledgers to one where both are CLOSED and a
+    further ledger was appended: a new writer fenced both ledgers of a roll under way."""
+    count = 0
+    for before, after in itertools.pairwise(history.samples):
+        opened = [ledger_id for ledger_id, state in before if state is LogLedgerState.OPEN]
+        states = dict(after)
+        if (
+            len(opened) == 2
+            and all(states.get(ledger_id) is LogLedgerState.CLOSED for ledger_id in opened)
+            and len(after) > len(before)
+        ):
+            count += 1
+    return count
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_leader_churn_100_takeovers_with_rolls(
+    cluster: Cluster, bk: BookKeeper, tmp_path: Path
+) -> None:
+    """Each writer also rolls every 7 appends: takeovers land during rolls too (two OPEN ledgers,
+    the case for fencing the last two)."""
+    await _leader_churn(cluster, bk, tmp_path, takeovers=100, roll_entries=7)
 
 
 # ---------------------------------------------------------------------------- 2. roll under load
