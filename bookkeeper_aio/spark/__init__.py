@@ -21,7 +21,7 @@ except ImportError as error:  # pragma: no cover - depends on the installation
         f"bookkeeper_aio.spark needs PySpark and PyArrow ({error}): pip install 'bookkeeper-aio[spark]'"
     ) from error
 
-from bookkeeper_aio.spark.options import SparkOptionError
+from bookkeeper_aio.spark.options import SparkColumnError, SparkOptionError
 from bookkeeper_aio.spark.source import NAME, BookKeeperDataSource, register
 
-__all__ = ["NAME", "BookKeeperDataSource", "SparkOptionError", "register"]
+__all__ = ["NAME", "BookKeeperDataSource", "SparkColumnError", "SparkOptionError", "register"]

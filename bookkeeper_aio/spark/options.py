@@ -62,6 +62,15 @@ class SparkOptionError(BKInterfaceError):
         self.option = option
 
 
+class SparkColumnError(BKInterfaceError):
+    """A DataFrame written to a log lacks its payload column, or the column has the wrong type or
+    a null: ``column`` names it."""
+
+    def __init__(self, column: str, message: str) -> None:
+        super().__init__(f"column {column!r}: {message}")
+        self.column = column
+
+
 @dataclass(frozen=True, slots=True)
 class Source:
     """Where a job reads or writes: a log by name, or (reads only) explicit ledgers."""

@@ -11,10 +11,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
+    DataSourceWriter,
 )
 from pyspark.sql.types import StructType
 
 from bookkeeper_aio.spark.reader import SCHEMA_DDL, BookKeeperBatchReader
+from bookkeeper_aio.spark.writer import BookKeeperBatchWriter
 
 NAME = "bookkeeper"
 
@@ -31,6 +33,9 @@ class BookKeeperDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return BookKeeperBatchReader(self.options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return BookKeeperBatchWriter(self.options, schema, overwrite)
 
 
 def register(spark: SparkSession) -> None:

@@ -7,11 +7,12 @@ the task-failure tests rely on (plain ``local[2]`` never retries a task).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import sys
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 
@@ -20,7 +21,9 @@ from tests.integration.client.conftest import CONFIG, Cluster, bk, cluster
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["CONFIG", "Cluster", "bk", "cluster", "spark"]
+__all__ = ["CONFIG", "Cluster", "bk", "blocking", "cluster", "spark"]
+
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -50,3 +53,18 @@ def spark() -> Iterator[SparkSession]:
         yield session
     finally:
         session.stop()
+
+
+async def blocking(spark: SparkSession, call: Callable[[], T]) -> T:
+    """Run a blocking Spark call in a thread, so that the test's event loop keeps the bookies'
+    registration leases alive meanwhile (a 5 s block loses them: executors could no longer find
+    the bookies). The thread is made the session's active one first: Spark 4.3 looks a Python data
+    source up for ``df.write`` through the calling JVM thread's active session and, from a thread
+    without one, fails with DATA_SOURCE_NOT_FOUND."""
+
+    def run() -> T:
+        jvm = spark._jvm  # type: ignore[attr-defined]
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)  # type: ignore[attr-defined]
+        return call()
+
+    return await asyncio.to_thread(run)

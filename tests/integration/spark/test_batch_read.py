@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 
 import pytest
@@ -10,7 +9,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from bookkeeper_aio import BookKeeper
-from tests.integration.spark.conftest import Cluster
+from tests.integration.spark.conftest import Cluster, blocking
 
 pytestmark = pytest.mark.etcd
 
@@ -44,7 +43,7 @@ async def test_read_explicit_ledgers_exactly(spark: SparkSession, cluster: Clust
     df = _reader(spark, cluster, ledgers=",".join(map(str, ids)), maxEntriesPerPartition="7").load()
     assert df.columns == ["log", "ledger_id", "entry_id", "payload", "offset"]
     assert df.rdd.getNumPartitions() == 4 + 2  # 25 entries in 7s, 10 in 7s, the empty ledger none
-    rows = sorted(await asyncio.to_thread(df.collect), key=lambda r: (r.ledger_id, r.entry_id))
+    rows = sorted(await blocking(spark, df.collect), key=lambda r: (r.ledger_id, r.entry_id))
     expected = [(ids[0], i, p) for i, p in enumerate(first)] + [(ids[1], i, p) for i, p in enumerate(second)]
     assert [(r.ledger_id, r.entry_id, bytes(r.payload)) for r in rows] == expected
     assert {(r.log, r.offset) for r in rows} == {(None, None)}
@@ -60,7 +59,7 @@ async def test_read_an_open_ledger_up_to_its_lac(
         await handle.append(p)
     # the LAC readers see trails the last ack by one entry until the next add or explicit LAC
     df = _reader(spark, cluster, ledgers=str(handle.id)).load()
-    rows = await asyncio.to_thread(df.orderBy("entry_id").collect)
+    rows = await blocking(spark, df.orderBy("entry_id").collect)
     got = [bytes(r.payload) for r in rows]
     assert got == payloads[: len(got)]
     assert len(got) >= len(payloads) - 1
@@ -78,7 +77,7 @@ async def test_positions_bound_the_read(spark: SparkSession, cluster: Cluster, b
         startingPosition=f'{{"ledger_id": {a}, "entry_id": 7}}',
         endingPosition=f'{{"ledger_id": {b}, "entry_id": 3}}',
     ).load()
-    rows = await asyncio.to_thread(df.orderBy("ledger_id", "entry_id").collect)
+    rows = await blocking(spark, df.orderBy("ledger_id", "entry_id").collect)
     got = [(r.ledger_id, r.entry_id, bytes(r.payload)) for r in rows]
     assert got == [(a, 7, b"a7"), (a, 8, b"a8"), (a, 9, b"a9"), (b, 0, b"b0"), (b, 1, b"b1"), (b, 2, b"b2")]
 
@@ -94,7 +93,7 @@ async def test_checksum_matches_the_client(spark: SparkSession, cluster: Cluster
             expected.update(f"{ledger_id}:{entry.entry_id}:".encode() + entry.payload)
     df = _reader(spark, cluster, ledgers=f"{ids[0]},{ids[1]}", maxEntriesPerPartition="500").load()
     got = hashlib.sha256()
-    for r in await asyncio.to_thread(df.orderBy("ledger_id", "entry_id").collect):
+    for r in await blocking(spark, df.orderBy("ledger_id", "entry_id").collect):
         got.update(f"{r.ledger_id}:{r.entry_id}:".encode() + bytes(r.payload))
     assert got.hexdigest() == expected.hexdigest()
 
@@ -126,7 +125,7 @@ async def test_what_is_not_there_is_named(spark: SparkSession, cluster: Cluster,
     for options, named in cases:
         options = {"ledgers": str(ledger_id), **options}
         with pytest.raises(PySparkException, match=named):
-            await asyncio.to_thread(lambda o=options: _reader(spark, cluster, **o).load().collect())
+            await blocking(spark, lambda o=options: _reader(spark, cluster, **o).load().collect())
 
 
 def test_unreachable_metadata_is_named(spark: SparkSession) -> None:

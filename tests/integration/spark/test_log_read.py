@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 
 import pytest
@@ -10,7 +9,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from bookkeeper_aio import BookKeeper, LogPosition, open_log_reader, open_log_writer
-from tests.integration.spark.conftest import Cluster
+from tests.integration.spark.conftest import Cluster, blocking
 
 pytestmark = pytest.mark.etcd
 
@@ -40,7 +39,7 @@ async def test_a_log_across_rolls(spark: SparkSession, cluster: Cluster, bk: Boo
     positions = await write_log(bk, "orders", chunks)
     payloads = [p for chunk in chunks for p in chunk]
     df = load(spark, cluster, "orders", maxEntriesPerPartition="16")
-    rows = await asyncio.to_thread(df.orderBy("offset").collect)
+    rows = await blocking(spark, df.orderBy("offset").collect)
     assert [(r.log, LogPosition(r.ledger_id, r.entry_id), bytes(r.payload)) for r in rows] == [
         ("orders", p, payload) for p, payload in zip(positions, payloads, strict=True)
     ]
@@ -56,7 +55,7 @@ async def test_a_log_across_rolls(spark: SparkSession, cluster: Cluster, bk: Boo
         startingPosition=f'{{"ledger_id": {start.ledger_id}, "entry_id": {start.entry_id}}}',
         endingPosition=f'{{"ledger_id": {end.ledger_id}, "entry_id": {end.entry_id}}}',
     )
-    rows = await asyncio.to_thread(bounded.orderBy("offset").collect)
+    rows = await blocking(spark, bounded.orderBy("offset").collect)
     assert [LogPosition(r.ledger_id, r.entry_id) for r in rows] == positions[25:50]
     assert [bytes(r.payload) for r in rows] == payloads[25:50]
 
@@ -73,7 +72,7 @@ async def test_checksum_against_the_log_reader(spark: SparkSession, cluster: Clu
     df = load(spark, cluster, "events", maxEntriesPerPartition="300")
     assert df.rdd.getNumPartitions() == 3 * 3
     got = hashlib.sha256()
-    rows = await asyncio.to_thread(df.orderBy("ledger_id", "entry_id").collect)
+    rows = await blocking(spark, df.orderBy("ledger_id", "entry_id").collect)
     for r in rows:
         got.update(b"%d:%d:" % (r.ledger_id, r.entry_id) + bytes(r.payload))
     assert (len(rows), got.hexdigest()) == (count, expected.hexdigest())
@@ -83,7 +82,7 @@ async def test_unknown_log_names_the_path(spark: SparkSession, cluster: Cluster,
     await cluster.start(3)
     await write_log(bk, "real", [[b"x"]])
     with pytest.raises(PySparkException, match="'path': log 'nope' does not exist"):
-        await asyncio.to_thread(lambda: load(spark, cluster, "nope").collect())
+        await blocking(spark, lambda: load(spark, cluster, "nope").collect())
     bad = load(spark, cluster, "real", startingPosition='{"ledger_id": 424242, "entry_id": 0}')
     with pytest.raises(PySparkException, match="'startingPosition': ledger 424242 is not in log 'real'"):
-        await asyncio.to_thread(bad.collect)
+        await blocking(spark, bad.collect)

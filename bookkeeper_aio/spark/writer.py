@@ -1,0 +1,294 @@
+"""Batch writes: one ledger per task, all of a job's ledgers into the log in one CAS, or none.
+
+Each task creates a ledger (id above the log's last ledger at that moment, ``after_ledger_id``)
+when its first row arrives, appends its rows' payloads in order, closes the ledger and returns its
+id in the commit message. A task that fails deletes its ledger before failing. The driver's
+``commit`` appends every task's ledger to the log with one ``append_ledgers`` (a CAS on the log's
+list: readers see all of the job's rows or none); ``abort``, and a ``commit`` whose CAS did not
+happen, delete them. A ledger the log lists is never deleted: after an error whose outcome is not
+known (the metadata store did not answer), the log's list is read back first.
+
+Order: each task's rows stay in order in its ledger; a job's ledgers go into the log in id order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import structlog
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.types import BinaryType, StringType, StructType
+
+from bookkeeper_aio import (
+    BKError,
+    BookKeeper,
+    LedgerHandle,
+    NoSuchLedger,
+    NoSuchLog,
+    Unauthorized,
+    append_ledgers,
+    describe_log,
+)
+from bookkeeper_aio.spark import options as opt
+from bookkeeper_aio.spark import runtime
+from bookkeeper_aio.spark.catalog import connect
+
+if TYPE_CHECKING:
+    from pyarrow import RecordBatch
+
+log = structlog.get_logger("bookkeeper_aio.spark.writer")
+
+JOB_METADATA_KEY = "bookkeeper-aio.spark.job"
+"""Custom metadata on every ledger a write task creates: the job's id (finds a ledger a killed
+executor left behind: it is in no log's list)."""
+
+ENSEMBLE_DEFAULT, WRITE_QUORUM_DEFAULT, ACK_QUORUM_DEFAULT = 3, 2, 2
+
+
+@dataclass(frozen=True, slots=True)
+class WriteSpec:
+    """What a write task needs (plain data: pickled to the executors)."""
+
+    metadata: str
+    log: str
+    password: bytes
+    payload_column: str
+    ensemble: int
+    write_quorum: int
+    ack_quorum: int
+    job_id: str
+    floor_ledger_id: int = 0
+    """The log's last ledger when the job started: every ledger of the job has a larger id."""
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerWritten(WriterCommitMessage):
+    """A task's result: its closed ledger (None: the task had no rows) and what it holds."""
+
+    ledger_id: int | None
+    entries: int
+    payload_bytes: int
+
+
+def parse_write_spec(
+    options: Mapping[str, str], schema: StructType, allowed: frozenset[str], mode: str
+) -> WriteSpec:
+    opt.check_known(options, allowed, mode)
+    source = opt.parse_source(options, allow_ledgers=False)
+    assert source.log is not None
+    column = opt.get(options, opt.PAYLOAD_COLUMN) or "payload"
+    check_payload_column(schema, column)
+    sizes = [
+        opt.parse_positive_int(options, name, default)
+        for name, default in (
+            (opt.ENSEMBLE, ENSEMBLE_DEFAULT),
+            (opt.WRITE_QUORUM, WRITE_QUORUM_DEFAULT),
+            (opt.ACK_QUORUM, ACK_QUORUM_DEFAULT),
+        )
+    ]
+    ensemble, write_quorum, ack_quorum = (size for size in sizes if size is not None)
+    if not ensemble >= write_quorum >= ack_quorum:
+        raise opt.SparkOptionError(
+            opt.WRITE_QUORUM,
+            f"need ensemble >= writeQuorum >= ackQuorum, got {ensemble} >= {write_quorum} >= {ack_quorum}",
+        )
+    return WriteSpec(
+        metadata=source.metadata,
+        log=source.log,
+        password=source.password,
+        payload_column=column,
+        ensemble=ensemble,
+        write_quorum=write_quorum,
+        ack_quorum=ack_quorum,
+        job_id=uuid.uuid4().hex,
+    )
+
+
+def check_payload_column(schema: StructType, column: str) -> None:
+    names = schema.fieldNames()
+    if column not in names:
+        raise opt.SparkColumnError(
+            column,
+            f"the DataFrame has no column {column!r} (its columns: {names}); name the payload column "
+            'with .option("payloadColumn", ...) or select one as "payload"',
+        )
+    data_type = schema[column].dataType
+    if not isinstance(data_type, BinaryType | StringType):
+        raise opt.SparkColumnError(
+            column,
+            f"must be BINARY or STRING (UTF-8 encoded), got {data_type.simpleString()}; "
+            f"cast or encode it, e.g. to_json(...) or col({column!r}).cast('binary')",
+        )
+
+
+class BookKeeperBatchWriter(DataSourceArrowWriter):
+    def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
+        if overwrite:
+            raise opt.SparkOptionError(
+                "mode", "a log is append-only: use .mode('append') (overwrite would drop its history)"
+            )
+        spec = parse_write_spec(options, schema, opt.WRITE_OPTIONS, "batch write")
+        self.spec = runtime.run(lambda: with_floor(spec))
+
+    def write(self, iterator: Iterator[RecordBatch]) -> LedgerWritten:
+        return runtime.run(lambda: write_task(self.spec, iterator))
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None]) -> None:
+        runtime.run(lambda: commit_ledgers(self.spec, _written(messages), None))
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None]) -> None:
+        runtime.run(lambda: abort_job(self.spec, _written(messages)))
+
+
+def _written(messages: Sequence[WriterCommitMessage | None]) -> list[int]:
+    return sorted(m.ledger_id for m in messages if isinstance(m, LedgerWritten) and m.ledger_id is not None)
+
+
+async def write_task(spec: WriteSpec, batches: Iterator[RecordBatch]) -> LedgerWritten:
+    """Append the payloads of ``batches`` to a new ledger and close it; delete it on failure.
+
+    The rows come from the JVM through a blocking iterator, so every append of a batch is
+    acknowledged before the next batch is pulled: the event loop never sits blocked while adds
+    are in flight (their timeouts would fire before their answers were read)."""
+    async with connect(spec.metadata, probe=False) as bk:
+        handle: LedgerHandle | None = None
+        entries = payload_bytes = 0
+        try:
+            for batch in batches:
+                payloads = _payloads(batch, spec.payload_column)
+                if not payloads:
+                    continue
+                if handle is None:
+                    handle = await _create(bk, spec)
+                futures = [await handle.append_async(payload) for payload in payloads]
+                await asyncio.gather(*futures)
+                entries += len(payloads)
+                payload_bytes += sum(len(payload) for payload in payloads)
+            if handle is None:
+                return LedgerWritten(None, 0, 0)
+            await handle.close()
+        except BaseException:
+            if handle is not None:
+                await _delete_quietly(bk, handle.id)
+            raise
+        log.info("spark.ledger_written", log=spec.log, ledger_id=handle.id, entries=entries, job=spec.job_id)
+        return LedgerWritten(handle.id, entries, payload_bytes)
+
+
+async def _create(bk: BookKeeper, spec: WriteSpec) -> LedgerHandle:
+    after = await last_ledger_id(bk, spec.log)
+    return await bk.create_ledger(
+        spec.ensemble,
+        spec.write_quorum,
+        spec.ack_quorum,
+        password=spec.password,
+        custom_metadata={JOB_METADATA_KEY: spec.job_id.encode()},
+        after_ledger_id=after,
+    )
+
+
+async def last_ledger_id(bk: BookKeeper, name: str) -> int:
+    """The id new ledgers for the log must be above (0 for a log that does not exist yet)."""
+    try:
+        info = await describe_log(bk, name)
+    except NoSuchLog:
+        return 0
+    if info.ledgers:
+        return info.ledgers[-1].ledger_id
+    return max(0, info.truncated_before - 1)
+
+
+def _payloads(batch: RecordBatch, column: str) -> list[bytes]:
+    array: Any = batch.column(batch.schema.get_field_index(column))
+    if array.null_count:
+        row = next(i for i, value in enumerate(array.is_valid().to_pylist()) if not value)
+        raise opt.SparkColumnError(column, f"a null payload (row {row} of a batch): filter or fill the nulls")
+    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+        return [value.encode() for value in array.to_pylist()]
+    payloads: list[bytes] = array.to_pylist()
+    return payloads
+
+
+async def commit_ledgers(spec: WriteSpec, ledger_ids: list[int], token: tuple[str, int] | None) -> bool:
+    """Append the ledgers to the log in one CAS (with ``token``: exactly once per token). False: a
+    replay of an already committed token (its ledgers are deleted). On a failure the ledgers the
+    log does not list are deleted and the error is raised."""
+    async with connect(spec.metadata) as bk:
+        if not ledger_ids and token is None:
+            return True
+        try:
+            appended = await append_ledgers(bk, spec.log, ledger_ids, password=spec.password, commit=token)
+        except BaseException:
+            await _discard_unlisted(bk, spec, ledger_ids)
+            raise
+        if not appended:
+            log.info("spark.commit_replayed", log=spec.log, token=token, ledgers=ledger_ids)
+            await _discard_unlisted(bk, spec, ledger_ids)
+            return False
+        log.info("spark.committed", log=spec.log, token=token, ledgers=ledger_ids, job=spec.job_id)
+        return True
+
+
+async def with_floor(spec: WriteSpec) -> WriteSpec:
+    """``spec`` with the log's last ledger id now (also checks the metadata URL on the driver)."""
+    async with connect(spec.metadata) as bk:
+        return dataclasses.replace(spec, floor_ledger_id=await last_ledger_id(bk, spec.log))
+
+
+async def abort_job(spec: WriteSpec, ledger_ids: list[int]) -> None:
+    """Delete the ledgers of finished tasks, then look for those of tasks Spark killed when the job
+    failed (a killed task's Python worker gets SIGKILL: it cannot delete its own): ledgers above
+    the job's floor whose custom metadata carries the job's id, and which the log does not list."""
+    async with connect(spec.metadata) as bk:
+        await _discard_unlisted(bk, spec, ledger_ids)
+        await _discard_unlisted(bk, spec, await _ledgers_of_job(bk, spec))
+
+
+async def _ledgers_of_job(bk: BookKeeper, spec: WriteSpec) -> list[int]:
+    found: list[int] = []
+    async for ledger_id in bk.list_ledgers():
+        if ledger_id <= spec.floor_ledger_id:
+            continue
+        try:
+            handle = await bk.open_ledger(ledger_id, password=spec.password)
+        except (NoSuchLedger, Unauthorized):  # deleted meanwhile; another password: not ours
+            continue
+        except BKError as error:
+            log.warning("spark.abort_scan_skipped", ledger_id=ledger_id, error=repr(error))
+            continue
+        if handle.metadata.custom_metadata.get(JOB_METADATA_KEY) == spec.job_id.encode():
+            found.append(ledger_id)
+    return found
+
+
+async def _discard_unlisted(bk: BookKeeper, spec: WriteSpec, ledger_ids: list[int]) -> None:
+    """Delete those of ``ledger_ids`` the log does not list (never a listed one: if the list cannot
+    be read, nothing is deleted and the ledgers stay as orphans, tagged with the job id)."""
+    if not ledger_ids:
+        return
+    try:
+        info = await describe_log(bk, spec.log)
+        listed = {ledger.ledger_id for ledger in info.ledgers}
+    except NoSuchLog:
+        listed = set()
+    except BKError as error:
+        log.warning("spark.discard_skipped", log=spec.log, ledgers=ledger_ids, error=repr(error))
+        return
+    for ledger_id in ledger_ids:
+        if ledger_id not in listed:
+            await _delete_quietly(bk, ledger_id)
+
+
+async def _delete_quietly(bk: BookKeeper, ledger_id: int) -> None:
+    try:
+        await bk.delete_ledger(ledger_id)
+    except NoSuchLedger:
+        pass
+    except BKError as error:  # the original failure matters more; the orphan keeps its job tag
+        log.warning("spark.delete_failed", ledger_id=ledger_id, error=repr(error))
