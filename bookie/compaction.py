@@ -42,11 +42,12 @@ from bookkeeper_aio.common import failpoints
 
 log = structlog.get_logger(__name__)
 
-WALK_SLOTS_PER_STEP = 65536
-"""Index slots walked per loop step (a few milliseconds): a million-entry ledger never holds the
-loop for long."""
-BATCH_BYTES_MAX = 1024 * 1024
-"""Copies appended per journal group at most: a foreground add waits for at most this much extra."""
+WALK_SLOTS_PER_STEP = 8192
+"""Index slots walked per loop step: ~1 ms (7 ms per 64k slots measured on a loaded 2-CPU VM), so
+a walk over millions of entries never holds the event loop for long."""
+BATCH_BYTES_MAX = 256 * 1024
+"""Copies appended per batch at most (one fdatasync each): an add that shares a group with a batch
+waits for at most this much extra written (~1 ms of disk)."""
 LIVE_BYTES_PER_WALK = 256 * 1024 * 1024
 """Live bytes of the segments one walk collects the entries of (bounds the memory of the list)."""
 PAUSE_S = 0.05
