@@ -164,6 +164,8 @@ class GarbageCollector:
         self.passes = 0
         self.ledgers_collected_total = 0
         self.bytes_freed_total = 0
+        self.bytes_copied_total = 0
+        self.segments_deleted_total = 0
         self._done = asyncio.Condition()
 
     def start(self) -> None:
@@ -236,6 +238,8 @@ class GarbageCollector:
             self.passes += 1
             self.ledgers_collected_total += report.ledgers_collected
             self.bytes_freed_total += report.bytes_freed
+            self.bytes_copied_total += report.bytes_copied
+            self.segments_deleted_total += report.segments_deleted
         log.info(
             "gc.finished",
             trigger=trigger,

@@ -155,6 +155,12 @@ class Snapshot:
     mode_transitions: int = 0
     registered_read_only: bool | None = None
     """The registration set metadata holds the bookie in (None: no registration)."""
+    gc_running: bool = False
+    gc_passes: int = 0
+    gc_ledgers_collected: int = 0
+    gc_bytes_copied: int = 0
+    gc_bytes_freed: int = 0
+    gc_segments_deleted: int = 0
 
 
 def _op_name(request_type: type[Any]) -> str:
@@ -218,6 +224,16 @@ def snapshot(server: BookieServer, disk: DiskStatus | None = None) -> Snapshot:
             entries_read=processor.entries_read,
             errors={_status_name(status): count for status, count in processor.errors.items()},
             long_poll_waiters=processor.long_poll_waiters(),
+        )
+    gc = server.gc
+    if gc is not None:
+        base.update(
+            gc_running=gc.running is not None,
+            gc_passes=gc.passes,
+            gc_ledgers_collected=gc.ledgers_collected_total,
+            gc_bytes_copied=gc.bytes_copied_total,
+            gc_bytes_freed=gc.bytes_freed_total,
+            gc_segments_deleted=gc.segments_deleted_total,
         )
     state = _state(server, base)
     return Snapshot(state=state, ready=server.ready and state is not BookieState.STOPPING, **base)
@@ -326,6 +342,20 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     yield _counter(
         "bookie_mode_transitions", "Transitions between writable and read-only mode", snap.mode_transitions
     )
+    yield from _gc_families(snap)
+
+
+def _gc_families(snap: Snapshot) -> Iterator[Metric]:
+    yield _gauge("bookie_gc_running", "1 while a garbage-collection pass runs", int(snap.gc_running))
+    yield _counter("bookie_gc_passes", "Garbage-collection passes finished", snap.gc_passes)
+    yield _counter(
+        "bookie_gc_ledgers_collected",
+        "Ledgers deleted from metadata that GC removed",
+        snap.gc_ledgers_collected,
+    )
+    yield _counter("bookie_gc_copied_bytes", "Bytes of live entries compaction copied", snap.gc_bytes_copied)
+    yield _counter("bookie_gc_freed_bytes", "Bytes of journal segments GC deleted", snap.gc_bytes_freed)
+    yield _counter("bookie_gc_deleted_segments", "Journal segments GC deleted", snap.gc_segments_deleted)
 
 
 def _request_families(snap: Snapshot) -> Iterator[Metric]:
@@ -436,6 +466,14 @@ def state_json(snap: Snapshot) -> dict[str, Any]:
         "in_flight": snap.in_flight,
         "sockets_paused": snap.sockets_paused,
         "long_poll_waiters": snap.long_poll_waiters,
+        "gc": {
+            "running": snap.gc_running,
+            "passes": snap.gc_passes,
+            "ledgers_collected": snap.gc_ledgers_collected,
+            "copied_bytes": snap.gc_bytes_copied,
+            "freed_bytes": snap.gc_bytes_freed,
+            "deleted_segments": snap.gc_segments_deleted,
+        },
         "read_only": {
             "mode": "readonly" if snap.read_only_mode else "writable",
             "reason": snap.read_only_reason,

@@ -17,7 +17,7 @@ import pytest
 
 import metadata
 from bookkeeper_aio.protocol.codes import StatusCode
-from tests.harness.admin_http import get_json
+from tests.harness.admin_http import get_json, scrape
 from tests.harness.bookie_proc import BookieProcess
 from tests.harness.etcd import EtcdCluster
 
@@ -131,6 +131,10 @@ async def test_deleted_ledgers_leave_the_bookie_and_stay_gone(
         assert (report["ledgers_collected"], report["ledgers_in_metadata"]) == (7, 3)
         assert await statuses(bookie, deleted) == {StatusCode.ENOLEDGER}
         await read_back(bookie, kept, 20, 100)
+        metrics = await scrape(*bookie.admin_address())
+        assert metrics["bookie_gc_ledgers_collected_total"] == 7
+        assert metrics["bookie_gc_passes_total"] == 1
+        assert metrics["bookie_gc_running"] == 0
 
         bookie.kill()  # kill -9 after the pass: its checkpoint keeps the deleted ledgers out
         bookie.start()
