@@ -3,10 +3,12 @@
 Keys (docs/metadata.md, *Autorecovery*):
 
 - ``R/underreplicated/<id>``: one per ledger that needs re-replication; a msgpack map
-  ``{format_version, missing, marked_ms, reasons}``: the bookies whose copies must be replaced
-  (sorted, each once), when the ledger was first marked (wall clock, ms), and why (``lost``,
-  ``check``, ``decommission``, ``operator``; each once). Marking an already marked ledger adds its
-  bookies and reasons to the same key by CAS (never loses a bookie another marker added).
+  ``{format_version, missing, marked_ms, reasons, since}``: the bookies whose copies must be
+  replaced (sorted, each once), when the ledger was first marked (wall clock, ms), why (``lost``,
+  ``check``, ``decommission``, ``operator``; each once), and when each bookie was first marked
+  (``since``: bookie -> ms; the open-ledger grace period counts from it). Marking an already
+  marked ledger adds its bookies and reasons to the same key by CAS (never loses a bookie another
+  marker added).
 - ``R/replication/locks/<id>``: the worker healing the ledger (its id, UTF-8), bound to the
   worker's lease: a worker that dies leaves the lock to expire with its lease, and the ledger to
   the next worker. Taken with create-if-absent, released only by the lease that holds it.
@@ -24,6 +26,7 @@ meanwhile stay, and the key goes only when nothing is left. Every method may rai
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass
@@ -58,13 +61,18 @@ def _now_ms() -> int:
 @dataclass(frozen=True, slots=True)
 class UnderReplicated:
     """One ledger's mark: ``missing`` bookies (sorted), first ``marked_ms``, ``reasons`` (sorted),
-    and the key's ``version`` (for a CAS)."""
+    the key's ``version`` (for a CAS), and ``since``: ``(bookie, ms)`` when each was first marked."""
 
     ledger_id: int
     missing: tuple[str, ...]
     marked_ms: int
     reasons: tuple[str, ...]
     version: int = 0
+    since: tuple[tuple[str, int], ...] = ()
+
+    def since_ms(self, bookie_id: str) -> int:
+        """When ``bookie_id`` was first marked for this ledger (the mark's time if not recorded)."""
+        return dict(self.since).get(bookie_id, self.marked_ms)
 
     def encode(self) -> bytes:
         body = {
@@ -72,6 +80,7 @@ class UnderReplicated:
             "missing": list(self.missing),
             "marked_ms": self.marked_ms,
             "reasons": list(self.reasons),
+            "since": dict(self.since),
         }
         return msgpack.packb(body, use_bin_type=True)
 
@@ -95,7 +104,14 @@ class UnderReplicated:
             raise MetadataFormatError(key, "field 'reasons' must be a list of strings")
         if not isinstance(marked_ms, int) or isinstance(marked_ms, bool):
             raise MetadataFormatError(key, "field 'marked_ms' must be an int")
-        return cls(ledger_id, tuple(missing), marked_ms, tuple(reasons), version)
+        since = body.get("since", {})
+        if not isinstance(since, dict) or not all(
+            isinstance(b, str) and isinstance(ms, int) and not isinstance(ms, bool) for b, ms in since.items()
+        ):
+            raise MetadataFormatError(key, "field 'since' must map bookie ids to ints")
+        return cls(
+            ledger_id, tuple(missing), marked_ms, tuple(reasons), version, tuple(sorted(since.items()))
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,21 +165,31 @@ class UnderReplicationManager:
         for _ in range(UPDATE_ATTEMPTS_MAX):
             current = await self.get(ledger_id)
             try:
+                now = self._now_ms()
                 if current is None:
-                    fresh = UnderReplicated(ledger_id, bookies, self._now_ms(), (reason,))
+                    fresh = UnderReplicated(
+                        ledger_id, bookies, now, (reason,), since=tuple((b, now) for b in bookies)
+                    )
                     version = await self._store.create(key, fresh.encode())
                 else:
                     merged_missing = tuple(sorted(set(current.missing) | set(bookies)))
                     merged_reasons = tuple(sorted(set(current.reasons) | {reason}))
                     if merged_missing == current.missing and merged_reasons == current.reasons:
                         return current
-                    fresh = UnderReplicated(ledger_id, merged_missing, current.marked_ms, merged_reasons)
+                    since = {b: current.since_ms(b) if b in current.missing else now for b in merged_missing}
+                    fresh = UnderReplicated(
+                        ledger_id,
+                        merged_missing,
+                        current.marked_ms,
+                        merged_reasons,
+                        since=tuple(sorted(since.items())),
+                    )
                     version = await self._store.compare_and_set(key, fresh.encode(), current.version)
             except (NodeExists, BadVersion, NoNode):
                 continue  # someone else marked or resolved meanwhile: merge with what is there now
             except CasResultUnknown:
                 continue  # re-read: if ours landed, the next round finds nothing to add
-            return UnderReplicated(ledger_id, fresh.missing, fresh.marked_ms, fresh.reasons, version)
+            return dataclasses.replace(fresh, version=version)
         raise UpdateRetriesExhausted(key, UPDATE_ATTEMPTS_MAX)
 
     async def resolve(self, ledger_id: int, healed: Collection[str]) -> UnderReplicated | None:
@@ -182,9 +208,10 @@ class UnderReplicationManager:
                     return None
                 if left == current.missing:
                     return current
-                fresh = UnderReplicated(ledger_id, left, current.marked_ms, current.reasons)
+                since = tuple((b, ms) for b, ms in current.since if b in left)
+                fresh = dataclasses.replace(current, missing=left, since=since)
                 version = await self._store.compare_and_set(key, fresh.encode(), current.version)
-                return UnderReplicated(ledger_id, left, current.marked_ms, current.reasons, version)
+                return dataclasses.replace(fresh, version=version)
             except (BadVersion, NoNode, CasResultUnknown):
                 continue
         raise UpdateRetriesExhausted(key, UPDATE_ATTEMPTS_MAX)

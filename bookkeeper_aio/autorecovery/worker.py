@@ -188,13 +188,15 @@ class ReplicationWorker:
         fragments = 0
         fenced = False
         md = current.metadata
-        if md.state is not LedgerState.CLOSED and missing & set(md.current_ensemble):
-            age_s = (self._now_ms() - mark.marked_ms) / 1000
+        in_last = missing & set(md.current_ensemble)
+        if md.state is not LedgerState.CLOSED and in_last:
+            # the grace counts from the latest first-mark of a bookie of the writer's fragment
+            age_s = (self._now_ms() - max(mark.since_ms(b) for b in in_last)) / 1000
             if age_s >= self._config.open_ledger_grace_s:
                 log.info(
                     "autorecovery.fencing_open_ledger",
                     ledger_id=ledger_id,
-                    missing=sorted(missing & set(md.current_ensemble)),
+                    missing=sorted(in_last),
                     marked_s_ago=round(age_s, 1),
                 )
                 await self._bk.open_ledger(ledger_id, password=password, recovery=True)

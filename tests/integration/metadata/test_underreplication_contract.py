@@ -158,3 +158,22 @@ async def test_a_lost_answer_on_mark_is_resolved_by_reading_back(root: str) -> N
     assert isinstance(stored, UnderReplicated)
     assert stored.missing == ("a",)
     assert (await urm.get(4)) == stored
+
+
+async def test_each_bookie_keeps_the_time_it_was_first_marked(root: str) -> None:
+    clock = iter(range(1000, 100_000, 1000))
+    urm = UnderReplicationManager(MemoryStore(), root, now_ms=lambda: next(clock))
+    first = await urm.mark(8, ["a"], reason="check")
+    later = await urm.mark(8, ["a", "b"], reason="lost")
+    assert later.since_ms("a") == first.marked_ms
+    assert later.since_ms("b") > first.marked_ms
+    assert later.marked_ms == first.marked_ms
+    left = await urm.resolve(8, ["a"])
+    assert left is not None
+    assert left.since == (("b", later.since_ms("b")),)
+    assert (await urm.get(8)) == left
+    legacy = msgpack.packb({"format_version": 1, "missing": ["c"], "marked_ms": 5, "reasons": ["lost"]})
+    await urm.store.put(urm.keys.underreplicated(9), legacy)
+    old = await urm.get(9)
+    assert old is not None
+    assert old.since_ms("c") == 5
