@@ -218,18 +218,24 @@ class GarbageCollector:
             await self.run_once(by)
 
     async def run_once(self, trigger: str = "manual") -> GcReport:
-        """One whole pass; errors end it early (logged, in the report), never the bookie."""
+        """One whole pass. A step that fails is logged and named in the report (the next pass
+        retries); a failed metadata listing still lets compaction run. Never raises but on cancel."""
         report = GcReport(trigger)
         self.running = report
         log.info("gc.started", trigger=trigger)
+        errors: list[str] = []
         try:
-            await self._collect_deleted(report)
-            await self._compact(report)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 (metadata down, a disk error: the next pass retries)
-            report.error = f"{type(exc).__name__}: {exc}"
-            log.warning("gc.failed", phase=report.phase, error=repr(exc))
+            for step in (self._collect_deleted, self._compact):
+                try:
+                    await step(report)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 (metadata down, a disk error: retried next pass)
+                    errors.append(f"{report.phase}: {type(exc).__name__}: {exc}")
+                    log.warning("gc.failed", phase=report.phase, error=repr(exc))
+                    if report.phase == "checkpoint":
+                        break  # the checkpoint failed (a disk error): compact nothing this pass
+            report.error = "; ".join(errors) or None
         finally:
             report.phase = "done" if report.error is None else "failed"
             report.finished_at = time.time()

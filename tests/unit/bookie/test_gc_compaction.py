@@ -221,3 +221,21 @@ async def test_read_only_skips_copies_but_still_deletes_dead_segments(tmp_path: 
     assert report.segments_deleted > 0
     await assert_kept_read_back(storage)
     await storage.close()
+
+
+async def test_compaction_runs_when_the_metadata_listing_fails(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    await fill(storage)
+    for ledger_id in LEDGERS:  # collected by an earlier pass
+        if ledger_id not in KEPT:
+            storage.forget_ledger(ledger_id)
+    gc = collector(storage)
+    assert isinstance(gc.catalog, Catalog)
+    gc.catalog.error = ConnectionError("etcd is down")
+    report = await gc.run_once()
+    assert report.error is not None
+    assert "etcd is down" in report.error
+    assert report.segments_compacted > 0
+    assert report.segments_deleted > 0
+    await assert_kept_read_back(storage)
+    await storage.close()
