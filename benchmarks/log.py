@@ -283,13 +283,11 @@ def main() -> None:
         "log_roll_over_ledger": med([r["log_roll_over_ledger"] for r in runs]),
         "log_roll_ledgers": med([r["log_roll"]["ledgers"] for r in runs]),
         "delivery_rolls": med([r["delivery"]["rolls"] for r in runs]),
-        "delivery_after_roll": {
-            k: med([r["delivery"]["after_roll"][k] for r in runs])
-            for k in ("n", "p50_ms", "p99_ms", "max_ms")
-        },
-        "delivery_mid_ledger": {
-            k: med([r["delivery"]["mid_ledger"][k] for r in runs])
-            for k in ("n", "p50_ms", "p99_ms", "max_ms")
+        **{
+            f"delivery_{which}": {
+                k: med([r["delivery"][which][k] for r in runs]) for k in ("n", "p50_ms", "p99_ms", "max_ms")
+            }
+            for which in ("after_roll", "before_roll", "mid_ledger")
         },
     }
     print(json.dumps(summary), flush=True)
