@@ -13,9 +13,10 @@ entry, so reads are batch reads). Per run:
    again: the heal's copy rate (MB/s of payload written to the replacement) and the writer's
    latency during the heal.
 
-Prints one JSON line per run and a summary (medians).
+Prints one JSON line per run and a summary (medians). ``--copy-rate-mb`` limits the heal's copies.
 
     python -m benchmarks.autorecovery_heal --reps 3
+    python -m benchmarks.autorecovery_heal --reps 3 --copy-rate-mb 8
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ async def one_run(
         alone = await alone_task
 
         urm = UnderReplicationManager(ledgers.store, ledgers.keys.root)
-        worker = ReplicationWorker(healer, urm, AutorecoveryConfig(passwords=(PASSWORD,)), worker_id="bench")
+        config = AutorecoveryConfig(passwords=(PASSWORD,), copy_bytes_per_s=args.copy_rate_mb * 1e6)
+        worker = ReplicationWorker(healer, urm, config, worker_id="bench")
         marks = [await urm.mark(ledger_id, ["b2"], reason="lost") for ledger_id in ids]
         stop = asyncio.Event()
         during_task = asyncio.create_task(_paced_writer(foreground, args, stop))
@@ -127,6 +129,7 @@ async def one_run(
     heal_mb_s = payload_bytes / heal_s / 1e6
     return {
         "shape": _cluster.shape(args),
+        "copy_rate_limit_mb_s": args.copy_rate_mb,
         "payload_mb": round(payload_bytes / 1e6, 1),
         "batch_read_mb_s": round(read_mb_s, 1),
         "heal_mb_s": round(heal_mb_s, 1),
@@ -146,6 +149,7 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=500)
     parser.add_argument("--rate", type=int, default=200, help="foreground adds per second")
     parser.add_argument("--seconds", type=float, default=3.0, help="foreground run without a heal")
+    parser.add_argument("--copy-rate-mb", type=float, default=0.0, help="the heal's copy limit (0: none)")
     parser.set_defaults(size=4096)
     args = parser.parse_args()
     _cluster.BOOKIES = 4

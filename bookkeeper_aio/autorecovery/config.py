@@ -36,6 +36,9 @@ class AutorecoveryConfig:
     copy_window: int = 64
     """Entries of one fragment being copied at once (read from a survivor, written to the
     replacement)."""
+    copy_bytes_per_s: float = 0.0
+    """Bytes per second a daemon's workers copy at most, together (0: as fast as the replacement
+    takes them). A limit keeps foreground adds on the replacement bookies at their latency."""
     check_window: int = 32
     """Replica reads in flight for the periodic check."""
     passwords: tuple[bytes, ...] = (b"",)
@@ -56,6 +59,7 @@ class AutorecoveryConfig:
             "lease_ttl_s": 2 <= self.lease_ttl_s <= 3600,
             "copy_window": self.copy_window >= 1,
             "check_window": self.check_window >= 1,
+            "copy_bytes_per_s": self.copy_bytes_per_s >= 0,
             "passwords": len(self.passwords) >= 1,
             "status_interval_s": self.status_interval_s > 0,
         }

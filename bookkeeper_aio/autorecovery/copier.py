@@ -19,6 +19,7 @@ Rules (docs/autorecovery.md):
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,6 +36,25 @@ from bookkeeper_aio.protocol.errors import DigestMismatch
 from metadata.ledger_metadata import LedgerMetadata
 
 log = structlog.get_logger("bookkeeper_aio.autorecovery.copier")
+
+
+class RateLimiter:
+    """Spaces copies so they average ``bytes_per_s`` (0: unlimited), shared by a daemon's workers:
+    foreground adds on the replacement bookie keep their latency (docs/autorecovery.md measures
+    both). Each caller reserves its bytes and sleeps until its reservation starts."""
+
+    def __init__(self, bytes_per_s: float) -> None:
+        self.bytes_per_s = bytes_per_s
+        self._next = 0.0
+
+    async def acquire(self, size: int) -> None:
+        if self.bytes_per_s <= 0:
+            return
+        now = time.monotonic()
+        start = max(now, self._next)
+        self._next = start + size / self.bytes_per_s
+        if start > now:
+            await asyncio.sleep(start - now)
 
 
 @dataclass(slots=True)
@@ -63,6 +83,7 @@ async def copy_fragment(
     *,
     window: int,
     stats: CopyStats | None = None,
+    limiter: RateLimiter | None = None,
 ) -> CopyStats:
     """Copy the entries of ``fragment`` to its replacement bookies (see the module doc)."""
     md = fragment.metadata
@@ -78,6 +99,8 @@ async def copy_fragment(
         nonlocal failure
         try:
             body = await _read_verified(ctx, md.ledger_id, entry_id, sources, codec)
+            if limiter is not None:
+                await limiter.acquire(len(body) * len(targets))
             await asyncio.gather(*(_write(ctx, md.ledger_id, entry_id, t, master_key, body) for t in targets))
             stats.entries += 1
             stats.bytes += len(body) * len(targets)

@@ -26,6 +26,7 @@ import structlog
 
 from bookkeeper_aio.autorecovery.auditor import Auditor
 from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
+from bookkeeper_aio.autorecovery.copier import RateLimiter
 from bookkeeper_aio.autorecovery.metrics import AutorecoveryMetrics
 from bookkeeper_aio.autorecovery.worker import ReplicationWorker
 from bookkeeper_aio.client.bookkeeper import BookKeeper, RegistryDirectory
@@ -82,9 +83,15 @@ class AutorecoveryDaemon:
         self.auditor = Auditor(
             self.bk.context, self.urm, config, candidate_id=self.daemon_id, metrics=self.metrics
         )
+        limiter = RateLimiter(config.copy_bytes_per_s)  # one budget for all the daemon's workers
         self.workers = [
             ReplicationWorker(
-                self.bk, self.urm, config, worker_id=f"{self.daemon_id}-w{i}", metrics=self.metrics
+                self.bk,
+                self.urm,
+                config,
+                worker_id=f"{self.daemon_id}-w{i}",
+                metrics=self.metrics,
+                limiter=limiter,
             )
             for i in range(config.workers)
         ]

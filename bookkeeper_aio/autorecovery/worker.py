@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import structlog
 
 from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
-from bookkeeper_aio.autorecovery.copier import CopyStats, FragmentCopy, copy_fragment
+from bookkeeper_aio.autorecovery.copier import CopyStats, FragmentCopy, RateLimiter, copy_fragment
 from bookkeeper_aio.autorecovery.errors import NoPasswordForLedger, ReplicationError
 from bookkeeper_aio.autorecovery.metrics import AutorecoveryMetrics
 from bookkeeper_aio.client.bookkeeper import BookKeeper, password_hash
@@ -110,6 +110,7 @@ class ReplicationWorker:
         worker_id: str,
         metrics: AutorecoveryMetrics | None = None,
         now_ms: Callable[[], int] | None = None,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self._bk = bk
         self._ctx = bk.context
@@ -119,6 +120,7 @@ class ReplicationWorker:
         self.metrics = metrics or AutorecoveryMetrics()
         self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
         self._retry_at: dict[int, float] = {}
+        self.limiter = limiter or RateLimiter(config.copy_bytes_per_s)
 
     # ------------------------------------------------------------------ the loop
     async def run(self, lease_id: Callable[[], int], wakeup: asyncio.Event | None = None) -> None:
@@ -270,6 +272,7 @@ class ReplicationWorker:
                 key,
                 window=self._config.copy_window,
                 stats=stats,
+                limiter=self.limiter,
             )
             log.info(
                 "autorecovery.fragment_copied",

@@ -65,6 +65,8 @@ def _config(args: argparse.Namespace) -> AutorecoveryConfig:
         value = getattr(args, name, None)
         if value is not None:
             values[name] = value
+    if getattr(args, "copy_rate_mb", None) is not None:
+        values["copy_bytes_per_s"] = args.copy_rate_mb * 1_000_000
     return AutorecoveryConfig(**values)
 
 
@@ -401,6 +403,12 @@ def _password_option(parser: argparse.ArgumentParser) -> None:
         action="append",
         help="a ledger password the workers may use (repeat for several; each ledger's is found by "
         f"the hash its metadata stores; default: the empty password). Sandbox demo: {DEMO_PASSWORD.decode()}",
+    )
+    parser.add_argument(
+        "--copy-rate-mb",
+        type=float,
+        default=None,
+        help="copy at most this many MB/s (all workers together; default: unlimited)",
     )
     parser.add_argument(
         "--open-ledger-grace",

@@ -3,13 +3,14 @@ replica, verified; a missing entry everywhere is EntryUnavailable, never skipped
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
 
 from bookkeeper_aio import ClientConfig
-from bookkeeper_aio.autorecovery.copier import FragmentCopy, copy_fragment
+from bookkeeper_aio.autorecovery.copier import FragmentCopy, RateLimiter, copy_fragment
 from bookkeeper_aio.autorecovery.errors import EntryUnavailable, ReplicationError
 from bookkeeper_aio.client.context import ClientContext
 from bookkeeper_aio.protocol import messages as m
@@ -105,3 +106,25 @@ async def test_an_empty_fragment_copies_nothing() -> None:
     )
     assert stats.entries == 0
     assert pool.reads == []
+
+
+async def test_a_rate_limit_spaces_the_copies() -> None:
+    stores: dict[str, dict[int, bytes]] = {"a": {}, "b": {}, "c": {}}
+    for e in range(6):
+        for p in (e % 3, (e + 1) % 3):
+            stores["abc"[p]][e] = _body(e)
+    pool = ScriptedPool(stores)
+    copied = [len(_body(e)) for e in (0, 1, 3, 4)]
+    rate = sum(copied) / 0.4  # the four copies take 0.4 s of budget
+    limiter = RateLimiter(rate)
+    started = time.monotonic()
+    await copy_fragment(
+        _ctx(pool), _fragment(("a", "b", "c"), ("a", "d", "c"), 5), CODEC, b"k", window=4, limiter=limiter
+    )
+    elapsed = time.monotonic() - started
+    assert elapsed >= (sum(copied) - max(copied)) / rate * 0.95  # the last one starts after the rest
+    assert sorted(pool.stores["d"]) == [0, 1, 3, 4]
+    unlimited = RateLimiter(0)
+    started = time.monotonic()
+    await unlimited.acquire(10**12)
+    assert time.monotonic() - started < 0.05
