@@ -13,7 +13,8 @@ Plugs into :class:`bookie.server.BookieServer`:
 - ``start(bookie_id, address)`` registers under ``bookies/writable/`` bound to a lease (re-registered
   after a lease loss by :class:`metadata.BookieRegistration`); ``close()`` deregisters. The value
   carries ``instance_id`` (the data directory's) and ``data_dir_lock`` (:func:`bookie.cookie.
-  lock_identity`: that directory's lock file on this machine's running kernel).
+  lock_identity`: that directory's lock file on this machine's running kernel) and, with the admin
+  endpoint enabled, ``admin`` (its ``host:port``, for ``bkaio bookie gc``).
 - A registration found under our id (a bookie killed with -9 leaves its key until its lease expires)
   is replaced at once when it is provably our own dead previous incarnation: it names our instance
   id *and* our ``data_dir_lock``, so its process held the very lock file we hold now, which the kernel
@@ -92,11 +93,13 @@ class MetadataRegistration:
                 "its entries as lost replicas)"
             )
 
-    async def start(self, bookie_id: str, address: str) -> None:
+    async def start(self, bookie_id: str, address: str, admin_address: str | None = None) -> None:
         conn = self._connect()
         host, _, port = address.rpartition(":")
         state = metadata.BookieState.READONLY if self._read_only else metadata.BookieState.WRITABLE
         attributes = {"instance_id": self._instance_id, "data_dir_lock": self._lock_identity}
+        if admin_address is not None:
+            attributes["admin"] = admin_address  # `bkaio bookie gc BOOKIE_ID` finds the endpoint here
         info = metadata.BookieInfo(bookie_id, host, int(port), state, attributes)
         registration = metadata.BookieRegistration(
             conn.store, conn.root, info, ttl_s=self._ttl_s, is_previous_self=self._is_previous_self

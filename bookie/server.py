@@ -56,7 +56,7 @@ class Registration(Protocol):
     async def verify(self, bookie_id: str, instance_id: str, data_dir: str) -> None:
         """Check the data dir's identity against metadata before serving (raise to refuse)."""
 
-    async def start(self, bookie_id: str, address: str) -> None: ...
+    async def start(self, bookie_id: str, address: str, admin_address: str | None = None) -> None: ...
 
     async def set_read_only(self, read_only: bool) -> None:
         """Register under the read-only set (True) or the writable set; before ``start``: the
@@ -206,7 +206,7 @@ class BookieServer:
         log.info("bookie.listening", host=host, port=port, bookie_id=self.config.bookie_id)
         if self.registration is not None:
             try:
-                await self.registration.start(self.config.bookie_id, f"{host}:{port}")
+                await self.registration.start(self.config.bookie_id, f"{host}:{port}", self.admin_address)
             except BaseException:
                 self.abort()
                 raise

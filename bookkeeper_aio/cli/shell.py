@@ -297,15 +297,46 @@ def _admin_json(address: str, path: str, method: str = "GET") -> dict[str, Any]:
     except (OSError, ValueError) as error:
         raise SystemExit(
             f"bkaio bookie gc: no answer from the admin endpoint at {address} ({error}): start the "
-            "bookie with --admin-port and pass its ADMIN host:port"
+            "bookie with --admin-port (or check BOOKIE)"
         ) from None
     return data
 
 
+async def _gc_endpoint(args: argparse.Namespace) -> str:
+    """The admin endpoint of ``args.bookie``: a bookie id registered in metadata (it publishes its
+    admin address), else the argument itself taken as the endpoint's HOST:PORT."""
+    try:
+        url = _url(args)
+    except Exception:  # noqa: BLE001 (no cluster configured: only HOST:PORT can work)
+        url = None
+    info = None
+    if url is not None:
+        try:
+            async with metadata.connect(url) as meta:
+                found = await metadata.list_bookies(meta.store, meta.root)
+            info = found.writable.get(args.bookie) or found.readonly.get(args.bookie)
+        except metadata.MetadataError:
+            if ":" not in args.bookie:
+                raise
+        if info is not None:
+            admin = info.attributes.get("admin")
+            if not admin:
+                raise SystemExit(
+                    f"bkaio bookie gc: bookie {args.bookie} runs without an admin endpoint: restart it "
+                    "with --admin-port, or pass its admin HOST:PORT"
+                )
+            return admin
+    if ":" not in args.bookie:
+        raise SystemExit(
+            f"bkaio bookie gc: {args.bookie!r} is no registered bookie and not HOST:PORT (the "
+            "bookie's ADMIN line)"
+        )
+    return str(args.bookie)
+
+
 async def cmd_bookie_gc(args: argparse.Namespace) -> int:
     """Start a garbage-collection pass on one bookie (its admin endpoint) and follow it to the end."""
-    if ":" not in args.admin:
-        raise SystemExit(f"bkaio bookie gc: {args.admin!r} is not HOST:PORT (the bookie's ADMIN line)")
+    args.admin = await _gc_endpoint(args)
     before = await asyncio.to_thread(_admin_json, args.admin, "/gc")
     started = await asyncio.to_thread(_admin_json, args.admin, "/gc", "POST")
     if not started.get("started"):
@@ -416,7 +447,9 @@ def add_commands(sub: Any) -> None:
     gc = _command(
         bookie, "gc", cmd_bookie_gc, "run garbage collection on a bookie now (reclaim deleted ledgers' space)"
     )
-    gc.add_argument("admin", metavar="ADMIN", help="the bookie's admin endpoint HOST:PORT (its ADMIN line)")
+    gc.add_argument(
+        "bookie", metavar="BOOKIE", help="a registered bookie id, or its admin endpoint HOST:PORT"
+    )
     gc.add_argument("--no-wait", action="store_true", help="start the pass and return at once")
     simple = _command(sub, "simpletest", cmd_simpletest, "create, write, read back and delete one ledger")
     simple.add_argument("--entries", type=int, default=100, help="entries to write (default 100)")

@@ -41,6 +41,11 @@ async def create_ledgers(url: str, count: int) -> list[int]:
         return [(await manager.create(["b0"], write_quorum=1, ack_quorum=1)).ledger_id for _ in range(count)]
 
 
+async def list_bookies(url: str) -> metadata.BookieSet:
+    async with metadata.connect(url) as conn:
+        return await metadata.list_bookies(conn.store, conn.root)
+
+
 async def delete_ledgers(url: str, ledger_ids: list[int]) -> None:
     async with metadata.connect(url) as conn:
         manager = metadata.LedgerManager(conn.store, conn.root)
@@ -122,8 +127,10 @@ async def test_deleted_ledgers_leave_the_bookie_and_stay_gone(
         await write(bookie, ledgers, 20, 100)
         deleted, kept = ledgers[:7], ledgers[7:]
         await delete_ledgers(url, deleted)
-        admin = "{}:{}".format(*bookie.admin_address())
-        command = [sys.executable, "-m", "bookkeeper_aio.cli.main", "bookie", "gc", admin, "--json"]
+        found = await list_bookies(url)
+        assert found.writable["b0"].attributes["admin"] == "{}:{}".format(*bookie.admin_address())
+        cli = [sys.executable, "-m", "bookkeeper_aio.cli.main", "bookie", "gc", "--metadata", url, "--json"]
+        command = [*cli, "b0"]  # by bookie id: its registration names its admin endpoint
         done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
@@ -140,7 +147,10 @@ async def test_deleted_ledgers_leave_the_bookie_and_stay_gone(
         bookie.start()
         assert await statuses(bookie, deleted) == {StatusCode.ENOLEDGER}
         await read_back(bookie, kept, 20, 100)
-        again = await run_gc(bookie)
+        command = [*cli, "{}:{}".format(*bookie.admin_address())]  # by the endpoint itself
+        done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        again = json.loads(done.stdout)
         assert (again["ledgers_collected"], again["error"]) == (0, None)
     finally:
         bookie.cleanup()
