@@ -40,9 +40,10 @@ async def log_extents(bk: BookKeeper, name: str, password: bytes) -> tuple[LogIn
 
     async def one(ledger: LogLedgerInfo) -> LedgerExtent:
         last = ledger.last_entry_id
-        if ledger.state != "closed" or last is None:
-            handle = await bk.open_ledger(ledger.ledger_id, password=password)
-            last = handle.last_add_confirmed
-        return LedgerExtent(ledger.ledger_id, last, ledger.first_offset)
+        if ledger.state == "closed" and last is not None:
+            return LedgerExtent(ledger.ledger_id, last, ledger.first_offset)
+        handle = await bk.open_ledger(ledger.ledger_id, password=password)
+        lac = handle.last_add_confirmed
+        return LedgerExtent(ledger.ledger_id, lac, ledger.first_offset, closed=handle.is_closed)
 
     return info, list(await asyncio.gather(*(one(ledger) for ledger in info.ledgers)))

@@ -19,11 +19,13 @@ from bookkeeper_aio import LogPosition
 @dataclass(frozen=True, slots=True)
 class LedgerExtent:
     """A ledger as the driver saw it: ``last_entry_id`` -1 when it holds nothing readable yet;
-    ``first_offset`` the log-wide index of its entry 0, None when not known (or not a log)."""
+    ``first_offset`` the log-wide index of its entry 0, None when not known (or not a log);
+    ``closed``: no entry will be added (else ``last_entry_id`` is the last add confirmed)."""
 
     ledger_id: int
     last_entry_id: int
     first_offset: int | None = None
+    closed: bool = True
 
 
 @dataclass(frozen=True, slots=True)

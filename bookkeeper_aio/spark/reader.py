@@ -130,7 +130,7 @@ async def ledger_extents(bk: BookKeeper, ledger_ids: Sequence[int], password: by
             handle = await bk.open_ledger(ledger_id, password=password)
         except NoSuchLedger:
             raise opt.SparkOptionError(opt.LEDGERS, f"ledger {ledger_id} does not exist") from None
-        return LedgerExtent(ledger_id, handle.last_add_confirmed)
+        return LedgerExtent(ledger_id, handle.last_add_confirmed, None, handle.is_closed)
 
     return list(await asyncio.gather(*(one(ledger_id) for ledger_id in ledger_ids)))
 

@@ -11,11 +11,13 @@ from pyspark.sql import SparkSession
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
+    DataSourceStreamReader,
     DataSourceWriter,
 )
 from pyspark.sql.types import StructType
 
 from bookkeeper_aio.spark.reader import SCHEMA_DDL, BookKeeperBatchReader
+from bookkeeper_aio.spark.stream import BookKeeperStreamReader
 from bookkeeper_aio.spark.writer import BookKeeperBatchWriter
 
 NAME = "bookkeeper"
@@ -36,6 +38,9 @@ class BookKeeperDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return BookKeeperBatchWriter(self.options, schema, overwrite)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return BookKeeperStreamReader(self.options)
 
 
 def register(spark: SparkSession) -> None:

@@ -1,0 +1,172 @@
+"""Streaming reads: micro-batches between log positions, exactly once from the checkpoint.
+
+An offset is the log position of the next record to read, ``{"ledger_id": L, "entry_id": E}``;
+a micro-batch reads the positions ``[start, end)``. Spark checkpoints each batch's offsets before
+running it and replays exactly that interval after a restart, so every entry reaches the sink
+once as long as an interval always holds the same entries. Two rules make it so:
+
+- ``latestOffset`` never ends a batch past the first ledger that is not closed (an open
+  ledger's entries above its last add confirmed are not final yet, and a roll leaves the previous
+  ledger open for a moment): it ends at that ledger's LAC + 1 and the ledgers after it wait until
+  it is closed. Entries up to a LAC survive any recovery, so ``[start, end)`` is fixed forever.
+- ledger ids grow along the list, so position order is log order across rolls and takeovers.
+
+``maxEntriesPerTrigger`` bounds a batch (Spark's ``ReadMaxRows``); ``Trigger.AvailableNow`` reads to
+the end seen when the query starts. With ``cursor``, a fresh query starts after the cursor's
+position, and each committed batch moves the cursor to its last record (``commit_cursor``): the
+log's truncation and retention never remove what the query has not consumed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from bookkeeper_aio import LogPosition, commit_cursor, read_cursors
+from bookkeeper_aio.spark import options as opt
+from bookkeeper_aio.spark import runtime
+from bookkeeper_aio.spark.catalog import connect, log_extents
+from bookkeeper_aio.spark.plan import LedgerExtent, plan_ranges
+from bookkeeper_aio.spark.reader import RangePartition, ReadSpec, read_range
+
+if TYPE_CHECKING:
+    from pyarrow import RecordBatch
+
+Offset = dict[str, int]
+
+
+def to_offset(position: LogPosition) -> Offset:
+    return {"ledger_id": position.ledger_id, "entry_id": position.entry_id}
+
+
+def from_offset(offset: Mapping[str, Any]) -> LogPosition:
+    return opt.position_from_json("offset", dict(offset))
+
+
+class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: Mapping[str, str]) -> None:
+        opt.check_known(options, opt.STREAM_READ_OPTIONS, "streaming read")
+        source = opt.parse_source(options, allow_ledgers=False)
+        assert source.log is not None
+        self.log = source.log
+        self.spec = ReadSpec(source.metadata, source.log, source.password)
+        self.starting = opt.parse_position(options, opt.STARTING_POSITION, "latest", ("earliest", "latest"))
+        self.max_per_trigger = opt.parse_positive_int(options, opt.MAX_ENTRIES_PER_TRIGGER, None)
+        max_entries = opt.parse_positive_int(
+            options, opt.MAX_ENTRIES_PER_PARTITION, opt.MAX_ENTRIES_PER_PARTITION_DEFAULT
+        )
+        assert max_entries is not None
+        self.max_entries = max_entries
+        self.cursor = opt.get(options, opt.CURSOR) or None
+        self.target: LogPosition | None = None  # Trigger.AvailableNow: the end when it started
+
+    # ------------------------------------------------------------------ offsets (driver)
+    def initialOffset(self) -> Offset:
+        return to_offset(runtime.run(self._initial))
+
+    async def _initial(self) -> LogPosition:
+        async with connect(self.spec.metadata) as bk:
+            _, extents = await log_extents(bk, self.log, self.spec.password)
+            if self.cursor is not None:
+                consumed = (await read_cursors(bk, self.log)).get(self.cursor)
+                if consumed is not None:
+                    return LogPosition(consumed.ledger_id, consumed.entry_id + 1)
+        if isinstance(self.starting, LogPosition):
+            return self.starting
+        if self.starting == "earliest" or not extents:
+            return LogPosition(extents[0].ledger_id, 0) if extents else LogPosition(0, 0)
+        return stable_end(extents, LogPosition(0, 0), None)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.max_per_trigger is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.max_per_trigger)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = runtime.run(self._latest_end)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> Offset:
+        first = from_offset(start)
+        extents = runtime.run(self._extents)
+        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        end = stable_end(extents, first, rows)
+        if self.target is not None and end > self.target:
+            end = max(first, self.target)
+        return to_offset(end)
+
+    def reportLatestOffset(self) -> Offset | None:
+        return to_offset(runtime.run(self._latest_end))
+
+    async def _latest_end(self) -> LogPosition:
+        return stable_end(await self._extents(), LogPosition(0, 0), None)
+
+    async def _extents(self) -> list[LedgerExtent]:
+        async with connect(self.spec.metadata) as bk:
+            _, extents = await log_extents(bk, self.log, self.spec.password)
+            return extents
+
+    # ------------------------------------------------------------------ batches
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        first, last = from_offset(start), from_offset(end)
+        if last <= first:
+            return []
+        extents = runtime.run(self._extents)
+        ranges = plan_ranges(extents, first, last, self.max_entries)
+        return [RangePartition(i, entries) for i, entries in enumerate(ranges)]
+
+    def read(self, partition: InputPartition) -> Iterator[RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        return read_range(self.spec, partition.entries)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        if self.cursor is not None:
+            runtime.run(lambda: self._advance_cursor(from_offset(end)))
+
+    async def _advance_cursor(self, end: LogPosition) -> None:
+        async with connect(self.spec.metadata) as bk:
+            _, extents = await log_extents(bk, self.log, self.spec.password)
+            consumed = last_before(extents, end)
+            if consumed is not None:
+                await commit_cursor(bk, self.log, self.cursor or "", consumed)
+
+
+def stable_end(extents: Sequence[LedgerExtent], start: LogPosition, rows_max: int | None) -> LogPosition:
+    """The end (exclusive) of the next batch from ``start``: at most ``rows_max`` entries (None: no
+    bound), never past the first ledger that is not closed (see the module docstring)."""
+    end = start
+    budget = rows_max
+    for extent in extents:
+        if extent.ledger_id < start.ledger_id:
+            continue
+        first = start.entry_id if extent.ledger_id == start.ledger_id else 0
+        available = max(0, extent.last_entry_id + 1 - first)
+        take = available if budget is None else min(available, budget)
+        if take:
+            end = LogPosition(extent.ledger_id, first + take)
+        if budget is not None:
+            budget -= take
+            if budget == 0:
+                break
+        if not extent.closed:
+            break
+    return max(end, start)
+
+
+def last_before(extents: Sequence[LedgerExtent], end: LogPosition) -> LogPosition | None:
+    """The position of the last readable entry before ``end`` (None: there is none)."""
+    for extent in reversed(extents):
+        if extent.ledger_id > end.ledger_id:
+            continue
+        last = extent.last_entry_id if extent.ledger_id < end.ledger_id else end.entry_id - 1
+        last = min(last, extent.last_entry_id)
+        if last >= 0:
+            return LogPosition(extent.ledger_id, last)
+    return None
