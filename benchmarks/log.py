@@ -19,8 +19,8 @@ fixed ``--rate``; a ``follow=True`` reader (another client, same process) tails 
 record: the time from the append's ack to the reader handing it out. The first ``--after-roll``
 entries of a ledger (other than the first ledger) count as "after a roll", the last ones of a
 ledger (other than the last) as "before a roll", the others as "mid-ledger"; p50 / p99 / max of
-each. The run's last ``--after-roll`` records are left out (nothing follows them: only the
-writer's idle LAC or close tells the reader).
+each. Records acked after the last append was sent are left out (no later add carries their LAC:
+only the writer's explicit LAC, ``explicit_lac_interval_ms``, or its close tells the reader).
 
 Prints one JSON line per pass and a final JSON summary (medians over ``--reps``).
 
@@ -173,6 +173,7 @@ async def _delivery(
             future = await writer.append_async(index.to_bytes(8, "big") + payload_tail)
             future.add_done_callback(functools.partial(acked, index))
             futures.append(future)
+        last_sent = time.perf_counter()
         await asyncio.gather(*futures)
         async with asyncio.timeout(30):
             await reading
@@ -184,8 +185,8 @@ async def _delivery(
     first_ledger, last_ledger = min(by_ledger), max(by_ledger)
     classes: dict[str, list[float]] = {"after_roll": [], "before_roll": [], "mid_ledger": []}
     for index, (when, ledger, entry) in seen_at.items():
-        if index >= count - args.after_roll:
-            continue  # the run's last records: only the writer's close or idle LAC tells the reader
+        if acked_at[index] > last_sent:
+            continue  # no later add carries its LAC: only the explicit LAC or the close tells the reader
         if ledger != first_ledger and entry < args.after_roll:
             which = "after_roll"
         elif ledger != last_ledger and entry > by_ledger[ledger] - args.after_roll:
