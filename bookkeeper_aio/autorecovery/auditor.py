@@ -246,8 +246,14 @@ class Auditor:
                 self.metrics.is_auditor = False
                 for task in (lead, lost):
                     task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, BKError):
+                    try:
                         await task
+                    except asyncio.CancelledError:
+                        pass
+                    except (BKError, MetadataError, ValueError, OSError) as error:
+                        log.exception(
+                            "autorecovery.auditor_failed", candidate=self.candidate_id, error=repr(error)
+                        )
                 await election.resign()
             log.warning("autorecovery.auditor_stopped", candidate=self.candidate_id)
 
