@@ -110,7 +110,9 @@ async def one_run(
         alone = await alone_task
 
         urm = UnderReplicationManager(ledgers.store, ledgers.keys.root)
-        config = AutorecoveryConfig(passwords=(PASSWORD,), copy_bytes_per_s=args.copy_rate_mb * 1e6)
+        config = AutorecoveryConfig(
+            passwords=(PASSWORD,), copy_bytes_per_s=args.copy_rate_mb * 1e6, copy_window=args.copy_window
+        )
         worker = ReplicationWorker(healer, urm, config, worker_id="bench")
         marks = [await urm.mark(ledger_id, ["b2"], reason="lost") for ledger_id in ids]
         stop = asyncio.Event()
@@ -130,6 +132,7 @@ async def one_run(
     return {
         "shape": _cluster.shape(args),
         "copy_rate_limit_mb_s": args.copy_rate_mb,
+        "copy_window": args.copy_window,
         "payload_mb": round(payload_bytes / 1e6, 1),
         "batch_read_mb_s": round(read_mb_s, 1),
         "heal_mb_s": round(heal_mb_s, 1),
@@ -149,6 +152,7 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=500)
     parser.add_argument("--rate", type=int, default=200, help="foreground adds per second")
     parser.add_argument("--seconds", type=float, default=3.0, help="foreground run without a heal")
+    parser.add_argument("--copy-window", type=int, default=64, help="entries copied at once per fragment")
     parser.add_argument("--copy-rate-mb", type=float, default=0.0, help="the heal's copy limit (0: none)")
     parser.set_defaults(size=4096)
     args = parser.parse_args()

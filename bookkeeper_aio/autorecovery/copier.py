@@ -5,6 +5,8 @@ Rules (docs/autorecovery.md):
 
 - Only the entries a replacement must hold are copied: those whose write set includes the position
   it takes (with striping, E > Qw, a bookie holds only some entries of a fragment).
+- With Qw == E every survivor holds every entry: entries are read in batches (BATCH_READ) from one of
+  them, each body verified; an entry a batch did not return is read on its own.
 - An entry is read from the other members of its write set that stay (the survivors), then from the
   replaced bookie itself (alive when it is being decommissioned). Every body is verified (digest,
   ledger id, entry id) before it is written anywhere; a corrupt replica is skipped and logged.
@@ -95,10 +97,11 @@ async def copy_fragment(
     slots = asyncio.Semaphore(window)
     failure: BaseException | None = None  # BKError or OSError
 
-    async def one(entry_id: int, targets: list[str], sources: list[str]) -> None:
+    async def one(entry_id: int, targets: list[str], sources: list[str], body: bytes | None) -> None:
         nonlocal failure
         try:
-            body = await _read_verified(ctx, md.ledger_id, entry_id, sources, codec)
+            if body is None:
+                body = await _read_verified(ctx, md.ledger_id, entry_id, sources, codec)
             if limiter is not None:
                 await limiter.acquire(len(body) * len(targets))
             await asyncio.gather(*(_write(ctx, md.ledger_id, entry_id, t, master_key, body) for t in targets))
@@ -110,9 +113,18 @@ async def copy_fragment(
         finally:
             slots.release()
 
+    # Every bookie holds every entry (Qw == E): read the survivors' copies in batches.
+    batched = md.write_quorum == md.ensemble_size and len(changed) < md.ensemble_size
+    holders = [b for p, b in enumerate(fragment.old) if p not in changed]
+    prefetched: dict[int, bytes] = {}
+    fetched_to = fragment.first - 1
     tasks: set[asyncio.Task[None]] = set()
     try:
         for entry_id in range(fragment.first, fragment.last + 1):
+            if batched and entry_id > fetched_to:
+                fetched_to = await _prefetch(
+                    ctx, md.ledger_id, entry_id, fragment.last, holders, codec, prefetched
+                )
             positions = schedule.write_set(entry_id)
             targets = [fragment.new[p] for p in positions if p in changed]
             if not targets:
@@ -123,7 +135,9 @@ async def copy_fragment(
             if failure is not None:
                 slots.release()
                 break
-            task = asyncio.create_task(one(entry_id, targets, survivors + replaced))
+            task = asyncio.create_task(
+                one(entry_id, targets, survivors + replaced, prefetched.pop(entry_id, None))
+            )
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:
@@ -134,6 +148,45 @@ async def copy_fragment(
     if failure is not None:
         raise failure
     return stats
+
+
+async def _prefetch(
+    ctx: ClientContext,
+    ledger_id: int,
+    start: int,
+    last: int,
+    holders: Sequence[str],
+    codec: EntryCodec,
+    into: dict[int, bytes],
+) -> int:
+    """BATCH_READ entries ``start``.. from the first holder that answers; the verified bodies go to
+    ``into``. Returns the last entry fetched, or ``start`` when none was (that entry is then read on
+    its own: a short or failed batch says nothing about the entries it did not return)."""
+    config = ctx.config
+    count = min(last - start + 1, config.batch_read_count_max)
+    for bookie_id in holders:
+        try:
+            response = await ctx.pool.request(
+                bookie_id,
+                lambda rid: m.BatchReadRequest(rid, ledger_id, start, count, config.batch_read_bytes_max),
+                config.read_timeout_s,
+            )
+        except BKError:
+            continue
+        bodies = getattr(response, "bodies", None)
+        if response.status != StatusCode.EOK or not bodies:
+            continue
+        fetched = start - 1
+        for offset, body in enumerate(bodies[:count]):
+            try:
+                codec.decode(body, ledger_id, start + offset)
+            except DigestMismatch:
+                break  # this one and the rest: read on their own, from every replica
+            into[start + offset] = bytes(body)
+            fetched = start + offset
+        if fetched >= start:
+            return fetched
+    return start
 
 
 async def _read_verified(

@@ -28,6 +28,7 @@ class ScriptedPool:
     def __init__(self, stores: dict[str, dict[int, bytes]]) -> None:
         self.stores = stores
         self.reads: list[tuple[str, int]] = []
+        self.batches: list[tuple[str, int]] = []
         self.adds: list[tuple[str, int, int, bytes]] = []
 
     async def request(self, bookie_id: str, make: Callable[[int], Any], timeout_s: float) -> Any:
@@ -38,6 +39,17 @@ class ScriptedPool:
             if body is None:
                 return m.ReadEntryResponse(1, int(StatusCode.ENOENTRY))
             return m.ReadEntryResponse(1, int(StatusCode.EOK), None, LEDGER, request.entry_id, body)
+        if isinstance(request, m.BatchReadRequest):
+            self.batches.append((bookie_id, request.start_entry_id))
+            store = self.stores[bookie_id]
+            bodies: list[bytes] = []
+            entry_id = request.start_entry_id
+            while entry_id in store and len(bodies) < request.max_count:
+                bodies.append(store[entry_id])
+                entry_id += 1
+            if not bodies:
+                return m.BatchReadResponse(1, int(StatusCode.ENOENTRY))
+            return m.BatchReadResponse(1, int(StatusCode.EOK), None, LEDGER, request.start_entry_id, bodies)
         assert isinstance(request, m.AddEntryRequest)
         assert request.flags == int(AddFlag.RECOVERY_ADD)
         self.adds.append((bookie_id, request.entry_id, request.flags, request.master_key))
@@ -89,7 +101,22 @@ async def test_a_corrupt_survivor_is_skipped_for_the_next_replica() -> None:
         _ctx(pool), FragmentCopy(md, 0, 0, ("a", "b", "c"), ("a", "b", "d")), CODEC, b"k", window=1
     )
     assert pool.stores["d"] == {0: good}
-    assert pool.reads == [("a", 0), ("b", 0)]
+    assert pool.batches == [("a", 0), ("b", 0)]  # Qw == E: batch reads, the corrupt one skipped
+    assert pool.reads == []
+
+
+async def test_qw_equal_e_copies_in_batches_and_reads_a_gap_on_its_own() -> None:
+    bodies = {e: _body(e) for e in range(10)}
+    a_has = {e: b for e, b in bodies.items() if e != 4}  # a lacks entry 4: its batch stops short
+    pool = ScriptedPool({"a": a_has, "b": dict(bodies), "c": {}})
+    md = LedgerMetadata.new(LEDGER, ("a", "b", "c"), write_quorum=3, ack_quorum=2)
+    stats = await copy_fragment(
+        _ctx(pool), FragmentCopy(md, 0, 9, ("a", "b", "c"), ("a", "b", "d")), CODEC, b"k", window=8
+    )
+    assert pool.stores["d"] == bodies
+    assert stats.entries == 10
+    assert pool.batches[0] == ("a", 0)
+    assert len(pool.batches) + len(pool.reads) < 10  # far fewer requests than entries
 
 
 async def test_an_entry_nobody_has_stops_the_copy() -> None:
