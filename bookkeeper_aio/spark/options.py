@@ -40,7 +40,9 @@ STREAM_READ_OPTIONS = frozenset(
     {METADATA, PATH, PASSWORD, STARTING_POSITION, MAX_ENTRIES_PER_TRIGGER, MAX_ENTRIES_PER_PARTITION, CURSOR}
 )
 WRITE_OPTIONS = frozenset({METADATA, PATH, PASSWORD, PAYLOAD_COLUMN, ENSEMBLE, WRITE_QUORUM, ACK_QUORUM})
-STREAM_WRITE_OPTIONS = WRITE_OPTIONS | {WRITER_ID}
+CHECKPOINT_LOCATION = "checkpointLocation"
+"""Spark's own option of a streaming sink, which it passes on to the sink: accepted, not used."""
+STREAM_WRITE_OPTIONS = WRITE_OPTIONS | {WRITER_ID, CHECKPOINT_LOCATION}
 ALL_OPTIONS = READ_OPTIONS | STREAM_READ_OPTIONS | WRITE_OPTIONS | STREAM_WRITE_OPTIONS
 
 MAX_ENTRIES_PER_PARTITION_DEFAULT = 100_000
@@ -88,10 +90,14 @@ def check_known(options: Mapping[str, str], allowed: frozenset[str], mode: str) 
         lower = key.lower()
         if lower not in spelled:
             raise SparkOptionError(
-                key, f"unknown option of the bookkeeper data source; {mode} accepts {sorted(allowed)}"
+                key, f"unknown option of the bookkeeper data source; {mode} accepts {_listed(allowed)}"
             )
         if lower not in allowed_lower:
-            raise SparkOptionError(spelled[lower], f"not used by a {mode}; it accepts {sorted(allowed)}")
+            raise SparkOptionError(spelled[lower], f"not used by a {mode}; it accepts {_listed(allowed)}")
+
+
+def _listed(allowed: frozenset[str]) -> list[str]:
+    return sorted(allowed - {CHECKPOINT_LOCATION})
 
 
 def get(options: Mapping[str, str], name: str) -> str | None:

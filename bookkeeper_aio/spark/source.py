@@ -12,12 +12,14 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
     DataSourceWriter,
 )
 from pyspark.sql.types import StructType
 
 from bookkeeper_aio.spark.reader import SCHEMA_DDL, BookKeeperBatchReader
 from bookkeeper_aio.spark.stream import BookKeeperStreamReader
+from bookkeeper_aio.spark.stream_writer import BookKeeperStreamWriter
 from bookkeeper_aio.spark.writer import BookKeeperBatchWriter
 
 NAME = "bookkeeper"
@@ -41,6 +43,9 @@ class BookKeeperDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return BookKeeperStreamReader(self.options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return BookKeeperStreamWriter(self.options, schema, overwrite)
 
 
 def register(spark: SparkSession) -> None:

@@ -235,6 +235,11 @@ async def commit_ledgers(spec: WriteSpec, ledger_ids: list[int], token: tuple[st
         return True
 
 
+async def discard_unlisted(spec: WriteSpec, ledger_ids: list[int]) -> None:
+    async with connect(spec.metadata) as bk:
+        await _discard_unlisted(bk, spec, ledger_ids)
+
+
 async def with_floor(spec: WriteSpec) -> WriteSpec:
     """``spec`` with the log's last ledger id now (also checks the metadata URL on the driver)."""
     async with connect(spec.metadata) as bk:

@@ -1,0 +1,87 @@
+"""Streaming writes, exactly once: a micro-batch's ledgers and its (writer id, batch id) token go
+into the log in one CAS (``append_ledgers(..., commit=token)``).
+
+Each task writes its rows to a ledger of its own, as a batch write does (``writer.write_task``).
+The driver's ``commit(messages, batch_id)`` appends the batch's ledgers together with the token.
+Spark replays a batch whose commit it did not record (the driver died after our CAS and before
+its own commit log): the replay's tasks write new ledgers, and ``append_ledgers`` sees the token
+already committed, changes nothing and returns False; the replay's ledgers are then deleted. So
+every row is in the log once, where the Kafka and Pulsar sinks would hold it twice.
+
+The writer id is the ``writerId`` option, else ``spark-query-<id>`` from the streaming query's
+id, which Spark keeps in the checkpoint (stable across restarts; a new checkpoint is a new query,
+with batch ids from 0 again). Two queries writing one log need distinct writer ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pyspark import TaskContext
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from bookkeeper_aio.spark import options as opt
+from bookkeeper_aio.spark import runtime
+from bookkeeper_aio.spark.writer import (
+    LedgerWritten,
+    commit_ledgers,
+    discard_unlisted,
+    parse_write_spec,
+    write_task,
+)
+
+if TYPE_CHECKING:
+    from pyarrow import RecordBatch
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+"""The task-local property in which Spark's stream execution passes the query's id."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLedgerWritten(WriterCommitMessage):
+    written: LedgerWritten
+    writer_id: str
+
+
+class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
+        if overwrite:
+            raise opt.SparkOptionError("outputMode", "a log is append-only: use outputMode('append')")
+        self.spec = parse_write_spec(options, schema, opt.STREAM_WRITE_OPTIONS, "streaming write")
+        self.writer_id = opt.get(options, opt.WRITER_ID) or None
+
+    def write(self, iterator: Iterator[RecordBatch]) -> BatchLedgerWritten:
+        writer_id = self.writer_id or _query_writer_id()
+        written = runtime.run(lambda: write_task(self.spec, iterator))
+        return BatchLedgerWritten(written, writer_id)
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        ledger_ids, writer_id = _batch(messages)
+        if writer_id is None:
+            return  # no task wrote anything
+        runtime.run(lambda: commit_ledgers(self.spec, ledger_ids, (writer_id, batchId)))
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        ledger_ids, _ = _batch(messages)
+        runtime.run(lambda: discard_unlisted(self.spec, ledger_ids))
+
+
+def _query_writer_id() -> str:
+    context = TaskContext.get()
+    query_id = context.getLocalProperty(QUERY_ID_PROPERTY) if context is not None else None
+    if not query_id:
+        raise opt.SparkOptionError(
+            opt.WRITER_ID, "the streaming query's id is not known to the task: set a writerId for the query"
+        )
+    return f"spark-query-{query_id}"
+
+
+def _batch(messages: Sequence[WriterCommitMessage | None]) -> tuple[list[int], str | None]:
+    done = [m for m in messages if isinstance(m, BatchLedgerWritten)]
+    ids = sorted(m.written.ledger_id for m in done if m.written.ledger_id is not None)
+    writer_ids = {m.writer_id for m in done}
+    assert len(writer_ids) <= 1, writer_ids
+    return ids, (writer_ids.pop() if writer_ids and ids else None)

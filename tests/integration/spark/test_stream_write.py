@@ -1,0 +1,72 @@
+"""Streaming writes through Spark, exactly once: a batch replayed after its commit reached the log
+(the driver died before Spark's own commit log) is recognised, and its new ledgers deleted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from bookkeeper_aio import BookKeeper, describe_log, open_log_reader, open_log_writer
+from tests.integration.spark.conftest import Cluster, blocking
+
+pytestmark = pytest.mark.etcd
+
+
+def pipe(spark: SparkSession, cluster: Cluster, checkpoint: Path):  # type: ignore[no-untyped-def]
+    """src -> dst, 60 entries a batch, until the end of src seen at start (AvailableNow)."""
+    source = (
+        spark.readStream.format("bookkeeper")
+        .option("metadata", cluster.url)
+        .option("password", "pw")
+        .option("startingPosition", "earliest")
+        .option("maxEntriesPerTrigger", "60")
+        .load("src")
+    )
+    return (
+        source.select("payload")
+        .writeStream.format("bookkeeper")
+        .option("metadata", cluster.url)
+        .option("password", "pw")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+    )
+
+
+async def run(spark: SparkSession, cluster: Cluster, checkpoint: Path) -> list[tuple[int, int]]:
+    """(batch id, input rows) of each batch the query ran."""
+    query = await blocking(spark, lambda: pipe(spark, cluster, checkpoint).start("dst"))
+    await blocking(spark, query.awaitTermination)
+    return [(p["batchId"], p["numInputRows"]) for p in query.recentProgress if p["numInputRows"]]
+
+
+async def test_a_replayed_batch_is_skipped(
+    spark: SparkSession, cluster: Cluster, bk: BookKeeper, tmp_path: Path
+) -> None:
+    await cluster.start(3)
+    payloads = [f"m{i}".encode() for i in range(150)]
+    async with await open_log_writer(bk, "src", write_quorum=3, password=b"pw") as writer:
+        for payload in payloads:
+            await writer.append(payload)
+    checkpoint = tmp_path / "checkpoint"
+    assert await run(spark, cluster, checkpoint) == [(0, 60), (1, 60), (2, 30)]
+    first = await describe_log(bk, "dst")
+    assert len(first.commits) == 1
+    [(writer_id, last_batch)] = first.commits.items()
+    assert writer_id.startswith("spark-query-")
+    assert last_batch == 2
+
+    # the driver "died" after batch 2's CAS and before Spark recorded the batch as committed
+    (checkpoint / "commits" / "2").unlink()
+    (checkpoint / "commits" / ".2.crc").unlink(missing_ok=True)
+    assert await run(spark, cluster, checkpoint) == [(2, 30)]  # replayed: same offsets, new ledger
+
+    records = [r async for r in await open_log_reader(bk, "dst", password=b"pw")]
+    assert [r.payload for r in records] == payloads  # each once, in order (one task per batch)
+    after = await describe_log(bk, "dst")
+    assert after.ledgers == first.ledgers
+    assert dict(after.commits) == {writer_id: 2}
+    source = await describe_log(bk, "src")
+    listed = {x.ledger_id for x in after.ledgers} | {x.ledger_id for x in source.ledgers}
+    assert {ledger_id async for ledger_id in bk.list_ledgers()} == listed  # the replay's ledgers: gone
