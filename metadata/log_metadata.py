@@ -64,7 +64,8 @@ class LogMetadata:
     """``truncated_before``: records of ledgers with smaller ids were truncated (0: never).
     ``sequenced``: appends carry a writer-supplied sequence number (docs/api.md "Logs").
     ``commits``: per importer id, the last batch id committed with its ledgers (exactly-once
-    imports)."""
+    imports). ``truncated_sequence``: sequenced logs, the highest sequence number truncation
+    removed (a new writer's duplicate check starts there when no record is left)."""
 
     name: str
     ledgers: tuple[LogLedger, ...] = ()
@@ -73,6 +74,7 @@ class LogMetadata:
     truncated_before: int = 0
     sequenced: bool = False
     commits: Mapping[str, int] = field(default_factory=dict)
+    truncated_sequence: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "commits", types.MappingProxyType(dict(self.commits)))
@@ -131,12 +133,15 @@ class LogMetadata:
         )
         return _with_offsets(replace(self, ledgers=ledgers))
 
-    def with_truncated_before(self, ledger_id: int) -> LogMetadata:
-        """The list without the ledgers whose ids are below ``ledger_id``."""
+    def with_truncated_before(self, ledger_id: int, *, sequence: int | None = None) -> LogMetadata:
+        """The list without the ledgers whose ids are below ``ledger_id``; ``sequence``: the highest
+        sequence number among the records removed (sequenced logs)."""
+        floors = [value for value in (self.truncated_sequence, sequence) if value is not None]
         return replace(
             self,
             ledgers=tuple(e for e in self.ledgers if e.ledger_id >= ledger_id),
             truncated_before=max(self.truncated_before, ledger_id),
+            truncated_sequence=max(floors) if floors else None,
         )
 
     def with_commit(self, importer: str, batch_id: int) -> LogMetadata:
@@ -152,6 +157,7 @@ def _comparable(md: LogMetadata) -> tuple[object, ...]:
         md.truncated_before,
         md.sequenced,
         tuple(sorted(md.commits.items())),
+        md.truncated_sequence,
     )
 
 
@@ -199,6 +205,12 @@ def _first_problem(md: LogMetadata) -> str | None:
     sequenced: object = md.sequenced
     if not isinstance(sequenced, bool):
         return f"sequenced must be a bool, got {sequenced!r}"
+    if md.truncated_sequence is not None and not (
+        isinstance(md.truncated_sequence, int)
+        and not isinstance(md.truncated_sequence, bool)
+        and 0 <= md.truncated_sequence < 2**64
+    ):
+        return f"truncated_sequence must be None or an int in [0, 2^64), got {md.truncated_sequence!r}"
     if len(md.commits) > COMMITS_MAX:
         return f"{len(md.commits)} commit tokens > {COMMITS_MAX}"
     for importer, batch in md.commits.items():
@@ -249,6 +261,7 @@ def encode(md: LogMetadata) -> bytes:
         "truncated_before": md.truncated_before,
         "sequenced": md.sequenced,
         "commits": dict(md.commits),
+        "truncated_sequence": md.truncated_sequence,
     }
     data = MAGIC + msgpack.packb(body, use_bin_type=True)
     if len(data) > ENCODED_BYTES_MAX:
@@ -282,6 +295,7 @@ def decode(data: bytes, *, key: str, name: str) -> LogMetadata:
             truncated_before=body.get("truncated_before", 0),
             sequenced=body.get("sequenced", False),
             commits=commits,
+            truncated_sequence=body.get("truncated_sequence"),
         )
     except (InvalidMetadata, TypeError, ValueError) as error:
         raise MetadataFormatError(key, f"{who}: {error}") from error
@@ -323,4 +337,9 @@ def decode_cursor(data: bytes, *, key: str, name: str) -> tuple[int, int]:
         format_version_max=1,
         field_types={"ledger_id": int, "entry_id": int},
     )
-    return body["ledger_id"], body["entry_id"]
+    ledger_id, entry_id = body["ledger_id"], body["entry_id"]
+    if not _is_int(ledger_id, 0) or not _is_int(entry_id, -1):
+        raise MetadataFormatError(
+            key, f"a cursor of log {name!r}: bad position ({ledger_id!r}, {entry_id!r})"
+        )
+    return ledger_id, entry_id

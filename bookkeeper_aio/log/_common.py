@@ -9,7 +9,7 @@ import time
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.errors import BKError
-from metadata.errors import CasResultUnknown, MetadataError
+from metadata.errors import BadVersion, CasResultUnknown, MetadataError
 from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogLedgerState, LogMetadata
 
@@ -26,20 +26,29 @@ def now_ms() -> int:
 
 async def cas_log(manager: LogManager, proposed: LogMetadata, expected_version: int) -> VersionedLog:
     """One CAS of the list. A lost answer (`CasResultUnknown`) is resolved by reading the list back:
-    ours if it is exactly ``proposed``, tried again if the version did not move (not applied), else
-    `CasResultUnknown` (the caller must then assume its change may be in the list)."""
+    ours if it is exactly ``proposed``, tried again if the version did not move (not applied yet),
+    else `CasResultUnknown` (the caller must then assume its change may be in the list). So a
+    `BadVersion` from here always means the change was not applied: after a lost answer, a conflict
+    is read back too (the lost request may have landed late and be what the retry conflicts with).
+    """
+    answer_lost = False
     for _ in range(2):
         try:
             return await manager.write(proposed, expected_version)
-        except CasResultUnknown as unknown:
+        except (CasResultUnknown, BadVersion) as error:
+            if isinstance(error, BadVersion) and not answer_lost:
+                raise
+            answer_lost = True
             try:
                 current = await manager.read(proposed.name)
             except MetadataError:
-                raise unknown from None
+                raise CasResultUnknown(manager.keys.log(proposed.name), "log CAS outcome lost") from error
             if current.metadata == proposed:
                 return current
             if current.version != expected_version:
-                raise
+                raise CasResultUnknown(
+                    manager.keys.log(proposed.name), "log CAS outcome lost and the list moved on"
+                ) from error
     raise CasResultUnknown(manager.keys.log(proposed.name), "log CAS outcome lost twice")
 
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import structlog
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
-from bookkeeper_aio.errors import BKInterfaceError, MetadataConflict, NoSuchLog
+from bookkeeper_aio.errors import BKInterfaceError, LogTruncated, MetadataConflict, NoSuchLog
 from bookkeeper_aio.log._common import cas_log, log_manager, now_ms, recover_ledgers, with_recovered
 from bookkeeper_aio.log.position import LogPosition
 from bookkeeper_aio.log.truncation import delete_ledgers
@@ -25,6 +25,7 @@ from metadata.errors import BadVersion, InvalidMetadata, NodeExists
 log = structlog.get_logger("bookkeeper_aio.log.admin")
 
 IMPORT_ATTEMPTS_MAX = 50
+DELETE_ATTEMPTS_MAX = 50
 
 
 class LogLedgerInfo(NamedTuple):
@@ -76,16 +77,22 @@ async def list_logs(bk: BookKeeper) -> list[str]:
 
 async def delete_log(bk: BookKeeper, name: str, *, password: bytes = b"") -> None:
     """Fence the log's writer (recover its last two ledgers), remove the log, then delete its
-    ledgers and cursors. Raises NoSuchLog and the ledger API's recovery errors."""
+    ledgers and cursors. The key is deleted at the version whose last ledgers were fenced: if the
+    list changed meanwhile (a roll, a new writer), its new last ledgers are fenced first. Raises
+    NoSuchLog and the ledger API's recovery errors."""
     manager = log_manager(bk)
-    versioned = await manager.read(name)
-    await recover_ledgers(bk, versioned.metadata.ledger_ids[-2:], password)
-    while True:
+    for _ in range(DELETE_ATTEMPTS_MAX):
+        versioned = await manager.read(name)
+        await recover_ledgers(bk, versioned.metadata.ledger_ids[-2:], password)
         try:
             await manager.delete(name, versioned.version)
             break
         except BadVersion:
-            versioned = await manager.read(name)  # a truncation or import meanwhile: delete that list
+            continue  # fence what the newer list ends with, then try again
+    else:
+        raise MetadataConflict(
+            f"log {name!r}: the list kept changing ({DELETE_ATTEMPTS_MAX} attempts to delete it)"
+        )
     await delete_ledgers(bk, name, list(versioned.metadata.ledger_ids))
     await manager.delete_cursors(name)
     log.info("log.deleted", log=name, ledgers=len(versioned.metadata.ledgers))
@@ -94,6 +101,8 @@ async def delete_log(bk: BookKeeper, name: str, *, password: bytes = b"") -> Non
 # ---------------------------------------------------------------------- cursors
 async def commit_cursor(bk: BookKeeper, name: str, cursor: str, position: LogPosition) -> None:
     """Record that ``cursor`` consumed the log up to ``position`` (inclusive); last commit wins.
+    Truncation reads the cursors before it cuts: a commit that raced a truncation which removed
+    ``position``'s ledger raises `LogTruncated` (the cursor is stored, but what follows it is gone).
     Raises NoSuchLog, BKInterfaceError (bad cursor name or position)."""
     manager = log_manager(bk)
     await manager.read(name)  # the log must exist
@@ -101,6 +110,10 @@ async def commit_cursor(bk: BookKeeper, name: str, cursor: str, position: LogPos
         await manager.write_cursor(name, cursor, position.ledger_id, position.entry_id)
     except InvalidMetadata as error:
         raise BKInterfaceError(f"log {name!r}: {error}") from error
+    md = (await manager.read(name)).metadata
+    if position.ledger_id < md.truncated_before:
+        first = (md.ledgers[0].ledger_id, 0) if md.ledgers else None
+        raise LogTruncated(name, f"cursor {cursor!r} at {tuple(position)}", first)
 
 
 async def read_cursors(bk: BookKeeper, name: str) -> dict[str, LogPosition]:
@@ -131,10 +144,13 @@ async def append_ledgers(
     writer does (its last two ledgers are fenced and recovered: a live writer gets `LogFenced`).
 
     ``commit=(importer, batch_id)`` is stored in the same CAS; when that importer already committed
-    a batch id at or above ``batch_id`` nothing changes and the result is False (a replay: the
-    caller deletes its ledgers). Raises BKInterfaceError (a ledger not closed, bad token),
-    MetadataConflict (a ledger id not above every listed one: the log got a newer ledger since
-    these were created), NoSuchLog (``create=False``), the ledger API's errors.
+    a batch id at or above ``batch_id`` nothing changes and the result is False (a replay: none of
+    these ledgers is in the list, the caller deletes them) — unless these very ledgers are listed
+    (the same call's CAS applied and only its answer was lost): True.
+
+    Raises BKInterfaceError (a ledger not closed, bad token, a sequenced log), MetadataConflict (a
+    ledger id not above every listed one: the log got a newer ledger since these were created),
+    NoSuchLog (``create=False``), the ledger API's errors.
     """
     if commit is not None and (not isinstance(commit[0], str) or not commit[0] or commit[1] < 0):
         raise BKInterfaceError(f"commit must be (non-empty importer id, batch id >= 0), got {commit!r}")
@@ -157,6 +173,14 @@ async def append_ledgers(
             with contextlib.suppress(NodeExists):
                 await manager.create(name)
             continue
+        if current.metadata.sequenced:
+            raise BKInterfaceError(
+                f"log {name!r} is sequenced: its records carry sequence headers that imported ledgers "
+                "lack; append through a log writer"
+            )
+        listed = set(current.metadata.ledger_ids)
+        if ends and all(ledger_id in listed for ledger_id in ends):
+            return True  # these very ledgers are in: our CAS applied (a lost answer, retried)
         if commit is not None and current.metadata.commits.get(commit[0], -1) >= commit[1]:
             log.info("log.import_replayed", log=name, importer=commit[0], batch=commit[1])
             return False

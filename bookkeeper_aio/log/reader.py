@@ -32,7 +32,7 @@ from bookkeeper_aio.log import records
 from bookkeeper_aio.log._common import log_manager
 from bookkeeper_aio.log.position import LogPosition, LogRecord
 from metadata.log_manager import LogManager
-from metadata.log_metadata import LogMetadata
+from metadata.log_metadata import LogLedger, LogMetadata
 
 START_LAC_WAIT_S = 2.0
 START_LAC_POLL_S = 0.05
@@ -64,10 +64,10 @@ async def open_log_reader(
     md = (await manager.read(name)).metadata
     first_index, first_entry = await _start_at(bk, md, start, password)
     walk = _Walk(bk, manager, md, password, end)
-    ledger_ids = md.ledger_ids[first_index:]
+    ledgers = md.ledgers[first_index:]
     if follow:
-        return walk.follow(ledger_ids, first_entry)
-    return walk.to_current_end(ledger_ids, first_entry)
+        return walk.follow(ledgers, first_entry)
+    return walk.to_current_end(ledgers, first_entry)
 
 
 async def _start_at(bk: BookKeeper, md: LogMetadata, start: Start, password: bytes) -> tuple[int, int]:
@@ -124,11 +124,13 @@ class _Walk:
         self._password = password
         self._end = end
         self._last_sequence = -1
+        self._truncated_at_start = md.truncated_before
 
     async def to_current_end(
-        self, ledger_ids: tuple[int, ...], first_entry: int
+        self, ledgers: tuple[LogLedger, ...], first_entry: int
     ) -> AsyncGenerator[LogRecord, None]:
-        for index, ledger_id in enumerate(ledger_ids):
+        for index, listed in enumerate(ledgers):
+            ledger_id = listed.ledger_id
             if self._past_end(ledger_id, 0):
                 return
             handle = await self._open(ledger_id)
@@ -136,20 +138,28 @@ class _Walk:
             last = handle.last_add_confirmed
             if self._end is not None and ledger_id == self._end.ledger_id:
                 last = min(last, self._end.entry_id - 1)
-            if last < first:
-                continue
-            async for record in self._records(ledger_id, handle.read(first, last)):
-                yield record
+            if last >= first:
+                async for record in self._records(ledger_id, handle.read(first, last)):
+                    yield record
+            if not handle.is_closed and index < len(ledgers) - 1:
+                # A roll listed the next ledger but has not closed this one yet: appends acked on it
+                # may still be beyond its LAC. The current end is here, not in the next ledger.
+                return
 
-    async def follow(self, ledger_ids: tuple[int, ...], first_entry: int) -> AsyncGenerator[LogRecord, None]:
-        pending = list(ledger_ids)
+    async def follow(
+        self, ledgers: tuple[LogLedger, ...], first_entry: int
+    ) -> AsyncGenerator[LogRecord, None]:
+        pending = list(ledgers)
         done = -1  # the last ledger read to its end; the next ones have larger ids
+        done_end: int | None = None  # the log offset after its last record, when known
         next_entry = first_entry
         while True:
             while pending:
-                ledger_id = pending.pop(0)
+                listed = pending.pop(0)
+                ledger_id = listed.ledger_id
                 if self._past_end(ledger_id, next_entry):
                     return
+                start_offset = listed.first_offset if listed.first_offset is not None else done_end
                 handle = await self._open(ledger_id)
                 entries = handle.tail(next_entry)
                 async with contextlib.aclosing(entries):
@@ -158,7 +168,9 @@ class _Walk:
                             return
                         yield record
                 done, next_entry = ledger_id, 0  # closed and read to its last entry
-            pending = await self._next_ledgers(done)
+                count = handle.last_add_confirmed + 1
+                done_end = None if start_offset is None else start_offset + count
+            pending = await self._next_ledgers(done, done_end)
 
     def _past_end(self, ledger_id: int, entry_id: int) -> bool:
         return self._end is not None and LogPosition(ledger_id, entry_id) >= self._end
@@ -197,15 +209,29 @@ class _Walk:
             f"log {self._name!r}: listed ledger {ledger_id} does not exist (deleted by hand?)"
         )
 
-    async def _next_ledgers(self, after: int) -> list[int]:
+    async def _next_ledgers(self, after: int, after_end: int | None) -> list[LogLedger]:
         """The ledgers of the list after ledger ``after``, once there are some: from a watch of the
-        log's key (the current list first, then each change). Raises NoSuchLog once it is deleted."""
+        log's key (the current list first, then each change). Truncation removes a prefix of the
+        list, so records can have gone between ``after`` and the next ledger only if ``after``
+        itself was truncated: then the next ledger's first offset must be ``after_end`` (the log
+        offset after ``after``'s last record), else it is `LogTruncated`, never a silent gap.
+        Raises NoSuchLog once the log is deleted."""
         changes = self._manager.watch(self._name)
         async with contextlib.aclosing(changes):
             async for versioned in changes:
                 if versioned is None:
                     raise NoSuchLog(self._name)
-                later = [ledger_id for ledger_id in versioned.metadata.ledger_ids if ledger_id > after]
-                if later:
-                    return later
+                md = versioned.metadata
+                later = [entry for entry in md.ledgers if entry.ledger_id > after]
+                if not later:
+                    continue
+                if after < 0:  # nothing read yet: only a truncation since the reader started counts
+                    gap = md.truncated_before > self._truncated_at_start
+                else:
+                    gap = md.truncated_before > after and (
+                        after_end is None or later[0].first_offset != after_end
+                    )
+                if gap:
+                    raise LogTruncated(self._name, f"the part after ledger {after}", _first_position(md))
+                return later
         raise NoSuchLog(self._name)

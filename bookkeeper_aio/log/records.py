@@ -9,10 +9,11 @@ append left before the new leader wrote it again).
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.errors import BKInterfaceError, DigestError
-from metadata.log_metadata import LogMetadata
+from metadata.log_metadata import LogLedger, LogMetadata
 
 _HEADER = struct.Struct(">Q")
 HEADER_BYTES = _HEADER.size
@@ -34,15 +35,26 @@ def decode_sequenced(data: bytes, *, where: str) -> tuple[int, bytes]:
 
 
 async def last_sequence(bk: BookKeeper, md: LogMetadata, password: bytes) -> int | None:
-    """The sequence number of the log's last record (None: not sequenced, or no record). Every
-    listed ledger but the last (the new writer's, empty) is closed when this runs."""
+    """The sequence number of the log's last record (None: not sequenced, or never a record). Every
+    listed ledger but the last (the new writer's, empty) is closed when this runs; when none holds
+    a record, what truncation removed counts (``truncated_sequence``)."""
     if not md.sequenced:
         return None
-    for entry in reversed(md.ledgers[:-1]):
+    found = await last_sequence_in(bk, md.name, md.ledgers[:-1], password)
+    return md.truncated_sequence if found is None else found
+
+
+async def last_sequence_in(
+    bk: BookKeeper, name: str, ledgers: Sequence[LogLedger], password: bytes
+) -> int | None:
+    """The sequence number of the last record in ``ledgers`` (closed ones), None when all are empty."""
+    for entry in reversed(ledgers):
+        if entry.last_entry_id == -1:
+            continue  # known empty
         handle = await bk.open_ledger(entry.ledger_id, password=password)
         last = handle.last_add_confirmed
         if last >= 0:
             record = await handle.read_entry(last)
-            sequence, _ = decode_sequenced(record.payload, where=f"log {md.name!r} {entry.ledger_id}:{last}")
+            sequence, _ = decode_sequenced(record.payload, where=f"log {name!r} {entry.ledger_id}:{last}")
             return sequence
     return None

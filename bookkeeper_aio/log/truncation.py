@@ -8,19 +8,23 @@ CAS: the metadata then records ``truncated_before``, so a reader asking for a tr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import structlog
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.errors import BKError
+from bookkeeper_aio.log import records
 from bookkeeper_aio.log._common import log_manager
 from bookkeeper_aio.log.position import LogPosition
+from metadata.log_manager import LogManager
 from metadata.log_metadata import LogLedgerState, LogMetadata
 
 log = structlog.get_logger("bookkeeper_aio.log.truncation")
 
 
 def truncate_list(
-    md: LogMetadata, before_ledger_id: int, cursors: dict[str, tuple[int, int]]
+    md: LogMetadata, before_ledger_id: int, cursors: dict[str, tuple[int, int]], sequence: int | None = None
 ) -> tuple[LogMetadata, list[int]]:
     """The list without its ledgers below the cut (bounded as the module says), and their ids."""
     cut = before_ledger_id
@@ -35,7 +39,7 @@ def truncate_list(
     dropped = [entry.ledger_id for entry in md.ledgers if entry.ledger_id < cut]
     if not dropped:
         return md, []
-    return md.with_truncated_before(cut), dropped
+    return md.with_truncated_before(cut, sequence=sequence), dropped
 
 
 def retention_cut(md: LogMetadata, age_s: float | None, size: int | None, now_ms: int) -> int | None:
@@ -67,23 +71,43 @@ def _after(md: LogMetadata, ledger_id: int) -> int:
     return md.ledgers[index + 1].ledger_id
 
 
-async def truncate_log(bk: BookKeeper, name: str, before: LogPosition) -> LogPosition | None:
+async def truncate_log(
+    bk: BookKeeper, name: str, before: LogPosition, *, password: bytes = b""
+) -> LogPosition | None:
     """Drop the log's whole ledgers before ``before.ledger_id`` (bounded as the module says) and
     delete them; a live writer keeps writing. Returns the log's first position afterwards (None: no
-    ledger). Raises NoSuchLog, MetadataFormatError, MetadataUnavailable."""
+    ledger). ``password`` reads a sequenced log's last removed record. Raises NoSuchLog,
+    MetadataFormatError, MetadataUnavailable."""
     manager = log_manager(bk)
-    cursors = await manager.read_cursors(name)
-    dropped: list[int] = []
-
-    def change(md: LogMetadata) -> LogMetadata:
-        proposed, gone = truncate_list(md, before.ledger_id, cursors)
-        dropped[:] = gone
-        return proposed
-
-    versioned = await manager.update(name, change)
+    current = await manager.read(name)
+    change, dropped = await plan_truncation(bk, manager, current.metadata, before.ledger_id, password)
+    versioned = await manager.update(name, change, current=current)
     await delete_ledgers(bk, name, dropped)
     ledgers = versioned.metadata.ledgers
     return LogPosition(ledgers[0].ledger_id, 0) if ledgers else None
+
+
+async def plan_truncation(
+    bk: BookKeeper, manager: LogManager, md: LogMetadata, before_ledger_id: int, password: bytes
+) -> tuple[Callable[[LogMetadata], LogMetadata], list[int]]:
+    """The list change of a truncation, and the ids it dropped once applied (filled in by the
+    change). The cut is fixed here, from the cursors and the list as they are now (a retry of the
+    CAS never cuts further); for a sequenced log the highest removed sequence number goes along."""
+    cursors = await manager.read_cursors(md.name)
+    planned, gone = truncate_list(md, before_ledger_id, cursors)
+    cut = planned.truncated_before if gone else before_ledger_id
+    sequence = None
+    if md.sequenced and gone:
+        removed = [entry for entry in md.ledgers if entry.ledger_id in set(gone)]
+        sequence = await records.last_sequence_in(bk, md.name, removed, password)
+    dropped: list[int] = []
+
+    def change(current: LogMetadata) -> LogMetadata:
+        proposed, now_gone = truncate_list(current, min(cut, before_ledger_id), cursors, sequence)
+        dropped[:] = now_gone
+        return proposed
+
+    return change, dropped
 
 
 async def delete_ledgers(bk: BookKeeper, name: str, ledger_ids: list[int]) -> None:

@@ -51,8 +51,8 @@ from bookkeeper_aio.log._common import (
     with_recovered,
 )
 from bookkeeper_aio.log.position import LogPosition
-from bookkeeper_aio.log.truncation import delete_ledgers, retention_cut, truncate_list
-from metadata.errors import BadVersion, CasResultUnknown, NodeExists
+from bookkeeper_aio.log.truncation import delete_ledgers, plan_truncation, retention_cut
+from metadata.errors import BadVersion, NodeExists
 from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogLedgerState, LogMetadata
 
@@ -60,6 +60,8 @@ log = structlog.get_logger("bookkeeper_aio.log.writer")
 
 OPEN_ATTEMPTS_MAX = 50
 CHANGE_ATTEMPTS_MAX = 100
+ROLL_RETRY_S = 1.0
+"""After a failed automatic roll, appends do not start another one for this long."""
 _FENCING_ERRORS = (LedgerFenced, LedgerClosed, MetadataConflict)
 
 
@@ -92,6 +94,10 @@ class LogWriter:
         self._ledger_started = time.monotonic()
         self._roll_task: asyncio.Task[None] | None = None
         self._roll_lock = asyncio.Lock()
+        self._append_lock = asyncio.Lock()
+        self._roll_retry_at = 0.0
+        self._unmarked: dict[int, tuple[int, int]] = {}  # closed by us, not yet CLOSED in the list
+        self._close_done = False
         self._fenced: LogFenced | None = None
         self._closed = False
         self._sequenced = versioned.metadata.sequenced
@@ -135,23 +141,31 @@ class LogWriter:
         self, payload: bytes, *, sequence: int | None = None
     ) -> asyncio.Future[LogPosition | None]:
         """Hand ``payload`` to the current ledger; returns a future of its position (pipelining:
-        waits only for a window slot, as `LedgerHandle.append_async`)."""
+        waits only for a window slot, as `LedgerHandle.append_async`). Appends reach the log in the
+        order of their calls, also from several tasks and across a roll (a FIFO lock: an append
+        waiting for a slot on a ledger that a roll closes is sent to the new one before later
+        calls)."""
         self._check_writable()
         loop = asyncio.get_running_loop()
-        data = self._frame(payload, sequence)
-        if data is None:
-            skipped: asyncio.Future[LogPosition | None] = loop.create_future()
-            skipped.set_result(None)
-            return skipped
-        while True:
-            handle = self._handle
-            try:
-                inner = await handle.append_async(data)
-                break
-            except _FENCING_ERRORS as error:
-                if handle is not self._handle and type(error) is LedgerClosed and not error.outcome_unknown:
-                    continue  # a roll closed it while we waited for a window slot: nothing was sent
-                raise self._fence(error) from error
+        async with self._append_lock:
+            self._check_writable()
+            data = self._frame(payload, sequence)
+            if data is None:
+                skipped: asyncio.Future[LogPosition | None] = loop.create_future()
+                skipped.set_result(None)
+                return skipped
+            while True:
+                handle = self._handle
+                try:
+                    inner = await handle.append_async(data)
+                    break
+                except _FENCING_ERRORS as error:
+                    rolled = handle is not self._handle
+                    if rolled and type(error) is LedgerClosed and not error.outcome_unknown:
+                        continue  # a roll closed it while we waited for a window slot: nothing was sent
+                    raise self._fence(error) from error
+            if sequence is not None:
+                self._last_sequence = sequence  # sent: a retry of it is a duplicate from now on
         self._entries_in_ledger += 1
         self._bytes_in_ledger += len(data)
         self._maybe_roll()
@@ -188,7 +202,6 @@ class LogWriter:
         if self._last_sequence is not None and sequence <= self._last_sequence:
             log.debug("log.duplicate_skipped", log=self.name, sequence=sequence, last=self._last_sequence)
             return None
-        self._last_sequence = sequence
         return data
 
     def _check_writable(self) -> None:
@@ -216,12 +229,14 @@ class LogWriter:
             last = current.metadata.ledgers[-1] if current.metadata.ledgers else None
             if last is None or last.ledger_id != leader_ledger or last.state is not LogLedgerState.OPEN:
                 raise self._fence("the ledger list changed (another writer took the log over)")
-            proposed = change(current.metadata)
+            proposed = change(self._with_unmarked(current.metadata))
             if proposed == current.metadata:
                 self._versioned = current
+                self._unmarked.clear()  # applying them changed nothing: the list has them
                 return current
             try:
                 self._versioned = await cas_log(self._manager, proposed, current.version)
+                self._unmarked.clear()
                 return self._versioned
             except BadVersion:
                 pass
@@ -233,9 +248,16 @@ class LogWriter:
             f"log {self.name!r}: the list kept changing ({CHANGE_ATTEMPTS_MAX} CAS conflicts)"
         )
 
+    def _with_unmarked(self, md: LogMetadata) -> LogMetadata:
+        """``md`` with the ledgers this writer closed but could not yet mark CLOSED (a failed CAS
+        after the close) marked now: every later change of the list carries them."""
+        for ledger_id, (last_entry_id, length) in self._unmarked.items():
+            md = md.with_closed(ledger_id, last_entry_id=last_entry_id, length=length, closed_ms=now_ms())
+        return md
+
     # ------------------------------------------------------------------ roll
     def _maybe_roll(self) -> None:
-        if self._roll_task is not None or not self._roll_due():
+        if self._roll_task is not None or not self._roll_due() or time.monotonic() < self._roll_retry_at:
             return
         self._roll_task = asyncio.create_task(self._auto_roll())
 
@@ -251,7 +273,8 @@ class LogWriter:
         try:
             await self.roll()
         except BKError as error:
-            log.warning("log.auto_roll_failed", log=self.name, error=repr(error))
+            self._roll_retry_at = time.monotonic() + ROLL_RETRY_S  # not on every append meanwhile
+            log.warning("log.auto_roll_failed", log=self.name, error=repr(error), retry_in_s=ROLL_RETRY_S)
         finally:
             self._roll_task = None
 
@@ -272,11 +295,11 @@ class LogWriter:
             )
             try:
                 await self._change(lambda md: md.with_ledger_appended(new.id), old.id)
-            except CasResultUnknown:
-                new.abort()  # it may be in the list: leave it for recovery, keep writing to the old one
+            except (BadVersion, LogFenced):
+                await discard_ledger(self._bk, new)  # the list does not hold it: the CAS never applied
                 raise
             except BaseException:
-                await discard_ledger(self._bk, new)
+                new.abort()  # it may be in the list (outcome unknown, cancelled): a takeover recovers it
                 raise
             self._handle = new
             self._entries_in_ledger = self._bytes_in_ledger = 0
@@ -287,17 +310,18 @@ class LogWriter:
         return new.id
 
     async def _close_old(self, old: LedgerHandle) -> None:
+        await self._close_and_mark(old, self._handle.id)
+
+    async def _close_and_mark(self, handle: LedgerHandle, leader_ledger: int) -> None:
+        """Close ``handle`` (waiting for its pending adds), then mark it CLOSED in the list; if that
+        CAS fails, the mark rides along with the writer's next change of the list."""
         try:
-            await old.close()  # waits for the adds still pending on it
+            await handle.close()
         except _FENCING_ERRORS as error:
             raise self._fence(error) from error
-        md = old.metadata
-        await self._change(
-            lambda current: current.with_closed(
-                old.id, last_entry_id=md.last_entry_id, length=md.length, closed_ms=now_ms()
-            ),
-            self._handle.id,
-        )
+        md = handle.metadata
+        self._unmarked[handle.id] = (-1 if md.last_entry_id is None else md.last_entry_id, md.length)
+        await self._change(lambda current: current, leader_ledger)
 
     # ------------------------------------------------------------------ truncation
     async def truncate_before(self, position: LogPosition) -> LogPosition | None:
@@ -321,45 +345,30 @@ class LogWriter:
                 log.warning("log.retention_failed", log=self.name, error=repr(error))
 
     async def _truncate(self, before_ledger_id: int) -> LogPosition | None:
-        cursors = await self._manager.read_cursors(self.name)
-        dropped: list[int] = []
-
-        def change(md: LogMetadata) -> LogMetadata:
-            proposed, gone = truncate_list(md, before_ledger_id, cursors)
-            dropped[:] = gone
-            return proposed
-
+        change, dropped = await plan_truncation(
+            self._bk, self._manager, self._versioned.metadata, before_ledger_id, self._password
+        )
         versioned = await self._change(change, self._handle.id)
         await delete_ledgers(self._bk, self.name, dropped)
         return LogPosition(versioned.metadata.ledgers[0].ledger_id, 0)
 
     # ------------------------------------------------------------------ close
     async def close(self) -> None:
-        """Close the current ledger and mark it CLOSED in the list. Idempotent."""
-        if self._closed:
+        """Close the current ledger and mark it CLOSED in the list. Idempotent; after a failure
+        (e.g. `MetadataUnavailable`) calling it again tries again. No append is accepted once it
+        was called."""
+        if self._close_done:
             return
         self._closed = True
         if self._roll_task is not None:
             with contextlib.suppress(BKError):
                 await self._roll_task
         if self._fenced is not None:
+            self._close_done = True
             return
         async with self._roll_lock:
-            await self._close_last()
-
-    async def _close_last(self) -> None:
-        handle = self._handle
-        try:
-            await handle.close()
-        except _FENCING_ERRORS as error:
-            raise self._fence(error) from error
-        md = handle.metadata
-        await self._change(
-            lambda current: current.with_closed(
-                handle.id, last_entry_id=md.last_entry_id, length=md.length, closed_ms=now_ms()
-            ),
-            handle.id,
-        )
+            await self._close_and_mark(self._handle, self._handle.id)
+        self._close_done = True
 
     async def __aenter__(self) -> LogWriter:
         return self
@@ -401,8 +410,8 @@ async def open_log_writer(
             with contextlib.suppress(NodeExists):
                 await manager.create(name, sequenced=sequenced)
             continue
-        last_two = current.metadata.ledger_ids[-2:]
-        recovered = await recover_ledgers(bk, last_two, password)  # fence: the old leader's adds fail
+        fencing = _to_recover(current.metadata)
+        recovered = await recover_ledgers(bk, fencing, password)  # fence: the old leader's adds fail
         handle = await bk.create_ledger(
             ensemble,
             write_quorum,
@@ -415,15 +424,13 @@ async def open_log_writer(
             versioned = await cas_log(manager, proposed, current.version)
         except BadVersion:
             log.info("log.open_conflict", log=name, attempt=attempt, discarded_ledger=handle.id)
-            await discard_ledger(bk, handle)
+            await discard_ledger(bk, handle)  # the CAS never applied: the list does not hold it
             continue
-        except CasResultUnknown:
-            raise  # the ledger may be in the list: keep it (a later writer fences it like any other)
         except BaseException:
-            await discard_ledger(bk, handle)
+            handle.abort()  # it may be in the list (outcome unknown, cancelled): a later writer fences it
             raise
         last_sequence = await records.last_sequence(bk, versioned.metadata, password)
-        log.info("log.writer_opened", log=name, ledger_id=handle.id, fenced=list(last_two))
+        log.info("log.writer_opened", log=name, ledger_id=handle.id, fenced=list(fencing))
         writer = LogWriter(
             bk,
             manager,
@@ -438,6 +445,14 @@ async def open_log_writer(
         await writer._apply_retention()
         return writer
     raise MetadataConflict(f"log {name!r}: could not open as writer after {OPEN_ATTEMPTS_MAX} attempts")
+
+
+def _to_recover(md: LogMetadata) -> tuple[int, ...]:
+    """The ledgers a new writer fences and recovers: the last two (§7), and any other the list
+    still has OPEN (its mark was lost; no writer can be on it, but truncation waits for the mark)."""
+    last_two = md.ledger_ids[-2:]
+    stale = [e.ledger_id for e in md.ledgers[:-2] if e.state is LogLedgerState.OPEN]
+    return (*stale, *last_two)
 
 
 def _check_limits(*limits: float | None) -> None:

@@ -213,7 +213,15 @@ async def test_import_of_closed_ledgers_is_exactly_once(cluster: Cluster, bk: Bo
         await handle.close()
         made.append(handle.id)
     assert await append_ledgers(bk, "imp", made, password=b"pw", commit=("job-1", 7))
-    assert not await append_ledgers(bk, "imp", made, password=b"pw", commit=("job-1", 7))  # a replay
+    version = (await describe_log(bk, "imp")).version
+    # the same call again (its answer lost): these very ledgers are in, nothing changes
+    assert await append_ledgers(bk, "imp", made, password=b"pw", commit=("job-1", 7))
+    assert (await describe_log(bk, "imp")).version == version
+    replayed = await bk.create_ledger(3, 2, 2, password=b"pw", after_ledger_id=max(made))
+    await replayed.append(b"batch-1 again")
+    await replayed.close()  # a replayed batch wrote its rows again, to a new ledger
+    assert not await append_ledgers(bk, "imp", [replayed.id], password=b"pw", commit=("job-1", 7))
+    assert (await describe_log(bk, "imp")).version == version
     assert await committed_batch(bk, "imp", "job-1") == 7
     assert await committed_batch(bk, "imp", "job-2") is None
     with pytest.raises(LogFenced):  # the import took the log over
@@ -225,7 +233,7 @@ async def test_import_of_closed_ledgers_is_exactly_once(cluster: Cluster, bk: Bo
     if stale.id < max(made):
         with pytest.raises(MetadataConflict, match="not above"):
             await append_ledgers(bk, "imp", [stale.id], password=b"pw")
-    unclosed = await bk.create_ledger(3, 2, 2, password=b"pw", after_ledger_id=max(made))
+    unclosed = await bk.create_ledger(3, 2, 2, password=b"pw", after_ledger_id=replayed.id)
     with pytest.raises(BKInterfaceError, match="not closed"):
         await append_ledgers(bk, "imp", [unclosed.id], password=b"pw")
 

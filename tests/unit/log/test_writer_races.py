@@ -1,0 +1,289 @@
+"""Races of the log layer on fake bookies and MemoryStore: lost and late CAS answers, cancelled
+rolls, readers between a roll's CAS and its close, concurrent sequenced producers, truncation under
+a following reader, repairs of lost CLOSED marks, delete_log against a rolling writer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bookkeeper_aio import (
+    BKInterfaceError,
+    BookKeeper,
+    ClientConfig,
+    LogPosition,
+    LogTruncated,
+    RandomPlacement,
+    append_ledgers,
+    delete_log,
+    describe_log,
+    list_logs,
+    open_log_reader,
+    open_log_writer,
+    truncate_log,
+)
+from bookkeeper_aio.client.context import StaticDirectory
+from bookkeeper_aio.log import admin
+from bookkeeper_aio.log import writer as writer_module
+from metadata.errors import CasResultUnknown, MetadataUnavailable
+from metadata.ledger_manager import LedgerManager
+from metadata.log_manager import LogManager, VersionedLog
+from metadata.log_metadata import LogMetadata
+from metadata.memory import MemoryStore
+from tests.harness.fake_bookie import FakeCluster
+
+ROOT = "/bookkeeper/test"
+FAST = ClientConfig(
+    add_timeout_s=1.0,
+    read_timeout_s=1.0,
+    connect_timeout_s=1.0,
+    reconnect_backoff_initial_s=0.01,
+    reconnect_backoff_max_s=0.05,
+    explicit_lac_interval_ms=50,
+    speculative_read_delay_ms=50,
+    metadata_timeout_s=2.0,
+)
+
+
+@dataclasses.dataclass
+class World:
+    store: MemoryStore
+    clients: list[BookKeeper]
+
+
+@contextlib.asynccontextmanager
+async def world(config: ClientConfig = FAST, clients: int = 2) -> AsyncIterator[World]:
+    async with FakeCluster(4, add_acks=True) as cluster:
+        store = MemoryStore()
+        made = [
+            BookKeeper(
+                LedgerManager(store, ROOT, rng=random.Random(i)),
+                StaticDirectory(cluster.ids),
+                config=config,
+                placement=RandomPlacement(random.Random(7 + i)),
+            )
+            for i in range(clients)
+        ]
+        try:
+            yield World(store, made)
+        finally:
+            for client in made:
+                with contextlib.suppress(Exception):
+                    await client.close()
+
+
+async def _exists(bk: BookKeeper, ledger_id: int) -> bool:
+    return await bk.context.ledgers.exists(ledger_id)
+
+
+async def test_a_roll_whose_lost_cas_lands_late_keeps_its_listed_ledger() -> None:
+    """The answer is lost, the read-back sees the old list, then the request lands: the retry's
+    conflict must not be taken as "not applied" (the ledger is listed: deleting it bricks the log)."""
+
+    class LateApply(LogManager):
+        armed = True
+        pending: tuple[LogMetadata, int] | None = None
+
+        async def write(self, metadata: LogMetadata, expected_version: int) -> VersionedLog:
+            if self.armed:
+                self.armed = False
+                self.pending = (metadata, expected_version)
+                raise CasResultUnknown(self.keys.log(metadata.name), "deadline exceeded")
+            return await super().write(metadata, expected_version)
+
+        async def read(self, name: str) -> VersionedLog:
+            current = await super().read(name)
+            if self.pending is not None:
+                metadata, version = self.pending
+                self.pending = None
+                await super().write(metadata, version)
+            return current
+
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg")
+        await writer.append(b"a")
+        writer._manager = LateApply(w.store, ROOT)
+        await writer.roll()  # the retry's conflict is read back: the list is exactly the roll's
+        await writer.append(b"a2")
+        info = await describe_log(bk, "lg")
+        assert len(info.ledgers) == 2
+        assert all([await _exists(bk, e.ledger_id) for e in info.ledgers])
+        reopened = await asyncio.wait_for(open_log_writer(other, "lg"), 10)
+        await reopened.append(b"b")
+        await reopened.close()
+        assert [r.payload async for r in await open_log_reader(other, "lg")] == [b"a", b"a2", b"b"]
+
+
+async def test_a_roll_cancelled_during_its_cas_does_not_delete_a_listed_ledger() -> None:
+    class SlowAnswer(LogManager):
+        async def write(self, metadata: LogMetadata, expected_version: int) -> VersionedLog:
+            written = await super().write(metadata, expected_version)
+            await asyncio.sleep(0.5)
+            return written
+
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg")
+        await writer.append(b"a")
+        writer._manager = SlowAnswer(w.store, ROOT)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(writer.roll(), 0.2)
+        info = await describe_log(bk, "lg")
+        assert len(info.ledgers) == 2
+        assert all([await _exists(bk, e.ledger_id) for e in info.ledgers])
+        reopened = await asyncio.wait_for(open_log_writer(other, "lg"), 10)
+        await reopened.close()
+
+
+async def test_a_reader_to_the_current_end_stops_at_a_ledger_a_roll_has_not_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between a roll's CAS and its close the old ledger's LAC may lag acked appends: reading on
+    into the new ledger would hand out later records and skip those."""
+    original = writer_module.LogWriter._close_old
+
+    async def slow_close_old(self: writer_module.LogWriter, old: object) -> None:
+        await asyncio.sleep(1.0)
+        await original(self, old)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer_module.LogWriter, "_close_old", slow_close_old)
+    async with world(dataclasses.replace(FAST, explicit_lac_interval_ms=100)) as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg")
+        first = writer.ledger_id
+        old = [await writer.append(f"a{i}".encode()) for i in range(3)]
+        roll = asyncio.create_task(writer.roll())
+        while writer.ledger_id == first:  # noqa: ASYNC110 - the writer has no event for its switch
+            await asyncio.sleep(0.005)
+        await writer.append(b"b0")
+        got = [r.position async for r in await open_log_reader(other, "lg")]
+        assert got == old[: len(got)]  # a prefix of the old ledger, never a later record
+        await roll
+        await writer.close()
+        assert len([r async for r in await open_log_reader(other, "lg")]) == 4
+
+
+async def test_concurrent_sequenced_producers_keep_log_order_across_rolls() -> None:
+    async with world(dataclasses.replace(FAST, add_window_max=2), clients=1) as w:
+        (bk,) = w.clients
+        writer = await open_log_writer(bk, "sq", sequenced=True, roll_entries_max=10)
+        results: dict[int, LogPosition | None] = {}
+
+        async def producer(sequence: int) -> None:
+            results[sequence] = await writer.append(f"p{sequence}".encode(), sequence=sequence)
+
+        tasks = []
+        for sequence in range(1, 201):
+            tasks.append(asyncio.create_task(producer(sequence)))
+            for _ in range(sequence % 4):
+                await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        await writer.close()
+        positions = [results[s] for s in range(1, 201)]
+        assert None not in positions
+        assert positions == sorted(positions)  # type: ignore[type-var]
+        assert len(writer.ledger_ids) > 5
+        seen = [r.sequence async for r in await open_log_reader(bk, "sq")]
+        assert seen == list(range(1, 201))
+
+
+async def test_a_sequence_advances_only_once_sent_and_survives_truncation() -> None:
+    async with world(dataclasses.replace(FAST, entry_bytes_max=64), clients=1) as w:
+        (bk,) = w.clients
+        writer = await open_log_writer(bk, "sq", sequenced=True)
+        assert await writer.append(b"one", sequence=1) is not None
+        with pytest.raises(BKInterfaceError):
+            await writer.append(b"x" * 100, sequence=2)  # refused before sending
+        assert await writer.append(b"two", sequence=2) is not None  # not taken for a duplicate
+        await writer.roll()
+        await truncate_log(bk, "sq", LogPosition(writer.ledger_id, 0))  # only an empty ledger is left
+        await writer.close()
+        again = await open_log_writer(bk, "sq")
+        assert again.last_sequence == 2  # from the truncation's record of what it removed
+        assert await again.append(b"one again", sequence=1) is None
+        await again.close()
+
+
+async def test_a_lost_closed_mark_is_repaired_so_truncation_can_proceed() -> None:
+    class FlakyOnce(LogManager):
+        writes = 0
+
+        async def write(self, metadata: LogMetadata, expected_version: int) -> VersionedLog:
+            self.writes += 1
+            if self.writes == 2:  # the CAS that marks the old ledger CLOSED after the roll
+                raise MetadataUnavailable("etcd blip")
+            return await super().write(metadata, expected_version)
+
+    async with world(clients=1) as w:
+        (bk,) = w.clients
+        writer = await open_log_writer(bk, "lg", retention_bytes=1)
+        await writer.append(b"a")
+        writer._manager = FlakyOnce(w.store, ROOT)
+        with pytest.raises(MetadataUnavailable):
+            await writer.roll()
+        await writer.append(b"x" * 10)
+        await writer.roll()  # carries the lost mark
+        info = await describe_log(bk, "lg")
+        assert [e.ledger_id for e in info.ledgers] == [writer.ledger_id]  # retention cut all the rest
+        await writer.close()
+
+
+async def test_a_following_reader_between_ledgers_gets_log_truncated_not_a_gap() -> None:
+    async with world() as w:
+        bk, other = w.clients
+        first = await open_log_writer(bk, "lg")
+        await first.append(b"r0")
+        await first.close()
+        reader = await open_log_reader(other, "lg", follow=True)
+        assert (await anext(reader)).payload == b"r0"
+        second = await open_log_writer(bk, "lg")
+        await second.append(b"r1")
+        await second.roll()
+        await second.append(b"r2")
+        await truncate_log(bk, "lg", LogPosition(second.ledger_id, 0))  # r1's ledger goes
+        with pytest.raises(LogTruncated):
+            await asyncio.wait_for(anext(reader), 5)
+        await reader.aclose()
+        await second.close()
+
+
+async def test_delete_log_fences_the_list_a_concurrent_roll_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg")
+        await writer.append(b"a")
+        original = admin.recover_ledgers
+        rolled: list[int] = []
+
+        async def roll_first(
+            client: BookKeeper, ids: tuple[int, ...], password: bytes
+        ) -> dict[int, tuple[int, int]]:
+            if not rolled:
+                rolled.append(await writer.roll())  # the list changes after delete_log read it
+            return await original(client, ids, password)
+
+        monkeypatch.setattr(admin, "recover_ledgers", roll_first)
+        await delete_log(other, "lg")
+        assert await list_logs(other) == []
+        with pytest.raises(Exception) as caught:  # the writer's ledger was fenced before the delete
+            await writer.append(b"after")
+        assert type(caught.value).__name__ in {"LogFenced", "NoSuchLedger"}
+
+
+async def test_ledgers_cannot_be_imported_into_a_sequenced_log() -> None:
+    async with world(clients=1) as w:
+        (bk,) = w.clients
+        writer = await open_log_writer(bk, "sq", sequenced=True)
+        await writer.append(b"one", sequence=1)
+        await writer.close()
+        raw = await bk.create_ledger(3, 2, 2, after_ledger_id=writer.ledger_id)
+        await raw.append(b"no header")
+        await raw.close()
+        with pytest.raises(BKInterfaceError, match="sequenced"):
+            await append_ledgers(bk, "sq", [raw.id])
