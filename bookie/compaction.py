@@ -28,7 +28,6 @@ next pass. Nothing acknowledged is ever only in a deleted file.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -174,7 +173,7 @@ class Compactor:
         for segment_id in segment_ids:
             self.progress.segment = segment_id
             entries = found.pop(segment_id)
-            started = time.monotonic()
+            started = self._loop.time()
             copied = await self._copy_segment(segment_id, entries)
             self.progress.segments_done += 1
             log.info(
@@ -182,7 +181,7 @@ class Compactor:
                 segment=f"{segment_id:016x}",
                 entries=len(entries),
                 bytes=copied,
-                seconds=round(time.monotonic() - started, 3),
+                seconds=round(self._loop.time() - started, 3),
             )
         self.progress.segment = None
 
@@ -197,11 +196,11 @@ class Compactor:
                 size += entries[j][3].length
                 j += 1
             await self._wait_until_allowed()
-            started = time.monotonic()
+            started = self._loop.time()
             copied += await self._copy_batch(segment_id, entries[i:j])
             i = j
             budget_s = size / self.rate_bytes_per_s
-            spent_s = time.monotonic() - started
+            spent_s = self._loop.time() - started
             if spent_s < budget_s:
                 await asyncio.sleep(budget_s - spent_s)
         return copied
