@@ -188,7 +188,18 @@ async def cmd_list(args: argparse.Namespace) -> int:
     meta = await _connect(args)
     async with meta:
         urm = UnderReplicationManager(meta.store, meta.root)
-        marks, more = await urm.list_page(start_after=args.after, limit=args.limit)
+        if args.bookie is None:
+            marks, more = await urm.list_page(start_after=args.after, limit=args.limit)
+        else:  # only the ledgers missing this bookie, up to --limit of them
+            marks, more = [], False
+            async for mark in urm.iter_marks():
+                if args.after is not None and mark.ledger_id <= args.after:
+                    continue
+                if args.bookie in mark.missing:
+                    if len(marks) == args.limit:
+                        more = True
+                        break
+                    marks.append(mark)
         holders = {lock.ledger_id: lock.owner for lock in await urm.locks()}
     now_ms = time.time_ns() // 1_000_000
     rows = [
@@ -471,6 +482,7 @@ def add_commands(sub: Any) -> None:
     listing = _command(group, "list-underreplicated", cmd_list, "ledgers marked under-replicated")
     listing.add_argument("--limit", type=int, default=100)
     listing.add_argument("--after", type=int, default=None, help="start after this ledger id")
+    listing.add_argument("--bookie", default=None, help="only ledgers missing this bookie")
     recover = _command(sub, "recover", cmd_recover, "re-replicate every ledger fragment on a bookie")
     _recover_options(recover)
     decommission = _command(

@@ -131,6 +131,14 @@ async def test_commands_drive_and_report_a_daemon_process(cluster: Cluster, bk: 
         rows = json.loads(listing.stdout)["ledgers"]
         assert rows
         assert all(row["missing"] == victim for row in rows)
+        only = await asyncio.to_thread(
+            _bkaio, cluster.url, "autorecovery", "list-underreplicated", "--bookie", victim, "--json"
+        )
+        assert [r["ledger_id"] for r in json.loads(only.stdout)["ledgers"]] == [r["ledger_id"] for r in rows]
+        other = await asyncio.to_thread(
+            _bkaio, cluster.url, "autorecovery", "list-underreplicated", "--bookie", "b0", "--json"
+        )
+        assert json.loads(other.stdout)["ledgers"] == []
         await asyncio.sleep(1.0)
         assert await urm.count() == len(rows)  # disabled: nothing healed
         enabled = await asyncio.to_thread(_bkaio, cluster.url, "autorecovery", "enable", "--json")
