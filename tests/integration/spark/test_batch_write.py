@@ -94,6 +94,7 @@ async def test_a_failed_task_leaves_no_duplicate_and_no_ledger(
     await assert_no_orphans(bk, ["retried"])
 
 
+@pytest.mark.slow
 async def test_a_failed_job_leaves_the_log_as_it_was(
     spark: SparkSession, cluster: Cluster, bk: BookKeeper
 ) -> None:
@@ -123,17 +124,12 @@ async def test_a_failed_job_leaves_the_log_as_it_was(
 
 
 async def test_bad_frames_are_named(spark: SparkSession, cluster: Cluster, bk: BookKeeper) -> None:
+    # the checks themselves: tests/unit/spark/test_write_checks.py; here, that the user sees them
     await cluster.start(3)
     numbers = spark.createDataFrame([(1, 2)], "payload INT, other INT")
     with pytest.raises(PySparkException, match=r"column 'payload': must be BINARY or STRING .*, got int"):
         await blocking(spark, lambda: save(numbers, cluster, "bad"))
-    with pytest.raises(PySparkException, match="column 'value': the DataFrame has no column 'value'"):
-        await blocking(spark, lambda: save(numbers, cluster, "bad", payloadColumn="value"))
     nulls = spark.createDataFrame([(b"a",), (None,)], "payload BINARY").coalesce(1)
     with pytest.raises(PySparkException, match="column 'payload': a null payload"):
         await blocking(spark, lambda: save(nulls, cluster, "bad"))
-    strings = spark.createDataFrame([("a",)], "payload STRING")
-    overwrite = strings.write.format("bookkeeper").mode("overwrite").option("metadata", cluster.url)
-    with pytest.raises(PySparkException, match="append-only"):
-        await blocking(spark, lambda: overwrite.save("bad"))
-    assert {ledger_id async for ledger_id in bk.list_ledgers()} == set()
+    assert {ledger_id async for ledger_id in bk.list_ledgers()} == set()  # the failed task's: deleted
