@@ -130,8 +130,12 @@ class BookieConfig:
     )
     gc_deleted_ledger_grace_s: float = _key(
         60.0,
-        "A ledger is collected only after it was missing from metadata in two listings this far "
-        "apart (ledgers whose id is at or above the id counter are never collected).",
+        "A ledger is collected only after it was missing from metadata in two listings this far apart.",
+    )
+    gc_future_ledger_grace_s: float = _key(
+        3600.0,
+        "The same for a ledger id at or above the id counter: no client was handed it, so its "
+        "record came from a fence or an add of an id nobody allocated.",
     )
     compaction_threshold: float = _key(
         0.5,
@@ -166,8 +170,10 @@ class BookieConfig:
         if config.journal_group_wait_ms < 0:
             raise ConfigError("journal_group_wait_ms must be >= 0")
         _positive(config, "disk_check_interval_s", "compaction_rate_bytes_per_s")
-        if config.gc_interval_s < 0 or config.gc_deleted_ledger_grace_s < 0:
-            raise ConfigError("gc_interval_s and gc_deleted_ledger_grace_s must be >= 0")
+        if min(config.gc_interval_s, config.gc_deleted_ledger_grace_s, config.gc_future_ledger_grace_s) < 0:
+            raise ConfigError(
+                "gc_interval_s, gc_deleted_ledger_grace_s and gc_future_ledger_grace_s must be >= 0"
+            )
         if not 0.0 <= config.compaction_threshold <= 1.0:
             raise ConfigError(f"compaction_threshold {config.compaction_threshold} is out of range 0..1")
         try:
@@ -202,6 +208,7 @@ class BookieConfig:
         return GcConfig(
             interval_s=self.gc_interval_s,
             deleted_ledger_grace_s=self.gc_deleted_ledger_grace_s,
+            future_ledger_grace_s=self.gc_future_ledger_grace_s,
             compaction_threshold=self.compaction_threshold,
             compaction_rate_bytes_per_s=self.compaction_rate_bytes_per_s,
         )

@@ -6,11 +6,12 @@ itself. A GC pass (periodic, every ``gc_interval_s``, or on demand through the a
 
 1. **Deleted ledgers.** Snapshot the ids of the ledgers this bookie holds, *then* list the ledger
    ids in metadata and read the id counter. A local ledger is collected only when it is absent
-   from that listing, its id is below the counter (ids at or above it were never handed out by
-   the id generator: never touched), and it was already absent from a listing at least
-   ``gc_deleted_ledger_grace_s`` earlier (so a fencing record of a ledger whose metadata is
-   momentarily out of sight, or anything racing a create, survives). A listing that fails, times
-   out, or finds no cluster at the root collects nothing. Collected ledgers leave the index at
+   from that listing and was already absent from a listing at least ``gc_deleted_ledger_grace_s``
+   earlier (so anything racing a create survives), or ``gc_future_ledger_grace_s`` for an id at or
+   above the counter: no client was ever handed it, so its record came from a fence or an add of
+   an id nobody allocated (a squatter, a stray tool); legitimate data never lies there, since
+   clients allocate the id, create the metadata, then write. A listing that fails, times out,
+   finds no cluster or no id counter at the root collects nothing. Collected ledgers leave the index at
    once (:meth:`bookie.storage.Storage.forget_ledger`) and a checkpoint is written, so a restart
    does not bring them back.
 2. **Compaction** (:mod:`bookie.compaction`): segments whose live fraction fell under
@@ -46,6 +47,8 @@ class GcConfig:
     """Seconds between periodic passes; 0 = only on demand (admin ``/gc``, ``bkaio bookie gc``)."""
     deleted_ledger_grace_s: float = 60.0
     """A ledger must be missing from metadata for this long (two listings) before it is collected."""
+    future_ledger_grace_s: float = 3600.0
+    """The same for a ledger id at or above the id counter (never handed out to a client)."""
     compaction_threshold: float = 0.5
     """Segments whose live bytes are below this fraction of their size are compacted; 0 = never."""
     compaction_rate_bytes_per_s: int = 32 * 1024 * 1024
@@ -79,24 +82,24 @@ class MetadataUnusable(RuntimeError):
 class MetadataCatalog:
     """:class:`LedgerCatalog` over the cluster's metadata store (its own connection)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, connect: Callable[[str], Any] = metadata.connect) -> None:
         self._url = url
-        self._connection: metadata.MetadataConnection | None = None
+        self._connect = connect  # tests pass the in-memory store's
+        self._connection: Any = None
 
     async def view(self) -> MetadataView:
         if self._connection is None:
-            self._connection = metadata.connect(self._url)
+            self._connection = self._connect(self._url)
         conn = self._connection
         if await metadata.read_cluster_info(conn.store, conn.root) is None:
             raise MetadataUnusable(f"no cluster at {self._url}: collecting nothing")
         manager = metadata.LedgerManager(conn.store, conn.root)
         counter = await conn.store.get(manager.keys.idgen)
-        if counter is None:
-            id_counter = 0  # no id was ever handed out: every local ledger is protected
-        elif counter.value.isdigit():
-            id_counter = int(counter.value)
-        else:
+        if counter is None:  # no ledger was ever created here, or the metadata lost its counter
+            raise MetadataUnusable(f"no id counter at {manager.keys.idgen}: collecting nothing")
+        if not counter.value.isdigit():
             raise MetadataUnusable(f"id counter {manager.keys.idgen} holds {counter.value[:32]!r}")
+        id_counter = int(counter.value)
         ids = frozenset([ledger_id async for ledger_id in manager.iter_ledger_ids()])
         return MetadataView(ids, id_counter)
 
@@ -119,8 +122,8 @@ class GcReport:
     ledgers_in_metadata: int | None = None
     ledgers_collected: int = 0
     ledgers_waiting_grace: int = 0
-    ledgers_protected: int = 0
-    """Missing from metadata but at or above the id counter: never collected."""
+    ledgers_unallocated: int = 0
+    """Missing from metadata and at or above the id counter (they wait ``future_ledger_grace_s``)."""
     segments_compacted: int = 0
     segments_deleted: int = 0
     bytes_copied: int = 0
@@ -273,20 +276,16 @@ class GarbageCollector:
         report.phase = "collecting deleted ledgers"
         now = self._clock()
         grace = self.config.deleted_ledger_grace_s
-        missing = set()
-        for ledger_id in local:
-            if ledger_id in view.ledger_ids:
-                continue
-            if ledger_id >= view.id_counter:
-                report.ledgers_protected += 1
-                continue
-            missing.add(ledger_id)
+        future_grace = max(grace, self.config.future_ledger_grace_s)
+        missing = {ledger_id for ledger_id in local if ledger_id not in view.ledger_ids}
         for ledger_id in [i for i in self._missing_since if i not in missing]:
             del self._missing_since[ledger_id]  # back in metadata, or gone from the bookie
         collected = []
         for ledger_id in sorted(missing):
             first_seen = self._missing_since.setdefault(ledger_id, now)
-            if now - first_seen >= grace:
+            unallocated = ledger_id >= view.id_counter
+            report.ledgers_unallocated += unallocated
+            if now - first_seen >= (future_grace if unallocated else grace):
                 if storage.forget_ledger(ledger_id):
                     collected.append(ledger_id)
                 del self._missing_since[ledger_id]

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+import metadata
 from bookie.admin import AdminServer
-from bookie.gc import GarbageCollector, GcConfig, MetadataView
+from bookie.gc import GarbageCollector, GcConfig, MetadataCatalog, MetadataUnusable, MetadataView
 from bookie.ledger_state import WakeReason
 from bookie.storage import NoLedger, Storage
 from tests.harness.admin_http import get_json, http_get
@@ -55,18 +56,19 @@ async def filled(tmp_path: Path, ledgers: range) -> Storage:
 
 async def test_collects_only_ledgers_missing_from_metadata_for_the_grace_period(tmp_path: Path) -> None:
     storage = await filled(tmp_path, range(1, 7))
-    catalog = Catalog({1, 2, 3}, counter=6)  # 6 is at the counter: never handed out, protected
+    catalog = Catalog({1, 2, 3}, counter=6)  # 6 is at the counter: never handed out
     clock = Clock()
-    gc = GarbageCollector(storage, GcConfig(deleted_ledger_grace_s=30.0), catalog, clock)
+    config_ = GcConfig(deleted_ledger_grace_s=30.0, future_ledger_grace_s=100.0)
+    gc = GarbageCollector(storage, config_, catalog, clock)
 
     first = await gc.run_once()
-    assert (first.ledgers_collected, first.ledgers_waiting_grace, first.ledgers_protected) == (0, 2, 1)
+    assert (first.ledgers_collected, first.ledgers_waiting_grace, first.ledgers_unallocated) == (0, 3, 1)
     assert sorted(storage.ledgers) == [1, 2, 3, 4, 5, 6]
 
     catalog.ids.add(4)  # ledger 4 shows up again (e.g. the first listing raced something): kept
     clock.now += 29.0
     second = await gc.run_once()
-    assert (second.ledgers_collected, second.ledgers_waiting_grace) == (0, 1)
+    assert (second.ledgers_collected, second.ledgers_waiting_grace) == (0, 2)
 
     clock.now += 1.0
     third = await gc.run_once()
@@ -78,8 +80,39 @@ async def test_collects_only_ledgers_missing_from_metadata_for_the_grace_period(
 
     catalog.ids.discard(4)  # 4 missing again: its grace starts over, it is not collected at once
     fourth = await gc.run_once()
-    assert (fourth.ledgers_collected, fourth.ledgers_waiting_grace) == (0, 1)
+    assert (fourth.ledgers_collected, fourth.ledgers_waiting_grace) == (0, 2)
+
+    clock.now += 70.0  # 100 s since ledger 6 (at the counter) went missing: its longer grace is over
+    fifth = await gc.run_once()
+    assert (fifth.ledgers_collected, fifth.ledgers_unallocated) == (2, 1)
+    assert sorted(storage.ledgers) == [1, 2, 3]
     await storage.close()
+
+
+async def test_metadata_catalog_on_the_in_memory_store() -> None:
+    """The etcd catalog's rules, on the metadata twin: no cluster or no id counter -> refuse (a
+    pass then collects nothing); else every ledger id and the counter."""
+    store = metadata.MemoryStore()
+    catalog = MetadataCatalog("memory:///test", connect=lambda url: _Connection(store, "/test"))
+    with pytest.raises(MetadataUnusable, match="no cluster"):
+        await catalog.view()
+    await metadata.init_cluster(store, "/test")
+    with pytest.raises(MetadataUnusable, match="no id counter"):
+        await catalog.view()
+    manager = metadata.LedgerManager(store, "/test", id_block_size=10)
+    ids = [(await manager.create(["b0"], write_quorum=1, ack_quorum=1)).ledger_id for _ in range(3)]
+    await manager.delete(ids[1])
+    view = await catalog.view()
+    assert view == MetadataView(frozenset({ids[0], ids[2]}), ids[0] + 10)
+    await catalog.close()
+
+
+class _Connection:
+    def __init__(self, store: metadata.MetadataStore, root: str) -> None:
+        self.store, self.root = store, root
+
+    async def close(self) -> None:
+        pass
 
 
 async def test_collected_ledgers_stay_gone_after_a_restart(tmp_path: Path) -> None:
