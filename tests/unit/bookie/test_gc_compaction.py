@@ -239,3 +239,30 @@ async def test_compaction_runs_when_the_metadata_listing_fails(tmp_path: Path) -
     assert report.segments_deleted > 0
     await assert_kept_read_back(storage)
     await storage.close()
+
+
+async def test_reads_racing_the_switch_and_the_deletes_always_find_their_entry(tmp_path: Path) -> None:
+    """Reads planned against a segment just before its entries move and it is deleted still read
+    the entry (the delete runs behind them on the reader's executor), and reads after read the copy."""
+    storage = await Storage.open(config(tmp_path))
+    await fill(storage)
+    gc = collector(storage)
+    run = asyncio.ensure_future(gc.run_once())
+    reads = 0
+    while not run.done():
+        batch = [storage.read_entry(ledger_id, e) for ledger_id in KEPT for e in range(ENTRIES)]
+        batch += [storage.read_range(ledger_id, 0, ENTRIES, 1 << 20) for ledger_id in KEPT]
+        results = await asyncio.gather(*batch)
+        for (ledger_id, entry_id), result in zip(
+            [(i, e) for i in KEPT for e in range(ENTRIES)], results[: len(KEPT) * ENTRIES], strict=True
+        ):
+            assert result == (entry_id, entry(ledger_id, entry_id))
+        for ledger_id, bodies in zip(KEPT, results[len(KEPT) * ENTRIES :], strict=True):
+            assert bodies == [entry(ledger_id, e) for e in range(ENTRIES)]
+        reads += len(batch)
+    report = run.result()
+    assert report.error is None
+    assert report.segments_deleted >= 4
+    assert reads > 0
+    await assert_kept_read_back(storage)
+    await storage.close()
