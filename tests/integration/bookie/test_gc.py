@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import metadata
+from bookkeeper_aio import BookKeeper, ClientConfig
 from bookkeeper_aio.protocol.codes import StatusCode
 from tests.harness.admin_http import get_json, scrape
 from tests.harness.bookie_proc import BookieProcess
@@ -357,3 +358,56 @@ async def test_acceptance_full_disk_read_only_then_gc_makes_it_writable(
         await read_back(bookie, [extra], 8, size)
     finally:
         bookie.cleanup()
+
+
+async def test_ledgers_deleted_through_the_client_are_collected_on_every_bookie(
+    etcd_server: EtcdCluster, tmp_path: Path
+) -> None:
+    """End to end with the library: 3 self-registered bookies, E3/Qw2/Qa2 ledgers written and closed
+    by the client, two thirds deleted with ``BookKeeper.delete_ledger``; a GC pass on each bookie
+    drops them everywhere, and the client still reads every entry of the others."""
+    url = etcd_server.url(f"/bookkeeper/gce-{uuid.uuid4().hex[:8]}")
+    await init_cluster(url)
+    procs = [
+        BookieProcess(
+            tmp_path / f"b{i}",
+            f"b{i}",
+            extra_args=[
+                *("--metadata", url, "--admin-port", "0", "--gc-interval-s", "0"),
+                *("--gc-deleted-ledger-grace-s", "0", *SMALL_SEGMENTS),
+            ],
+        )
+        for i in range(3)
+    ]
+    try:
+        for proc in procs:
+            proc.start()
+        config = ClientConfig(add_timeout_s=5.0, read_timeout_s=5.0)
+        async with BookKeeper.connect(url, config=config) as bk:
+            written: dict[int, list[bytes]] = {}
+            for _ in range(9):
+                handle = await bk.create_ledger(3, 2, 2, password=b"gc")
+                payloads = [payload(handle.id, e, 1200) for e in range(40)]
+                for p in payloads:
+                    await handle.append(p)
+                await handle.close()
+                written[handle.id] = payloads
+            ids = sorted(written)
+            deleted = [i for n, i in enumerate(ids) if n % 3 != 0]
+            for ledger_id in deleted:
+                await bk.delete_ledger(ledger_id)
+            for proc in procs:
+                report = await run_gc(proc)
+                assert report["error"] is None
+                assert report["ledgers_collected"] == len(deleted)
+                assert await statuses(proc, deleted) == {StatusCode.ENOLEDGER}
+            for ledger_id in ids:
+                if ledger_id in deleted:
+                    continue
+                reader = await bk.open_ledger(ledger_id, password=b"gc")
+                got = [entry.payload async for entry in reader.read(0, reader.last_add_confirmed)]
+                assert got == written[ledger_id]
+                await reader.close()
+    finally:
+        for proc in procs:
+            proc.cleanup()
