@@ -3,7 +3,8 @@ re-replication and marks it; workers do the copying.
 
 While it leads:
 
-- **Lost bookies.** Every ``audit_interval_s`` it compares the bookies it knows (cookies, every
+- **Lost bookies.** It watches the bookie registrations and, at each change and every
+  ``audit_interval_s``, compares the bookies it knows (cookies, every
   bookie a ledger lists, every bookie seen registered) with those registered now (writable or
   read-only). A bookie unregistered for ``lost_bookie_recovery_delay_s`` is lost: every ledger with
   a fragment on it is marked under-replicated with it (reason ``lost``), once per absence (again if
@@ -35,7 +36,7 @@ from bookkeeper_aio.client.quorum import DistributionSchedule
 from bookkeeper_aio.errors import BKError
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
-from metadata.bookies import list_bookies
+from metadata.bookies import list_bookies, watch_bookies
 from metadata.election import Election
 from metadata.errors import MetadataError, NoSuchLedger
 from metadata.ledger_manager import LedgerManager
@@ -214,6 +215,7 @@ class Auditor:
         self._known: set[str] = set()
         self._missing_since: dict[str, float] = {}
         self._marked: set[str] = set()
+        self._registered: set[str] | None = None  # from the watch while it runs
         self.leading = asyncio.Event()
 
     @property
@@ -261,7 +263,10 @@ class Auditor:
         self._known.clear()
         self._missing_since.clear()
         self._marked.clear()
+        self._registered = None
+        changed = asyncio.Event()
         checker = asyncio.create_task(self._check_loop(), name="auditor-check")
+        watcher = asyncio.create_task(self._watch_registrations(changed), name="auditor-watch")
         try:
             with contextlib.suppress(MetadataError):
                 self._known |= await referenced_bookies(self._ctx.ledgers)
@@ -270,17 +275,46 @@ class Auditor:
                     await self.audit_once()
                 except (MetadataError, BKError) as error:
                     log.warning("autorecovery.audit_failed", error=repr(error))
-                await asyncio.sleep(self._config.audit_interval_s)
+                # a registration change starts the next round at once; the delay needs the timer
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(self._config.audit_interval_s, self._next_due_s())):
+                        await changed.wait()
+                changed.clear()
         finally:
-            checker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await checker
+            for task in (checker, watcher):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def _next_due_s(self) -> float:
+        """Seconds until the next missing bookie's delay runs out (inf: none is waiting)."""
+        now = asyncio.get_running_loop().time()
+        delay = self._config.lost_bookie_recovery_delay_s
+        waiting = [since + delay - now for b, since in self._missing_since.items() if b not in self._marked]
+        return max(0.0, min(waiting, default=float("inf")))
+
+    async def _watch_registrations(self, changed: asyncio.Event) -> None:
+        """Keep ``_registered`` current from the registration watch (metadata/bookies.py); while
+        the watch is down, rounds list the registrations themselves."""
+        store, root = self._urm.store, self._urm.keys.root
+        while True:
+            try:
+                async with contextlib.aclosing(watch_bookies(store, root)) as updates:
+                    async for bookies in updates:
+                        self._registered = set(bookies.writable) | set(bookies.readonly)
+                        changed.set()
+            except MetadataError as error:
+                log.warning("autorecovery.registration_watch_failed", error=repr(error))
+            self._registered = None
+            await asyncio.sleep(self._config.audit_interval_s)
 
     async def audit_once(self) -> list[int]:
         """One lost-bookie round; returns the ledgers it marked."""
         store, root = self._urm.store, self._urm.keys.root
-        bookies = await list_bookies(store, root)
-        registered = set(bookies.writable) | set(bookies.readonly)
+        registered = self._registered
+        if registered is None:
+            bookies = await list_bookies(store, root)
+            registered = set(bookies.writable) | set(bookies.readonly)
         cookies, _ = await list_all(store, f"{root}/cookies/")
         self._known |= registered | {kv.key.rsplit("/", 1)[-1] for kv in cookies}
         now = asyncio.get_running_loop().time()

@@ -138,3 +138,35 @@ async def test_exactly_one_auditor_leads_and_another_takes_over() -> None:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await ctx.pool.close()
+
+
+async def test_the_leading_auditor_follows_the_registration_watch() -> None:
+    store = MemoryStore()
+    ctx = _ctx(store)
+    urm = UnderReplicationManager(store, ROOT)
+    regs = {b: await _register(store, b, 4200 + i) for i, b in enumerate(["b0", "b1", "b2"])}
+    ledger_id = (await ctx.ledgers.create(("b0", "b1", "b2"), write_quorum=2, ack_quorum=2)).ledger_id
+    config = AutorecoveryConfig(lost_bookie_recovery_delay_s=0.5, audit_interval_s=60, check_interval_s=0)
+    auditor = Auditor(ctx, urm, config, candidate_id="a1")
+    task = asyncio.create_task(auditor.run())
+    try:
+        await wait_until(lambda: auditor.leading.is_set())
+        await asyncio.sleep(0.2)
+        await regs["b2"].close()
+        # the round interval is 60 s: only the watch can make the auditor notice, then the delay's timer
+        await wait_until(lambda: "b2" in auditor.missing, timeout_s=5)
+        assert await urm.get(ledger_id) is None  # within the delay
+
+        async def marked() -> bool:
+            return await urm.get(ledger_id) is not None
+
+        await wait_until(marked, timeout_s=3)
+        mark = await urm.get(ledger_id)
+        assert mark is not None
+        assert mark.missing == ("b2",)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        for registration in regs.values():
+            await registration.close()
+        await ctx.pool.close()
