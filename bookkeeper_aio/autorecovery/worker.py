@@ -48,6 +48,8 @@ from metadata.underreplication import UnderReplicated, UnderReplicationManager
 
 log = structlog.get_logger("bookkeeper_aio.autorecovery.worker")
 
+NOT_RETRIABLE_FACTOR = 12
+"""A ledger failing with a non-retriable error waits this many ``ledger_retry_s`` before a retry."""
 FRAGMENT_ATTEMPTS_MAX = 8
 """Times one fragment is looked at again after it changed during its copy."""
 
@@ -157,13 +159,15 @@ class ReplicationWorker:
                         self._retry_at.pop(mark.ledger_id, None)
             except (BKError, MetadataError) as error:
                 self.metrics.heal_failures += 1
-                self._retry_at[mark.ledger_id] = loop.time() + self._config.ledger_retry_s
+                # what retrying cannot fix (a missing password) is retried less often: no log flood
+                retry_s = self._config.ledger_retry_s * (1 if error.retriable else NOT_RETRIABLE_FACTOR)
+                self._retry_at[mark.ledger_id] = loop.time() + retry_s
                 log.warning(
                     "autorecovery.heal_failed",
                     ledger_id=mark.ledger_id,
                     worker=self.worker_id,
                     error=repr(error),
-                    retry_in_s=self._config.ledger_retry_s,
+                    retry_in_s=retry_s,
                 )
             finally:
                 with contextlib.suppress(MetadataError):
