@@ -360,6 +360,64 @@ async def test_leader_churn_100_takeovers_with_rolls(
     await _leader_churn(cluster, bk, tmp_path, takeovers=100, roll_entries=7)
 
 
+async def _idempotent_failover(cluster: Cluster, bk: BookKeeper, base: Path, takeovers: int) -> None:
+    """One logical producer on a sequenced log fails over between two processes: each new leader
+    resumes at the lowest sequence the old one had not seen acknowledged, so it re-sends records the
+    old leader may have written ("fenced means maybe written"); the log must hold every sequence
+    exactly once, contiguous, in order."""
+    await cluster.start(3)
+    name = "exactly-once"
+    await LogManager(cluster.meta.store, cluster.root).create(name, sequenced=True)
+    workers: list[WriterProcess] = []
+    resume = 0
+    resent = 0
+    try:
+        for writer_id in ("A", "B"):
+            workers.append(await WriterProcess.spawn(cluster.url, name, writer_id, base))
+        for session in range(takeovers + 1):
+            worker, other = workers[session % 2], workers[(session + 1) % 2]
+            worker.send("open_hold")  # fences the other, which is appending without pause
+            opened = (await worker.expect("opened")).split()
+            last_in_log = -1 if opened[2] == "None" else int(opened[2])
+            if session:
+                stopped = await other.expect("stopped")
+                assert stopped.startswith("stopped LogFenced resume="), stopped
+                resume = int(stopped.rsplit("=", 1)[1])
+                assert last_in_log >= resume - 1  # every acknowledged sequence is in the log
+                resent += last_in_log - resume + 1  # maybe-written records sent again
+            worker.send(f"pump_from {resume}")
+            await worker.expect("acked")
+        histories = [await worker.finish() for worker in workers]
+    finally:
+        for worker in workers:
+            await worker.reap()
+    read = await _read_all(bk, name)
+    sequences = [record.sequence for record in read]
+    assert sequences == list(range(len(read))), "not every sequence exactly once, in order"
+    assert all(record.payload == f"m-{record.sequence}".encode() for record in read)
+    positions = [record.position for record in read]
+    assert positions == sorted(set(positions))
+    at = {record.sequence: record.position for record in read}
+    acked = [r for history in histories for r in history if r.outcome is Outcome.OK]
+    for record in acked:  # acknowledged: in the log, where its ack said
+        assert at.get(record.sequence) == record.position, record
+    skipped = sum(1 for history in histories for r in history if r.error == "skipped")
+    print(
+        f"\nidempotent failover, {takeovers} takeovers: {len(read)} records, {len(acked)} acked, "
+        f"{resent} re-sent maybe-written, {skipped} skipped as duplicates"
+    )
+    assert resent > 0  # the takeovers did land on appends in flight
+    assert skipped == resent  # each re-sent record the log already held was dropped, no other
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_idempotent_appends_across_50_takeovers(
+    cluster: Cluster, bk: BookKeeper, tmp_path: Path
+) -> None:
+    await _idempotent_failover(cluster, bk, tmp_path, takeovers=50)
+
+
 # ---------------------------------------------------------------------------- 2. roll under load
 class Timings:
     """Start/end (monotonic s) of every ledger-list CAS and every ledger creation."""

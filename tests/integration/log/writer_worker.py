@@ -10,6 +10,15 @@ Commands (stdin, one per line):
   ``stopped <reason>`` when the session ends (fenced, or another error).
 - ``close``: stop appending, close the writer if it still leads, write every append's outcome to
   ``OUT_FILE`` (`tests.harness.log_history.AppendRecord` rows as JSON lines) and answer ``done``.
+
+A sequenced log (an idempotent producer that fails over between the processes):
+
+- ``open_hold``: become the writer, answer ``opened <ledger_id> <last_sequence>``, append nothing.
+- ``pump_from N``: append messages ``m-<n>`` with ``sequence=n`` from ``n = N`` on, without pause,
+  until fenced; ``stopped <reason> resume=<r>`` names the lowest sequence of this session that was
+  neither acknowledged nor skipped as already in the log (the producer's restart point). Here
+  ``AppendRecord.sequence`` is the message's sequence; a skipped duplicate (``append`` returned
+  None) is recorded as ``fail`` ("skipped").
 """
 
 from __future__ import annotations
@@ -48,7 +57,7 @@ class Worker:
         self.pump: asyncio.Task[None] | None = None
         self.stopping = False
 
-    async def open(self) -> None:
+    async def open(self, *, hold: bool = False) -> None:
         await self.stop_pump()
         self.stopping = False
         self.writer = await open_log_writer(
@@ -57,10 +66,19 @@ class Worker:
             roll_entries_max=self.roll,
             **QUORUM,  # type: ignore[arg-type]
         )
+        if hold:
+            say(f"opened {self.writer.ledger_id} {self.writer.last_sequence}")
+            return
         say(f"opened {self.writer.ledger_id}")
         self.pump = asyncio.create_task(self._pump(self.writer))
 
-    async def _pump(self, writer: LogWriter) -> None:
+    def pump_from(self, first: int) -> None:
+        assert self.writer is not None
+        assert self.pump is None
+        self.pump = asyncio.create_task(self._pump(self.writer, first))
+
+    async def _pump(self, writer: LogWriter, first_message: int | None = None) -> None:
+        """Appends until fenced or stopped; ``first_message``: a sequenced producer from there."""
         slots = asyncio.Semaphore(self.window)
         acked = [0]
         stopped: list[str] = []
@@ -74,8 +92,8 @@ class Worker:
                 record.outcome, record.error = Outcome.INDETERMINATE, "cancelled"
                 return
             error = future.exception()
-            if error is None and future.result() is None:  # a skipped duplicate: not on this log
-                record.outcome, record.error = Outcome.INDETERMINATE, "skipped"
+            if error is None and future.result() is None:  # a duplicate the writer skipped
+                record.outcome, record.error = Outcome.FAIL, "skipped"
                 return
             if error is None:
                 record.outcome, record.position = Outcome.OK, future.result()
@@ -87,14 +105,23 @@ class Worker:
             if not stopped:
                 stopped.append(type(error).__name__)
 
+        session: list[AppendRecord] = []
+        message = first_message
         while not self.stopping and not stopped:
             await slots.acquire()
-            record = AppendRecord(self.writer_id, self.sequence, Outcome.INDETERMINATE)
-            self.sequence += 1
+            if message is None:
+                record = AppendRecord(self.writer_id, self.sequence, Outcome.INDETERMINATE)
+                self.sequence += 1
+                payload, sequence = record.value, None
+            else:
+                record = AppendRecord(self.writer_id, message, Outcome.INDETERMINATE)
+                payload, sequence = f"m-{message}".encode(), message
+                message += 1
             self.records.append(record)
+            session.append(record)
             record.invoked_s = time.monotonic()
             try:
-                future = await writer.append_async(record.value)
+                future = await writer.append_async(payload, sequence=sequence)
             except BKError as error:
                 slots.release()
                 record.completed_s = time.monotonic()
@@ -105,8 +132,12 @@ class Worker:
             future.add_done_callback(functools.partial(finish, record))
         if inflight:
             await asyncio.wait(set(inflight))
-        if stopped:
+        if stopped and first_message is None:
             say(f"stopped {stopped[0]}")
+        elif stopped:
+            unsure = (r.sequence for r in session if r.outcome is not Outcome.OK and r.error != "skipped")
+            resume = min(unsure, default=message)  # a skipped duplicate is in the log: not again
+            say(f"stopped {stopped[0]} resume={resume}")
 
     async def stop_pump(self) -> None:
         self.stopping = True
@@ -132,11 +163,13 @@ async def main(url: str, log_name: str, writer_id: str, out_file: str, window: i
         worker = Worker(bk, log_name, writer_id, window, roll)
         say("ready")
         while line := (await reader.readline()).decode().strip():
-            if line == "open":
+            if line in ("open", "open_hold"):
                 try:
-                    await worker.open()
+                    await worker.open(hold=line == "open_hold")
                 except BKError as error:
                     say(f"open_failed {error!r}")
+            elif line.startswith("pump_from "):
+                worker.pump_from(int(line.split()[1]))
             elif line == "close":
                 await worker.close(out_file)
                 return
