@@ -154,6 +154,11 @@ async def test_commands_drive_and_report_a_daemon_process(cluster: Cluster, bk: 
         assert summary["enabled"] is True
         assert summary["auditor"] == "d-proc"
         assert summary["under_replicated_ledgers"] == 0
+        table = await asyncio.to_thread(_bkaio, cluster.url, "autorecovery", "status")
+        assert table.returncode == 0, table.stderr
+        assert "auditor                   d-proc" in table.stdout
+        assert "DAEMON" in table.stdout
+        assert "d-proc" in table.stdout.split("DAEMON", 1)[1]
 
         async def reported() -> bool:
             found = (await urm.statuses()).get("d-proc", {})
