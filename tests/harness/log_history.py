@@ -100,6 +100,17 @@ class AppendRecord:
         return cls(**row)
 
 
+def latest_rows(text: str) -> list[AppendRecord]:
+    """`AppendRecord` JSON lines where an append may appear more than once (written when it starts,
+    again when it completes): the last row of each (writer, sequence) counts."""
+    latest: dict[tuple[str, int], AppendRecord] = {}
+    for line in text.splitlines():
+        if line.strip():
+            record = AppendRecord.from_json(line)
+            latest[(record.writer, record.sequence)] = record
+    return list(latest.values())
+
+
 ListSample = tuple[tuple[int, LogLedgerState], ...]
 
 

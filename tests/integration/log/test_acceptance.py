@@ -40,6 +40,7 @@ from tests.harness.log_history import (
     AppendRecord,
     LogHistory,
     Outcome,
+    latest_rows,
     outcome_of,
 )
 from tests.integration.log.conftest import CONFIG, Cluster
@@ -102,7 +103,14 @@ class WriterProcess:
 
     @classmethod
     async def spawn(
-        cls, url: str, log: str, writer_id: str, base: Path, window: int = 16, roll_entries: int = 0
+        cls,
+        url: str,
+        log: str,
+        writer_id: str,
+        base: Path,
+        window: int = 16,
+        roll_entries: int = 0,
+        stream: bool = False,
     ) -> WriterProcess:
         out_file = base / f"history-{writer_id}.jsonl"
         stderr = open(base / f"worker-{writer_id}.log", "wb")  # noqa: ASYNC230,SIM115 -- a test's log
@@ -116,6 +124,7 @@ class WriterProcess:
             str(out_file),
             str(window),
             str(roll_entries),
+            *(["stream"] if stream else []),
             cwd=REPO_ROOT,
             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
             stdin=asyncio.subprocess.PIPE,
@@ -149,8 +158,13 @@ class WriterProcess:
         self.send("close")
         await self.expect("done")
         await self.process.wait()
-        text = self.out_file.read_text()
-        return [AppendRecord.from_json(line) for line in text.splitlines() if line]
+        return latest_rows(self.out_file.read_text())
+
+    async def kill(self) -> list[AppendRecord]:
+        """SIGKILL (a streaming worker's history survives it)."""
+        self.process.kill()
+        await self.process.wait()
+        return latest_rows(self.out_file.read_text())
 
     async def reap(self) -> None:
         if self.process.returncode is None:
@@ -416,6 +430,46 @@ async def test_idempotent_appends_across_50_takeovers(
     cluster: Cluster, bk: BookKeeper, tmp_path: Path
 ) -> None:
     await _idempotent_failover(cluster, bk, tmp_path, takeovers=50)
+
+
+async def _writers_killed(cluster: Cluster, bk: BookKeeper, base: Path, rounds: int) -> None:
+    """Each writer process is killed with SIGKILL while it appends; the next one takes the log
+    over from a dead leader (recovering its ledger). Histories are streamed by the workers."""
+    await cluster.start(3)
+    name = "killed"
+    await LogManager(cluster.meta.store, cluster.root).create(name)
+    history = LogHistory()
+    sampler = ListSampler(cluster.meta.store, cluster.root, name, history)
+    await sampler.start()
+    tailer = Tailer(await open_log_reader(bk, name, password=b"pw", follow=True))
+    for index in range(rounds):
+        worker = await WriterProcess.spawn(cluster.url, name, f"k{index}", base, stream=True)
+        try:
+            worker.send("open")
+            await worker.expect("opened")
+            await worker.expect("acked")
+            history.extend(await (worker.kill() if index < rounds - 1 else worker.finish()))
+        finally:
+            await worker.reap()
+    read = await _read_all(bk, name)
+    await sampler.stop()
+    await tailer.wait_for(len(read))
+    await asyncio.sleep(0.1)  # nothing more may come
+    await tailer.stop()
+    assert [(r.position, r.payload) for r in tailer.records] == [(r.position, r.payload) for r in read]
+    result = history.check(read, open_max=1)
+    print(f"\nwriters killed, {rounds - 1} kills: {result.summary()}")
+    assert result.ok, result.summary()
+    assert result.ledgers == rounds
+    assert result.indeterminate >= rounds - 1  # each died with appends in flight
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_takeovers_from_writers_killed_mid_append(
+    cluster: Cluster, bk: BookKeeper, tmp_path: Path
+) -> None:
+    await _writers_killed(cluster, bk, tmp_path, rounds=11)
 
 
 # ---------------------------------------------------------------------------- 2. roll under load

@@ -1,6 +1,6 @@
 """A log writer in its own process, driven line by line on stdin (the acceptance tests' competitors).
 
-    python -m tests.integration.log.writer_worker URL LOG WRITER_ID OUT_FILE [WINDOW] [ROLL_ENTRIES]
+    python -m tests.integration.log.writer_worker URL LOG WRITER_ID OUT_FILE [WINDOW] [ROLL_ENTRIES] [stream]
 
 Commands (stdin, one per line):
 
@@ -10,6 +10,9 @@ Commands (stdin, one per line):
   ``stopped <reason>`` when the session ends (fenced, or another error).
 - ``close``: stop appending, close the writer if it still leads, write every append's outcome to
   ``OUT_FILE`` (`tests.harness.log_history.AppendRecord` rows as JSON lines) and answer ``done``.
+  With ``stream`` every append is written to ``OUT_FILE`` (unbuffered) when it starts and again
+  when it completes, so a worker killed with SIGKILL leaves its history: the last row of an append
+  counts (`tests.harness.log_history.latest_rows`), one that never completed is indeterminate.
 
 A sequenced log (an idempotent producer that fails over between the processes):
 
@@ -28,7 +31,7 @@ import contextlib
 import functools
 import sys
 import time
-from typing import Any
+from typing import Any, BinaryIO
 
 from bookkeeper_aio import BookKeeper, ClientConfig, LogFenced, open_log_writer
 from bookkeeper_aio.errors import BKError
@@ -45,8 +48,11 @@ def say(line: str) -> None:
 
 
 class Worker:
-    def __init__(self, bk: BookKeeper, log_name: str, writer_id: str, window: int, roll: int) -> None:
+    def __init__(
+        self, bk: BookKeeper, log_name: str, writer_id: str, window: int, roll: int, journal: BinaryIO | None
+    ) -> None:
         self.bk = bk
+        self.journal = journal
         self.log_name = log_name
         self.writer_id = writer_id
         self.window = window
@@ -88,6 +94,12 @@ class Worker:
             slots.release()
             inflight.discard(future)
             record.completed_s = time.monotonic()
+            try:
+                _complete(record, future)
+            finally:
+                self._note(record)
+
+        def _complete(record: AppendRecord, future: asyncio.Future[Any]) -> None:
             if future.cancelled():
                 record.outcome, record.error = Outcome.INDETERMINATE, "cancelled"
                 return
@@ -120,12 +132,14 @@ class Worker:
             self.records.append(record)
             session.append(record)
             record.invoked_s = time.monotonic()
+            self._note(record)
             try:
                 future = await writer.append_async(payload, sequence=sequence)
             except BKError as error:
                 slots.release()
                 record.completed_s = time.monotonic()
                 record.outcome, record.error = outcome_of(error), repr(error)
+                self._note(record)
                 stopped.append(type(error).__name__)
                 break
             inflight.add(future)
@@ -139,6 +153,10 @@ class Worker:
             resume = min(unsure, default=message)  # a skipped duplicate is in the log: not again
             say(f"stopped {stopped[0]} resume={resume}")
 
+    def _note(self, record: AppendRecord) -> None:
+        if self.journal is not None:
+            self.journal.write(record.to_json().encode() + b"\n")
+
     async def stop_pump(self) -> None:
         self.stopping = True
         if self.pump is not None:
@@ -150,17 +168,21 @@ class Worker:
         if self.writer is not None:
             with contextlib.suppress(LogFenced):
                 await self.writer.close()
-        with open(out_file, "w") as out:  # noqa: ASYNC230 -- once, at the end
-            out.write("".join(record.to_json() + "\n" for record in self.records))
+        if self.journal is None:
+            with open(out_file, "w") as out:  # noqa: ASYNC230 -- once, at the end
+                out.write("".join(record.to_json() + "\n" for record in self.records))
         say("done")
 
 
-async def main(url: str, log_name: str, writer_id: str, out_file: str, window: int, roll: int) -> None:
+async def main(
+    url: str, log_name: str, writer_id: str, out_file: str, window: int, roll: int, stream: bool
+) -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     async with BookKeeper.connect(url, config=CONFIG) as bk:
-        worker = Worker(bk, log_name, writer_id, window, roll)
+        journal = open(out_file, "wb", buffering=0) if stream else None  # noqa: ASYNC230,SIM115
+        worker = Worker(bk, log_name, writer_id, window, roll, journal)
         say("ready")
         while line := (await reader.readline()).decode().strip():
             if line in ("open", "open_hold"):
@@ -179,4 +201,5 @@ if __name__ == "__main__":
     url, log_name, writer_id, out_file = sys.argv[1:5]
     window = int(sys.argv[5]) if len(sys.argv) > 5 else 16
     roll = int(sys.argv[6]) if len(sys.argv) > 6 else 0
-    asyncio.run(main(url, log_name, writer_id, out_file, window, roll))
+    stream = len(sys.argv) > 7 and sys.argv[7] == "stream"
+    asyncio.run(main(url, log_name, writer_id, out_file, window, roll, stream))
