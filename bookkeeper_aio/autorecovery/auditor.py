@@ -12,9 +12,11 @@ While it leads:
   new auditor after a failover waits a full delay again (later, never sooner).
 - **Periodic check.** Every ``check_interval_s`` every ledger is checked: for each fragment and each
   registered bookie of it, the first and the last entry that bookie should hold (its write sets) are
-  read from it; a bookie that answers "no such entry/ledger" is marked for that ledger (reason
-  ``check``). An open ledger's last fragment is skipped (its writer is still adding to it), and
-  timeouts or errors mark nothing (a down bookie is the lost-bookie rule's business).
+  read from it; a bookie that answers "no such entry/ledger", or returns a body that fails its
+  digest, is marked for that ledger (reason ``check``). An open ledger's last fragment is skipped
+  (its writer is still adding to it), and timeouts or errors mark nothing (a down bookie is the
+  lost-bookie rule's business). Digests are checked with the ledger's password when the daemon has
+  it; without it a keyless digest (CRC32C) still is, an HMAC one is not (presence only).
 
 When the election's lease is lost the auditor stops at once (another may already lead) and
 campaigns again.
@@ -29,13 +31,16 @@ from collections.abc import Awaitable, Callable, Collection
 import structlog
 
 from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
+from bookkeeper_aio.autorecovery.errors import NoPasswordForLedger
 from bookkeeper_aio.autorecovery.metrics import AutorecoveryMetrics
-from bookkeeper_aio.autorecovery.worker import fragment_ranges
+from bookkeeper_aio.autorecovery.worker import fragment_ranges, password_for
 from bookkeeper_aio.client.context import ClientContext
 from bookkeeper_aio.client.quorum import DistributionSchedule
 from bookkeeper_aio.errors import BKError
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
+from bookkeeper_aio.protocol.digest import DigestType, EntryCodec
+from bookkeeper_aio.protocol.errors import DigestMismatch
 from metadata.bookies import list_bookies, watch_bookies
 from metadata.election import Election
 from metadata.errors import MetadataError, NoSuchLedger
@@ -149,10 +154,15 @@ def _holder_entries(md: LedgerMetadata, first: int, last: int, position: int) ->
 
 
 async def check_ledger(
-    ctx: ClientContext, md: LedgerMetadata, registered: Collection[str], slots: asyncio.Semaphore
+    ctx: ClientContext,
+    md: LedgerMetadata,
+    registered: Collection[str],
+    slots: asyncio.Semaphore,
+    codec: EntryCodec | None = None,
 ) -> set[str]:
-    """The registered bookies of ``md`` that answer "no such entry" for an entry they should hold
-    (first/last of each fragment; an open ledger's last fragment skipped)."""
+    """The registered bookies of ``md`` that answer "no such entry" for an entry they should hold,
+    or (with ``codec``) return it corrupt (first/last of each fragment; an open ledger's last
+    fragment skipped)."""
     ranges = fragment_ranges(md)
     if md.state is not LedgerState.CLOSED:
         ranges = ranges[:-1]
@@ -175,8 +185,9 @@ async def check_ledger(
                 )
             except BKError:
                 return  # unreachable: not evidence of loss
+        body = getattr(response, "body", None)
         if response.status in (StatusCode.ENOENTRY, StatusCode.ENOLEDGER) or (
-            response.status == StatusCode.EOK and getattr(response, "body", None) is None
+            response.status == StatusCode.EOK and body is None
         ):
             log.warning(
                 "autorecovery.check_missing_entry",
@@ -185,6 +196,18 @@ async def check_ledger(
                 bookie=bookie_id,
             )
             lacking.add(bookie_id)
+        elif response.status == StatusCode.EOK and body is not None and codec is not None:
+            try:
+                codec.decode(body, md.ledger_id, entry_id)
+            except DigestMismatch as mismatch:
+                log.warning(
+                    "autorecovery.check_corrupt_entry",
+                    ledger_id=md.ledger_id,
+                    entry_id=entry_id,
+                    bookie=bookie_id,
+                    error=str(mismatch),
+                )
+                lacking.add(bookie_id)
 
     await asyncio.gather(*(probe(b, e) for b, e in probes))
     return lacking
@@ -354,6 +377,17 @@ class Auditor:
             except (MetadataError, BKError) as error:
                 log.warning("autorecovery.check_failed", error=repr(error))
 
+    def _codec_for(self, md: LedgerMetadata) -> EntryCodec | None:
+        """A codec to verify the ledger's bodies: its password when the daemon has it; without it
+        only a keyless digest (CRC32C, none) can be checked, HMAC bodies are checked for presence."""
+        try:
+            return EntryCodec(md.digest_type, password_for(md, self._config.passwords))
+        except NoPasswordForLedger:
+            pass
+        if md.digest_type == DigestType.HMAC_SHA256.value:
+            return None
+        return EntryCodec(md.digest_type, b"")
+
     async def check_all(self) -> list[int]:
         """The periodic check of every ledger (module doc); returns the ledgers it marked."""
         bookies = await list_bookies(self._urm.store, self._urm.keys.root)
@@ -362,7 +396,7 @@ class Auditor:
         marked: list[int] = []
 
         async def visit(md: LedgerMetadata) -> None:
-            lacking = await check_ledger(self._ctx, md, registered, slots)
+            lacking = await check_ledger(self._ctx, md, registered, slots, self._codec_for(md))
             if lacking:
                 await self._urm.mark(md.ledger_id, lacking, reason="check")
                 marked.append(md.ledger_id)

@@ -1,8 +1,10 @@
-"""The copy step at its seam (a scripted pool): which entries go to which replacement, from which
-replica, verified; a missing entry everywhere is EntryUnavailable, never skipped."""
+"""The copy step and the periodic check at their seam (a scripted pool): which entries go to which
+replacement, from which replica, verified; a missing entry everywhere is EntryUnavailable, never
+skipped; the check finds missing and corrupt replicas."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -10,6 +12,7 @@ from typing import Any, cast
 import pytest
 
 from bookkeeper_aio import ClientConfig
+from bookkeeper_aio.autorecovery.auditor import check_ledger
 from bookkeeper_aio.autorecovery.copier import FragmentCopy, RateLimiter, copy_fragment
 from bookkeeper_aio.autorecovery.errors import EntryUnavailable, ReplicationError
 from bookkeeper_aio.client.context import ClientContext
@@ -155,3 +158,21 @@ async def test_a_rate_limit_spaces_the_copies() -> None:
     started = time.monotonic()
     await unlimited.acquire(10**12)
     assert time.monotonic() - started < 0.05
+
+
+async def test_the_check_finds_missing_and_corrupt_replicas() -> None:
+    stores: dict[str, dict[int, bytes]] = {"a": {}, "b": {}, "c": {}}
+    for e in range(6):
+        for p in (e % 3, (e + 1) % 3):
+            stores["abc"[p]][e] = _body(e)
+    del stores["a"][0]  # a lost its first entry
+    good = stores["c"][5]
+    stores["c"][5] = good[:-1] + bytes([good[-1] ^ 1])  # c's last entry is corrupt
+    md = LedgerMetadata.new(LEDGER, ("a", "b", "c"), write_quorum=2, ack_quorum=2).closed(5, 60)
+    ctx = _ctx(ScriptedPool(stores))
+    slots = asyncio.Semaphore(4)
+    assert await check_ledger(ctx, md, {"a", "b", "c"}, slots, CODEC) == {"a", "c"}
+    assert await check_ledger(ctx, md, {"a", "b", "c"}, slots) == {"a"}  # presence only
+    assert await check_ledger(ctx, md, {"b", "c"}, slots, CODEC) == {"c"}  # a unregistered: not probed
+    open_md = LedgerMetadata.new(LEDGER, ("a", "b", "c"), write_quorum=2, ack_quorum=2)
+    assert await check_ledger(ctx, open_md, {"a", "b", "c"}, slots, CODEC) == set()  # the writer's
