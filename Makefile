@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # Where `make run` keeps the sandbox's etcd and bookie data (bkaio honours $BKAIO_HOME too).
 BKAIO_HOME ?= $(HOME)/.bkaio
 
-.PHONY: setup test test-slow run bench lint fmt clean clean-sandbox
+.PHONY: setup test test-slow chaos run bench lint fmt clean clean-sandbox
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q
+
+# Long fault runs on real bookie processes (tests/faults): FAULT_CYCLES per nemesis, FAULT_SEED to replay.
+chaos: $(STAMP)
+	FAULT_CYCLES=$${FAULT_CYCLES:-200} $(BIN)/python -m pytest -m slow -q tests/faults
 
 run: $(STAMP)
 	$(BIN)/bkaio sandbox

@@ -1,0 +1,112 @@
+"""The fault suite's own tools: each check of the history checker fires on a history that breaks
+it, and each proxy mode does to the bytes what it says."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bookkeeper_aio.errors import LedgerClosed, with_outcome_unknown
+from tests.faults.history import History, Outcome
+from tests.faults.proxy import FaultProxy, Mode
+
+
+def _history(
+    values: list[bytes], *, read: list[bytes] | None = None, recovered: int | None = None
+) -> History:
+    history = History()
+    for entry_id, value in enumerate(values):
+        history.ok(history.invoke("w", 1, value), entry_id)
+    read = values if read is None else read
+    history.read_back(1, list(enumerate(read)))
+    history.recovered_at(1, len(read) - 1 if recovered is None else recovered)
+    return history
+
+
+def test_a_consistent_history_passes() -> None:
+    history = _history([b"a", b"b"])
+    history.failed(history.invoke("w", 1, b"c"), LedgerClosed("x"))  # nothing sent: fail
+    history.failed(history.invoke("w", 1, b"d"), with_outcome_unknown(LedgerClosed("y"), True))  # info
+    history.invoke("w", 1, b"e")  # never answered: info
+    assert history.check() == []
+    assert history.counts() == {"ok": 2, "fail": 1, "info": 2}
+
+
+@pytest.mark.parametrize(
+    ("history", "complaint"),
+    [
+        (_history([b"a", b"b"], read=[b"a"]), "LOST"),
+        (_history([b"a"], read=[b"a", b"zz"], recovered=1), "phantom"),
+        (_history([b"a", b"b"], recovered=0), "acked above the final last entry"),
+        (_history([b"a", b"b"], read=[b"a", b"a"]), "read twice"),
+    ],
+)
+def test_each_violation_is_reported(history: History, complaint: str) -> None:
+    assert any(complaint in problem for problem in history.check()), history.check()
+
+
+def test_disagreeing_readers_recoverers_and_lacs_are_reported() -> None:
+    history = _history([b"a", b"b"])
+    history.read_back(1, [(0, b"a")])
+    history.recovered_at(1, 0)
+    history.lac_seen(1, 1)
+    history.lac_seen(1, 0)
+    problems = "\n".join(history.check())
+    assert "reader 2 disagrees" in problems
+    assert "recoverers disagree" in problems
+    assert "LACs went back" in problems
+
+
+def test_a_failed_add_that_was_read_and_out_of_order_acks_are_reported() -> None:
+    history = History()
+    late = history.invoke("w", 1, b"first")
+    early = history.invoke("w", 1, b"second")
+    history.ok(early, 0)
+    history.ok(late, 1)
+    dropped = history.invoke("w", 1, b"third")
+    dropped.outcome = Outcome.FAIL
+    history.read_back(1, [(0, b"second"), (1, b"first"), (2, b"third")])
+    history.recovered_at(1, 2)
+    problems = "\n".join(history.check())
+    assert "not in invoke order" in problems
+    assert "failed (nothing sent) yet was read" in problems
+
+
+async def _echo_server() -> asyncio.Server:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1024):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(echo, "127.0.0.1", 0)
+
+
+async def test_proxy_modes_do_what_they_say() -> None:
+    server = await _echo_server()
+    async with server, FaultProxy(server.sockets[0].getsockname()[:2]) as proxy:
+        reader, writer = await asyncio.open_connection(*proxy.address)
+        writer.write(b"ping")
+        assert await asyncio.wait_for(reader.readexactly(4), 2) == b"ping"
+        proxy.set(Mode.BLACKHOLE_DOWN)  # the request arrives, the answer does not
+        writer.write(b"lost")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(reader.readexactly(4), 0.3)
+        assert proxy.bytes_up == 8
+        proxy.set(Mode.DELAY, delay_s=0.2)
+        writer.write(b"slow")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await asyncio.wait_for(reader.readexactly(4), 2) == b"slow"
+        assert loop.time() - started >= 0.2
+        proxy.set(Mode.RESET)
+        assert await asyncio.wait_for(reader.read(), 2) == b""  # closed
+        writer.close()
+        proxy.set(Mode.CUT_AFTER, cut_after_bytes=3)
+        sent_before = proxy.bytes_up
+        reader, writer = await asyncio.open_connection(*proxy.address)
+        writer.write(b"abcdef")
+        assert await asyncio.wait_for(reader.read(), 2) == b""  # torn after 3 bytes, then closed
+        assert proxy.bytes_up - sent_before == 3
+        writer.close()
