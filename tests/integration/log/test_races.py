@@ -1,0 +1,68 @@
+"""Races between a log's writers and its truncation, made deterministic: the second party's whole
+operation is run at the exact point where the first one is between two steps (a wrapper around the
+first one's next step). Real bookies, real etcd."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bookkeeper_aio import BookKeeper, LogPosition, open_log_reader, open_log_writer, truncate_log
+from bookkeeper_aio.errors import NoSuchLedger
+from bookkeeper_aio.log._common import recover_ledgers
+from tests.integration.log.conftest import CONFIG, Cluster
+
+pytestmark = pytest.mark.etcd
+
+QUORUM: dict[str, Any] = {"ensemble": 3, "write_quorum": 2, "ack_quorum": 2, "password": b"pw"}
+
+
+async def _three_ledgers(bk: BookKeeper, name: str) -> tuple[list[LogPosition], Any]:
+    """A log [L1 CLOSED, L2 CLOSED, L3 OPEN] with its writer still open, and the acked positions."""
+    writer = await open_log_writer(bk, name, **QUORUM)
+    positions = []
+    for chunk in range(3):
+        for i in range(3):
+            position = await writer.append(f"{chunk}-{i}".encode())
+            assert position is not None
+            positions.append(position)
+        if chunk < 2:
+            await writer.roll()
+    return positions, writer
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=NoSuchLedger,
+    reason="open_log_writer (writer.py, the recover_ledgers call of its loop) fences the last two "
+    "ledgers of the list it read; one a concurrent truncation deleted meanwhile raises NoSuchLedger "
+    "out of the open instead of starting over on the changed list",
+)
+async def test_a_truncation_between_an_opens_list_read_and_its_recovery(
+    cluster: Cluster, bk: BookKeeper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new writer read [L1, L2, L3] and is about to fence the last two (L2, L3); a truncation
+    before L3 lands first and deletes L2. The open must start over on the new list (the seed: on a
+    changed list, start again), not fail on the deleted ledger."""
+    await cluster.start(3)
+    positions, old_writer = await _three_ledgers(bk, "cut")
+    third = positions[6].ledger_id
+    landed: list[LogPosition | None] = []
+
+    async def truncate_first(bk_: BookKeeper, ledger_ids: tuple[int, ...], password: bytes) -> Any:
+        if not landed:
+            async with BookKeeper.connect(cluster.url, config=CONFIG) as other:
+                landed.append(await truncate_log(other, "cut", LogPosition(third, 0), password=b"pw"))
+        return await recover_ledgers(bk_, ledger_ids, password)
+
+    monkeypatch.setattr("bookkeeper_aio.log.writer.recover_ledgers", truncate_first)
+    async with BookKeeper.connect(cluster.url, config=CONFIG) as bk2:
+        new_writer = await open_log_writer(bk2, "cut", **QUORUM)
+        assert landed == [LogPosition(third, 0)]  # the truncation did land in between
+        position = await new_writer.append(b"after")
+        await new_writer.close()
+    reader = await open_log_reader(bk, "cut", password=b"pw")
+    read = [record.position async for record in reader]
+    assert read == [*positions[6:], position]
+    assert old_writer is not None
