@@ -11,6 +11,7 @@ import pytest
 from bookkeeper_aio import BookKeeper, LogPosition, open_log_reader, open_log_writer, truncate_log
 from bookkeeper_aio.errors import NoSuchLedger
 from bookkeeper_aio.log._common import recover_ledgers
+from bookkeeper_aio.log.records import last_sequence
 from tests.integration.log.conftest import CONFIG, Cluster
 
 pytestmark = pytest.mark.etcd
@@ -66,3 +67,37 @@ async def test_a_truncation_between_an_opens_list_read_and_its_recovery(
     read = [record.position async for record in reader]
     assert read == [*positions[6:], position]
     assert old_writer is not None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=NoSuchLedger,
+    reason="open_log_writer learns a sequenced log's last sequence (records.last_sequence) from the "
+    "list as its open CAS wrote it; a truncation that lands after that CAS and deletes those ledgers "
+    "makes the open raise NoSuchLedger (truncated_sequence of the newer list would answer)",
+)
+async def test_a_truncation_between_an_opens_cas_and_its_last_sequence_read(
+    cluster: Cluster, bk: BookKeeper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await cluster.start(3)
+    writer = await open_log_writer(bk, "seq", sequenced=True, **QUORUM)
+    for sequence in range(5):
+        await writer.append(f"{sequence}".encode(), sequence=sequence)
+    await writer.close()  # [L1 CLOSED]: the next open lists [L1, L2 OPEN] and reads L1's last record
+    landed: list[LogPosition | None] = []
+
+    async def truncate_first(bk_: BookKeeper, md: Any, password: bytes) -> int | None:
+        if not landed:
+            cut = LogPosition(md.ledgers[-1].ledger_id, 0)  # everything before the new ledger
+            async with BookKeeper.connect(cluster.url, config=CONFIG) as other:
+                landed.append(await truncate_log(other, "seq", cut, password=b"pw"))
+        return await last_sequence(bk_, md, password)
+
+    monkeypatch.setattr("bookkeeper_aio.log.records.last_sequence", truncate_first)
+    async with BookKeeper.connect(cluster.url, config=CONFIG) as bk2:
+        new_writer = await open_log_writer(bk2, "seq", **QUORUM)
+        assert len(landed) == 1  # the truncation did land in between
+        assert new_writer.last_sequence == 4
+        assert await new_writer.append(b"dup", sequence=4) is None  # still a duplicate
+        assert await new_writer.append(b"5", sequence=5) is not None
+        await new_writer.close()
