@@ -266,3 +266,18 @@ async def test_reads_racing_the_switch_and_the_deletes_always_find_their_entry(t
     assert reads > 0
     await assert_kept_read_back(storage)
     await storage.close()
+
+
+async def test_a_gap_after_the_checkpoint_still_refuses(tmp_path: Path) -> None:
+    """GC's gaps are only ever before the checkpoint's segment; one in the replayed part is data
+    lost, and the bookie refuses to start."""
+    storage = await Storage.open(config(tmp_path))
+    await start_add(storage, 1, 0, entry(1, 0))
+    await storage.write_checkpoint()  # its position is in the first segment
+    await fill(storage)  # later segments, replayed from the checkpoint
+    storage.abort()  # no final checkpoint: the last one stays in the first segment
+    segments = sorted(segments_on_disk(tmp_path))
+    assert len(segments) >= 4
+    os.remove(tmp_path / replay.JOURNAL_DIR / fmt.segment_name(segments[2]))
+    with pytest.raises(fmt.JournalCorrupt, match="a segment is missing"):
+        await Storage.open(config(tmp_path))
