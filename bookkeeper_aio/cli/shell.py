@@ -351,10 +351,11 @@ async def cmd_bookie_gc(args: argparse.Namespace) -> int:
         done = running.get("progress") or {}
         if done.get("bytes_to_copy"):
             if progress is None:
-                progress = output.Progress("gc: compacting", int(done["bytes_to_copy"]))
+                progress = output.Progress("gc: copying bytes", int(done["bytes_to_copy"]))
             progress.update(int(done.get("bytes_copied", 0)), done.get("paused") or running.get("phase", ""))
         await asyncio.sleep(GC_POLL_S)
     if progress is not None:
+        progress.update(int((status.get("last") or {}).get("bytes_copied", progress.done)))
         progress.finish()
     if args.no_wait:
         output.emit({"started": bool(started.get("started"))}, as_json=args.json)
