@@ -169,7 +169,6 @@ class GarbageCollector:
         self.bytes_freed_total = 0
         self.bytes_copied_total = 0
         self.segments_deleted_total = 0
-        self._done = asyncio.Condition()
 
     def start(self) -> None:
         self._task = self._loop.create_task(self._run_loop(), name="bookie-gc")
@@ -206,6 +205,8 @@ class GarbageCollector:
             "passes": self.passes,
             "ledgers_collected_total": self.ledgers_collected_total,
             "bytes_freed_total": self.bytes_freed_total,
+            "bytes_copied_total": self.bytes_copied_total,
+            "segments_deleted_total": self.segments_deleted_total,
             "interval_s": self.config.interval_s,
             "metadata": self.catalog is not None,
         }
