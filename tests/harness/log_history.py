@@ -22,6 +22,8 @@ violation of:
    ledger never goes back from CLOSED to OPEN;
 7. every record read lies in a ledger of the last sampled list.
 
+Acknowledged appends in ledgers a truncation removed (``truncated_before``) are not required.
+
 The module only depends on the public log API types, so a fault suite can reuse it with its own
 writers (in-process tasks or worker processes that dump `AppendRecord` rows as JSON).
 """
@@ -170,9 +172,13 @@ class LogHistory:
             self.samples.append(ledgers)
 
     # ------------------------------------------------------------------ checking
-    def check(self, read: Sequence[LogRecord], *, open_max: int = 1) -> CheckResult:
+    def check(
+        self, read: Sequence[LogRecord], *, open_max: int = 1, truncated_before: int = 0
+    ) -> CheckResult:
+        """``truncated_before``: the log was truncated before that ledger id (docs/api.md "Logs"):
+        acknowledged appends in lower ledgers are gone legitimately, so not required."""
         violations: list[str] = []
-        violations += self._check_records(read)
+        violations += self._check_records(read, truncated_before)
         violations += self._check_samples(open_max)
         by_outcome = Counter(r.outcome for r in self.appends.values())
         read_values = {record.payload for record in read}
@@ -194,7 +200,7 @@ class LogHistory:
             ledgers=len(self.samples[-1]) if self.samples else 0,
         )
 
-    def _check_records(self, read: Sequence[LogRecord]) -> list[str]:
+    def _check_records(self, read: Sequence[LogRecord], truncated_before: int) -> list[str]:
         out: list[str] = []
         seen: Counter[bytes] = Counter(record.payload for record in read)
         where: dict[bytes, LogPosition] = {}
@@ -226,6 +232,12 @@ class LogHistory:
             if appended.outcome is not Outcome.OK:
                 continue
             got = where.get(value)
+            if (
+                got is None
+                and appended.position is not None
+                and appended.position.ledger_id < truncated_before
+            ):
+                continue  # truncated
             if got is None:
                 out.append(f"acked {value!r} at {_pos(appended.position)} was not read (lost)")
             elif got != appended.position:
