@@ -353,8 +353,16 @@ async def cmd_decommission(args: argparse.Namespace) -> int:
         urm = UnderReplicationManager(meta.store, meta.root)
         bookie_id = validate_name(args.bookie_id, "bookie id")
         await urm.start_decommission(bookie_id)  # never chosen as a replacement from now on
-        if args.admin:
-            await asyncio.to_thread(_set_read_only, args.admin)
+        admin = args.admin or await _registered_admin(meta, bookie_id)
+        if admin:
+            await asyncio.to_thread(_set_read_only, admin)
+        else:
+            print(
+                f"{bookie_id} publishes no admin endpoint and --admin was not given: it is not made "
+                "read-only, so writers may still place new ledgers on it (they are moved off by the "
+                "next scan)",
+                file=sys.stderr,
+            )
         bk = _client(meta, urm)
         try:
             loop = asyncio.get_running_loop()
@@ -380,6 +388,13 @@ async def cmd_decommission(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+async def _registered_admin(meta: metadata.MetadataConnection, bookie_id: str) -> str | None:
+    """The admin endpoint the bookie publishes in its registration (``admin`` attribute), if any."""
+    bookies = await metadata.list_bookies(meta.store, meta.root)
+    info = bookies.writable.get(bookie_id) or bookies.readonly.get(bookie_id)
+    return None if info is None else info.attributes.get("admin")
 
 
 def _set_read_only(admin: str) -> None:
@@ -492,5 +507,6 @@ def add_commands(sub: Any) -> None:
     decommission.add_argument(
         "--admin",
         default=None,
-        help="the bookie's admin HOST:PORT: made read-only first, so writers move off it",
+        help="the bookie's admin HOST:PORT (default: the one its registration publishes): it is made "
+        "read-only first, so writers move off it and new ledgers avoid it",
     )

@@ -19,6 +19,7 @@ import json
 import random
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,12 @@ REGISTRATION_TTL_S = 3
 DELAY_S = 3.0
 GRACE_S = 6.0
 LEASE_TTL_S = 3
+
+
+def _get_json(url: str) -> dict[str, object]:
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        body: dict[str, object] = json.loads(answer.read())
+        return body
 
 
 @dataclass
@@ -347,7 +354,9 @@ async def test_acceptance_3_a_daemon_killed_mid_copy_leaves_its_ledgers_to_the_o
 async def test_acceptance_4_decommission_of_a_live_bookie_under_write_load(sc: SelfCluster) -> None:
     await sc.start_bookies(5)
     leaving = "b3"
-    admin_host, admin_port = await asyncio.to_thread(sc.bookies[leaving].admin_address)
+    admin = f"{':'.join(map(str, await asyncio.to_thread(sc.bookies[leaving].admin_address)))}"
+    registered = (await list_bookies(sc.meta.store, sc.root)).writable[leaving]
+    assert registered.attributes.get("admin") == admin
     async with BookKeeper.connect(sc.url, config=CONFIG) as bk:
         closed = await _closed(bk, 30, 20)
         writers = [Writer(await bk.create_ledger(3, 2, 2, password=PASSWORD)) for _ in range(4)]
@@ -355,7 +364,7 @@ async def test_acceptance_4_decommission_of_a_live_bookie_under_write_load(sc: S
         await asyncio.sleep(0.5)
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bookkeeper_aio.cli.main", "decommission", leaving, "--metadata", sc.url,
-            "--password", PASSWORD.decode(), "--admin", f"{admin_host}:{admin_port}", "--json",
+            "--password", PASSWORD.decode(), "--json",  # the admin endpoint: from its registration
             "--open-ledger-grace", "600", "--timeout", "120",
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -380,4 +389,6 @@ async def test_acceptance_4_decommission_of_a_live_bookie_under_write_load(sc: S
             await _verify_writer(bk, writer, [leaving])
             assert len(writer.acked) > 10
         assert await sc.meta.store.get(sc.meta.keys.cookie(leaving)) is None
+        mode = await asyncio.to_thread(_get_json, f"http://{admin}/readonly")
+        assert mode["manual"] is True  # made read-only through the endpoint its registration names
         assert await UnderReplicationManager(sc.meta.store, sc.root).decommissioning() == set()
