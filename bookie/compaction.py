@@ -10,9 +10,10 @@ collection*). Driven by :class:`bookie.gc.GarbageCollector`, one step at a time:
 2. **Copy.** For a segment whose live bytes are below ``threshold`` of its size: read its live
    records in batches (CRC checked; a damaged record is left where it is, and so is the segment),
    append each record whose index entry still points there to the journal, unchanged, and wait
-   for the covering fdatasync. Throttled to ``rate_bytes_per_s`` and paused while the journal has a
-   backlog; skipped for the rest of the pass while the bookie is read-only (copies need disk space, a
-   full disk must not fail the journal; step 4 goes on and frees what is wholly dead).
+   for the covering fdatasync. Throttled to ``rate_bytes_per_s`` and paused (up to a second per
+   batch) while the journal has a backlog; skipped for the rest of the pass while the bookie is
+   read-only (copies need disk space, a full disk must not fail the journal; step 4 goes on and
+   frees what is wholly dead).
 3. **Switch.** Once a batch is durable, each index entry that still points at the old record is
    pointed at its copy (in one loop step, so a read sees one or the other, both whole).
 4. **Checkpoint, then delete.** A fresh walk finds the segments with no live bytes left; a
@@ -50,6 +51,8 @@ waits for at most this much extra written (~1 ms of disk)."""
 LIVE_BYTES_PER_WALK = 256 * 1024 * 1024
 """Live bytes of the segments one walk collects the entries of (bounds the memory of the list)."""
 PAUSE_S = 0.05
+BACKLOG_WAIT_S_MAX = 1.0
+"""The longest a copy batch waits for the journal's backlog to drain."""
 
 
 class CopiesRefused(Exception):
@@ -206,17 +209,21 @@ class Compactor:
         return copied
 
     async def _wait_until_allowed(self) -> None:
-        """Pause while the journal has a backlog (foreground adds first); raise
-        :class:`CopiesRefused` while copies must not be made at all (read-only: disk space)."""
+        """Pause while the journal has a backlog (foreground adds first), but never longer than
+        :data:`BACKLOG_WAIT_S_MAX` per batch: under endless load compaction still moves (one batch
+        a second at worst), so dead segments get freed. Raise :class:`CopiesRefused` while copies
+        must not be made at all (read-only: disk space)."""
         journal = self.storage.journal
+        deadline = self._loop.time() + BACKLOG_WAIT_S_MAX
         while True:
             refused = self._copy_refused()
             if refused is not None:
                 raise CopiesRefused(refused)
             busy = journal.under_pressure or journal.queue_bytes > self._batch_bytes * 4
-            self.progress.paused = "journal backlog" if busy else None
-            if not busy:
+            if not busy or self._loop.time() >= deadline:
+                self.progress.paused = None
                 return
+            self.progress.paused = "journal backlog"
             await asyncio.sleep(PAUSE_S)
 
     async def _copy_batch(self, segment_id: int, batch: list[tuple[LedgerState, int, int, Location]]) -> int:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from bookie import compaction, replay
 from bookie import journal_format as fmt
-from bookie import replay
 from bookie.gc import GarbageCollector, GcConfig
+from bookie.journal import Journal
 from bookie.storage import EntryCorrupt, NoLedger, Storage
 from bookkeeper_aio.common import failpoints
 
@@ -281,3 +282,26 @@ async def test_a_gap_after_the_checkpoint_still_refuses(tmp_path: Path) -> None:
     os.remove(tmp_path / replay.JOURNAL_DIR / fmt.segment_name(segments[2]))
     with pytest.raises(fmt.JournalCorrupt, match="a segment is missing"):
         await Storage.open(config(tmp_path))
+
+
+async def test_a_journal_that_is_never_idle_slows_compaction_but_cannot_stop_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = await Storage.open(config(tmp_path))
+    await fill(storage)
+    monkeypatch.setattr(compaction, "BACKLOG_WAIT_S_MAX", 0.1)
+    monkeypatch.setattr(Journal, "under_pressure", property(lambda self: True))  # endless backlog
+    gc = collector(storage)
+    run = asyncio.ensure_future(gc.run_once())
+    seen_paused = False
+    while not run.done():
+        if gc.running is not None and gc.running.progress.paused == "journal backlog":
+            seen_paused = True
+        await asyncio.sleep(0.01)
+    report = run.result()
+    assert seen_paused
+    assert report.error is None
+    assert report.bytes_copied > 0
+    assert report.segments_deleted >= 4
+    await assert_kept_read_back(storage)
+    await storage.close()
