@@ -396,7 +396,7 @@ async def test_leader_churn_100_takeovers(cluster: Cluster, bk: BookKeeper, tmp_
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,  # a race: most runs hit it, not all; test_races.py has the deterministic strict one
     raises=OpenFailed,
     reason="a takeover's open fences the last two ledgers of the list it read; a truncation that "
     "deleted one meanwhile makes open_log_writer raise NoSuchLedger (test_races.py shows the step)",
