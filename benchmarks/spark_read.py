@@ -132,8 +132,9 @@ async def direct(url: str) -> tuple[int, int]:
     return count, size
 
 
-def spark_pass(spark: Any, url: str, source: str) -> tuple[int, int]:
-    df = spark.read.format(source).option("metadata", url).load(LOG)
+def spark_pass(spark: Any, url: str, source: str, per_partition: int) -> tuple[int, int]:
+    reader = spark.read.format(source).option("metadata", url)
+    df = reader.option("maxEntriesPerPartition", str(per_partition)).load(LOG)
     row = df.selectExpr("count(*) AS n", "sum(length(payload)) AS b").collect()[0]
     return int(row.n), int(row.b)
 
@@ -149,13 +150,12 @@ async def main(args: argparse.Namespace) -> None:
         await cluster.start(3)
         expected = await fill(cluster.url, args)
         spark = await asyncio.to_thread(start_spark)  # ~10 s: the loop keeps the leases alive
-        await blocking(spark, lambda: spark_pass(spark, cluster.url, "bookkeeper"))  # warm-up
+        url, per = cluster.url, args.max_entries_per_partition
+        await blocking(spark, lambda: spark_pass(spark, url, "bookkeeper", per))  # warm-up
         passes: dict[str, Callable[[], Any]] = {
-            "direct": lambda: direct(cluster.url),
-            "spark_arrow": lambda: blocking(spark, lambda: spark_pass(spark, cluster.url, "bookkeeper")),
-            "spark_tuples": lambda: blocking(
-                spark, lambda: spark_pass(spark, cluster.url, "bookkeeper_tuples")
-            ),
+            "direct": lambda: direct(url),
+            "spark_arrow": lambda: blocking(spark, lambda: spark_pass(spark, url, "bookkeeper", per)),
+            "spark_tuples": lambda: blocking(spark, lambda: spark_pass(spark, url, "bookkeeper_tuples", per)),
         }
         if args.skip_tuples:
             del passes["spark_tuples"]
@@ -196,6 +196,7 @@ async def main(args: argparse.Namespace) -> None:
                 "entries": args.entries,
                 "size": args.size,
                 "ledgers": args.ledgers,
+                "maxEntriesPerPartition": args.max_entries_per_partition,
                 "reps": args.reps,
                 "direct_MB/s": median(lambda r: r["direct"]),
                 "spark_arrow_MB/s": median(lambda r: r["spark_arrow"]),
@@ -221,5 +222,6 @@ if __name__ == "__main__":
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--ledgers", type=int, default=5)
     parser.add_argument("--dir", default=None)
+    parser.add_argument("--max-entries-per-partition", type=int, default=100_000)
     parser.add_argument("--skip-tuples", action="store_true", help="only direct and spark_arrow")
     asyncio.run(main(parser.parse_args()))
