@@ -25,6 +25,7 @@ from bookie.gc import MetadataCatalog
 from bookie.journal_format import JournalCorrupt
 from bookie.registration import (
     BookieIdInUse,
+    ClusterMismatch,
     ClusterNotInitialised,
     MetadataCookieMismatch,
     MetadataRegistration,
@@ -47,7 +48,7 @@ async def serve(config: BookieConfig) -> int:
     server = BookieServer(config, registration, catalog=catalog)
     refusals = (
         *(CookieMismatch, JournalCorrupt, CheckpointCorrupt, ListenError, BlockingIOError, OSError),
-        *(ClusterNotInitialised, MetadataCookieMismatch, BookieIdInUse, MetadataError),
+        *(ClusterNotInitialised, ClusterMismatch, MetadataCookieMismatch, BookieIdInUse, MetadataError),
     )
     try:
         await server.start()

@@ -4,6 +4,11 @@
 time a bookie starts on an empty directory. A later start with another bookie id, or on a directory
 that holds a journal but no cookie (copied or half-wiped), refuses: serving another bookie's data
 under our name would make the cluster believe entries are where they are not.
+
+Once the bookie registered with a cluster, the COOKIE also names that cluster
+(``cluster_instance_id``, :func:`bind_cluster`): a later start against another cluster (a wrong
+metadata root, a re-initialised or restored etcd) is refused by the registration, before the
+bookie's GC could take its ledgers for deleted ones.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import os
 import uuid
 
 from bookie.fileio import FileIO
+from bookie.journal_format import parse_segment_name
+from bookie.replay import JOURNAL_DIR
 
 COOKIE_FILE = "COOKIE"
 LOCK_FILE = "LOCK"
@@ -51,6 +58,36 @@ def ensure_cookie(fileio: FileIO, data_dir: str, bookie_id: str, has_data: bool)
             f"data dir {data_dir} has layout version {layout}, this bookie reads {LAYOUT_VERSION}"
         )
     return str(instance_id)
+
+
+def read_cluster_binding(fileio: FileIO, data_dir: str) -> str | None:
+    """The instance id of the cluster this data dir was registered with (None: never, or a cookie
+    written before bookies recorded it)."""
+    try:
+        cookie = json.loads(fileio.read_file(os.path.join(data_dir, COOKIE_FILE)))
+    except (OSError, ValueError) as exc:
+        raise CookieMismatch(f"{data_dir}/{COOKIE_FILE} is unreadable: {exc}") from exc
+    bound = cookie.get("cluster_instance_id") if isinstance(cookie, dict) else None
+    return bound if isinstance(bound, str) else None
+
+
+def bind_cluster(fileio: FileIO, data_dir: str, cluster_instance_id: str) -> None:
+    """Record in the COOKIE (atomically) the cluster this data dir belongs to from now on."""
+    path = os.path.join(data_dir, COOKIE_FILE)
+    try:
+        cookie = json.loads(fileio.read_file(path))
+    except (OSError, ValueError) as exc:
+        raise CookieMismatch(f"{path} is unreadable: {exc}") from exc
+    cookie["cluster_instance_id"] = cluster_instance_id
+    fileio.write_file_atomic(path, json.dumps(cookie, sort_keys=True).encode())
+
+
+def holds_data(fileio: FileIO, data_dir: str) -> bool:
+    """Whether the data dir has journal segments (entries, fences: anything a reader may rely on)."""
+    journal_dir = os.path.join(data_dir, JOURNAL_DIR)
+    return fileio.exists(journal_dir) and any(
+        parse_segment_name(name) is not None for name in fileio.listdir(journal_dir)
+    )
 
 
 def read_instance_id(fileio: FileIO, data_dir: str) -> str:

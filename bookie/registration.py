@@ -10,6 +10,10 @@ Plugs into :class:`bookie.server.BookieServer`:
   back with a new instance id and is refused: otherwise it would answer "no such entry" for entries
   it used to hold, and recovery could count that as proof an acknowledged entry never existed.
   After a disk loss an operator runs ``bkaio bookie format BOOKIE_ID`` to forget the old cookie.
+  The data directory's COOKIE names the cluster it registered with (:func:`bookie.cookie.
+  bind_cluster`): a start against another cluster is refused (:class:`ClusterMismatch`), and so is a
+  data directory holding data at a root that has no cookie for it (a wrong root, or a cluster whose
+  metadata was re-initialised): the bookie's GC would otherwise take its ledgers for deleted ones.
 - ``start(bookie_id, address)`` registers under ``bookies/writable/`` bound to a lease (re-registered
   after a lease loss by :class:`metadata.BookieRegistration`); ``close()`` deregisters. The value
   carries ``instance_id`` (the data directory's) and ``data_dir_lock`` (:func:`bookie.cookie.
@@ -35,7 +39,8 @@ from __future__ import annotations
 import structlog
 
 import metadata
-from bookie.cookie import lock_identity
+from bookie.cookie import bind_cluster, holds_data, lock_identity, read_cluster_binding
+from bookie.fileio import OS_FILE_IO, FileIO
 from metadata.bookies import RegistrationHeld
 
 log = structlog.get_logger(__name__)
@@ -49,13 +54,20 @@ class MetadataCookieMismatch(RuntimeError):
     """The metadata says this bookie id belongs to another data directory."""
 
 
+class ClusterMismatch(RuntimeError):
+    """The data directory belongs to another cluster than the one at the metadata URL."""
+
+
 class BookieIdInUse(RuntimeError):
     """Another live bookie keeps this bookie id registered."""
 
 
 class MetadataRegistration:
-    def __init__(self, url: str, ttl_s: int = metadata.bookies.REGISTRATION_TTL_S_DEFAULT) -> None:
+    def __init__(
+        self, url: str, ttl_s: int = metadata.bookies.REGISTRATION_TTL_S_DEFAULT, fileio: FileIO = OS_FILE_IO
+    ) -> None:
         self._url = url
+        self._fileio = fileio
         self._ttl_s = ttl_s
         self._connection: metadata.MetadataConnection | None = None
         self._registration: metadata.BookieRegistration | None = None
@@ -73,14 +85,31 @@ class MetadataRegistration:
         self._instance_id = instance_id
         self._lock_identity = lock_identity(data_dir)
         conn = self._connect()
-        if await metadata.read_cluster_info(conn.store, conn.root) is None:
+        cluster = await metadata.read_cluster_info(conn.store, conn.root)
+        if cluster is None:
             raise ClusterNotInitialised(
                 f"no cluster at {self._url}: run `bkaio cluster init --metadata {self._url}` first"
             )
+        bound = read_cluster_binding(self._fileio, data_dir)
+        if bound is not None and bound != cluster.instance_id:
+            raise ClusterMismatch(
+                f"data dir {data_dir} belongs to cluster {bound}, but {self._url} holds cluster "
+                f"{cluster.instance_id} (a wrong --metadata root, or a re-initialised or restored "
+                "metadata store): refusing to start, its garbage collection would take this bookie's "
+                "ledgers for deleted ones. Point it at its own cluster"
+            )
         stored = await metadata.read_cookie(conn.store, conn.root, bookie_id)
         if stored is None:
+            if holds_data(self._fileio, data_dir):
+                raise ClusterMismatch(
+                    f"data dir {data_dir} holds data, but the cluster at {self._url} has no cookie for "
+                    f"bookie {bookie_id!r}: it never registered here (a wrong --metadata root?) or its "
+                    "cookie was removed (`bkaio bookie format`: then the cluster counts this data as "
+                    "lost; wipe the data dir to rejoin empty). Refusing to start"
+                )
             cookie = metadata.Cookie(bookie_id, instance_id, (data_dir,), (data_dir,))
             await metadata.write_cookie(conn.store, conn.root, cookie, expected_version=None)
+            bind_cluster(self._fileio, data_dir, cluster.instance_id)
             log.info("bookie.cookie_created", bookie_id=bookie_id, instance_id=instance_id)
             return
         cookie, _ = stored
@@ -92,6 +121,8 @@ class MetadataRegistration:
                 f"`bkaio bookie format {bookie_id}` to forget the old cookie (the cluster then treats "
                 "its entries as lost replicas)"
             )
+        if bound is None:  # registered before bookies recorded their cluster: record it now
+            bind_cluster(self._fileio, data_dir, cluster.instance_id)
 
     async def start(self, bookie_id: str, address: str, admin_address: str | None = None) -> None:
         conn = self._connect()

@@ -4,13 +4,17 @@ and refuses to serve a data directory that is not the one its id was first start
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import uuid
 from pathlib import Path
 
 import metadata
+from bookkeeper_aio.protocol.codes import StatusCode
 from tests.harness.bookie_proc import BookieProcess
 from tests.harness.etcd import EtcdCluster
+
+from .wire import WireClient
 
 EXIT_REFUSED = 3
 
@@ -43,3 +47,48 @@ def test_registration_cookie_and_wiped_disk_refusal(etcd_server: EtcdCluster, tm
     shutil.rmtree(data)  # the disk is lost; the id comes back on an empty directory
     assert bookie.start_expect_failure() == EXIT_REFUSED
     assert "bkaio bookie format b0" in bookie.log_tail()
+
+
+def test_a_data_dir_is_refused_by_another_cluster(etcd_server: EtcdCluster, tmp_path: Path) -> None:
+    """A wrong --metadata root (or a re-initialised metadata store) must not take the bookie: its GC
+    would find none of its ledgers there and collect them all."""
+    home = etcd_server.url(f"/bookkeeper/home-{uuid.uuid4().hex[:8]}")
+    other = etcd_server.url(f"/bookkeeper/other-{uuid.uuid4().hex[:8]}")
+    asyncio.run(_init(home))
+    asyncio.run(_init(other))
+    data = tmp_path / "b0"
+    bookie = BookieProcess(data, "b0", extra_args=["--metadata", home])
+    bookie.start()
+    asyncio.run(_add_one(bookie))  # the data dir now holds a journal segment
+    assert bookie.stop() == 0
+    cookie = json.loads((data / "COOKIE").read_text())
+    assert cookie["cluster_instance_id"]
+    elsewhere = BookieProcess(data, "b0", extra_args=["--metadata", other])
+    assert elsewhere.start_expect_failure() == EXIT_REFUSED
+    assert "belongs to cluster" in elsewhere.log_tail()
+    del cookie["cluster_instance_id"]  # a data dir from before bookies recorded their cluster
+    (data / "COOKIE").write_text(json.dumps(cookie))
+    assert elsewhere.start_expect_failure() == EXIT_REFUSED
+    assert "has no cookie for bookie 'b0'" in elsewhere.log_tail()
+    assert "b0" not in asyncio.run(_bookies(other)).writable
+    bookie.start()  # at home it is accepted, and records its cluster again
+    assert bookie.stop() == 0
+    assert json.loads((data / "COOKIE").read_text())["cluster_instance_id"] == cookie_cluster(home)
+
+
+async def _add_one(bookie: BookieProcess) -> None:
+    client = await WireClient.connect(*bookie.address)
+    try:
+        assert (await client.add(7, 0, b"kept")).status == StatusCode.EOK
+    finally:
+        client.close()
+
+
+def cookie_cluster(url: str) -> str:
+    async def read() -> str:
+        async with metadata.connect(url) as conn:
+            info = await metadata.read_cluster_info(conn.store, conn.root)
+            assert info is not None
+            return info.instance_id
+
+    return asyncio.run(read())
