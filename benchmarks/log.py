@@ -22,10 +22,15 @@ ledger (other than the last) as "before a roll", the others as "mid-ledger"; p50
 each. Records acked after the last append was sent are left out (no later add carries their LAC:
 only the writer's explicit LAC, ``explicit_lac_interval_ms``, or its close tells the reader).
 
+Pauses at a switch (``--pause-entries N``), per rep in alternating order: N appends moving to a
+new ledger every ``--roll-every``, once as a bare ledger switch (to a ledger created beforehand) and
+once as a log writer's roll; per switch the longest gap between consecutive completions around it.
+
 Prints one JSON line per pass and a final JSON summary (medians over ``--reps``).
 
     python -m benchmarks.log --reps 5
     python -m benchmarks.log --reps 5 --etcd
+    python -m benchmarks.log --reps 5 --etcd --pause-entries 40000
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import itertools
 import json
 import os
 import platform
@@ -118,6 +124,75 @@ async def _throughput(
         ledgers_used = len(writer.ledger_ids)
         await writer.close()
         return {"pass": which, **measured, "ledgers": ledgers_used}
+
+
+async def _switch_pauses(
+    which: str, procs: list[BookieProcess], args: argparse.Namespace, ledgers: LedgerManager
+) -> dict[str, Any]:
+    """``--pause-entries`` appends (``--window`` in flight) moving to a new ledger every
+    ``--roll-every``: ``ledger`` switches to a ledger created beforehand and closes the old one in
+    the background (the bare cost of a switch); ``log`` is a log writer's own roll (create, CAS,
+    close, CAS). Per switch: the longest gap between consecutive completions within 50 ms of the
+    first completion in the new ledger."""
+    payload = os.urandom(args.size)
+    quorum = {"ensemble": args.ensemble, "write_quorum": args.qw, "ack_quorum": args.qa}
+    slots = asyncio.Semaphore(args.window)
+    completions: list[tuple[float, int]] = []  # (when, ledger id)
+
+    def done(ledger_id: int | None, future: asyncio.Future[Any]) -> None:
+        slots.release()
+        if future.exception() is None:
+            result = future.result()
+            completions.append(
+                (time.perf_counter(), ledger_id if ledger_id is not None else result.ledger_id)
+            )
+
+    async with _client(procs, ledgers, max(args.window, 1)) as bk:
+        handles = [
+            await bk.create_ledger(args.ensemble, args.qw, args.qa, password=PASSWORD) for _ in range(2)
+        ]
+        writer = None
+        if which == "log":
+            name = f"pause-{uuid.uuid4().hex[:8]}"
+            writer = await open_log_writer(
+                bk, name, roll_entries_max=args.roll_every, password=PASSWORD, **quorum
+            )
+        futures: list[asyncio.Future[Any]] = []
+        closes = []
+        for index in range(args.pause_entries):
+            await slots.acquire()
+            future: asyncio.Future[Any]
+            if writer is not None:
+                future = await writer.append_async(payload)
+                future.add_done_callback(functools.partial(done, None))
+            else:
+                if index and index % args.roll_every == 0:
+                    closes.append(asyncio.ensure_future(handles.pop(0).close()))
+                    handles.append(await bk.create_ledger(args.ensemble, args.qw, args.qa, password=PASSWORD))
+                future = await handles[0].append_async(payload)
+                future.add_done_callback(functools.partial(done, handles[0].id))
+            futures.append(future)
+            if index % 16 == 15:
+                await asyncio.sleep(0)  # the loop never waits while slots are free: no long bursts
+        await asyncio.gather(*futures, *closes)
+        if writer is not None:
+            await writer.close()
+        for handle in handles:
+            await handle.close()
+    firsts = [t for (t, lid), (_, before) in zip(completions[1:], completions, strict=False) if lid != before]
+    gaps = [(a, b) for (a, _), (b, _) in itertools.pairwise(completions)]
+    at_switch = [
+        max((b - a for a, b in gaps if first - 0.05 <= b and a <= first + 0.05), default=0.0)
+        for first in firsts
+    ]
+    ordered = sorted(b - a for a, b in gaps)
+    return {
+        "pass": f"pauses_{which}",
+        "switches": len(firsts),
+        "switch_gap_ms_median": round(statistics.median(at_switch) * 1e3, 2) if at_switch else None,
+        "switch_gap_ms_max": round(max(at_switch) * 1e3, 2) if at_switch else None,
+        "gap_ms_p999": round(ordered[int(0.999 * len(ordered))] * 1e3, 2) if ordered else None,
+    }
 
 
 def _percentiles(values_s: list[float]) -> dict[str, float | int | None]:
@@ -214,6 +289,9 @@ def main() -> None:
         "--after-roll", type=int, default=5, help="entries of a new ledger counted as after a roll"
     )
     ap.add_argument("--etcd", action="store_true", help="metadata in a private etcd instead of memory")
+    ap.add_argument(
+        "--pause-entries", type=int, default=0, help="appends of the switch-pause passes (0: skip them)"
+    )
     args = ap.parse_args()
     etcd: EtcdCluster | None = None
     if args.etcd:
@@ -244,6 +322,11 @@ def main() -> None:
             line = await _throughput(which, procs, args, ledgers)
             print(json.dumps({"rep": rep, **line}), flush=True)
             result[which] = line
+        if args.pause_entries:
+            for which in ("ledger", "log") if rep % 2 == 0 else ("log", "ledger"):
+                line = await _switch_pauses(which, procs, args, ledgers)
+                print(json.dumps({"rep": rep, **line}), flush=True)
+                result[line["pass"]] = line
         delivery = await _delivery(procs, args, ledgers)
         print(json.dumps({"rep": rep, **delivery}), flush=True)
         result["delivery"] = delivery
@@ -283,6 +366,14 @@ def main() -> None:
         "log_cpu_over_ledger": med([r["log_cpu_over_ledger"] for r in runs]),
         "log_roll_over_ledger": med([r["log_roll_over_ledger"] for r in runs]),
         "log_roll_ledgers": med([r["log_roll"]["ledgers"] for r in runs]),
+        **{
+            f"pauses_{which}": {
+                k: med([r[f"pauses_{which}"][k] for r in runs])
+                for k in ("switches", "switch_gap_ms_median", "switch_gap_ms_max", "gap_ms_p999")
+            }
+            for which in ("ledger", "log")
+            if args.pause_entries
+        },
         "delivery_rolls": med([r["delivery"]["rolls"] for r in runs]),
         **{
             f"delivery_{which}": {
