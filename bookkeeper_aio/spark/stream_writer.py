@@ -30,6 +30,7 @@ from bookkeeper_aio.spark.writer import (
     commit_ledgers,
     discard_unlisted,
     parse_write_spec,
+    with_floor,
     write_task,
 )
 
@@ -50,7 +51,8 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
         if overwrite:
             raise opt.SparkOptionError("outputMode", "a log is append-only: use outputMode('append')")
-        self.spec = parse_write_spec(options, schema, opt.STREAM_WRITE_OPTIONS, "streaming write")
+        spec = parse_write_spec(options, schema, opt.STREAM_WRITE_OPTIONS, "streaming write")
+        self.spec = runtime.run(lambda: with_floor(spec))
         self.writer_id = opt.get(options, opt.WRITER_ID) or None
 
     def write(self, iterator: Iterator[RecordBatch]) -> BatchLedgerWritten:
@@ -62,7 +64,8 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
         ledger_ids, writer_id = _batch(messages)
         if writer_id is None:
             return  # no task wrote anything
-        runtime.run(lambda: commit_ledgers(self.spec, ledger_ids, (writer_id, batchId)))
+        retried = any(isinstance(m, BatchLedgerWritten) and m.written.attempt > 0 for m in messages)
+        runtime.run(lambda: commit_ledgers(self.spec, ledger_ids, (writer_id, batchId), sweep=retried))
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         ledger_ids, _ = _batch(messages)

@@ -2,10 +2,12 @@
 
 Each task creates a ledger (id above the log's last ledger at that moment, ``after_ledger_id``)
 when its first row arrives, appends its rows' payloads in order, closes the ledger and returns its
-id in the commit message. A task that fails deletes its ledger before failing. The driver's
-``commit`` appends every task's ledger to the log with one ``append_ledgers`` (a CAS on the log's
-list: readers see all of the job's rows or none); ``abort``, and a ``commit`` whose CAS did not
-happen, delete them. A ledger the log lists is never deleted: after an error whose outcome is not
+id in the commit message. A task whose code fails deletes its ledger before failing; one whose
+Python worker Spark kills (an upstream failure in the same task, a cancelled job) cannot, so the
+driver looks for the job's unlisted ledgers (tagged with the job id) on abort, and on commit when
+a task ran more than once. The driver's ``commit`` appends every task's ledger to the log with
+one ``append_ledgers`` (a CAS on the log's list: readers see all of the job's rows or none);
+``abort``, and a ``commit`` whose CAS did not happen, delete them. A ledger the log lists is never deleted: after an error whose outcome is not
 known (the metadata store did not answer), the log's list is read back first.
 
 Order: each task's rows stay in order in its ledger; a job's ledgers go into the log in id order.
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import structlog
+from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
 
@@ -69,11 +72,13 @@ class WriteSpec:
 
 @dataclass(frozen=True, slots=True)
 class LedgerWritten(WriterCommitMessage):
-    """A task's result: its closed ledger (None: the task had no rows) and what it holds."""
+    """A task's result: its closed ledger (None: the task had no rows) and what it holds;
+    ``attempt`` > 0 when Spark ran the task before (an earlier attempt may have left a ledger)."""
 
     ledger_id: int | None
     entries: int
     payload_bytes: int
+    attempt: int = 0
 
 
 def parse_write_spec(
@@ -140,7 +145,8 @@ class BookKeeperBatchWriter(DataSourceArrowWriter):
         return runtime.run(lambda: write_task(self.spec, iterator))
 
     def commit(self, messages: Sequence[WriterCommitMessage | None]) -> None:
-        runtime.run(lambda: commit_ledgers(self.spec, _written(messages), None))
+        retried = any(isinstance(m, LedgerWritten) and m.attempt > 0 for m in messages)
+        runtime.run(lambda: commit_ledgers(self.spec, _written(messages), None, sweep=retried))
 
     def abort(self, messages: Sequence[WriterCommitMessage | None]) -> None:
         runtime.run(lambda: abort_job(self.spec, _written(messages)))
@@ -156,6 +162,8 @@ async def write_task(spec: WriteSpec, batches: Iterator[RecordBatch]) -> LedgerW
     The rows come from the JVM through a blocking iterator, so every append of a batch is
     acknowledged before the next batch is pulled: the event loop never sits blocked while adds
     are in flight (their timeouts would fire before their answers were read)."""
+    context = TaskContext.get()
+    attempt = context.attemptNumber() if context is not None else 0
     async with connect(spec.metadata, probe=False) as bk:
         handle: LedgerHandle | None = None
         entries = payload_bytes = 0
@@ -171,14 +179,14 @@ async def write_task(spec: WriteSpec, batches: Iterator[RecordBatch]) -> LedgerW
                 entries += len(payloads)
                 payload_bytes += sum(len(payload) for payload in payloads)
             if handle is None:
-                return LedgerWritten(None, 0, 0)
+                return LedgerWritten(None, 0, 0, attempt)
             await handle.close()
         except BaseException:
             if handle is not None:
                 await _delete_quietly(bk, handle.id)
             raise
         log.info("spark.ledger_written", log=spec.log, ledger_id=handle.id, entries=entries, job=spec.job_id)
-        return LedgerWritten(handle.id, entries, payload_bytes)
+        return LedgerWritten(handle.id, entries, payload_bytes, attempt)
 
 
 async def _create(bk: BookKeeper, spec: WriteSpec) -> LedgerHandle:
@@ -215,10 +223,14 @@ def _payloads(batch: RecordBatch, column: str) -> list[bytes]:
     return payloads
 
 
-async def commit_ledgers(spec: WriteSpec, ledger_ids: list[int], token: tuple[str, int] | None) -> bool:
+async def commit_ledgers(
+    spec: WriteSpec, ledger_ids: list[int], token: tuple[str, int] | None, *, sweep: bool = False
+) -> bool:
     """Append the ledgers to the log in one CAS (with ``token``: exactly once per token). False: a
     replay of an already committed token (its ledgers are deleted). On a failure the ledgers the
-    log does not list are deleted and the error is raised."""
+    log does not list are deleted and the error is raised. ``sweep`` (some task ran more than
+    once): afterwards, delete the job's ledgers the log does not list, which failed attempts
+    whose Python worker Spark killed before it could delete them left behind."""
     async with connect(spec.metadata) as bk:
         if not ledger_ids and token is None:
             return True
@@ -232,6 +244,8 @@ async def commit_ledgers(spec: WriteSpec, ledger_ids: list[int], token: tuple[st
             await _discard_unlisted(bk, spec, ledger_ids)
             return False
         log.info("spark.committed", log=spec.log, token=token, ledgers=ledger_ids, job=spec.job_id)
+        if sweep:
+            await _discard_unlisted(bk, spec, await _ledgers_of_job(bk, spec))
         return True
 
 

@@ -64,14 +64,15 @@ async def test_write_then_read_back(spark: SparkSession, cluster: Cluster, bk: B
 
 
 def _fail_once_mid_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Partition 1's first attempt fails after handing out its first batch (rows already sent to
-    the writer): Spark retries the task, the job must still hold each row once."""
+    """Partition 1's first attempt fails after handing out five batches (rows already sent to the
+    writer, whose Python worker Spark then kills): Spark retries the task, the job must still hold
+    each row once and leave no ledger behind."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
     fail = context is not None and context.partitionId() == 1 and context.attemptNumber() == 0
     for index, batch in enumerate(batches):
-        if fail and index == 1:
+        if fail and index == 5:
             raise RuntimeError("injected task failure")
         yield batch
 
