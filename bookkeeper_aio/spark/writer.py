@@ -7,8 +7,9 @@ Python worker Spark kills (an upstream failure in the same task, a cancelled job
 driver looks for the job's unlisted ledgers (tagged with the job id) on abort, and on commit when
 a task ran more than once. The driver's ``commit`` appends every task's ledger to the log with
 one ``append_ledgers`` (a CAS on the log's list: readers see all of the job's rows or none);
-``abort``, and a ``commit`` whose CAS did not happen, delete them. A ledger the log lists is never deleted: after an error whose outcome is not
-known (the metadata store did not answer), the log's list is read back first.
+``abort``, and a ``commit`` whose CAS did not happen, delete them. A ledger the log lists is
+never deleted: after an error whose outcome is not known (the metadata store did not answer), the
+log's list is read back first.
 
 Order: each task's rows stay in order in its ledger; a job's ledgers go into the log in id order.
 """
