@@ -366,6 +366,12 @@ async def cmd_bookie_gc(args: argparse.Namespace) -> int:
         *("segments_deleted", "bytes_copied", "bytes_freed", "entries_corrupt"),
     )
     output.emit(report if args.json else {k: report.get(k) for k in fields}, as_json=args.json)
+    if report.get("ledgers_waiting_grace"):
+        print(
+            f"{report['ledgers_waiting_grace']} ledgers missing from metadata wait for their grace period "
+            "(gc_deleted_ledger_grace_s): a pass after it collects them",
+            file=sys.stderr,
+        )
     return 1 if report.get("error") else 0
 
 
