@@ -179,7 +179,10 @@ async def _switch_pauses(
             await writer.close()
         for handle in handles:
             await handle.close()
-    firsts = [t for (t, lid), (_, before) in zip(completions[1:], completions, strict=False) if lid != before]
+    first_at: dict[int, float] = {}  # each ledger's first completion (an old ledger's last ones come later)
+    for when, ledger_id in completions:
+        first_at.setdefault(ledger_id, when)
+    firsts = sorted(first_at.values())[1:]
     gaps = [(a, b) for (a, _), (b, _) in itertools.pairwise(completions)]
     at_switch = [
         max((b - a for a, b in gaps if first - 0.05 <= b and a <= first + 0.05), default=0.0)
