@@ -30,7 +30,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from bookkeeper_aio import LogPosition, commit_cursor, read_cursors
+from bookkeeper_aio import LogPosition, LogTruncated, commit_cursor, read_cursors
 from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark import runtime
 from bookkeeper_aio.spark.catalog import connect, log_extents
@@ -43,12 +43,54 @@ if TYPE_CHECKING:
 Offset = dict[str, int]
 
 
-def to_offset(position: LogPosition) -> Offset:
-    return {"ledger_id": position.ledger_id, "entry_id": position.entry_id}
+def to_offset(position: LogPosition, log_offset: int | None = None) -> Offset:
+    """Spark's offset for ``position``; ``log_offset`` (the log-wide index of the record at
+    ``position``) when known, which tells a truncation that removed only consumed records from one
+    that removed unread ones."""
+    offset = {"ledger_id": position.ledger_id, "entry_id": position.entry_id}
+    if log_offset is not None:
+        offset["offset"] = log_offset
+    return offset
 
 
-def from_offset(offset: Mapping[str, Any]) -> LogPosition:
-    return opt.position_from_json("offset", dict(offset))
+def from_offset(offset: Mapping[str, Any]) -> tuple[LogPosition, int | None]:
+    fields = dict(offset)
+    log_offset = fields.pop("offset", None)
+    if log_offset is not None and (isinstance(log_offset, bool) or not isinstance(log_offset, int)):
+        raise opt.SparkOptionError("offset", f"not an integer in the checkpointed {offset!r}")
+    return opt.position_from_json("offset", fields), log_offset
+
+
+def log_offset_of(extents: Sequence[LedgerExtent], position: LogPosition) -> int | None:
+    for extent in extents:
+        if extent.ledger_id == position.ledger_id:
+            return None if extent.first_offset is None else extent.first_offset + position.entry_id
+    return None
+
+
+def check_not_truncated(
+    log: str,
+    extents: Sequence[LedgerExtent],
+    truncated_before: int,
+    start: LogPosition,
+    log_offset: int | None,
+) -> None:
+    """Raise LogTruncated when truncation removed records at or after ``start`` before the query
+    read them (never skip them silently). A start in a removed ledger is fine only when its log
+    offset shows every record before the log's first remaining one was read."""
+    first = extents[0] if extents else None
+    removed = start.ledger_id < truncated_before or (first is not None and start.ledger_id < first.ledger_id)
+    if not removed:
+        return
+    if first is None:
+        return  # an empty log: nothing left to miss, nothing to read
+    if log_offset is not None and first.first_offset is not None and log_offset >= first.first_offset:
+        return
+    raise LogTruncated(
+        log,
+        f"the streaming query's position {tuple(start)} (not read yet: use a cursor to hold retention back)",
+        (first.ledger_id, 0),
+    )
 
 
 class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -70,20 +112,25 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     # ------------------------------------------------------------------ offsets (driver)
     def initialOffset(self) -> Offset:
-        return to_offset(runtime.run(self._initial))
+        return runtime.run(self._initial)
 
-    async def _initial(self) -> LogPosition:
+    async def _initial(self) -> Offset:
         async with connect(self.spec.metadata) as bk:
-            _, extents = await log_extents(bk, self.log, self.spec.password)
+            info, extents = await log_extents(bk, self.log, self.spec.password)
+            start: LogPosition | None = None
             if self.cursor is not None:
                 consumed = (await read_cursors(bk, self.log)).get(self.cursor)
                 if consumed is not None:
-                    return LogPosition(consumed.ledger_id, consumed.entry_id + 1)
-        if isinstance(self.starting, LogPosition):
-            return self.starting
-        if self.starting == "earliest" or not extents:
-            return LogPosition(extents[0].ledger_id, 0) if extents else LogPosition(0, 0)
-        return stable_end(extents, LogPosition(0, 0), None)
+                    start = LogPosition(consumed.ledger_id, consumed.entry_id + 1)
+        if start is None and isinstance(self.starting, LogPosition):
+            start = self.starting
+        elif start is None and not extents:  # empty: its next ledger's id is above truncated_before
+            start = LogPosition(info.truncated_before, 0)
+        elif start is None and self.starting == "earliest":
+            start = LogPosition(extents[0].ledger_id, 0)
+        elif start is None:
+            start = stable_end(extents, LogPosition(0, 0), None)
+        return to_offset(start, log_offset_of(extents, start))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.max_per_trigger is None:
@@ -91,34 +138,38 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return ReadMaxRows(self.max_per_trigger)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = runtime.run(self._latest_end)
+        _, extents = runtime.run(self._extents)
+        self.target = stable_end(extents, LogPosition(0, 0), None)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> Offset:
-        first = from_offset(start)
-        extents = runtime.run(self._extents)
+        first, first_offset = from_offset(start)
+        truncated_before, extents = runtime.run(self._extents)
+        check_not_truncated(self.log, extents, truncated_before, first, first_offset)
         rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end = stable_end(extents, first, rows)
         if self.target is not None and end > self.target:
             end = max(first, self.target)
-        return to_offset(end)
+        if end == first:
+            return dict(start)
+        return to_offset(end, log_offset_of(extents, end))
 
     def reportLatestOffset(self) -> Offset | None:
-        return to_offset(runtime.run(self._latest_end))
+        _, extents = runtime.run(self._extents)
+        end = stable_end(extents, LogPosition(0, 0), None)
+        return to_offset(end, log_offset_of(extents, end))
 
-    async def _latest_end(self) -> LogPosition:
-        return stable_end(await self._extents(), LogPosition(0, 0), None)
-
-    async def _extents(self) -> list[LedgerExtent]:
+    async def _extents(self) -> tuple[int, list[LedgerExtent]]:
         async with connect(self.spec.metadata) as bk:
-            _, extents = await log_extents(bk, self.log, self.spec.password)
-            return extents
+            info, extents = await log_extents(bk, self.log, self.spec.password)
+            return info.truncated_before, extents
 
     # ------------------------------------------------------------------ batches
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        first, last = from_offset(start), from_offset(end)
+        (first, first_offset), (last, _) = from_offset(start), from_offset(end)
         if last <= first:
             return []
-        extents = runtime.run(self._extents)
+        truncated_before, extents = runtime.run(self._extents)
+        check_not_truncated(self.log, extents, truncated_before, first, first_offset)
         ranges = plan_ranges(extents, first, last, self.max_entries)
         return [RangePartition(i, entries) for i, entries in enumerate(ranges)]
 
@@ -128,7 +179,8 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def commit(self, end: dict[str, Any]) -> None:
         if self.cursor is not None:
-            runtime.run(lambda: self._advance_cursor(from_offset(end)))
+            position, _ = from_offset(end)
+            runtime.run(lambda: self._advance_cursor(position))
 
     async def _advance_cursor(self, end: LogPosition) -> None:
         async with connect(self.spec.metadata) as bk:

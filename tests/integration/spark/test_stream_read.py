@@ -7,9 +7,18 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
-from bookkeeper_aio import BookKeeper, LogFenced, LogPosition, open_log_reader, open_log_writer, read_cursors
+from bookkeeper_aio import (
+    BookKeeper,
+    LogFenced,
+    LogPosition,
+    open_log_reader,
+    open_log_writer,
+    read_cursors,
+    truncate_log,
+)
 from tests.integration.spark.conftest import Cluster, blocking
 
 pytestmark = pytest.mark.etcd
@@ -79,3 +88,33 @@ async def test_restart_from_the_checkpoint_reads_each_entry_once(
     cursor = (await read_cursors(bk, "events"))["etl"]
     positions = [r.position for r in expected]
     assert cursor in positions[-101:]
+
+
+@pytest.mark.slow  # the decision itself: tests/unit/spark/test_stream_offsets.py
+async def test_truncation_never_skips_unread_records(
+    spark: SparkSession, cluster: Cluster, bk: BookKeeper, tmp_path: Path
+) -> None:
+    await cluster.start(3)
+    async with await open_log_writer(bk, "kept", write_quorum=3, password=b"pw") as writer:
+        first = [await writer.append(f"a{i}".encode()) for i in range(10)]
+        await writer.roll()
+        second = [await writer.append(f"b{i}".encode()) for i in range(10)]
+    once = stream(spark, cluster, "kept", tmp_path, startingPosition="earliest").trigger(availableNow=True)
+    query = await blocking(spark, once.start)
+    await blocking(spark, query.awaitTermination)
+
+    # the query read everything; truncating what it read is fine, it goes on with what follows
+    async with await open_log_writer(bk, "kept", write_quorum=3, password=b"pw") as writer:
+        third = [await writer.append(f"c{i}".encode()) for i in range(5)]
+    await truncate_log(bk, "kept", third[0], password=b"pw")
+    query = await blocking(spark, once.start)  # from the checkpoint
+    await blocking(spark, query.awaitTermination)
+    rows = spark.read.parquet(str(tmp_path / "data")).collect()
+    assert sorted(LogPosition(r.ledger_id, r.entry_id) for r in rows) == first + second + third
+
+    # a new query whose start was truncated before it read it: an error, not a silent gap
+    gone = f'{{"ledger_id": {second[0].ledger_id}, "entry_id": 3}}'
+    fresh = stream(spark, cluster, "kept", tmp_path / "fresh", startingPosition=gone)
+    query = await blocking(spark, fresh.trigger(availableNow=True).start)
+    with pytest.raises(StreamingQueryException, match=r"the streaming query's position .* truncated"):
+        await blocking(spark, query.awaitTermination)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bookkeeper_aio import LogPosition
+from bookkeeper_aio import LogPosition, LogTruncated
 from bookkeeper_aio.spark.plan import LedgerExtent, plan_ranges
-from bookkeeper_aio.spark.stream import from_offset, last_before, stable_end, to_offset
+from bookkeeper_aio.spark.stream import check_not_truncated, from_offset, last_before, stable_end, to_offset
 
 P = LogPosition
 EXTENTS = [
@@ -36,7 +37,21 @@ def test_last_before() -> None:
 
 
 def test_offsets_round_trip() -> None:
-    assert from_offset(to_offset(P(12, 0))) == P(12, 0)
+    assert from_offset(to_offset(P(12, 0))) == (P(12, 0), None)
+    assert from_offset(to_offset(P(12, 3), 40)) == (P(12, 3), 40)
+    assert to_offset(P(12, 3), 40) == {"ledger_id": 12, "entry_id": 3, "offset": 40}
+
+
+def test_a_truncation_under_unread_records_is_an_error() -> None:
+    remaining = [LedgerExtent(9, 4, first_offset=20)]
+    check_not_truncated("l", remaining, 9, P(9, 2), None)  # still listed
+    check_not_truncated("l", remaining, 9, P(7, 5), 20)  # everything before ledger 9 was read
+    check_not_truncated("l", [], 9, P(7, 5), None)  # nothing left at all
+    with pytest.raises(LogTruncated, match=r"position \(7, 5\)") as caught:
+        check_not_truncated("l", remaining, 9, P(7, 5), 18)  # records 18, 19 were never read
+    assert caught.value.first_position == (9, 0)
+    with pytest.raises(LogTruncated):
+        check_not_truncated("l", remaining, 9, P(7, 5), None)  # cannot tell: refuse to skip
 
 
 @st.composite
