@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from bookkeeper_aio import BKError, BookKeeper, LogInfo, LogLedgerInfo, NoSuchLog, describe_log
+from bookkeeper_aio import BKError, BookKeeper, LogInfo, LogLedgerInfo, NoSuchLog, describe_log, list_logs
 from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark.plan import LedgerExtent
 
@@ -31,12 +31,26 @@ async def connect(url: str, *, probe: bool = True) -> AsyncIterator[BookKeeper]:
         yield bk
 
 
+LOGS_NAMED_MAX = 10
+
+
+async def _no_such_log(bk: BookKeeper, name: str) -> str:
+    """What to tell about a log that does not exist: the logs that do (a typo), or that there
+    are none (the metadata URL's root may be the wrong one)."""
+    logs = await list_logs(bk)
+    if not logs:
+        return f"log {name!r} does not exist, and no log does under this metadata URL: check its root"
+    shown = ", ".join(repr(log) for log in logs[:LOGS_NAMED_MAX])
+    more = f" and {len(logs) - LOGS_NAMED_MAX} more" if len(logs) > LOGS_NAMED_MAX else ""
+    return f"log {name!r} does not exist; the logs are {shown}{more}"
+
+
 async def log_extents(bk: BookKeeper, name: str, password: bytes) -> tuple[LogInfo, list[LedgerExtent]]:
     """The log, and its ledgers in order, each with its last readable entry and first offset."""
     try:
         info = await describe_log(bk, name)
     except NoSuchLog:
-        raise opt.SparkOptionError(opt.PATH, f"log {name!r} does not exist") from None
+        raise opt.SparkOptionError(opt.PATH, await _no_such_log(bk, name)) from None
 
     async def one(ledger: LogLedgerInfo) -> LedgerExtent:
         last = ledger.last_entry_id

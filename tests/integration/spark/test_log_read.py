@@ -82,7 +82,7 @@ async def test_checksum_against_the_log_reader(spark: SparkSession, cluster: Clu
 async def test_unknown_log_names_the_path(spark: SparkSession, cluster: Cluster, bk: BookKeeper) -> None:
     await cluster.start(3)
     await write_log(bk, "real", [[b"x"]])
-    with pytest.raises(PySparkException, match="'path': log 'nope' does not exist"):
+    with pytest.raises(PySparkException, match="'path': log 'nope' does not exist; the logs are 'real'"):
         await blocking(spark, lambda: load(spark, cluster, "nope").collect())
     bad = load(spark, cluster, "real", startingPosition='{"ledger_id": 424242, "entry_id": 0}')
     with pytest.raises(PySparkException, match="'startingPosition': ledger 424242 is not in log 'real'"):
