@@ -7,7 +7,17 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from bookkeeper_aio import BKError, BookKeeper, LogInfo, LogLedgerInfo, NoSuchLog, describe_log, list_logs
+from bookkeeper_aio import (
+    BKError,
+    BookKeeper,
+    LogInfo,
+    LogLedgerInfo,
+    NoSuchLog,
+    ReadHandle,
+    Unauthorized,
+    describe_log,
+    list_logs,
+)
 from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark.plan import LedgerExtent
 
@@ -52,12 +62,25 @@ async def log_extents(bk: BookKeeper, name: str, password: bytes) -> tuple[LogIn
     except NoSuchLog:
         raise opt.SparkOptionError(opt.PATH, await _no_such_log(bk, name)) from None
 
+    last_listed = info.ledgers[-1].ledger_id if info.ledgers else None
+
     async def one(ledger: LogLedgerInfo) -> LedgerExtent:
         last = ledger.last_entry_id
-        if ledger.state == "closed" and last is not None:
+        # the last ledger is always opened: it checks the password before any task runs
+        if ledger.state == "closed" and last is not None and ledger.ledger_id != last_listed:
             return LedgerExtent(ledger.ledger_id, last, ledger.first_offset)
-        handle = await bk.open_ledger(ledger.ledger_id, password=password)
+        handle = await open_checked(bk, ledger.ledger_id, password)
         lac = handle.last_add_confirmed
         return LedgerExtent(ledger.ledger_id, lac, ledger.first_offset, closed=handle.is_closed)
 
     return info, list(await asyncio.gather(*(one(ledger) for ledger in info.ledgers)))
+
+
+async def open_checked(bk: BookKeeper, ledger_id: int, password: bytes) -> ReadHandle:
+    """``open_ledger``, a wrong password reported as the ``password`` option's fault."""
+    try:
+        return await bk.open_ledger(ledger_id, password=password)
+    except Unauthorized:
+        raise opt.SparkOptionError(
+            opt.PASSWORD, f"wrong password for ledger {ledger_id}: give the ledgers' password"
+        ) from None

@@ -25,7 +25,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from bookkeeper_aio import BookKeeper, LogPosition, NoSuchLedger, open_log_reader
 from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark import runtime
-from bookkeeper_aio.spark.catalog import connect, log_extents
+from bookkeeper_aio.spark.catalog import connect, log_extents, open_checked
 from bookkeeper_aio.spark.plan import EntryRange, LedgerExtent, plan_ranges
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class BookKeeperBatchReader(DataSourceReader):
 async def ledger_extents(bk: BookKeeper, ledger_ids: Sequence[int], password: bytes) -> list[LedgerExtent]:
     async def one(ledger_id: int) -> LedgerExtent:
         try:
-            handle = await bk.open_ledger(ledger_id, password=password)
+            handle = await open_checked(bk, ledger_id, password)
         except NoSuchLedger:
             raise opt.SparkOptionError(opt.LEDGERS, f"ledger {ledger_id} does not exist") from None
         return LedgerExtent(ledger_id, handle.last_add_confirmed, None, handle.is_closed)

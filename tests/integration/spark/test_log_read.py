@@ -79,11 +79,14 @@ async def test_checksum_against_the_log_reader(spark: SparkSession, cluster: Clu
     assert (len(rows), got.hexdigest()) == (count, expected.hexdigest())
 
 
-async def test_unknown_log_names_the_path(spark: SparkSession, cluster: Cluster, bk: BookKeeper) -> None:
+async def test_bad_input_is_named(spark: SparkSession, cluster: Cluster, bk: BookKeeper) -> None:
     await cluster.start(3)
     await write_log(bk, "real", [[b"x"]])
     with pytest.raises(PySparkException, match="'path': log 'nope' does not exist; the logs are 'real'"):
         await blocking(spark, lambda: load(spark, cluster, "nope").collect())
+    wrong = load(spark, cluster, "real", password="wrong")
+    with pytest.raises(PySparkException, match="'password': wrong password for ledger"):
+        await blocking(spark, wrong.collect)
     bad = load(spark, cluster, "real", startingPosition='{"ledger_id": 424242, "entry_id": 0}')
     with pytest.raises(PySparkException, match="'startingPosition': ledger 424242 is not in log 'real'"):
         await blocking(spark, bad.collect)
