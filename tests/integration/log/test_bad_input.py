@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgpack
@@ -15,6 +15,7 @@ import pytest
 
 from bookkeeper_aio import BookKeeper, LogPosition, NoSuchLog, open_log_reader, open_log_writer
 from bookkeeper_aio.errors import BKError, BKInterfaceError
+from bookkeeper_aio.log import delete_cursor, read_cursors
 from metadata import log_metadata as log_serde
 from metadata.errors import MetadataFormatError
 from metadata.keys import ClusterKeys
@@ -172,3 +173,26 @@ async def test_a_corrupt_log_key_names_the_log(cluster: Cluster, bk: BookKeeper)
         with pytest.raises(MetadataFormatError, match="log 'hit'"):
             async with asyncio.timeout(WAIT_S):
                 await anext(reader)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="read_cursors and delete_cursor (bookkeeper_aio/log/admin.py) do not check that the log "
+    "exists (commit_cursor does): an unknown log has no cursors, `bkaio log cursors nope` prints "
+    "'(none)' and exits 0",
+)
+async def test_cursors_of_an_unknown_log_name_the_log(cluster: Cluster, bk: BookKeeper) -> None:
+    await cluster.start(3)
+    calls: list[Callable[[], Awaitable[object]]] = [
+        lambda: read_cursors(bk, "nope"),
+        lambda: delete_cursor(bk, "nope", "reader"),
+    ]
+    for call in calls:
+        outcome: object
+        try:
+            outcome = await call()
+        except NoSuchLog as error:
+            outcome = error
+        assert isinstance(outcome, NoSuchLog), f"no error for an unknown log: {outcome!r}"
+        assert "'nope'" in str(outcome)
