@@ -4,11 +4,13 @@ first one's next step). Real bookies, real etcd."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 import pytest
 
-from bookkeeper_aio import BookKeeper, LogPosition, open_log_reader, open_log_writer, truncate_log
+from bookkeeper_aio import BookKeeper, LogFenced, LogPosition, open_log_reader, open_log_writer, truncate_log
 from bookkeeper_aio.errors import NoSuchLedger
 from bookkeeper_aio.log._common import recover_ledgers
 from bookkeeper_aio.log.records import last_sequence
@@ -101,3 +103,30 @@ async def test_a_truncation_between_an_opens_cas_and_its_last_sequence_read(
         assert await new_writer.append(b"dup", sequence=4) is None  # still a duplicate
         assert await new_writer.append(b"5", sequence=5) is not None
         await new_writer.close()
+
+
+async def test_a_reader_waiting_past_the_end_of_a_ledger_a_takeover_closes(
+    cluster: Cluster, bk: BookKeeper
+) -> None:
+    """A following reader that starts at the open ledger's next entry (nothing there yet); a
+    takeover closes that ledger at its current end, so the entry never comes there: the reader
+    moves on to the new writer's ledger and hands out exactly its records."""
+    await cluster.start(3)
+    async with BookKeeper.connect(cluster.url, config=CONFIG) as bk_a:
+        writer_a = await open_log_writer(bk_a, "edge", **QUORUM)
+        last = None
+        for i in range(3):
+            last = await writer_a.append(f"a{i}".encode())
+        assert last is not None
+        start = LogPosition(last.ledger_id, last.entry_id + 1)
+        reader = await open_log_reader(bk, "edge", start=start, password=b"pw", follow=True)
+        async with contextlib.aclosing(reader):
+            writer_b = await open_log_writer(bk, "edge", **QUORUM)  # recovers A's ledger at a2
+            expected = [await writer_b.append(f"b{i}".encode()) for i in range(2)]
+            async with asyncio.timeout(10):
+                got = [await anext(reader) for _ in range(2)]
+            assert [r.position for r in got] == expected
+            assert [r.payload for r in got] == [b"b0", b"b1"]
+            await writer_b.close()
+            with contextlib.suppress(LogFenced):
+                await writer_a.close()
