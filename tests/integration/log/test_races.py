@@ -1,6 +1,6 @@
-"""Races between a log's writers and its truncation, made deterministic: the second party's whole
-operation is run at the exact point where the first one is between two steps (a wrapper around the
-first one's next step). Real bookies, real etcd."""
+"""Races between a log's writers, readers and its truncation, made deterministic: the second
+party's whole operation runs at the exact point where the first one is between two steps (a wrapper
+around the first one's next step, or the test's own order of calls). Real bookies, real etcd."""
 
 from __future__ import annotations
 
