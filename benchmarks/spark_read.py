@@ -60,7 +60,7 @@ class TupleReader(BookKeeperBatchReader):
         async def rows() -> Any:
             async with BookKeeper.connect(spec.metadata) as bk:
                 base = None if entries.first_offset is None else entries.first_offset - entries.first
-                async for entry_id, payload in _entries(bk, spec, entries):
+                async for entry_id, payload in _entries(bk, spec, entries, partition.sequenced):
                     offset = None if base is None else base + entry_id
                     yield (spec.log, entries.ledger_id, entry_id, payload, offset)
 

@@ -5,7 +5,8 @@ is readable now (a closed ledger's last entry, an open one's last add confirmed)
 positions between ``startingPosition`` (inclusive) and ``endingPosition`` (exclusive) into
 :class:`~bookkeeper_aio.spark.plan.EntryRange` partitions. Each executor task opens the ledger
 with its own client and reads its range in order (``ReadHandle.read``: BATCH_READs when every
-bookie holds every entry), turning entries into Arrow record batches.
+bookie holds every entry; a sequenced log's through the log reader), turning entries into Arrow
+record batches.
 
 Arrow rather than row tuples: measured in docs/benchmarks.md ("Spark batch read"), row tuples
 cost Spark a Python-to-JVM conversion per row.
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from bookkeeper_aio import BookKeeper, LogPosition, NoSuchLedger, open_log_reader
+from bookkeeper_aio import BookKeeper, LogPosition, NoSuchLedger, ReadHandle, open_log_reader
 from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark import runtime
 from bookkeeper_aio.spark.catalog import connect, log_extents, open_checked
@@ -45,6 +46,9 @@ ARROW_SCHEMA = pa.schema(
     ]
 )
 
+LAC_CATCH_UP_S = 5.0
+LAC_CATCH_UP_POLL_S = 0.05
+
 BATCH_ROWS_MAX = 4096
 BATCH_BYTES_MAX = 8 * 1024 * 1024
 """An Arrow batch is cut at 4096 rows or 8 MiB of payload, whichever first: big enough to amortise
@@ -52,11 +56,13 @@ the per-batch cost of crossing to the JVM, small enough to bound a task's memory
 
 
 class RangePartition(InputPartition):
-    """One task's work: a range of one ledger (pickled to the executor)."""
+    """One task's work: a range of one ledger (pickled to the executor); ``sequenced``: of a
+    sequenced log (read through the log reader, which strips headers and drops duplicates)."""
 
-    def __init__(self, index: int, entries: EntryRange) -> None:
+    def __init__(self, index: int, entries: EntryRange, sequenced: bool = False) -> None:
         super().__init__(index)
         self.entries = entries
+        self.sequenced = sequenced
 
     def __repr__(self) -> str:
         e = self.entries
@@ -89,7 +95,7 @@ class BookKeeperBatchReader(DataSourceReader):
         self.max_entries = max_entries
 
     def partitions(self) -> Sequence[InputPartition]:
-        truncated_before, extents = runtime.run(self._extents)
+        truncated_before, sequenced, extents = runtime.run(self._extents)
         ids = [extent.ledger_id for extent in extents]
         for name, position in ((opt.STARTING_POSITION, self.start), (opt.ENDING_POSITION, self.end)):
             if position is not None and position.ledger_id not in ids:
@@ -99,7 +105,7 @@ class BookKeeperBatchReader(DataSourceReader):
                 opt.ENDING_POSITION, f"{tuple(self.end)} is before the startingPosition {tuple(self.start)}"
             )
         ranges = plan_ranges(extents, self.start, self.end, self.max_entries)
-        return [RangePartition(i, entries) for i, entries in enumerate(ranges)]
+        return [RangePartition(i, entries, sequenced) for i, entries in enumerate(ranges)]
 
     def _not_there(self, position: LogPosition, ids: list[int], truncated_before: int) -> str:
         if self.spec.log is None:
@@ -111,17 +117,17 @@ class BookKeeperBatchReader(DataSourceReader):
             )
         return f"ledger {position.ledger_id} is not in log {self.spec.log!r} (its ledgers: {ids})"
 
-    async def _extents(self) -> tuple[int, list[LedgerExtent]]:
+    async def _extents(self) -> tuple[int, bool, list[LedgerExtent]]:
         async with connect(self.spec.metadata) as bk:
             if self.spec.log is not None:
                 info, extents = await log_extents(bk, self.spec.log, self.spec.password)
-                return info.truncated_before, extents
+                return info.truncated_before, info.sequenced, extents
             assert self.ledgers is not None
-            return 0, await ledger_extents(bk, self.ledgers, self.spec.password)
+            return 0, False, await ledger_extents(bk, self.ledgers, self.spec.password)
 
     def read(self, partition: InputPartition) -> Iterator[RecordBatch]:
         assert isinstance(partition, RangePartition)
-        return read_range(self.spec, partition.entries)
+        return read_range(self.spec, partition.entries, partition.sequenced)
 
 
 async def ledger_extents(bk: BookKeeper, ledger_ids: Sequence[int], password: bytes) -> list[LedgerExtent]:
@@ -135,16 +141,16 @@ async def ledger_extents(bk: BookKeeper, ledger_ids: Sequence[int], password: by
     return list(await asyncio.gather(*(one(ledger_id) for ledger_id in ledger_ids)))
 
 
-def read_range(spec: ReadSpec, entries: EntryRange) -> Iterator[RecordBatch]:
-    return runtime.iterate(lambda: _batches(spec, entries))
+def read_range(spec: ReadSpec, entries: EntryRange, sequenced: bool) -> Iterator[RecordBatch]:
+    return runtime.iterate(lambda: _batches(spec, entries, sequenced))
 
 
-async def _batches(spec: ReadSpec, entries: EntryRange) -> AsyncIterator[RecordBatch]:
+async def _batches(spec: ReadSpec, entries: EntryRange, sequenced: bool) -> AsyncIterator[RecordBatch]:
     async with connect(spec.metadata, probe=False) as bk:
         ids: list[int] = []
         payloads: list[bytes] = []
         size = 0
-        async for entry_id, payload in _entries(bk, spec, entries):
+        async for entry_id, payload in _entries(bk, spec, entries, sequenced):
             assert entries.first <= entry_id <= entries.last
             assert not ids or ids[-1] < entry_id
             ids.append(entry_id)
@@ -157,20 +163,35 @@ async def _batches(spec: ReadSpec, entries: EntryRange) -> AsyncIterator[RecordB
             yield _batch(spec.log, entries, ids, payloads)
 
 
-async def _entries(bk: BookKeeper, spec: ReadSpec, entries: EntryRange) -> AsyncIterator[tuple[int, bytes]]:
-    """(entry id, payload) of the range: a log's through the log reader (sequence headers
-    stripped, duplicates dropped, a truncated range an error), explicit ledgers as stored."""
-    if spec.log is None:
-        handle = await bk.open_ledger(entries.ledger_id, password=spec.password)
-        async for entry in handle.read(entries.first, entries.last):
-            yield entry.entry_id, entry.payload
+async def _entries(
+    bk: BookKeeper, spec: ReadSpec, entries: EntryRange, sequenced: bool
+) -> AsyncIterator[tuple[int, bytes]]:
+    """(entry id, payload) of the range. A sequenced log's through the log reader (headers
+    stripped, duplicates dropped, a truncated range ``LogTruncated``); any other straight from the
+    ledger, every entry of the range (the driver saw them confirmed, so they are there)."""
+    if sequenced:
+        assert spec.log is not None
+        start = LogPosition(entries.ledger_id, entries.first)
+        end = LogPosition(entries.ledger_id, entries.last + 1)
+        records = await open_log_reader(bk, spec.log, start=start, end=end, password=spec.password)
+        async with contextlib.aclosing(records):
+            async for record in records:
+                yield record.position.entry_id, record.payload
         return
-    start = LogPosition(entries.ledger_id, entries.first)
-    end = LogPosition(entries.ledger_id, entries.last + 1)
-    records = await open_log_reader(bk, spec.log, start=start, end=end, password=spec.password)
-    async with contextlib.aclosing(records):
-        async for record in records:
-            yield record.position.entry_id, record.payload
+    handle = await bk.open_ledger(entries.ledger_id, password=spec.password)
+    await _catch_up(handle, entries.last)
+    async for entry in handle.read(entries.first, entries.last):
+        yield entry.entry_id, entry.payload
+
+
+async def _catch_up(handle: ReadHandle, last: int) -> None:
+    """Wait until this handle's last add confirmed reaches ``last`` (the driver saw it confirmed;
+    another reader's LAC read may answer lower for a moment). Past the deadline ``read`` refuses
+    the range with an error naming the LAC, and Spark retries the task."""
+    deadline = asyncio.get_running_loop().time() + LAC_CATCH_UP_S
+    while handle.last_add_confirmed < last and asyncio.get_running_loop().time() < deadline:
+        if await handle.refresh_lac() < last:
+            await asyncio.sleep(LAC_CATCH_UP_POLL_S)
 
 
 def _batch(log: str | None, entries: EntryRange, ids: list[int], payloads: list[bytes]) -> RecordBatch:

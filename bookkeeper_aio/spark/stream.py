@@ -30,7 +30,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from bookkeeper_aio import LogPosition, LogTruncated, commit_cursor, read_cursors
+from bookkeeper_aio import LogInfo, LogPosition, LogTruncated, commit_cursor, read_cursors
 from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark import runtime
 from bookkeeper_aio.spark.catalog import connect, log_extents
@@ -138,13 +138,13 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return ReadMaxRows(self.max_per_trigger)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        _, extents = runtime.run(self._extents)
+        _, extents = runtime.run(self._log)
         self.target = stable_end(extents, LogPosition(0, 0), None)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> Offset:
         first, first_offset = from_offset(start)
-        truncated_before, extents = runtime.run(self._extents)
-        check_not_truncated(self.log, extents, truncated_before, first, first_offset)
+        info, extents = runtime.run(self._log)
+        check_not_truncated(self.log, extents, info.truncated_before, first, first_offset)
         rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end = stable_end(extents, first, rows)
         if self.target is not None and end > self.target:
@@ -154,28 +154,27 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return to_offset(end, log_offset_of(extents, end))
 
     def reportLatestOffset(self) -> Offset | None:
-        _, extents = runtime.run(self._extents)
+        _, extents = runtime.run(self._log)
         end = stable_end(extents, LogPosition(0, 0), None)
         return to_offset(end, log_offset_of(extents, end))
 
-    async def _extents(self) -> tuple[int, list[LedgerExtent]]:
+    async def _log(self) -> tuple[LogInfo, list[LedgerExtent]]:
         async with connect(self.spec.metadata) as bk:
-            info, extents = await log_extents(bk, self.log, self.spec.password)
-            return info.truncated_before, extents
+            return await log_extents(bk, self.log, self.spec.password)
 
     # ------------------------------------------------------------------ batches
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         (first, first_offset), (last, _) = from_offset(start), from_offset(end)
         if last <= first:
             return []
-        truncated_before, extents = runtime.run(self._extents)
-        check_not_truncated(self.log, extents, truncated_before, first, first_offset)
+        info, extents = runtime.run(self._log)
+        check_not_truncated(self.log, extents, info.truncated_before, first, first_offset)
         ranges = plan_ranges(extents, first, last, self.max_entries)
-        return [RangePartition(i, entries) for i, entries in enumerate(ranges)]
+        return [RangePartition(i, entries, info.sequenced) for i, entries in enumerate(ranges)]
 
     def read(self, partition: InputPartition) -> Iterator[RecordBatch]:
         assert isinstance(partition, RangePartition)
-        return read_range(self.spec, partition.entries)
+        return read_range(self.spec, partition.entries, partition.sequenced)
 
     def commit(self, end: dict[str, Any]) -> None:
         if self.cursor is not None:

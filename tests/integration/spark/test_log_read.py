@@ -90,3 +90,19 @@ async def test_bad_input_is_named(spark: SparkSession, cluster: Cluster, bk: Boo
     bad = load(spark, cluster, "real", startingPosition='{"ledger_id": 424242, "entry_id": 0}')
     with pytest.raises(PySparkException, match="'startingPosition': ledger 424242 is not in log 'real'"):
         await blocking(spark, bad.collect)
+
+
+async def test_a_sequenced_log_reads_as_the_client_does(
+    spark: SparkSession, cluster: Cluster, bk: BookKeeper
+) -> None:
+    await cluster.start(3)
+    async with await open_log_writer(bk, "seq", sequenced=True, **WRITER) as writer:  # type: ignore[arg-type]
+        for i in range(30):
+            await writer.append(f"s{i}".encode(), sequence=100 + i)
+            if i == 14:
+                await writer.roll()
+    expected = [(r.position, r.payload) async for r in await open_log_reader(bk, "seq", password=b"pw")]
+    rows = await blocking(spark, load(spark, cluster, "seq", maxEntriesPerPartition="8").collect)
+    got = sorted((LogPosition(r.ledger_id, r.entry_id), bytes(r.payload)) for r in rows)
+    assert got == expected  # the sequence headers stripped, as the client reader does
+    assert [payload for _, payload in got] == [f"s{i}".encode() for i in range(30)]
