@@ -315,7 +315,8 @@ async def _leader_churn(
     history = LogHistory()
     sampler = ListSampler(cluster.meta.store, cluster.root, name, history)
     await sampler.start()
-    tailer = None
+    tailer = latest = None
+    latest_opened_s = 0.0
     if truncate_every_s is None:
         tailer = Tailer(await open_log_reader(bk, name, password=b"pw", follow=True))  # all along
     truncations = [0]
@@ -338,6 +339,9 @@ async def _leader_churn(
             )
         for session in range(takeovers + 1):
             worker = workers[session % 2]
+            if session == 2 and tailer is not None:  # mid-churn, while a writer appends
+                latest = Tailer(await open_log_reader(bk, name, start="latest", password=b"pw", follow=True))
+                latest_opened_s = time.monotonic()  # CLOCK_MONOTONIC: the workers' clock too
             worker.send("open")  # fences the other, which is appending without pause
             opened = await worker.expect("open")  # "opened ..." or "open_failed <error>"
             if not opened.startswith("opened "):
@@ -360,6 +364,19 @@ async def _leader_churn(
         await asyncio.sleep(0.1)  # nothing more may come
         await tailer.stop()
         assert [(r.position, r.payload) for r in tailer.records] == [(r.position, r.payload) for r in read]
+    if latest is not None:
+        # from "latest": a suffix of the log, holding every append acked that started after it opened
+        await latest.wait_for(1)
+        await asyncio.sleep(0.1)
+        await latest.stop()
+        got = [(r.position, r.payload) for r in latest.records]
+        assert got == [(r.position, r.payload) for r in read][len(read) - len(got) :]
+        seen = {payload for _, payload in got}
+        later = [
+            r for r in history.appends.values() if r.outcome is Outcome.OK and r.invoked_s > latest_opened_s
+        ]
+        assert later
+        assert all(r.value in seen for r in later)
     final = (await LogManager(cluster.meta.store, cluster.root).read(name)).metadata
     # without rolls one ledger is OPEN at a time; a roll lists the new one before closing the old
     result = history.check(read, open_max=2 if roll_entries else 1, truncated_before=final.truncated_before)
