@@ -492,6 +492,7 @@ async def _idempotent_failover(cluster: Cluster, bk: BookKeeper, base: Path, tak
     await cluster.start(3)
     name = "exactly-once"
     await LogManager(cluster.meta.store, cluster.root).create(name, sequenced=True)
+    tailer = Tailer(await open_log_reader(bk, name, password=b"pw", follow=True))
     workers: list[WriterProcess] = []
     resume = 0
     resent = 0
@@ -516,6 +517,10 @@ async def _idempotent_failover(cluster: Cluster, bk: BookKeeper, base: Path, tak
         for worker in workers:
             await worker.reap()
     read = await _read_all(bk, name)
+    await tailer.wait_for(len(read))
+    await asyncio.sleep(0.1)  # nothing more may come
+    await tailer.stop()
+    assert tailer.records == read  # the following reader too: each sequence once, same positions
     sequences = [record.sequence for record in read]
     assert sequences == list(range(len(read))), "not every sequence exactly once, in order"
     assert all(record.payload == f"m-{record.sequence}".encode() for record in read)
