@@ -3,7 +3,11 @@
 - Leader churn: two writer *processes* (tests/integration/log/writer_worker.py) take the log from
   each other while the other appends; a history of every append and every revision of the ledger
   list (metadata watch) is checked against a reader from "earliest" (tests/harness/log_history.py),
-  and a following reader that ran all along must have seen exactly the same records.
+  and a following reader that ran all along must have seen exactly the same records (one from
+  "latest", opened mid-churn, a suffix of them). Variants (slow): both writers rolling every 7
+  appends (takeovers land on rolls under way), a third party truncating all along, both processes
+  opening at the same moment, writers killed with SIGKILL mid-append, and an idempotent producer on
+  a sequenced log failing over between the processes (every sequence exactly once).
 - Roll under load: pipelined appends with a roll every N entries: no gap, no duplicate; the longest
   append pause during a roll is printed next to the roll's own CAS time (measured, not asserted:
   docs/benchmarks.md has the numbers).
