@@ -86,6 +86,26 @@ class BookieConfig:
     frame_read_timeout_s: float = _key(
         30.0, "A started frame must complete this soon after the previous one (slow-loris guard)."
     )
+    answer_bytes_buffered_max: int = _key(
+        8 * 1024 * 1024,
+        "Answer bytes queued for a client that is not reading them before its connection stops "
+        "being read and its reads wait (a client cannot make the bookie buffer unbounded answers).",
+    )
+    reads_in_flight_per_connection_max: int = _key(
+        16,
+        "Reads of one connection holding an entry in memory at once (the others wait their turn): "
+        "with answer_bytes_buffered_max, what one connection's unread answers can cost.",
+    )
+    idle_timeout_s: float = _key(
+        300.0,
+        "A connection with nothing in flight and nothing buffered this long is closed (clients "
+        "reconnect on their next request); 0 = never.",
+    )
+    connections_per_address_max: int = _key(
+        512,
+        "Client connections from one peer address; beyond it new ones are closed at once, so one "
+        "host cannot take every slot of connections_max.",
+    )
     log_level: str = _key("info", "debug, info, warning or error.")
     metadata: str = _key(
         "",
@@ -162,6 +182,10 @@ class BookieConfig:
             config = dataclasses.replace(config, bookie_id=f"{config.host}:{config.port}")
         _positive(config, "in_flight_per_connection_max", "connections_max", "journal_group_bytes")
         _positive(config, "in_flight_total_max")
+        _positive(config, "answer_bytes_buffered_max", "reads_in_flight_per_connection_max")
+        _positive(config, "connections_per_address_max")
+        if config.idle_timeout_s < 0:
+            raise ConfigError("idle_timeout_s must be >= 0")
         if not 2 <= config.registration_ttl_s <= 3600:
             raise ConfigError(f"registration_ttl_s {config.registration_ttl_s} is out of range 2..3600")
         _positive(config, "journal_queue_bytes_max", "checkpoint_interval_s", "frame_read_timeout_s")

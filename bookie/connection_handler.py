@@ -12,6 +12,15 @@ An ``asyncio.Protocol`` (3x cheaper than streams here, docs/internals.md §6). R
   frame (a client dribbling one byte every few seconds is closed): one timer per connection,
   re-armed on progress, so the hot path pays nothing per frame.
 - Responses are appended to a list and written once per event-loop tick (coalescing: 2.4x).
+- Answers a client does not read are bounded: above ``answer_bytes_buffered_max`` queued in the
+  transport (``pause_writing``) the connection stops being read, and reads wait before touching
+  the disk; at most ``reads_in_flight_max`` reads of a connection hold an entry at once. So a client
+  that asks for large entries and never reads the answers holds at most that buffer plus that many
+  entries, not one entry per request.
+- A connection with nothing in flight and nothing buffered for ``idle_timeout_s`` is closed (one
+  timer per connection, re-armed every half timeout: nothing per request); one peer address holds
+  at most ``connections_per_address_max`` connections, so it cannot lock others out.
+- Log lines about a connection's bad input are bounded in size and in number per connection.
 - A bad request gets an error response when its request id can be read, else the connection closes.
   Nothing a peer sends can raise out of ``data_received``.
 """
@@ -19,9 +28,11 @@ An ``asyncio.Protocol`` (3x cheaper than streams here, docs/internals.md §6). R
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
-from collections.abc import Callable, Coroutine
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, cast
 
 import structlog
@@ -58,7 +69,17 @@ class ServerLoad:
 class ConnectionLimits:
     """Per-connection bounds (validated by :mod:`bookie.config`) and the server-wide load."""
 
-    __slots__ = ("frame_bytes_max", "frame_read_timeout_s", "in_flight_max", "load")
+    __slots__ = (
+        "answer_bytes_buffered_max",
+        "connections_per_address_max",
+        "frame_bytes_max",
+        "frame_read_timeout_s",
+        "idle_timeout_s",
+        "in_flight_max",
+        "load",
+        "per_address",
+        "reads_in_flight_max",
+    )
 
     def __init__(
         self,
@@ -66,11 +87,27 @@ class ConnectionLimits:
         in_flight_max: int,
         frame_read_timeout_s: float,
         load: ServerLoad | None = None,
+        *,
+        answer_bytes_buffered_max: int = 8 * 1024 * 1024,
+        reads_in_flight_max: int = 16,
+        idle_timeout_s: float = 0.0,
+        connections_per_address_max: int = 1 << 30,
     ) -> None:
         self.frame_bytes_max = frame_bytes_max
         self.in_flight_max = in_flight_max
         self.frame_read_timeout_s = frame_read_timeout_s
         self.load = load if load is not None else ServerLoad(1 << 62)
+        self.answer_bytes_buffered_max = answer_bytes_buffered_max
+        self.reads_in_flight_max = reads_in_flight_max
+        self.idle_timeout_s = idle_timeout_s
+        """0: never close an idle connection."""
+        self.connections_per_address_max = connections_per_address_max
+        self.per_address: Counter[str] = Counter()
+
+
+LOG_LINES_PER_CONNECTION = 5
+"""Warnings about one connection's bad input; beyond, they are only counted (and said once)."""
+LOG_DETAIL_CHARS_MAX = 200
 
 
 class ServerConnection(asyncio.Protocol):
@@ -98,6 +135,14 @@ class ServerConnection(asyncio.Protocol):
         self._tasks: set[asyncio.Task[None]] = set()
         self.closed = False
         self.peer = "?"
+        self._address: str | None = None
+        self._paused_by_writes = False
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._reads = asyncio.Semaphore(limits.reads_in_flight_max)
+        self._last_active = self._loop.time()
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._log_budget = LOG_LINES_PER_CONNECTION
 
     @property
     def processor(self) -> Processor:
@@ -109,17 +154,42 @@ class ServerConnection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.peer = str(transport.get_extra_info("peername"))
+        peername = transport.get_extra_info("peername")
+        self.peer = str(peername)
+        limits = self._limits
+        address = str(peername[0]) if isinstance(peername, tuple) and peername else self.peer
+        if limits.per_address[address] >= limits.connections_per_address_max:
+            log.warning(
+                "connection.refused", peer=self.peer, reason="connections_per_address_max",
+                limit=limits.connections_per_address_max,
+            )  # fmt: skip
+            self.closed = True
+            self._transport.abort()
+            return
+        self._address = address
+        limits.per_address[address] += 1
+        self._transport.set_write_buffer_limits(high=limits.answer_bytes_buffered_max)
         self._registry.add(self)
-        if self._limits.load.sockets_paused:
+        if limits.load.sockets_paused:
             self.pause_by_server(True)
+        if limits.idle_timeout_s > 0:
+            self._idle_timer = self._loop.call_later(limits.idle_timeout_s / 2, self._on_idle_check)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._address is None:
+            return  # refused in connection_made
         self._registry.discard(self)
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        per_address = self._limits.per_address
+        per_address[self._address] -= 1
+        if per_address[self._address] <= 0:
+            del per_address[self._address]
+        self._address = None
+        self._writable.set()  # wake reads waiting to answer: they see the connection closed
+        for timer in (self._deadline, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
+        self._deadline = self._idle_timer = None
         for task in list(self._tasks):
             task.cancel()
         self._processor.connection_lost(self)
@@ -127,8 +197,54 @@ class ServerConnection(asyncio.Protocol):
         self._out = []
 
     def data_received(self, data: bytes) -> None:
+        self._last_active = self._loop.time()
         self._buf += data
         self._process_buffer()
+
+    def pause_writing(self) -> None:
+        """The transport holds over ``answer_bytes_buffered_max`` of answers the peer has not read:
+        read no more requests, and let reads wait before they load an entry."""
+        self._paused_by_writes = True
+        self._writable.clear()
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._paused_by_writes = False
+        self._writable.set()
+        self._update_reading()
+        if self._buf and not self.closed:
+            self._loop.call_soon(self._process_buffer)
+
+    @contextlib.asynccontextmanager
+    async def read_slot(self) -> AsyncIterator[None]:
+        """Held by a read from before it loads its entry until its answer is queued: waits while
+        the peer is not reading its answers, at most ``reads_in_flight_max`` at once."""
+        async with self._reads:
+            await self._writable.wait()
+            yield
+
+    def _on_idle_check(self) -> None:
+        self._idle_timer = None
+        if self.closed:
+            return
+        timeout = self._limits.idle_timeout_s
+        idle_s = self._loop.time() - self._last_active
+        if self.in_flight == 0 and not self._buf and not self._out and idle_s >= timeout:
+            log.info("connection.idle_closed", peer=self.peer, idle_s=round(idle_s, 1))
+            self.close()
+            return
+        self._idle_timer = self._loop.call_later(timeout / 2, self._on_idle_check)
+
+    def warn(self, event: str, **fields: Any) -> None:
+        """A warning about this connection's input: details cut to ``LOG_DETAIL_CHARS_MAX``, at most
+        ``LOG_LINES_PER_CONNECTION`` per connection (one more line says the rest are dropped)."""
+        if self._log_budget <= 0:
+            return
+        self._log_budget -= 1
+        bounded = {k: (v[:LOG_DETAIL_CHARS_MAX] if isinstance(v, str) else v) for k, v in fields.items()}
+        if self._log_budget == 0:
+            bounded["more"] = "further warnings about this connection are not logged"
+        log.warning(event, peer=self.peer, **bounded)
 
     def eof_received(self) -> bool | None:
         return False  # close our side too
@@ -148,7 +264,7 @@ class ServerConnection(asyncio.Protocol):
         if size_total - pos >= 4 and not self.closed and self.in_flight < limit:
             (size,) = _LENGTH.unpack_from(buf, pos)
             if size > frame_max:
-                log.warning("connection.frame_too_large", peer=self.peer, size=size, limit=frame_max)
+                self.warn("connection.frame_too_large", size=size, limit=frame_max)
                 self.close()
                 return
         if pos:
@@ -175,10 +291,15 @@ class ServerConnection(asyncio.Protocol):
         self._deadline = None
         if self.closed or not self._buf:
             return
-        if self._frames_since_arm or self._paused_by_permits or self._paused_by_server:
+        if (
+            self._frames_since_arm
+            or self._paused_by_permits
+            or self._paused_by_server
+            or self._paused_by_writes
+        ):
             self._update_deadline()  # progress was made, or we are the slow side: re-arm
             return
-        log.warning("connection.frame_read_timeout", peer=self.peer, buffered=len(self._buf))
+        self.warn("connection.frame_read_timeout", buffered=len(self._buf))
         self.close()
 
     # ------------------------------------------------------------------ responses and permits
@@ -248,7 +369,7 @@ class ServerConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or self.closed:
             return
-        want_paused = self._paused_by_permits or self._paused_by_server
+        want_paused = self._paused_by_permits or self._paused_by_server or self._paused_by_writes
         if want_paused != self._reading_paused:
             self._reading_paused = want_paused
             if want_paused:

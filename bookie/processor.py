@@ -299,7 +299,7 @@ class Processor:
     def _bad_frame(self, conn: ServerConnection, exc: ProtocolError) -> None:
         self.count_error(StatusCode.EBADREQ)
         if exc.request_id is None:
-            log.warning("connection.bad_frame", peer=conn.peer, error=str(exc))
+            conn.warn("connection.bad_frame", error=str(exc))
             conn.complete(None, None)
             conn.close()
             return
@@ -388,6 +388,12 @@ class Processor:
     async def _answer_read(
         self, conn: ServerConnection, req: m.ReadEntryRequest, piggyback: bool = True
     ) -> None:
+        async with conn.read_slot():
+            await self._answer_read_in_slot(conn, req, piggyback)
+
+    async def _answer_read_in_slot(
+        self, conn: ServerConnection, req: m.ReadEntryRequest, piggyback: bool
+    ) -> None:
         rid, lid = req.request_id, req.ledger_id
         try:
             state = self.storage.ledger(lid)
@@ -456,6 +462,10 @@ class Processor:
             conn.spawn(self._answer_batch(conn, req))
 
     async def _answer_batch(self, conn: ServerConnection, req: m.BatchReadRequest) -> None:
+        async with conn.read_slot():
+            await self._answer_batch_in_slot(conn, req)
+
+    async def _answer_batch_in_slot(self, conn: ServerConnection, req: m.BatchReadRequest) -> None:
         rid, lid = req.request_id, req.ledger_id
         bytes_max = min(req.max_bytes, self.frame_bytes_max - RESPONSE_OVERHEAD_BYTES)
         try:

@@ -118,6 +118,10 @@ class BookieServer:
             config.in_flight_per_connection_max,
             config.frame_read_timeout_s,
             self._load,
+            answer_bytes_buffered_max=config.answer_bytes_buffered_max,
+            reads_in_flight_max=config.reads_in_flight_per_connection_max,
+            idle_timeout_s=config.idle_timeout_s,
+            connections_per_address_max=config.connections_per_address_max,
         )
         self.address: tuple[str, int] | None = None
         self.ready = False

@@ -1,0 +1,137 @@
+"""A single client cannot hurt a bookie (issue: security and resource limits): answers it does not
+read are bounded, idle connections are closed, one address cannot take every connection slot, and
+log lines about bad input are bounded. Each attack runs beside a canary client that must keep
+working."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from bookkeeper_aio.protocol.codes import ReadFlag, StatusCode
+from tests.harness.bookie_proc import BookieProcess
+
+from .wire import WireClient, entry_body
+
+MIB = 1024 * 1024
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def _bookie(tmp_path: Path, *args: str) -> BookieProcess:
+    proc = BookieProcess(tmp_path / "bookie", bookie_id="bookie-1", extra_args=list(args))
+    proc.start()
+    return proc
+
+
+async def _canary(bookie: BookieProcess, ledger_id: int) -> None:
+    """A well-behaved client: an add and a read answered at once."""
+    canary = await WireClient.connect(*bookie.address)
+    try:
+        added = await asyncio.wait_for(canary.add(ledger_id, 0, b"canary"), 5)
+        assert added.status == StatusCode.EOK
+        read = await asyncio.wait_for(canary.read(ledger_id, 0), 5)
+        assert (read.status, read.body) == (StatusCode.EOK, entry_body(ledger_id, 0, b"canary"))
+    finally:
+        canary.close()
+
+
+async def test_answers_a_client_does_not_read_are_bounded(tmp_path: Path) -> None:
+    bookie = _bookie(
+        tmp_path, "--answer-bytes-buffered-max", str(MIB), "--reads-in-flight-per-connection-max", "4"
+    )
+    try:
+        writer = await WireClient.connect(*bookie.address)
+        big = os.urandom(MIB)
+        assert (await writer.add(1, 0, big)).status == StatusCode.EOK
+        writer.close()
+        assert bookie.proc is not None
+        baseline = _rss_bytes(bookie.proc.pid)
+        attacker = await WireClient.connect(*bookie.address)
+        assert attacker.transport is not None
+        attacker.transport.pause_reading()  # asks for 300 MiB of answers and reads none
+        answers = [attacker.read(1, 0) for _ in range(300)]
+        await asyncio.sleep(3)
+        grown = _rss_bytes(bookie.proc.pid) - baseline
+        assert grown < 64 * MIB, f"bookie RSS grew {grown / MIB:.0f} MiB for unread answers"
+        await _canary(bookie, 2)
+        attacker.transport.resume_reading()  # once it reads, it gets every answer
+        done = await asyncio.wait_for(asyncio.gather(*answers), 60)
+        assert {r.status for r in done} == {StatusCode.EOK}
+        assert all(r.body == entry_body(1, 0, big) for r in done)
+        attacker.close()
+    finally:
+        bookie.cleanup()
+
+
+async def test_idle_connections_are_closed_but_not_long_polls(tmp_path: Path) -> None:
+    bookie = _bookie(tmp_path, "--idle-timeout-s", "1")
+    try:
+        idle = await WireClient.connect(*bookie.address)
+        polling = await WireClient.connect(*bookie.address)
+        poll = polling.read(5, 0, flags=ReadFlag.LONG_POLL, previous_lac=-1, timeout_ms=4000)
+        await asyncio.wait_for(asyncio.shield(idle.closed), 4)  # closed by the bookie
+        assert not polling.closed.done()  # a long poll in flight is not idle
+        assert (await asyncio.wait_for(poll, 6)).status in {
+            StatusCode.EOK,
+            StatusCode.ENOENTRY,
+            StatusCode.ENOLEDGER,
+        }
+        await _canary(bookie, 3)
+        polling.close()
+    finally:
+        bookie.cleanup()
+
+
+async def test_one_address_cannot_take_every_connection(tmp_path: Path) -> None:
+    bookie = _bookie(tmp_path, "--connections-per-address-max", "2")
+    try:
+        first = await WireClient.connect(*bookie.address)
+        second = await WireClient.connect(*bookie.address)
+        for client in (first, second):
+            assert (await asyncio.wait_for(client.read_lac(1), 5)).status in {
+                StatusCode.EOK,
+                StatusCode.ENOLEDGER,
+            }
+        third = await WireClient.connect(*bookie.address)
+        await asyncio.wait_for(asyncio.shield(third.closed), 3)  # refused at once
+        first.close()
+        await asyncio.sleep(0.2)
+        await _canary(bookie, 4)  # a slot is free again
+        second.close()
+    finally:
+        bookie.cleanup()
+
+
+async def test_log_lines_about_bad_input_are_bounded(tmp_path: Path) -> None:
+    bookie = _bookie(tmp_path)
+    try:
+        for _ in range(3):
+            attacker = await WireClient.connect(*bookie.address)
+            garbage = b"\xc1" * (4 * MIB)  # not msgpack: no request id to answer, the connection closes
+            attacker.send_raw(struct.pack(">I", len(garbage)) + garbage)
+            await asyncio.wait_for(asyncio.shield(attacker.closed), 10)
+        await _canary(bookie, 5)
+        lines = [
+            line for line in bookie.log_path.read_text(errors="replace").splitlines() if "bad_frame" in line
+        ]
+        assert lines, "the bad frame was not logged at all"
+        assert max(len(line) for line in lines) < 2000
+    finally:
+        bookie.cleanup()
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_bad_limits_are_refused_at_start(tmp_path: Path, value: str) -> None:
+    proc = BookieProcess(tmp_path / "bookie", "b", extra_args=["--reads-in-flight-per-connection-max", value])
+    assert proc.start_expect_failure() == 2
+    assert "reads_in_flight_per_connection_max must be > 0" in proc.log_tail()
