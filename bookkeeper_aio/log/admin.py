@@ -117,15 +117,20 @@ async def commit_cursor(bk: BookKeeper, name: str, cursor: str, position: LogPos
 
 
 async def read_cursors(bk: BookKeeper, name: str) -> dict[str, LogPosition]:
-    """Every named cursor of the log and the last position it committed."""
-    cursors = await log_manager(bk).read_cursors(name)
+    """Every named cursor of the log and the last position it committed. Raises NoSuchLog."""
+    manager = log_manager(bk)
+    await manager.read(name)  # the log must exist
+    cursors = await manager.read_cursors(name)
     return {cursor: LogPosition(*position) for cursor, position in sorted(cursors.items())}
 
 
 async def delete_cursor(bk: BookKeeper, name: str, cursor: str) -> bool:
-    """Remove a named cursor (it no longer holds back truncation). Whether it existed."""
+    """Remove a named cursor (it no longer holds back truncation). Whether it existed. Raises
+    NoSuchLog."""
+    manager = log_manager(bk)
+    await manager.read(name)  # the log must exist
     try:
-        return await log_manager(bk).delete_cursor(name, cursor)
+        return await manager.delete_cursor(name, cursor)
     except InvalidMetadata as error:
         raise BKInterfaceError(f"log {name!r}: {error}") from error
 

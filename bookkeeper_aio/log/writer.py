@@ -39,6 +39,7 @@ from bookkeeper_aio.errors import (
     LedgerFenced,
     LogFenced,
     MetadataConflict,
+    NoSuchLedger,
     NoSuchLog,
 )
 from bookkeeper_aio.log import records
@@ -411,7 +412,12 @@ async def open_log_writer(
                 await manager.create(name, sequenced=sequenced)
             continue
         fencing = _to_recover(current.metadata)
-        recovered = await recover_ledgers(bk, fencing, password)  # fence: the old leader's adds fail
+        try:
+            recovered = await recover_ledgers(bk, fencing, password)  # fence: the old leader's adds fail
+        except NoSuchLedger:
+            if await _still_listed_missing(manager, name, fencing, bk):
+                raise  # a listed ledger is gone (deleted by hand): the log lost data, say so
+            continue  # a truncation removed it from the list meanwhile: start over
         handle = await bk.create_ledger(
             ensemble,
             write_quorum,
@@ -429,7 +435,7 @@ async def open_log_writer(
         except BaseException:
             handle.abort()  # it may be in the list (outcome unknown, cancelled): a later writer fences it
             raise
-        last_sequence = await records.last_sequence(bk, versioned.metadata, password)
+        last_sequence = await _last_sequence(bk, manager, versioned, password)
         log.info("log.writer_opened", log=name, ledger_id=handle.id, fenced=list(fencing))
         writer = LogWriter(
             bk,
@@ -445,6 +451,31 @@ async def open_log_writer(
         await writer._apply_retention()
         return writer
     raise MetadataConflict(f"log {name!r}: could not open as writer after {OPEN_ATTEMPTS_MAX} attempts")
+
+
+async def _still_listed_missing(
+    manager: LogManager, name: str, ledger_ids: tuple[int, ...], bk: BookKeeper
+) -> bool:
+    """Whether one of ``ledger_ids`` is still in the log's list yet has no ledger metadata."""
+    listed = set((await manager.read(name)).metadata.ledger_ids)
+    for ledger_id in ledger_ids:
+        if ledger_id in listed and not await bk.context.ledgers.exists(ledger_id):
+            return True
+    return False
+
+
+async def _last_sequence(
+    bk: BookKeeper, manager: LogManager, versioned: VersionedLog, password: bytes
+) -> int | None:
+    """`records.last_sequence` of the list; a truncation that removes a ledger while it is read
+    sends it to the newer list (whose ``truncated_sequence`` then covers what went)."""
+    md = versioned.metadata
+    for _ in range(OPEN_ATTEMPTS_MAX):
+        try:
+            return await records.last_sequence(bk, md, password)
+        except NoSuchLedger:
+            md = (await manager.read(md.name)).metadata
+    raise MetadataConflict(f"log {md.name!r}: the list kept being truncated while reading its last sequence")
 
 
 def _to_recover(md: LogMetadata) -> tuple[int, ...]:

@@ -450,12 +450,6 @@ async def test_dueling_opens(cluster: Cluster, bk: BookKeeper, tmp_path: Path) -
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(
-    strict=False,  # a race: most runs hit it, not all; test_races.py has the deterministic strict one
-    raises=OpenFailed,
-    reason="a takeover's open fences the last two ledgers of the list it read; a truncation that "
-    "deleted one meanwhile makes open_log_writer raise NoSuchLedger (test_races.py shows the step)",
-)
 async def test_leader_churn_under_truncation(cluster: Cluster, bk: BookKeeper, tmp_path: Path) -> None:
     """50 takeovers (writers rolling every 7 appends) while a third party truncates the log before
     its last ledger every 20 ms."""

@@ -175,13 +175,6 @@ async def test_a_corrupt_log_key_names_the_log(cluster: Cluster, bk: BookKeeper)
                 await anext(reader)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="read_cursors and delete_cursor (bookkeeper_aio/log/admin.py) do not check that the log "
-    "exists (commit_cursor does): an unknown log has no cursors, `bkaio log cursors nope` prints "
-    "'(none)' and exits 0",
-)
 async def test_cursors_of_an_unknown_log_name_the_log(cluster: Cluster, bk: BookKeeper) -> None:
     await cluster.start(3)
     calls: list[Callable[[], Awaitable[object]]] = [

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from bookkeeper_aio import BookKeeper, LogFenced, LogPosition, open_log_reader, open_log_writer, truncate_log
-from bookkeeper_aio.errors import NoSuchLedger
 from bookkeeper_aio.log._common import recover_ledgers
 from bookkeeper_aio.log.records import last_sequence
 from tests.integration.log.conftest import CONFIG, Cluster
@@ -35,13 +34,6 @@ async def _three_ledgers(bk: BookKeeper, name: str) -> tuple[list[LogPosition], 
     return positions, writer
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=NoSuchLedger,
-    reason="open_log_writer (writer.py, the recover_ledgers call of its loop) fences the last two "
-    "ledgers of the list it read; one a concurrent truncation deleted meanwhile raises NoSuchLedger "
-    "out of the open instead of starting over on the changed list",
-)
 async def test_a_truncation_between_an_opens_list_read_and_its_recovery(
     cluster: Cluster, bk: BookKeeper, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -71,13 +63,6 @@ async def test_a_truncation_between_an_opens_list_read_and_its_recovery(
     assert old_writer is not None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=NoSuchLedger,
-    reason="open_log_writer learns a sequenced log's last sequence (records.last_sequence) from the "
-    "list as its open CAS wrote it; a truncation that lands after that CAS and deletes those ledgers "
-    "makes the open raise NoSuchLedger (truncated_sequence of the newer list would answer)",
-)
 async def test_a_truncation_between_an_opens_cas_and_its_last_sequence_read(
     cluster: Cluster, bk: BookKeeper, monkeypatch: pytest.MonkeyPatch
 ) -> None:
