@@ -176,6 +176,17 @@ class AddPipeline:
             future = await self.append_async(payload)
         return await future
 
+    def append_nowait(self, payload: bytes) -> asyncio.Future[int] | None:
+        """`append_async` when a window slot is free right now (nothing to wait for): the future
+        of the entry id; None when it would have to wait (nothing was done). Raises as
+        `append_async` does for a handle that is not writable or a payload too large."""
+        if self._slot_waiters or len(self._pending) + self._slots_reserved >= self._window:
+            return None
+        self._check_writable()
+        if len(payload) > self._entry_bytes_max:
+            raise BKInterfaceError(f"entry of {len(payload)} bytes exceeds {self._entry_bytes_max}")
+        return self._start_add(bytes(payload))
+
     async def append_async(self, payload: bytes) -> asyncio.Future[int]:
         """Hand ``payload`` to the bookies; returns a future of its entry id (pipelining).
 

@@ -96,6 +96,7 @@ class LogWriter:
         self._roll_task: asyncio.Task[None] | None = None
         self._roll_lock = asyncio.Lock()
         self._append_lock = asyncio.Lock()
+        self._queued = 0  # appends in the slow path (waiting for their turn or a window slot)
         self._roll_retry_at = 0.0
         self._unmarked: dict[int, tuple[int, int]] = {}  # closed by us, not yet CLOSED in the list
         self._close_done = False
@@ -148,25 +149,27 @@ class LogWriter:
         calls)."""
         self._check_writable()
         loop = asyncio.get_running_loop()
-        async with self._append_lock:
-            self._check_writable()
-            data = self._frame(payload, sequence)
-            if data is None:
-                skipped: asyncio.Future[LogPosition | None] = loop.create_future()
-                skipped.set_result(None)
-                return skipped
-            while True:
-                handle = self._handle
-                try:
-                    inner = await handle.append_async(data)
-                    break
-                except _FENCING_ERRORS as error:
-                    rolled = handle is not self._handle
-                    if rolled and type(error) is LedgerClosed and not error.outcome_unknown:
-                        continue  # a roll closed it while we waited for a window slot: nothing was sent
-                    raise self._fence(error) from error
-            if sequence is not None:
-                self._last_sequence = sequence  # sent: a retry of it is a duplicate from now on
+        data = self._frame(payload, sequence)
+        if data is None:
+            skipped: asyncio.Future[LogPosition | None] = loop.create_future()
+            skipped.set_result(None)
+            return skipped
+        handle = self._handle
+        inner = None
+        if not self._queued:  # nobody waits before us: a free slot needs no turn
+            try:
+                inner = handle.append_nowait(data)
+            except _FENCING_ERRORS as error:
+                raise self._fence(error) from error
+        if inner is None:
+            sent = await self._append_in_turn(data, sequence)
+            if sent is None:
+                duplicate: asyncio.Future[LogPosition | None] = loop.create_future()
+                duplicate.set_result(None)
+                return duplicate
+            handle, inner = sent
+        if sequence is not None:
+            self._last_sequence = sequence  # sent: a retry of it is a duplicate from now on
         self._entries_in_ledger += 1
         self._bytes_in_ledger += len(data)
         self._maybe_roll()
@@ -190,6 +193,31 @@ class LogWriter:
 
         inner.add_done_callback(done)
         return outer
+
+    async def _append_in_turn(
+        self, data: bytes, sequence: int | None
+    ) -> tuple[LedgerHandle, asyncio.Future[int]] | None:
+        """The slow path: wait for a window slot in call order (a FIFO lock; ``_queued`` keeps
+        later calls off the fast path meanwhile), following a roll. None: ``sequence`` turned out
+        to be a duplicate of one sent while this call waited."""
+        self._queued += 1
+        try:
+            async with self._append_lock:
+                self._check_writable()
+                last = self._last_sequence
+                if sequence is not None and last is not None and sequence <= last:
+                    return None
+                while True:
+                    handle = self._handle
+                    try:
+                        return handle, await handle.append_async(data)
+                    except _FENCING_ERRORS as error:
+                        rolled = handle is not self._handle
+                        if rolled and type(error) is LedgerClosed and not error.outcome_unknown:
+                            continue  # a roll closed it while we waited for a slot: nothing was sent
+                        raise self._fence(error) from error
+        finally:
+            self._queued -= 1
 
     def _frame(self, payload: bytes, sequence: int | None) -> bytes | None:
         """The entry's bytes, or None for a duplicate sequence."""
