@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from bookkeeper_aio import BookKeeper, LogPosition, NoSuchLedger, ReadHandle, open_log_reader
 from bookkeeper_aio.spark import options as opt
@@ -35,6 +36,27 @@ if TYPE_CHECKING:
 SCHEMA_DDL = "log STRING, ledger_id BIGINT, entry_id BIGINT, payload BINARY, offset BIGINT"
 """The rows of a read (docs/spark.md "Schema"). ``log`` is null for a read of explicit ledgers;
 ``offset`` (the entry's index in the whole log) is null where the log does not know it."""
+
+READ_SCHEMA = StructType(
+    [
+        StructField("log", StringType()),
+        StructField("ledger_id", LongType()),
+        StructField("entry_id", LongType()),
+        StructField("payload", BinaryType()),
+        StructField("offset", LongType()),
+    ]
+)
+
+
+def check_read_schema(schema: StructType) -> None:
+    """A schema given with ``.schema(...)`` must be the source's own: the rows are what they are."""
+    if schema != READ_SCHEMA:
+        raise opt.SparkOptionError(
+            "schema",
+            f"the bookkeeper source's rows are ({SCHEMA_DDL}), got ({schema.simpleString()}); leave "
+            "out .schema(...) and select or cast columns after load()",
+        )
+
 
 ARROW_SCHEMA = pa.schema(
     [

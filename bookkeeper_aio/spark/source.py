@@ -17,7 +17,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from bookkeeper_aio.spark.reader import SCHEMA_DDL, BookKeeperBatchReader
+from bookkeeper_aio.spark.reader import READ_SCHEMA, BookKeeperBatchReader, check_read_schema
 from bookkeeper_aio.spark.stream import BookKeeperStreamReader
 from bookkeeper_aio.spark.stream_writer import BookKeeperStreamWriter
 from bookkeeper_aio.spark.writer import BookKeeperBatchWriter
@@ -32,16 +32,18 @@ class BookKeeperDataSource(DataSource):
     def name(cls) -> str:
         return NAME
 
-    def schema(self) -> str:
-        return SCHEMA_DDL
+    def schema(self) -> StructType:
+        return READ_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        check_read_schema(schema)
         return BookKeeperBatchReader(self.options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return BookKeeperBatchWriter(self.options, schema, overwrite)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        check_read_schema(schema)
         return BookKeeperStreamReader(self.options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:

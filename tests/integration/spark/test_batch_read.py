@@ -116,6 +116,11 @@ def test_bad_options_are_named(spark: SparkSession) -> None:
         reader = reader.option("ledgers", "1").options(**options)
         with pytest.raises(PySparkException, match=named):
             reader.load().collect()
+    typed = (
+        spark.read.format("bookkeeper").schema("payload BINARY").option("metadata", "etcd://127.0.0.1:1/x")
+    )
+    with pytest.raises(PySparkException, match="'schema': the bookkeeper source's rows are"):
+        typed.option("ledgers", "1").load().collect()
 
 
 @pytest.mark.slow
