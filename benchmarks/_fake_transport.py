@@ -28,6 +28,9 @@ class FakeTransport:
 
     resume_reading = pause_reading
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
 
 def frame_bodies(data: bytes) -> Iterator[tuple[int, int]]:
     """``(start, end)`` of each frame body in ``data`` (whole frames, as the harnesses write them)."""
