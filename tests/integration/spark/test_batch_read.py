@@ -130,6 +130,7 @@ async def test_what_is_not_there_is_named(spark: SparkSession, cluster: Cluster,
     cases = [
         ({"ledgers": "999999"}, "'ledgers': ledger 999999 does not exist"),
         ({"endingPosition": f'{{"ledger_id": {ledger_id + 1}, "entry_id": 0}}'}, "'endingPosition': ledger"),
+        ({"startingPosition": '{"ledger_id": 424242, "entry_id": 0}'}, "'startingPosition': ledger 424242"),
     ]
     for options, named in cases:
         options = {"ledgers": str(ledger_id), **options}

@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 from bookkeeper_aio import BookKeeper
 from tests.integration.spark.conftest import Cluster, blocking
 
-pytestmark = pytest.mark.etcd
+pytestmark = [pytest.mark.etcd, pytest.mark.slow]  # ~6 s of Spark: make test-slow runs it
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "spark_orders.py"
 
