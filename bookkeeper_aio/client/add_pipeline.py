@@ -26,7 +26,7 @@ import asyncio
 import collections
 import enum
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -100,6 +100,18 @@ def _fail_future(future: asyncio.Future[int], error: BKError) -> None:
         future.exception()
 
 
+class AddResults(Protocol):
+    """What the futures of a handle's adds complete with, for a layer above the ledger (the log
+    writer: log positions, and its own error for a fenced ledger) without a second future per add.
+    Both run synchronously in the pipeline: keep them quick, never raise."""
+
+    def ok(self, ledger_id: int, entry_id: int) -> object:
+        """The result of a completed add."""
+
+    def failed(self, error: BKError) -> BKError:
+        """The exception of a failed add (``error`` has ``outcome_unknown`` set as documented)."""
+
+
 class AddPipeline:
     """The add pipeline of one ledger open for writing (the base of the ledger handle)."""
 
@@ -145,6 +157,12 @@ class AddPipeline:
         self._metrics: ClientMetrics | None = ctx.metrics
         self._on_add = self._on_add_result
         self._listener: EventListener | None = None
+        self._results: AddResults | None = None
+
+    def adapt_results(self, results: AddResults | None) -> None:
+        """From now on, the futures of this handle's adds complete with ``results.ok(ledger id,
+        entry id)`` and fail with ``results.failed(error)`` (None: the entry id and the error)."""
+        self._results = results
 
     def _use_ensemble(self, ensemble: tuple[str, ...]) -> None:
         """Send from now on to ``ensemble`` (the current fragment's)."""
@@ -314,6 +332,7 @@ class AddPipeline:
         pending = self._pending
         listener = self._listener
         metrics = self._metrics
+        results = self._results
         now = self._loop.time() if metrics is not None else 0.0
         completed = False
         while pending and pending[0].quorum:
@@ -321,7 +340,8 @@ class AddPipeline:
             self._lac = op.entry_id
             self._length_confirmed = op.length
             if not op.future.done():
-                op.future.set_result(op.entry_id)
+                # an adapted handle's futures carry what ``results.ok`` makes (typed int for the rest)
+                op.future.set_result(op.entry_id if results is None else results.ok(self._id, op.entry_id))  # type: ignore[arg-type]
             if metrics is not None:
                 metrics.add_completed(now - op.started)
             if listener is not None:
@@ -394,10 +414,11 @@ class AddPipeline:
         metrics = self._metrics
         if pending:
             error = with_outcome_unknown(error, True)
+        results = self._results
         for op in pending:
             if metrics is not None:
                 metrics.add_failed(error)
-            _fail_future(op.future, error)
+            _fail_future(op.future, error if results is None else results.failed(error))
         self._release_slot_waiters()
         if self._drained is not None:
             self._drained.set()

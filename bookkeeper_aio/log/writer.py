@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from typing import cast
 
 import structlog
 
@@ -85,7 +86,7 @@ class LogWriter:
         self._bk = bk
         self._manager = manager
         self._versioned = versioned
-        self._handle = handle
+        self._handle = self._adopt(handle)
         self._ensemble = ensemble
         self._password = password
         self._roll_entries_max, self._roll_bytes_max, self._roll_age_s = rolls
@@ -173,26 +174,7 @@ class LogWriter:
         self._entries_in_ledger += 1
         self._bytes_in_ledger += len(data)
         self._maybe_roll()
-        outer: asyncio.Future[LogPosition | None] = loop.create_future()
-
-        def done(f: asyncio.Future[int]) -> None:
-            if outer.done():
-                return
-            if f.cancelled():
-                outer.cancel()
-                return
-            error = f.exception()
-            if error is None:
-                outer.set_result(LogPosition(handle.id, f.result()))
-            elif isinstance(error, _FENCING_ERRORS):
-                fenced = self._fence(error)
-                fenced.__cause__ = error
-                outer.set_exception(fenced)
-            else:
-                outer.set_exception(error)
-
-        inner.add_done_callback(done)
-        return outer
+        return cast("asyncio.Future[LogPosition | None]", inner)  # the handle makes positions (_Results)
 
     async def _append_in_turn(
         self, data: bytes, sequence: int | None
@@ -232,6 +214,12 @@ class LogWriter:
             log.debug("log.duplicate_skipped", log=self.name, sequence=sequence, last=self._last_sequence)
             return None
         return data
+
+    def _adopt(self, handle: LedgerHandle) -> LedgerHandle:
+        """Make ``handle``'s add futures complete with log positions, and fail with `LogFenced`
+        when its ledger was fenced or closed under us (no second future per append)."""
+        handle.adapt_results(_Results(self))
+        return handle
 
     def _check_writable(self) -> None:
         if self._fenced is not None:
@@ -330,7 +318,7 @@ class LogWriter:
             except BaseException:
                 new.abort()  # it may be in the list (outcome unknown, cancelled): a takeover recovers it
                 raise
-            self._handle = new
+            self._handle = self._adopt(new)
             self._entries_in_ledger = self._bytes_in_ledger = 0
             self._ledger_started = time.monotonic()
             log.info("log.rolled", log=self.name, old_ledger=old.id, new_ledger=new.id)
@@ -404,6 +392,26 @@ class LogWriter:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+class _Results:
+    """A log writer's `AddResults`: positions, and `LogFenced` for a fenced or closed ledger."""
+
+    __slots__ = ("_writer",)
+
+    def __init__(self, writer: LogWriter) -> None:
+        self._writer = writer
+
+    @staticmethod
+    def ok(ledger_id: int, entry_id: int) -> LogPosition:
+        return LogPosition(ledger_id, entry_id)
+
+    def failed(self, error: BKError) -> BKError:
+        if not isinstance(error, _FENCING_ERRORS):
+            return error
+        fenced = self._writer._fence(error)
+        fenced.__cause__ = error
+        return fenced
 
 
 async def open_log_writer(
