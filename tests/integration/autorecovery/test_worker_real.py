@@ -16,7 +16,7 @@ from bookkeeper_aio.autorecovery.worker import ReplicationWorker
 from bookkeeper_aio.errors import LedgerFenced
 from metadata.ledger_metadata import LedgerState
 from metadata.underreplication import UnderReplicated, UnderReplicationManager
-from tests.integration.autorecovery.conftest import Cluster, verify_every_replica
+from tests.integration.autorecovery.conftest import CONFIG, Cluster, verify_every_replica
 from tests.unit.autorecovery.waiting import wait_until
 
 pytestmark = pytest.mark.etcd
@@ -75,8 +75,19 @@ async def test_heals_closed_ledgers_after_a_kill(cluster: Cluster, bk: BookKeepe
 
 
 async def test_open_ledger_is_fenced_only_after_the_grace(cluster: Cluster, bk: BookKeeper) -> None:
+    """The writer is a client of its own (as it is in production: another process)."""
     await cluster.start(4)
-    handle = await bk.create_ledger(3, 2, 2, password=PASSWORD)
+    writer = await BookKeeper.connect(cluster.url, config=CONFIG)
+    try:
+        async with asyncio.timeout(60):  # a hang fails with the step it hung in
+            await _fenced_only_after_the_grace(cluster, bk, writer)
+    finally:
+        writer.abort()
+        await writer.context.ledgers.store.close()
+
+
+async def _fenced_only_after_the_grace(cluster: Cluster, bk: BookKeeper, writer: BookKeeper) -> None:
+    handle = await writer.create_ledger(3, 2, 2, password=PASSWORD)
     payloads = [f"open entry {i}".encode() for i in range(25)]
     for payload in payloads:
         await handle.append(payload)
