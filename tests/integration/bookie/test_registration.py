@@ -58,22 +58,26 @@ def test_a_data_dir_is_refused_by_another_cluster(etcd_server: EtcdCluster, tmp_
     asyncio.run(_init(other))
     data = tmp_path / "b0"
     bookie = BookieProcess(data, "b0", extra_args=["--metadata", home])
-    bookie.start()
-    asyncio.run(_add_one(bookie))  # the data dir now holds a journal segment
-    assert bookie.stop() == 0
-    cookie = json.loads((data / "COOKIE").read_text())
-    assert cookie["cluster_instance_id"]
     elsewhere = BookieProcess(data, "b0", extra_args=["--metadata", other])
-    assert elsewhere.start_expect_failure() == EXIT_REFUSED
-    assert "belongs to cluster" in elsewhere.log_tail()
-    del cookie["cluster_instance_id"]  # a data dir from before bookies recorded their cluster
-    (data / "COOKIE").write_text(json.dumps(cookie))
-    assert elsewhere.start_expect_failure() == EXIT_REFUSED
-    assert "has no cookie for bookie 'b0'" in elsewhere.log_tail()
-    assert "b0" not in asyncio.run(_bookies(other)).writable
-    bookie.start()  # at home it is accepted, and records its cluster again
-    assert bookie.stop() == 0
-    assert json.loads((data / "COOKIE").read_text())["cluster_instance_id"] == cookie_cluster(home)
+    try:
+        bookie.start()
+        asyncio.run(_add_one(bookie))  # the data dir now holds a journal segment
+        assert bookie.stop() == 0
+        cookie = json.loads((data / "COOKIE").read_text())
+        assert cookie["cluster_instance_id"]
+        assert elsewhere.start_expect_failure() == EXIT_REFUSED
+        assert "belongs to cluster" in elsewhere.log_tail()
+        del cookie["cluster_instance_id"]  # a data dir from before bookies recorded their cluster
+        (data / "COOKIE").write_text(json.dumps(cookie))
+        assert elsewhere.start_expect_failure() == EXIT_REFUSED
+        assert "has no cookie for bookie 'b0'" in elsewhere.log_tail()
+        assert "b0" not in asyncio.run(_bookies(other)).writable
+        bookie.start()  # at home it is accepted, and records its cluster again
+        assert bookie.stop() == 0
+        assert json.loads((data / "COOKIE").read_text())["cluster_instance_id"] == cookie_cluster(home)
+    finally:
+        bookie.cleanup()
+        elsewhere.cleanup()
 
 
 async def _add_one(bookie: BookieProcess) -> None:
