@@ -43,7 +43,7 @@ from bookkeeper_aio.protocol.digest import DigestType, EntryCodec
 from bookkeeper_aio.protocol.errors import DigestMismatch
 from metadata.bookies import list_bookies, watch_bookies
 from metadata.election import Election
-from metadata.errors import MetadataError, NoSuchLedger
+from metadata.errors import MetadataError, MetadataFormatError, NoSuchLedger
 from metadata.ledger_manager import LedgerManager
 from metadata.ledger_metadata import LedgerMetadata, LedgerState
 from metadata.store import list_all
@@ -62,10 +62,12 @@ async def _scan(
     ledgers: LedgerManager, visit: Callable[[LedgerMetadata], Awaitable[None]], *, window: int = SCAN_WINDOW
 ) -> int:
     """Read every ledger's metadata (``window`` at a time) and await ``visit`` on each; returns the
-    number scanned. Ledgers deleted meanwhile are skipped."""
+    number scanned. Ledgers deleted meanwhile are skipped, and so are ledgers whose metadata cannot
+    be decoded (logged: an operator must look at them); any other error stops the scan."""
     slots = asyncio.Semaphore(window)
     scanned = 0
     failure: BaseException | None = None
+    undecodable: list[int] = []
     tasks: set[asyncio.Task[None]] = set()
 
     async def one(ledger_id: int) -> None:
@@ -76,7 +78,10 @@ async def _scan(
             scanned += 1
         except NoSuchLedger:
             pass  # deleted meanwhile
-        except (MetadataError, BKError) as error:
+        except MetadataFormatError as error:  # one corrupt record must not hide every other ledger
+            undecodable.append(ledger_id)
+            log.error("auditor.ledger_undecodable", ledger_id=ledger_id, error=str(error)[:200])  # noqa: TRY400
+        except Exception as error:  # noqa: BLE001 - store down, or a bug: stop, say so, retry later
             failure = failure or error
         finally:
             slots.release()
@@ -97,6 +102,8 @@ async def _scan(
             task.cancel()
     if failure is not None:
         raise failure
+    if undecodable:
+        log.warning("auditor.scan_skipped_undecodable", count=len(undecodable), ledger_ids=undecodable[:20])
     return scanned
 
 

@@ -30,7 +30,7 @@ import structlog
 from bookkeeper_aio.autorecovery.errors import EntryUnavailable, ReplicationError
 from bookkeeper_aio.client.context import ClientContext
 from bookkeeper_aio.client.quorum import DistributionSchedule
-from bookkeeper_aio.errors import BKError, NoSuchEntry, NoSuchLedger, error_for_status
+from bookkeeper_aio.errors import BKError, BKInternalError, NoSuchEntry, NoSuchLedger, error_for_status
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import AddFlag, StatusCode
 from bookkeeper_aio.protocol.digest import EntryCodec
@@ -95,7 +95,9 @@ async def copy_fragment(
     if not changed or fragment.last < fragment.first:
         return stats
     slots = asyncio.Semaphore(window)
-    failure: BaseException | None = None  # BKError or OSError
+    failure: BaseException | None = None  # anything: a copy must never pass with an entry missing
+    started = stats.entries
+    expected = 0
 
     async def one(entry_id: int, targets: list[str], sources: list[str], body: bytes | None) -> None:
         nonlocal failure
@@ -107,7 +109,7 @@ async def copy_fragment(
             await asyncio.gather(*(_write(ctx, md.ledger_id, entry_id, t, master_key, body) for t in targets))
             stats.entries += 1
             stats.bytes += len(body) * len(targets)
-        except (BKError, OSError) as error:  # the first failure stops the whole copy
+        except Exception as error:  # noqa: BLE001 - the first failure of any kind stops the copy
             if failure is None:
                 failure = error
         finally:
@@ -135,6 +137,7 @@ async def copy_fragment(
             if failure is not None:
                 slots.release()
                 break
+            expected += 1
             task = asyncio.create_task(
                 one(entry_id, targets, survivors + replaced, prefetched.pop(entry_id, None))
             )
@@ -147,6 +150,11 @@ async def copy_fragment(
             task.cancel()
     if failure is not None:
         raise failure
+    if stats.entries - started != expected:  # never publish a replacement that lacks an entry
+        raise BKInternalError(
+            f"ledger {md.ledger_id}: copied {stats.entries - started} of {expected} entries of "
+            f"fragment [{fragment.first}, {fragment.last}] without an error: refusing to list the copy"
+        )
     return stats
 
 

@@ -28,14 +28,14 @@ import asyncio
 import contextlib
 import hmac
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import structlog
 
 from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
 from bookkeeper_aio.autorecovery.copier import CopyStats, FragmentCopy, RateLimiter, copy_fragment
-from bookkeeper_aio.autorecovery.errors import NoPasswordForLedger, ReplicationError
+from bookkeeper_aio.autorecovery.errors import EntryUnavailable, NoPasswordForLedger, ReplicationError
 from bookkeeper_aio.autorecovery.metrics import AutorecoveryMetrics
 from bookkeeper_aio.client.bookkeeper import BookKeeper, password_hash
 from bookkeeper_aio.client.ensemble_change import BookieReplacer, Replacement
@@ -213,8 +213,9 @@ class ReplicationWorker:
         key = master_key(password)
         replacer = BookieReplacer(self._ctx, ledger_id)
         attempts = 0
+        unavailable: dict[int, EntryUnavailable] = {}  # fragments left for later: heal the others
         while True:
-            target = _next_fragment(current.metadata, missing)
+            target = _next_fragment(current.metadata, missing, unavailable)
             if target is None:
                 break
             first, last, ensemble = target
@@ -224,6 +225,9 @@ class ReplicationWorker:
                 )
                 fragments += 1
                 self.metrics.fragments_healed += 1
+            except EntryUnavailable as error:
+                log.warning("autorecovery.fragment_unavailable", ledger_id=ledger_id, first_entry=first)
+                unavailable[first] = error
             except MetadataConflict as conflict:
                 attempts += 1
                 if attempts >= FRAGMENT_ATTEMPTS_MAX:
@@ -251,6 +255,8 @@ class ReplicationWorker:
             bytes=stats.bytes,
             fenced=fenced,
         )
+        if unavailable:  # the other fragments are healed; these keep their mark, as before
+            raise next(iter(unavailable.values()))
         return HealResult(ledger_id, healed, left, fragments, stats, fenced=fenced, resolved=resolved)
 
     async def _replace(
@@ -309,14 +315,16 @@ class ReplicationWorker:
         return change.stored
 
 
-def _next_fragment(md: LedgerMetadata, missing: set[str]) -> tuple[int, int, tuple[str, ...]] | None:
+def _next_fragment(
+    md: LedgerMetadata, missing: set[str], skip: Collection[int] = ()
+) -> tuple[int, int, tuple[str, ...]] | None:
     """The oldest fragment listing a missing bookie that may be touched now (not the last fragment
-    of a ledger that is not CLOSED)."""
+    of a ledger that is not CLOSED), other than those starting at an entry in ``skip``."""
     ranges = fragment_ranges(md)
     for index, (first, last, ensemble) in enumerate(ranges):
         if md.state is not LedgerState.CLOSED and index == len(ranges) - 1:
             return None
-        if missing & set(ensemble):
+        if first not in skip and missing & set(ensemble):
             return first, last, ensemble
     return None
 

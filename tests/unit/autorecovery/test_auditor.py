@@ -13,6 +13,7 @@ from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
 from bookkeeper_aio.client.bookie_client import BookiePool
 from bookkeeper_aio.client.context import ClientContext, StaticDirectory
 from metadata.bookies import BookieInfo, BookieRegistration
+from metadata.cluster import init_cluster
 from metadata.ledger_manager import LedgerManager
 from metadata.memory import MemoryStore
 from metadata.underreplication import UnderReplicationManager
@@ -170,3 +171,18 @@ async def test_the_leading_auditor_follows_the_registration_watch() -> None:
         for registration in regs.values():
             await registration.close()
         await ctx.pool.close()
+
+
+async def test_an_undecodable_ledger_does_not_stop_the_marking_of_the_others() -> None:
+    store = MemoryStore()
+    await init_cluster(store, "/c")
+    ledgers = LedgerManager(store, "/c")
+    good = [
+        (await ledgers.create(("b1", "b2"), write_quorum=2, ack_quorum=2)).metadata.ledger_id
+        for _ in range(40)
+    ]
+    await store.put(ledgers.keys.ledger(0), b"\x00garbage")  # one corrupt record, listed first
+    urm = UnderReplicationManager(store, "/c")
+    marked = await mark_ledgers_on(ledgers, urm, {"b1"}, reason="lost")
+    assert marked == sorted(good)
+    assert len([mark async for mark in urm.iter_marks()]) == len(good)

@@ -176,3 +176,24 @@ async def test_the_check_finds_missing_and_corrupt_replicas() -> None:
     assert await check_ledger(ctx, md, {"b", "c"}, slots, CODEC) == {"c"}  # a unregistered: not probed
     open_md = LedgerMetadata.new(LEDGER, ("a", "b", "c"), write_quorum=2, ack_quorum=2)
     assert await check_ledger(ctx, open_md, {"a", "b", "c"}, slots, CODEC) == set()  # the writer's
+
+
+async def test_an_unexpected_error_in_a_copy_fails_it_never_passes_with_an_entry_missing() -> None:
+    """A bug (not a BKError) in one entry's copy must stop the copy: the CAS would otherwise list a
+    replacement that lacks that entry."""
+
+    class Buggy(ScriptedPool):
+        async def request(self, bookie_id, make, timeout_s):  # type: ignore[no-untyped-def]
+            request = make(1)
+            if isinstance(request, m.ReadEntryRequest) and request.entry_id == 0:
+                raise RuntimeError("a bug in a read path")
+            return await super().request(bookie_id, make, timeout_s)
+
+    stores: dict[str, dict[int, bytes]] = {b: {} for b in "abc"}
+    for entry_id in range(6):
+        for position in (entry_id % 3, (entry_id + 1) % 3):
+            stores["abc"[position]][entry_id] = _body(entry_id)
+    stores["b"] = {}  # b is lost
+    pool = Buggy(stores)
+    with pytest.raises(RuntimeError, match="a bug in a read path"):
+        await copy_fragment(_ctx(pool), _fragment(("a", "b", "c"), ("a", "d", "c"), 5), CODEC, b"k", window=1)
