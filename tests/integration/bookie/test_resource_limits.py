@@ -78,7 +78,8 @@ async def test_idle_connections_are_closed_but_not_long_polls(tmp_path: Path) ->
     try:
         idle = await WireClient.connect(*bookie.address)
         polling = await WireClient.connect(*bookie.address)
-        poll = polling.read(5, 0, flags=ReadFlag.LONG_POLL, previous_lac=-1, timeout_ms=4000)
+        assert (await polling.add(5, 0, b"x")).status == StatusCode.EOK  # a known ledger, LAC still -1
+        poll = polling.read(5, 1, flags=ReadFlag.LONG_POLL, previous_lac=-1, timeout_ms=4000)  # parks
         await asyncio.wait_for(asyncio.shield(idle.closed), 4)  # closed by the bookie
         assert not polling.closed.done()  # a long poll in flight is not idle
         assert (await asyncio.wait_for(poll, 6)).status in {
