@@ -17,7 +17,6 @@ create is resolved by reading the key back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
@@ -36,12 +35,11 @@ from metadata.errors import (
     NoNode,
     NoSuchLedger,
     UpdateRetriesExhausted,
-    WatchCompacted,
 )
 from metadata.idgen import IdGenerator
 from metadata.keys import ClusterKeys
 from metadata.ledger_metadata import LedgerMetadata
-from metadata.store import EventKind, MetadataStore
+from metadata.store import MetadataStore, watch_value
 
 log = structlog.get_logger("metadata.ledger_manager")
 
@@ -260,33 +258,15 @@ class LedgerManager:
                 return
             start_after = page.ledger_ids[-1]
 
-    async def watch(self, ledger_id: int) -> AsyncGenerator[VersionedLedger | None, None]:
+    def watch(self, ledger_id: int) -> AsyncGenerator[VersionedLedger | None, None]:
         """The current metadata, then every change; ``None`` once deleted (then the iterator ends).
 
         Survives reconnects; after a compaction it re-reads and continues from the fresh state.
         Raises `NoSuchLedger` if the ledger does not exist when the watch starts.
         """
         key = self.keys.ledger(ledger_id)
-        current = await self.read(ledger_id)
-        yield current
-        while True:
-            events = self._store.watch(key, start_revision=current.version + 1)
-            try:
-                async with contextlib.aclosing(events):
-                    async for event in events:
-                        if event.kind is EventKind.DELETE or event.value is None:
-                            yield None
-                            return
-                        metadata = serde.decode(event.value, key=key, ledger_id=ledger_id)
-                        current = VersionedLedger(metadata, event.revision)
-                        yield current
-            except WatchCompacted:
-                log.info("ledger.watch_compacted", ledger_id=ledger_id)
-                try:
-                    fresh = await self.read(ledger_id)
-                except NoSuchLedger:
-                    yield None
-                    return
-                if fresh.version != current.version:
-                    current = fresh
-                    yield current
+
+        def decode(value: bytes, revision: int) -> VersionedLedger:
+            return VersionedLedger(serde.decode(value, key=key, ledger_id=ledger_id), revision)
+
+        return watch_value(self._store, key, lambda: self.read(ledger_id), decode, NoSuchLedger)

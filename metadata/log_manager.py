@@ -9,7 +9,6 @@ a version it holds) where a conflict must not be retried blindly (docs/replicati
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -19,11 +18,11 @@ import structlog
 
 from bookkeeper_aio.errors import NoSuchLog
 from metadata import log_metadata as serde
-from metadata.errors import BadVersion, NoNode, UpdateRetriesExhausted, WatchCompacted
+from metadata.errors import BadVersion, NoNode, UpdateRetriesExhausted
 from metadata.keys import ClusterKeys
 from metadata.ledger_manager import UNCHANGED, _Unchanged
 from metadata.log_metadata import LogMetadata
-from metadata.store import EventKind, MetadataStore, list_all
+from metadata.store import MetadataStore, list_all, watch_value
 
 log = structlog.get_logger("metadata.log_manager")
 
@@ -124,33 +123,16 @@ class LogManager:
         except NoNode:
             raise NoSuchLog(name) from None
 
-    async def watch(self, name: str) -> AsyncGenerator[VersionedLog | None, None]:
+    def watch(self, name: str) -> AsyncGenerator[VersionedLog | None, None]:
         """The current list, then every change; ``None`` once the log is deleted (then it ends).
         Survives reconnects; after a compaction it re-reads and goes on. Raises `NoSuchLog` if the
         log does not exist when the watch starts. Close it with ``aclose()``."""
         key = self.keys.log(name)
-        current = await self.read(name)
-        yield current
-        while True:
-            events = self._store.watch(key, start_revision=current.version + 1)
-            try:
-                async with contextlib.aclosing(events):
-                    async for event in events:
-                        if event.kind is EventKind.DELETE or event.value is None:
-                            yield None
-                            return
-                        current = VersionedLog(serde.decode(event.value, key=key, name=name), event.revision)
-                        yield current
-            except WatchCompacted:
-                log.info("log.watch_compacted", log=name)
-                try:
-                    fresh = await self.read(name)
-                except NoSuchLog:
-                    yield None
-                    return
-                if fresh.version != current.version:
-                    current = fresh
-                    yield current
+
+        def decode(value: bytes, revision: int) -> VersionedLog:
+            return VersionedLog(serde.decode(value, key=key, name=name), revision)
+
+        return watch_value(self._store, key, lambda: self.read(name), decode, NoSuchLog)
 
     # ------------------------------------------------------------------ named cursors
     async def write_cursor(self, name: str, cursor: str, ledger_id: int, entry_id: int) -> None:

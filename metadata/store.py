@@ -21,9 +21,13 @@ raise `CasResultUnknown` (sent, outcome lost). Keys are ``str`` (UTF-8 on the wi
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from metadata.errors import WatchCompacted
 
 # One page of a listing holds at most this many keys: bounds the memory of one response.
 LIST_PAGE_LIMIT_MAX = 10_000
@@ -175,3 +179,45 @@ async def list_all(
         if not page.more or not page.items:
             return items, revision
         page = await store.list(prefix, start_after=page.items[-1].key, limit=page_size, revision=revision)
+
+
+class _Versioned(Protocol):
+    @property
+    def version(self) -> int: ...
+
+
+V = TypeVar("V", bound=_Versioned)
+
+
+async def watch_value(
+    store: MetadataStore,
+    key: str,
+    read: Callable[[], Awaitable[V]],
+    decode: Callable[[bytes, int], V],
+    gone: type[Exception],
+) -> AsyncGenerator[V | None, None]:
+    """What ``read()`` returns now, then every change of ``key`` decoded by ``decode(value,
+    revision)``; ``None`` once the key is deleted (then it ends). Survives reconnects; after a
+    compaction it calls ``read()`` again and goes on from the fresh state (``gone``: what ``read``
+    raises for a missing key). The ledger and log managers' ``watch``."""
+    current = await read()
+    yield current
+    while True:
+        events = store.watch(key, start_revision=current.version + 1)
+        try:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    if event.kind is EventKind.DELETE or event.value is None:
+                        yield None
+                        return
+                    current = decode(event.value, event.revision)
+                    yield current
+        except WatchCompacted:
+            try:
+                fresh = await read()
+            except gone:
+                yield None
+                return
+            if fresh.version != current.version:
+                current = fresh
+                yield current
