@@ -49,7 +49,7 @@ from metadata.store import MetadataStore, list_all
 UNDERREPLICATED_FORMAT_VERSION = 1
 VALUE_BYTES_MAX = 64 * 1024
 MISSING_BOOKIES_MAX = 64  # an ensemble has at most 64 bookies: a ledger cannot miss more
-REASONS = frozenset({"lost", "check", "decommission", "operator"})
+REASONS = frozenset({"lost", "replaced", "check", "decommission", "operator"})
 UPDATE_ATTEMPTS_MAX = 100
 PAGE_SIZE_DEFAULT = 1000
 

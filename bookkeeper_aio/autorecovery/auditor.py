@@ -41,7 +41,7 @@ from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
 from bookkeeper_aio.protocol.digest import DigestType, EntryCodec
 from bookkeeper_aio.protocol.errors import DigestMismatch
-from metadata.bookies import list_bookies, watch_bookies
+from metadata.bookies import BookieSet, list_bookies, watch_bookies
 from metadata.election import Election
 from metadata.errors import MetadataError, MetadataFormatError, NoSuchLedger
 from metadata.ledger_manager import LedgerManager
@@ -147,6 +147,17 @@ async def referenced_bookies(ledgers: LedgerManager) -> set[str]:
     return found
 
 
+def _instances(bookies: BookieSet) -> dict[str, str]:
+    """Bookie id -> the data dir instance its registration names (bookies that name none left out)."""
+    found: dict[str, str] = {}
+    for infos in (bookies.writable, bookies.readonly):
+        for bookie_id, info in infos.items():
+            instance = info.attributes.get("instance_id")
+            if isinstance(instance, str) and instance:
+                found[bookie_id] = instance
+    return found
+
+
 def _holder_entries(md: LedgerMetadata, first: int, last: int, position: int) -> tuple[int, ...]:
     """The first and the last entry of ``first..last`` whose write set includes ``position``."""
     schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
@@ -246,6 +257,8 @@ class Auditor:
         self._missing_since: dict[str, float] = {}
         self._marked: set[str] = set()
         self._registered: set[str] | None = None  # from the watch while it runs
+        self._registered_instances: dict[str, str] = {}  # bookie id -> data dir instance, as registered
+        self._instances: dict[str, str] = {}  # the instance this auditor last saw for each bookie
         self.leading = asyncio.Event()
 
     @property
@@ -332,6 +345,7 @@ class Auditor:
                 async with contextlib.aclosing(watch_bookies(store, root)) as updates:
                     async for bookies in updates:
                         self._registered = set(bookies.writable) | set(bookies.readonly)
+                        self._registered_instances = _instances(bookies)
                         changed.set()
             except MetadataError as error:
                 log.warning("autorecovery.registration_watch_failed", error=repr(error))
@@ -342,9 +356,12 @@ class Auditor:
         """One lost-bookie round; returns the ledgers it marked."""
         store, root = self._urm.store, self._urm.keys.root
         registered = self._registered
+        instances = self._registered_instances
         if registered is None:
             bookies = await list_bookies(store, root)
             registered = set(bookies.writable) | set(bookies.readonly)
+            instances = _instances(bookies)
+        replaced = await self._mark_replaced(instances)
         cookies, _ = await list_all(store, f"{root}/cookies/")
         self._known |= registered | {kv.key.rsplit("/", 1)[-1] for kv in cookies}
         now = asyncio.get_running_loop().time()
@@ -366,11 +383,28 @@ class Auditor:
             if b not in self._marked and now - since >= self._config.lost_bookie_recovery_delay_s
         }
         if not due:
-            return []
+            return replaced
         marked = await mark_ledgers_on(self._ctx.ledgers, self._urm, due, reason="lost")
         self._marked |= due
         self.metrics.ledgers_marked += len(marked)
         log.warning("autorecovery.bookies_lost", bookies=sorted(due), ledgers_marked=len(marked))
+        return sorted(set(marked) | set(replaced))
+
+    async def _mark_replaced(self, instances: dict[str, str]) -> list[int]:
+        """A bookie registered with another data dir instance than before (its disk was replaced,
+        `bkaio bookie format`) lost what the old one held, even if it came back within the delay:
+        its "no such entry" answers must not stand for entries it had. Mark its ledgers now."""
+        replaced = {
+            bookie_id
+            for bookie_id, instance in instances.items()
+            if self._instances.get(bookie_id, instance) != instance
+        }
+        marked: list[int] = []
+        if replaced:
+            marked = await mark_ledgers_on(self._ctx.ledgers, self._urm, replaced, reason="replaced")
+            self.metrics.ledgers_marked += len(marked)
+            log.warning("autorecovery.bookies_replaced", bookies=sorted(replaced), ledgers_marked=len(marked))
+        self._instances.update(instances)  # only once marked: a failed round tries again
         return marked
 
     async def _check_loop(self) -> None:

@@ -186,3 +186,37 @@ async def test_an_undecodable_ledger_does_not_stop_the_marking_of_the_others() -
     marked = await mark_ledgers_on(ledgers, urm, {"b1"}, reason="lost")
     assert marked == sorted(good)
     assert len([mark async for mark in urm.iter_marks()]) == len(good)
+
+
+async def test_a_bookie_back_with_another_data_dir_is_marked_at_once() -> None:
+    """Formatted (or a new disk), the bookie comes back within the delay under its id: what its old
+    data dir held is gone all the same."""
+    store = MemoryStore()
+    ctx = _ctx(store)
+    urm = UnderReplicationManager(store, ROOT)
+
+    async def register(instance: str) -> BookieRegistration:
+        info = BookieInfo("b0", "127.0.0.1", 4200, attributes={"instance_id": instance})
+        registration = BookieRegistration(store, ROOT, info, ttl_s=5)
+        await registration.start()
+        return registration
+
+    reg = await register("disk-1")
+    on_b0 = (await ctx.ledgers.create(("b0",), write_quorum=1, ack_quorum=1)).ledger_id
+    auditor = Auditor(ctx, urm, AutorecoveryConfig(lost_bookie_recovery_delay_s=30), candidate_id="a1")
+    try:
+        assert await auditor.audit_once() == []
+        await reg.close()
+        reg = await register("disk-1")  # a plain restart: nothing to mark
+        assert await auditor.audit_once() == []
+        await reg.close()
+        reg = await register("disk-2")  # back at once, but with an empty data dir
+        assert await auditor.audit_once() == [on_b0]
+        mark = await urm.get(on_b0)
+        assert mark is not None
+        assert mark.missing == ("b0",)
+        assert mark.reasons == ("replaced",)
+        assert await auditor.audit_once() == []  # once
+    finally:
+        await reg.close()
+        await ctx.pool.close()
