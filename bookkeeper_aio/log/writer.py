@@ -152,9 +152,7 @@ class LogWriter:
         loop = asyncio.get_running_loop()
         data = self._frame(payload, sequence)
         if data is None:
-            skipped: asyncio.Future[LogPosition | None] = loop.create_future()
-            skipped.set_result(None)
-            return skipped
+            return _skipped(loop)
         handle = self._handle
         inner = None
         if not self._queued:  # nobody waits before us: a free slot needs no turn
@@ -165,9 +163,7 @@ class LogWriter:
         if inner is None:
             sent = await self._append_in_turn(data, sequence)
             if sent is None:
-                duplicate: asyncio.Future[LogPosition | None] = loop.create_future()
-                duplicate.set_result(None)
-                return duplicate
+                return _skipped(loop)
             handle, inner = sent
         if sequence is not None:
             self._last_sequence = sequence  # sent: a retry of it is a duplicate from now on
@@ -186,8 +182,7 @@ class LogWriter:
         try:
             async with self._append_lock:
                 self._check_writable()
-                last = self._last_sequence
-                if sequence is not None and last is not None and sequence <= last:
+                if self._is_duplicate(sequence):
                     return None
                 while True:
                     handle = self._handle
@@ -210,10 +205,15 @@ class LogWriter:
         if sequence is None:
             raise BKInterfaceError(f"log {self.name!r} is sequenced: append needs sequence=N")
         data = records.encode_sequenced(sequence, payload)
-        if self._last_sequence is not None and sequence <= self._last_sequence:
-            log.debug("log.duplicate_skipped", log=self.name, sequence=sequence, last=self._last_sequence)
-            return None
-        return data
+        return None if self._is_duplicate(sequence) else data
+
+    def _is_duplicate(self, sequence: int | None) -> bool:
+        """Whether ``sequence`` is at or below the last one sent (logged: the append is skipped)."""
+        last = self._last_sequence
+        if sequence is None or last is None or sequence > last:
+            return False
+        log.debug("log.duplicate_skipped", log=self.name, sequence=sequence, last=last)
+        return True
 
     def _adopt(self, handle: LedgerHandle) -> LedgerHandle:
         """Make ``handle``'s add futures complete with log positions, and fail with `LogFenced`
@@ -392,6 +392,13 @@ class LogWriter:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+def _skipped(loop: asyncio.AbstractEventLoop) -> asyncio.Future[LogPosition | None]:
+    """The future of an append not made (a duplicate sequence): None, at once."""
+    future: asyncio.Future[LogPosition | None] = loop.create_future()
+    future.set_result(None)
+    return future
 
 
 class _Results:

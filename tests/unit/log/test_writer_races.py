@@ -36,18 +36,7 @@ from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogMetadata
 from metadata.memory import MemoryStore
 from tests.harness.fake_bookie import FakeCluster
-
-ROOT = "/bookkeeper/test"
-FAST = ClientConfig(
-    add_timeout_s=1.0,
-    read_timeout_s=1.0,
-    connect_timeout_s=1.0,
-    reconnect_backoff_initial_s=0.01,
-    reconnect_backoff_max_s=0.05,
-    explicit_lac_interval_ms=50,
-    speculative_read_delay_ms=50,
-    metadata_timeout_s=2.0,
-)
+from tests.unit.client.conftest import FAST, ROOT
 
 
 @dataclasses.dataclass
