@@ -30,6 +30,7 @@ import msgpack
 import structlog
 
 from bookkeeper_aio.common.backoff import Backoff
+from metadata.envelope import unpack_map
 from metadata.errors import (
     BadVersion,
     CasResultUnknown,
@@ -106,7 +107,7 @@ class BookieInfo:
 
     @classmethod
     def decode(cls, key: str, data: bytes) -> BookieInfo:
-        body = _unpack_map(key, data, BOOKIE_FORMAT_VERSION)
+        body = unpack_map(key, data, bytes_max=VALUE_BYTES_MAX, format_version_max=BOOKIE_FORMAT_VERSION)
         attributes = _field(key, body, "attributes", dict)
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()):
             raise MetadataFormatError(key, "bookie attributes must map str -> str")
@@ -130,21 +131,6 @@ def _field(key: str, body: dict[str, Any], name: str, kind: type[FieldT]) -> Fie
     if not isinstance(value, kind):
         raise MetadataFormatError(key, f"field {name!r} missing or not a {kind.__name__}")
     return value
-
-
-def _unpack_map(key: str, data: bytes, version_max: int) -> dict[str, Any]:
-    if len(data) > VALUE_BYTES_MAX:
-        raise MetadataFormatError(key, f"value of {len(data)} bytes exceeds {VALUE_BYTES_MAX}")
-    try:
-        body = msgpack.unpackb(data, raw=False)
-    except (ValueError, msgpack.UnpackException) as error:
-        raise MetadataFormatError(key, f"corrupt msgpack: {error}") from error
-    if not isinstance(body, dict):
-        raise MetadataFormatError(key, f"expected a map, got {type(body).__name__}")
-    version = body.get("format_version")
-    if not isinstance(version, int) or not 1 <= version <= version_max:
-        raise MetadataFormatError(key, f"unsupported format_version {version!r} (max {version_max})")
-    return body
 
 
 # ---- discovery ------------------------------------------------------------------------------------
@@ -448,7 +434,7 @@ class Cookie:
 
     @classmethod
     def decode(cls, key: str, data: bytes) -> Cookie:
-        body = _unpack_map(key, data, COOKIE_FORMAT_VERSION)
+        body = unpack_map(key, data, bytes_max=VALUE_BYTES_MAX, format_version_max=COOKIE_FORMAT_VERSION)
         journal = _field(key, body, "journal_dirs", list)
         ledger = _field(key, body, "ledger_dirs", list)
         if not all(isinstance(d, str) for d in journal + ledger):

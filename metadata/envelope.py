@@ -46,3 +46,20 @@ def open_envelope(
         if not isinstance(body.get(name), expected):
             raise MetadataFormatError(key, f"{who}: field {name!r} missing or of wrong type")
     return body
+
+
+def unpack_map(key: str, data: bytes, *, bytes_max: int, format_version_max: int) -> dict[str, Any]:
+    """The checks of a plain msgpack map value (no magic): size bound before parsing, msgpack, a
+    map, a supported ``format_version``; `MetadataFormatError` naming ``key`` otherwise."""
+    if len(data) > bytes_max:
+        raise MetadataFormatError(key, f"value of {len(data)} bytes exceeds {bytes_max}")
+    try:
+        body = msgpack.unpackb(data, raw=False)
+    except (ValueError, msgpack.UnpackException) as error:
+        raise MetadataFormatError(key, f"corrupt msgpack: {error}") from error
+    if not isinstance(body, dict):
+        raise MetadataFormatError(key, f"expected a map, got {type(body).__name__}")
+    version = body.get("format_version")
+    if not isinstance(version, int) or not 1 <= version <= format_version_max:
+        raise MetadataFormatError(key, f"unsupported format_version {version!r} (max {format_version_max})")
+    return body

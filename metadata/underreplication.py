@@ -34,6 +34,7 @@ from typing import Any
 
 import msgpack
 
+from metadata.envelope import unpack_map
 from metadata.errors import (
     BadVersion,
     CasResultUnknown,
@@ -86,17 +87,9 @@ class UnderReplicated:
 
     @classmethod
     def decode(cls, key: str, ledger_id: int, data: bytes, version: int) -> UnderReplicated:
-        if len(data) > VALUE_BYTES_MAX:
-            raise MetadataFormatError(key, f"value of {len(data)} bytes exceeds {VALUE_BYTES_MAX}")
-        try:
-            body = msgpack.unpackb(data, raw=False)
-        except (ValueError, msgpack.UnpackException) as error:
-            raise MetadataFormatError(key, f"corrupt msgpack: {error}") from error
-        if not isinstance(body, dict):
-            raise MetadataFormatError(key, f"expected a map, got {type(body).__name__}")
-        fmt = body.get("format_version")
-        if not isinstance(fmt, int) or not 1 <= fmt <= UNDERREPLICATED_FORMAT_VERSION:
-            raise MetadataFormatError(key, f"unsupported format_version {fmt!r}")
+        body = unpack_map(
+            key, data, bytes_max=VALUE_BYTES_MAX, format_version_max=UNDERREPLICATED_FORMAT_VERSION
+        )
         missing, reasons, marked_ms = body.get("missing"), body.get("reasons"), body.get("marked_ms")
         if not isinstance(missing, list) or not all(isinstance(b, str) for b in missing):
             raise MetadataFormatError(key, "field 'missing' must be a list of bookie ids")
