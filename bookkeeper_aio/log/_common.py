@@ -8,8 +8,8 @@ import time
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.client.ledger import LedgerHandle
-from bookkeeper_aio.errors import BKError
-from metadata.errors import BadVersion, CasResultUnknown, MetadataError
+from bookkeeper_aio.errors import BKError, NoSuchLog
+from metadata.errors import BadVersion, CasResultUnknown, MetadataError, NodeExists
 from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogLedgerState, LogMetadata
 
@@ -22,6 +22,20 @@ def log_manager(bk: BookKeeper) -> LogManager:
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+async def read_or_create(
+    manager: LogManager, name: str, *, create: bool, sequenced: bool = False
+) -> VersionedLog:
+    """The log's list; a missing log is created first when ``create`` (else `NoSuchLog`)."""
+    while True:
+        try:
+            return await manager.read(name)
+        except NoSuchLog:
+            if not create:
+                raise
+            with contextlib.suppress(NodeExists):
+                await manager.create(name, sequenced=sequenced)
 
 
 async def cas_log(manager: LogManager, proposed: LogMetadata, expected_version: int) -> VersionedLog:

@@ -7,7 +7,6 @@ the last position it processed; truncation and retention never cut into a cursor
 
 from __future__ import annotations
 
-import contextlib
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,10 +16,17 @@ import structlog
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.errors import BKInterfaceError, LogTruncated, MetadataConflict, NoSuchLog
-from bookkeeper_aio.log._common import cas_log, log_manager, now_ms, recover_ledgers, with_recovered
+from bookkeeper_aio.log._common import (
+    cas_log,
+    log_manager,
+    now_ms,
+    read_or_create,
+    recover_ledgers,
+    with_recovered,
+)
 from bookkeeper_aio.log.position import LogPosition
 from bookkeeper_aio.log.truncation import delete_ledgers
-from metadata.errors import BadVersion, InvalidMetadata, NodeExists
+from metadata.errors import BadVersion, InvalidMetadata
 
 log = structlog.get_logger("bookkeeper_aio.log.admin")
 
@@ -170,14 +176,7 @@ async def append_ledgers(
         ends[ledger_id] = (-1 if md.last_entry_id is None else md.last_entry_id, md.length)
     manager = log_manager(bk)
     for _ in range(IMPORT_ATTEMPTS_MAX):
-        try:
-            current = await manager.read(name)
-        except NoSuchLog:
-            if not create:
-                raise
-            with contextlib.suppress(NodeExists):
-                await manager.create(name)
-            continue
+        current = await read_or_create(manager, name, create=create)
         if current.metadata.sequenced:
             raise BKInterfaceError(
                 f"log {name!r} is sequenced: its records carry sequence headers that imported ledgers "

@@ -49,12 +49,13 @@ from bookkeeper_aio.log._common import (
     discard_ledger,
     log_manager,
     now_ms,
+    read_or_create,
     recover_ledgers,
     with_recovered,
 )
 from bookkeeper_aio.log.position import LogPosition
 from bookkeeper_aio.log.truncation import delete_ledgers, plan_truncation, retention_cut
-from metadata.errors import BadVersion, NodeExists
+from metadata.errors import BadVersion
 from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogLedgerState, LogMetadata
 
@@ -446,14 +447,7 @@ async def open_log_writer(
     _check_limits(roll_entries_max, roll_bytes_max, roll_age_s, retention_age_s, retention_bytes)
     manager = log_manager(bk)
     for attempt in range(1, OPEN_ATTEMPTS_MAX + 1):
-        try:
-            current = await manager.read(name)
-        except NoSuchLog:
-            if not create:
-                raise
-            with contextlib.suppress(NodeExists):
-                await manager.create(name, sequenced=sequenced)
-            continue
+        current = await read_or_create(manager, name, create=create, sequenced=sequenced)
         fencing = _to_recover(current.metadata)
         try:
             recovered = await recover_ledgers(bk, fencing, password)  # fence: the old leader's adds fail
