@@ -3,7 +3,8 @@
 Against the sandbox (`make run` writes JSON orders into the log `demo-orders`, password
 `sandbox-demo`, and prints the metadata URL):
 
-    python examples/spark_orders.py --metadata etcd://127.0.0.1:PORT/bookkeeper/sandbox --out order-totals.parquet
+    python examples/spark_orders.py --metadata etcd://127.0.0.1:PORT/bookkeeper/sandbox \
+        --out order-totals.parquet
 
 ``--seed N`` first appends N orders of the same shape to the log (created if need be), so it also
 runs against an empty cluster. Prints the totals and the number of orders read. docs/spark.md
