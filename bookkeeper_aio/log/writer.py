@@ -66,6 +66,7 @@ CHANGE_ATTEMPTS_MAX = 100
 ROLL_RETRY_S = 1.0
 """After a failed automatic roll, appends do not start another one for this long."""
 _FENCING_ERRORS = (LedgerFenced, LedgerClosed, MetadataConflict)
+_new_tuple = tuple.__new__
 
 
 class LogWriter:
@@ -91,6 +92,7 @@ class LogWriter:
         self._ensemble = ensemble
         self._password = password
         self._roll_entries_max, self._roll_bytes_max, self._roll_age_s = rolls
+        self._roll_limits_set = any(limit is not None for limit in rolls)
         self._retention = retention
         self._entries_in_ledger = 0
         self._bytes_in_ledger = 0
@@ -149,33 +151,35 @@ class LogWriter:
         order of their calls, also from several tasks and across a roll (a FIFO lock: an append
         waiting for a slot on a ledger that a roll closes is sent to the new one before later
         calls)."""
-        self._check_writable()
-        loop = asyncio.get_running_loop()
-        data = self._frame(payload, sequence)
-        if data is None:
-            return _skipped(loop)
-        handle = self._handle
+        if self._fenced is not None or self._closed:
+            self._check_writable()
+        if sequence is None and not self._sequenced:
+            data = payload  # the common case, without a call
+        else:
+            framed = self._frame(payload, sequence)
+            if framed is None:
+                return _skipped()
+            data = framed
         inner = None
         if not self._queued:  # nobody waits before us: a free slot needs no turn
             try:
-                inner = handle.append_nowait(data)
+                inner = self._handle.append_nowait(data)
             except _FENCING_ERRORS as error:
                 raise self._fence(error) from error
         if inner is None:
             sent = await self._append_in_turn(data, sequence)
             if sent is None:
-                return _skipped(loop)
-            handle, inner = sent
+                return _skipped()
+            inner = sent
         if sequence is not None:
             self._last_sequence = sequence  # sent: a retry of it is a duplicate from now on
         self._entries_in_ledger += 1
         self._bytes_in_ledger += len(data)
-        self._maybe_roll()
+        if self._roll_task is None and self._roll_limits_set:
+            self._maybe_roll()
         return cast("asyncio.Future[LogPosition | None]", inner)  # the handle makes positions (_Results)
 
-    async def _append_in_turn(
-        self, data: bytes, sequence: int | None
-    ) -> tuple[LedgerHandle, asyncio.Future[int]] | None:
+    async def _append_in_turn(self, data: bytes, sequence: int | None) -> asyncio.Future[int] | None:
         """The slow path: wait for a window slot in call order (a FIFO lock; ``_queued`` keeps
         later calls off the fast path meanwhile), following a roll. None: ``sequence`` turned out
         to be a duplicate of one sent while this call waited."""
@@ -188,7 +192,7 @@ class LogWriter:
                 while True:
                     handle = self._handle
                     try:
-                        return handle, await handle.append_async(data)
+                        return await handle.append_async(data)
                     except _FENCING_ERRORS as error:
                         rolled = handle is not self._handle
                         if rolled and type(error) is LedgerClosed and not error.outcome_unknown:
@@ -395,9 +399,9 @@ class LogWriter:
         await self.close()
 
 
-def _skipped(loop: asyncio.AbstractEventLoop) -> asyncio.Future[LogPosition | None]:
+def _skipped() -> asyncio.Future[LogPosition | None]:
     """The future of an append not made (a duplicate sequence): None, at once."""
-    future: asyncio.Future[LogPosition | None] = loop.create_future()
+    future: asyncio.Future[LogPosition | None] = asyncio.get_running_loop().create_future()
     future.set_result(None)
     return future
 
@@ -412,7 +416,7 @@ class _Results:
 
     @staticmethod
     def ok(ledger_id: int, entry_id: int) -> LogPosition:
-        return LogPosition(ledger_id, entry_id)
+        return _new_tuple(LogPosition, (ledger_id, entry_id))  # LogPosition(...) without its __new__
 
     def failed(self, error: BKError) -> BKError:
         if not isinstance(error, _FENCING_ERRORS):
