@@ -19,7 +19,7 @@ import structlog
 import uvloop
 
 from bookie.checkpoint import CheckpointCorrupt
-from bookie.config import BookieConfig, ConfigError, load
+from bookie.config import BookieConfig, ConfigError, effective_toml, load
 from bookie.cookie import CookieMismatch
 from bookie.gc import MetadataCatalog
 from bookie.journal_format import JournalCorrupt
@@ -85,10 +85,13 @@ async def serve(config: BookieConfig) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        config, _ = load(argv)
+        config, args = load(argv)
     except ConfigError as exc:
         print(f"bookie: configuration error: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
+    if args.print_config:
+        print(effective_toml(config, args.sources), end="")
+        return
     configure_logging(level=config.log_level)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         code = runner.run(serve(config))

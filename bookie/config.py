@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
+import json
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -22,6 +24,8 @@ from bookie.journal import JournalConfig
 from bookie.mode import DiskThresholds
 from bookie.storage import StorageConfig
 from bookkeeper_aio.protocol.codes import FRAME_BYTES_MAX
+from metadata.cluster import parse_url
+from metadata.errors import InvalidUrl
 
 ENV_PREFIX = "BKAIO_BOOKIE_"
 _RECORD_OVERHEAD_BYTES = fmt.RECORD_HEADER_BYTES + fmt.ENTRY_PREFIX_BYTES
@@ -45,8 +49,17 @@ class BookieConfig:
         "The bookie's identity, written into the cookie; defaults to `<host>:<port>`, required when "
         "`port` is 0.",
     )
-    host: str = _key("127.0.0.1", "Listen address for the bookie protocol.")
+    host: str = _key(
+        "127.0.0.1", "Listen address for the bookie protocol (`0.0.0.0` or `::`: every interface)."
+    )
     port: int = _key(3181, "Listen port; 0 = ephemeral (printed in the `READY host:port` line).")
+    advertised_address: str = _key(
+        "",
+        "`HOST[:PORT]` clients and other hosts reach this bookie at, published in its registration "
+        "(port defaults to the listening one); empty = the listening `host:port`. Required when "
+        "`host` is a wildcard; a loopback address is refused when the metadata endpoints are not "
+        "loopback (no other host could reach it).",
+    )
     journal_segment_bytes: int = _key(
         256 * 1024 * 1024,
         "Size of a preallocated journal segment (must hold two maximum-size records).",
@@ -176,10 +189,12 @@ class BookieConfig:
         if not -1 <= self.admin_port <= 65535:
             raise ConfigError(f"admin_port {self.admin_port} is out of range -1..65535 (-1 = disabled)")
         config = self
+        advertised_host, advertised_port = config.advertised()
+        _check_reachable(config, advertised_host)
         if not config.bookie_id:
-            if config.port == 0:
+            if advertised_port == 0:
                 raise ConfigError("bookie_id is required when port is 0 (--bookie-id ID)")
-            config = dataclasses.replace(config, bookie_id=f"{config.host}:{config.port}")
+            config = dataclasses.replace(config, bookie_id=_join(advertised_host, advertised_port))
         _positive(config, "in_flight_per_connection_max", "connections_max", "journal_group_bytes")
         _positive(config, "in_flight_total_max")
         _positive(config, "answer_bytes_buffered_max", "reads_in_flight_per_connection_max")
@@ -211,6 +226,39 @@ class BookieConfig:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         return config
+
+    def advertised(self, bound_port: int | None = None) -> tuple[str, int]:
+        """The (host, port) this bookie publishes; ``bound_port`` is the port it listens on once
+        bound (an ephemeral ``port`` 0 is known only then). Raises :class:`ConfigError`."""
+        port = self.port if bound_port is None else bound_port
+        text = self.advertised_address.strip()
+        if not text:
+            if self.host in _WILDCARDS:
+                raise ConfigError(
+                    f"host {self.host!r} listens on every interface: set advertised_address "
+                    "(--advertised-address HOST[:PORT]) to the address other hosts reach this bookie at"
+                )
+            return self.host, port
+        host, port_text = _split_host_port(text)
+        if port_text:
+            try:
+                port = int(port_text)
+            except ValueError:
+                raise ConfigError(
+                    f"advertised_address {text!r}: port {port_text!r} is not a number"
+                ) from None
+            if not 1 <= port <= 65535:
+                raise ConfigError(f"advertised_address {text!r}: port {port} is out of range 1..65535")
+        if not host or host in _WILDCARDS:
+            raise ConfigError(
+                f"advertised_address {text!r}: give the host other machines reach this bookie at "
+                "(a name or an IP address, not a wildcard)"
+            )
+        return host, port
+
+    def published_address(self, bound_port: int) -> str:
+        """``host:port`` for the registration, once listening on ``bound_port``."""
+        return _join(*self.advertised(bound_port))
 
     def journal_config(self) -> JournalConfig:
         return JournalConfig(
@@ -246,6 +294,51 @@ class BookieConfig:
         )
 
 
+_WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+
+
+def _split_host_port(text: str) -> tuple[str, str]:
+    """``host:port``, ``[v6]:port``, or a host alone (a name, IPv4 or bare IPv6): (host, port text)."""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        return host, rest.removeprefix(":")
+    if text.count(":") == 1:
+        host, _, port = text.partition(":")
+        return host, port
+    return text, ""
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP address or a name) can only be reached from this machine."""
+    if host.lower() in ("localhost", "localhost.localdomain") or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: whatever it resolves to elsewhere
+
+
+def _check_reachable(config: BookieConfig, advertised_host: str) -> None:
+    """Refuse to publish a loopback address into a cluster whose metadata other hosts use."""
+    if not config.metadata or not is_loopback(advertised_host):
+        return
+    try:
+        url = parse_url(config.metadata)
+    except InvalidUrl as exc:
+        raise ConfigError(f"metadata: {exc}") from exc
+    remote = [f"{host}:{port}" for host, port in url.endpoints if not is_loopback(host)]
+    if url.scheme == "etcd" and remote:
+        raise ConfigError(
+            f"this bookie would advertise the loopback address {advertised_host} to a cluster whose "
+            f"metadata is at {', '.join(remote)}: no other host could reach it. Set "
+            "--advertised-address HOST[:PORT] (or --host) to an address of this machine the clients reach"
+        )
+
+
 def _positive(config: BookieConfig, *names: str) -> None:
     for name in names:
         if getattr(config, name) <= 0:
@@ -275,10 +368,12 @@ def _coerce(name: str, value: Any, source: str) -> Any:
 def load(
     argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 ) -> tuple[BookieConfig, argparse.Namespace]:
-    """Parse flags, read ``--config`` TOML and the environment; returns the validated config."""
+    """Parse flags, read ``--config`` TOML and the environment; returns the validated config (and
+    the parsed flags, whose ``sources`` maps each key set explicitly to where it came from)."""
     args = build_parser().parse_args(argv)
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     if args.config:
         try:
             with open(args.config, "rb") as handle:
@@ -287,15 +382,36 @@ def load(
             raise ConfigError(f"config file {args.config}: {exc}") from exc
         for key, value in table.items():
             values[key] = _coerce(key, value, f"config file {args.config}")
+            sources[key] = f"config file {args.config}"
     for key, value in env.items():
         if key.startswith(ENV_PREFIX):
             name = key[len(ENV_PREFIX) :].lower()
             values[name] = _coerce(name, value, f"environment {key}")
+            sources[name] = f"environment {key}"
     for name in _FIELDS:
         flag_value = getattr(args, name, None)
         if flag_value is not None:
             values[name] = _coerce(name, flag_value, f"flag --{name.replace('_', '-')}")
+            sources[name] = f"flag --{name.replace('_', '-')}"
+    args.sources = sources
     return BookieConfig(**values).validate(), args
+
+
+def effective_toml(config: BookieConfig, sources: Mapping[str, str]) -> str:
+    """``config`` as a TOML file ``--config`` accepts, each key commented with where its value came
+    from (``bookie --print-config``); derived values (``bookie_id``) say so."""
+    lines = ["# bookie: effective configuration (defaults <- file <- environment <- flags)"]
+    for name in _FIELDS:
+        value = getattr(config, name)
+        if name in sources:
+            origin = sources[name]
+        elif value != _FIELDS[name].default:
+            origin = "derived"
+        else:
+            origin = "default"
+        literal = json.dumps(value) if isinstance(value, str) else repr(value)
+        lines.append(f"{name} = {literal}  # {origin}")
+    return "\n".join(lines) + "\n"
 
 
 def help_text(name: str) -> str:
@@ -343,6 +459,11 @@ def build_parser() -> argparse.ArgumentParser:
         "file. Reference: docs/configuration.md.",
     )
     parser.add_argument("--config", metavar="FILE", help="TOML file with bookie settings (keys at top level)")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective configuration (as a TOML file, each key with its source) and exit",
+    )
     for name, field in _FIELDS.items():
         described = help_text(name).replace("`", "").replace("*", "")
         default = repr(field.default)

@@ -127,6 +127,7 @@ class MetadataRegistration:
     async def start(self, bookie_id: str, address: str, admin_address: str | None = None) -> None:
         conn = self._connect()
         host, _, port = address.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")  # an IPv6 address is published bare
         state = metadata.BookieState.READONLY if self._read_only else metadata.BookieState.WRITABLE
         attributes = {"instance_id": self._instance_id, "data_dir_lock": self._lock_identity}
         if admin_address is not None:

@@ -210,7 +210,9 @@ class BookieServer:
         log.info("bookie.listening", host=host, port=port, bookie_id=self.config.bookie_id)
         if self.registration is not None:
             try:
-                await self.registration.start(self.config.bookie_id, f"{host}:{port}", self.admin_address)
+                await self.registration.start(
+                    self.config.bookie_id, self.config.published_address(port), self.admin_address
+                )
             except BaseException:
                 self.abort()
                 raise

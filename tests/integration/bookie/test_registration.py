@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import metadata
+from bookkeeper_aio import BookKeeper
 from bookkeeper_aio.protocol.codes import StatusCode
 from tests.harness.bookie_proc import BookieProcess
 from tests.harness.etcd import EtcdCluster
@@ -96,3 +97,33 @@ def cookie_cluster(url: str) -> str:
             return info.instance_id
 
     return asyncio.run(read())
+
+
+def test_a_bookie_on_every_interface_publishes_its_advertised_address(
+    etcd_server: EtcdCluster, tmp_path: Path
+) -> None:
+    """Listening on 0.0.0.0, the bookie registers the address it was told to advertise (here a second
+    loopback address, 127.0.0.2), and a client that finds it through metadata writes and reads there."""
+    url = etcd_server.url(f"/bookkeeper/adv-{uuid.uuid4().hex[:8]}")
+    asyncio.run(_init(url))
+    bookie = BookieProcess(
+        tmp_path / "b0",
+        "b0",
+        extra_args=["--metadata", url, "--host", "0.0.0.0", "--advertised-address", "127.0.0.2"],
+    )
+    try:
+        _, port = bookie.start()
+        registered = asyncio.run(_bookies(url)).writable["b0"]
+        assert (registered.host, registered.port) == ("127.0.0.2", port)
+
+        async def write_and_read() -> list[bytes]:
+            async with BookKeeper.connect(url) as bk:
+                handle = await bk.create_ledger(1, 1, 1, password=b"pw")
+                await handle.append(b"over the advertised address")
+                await handle.close()
+                async with await bk.open_ledger(handle.id, password=b"pw") as reader:
+                    return [e.payload async for e in reader.read(0, 0)]
+
+        assert asyncio.run(write_and_read()) == [b"over the advertised address"]
+    finally:
+        bookie.cleanup()

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from bookie.config import BookieConfig, ConfigError, build_parser, help_text, load, reference_table
+from bookie.config import (
+    BookieConfig,
+    ConfigError,
+    build_parser,
+    effective_toml,
+    help_text,
+    load,
+    reference_table,
+)
 
 
 def test_precedence_toml_env_flags(tmp_path: Path) -> None:
@@ -89,3 +97,61 @@ def test_docs_reference_table_is_the_generated_one() -> None:
     )
     for field in fields(BookieConfig):
         assert f"| `{field.name}` |" in table
+
+
+def test_wildcard_host_needs_an_advertised_address() -> None:
+    with pytest.raises(ConfigError, match="advertised_address"):
+        load(["--data-dir", "/d", "--host", "0.0.0.0"], env={})
+    config, _ = load(["--data-dir", "/d", "--host", "::", "--advertised-address", "10.0.0.7"], env={})
+    assert config.bookie_id == "10.0.0.7:3181"
+    assert config.published_address(3181) == "10.0.0.7:3181"
+
+
+@pytest.mark.parametrize(
+    ("advertised", "bound_port", "published"),
+    [
+        ("", 4000, "127.0.0.1:4000"),  # the listening address, with the port actually bound
+        ("bk-1.example", 4000, "bk-1.example:4000"),
+        ("bk-1.example:3181", 4000, "bk-1.example:3181"),  # a forwarded port is published as given
+        ("fd00::5", 4000, "[fd00::5]:4000"),
+        ("[fd00::5]:3200", 4000, "[fd00::5]:3200"),
+    ],
+)
+def test_published_address(advertised: str, bound_port: int, published: str) -> None:
+    config, _ = load(["--data-dir", "/d", "--port", "0", "--bookie-id", "b1"], env={})
+    config = BookieConfig(**{**config.__dict__, "advertised_address": advertised})
+    assert config.published_address(bound_port) == published
+
+
+@pytest.mark.parametrize("bad", ["0.0.0.0", "host:port", "host:70000", ":3181"])
+def test_bad_advertised_address_is_refused(bad: str) -> None:
+    with pytest.raises(ConfigError, match="advertised_address"):
+        load(["--data-dir", "/d", "--advertised-address", bad], env={})
+
+
+def test_loopback_address_refused_for_a_remote_cluster() -> None:
+    remote = "etcd://10.1.2.3:2379,etcd-2:2379/bk"
+    with pytest.raises(ConfigError, match=r"loopback address 127\.0\.0\.1 .* 10\.1\.2\.3:2379, etcd-2:2379"):
+        load(["--data-dir", "/d", "--metadata", remote], env={})
+    with pytest.raises(ConfigError, match="loopback address localhost"):
+        load(["--data-dir", "/d", "--metadata", remote, "--advertised-address", "localhost"], env={})
+    # a loopback cluster (the sandbox) or a reachable address is fine
+    load(["--data-dir", "/d", "--metadata", "etcd://127.0.0.1:2379/bk"], env={})
+    config, _ = load(["--data-dir", "/d", "--metadata", remote, "--advertised-address", "10.0.0.7"], env={})
+    assert config.bookie_id == "10.0.0.7:3181"
+
+
+def test_print_config_shows_every_key_with_its_source(tmp_path: Path) -> None:
+    toml = tmp_path / "bookie.toml"
+    toml.write_text('data_dir = "/d"\nport = 3300\n')
+    config, args = load(["--config", str(toml), "--log-level", "debug"], env={"BKAIO_BOOKIE_PORT": "3400"})
+    text = effective_toml(config, args.sources)
+    assert f'data_dir = "/d"  # config file {toml}' in text
+    assert "port = 3400  # environment BKAIO_BOOKIE_PORT" in text
+    assert 'log_level = "debug"  # flag --log-level' in text
+    assert 'bookie_id = "127.0.0.1:3400"  # derived' in text
+    assert "journal_group_wait_ms = 0.0  # default" in text
+    # the output is a config file that loads to the same configuration
+    toml.write_text(text)
+    again, _ = load(["--config", str(toml)], env={})
+    assert again == config
