@@ -17,6 +17,32 @@ import structlog
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
+class _DroppingPrintLogger(structlog.PrintLogger):
+    """A PrintLogger whose failed writes (a closed stream, a broken pipe, a full disk under the log
+    file) drop the line instead of raising into the caller: a log call sits inside acks, journal
+    completions and read answers, and must never stop them (the stdlib's handlers behave the same).
+    Dropped lines are counted in ``dropped_lines``."""
+
+    dropped_lines = 0
+
+    def msg(self, message: str) -> None:
+        try:
+            super().msg(message)
+        except (OSError, ValueError):  # ValueError: "I/O operation on closed file"
+            _DroppingPrintLogger.dropped_lines += 1
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+
+class _DroppingPrintLoggerFactory:
+    def __init__(self, file: Any) -> None:
+        self._file = file
+
+    def __call__(self, *args: Any) -> _DroppingPrintLogger:
+        return _DroppingPrintLogger(self._file)
+
+
 def configure_logging(level: str | None = None, json: bool | None = None, stream: Any = None) -> None:
     """Configure structlog for this process.
 
@@ -41,6 +67,6 @@ def configure_logging(level: str | None = None, json: bool | None = None, stream
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[name]),
-        logger_factory=structlog.PrintLoggerFactory(file=out),
+        logger_factory=_DroppingPrintLoggerFactory(out),
         cache_logger_on_first_use=True,
     )
