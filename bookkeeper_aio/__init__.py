@@ -89,6 +89,10 @@ _EXPORTS: dict[str, str] = {
         "bookkeeper_aio.log.admin",
     ),
     "ReplacedBookie": "metadata.ledger_metadata",
+    # what metadata operations raise (a BKError each): unreachable etcd, an unknown CAS outcome, garbage
+    **dict.fromkeys(
+        ["CasResultUnknown", "MetadataError", "MetadataFormatError", "MetadataUnavailable"], "metadata.errors"
+    ),
 }
 
 __all__ = [
@@ -102,6 +106,7 @@ __all__ = [
     "BookieConnectionLost",
     "BookieIOError",
     "BookieReadOnly",
+    "CasResultUnknown",
     "ClientConfig",
     "ClientMetrics",
     "DigestError",
@@ -121,6 +126,9 @@ __all__ = [
     "LogTruncated",
     "LogWriter",
     "MetadataConflict",
+    "MetadataError",
+    "MetadataFormatError",
+    "MetadataUnavailable",
     "NoClusterFound",
     "NoSuchEntry",
     "NoSuchLedger",
@@ -215,4 +223,5 @@ if TYPE_CHECKING:
     from bookkeeper_aio.log.truncation import truncate_log
     from bookkeeper_aio.log.writer import LogWriter, open_log_writer
     from bookkeeper_aio.protocol.digest import DigestType
+    from metadata.errors import CasResultUnknown, MetadataError, MetadataFormatError, MetadataUnavailable
     from metadata.ledger_metadata import LedgerState, ReplacedBookie
