@@ -45,7 +45,7 @@ async def serve(config: BookieConfig) -> int:
         MetadataRegistration(config.metadata, config.registration_ttl_s) if config.metadata else None
     )
     catalog = MetadataCatalog(config.metadata) if config.metadata else None
-    server = BookieServer(config, registration, catalog=catalog)
+    server = BookieServer(config, registration, catalog=catalog, replicas=catalog)
     refusals = (
         *(CookieMismatch, JournalCorrupt, CheckpointCorrupt, ListenError, BlockingIOError, OSError),
         *(ClusterNotInitialised, ClusterMismatch, MetadataCookieMismatch, BookieIdInUse, MetadataError),

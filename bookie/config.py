@@ -170,6 +170,12 @@ class BookieConfig:
         "The same for a ledger id at or above the id counter: no client was handed it, so its "
         "record came from a fence or an add of an id nobody allocated.",
     )
+    gc_over_replicated_interval_s: float = _key(
+        86400.0,
+        "Seconds between checks for over-replicated ledgers: closed ledgers this bookie holds that "
+        "metadata places only on other bookies (re-replicated while it was away); each is "
+        "collected once two checks found it so, under its replication lock. 0 = never.",
+    )
     compaction_threshold: float = _key(
         0.5,
         "Journal segments whose live bytes fall below this fraction of their size are compacted "
@@ -209,10 +215,14 @@ class BookieConfig:
         if config.journal_group_wait_ms < 0:
             raise ConfigError("journal_group_wait_ms must be >= 0")
         _positive(config, "disk_check_interval_s", "compaction_rate_bytes_per_s")
-        if min(config.gc_interval_s, config.gc_deleted_ledger_grace_s, config.gc_future_ledger_grace_s) < 0:
-            raise ConfigError(
-                "gc_interval_s, gc_deleted_ledger_grace_s and gc_future_ledger_grace_s must be >= 0"
-            )
+        for name in (
+            "gc_interval_s",
+            "gc_deleted_ledger_grace_s",
+            "gc_future_ledger_grace_s",
+            "gc_over_replicated_interval_s",
+        ):
+            if getattr(config, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(config, name)}")
         if not 0.0 <= config.compaction_threshold <= 1.0:
             raise ConfigError(f"compaction_threshold {config.compaction_threshold} is out of range 0..1")
         try:
@@ -281,6 +291,7 @@ class BookieConfig:
             interval_s=self.gc_interval_s,
             deleted_ledger_grace_s=self.gc_deleted_ledger_grace_s,
             future_ledger_grace_s=self.gc_future_ledger_grace_s,
+            over_replicated_interval_s=self.gc_over_replicated_interval_s,
             compaction_threshold=self.compaction_threshold,
             compaction_rate_bytes_per_s=self.compaction_rate_bytes_per_s,
         )

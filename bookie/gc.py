@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -37,8 +37,12 @@ import metadata
 from bookie.compaction import Compactor, Progress
 from bookie.storage import Storage
 from bookie.threads import OS_THREADS, Threads
+from metadata.underreplication import UnderReplicationManager
 
 log = structlog.get_logger(__name__)
+
+REPLICATION_LOCK_TTL_S = 30
+"""Lease of the replication lock the over-replication check holds while it judges one ledger."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,8 @@ class GcConfig:
     """Throttle of the copies compaction makes, so foreground adds keep their latency."""
     metadata_timeout_s: float = 60.0
     """Bound on one metadata listing; a pass whose listing takes longer collects nothing."""
+    over_replicated_interval_s: float = 86400.0
+    """Seconds between checks for over-replicated ledgers (held here, placed elsewhere); 0 = never."""
 
 
 class MetadataView(NamedTuple):
@@ -75,6 +81,28 @@ class LedgerCatalog(Protocol):
     async def close(self) -> None: ...
 
 
+class ReplicaState(NamedTuple):
+    """What a ledger's metadata says about this bookie's copy of it."""
+
+    closed: bool
+    listed: bool
+    """This bookie is in one of the ledger's ensembles (its copy is needed)."""
+    marked: bool
+    """An under-replication mark exists: a worker may be copying the ledger, maybe to this bookie."""
+
+
+class ReplicaCatalog(Protocol):
+    """What the over-replication check needs from metadata (:class:`MetadataCatalog` on etcd)."""
+
+    async def replica_state(self, ledger_id: int, bookie_id: str) -> ReplicaState | None:
+        """None: metadata does not hold the ledger (the deleted-ledger step judges it)."""
+        ...
+
+    def replication_lock(self, ledger_id: int, owner: str) -> contextlib.AbstractAsyncContextManager[bool]:
+        """Hold the ledger's replication lock (the one workers take before copying): True when taken."""
+        ...
+
+
 class MetadataUnusable(RuntimeError):
     """The metadata cannot tell which ledgers exist (no cluster at the root, a bad id counter)."""
 
@@ -88,9 +116,7 @@ class MetadataCatalog:
         self._connection: Any = None
 
     async def view(self) -> MetadataView:
-        if self._connection is None:
-            self._connection = self._connect(self._url)
-        conn = self._connection
+        conn = self._connected()
         if await metadata.read_cluster_info(conn.store, conn.root) is None:
             raise MetadataUnusable(f"no cluster at {self._url}: collecting nothing")
         manager = metadata.LedgerManager(conn.store, conn.root)
@@ -102,6 +128,34 @@ class MetadataCatalog:
         id_counter = int(counter.value)
         ids = frozenset([ledger_id async for ledger_id in manager.iter_ledger_ids()])
         return MetadataView(ids, id_counter)
+
+    async def replica_state(self, ledger_id: int, bookie_id: str) -> ReplicaState | None:
+        conn = self._connected()
+        urm = UnderReplicationManager(conn.store, conn.root)
+        marked = await urm.get(ledger_id) is not None  # before the metadata: see ReplicaCatalog's rules
+        try:
+            current = await metadata.LedgerManager(conn.store, conn.root).read(ledger_id)
+        except metadata.NoSuchLedger:
+            return None
+        md = current.metadata
+        listed = any(bookie_id in ensemble for _, ensemble in md.ensembles)
+        return ReplicaState(md.state is metadata.LedgerState.CLOSED, listed, marked)
+
+    @contextlib.asynccontextmanager
+    async def replication_lock(self, ledger_id: int, owner: str) -> AsyncIterator[bool]:
+        conn = self._connected()
+        urm = UnderReplicationManager(conn.store, conn.root)
+        lease = await conn.store.grant_lease(REPLICATION_LOCK_TTL_S)
+        try:
+            yield await urm.try_lock(ledger_id, owner, lease)
+        finally:
+            with contextlib.suppress(metadata.MetadataError):
+                await conn.store.revoke_lease(lease)  # releases the lock with it
+
+    def _connected(self) -> Any:
+        if self._connection is None:
+            self._connection = self._connect(self._url)
+        return self._connection
 
     async def close(self) -> None:
         connection, self._connection = self._connection, None
@@ -124,6 +178,10 @@ class GcReport:
     ledgers_waiting_grace: int = 0
     ledgers_unallocated: int = 0
     """Missing from metadata and at or above the id counter (they wait ``future_ledger_grace_s``)."""
+    replicas_checked: int = 0
+    """Ledgers whose placement the over-replication check read (0: no check was due)."""
+    over_replicated_collected: int = 0
+    over_replicated_waiting: int = 0
     segments_compacted: int = 0
     segments_deleted: int = 0
     bytes_copied: int = 0
@@ -150,8 +208,14 @@ class GarbageCollector:
         *,
         threads: Threads = OS_THREADS,
         copy_refused: Callable[[], str | None] = lambda: None,
+        replicas: ReplicaCatalog | None = None,
+        bookie_id: str = "",
     ) -> None:
         self.storage = storage
+        self.replicas = replicas
+        self.bookie_id = bookie_id
+        self._over_replicated_since: dict[int, float] = {}
+        self._replicas_due = 0.0  # the first pass checks
         self._executor = threads.executor("storage-gc")
         self._copy_refused = copy_refused
         self.config = config
@@ -229,7 +293,7 @@ class GarbageCollector:
         log.info("gc.started", trigger=trigger)
         errors: list[str] = []
         try:
-            for step in (self._collect_deleted, self._compact):
+            for step in (self._collect_deleted, self._collect_over_replicated, self._compact):
                 try:
                     await step(report)
                 except asyncio.CancelledError:
@@ -256,6 +320,7 @@ class GarbageCollector:
             seconds=round(report.finished_at - report.started_at, 3),
             ledgers_collected=report.ledgers_collected,
             ledgers_waiting_grace=report.ledgers_waiting_grace,
+            over_replicated_collected=report.over_replicated_collected,
             segments_compacted=report.segments_compacted,
             segments_deleted=report.segments_deleted,
             bytes_copied=report.bytes_copied,
@@ -298,6 +363,54 @@ class GarbageCollector:
             report.phase = "checkpoint"
             await storage.write_checkpoint()  # a restart must not bring them back
 
+    async def _collect_over_replicated(self, report: GcReport) -> None:
+        """Forget CLOSED ledgers whose metadata no longer places them on this bookie (re-replicated
+        elsewhere while it was away), every ``over_replicated_interval_s``. A ledger is collected
+        when two checks at least ``deleted_ledger_grace_s`` apart found it so and, under its
+        replication lock, a fresh read still does: no under-replication mark (every copy to a
+        bookie happens while the ledger's mark exists and starts under that lock; the mark goes
+        only after the CAS that lists the copy), CLOSED (only re-replication changes a closed
+        ledger's ensembles), and this bookie in none of its ensembles (docs/bookie.md)."""
+        replicas, interval = self.replicas, self.config.over_replicated_interval_s
+        if replicas is None or interval <= 0 or not self.bookie_id:
+            return
+        now = self._clock()
+        if now < self._replicas_due:
+            return
+        self._replicas_due = now + interval
+        report.phase = "checking replicas"
+        held = sorted(self.storage.ledgers)
+        suspects = self._over_replicated_since
+        for ledger_id in [i for i in suspects if i not in self.storage.ledgers]:
+            del suspects[ledger_id]
+        collected = []
+        for ledger_id in held:
+            async with asyncio.timeout(self.config.metadata_timeout_s):
+                state = await replicas.replica_state(ledger_id, self.bookie_id)
+            report.replicas_checked += 1
+            if not _over_replicated(state):
+                suspects.pop(ledger_id, None)
+                continue
+            if now - suspects.setdefault(ledger_id, now) < self.config.deleted_ledger_grace_s:
+                report.over_replicated_waiting += 1
+                continue
+            async with (
+                asyncio.timeout(self.config.metadata_timeout_s),
+                replicas.replication_lock(ledger_id, f"bookie-gc:{self.bookie_id}") as locked,
+            ):
+                if not locked:  # a worker heals it right now: judged again next time
+                    continue
+                state = await replicas.replica_state(ledger_id, self.bookie_id)
+                if _over_replicated(state) and self.storage.forget_ledger(ledger_id):
+                    collected.append(ledger_id)
+                del suspects[ledger_id]  # collected, or needed again (a heal began): judged anew
+        report.over_replicated_collected = len(collected)
+        report.ledgers_collected += len(collected)
+        if collected:
+            log.info("gc.over_replicated_collected", count=len(collected), first=collected[:10])
+            report.phase = "checkpoint"
+            await self.storage.write_checkpoint()
+
     async def _compact(self, report: GcReport) -> None:
         compactor = Compactor(
             self.storage,
@@ -318,3 +431,7 @@ class GarbageCollector:
             report.entries_corrupt = progress.entries_corrupt
         report.phase = "deleting dead segments"
         report.segments_deleted, report.bytes_freed = await compactor.delete_dead()
+
+
+def _over_replicated(state: ReplicaState | None) -> bool:
+    return state is not None and state.closed and not state.listed and not state.marked

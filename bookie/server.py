@@ -39,7 +39,7 @@ from bookie.admin import AdminServer
 from bookie.config import BookieConfig
 from bookie.connection_handler import ConnectionLimits, ServerConnection, ServerLoad
 from bookie.cookie import read_instance_id
-from bookie.gc import GarbageCollector, LedgerCatalog
+from bookie.gc import GarbageCollector, LedgerCatalog, ReplicaCatalog
 from bookie.metrics import DiskStatus, Snapshot, probe_disk, snapshot
 from bookie.mode import Mode, ModeMachine
 from bookie.processor import Processor
@@ -100,9 +100,11 @@ class BookieServer:
         threads: Threads = OS_THREADS,
         clock: Clock = SYSTEM_CLOCK,
         catalog: LedgerCatalog | None = None,
+        replicas: ReplicaCatalog | None = None,
     ) -> None:
         self.config = config
         self.catalog = catalog
+        self.replicas = replicas
         self.gc: GarbageCollector | None = None
         self.threads = threads
         self.clock = clock
@@ -226,6 +228,8 @@ class BookieServer:
             self.catalog,
             threads=self.threads,
             copy_refused=self._gc_copy_refused,
+            replicas=self.replicas,
+            bookie_id=self.config.bookie_id,
         )
         self.gc.start()
         self.ready = True
