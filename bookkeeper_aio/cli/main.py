@@ -16,6 +16,7 @@ import uvloop
 
 import metadata
 from bookkeeper_aio.cli import log_commands, shell, state
+from bookkeeper_aio.cli.netns import NetnsUnavailable
 from bookkeeper_aio.cli.procs import ChildFailed
 from bookkeeper_aio.common.logging_setup import configure_logging
 from bookkeeper_aio.errors import BKError
@@ -33,6 +34,14 @@ def _parser() -> argparse.ArgumentParser:
         "connection string, run a short demo, and keep serving until Ctrl-C.",
     )
     sandbox.add_argument("--bookies", type=int, default=3, help="number of bookie processes (default 3)")
+    sandbox.add_argument(
+        "--hosts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N bookies, each on a host of its own: a network namespace with its own IP on a bridge "
+        "(needs root and `ip netns`); etcd and the demo stay on this machine and reach them by IP",
+    )
     sandbox.add_argument(
         "--data-dir",
         type=Path,
@@ -66,17 +75,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "sandbox":
             from bookkeeper_aio.cli import sandbox
 
-            if args.bookies < 1:
-                raise SystemExit("bkaio sandbox: --bookies must be >= 1")
+            if args.bookies < 1 or args.hosts < 0:
+                raise SystemExit("bkaio sandbox: --bookies must be >= 1 and --hosts >= 0")
             data_dir = args.data_dir or state.home() / "sandbox"
             return sandbox.run(
                 data_dir.resolve(),
-                args.bookies,
+                args.hosts or args.bookies,
                 0 if args.no_demo else args.demo_entries,
                 args.fresh,
                 not args.no_serve,
+                hosts=args.hosts > 0,
             )
-    except (state.NoClusterConfigured, shell.NoSuchCluster, ChildFailed) as exc:
+    except (state.NoClusterConfigured, shell.NoSuchCluster, ChildFailed, NetnsUnavailable) as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 1
     except (BKError, metadata.MetadataError) as exc:

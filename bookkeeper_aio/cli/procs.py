@@ -124,16 +124,23 @@ class Child:
             self.proc.wait()
 
 
-def etcd_child(data_dir: Path, name: str = "etcd", host: str = "127.0.0.1") -> tuple[Child, str]:
-    """An etcd child on free loopback ports; returns it (not started) and its client endpoint."""
+def etcd_child(
+    data_dir: Path, name: str = "etcd", host: str = "127.0.0.1", also_on: str | None = None
+) -> tuple[Child, str]:
+    """An etcd child on free loopback ports; returns it (not started) and its client endpoint.
+    ``also_on``: a second address it serves clients on (same port), whose endpoint is returned."""
     client_port, peer_port = free_port(host), free_port(host)
     endpoint = f"{host}:{client_port}"
+    client_urls = f"http://{endpoint}"
+    if also_on is not None:
+        endpoint = f"{also_on}:{client_port}"
+        client_urls += f",http://{endpoint}"
     argv = [
         find_etcd(),
         "--name", name,
         "--data-dir", str(data_dir / "etcd"),
-        "--listen-client-urls", f"http://{endpoint}",
-        "--advertise-client-urls", f"http://{endpoint}",
+        "--listen-client-urls", client_urls,
+        "--advertise-client-urls", client_urls,
         "--listen-peer-urls", f"http://{host}:{peer_port}",
         "--initial-advertise-peer-urls", f"http://{host}:{peer_port}",
         "--initial-cluster", f"{name}=http://{host}:{peer_port}",

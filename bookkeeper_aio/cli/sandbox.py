@@ -30,6 +30,7 @@ from typing import Any
 import metadata
 from bookkeeper_aio.cli import output, state
 from bookkeeper_aio.cli.demo import DEMO_LOG, DEMO_PASSWORD, run_demo, run_log_demo
+from bookkeeper_aio.cli.netns import NetnsHosts, NetnsUnavailable
 from bookkeeper_aio.cli.procs import Child, ChildFailed, etcd_child, free_port, port_open
 
 ETCD_READY_TIMEOUT_S = 30.0
@@ -37,6 +38,7 @@ BOOKIE_READY_TIMEOUT_S = 30.0
 DEFAULT_ROOT = "/bookkeeper/sandbox"
 PID_FILE = "sandbox.pid"
 CHILDREN_FILE = "sandbox.children"
+NETNS_FILE = "sandbox.netns"
 
 
 @dataclass
@@ -49,9 +51,22 @@ class Sandbox:
     etcd_endpoint: str = ""
     bookie_addresses: list[str] = field(default_factory=list)
     autorecovery: list[Child] = field(default_factory=list)
+    hosts: NetnsHosts | None = None
+    """``--hosts``: each bookie in a network namespace of its own (created by :meth:`start`)."""
 
-    def start(self) -> None:
-        etcd, endpoint = etcd_child(self.data_dir)
+    def start(self, on_hosts: bool = False) -> None:
+        gateway = None
+        if on_hosts:
+            try:
+                self.hosts = NetnsHosts.create(self.bookies)
+            except NetnsUnavailable as exc:
+                raise NetnsUnavailable(
+                    f"--hosts puts each bookie in a network namespace, which this machine does not "
+                    f"allow: {exc}. Run without --hosts for a sandbox on loopback"
+                ) from exc
+            (self.data_dir / NETNS_FILE).write_text(f"{self.hosts.tag} {self.bookies}\n")
+            gateway = self.hosts.gateway  # etcd serves the hosts there, and this machine on loopback
+        etcd, endpoint = etcd_child(self.data_dir, also_on=gateway)
         self.etcd_endpoint = endpoint
         self.children.append(etcd)
         etcd.start()
@@ -93,20 +108,25 @@ class Sandbox:
         # A stable id per data directory (the bookie's cookie ties the two); the port may change
         # between runs, clients find it through the registration.
         bookie_id = f"bookie-{index}"
-        port = free_port()
+        if self.hosts is None:
+            prefix, host, port, admin = [], "127.0.0.1", free_port(), ["--admin-port", "0"]
+        else:  # a host of its own: the standard ports on its own address
+            prefix, host, port = self.hosts.prefix(index), self.hosts.address(index), 3181
+            admin = ["--admin-host", host, "--admin-port", "9181"]
         argv = [
-            sys.executable, "-m", "bookie",
+            *prefix, sys.executable, "-m", "bookie",
             "--data-dir", str(self.data_dir / f"bookie-{index}"),
+            "--host", host,
             "--port", str(port),
             "--bookie-id", bookie_id,
             "--metadata", self.metadata_url,
-            "--admin-port", "0",
+            *admin,
         ]  # fmt: skip
         child = Child(f"bookie-{index}", argv, self.data_dir / "logs" / f"bookie-{index}.log")
         self.children.append(child)
         child.start()
         self._record_children()
-        self.bookie_addresses.append(f"127.0.0.1:{port}")
+        self.bookie_addresses.append(f"{host}:{port}")
 
     def _record_children(self) -> None:
         """``name pid`` per child in the data dir: a sandbox killed with SIGKILL leaves its children
@@ -145,6 +165,20 @@ class Sandbox:
         # deregister through etcd), etcd last.
         for child in [*self.autorecovery, *reversed(self.children)]:
             child.stop()
+        if self.hosts is not None:
+            self.hosts.close()
+            (self.data_dir / NETNS_FILE).unlink(missing_ok=True)
+
+
+def _remove_leftover_hosts(data_dir: Path) -> None:
+    """The namespaces and bridge of a ``--hosts`` sandbox that was killed (SIGKILL) before it could
+    remove them: named in the data dir, removed before this run starts."""
+    try:
+        tag, count = (data_dir / NETNS_FILE).read_text().split()
+    except (OSError, ValueError):
+        return
+    NetnsHosts(int(count), tag).close()
+    (data_dir / NETNS_FILE).unlink(missing_ok=True)
 
 
 async def _init_cluster(url: str) -> None:
@@ -168,8 +202,9 @@ async def _wait_registered(url: str, count: int, timeout_s: float) -> None:
 
 
 def _admin_address(child: Child) -> str:
-    """The ``ADMIN host:port`` line a bookie prints after READY (its admin HTTP endpoint)."""
-    for line in child.log_tail(200).splitlines():
+    """The ``ADMIN host:port`` line a bookie prints after READY (its admin HTTP endpoint): the last
+    one, as the log file keeps the lines of earlier runs."""
+    for line in reversed(child.log_tail(200).splitlines()):
         if line.startswith("ADMIN "):
             return line.split()[1]
     return ""
@@ -257,13 +292,14 @@ def _size(amount: float) -> str:
     return f"{amount:.1f} TiB"
 
 
-def _starting_line(data_dir: Path, bookies: int) -> str:
+def _starting_line(data_dir: Path, bookies: int, hosts: bool = False) -> str:
     used = _disk_usage(data_dir) if data_dir.exists() else 0
     wipe = "--fresh wipes it on start"
     if data_dir == (state.home() / "sandbox").resolve():
         wipe = "`make clean-sandbox` deletes it, " + wipe
     kept = f" (kept from earlier runs: {_size(used)}; {wipe})" if used else ""
-    return f"starting etcd and {bookies} bookies in {data_dir}{kept} ..."
+    where = " on hosts of their own (network namespaces)" if hosts else ""
+    return f"starting etcd and {bookies} bookies{where} in {data_dir}{kept} ..."
 
 
 def _bkaio() -> str:
@@ -295,7 +331,9 @@ def _try_lines(demo_ledger: int | None) -> list[str]:
     return lines
 
 
-def run(data_dir: Path, bookies: int, demo_entries: int, fresh: bool, serve: bool = True) -> int:
+def run(
+    data_dir: Path, bookies: int, demo_entries: int, fresh: bool, serve: bool = True, hosts: bool = False
+) -> int:
     def on_signal(signum: int, frame: object) -> None:
         # The first signal starts the shutdown; later ones must not interrupt it (children would be
         # orphaned). Shutdown is bounded anyway: SIGKILL after procs.STOP_GRACE_S per child.
@@ -308,12 +346,13 @@ def run(data_dir: Path, bookies: int, demo_entries: int, fresh: bool, serve: boo
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     with _sandbox_lock(data_dir):
+        _remove_leftover_hosts(data_dir)
         if fresh:
             _wipe(data_dir)
         box = Sandbox(data_dir, bookies)
         try:
-            print(_starting_line(data_dir, bookies), flush=True)
-            box.start()
+            print(_starting_line(data_dir, bookies, hosts), flush=True)
+            box.start(on_hosts=hosts)
             state.write_state(
                 {"metadata_url": box.metadata_url, "pid": os.getpid(), "data_dir": str(data_dir)}
             )
