@@ -62,27 +62,39 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _free_subnet() -> int:
-    used = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True, check=False).stdout
+def _routes() -> str:
+    return subprocess.run(["ip", "-4", "route"], capture_output=True, text=True, check=False).stdout
+
+
+def _free_network() -> str:
+    used = _routes()
     free = [n for n in range(1, 255) if f"{SUBNET_PREFIX}.{n}.0/24" not in used]
     if not free:
         raise NetnsUnavailable(f"no free {SUBNET_PREFIX}.N.0/24 subnet")
-    return random.choice(free)
+    return f"{SUBNET_PREFIX}.{random.choice(free)}"
 
 
 @dataclass
 class NetnsHosts:
     count: int
     tag: str = field(default_factory=lambda: secrets.token_hex(3))
-    subnet: int = 0
+    network: str = ""
+    """The first three octets of the /24 the hosts live in (``10.77.N`` unless given)."""
+    first_host: int = HOST_OFFSET
     _created: list[str] = field(default_factory=list)
 
     @classmethod
-    def create(cls, count: int) -> NetnsHosts:
+    def create(cls, count: int, network: str | None = None, first_host: int = HOST_OFFSET) -> NetnsHosts:
+        """``count`` hosts at ``network.first_host``, ``network.first_host + 1``, ...; ``network``
+        (e.g. ``"10.0.0"``, for a guide's own addresses) must not be routed on this machine yet."""
         reason = unavailable_reason()
         if reason is not None:
             raise NetnsUnavailable(reason)
-        hosts = cls(count, subnet=_free_subnet())
+        if network is None:
+            network = _free_network()
+        elif f"{network}.0/24" in _routes():
+            raise NetnsUnavailable(f"network {network}.0/24 is already in use on this machine")
+        hosts = cls(count, network=network, first_host=first_host)
         try:
             hosts._build()
         except BaseException:
@@ -97,7 +109,7 @@ class NetnsHosts:
     @property
     def gateway(self) -> str:
         """The root namespace's address on the bridge (bind etcd here for hosts to reach it)."""
-        return f"{SUBNET_PREFIX}.{self.subnet}.1"
+        return f"{self.network}.1"
 
     def namespace(self, index: int) -> str:
         return f"bkns-{self.tag}-{index}"
@@ -106,7 +118,7 @@ class NetnsHosts:
         return f"bkv{self.tag}{index}"
 
     def address(self, index: int) -> str:
-        return f"{SUBNET_PREFIX}.{self.subnet}.{HOST_OFFSET + index}"
+        return f"{self.network}.{self.first_host + index}"
 
     def _build(self) -> None:
         _ip("link", "add", self.bridge, "type", "bridge")
