@@ -200,7 +200,9 @@ class BookieConfig:
         if not config.bookie_id:
             if advertised_port == 0:
                 raise ConfigError("bookie_id is required when port is 0 (--bookie-id ID)")
-            config = dataclasses.replace(config, bookie_id=_join(advertised_host, advertised_port))
+            # ``host:port`` as before there was an advertised address (an IPv6 host unbracketed):
+            # a bookie's id is in its cookie and every ledger's metadata and must not change
+            config = dataclasses.replace(config, bookie_id=f"{advertised_host}:{advertised_port}")
         _positive(config, "in_flight_per_connection_max", "connections_max", "journal_group_bytes")
         _positive(config, "in_flight_total_max")
         _positive(config, "answer_bytes_buffered_max", "reads_in_flight_per_connection_max")
@@ -243,7 +245,7 @@ class BookieConfig:
         port = self.port if bound_port is None else bound_port
         text = self.advertised_address.strip()
         if not text:
-            if self.host in _WILDCARDS:
+            if _is_wildcard(self.host):
                 raise ConfigError(
                     f"host {self.host!r} listens on every interface: set advertised_address "
                     "(--advertised-address HOST[:PORT]) to the address other hosts reach this bookie at"
@@ -259,7 +261,7 @@ class BookieConfig:
                 ) from None
             if not 1 <= port <= 65535:
                 raise ConfigError(f"advertised_address {text!r}: port {port} is out of range 1..65535")
-        if not host or host in _WILDCARDS:
+        if not host or _is_wildcard(host):
             raise ConfigError(
                 f"advertised_address {text!r}: give the host other machines reach this bookie at "
                 "(a name or an IP address, not a wildcard)"
@@ -305,17 +307,36 @@ class BookieConfig:
         )
 
 
-_WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None  # a host name
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _is_wildcard(host: str) -> bool:
+    address = _ip(host)
+    return not host or (address is not None and address.is_unspecified)
 
 
 def _split_host_port(text: str) -> tuple[str, str]:
-    """``host:port``, ``[v6]:port``, or a host alone (a name, IPv4 or bare IPv6): (host, port text)."""
+    """``host:port``, ``[v6]:port``, ``[v6]``, or a host alone (a name, IPv4 or bare IPv6 — an IPv6
+    address with a port needs the brackets): (host, port text). Raises :class:`ConfigError`."""
     if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ConfigError(
+                f"advertised_address {text!r}: write an IPv6 address as [ADDRESS] or [ADDRESS]:PORT"
+            )
         return host, rest.removeprefix(":")
     if text.count(":") == 1:
         host, _, port = text.partition(":")
         return host, port
+    if ":" in text and _ip(text) is None:
+        raise ConfigError(f"advertised_address {text!r}: write an IPv6 address with a port as [ADDRESS]:PORT")
     return text, ""
 
 
@@ -327,10 +348,8 @@ def is_loopback(host: str) -> bool:
     """Whether ``host`` (an IP address or a name) can only be reached from this machine."""
     if host.lower() in ("localhost", "localhost.localdomain") or host.lower().endswith(".localhost"):
         return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: whatever it resolves to elsewhere
+    address = _ip(host.strip("[]"))
+    return address is not None and address.is_loopback  # a host name: whatever it resolves to elsewhere
 
 
 def _check_reachable(config: BookieConfig, advertised_host: str) -> None:
@@ -420,7 +439,7 @@ def effective_toml(config: BookieConfig, sources: Mapping[str, str]) -> str:
             origin = "derived"
         else:
             origin = "default"
-        literal = json.dumps(value) if isinstance(value, str) else repr(value)
+        literal = json.dumps(value, ensure_ascii=False) if isinstance(value, str) else repr(value)
         lines.append(f"{name} = {literal}  # {origin}")
     return "\n".join(lines) + "\n"
 

@@ -42,7 +42,10 @@ from metadata.underreplication import UnderReplicationManager
 log = structlog.get_logger(__name__)
 
 REPLICATION_LOCK_TTL_S = 30
-"""Lease of the replication lock the over-replication check holds while it judges one ledger."""
+"""Lease of the replication lock the over-replication check holds while it judges one ledger; the
+ledger is forgotten only within the first half of it (from before the lease was asked for)."""
+REPLICA_CHECK_RETRY_S = 600.0
+"""A check that could not read some ledgers runs again this soon (not a whole interval later)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,10 @@ class ReplicaState(NamedTuple):
     """This bookie is in one of the ledger's ensembles (its copy is needed)."""
     marked: bool
     """An under-replication mark exists: a worker may be copying the ledger, maybe to this bookie."""
+    replaced: bool = False
+    """The ledger's history records this bookie replaced in one of its fragments: the positive
+    evidence that its copy was moved elsewhere (an orphan copy that no metadata ever listed — a
+    copy whose CAS never happened — and an older metadata restored from a backup have none)."""
 
 
 class ReplicaCatalog(Protocol):
@@ -132,14 +139,17 @@ class MetadataCatalog:
     async def replica_state(self, ledger_id: int, bookie_id: str) -> ReplicaState | None:
         conn = self._connected()
         urm = UnderReplicationManager(conn.store, conn.root)
-        marked = await urm.get(ledger_id) is not None  # before the metadata: see ReplicaCatalog's rules
+        # The mark before the metadata: a mark removed after this read was removed after the CAS
+        # that listed a copy, and the metadata read next sees that CAS.
+        marked = await urm.get(ledger_id) is not None
         try:
             current = await metadata.LedgerManager(conn.store, conn.root).read(ledger_id)
         except metadata.NoSuchLedger:
             return None
         md = current.metadata
         listed = any(bookie_id in ensemble for _, ensemble in md.ensembles)
-        return ReplicaState(md.state is metadata.LedgerState.CLOSED, listed, marked)
+        replaced = any(record.bookie == bookie_id for record in md.replaced_bookies)
+        return ReplicaState(md.state is metadata.LedgerState.CLOSED, listed, marked, replaced)
 
     @contextlib.asynccontextmanager
     async def replication_lock(self, ledger_id: int, owner: str) -> AsyncIterator[bool]:
@@ -182,6 +192,8 @@ class GcReport:
     """Ledgers whose placement the over-replication check read (0: no check was due)."""
     over_replicated_collected: int = 0
     over_replicated_waiting: int = 0
+    replica_errors: int = 0
+    """Ledgers whose placement could not be read (the check runs again sooner)."""
     segments_compacted: int = 0
     segments_deleted: int = 0
     bytes_copied: int = 0
@@ -364,13 +376,13 @@ class GarbageCollector:
             await storage.write_checkpoint()  # a restart must not bring them back
 
     async def _collect_over_replicated(self, report: GcReport) -> None:
-        """Forget CLOSED ledgers whose metadata no longer places them on this bookie (re-replicated
-        elsewhere while it was away), every ``over_replicated_interval_s``. A ledger is collected
-        when two checks at least ``deleted_ledger_grace_s`` apart found it so and, under its
-        replication lock, a fresh read still does: no under-replication mark (every copy to a
-        bookie happens while the ledger's mark exists and starts under that lock; the mark goes
-        only after the CAS that lists the copy), CLOSED (only re-replication changes a closed
-        ledger's ensembles), and this bookie in none of its ensembles (docs/bookie.md)."""
+        """Forget CLOSED ledgers whose metadata moved this bookie's copy elsewhere (re-replicated
+        while it was away), every ``over_replicated_interval_s``. A ledger is collected when checks
+        at least ``deleted_ledger_grace_s`` apart found it so and, under its replication lock, a
+        fresh read still does: its history records this bookie replaced, no under-replication mark
+        (a worker's copy to a bookie happens while the mark exists; the mark goes only after the
+        CAS that lists the copy), CLOSED (only re-replication changes a closed ledger's ensembles),
+        and this bookie in none of its ensembles. Why that is safe: docs/bookie.md (step 1b)."""
         replicas, interval = self.replicas, self.config.over_replicated_interval_s
         if replicas is None or interval <= 0 or not self.bookie_id:
             return
@@ -379,37 +391,52 @@ class GarbageCollector:
             return
         self._replicas_due = now + interval
         report.phase = "checking replicas"
-        held = sorted(self.storage.ledgers)
         suspects = self._over_replicated_since
         for ledger_id in [i for i in suspects if i not in self.storage.ledgers]:
             del suspects[ledger_id]
-        collected = []
-        for ledger_id in held:
-            async with asyncio.timeout(self.config.metadata_timeout_s):
-                state = await replicas.replica_state(ledger_id, self.bookie_id)
-            report.replicas_checked += 1
-            if not _over_replicated(state):
-                suspects.pop(ledger_id, None)
-                continue
-            if now - suspects.setdefault(ledger_id, now) < self.config.deleted_ledger_grace_s:
-                report.over_replicated_waiting += 1
-                continue
-            async with (
-                asyncio.timeout(self.config.metadata_timeout_s),
-                replicas.replication_lock(ledger_id, f"bookie-gc:{self.bookie_id}") as locked,
-            ):
-                if not locked:  # a worker heals it right now: judged again next time
-                    continue
-                state = await replicas.replica_state(ledger_id, self.bookie_id)
-                if _over_replicated(state) and self.storage.forget_ledger(ledger_id):
+        collected: list[int] = []
+        for ledger_id in sorted(self.storage.ledgers):
+            try:
+                if await self._judge_replica(replicas, ledger_id, now, report):
                     collected.append(ledger_id)
-                del suspects[ledger_id]  # collected, or needed again (a heal began): judged anew
+            except (metadata.MetadataError, TimeoutError) as exc:  # this ledger only: the rest go on
+                report.replica_errors += 1
+                log.warning("gc.replica_check_failed", ledger_id=ledger_id, error=repr(exc))
+        if report.replica_errors:
+            self._replicas_due = now + min(interval, REPLICA_CHECK_RETRY_S)
         report.over_replicated_collected = len(collected)
         report.ledgers_collected += len(collected)
         if collected:
             log.info("gc.over_replicated_collected", count=len(collected), first=collected[:10])
             report.phase = "checkpoint"
             await self.storage.write_checkpoint()
+
+    async def _judge_replica(
+        self, replicas: ReplicaCatalog, ledger_id: int, now: float, report: GcReport
+    ) -> bool:
+        """One ledger of :meth:`_collect_over_replicated`: True when it was forgotten."""
+        suspects = self._over_replicated_since
+        async with asyncio.timeout(self.config.metadata_timeout_s):
+            state = await replicas.replica_state(ledger_id, self.bookie_id)
+        report.replicas_checked += 1
+        if not _over_replicated(state):
+            suspects.pop(ledger_id, None)
+            return False
+        if now - suspects.setdefault(ledger_id, now) < self.config.deleted_ledger_grace_s:
+            report.over_replicated_waiting += 1
+            return False
+        started = self._loop.time()  # before the lease is asked for: the lock is ours until TTL later
+        async with (
+            asyncio.timeout(REPLICATION_LOCK_TTL_S / 3),
+            replicas.replication_lock(ledger_id, f"bookie-gc:{self.bookie_id}") as locked,
+        ):
+            if not locked:  # a worker heals it right now: judged again next time
+                return False
+            state = await replicas.replica_state(ledger_id, self.bookie_id)
+            del suspects[ledger_id]  # collected, or needed again (a heal began): judged anew
+            in_time = self._loop.time() - started < REPLICATION_LOCK_TTL_S / 2
+            # nothing awaits between this check and the forget: the lock still holds
+            return in_time and _over_replicated(state) and self.storage.forget_ledger(ledger_id)
 
     async def _compact(self, report: GcReport) -> None:
         compactor = Compactor(
@@ -434,4 +461,4 @@ class GarbageCollector:
 
 
 def _over_replicated(state: ReplicaState | None) -> bool:
-    return state is not None and state.closed and not state.listed and not state.marked
+    return state is not None and state.closed and state.replaced and not state.listed and not state.marked

@@ -53,7 +53,8 @@ async def test_a_returning_bookie_drops_the_copies_that_were_re_replicated_elsew
             victim = (await bk.context.ledgers.read(moved_id)).metadata.ensembles[0][1][0]
             kept_id, kept = await write(4, 2)  # on all four: its victim fragment is not healed
             open_handle = await bk.create_ledger(4, 2, 2, password=PASSWORD)  # open: never judged
-            await open_handle.append(b"still open")
+            for n in range(4):  # E entries: every bookie of its ensemble holds some
+                await open_handle.append(b"still open %d" % n)
 
             proc = next(p for p in procs if p.bookie_id == victim)
             assert proc.stop() == 0

@@ -99,6 +99,13 @@ def test_docs_reference_table_is_the_generated_one() -> None:
         assert f"| `{field.name}` |" in table
 
 
+def test_the_default_bookie_id_keeps_its_old_spelling() -> None:
+    """A bookie id is in its cookie and in ledgers' metadata: an IPv6 host stays unbracketed."""
+    config, _ = load(["--data-dir", "/d", "--host", "::1"], env={})
+    assert config.bookie_id == "::1:3181"
+    assert config.published_address(3181) == "[::1]:3181"
+
+
 def test_wildcard_host_needs_an_advertised_address() -> None:
     with pytest.raises(ConfigError, match="advertised_address"):
         load(["--data-dir", "/d", "--host", "0.0.0.0"], env={})
@@ -123,7 +130,10 @@ def test_published_address(advertised: str, bound_port: int, published: str) -> 
     assert config.published_address(bound_port) == published
 
 
-@pytest.mark.parametrize("bad", ["0.0.0.0", "host:port", "host:70000", ":3181"])
+@pytest.mark.parametrize(
+    "bad",
+    ["0.0.0.0", "::0", "0:0:0:0:0:0:0:0", "host:port", "host:70000", ":3181", "[fe80::1]4000", "[fe80::1"],
+)
 def test_bad_advertised_address_is_refused(bad: str) -> None:
     with pytest.raises(ConfigError, match="advertised_address"):
         load(["--data-dir", "/d", "--advertised-address", bad], env={})
@@ -135,6 +145,8 @@ def test_loopback_address_refused_for_a_remote_cluster() -> None:
         load(["--data-dir", "/d", "--metadata", remote], env={})
     with pytest.raises(ConfigError, match="loopback address localhost"):
         load(["--data-dir", "/d", "--metadata", remote, "--advertised-address", "localhost"], env={})
+    with pytest.raises(ConfigError, match=r"loopback address ::ffff:127\.0\.0\.1"):
+        load(["--data-dir", "/d", "--metadata", remote, "--advertised-address", "::ffff:127.0.0.1"], env={})
     # a loopback cluster (the sandbox) or a reachable address is fine
     load(["--data-dir", "/d", "--metadata", "etcd://127.0.0.1:2379/bk"], env={})
     config, _ = load(["--data-dir", "/d", "--metadata", remote, "--advertised-address", "10.0.0.7"], env={})

@@ -5,21 +5,23 @@ copying to it, one still open, or one metadata lists it in."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 import metadata
-from bookie.gc import GarbageCollector, GcConfig, MetadataCatalog, ReplicaState
+from bookie.gc import REPLICATION_LOCK_TTL_S, GarbageCollector, GcConfig, MetadataCatalog, ReplicaState
 from bookie.storage import NoLedger, Storage
+from metadata.ledger_metadata import ReplacedBookie
 from metadata.underreplication import UnderReplicationManager
 
 from .test_gc import Clock, _Connection, filled
 from .test_storage import config
 
 ME = "bookie-1"
-GONE = ReplicaState(closed=True, listed=False, marked=False)  # what collection needs
+GONE = ReplicaState(closed=True, listed=False, marked=False, replaced=True)  # what collection needs
 
 
 class Replicas:
@@ -28,6 +30,8 @@ class Replicas:
     def __init__(self, states: dict[int, ReplicaState | None]) -> None:
         self.states = states
         self.held_by_workers: set[int] = set()
+        self.inside: int | None = None
+        """The ledger whose lock is held right now."""
         self.locked: list[int] = []
         self.on_lock: dict[int, ReplicaState | None] = {}
         """A state a ledger takes once its lock is held (what changed since the first read)."""
@@ -46,31 +50,44 @@ class Replicas:
             self.locked.append(ledger_id)
             if ledger_id in self.on_lock:
                 self.states[ledger_id] = self.on_lock[ledger_id]
-        yield free
+            self.inside = ledger_id
+        try:
+            yield free
+        finally:
+            self.inside = None
 
 
 def _gc(storage: Storage, replicas: Replicas, clock: Clock, interval: float = 100.0) -> GarbageCollector:
     gc_config = GcConfig(deleted_ledger_grace_s=30.0, over_replicated_interval_s=interval)
-    return GarbageCollector(storage, gc_config, None, clock, replicas=replicas, bookie_id=ME)
+    gc = GarbageCollector(storage, gc_config, None, clock, replicas=replicas, bookie_id=ME)
+    forget = storage.forget_ledger
+
+    def forget_under_the_lock(ledger_id: int) -> bool:
+        assert replicas.inside == ledger_id, "a ledger must be forgotten while its lock is held"
+        return forget(ledger_id)
+
+    storage.forget_ledger = forget_under_the_lock  # type: ignore[method-assign]
+    return gc
 
 
 async def test_collects_only_closed_unlisted_unmarked_ledgers_seen_twice(tmp_path: Path) -> None:
-    storage = await filled(tmp_path, range(1, 7))
+    storage = await filled(tmp_path, range(1, 8))
     replicas = Replicas(
         {
-            1: ReplicaState(closed=True, listed=True, marked=False),  # its copy is needed
+            1: ReplicaState(closed=True, listed=True, marked=False, replaced=True),  # needed again
             2: GONE,
-            3: ReplicaState(closed=False, listed=False, marked=False),  # open: its ensemble may change
-            4: ReplicaState(closed=True, listed=False, marked=True),  # a worker may copy it here
+            3: ReplicaState(closed=False, listed=False, marked=False, replaced=True),  # open/recovering
+            4: ReplicaState(closed=True, listed=False, marked=True, replaced=True),  # a worker may copy here
             5: None,  # no metadata: the deleted-ledger step judges it, not this one
             6: GONE,
+            7: ReplicaState(closed=True, listed=False, marked=False, replaced=False),  # no evidence
         }
     )
     clock = Clock()
     gc = _gc(storage, replicas, clock)
 
     first = await gc.run_once()
-    assert first.replicas_checked == 6
+    assert first.replicas_checked == 7
     assert (first.over_replicated_waiting, first.over_replicated_collected) == (2, 0)
     replicas.states[6] = ReplicaState(closed=True, listed=True, marked=False)  # healed back onto us
 
@@ -79,15 +96,15 @@ async def test_collects_only_closed_unlisted_unmarked_ledgers_seen_twice(tmp_pat
 
     clock.now += 50.0
     third = await gc.run_once()
-    assert (third.replicas_checked, third.over_replicated_collected, third.ledgers_collected) == (6, 1, 1)
+    assert (third.replicas_checked, third.over_replicated_collected, third.ledgers_collected) == (7, 1, 1)
     assert third.error is None
     assert replicas.locked == [2]
-    assert sorted(storage.ledgers) == [1, 3, 4, 5, 6]
+    assert sorted(storage.ledgers) == [1, 3, 4, 5, 6, 7]
     with pytest.raises(NoLedger):
         await storage.read_entry(2, 0)
     storage.abort()  # a crash right after the pass: the collection was checkpointed
     reopened = await Storage.open(config(tmp_path))
-    assert sorted(reopened.ledgers) == [1, 3, 4, 5, 6]
+    assert sorted(reopened.ledgers) == [1, 3, 4, 5, 6, 7]
     await reopened.close()
 
 
@@ -99,7 +116,7 @@ async def test_the_state_is_read_again_under_the_lock(tmp_path: Path) -> None:
     await gc.run_once()
     # between the checks a worker started healing 1 (its mark) and another listed us again for 2;
     # the lock of 3 is held by a worker: all three are kept, and judged again next time
-    replicas.on_lock = {1: ReplicaState(True, False, True), 2: ReplicaState(True, True, False)}
+    replicas.on_lock = {1: ReplicaState(True, False, True, True), 2: ReplicaState(True, True, False, True)}
     replicas.held_by_workers = {3}
     clock.now += 40.0
     kept = await gc.run_once()
@@ -117,18 +134,59 @@ async def test_the_state_is_read_again_under_the_lock(tmp_path: Path) -> None:
     await storage.close()
 
 
-async def test_a_metadata_error_fails_the_step_not_the_pass(tmp_path: Path) -> None:
-    storage = await filled(tmp_path, range(1, 3))
+async def test_a_metadata_error_skips_that_ledger_and_the_check_comes_back_sooner(tmp_path: Path) -> None:
+    storage = await filled(tmp_path, range(1, 4))
 
-    class Down(Replicas):
+    class Flaky(Replicas):
         async def replica_state(self, ledger_id: int, bookie_id: str) -> ReplicaState | None:
-            raise metadata.MetadataUnavailable("etcd is down")
+            if ledger_id == 2:
+                raise metadata.MetadataUnavailable("etcd is down")
+            return await super().replica_state(ledger_id, bookie_id)
 
-    gc = _gc(storage, Down({}), Clock())
+    clock = Clock()
+    gc = GarbageCollector(
+        storage,
+        GcConfig(deleted_ledger_grace_s=0.0, over_replicated_interval_s=86400.0),
+        None,
+        clock,
+        replicas=Flaky({1: GONE, 2: GONE, 3: GONE}),
+        bookie_id=ME,
+    )
     report = await gc.run_once()
-    assert report.error is not None
-    assert "checking replicas: MetadataUnavailable" in report.error
-    assert sorted(storage.ledgers) == [1, 2]
+    assert report.error is None
+    assert (report.replica_errors, report.over_replicated_collected) == (1, 2)
+    assert sorted(storage.ledgers) == [2]
+    clock.now += 600.0  # REPLICA_CHECK_RETRY_S, not a day
+    again = await gc.run_once()  # the check ran again (ledger 2 still cannot be read)
+    assert (again.replicas_checked, again.replica_errors) == (0, 1)
+    await storage.close()
+
+
+async def test_a_lock_held_too_long_forgets_nothing(tmp_path: Path) -> None:
+    """The lock's lease may run out while the check holds it (a stalled loop, slow etcd): past half
+    its TTL nothing is forgotten, a worker could hold the lock by then."""
+    storage = await filled(tmp_path, range(1, 2))
+
+    class Slow(Replicas):
+        @contextlib.asynccontextmanager
+        async def replication_lock(self, ledger_id: int, owner: str) -> AsyncIterator[bool]:
+            fake_time[0] += REPLICATION_LOCK_TTL_S  # the lease was granted, then the loop stalled
+            yield True
+
+    fake_time = [0.0]
+    gc = GarbageCollector(
+        storage,
+        GcConfig(deleted_ledger_grace_s=0.0),
+        None,
+        Clock(),
+        replicas=Slow({1: GONE}),
+        bookie_id=ME,
+    )
+    real_time = gc._loop.time
+    gc._loop = type("Loop", (), {"time": staticmethod(lambda: real_time() + fake_time[0])})()  # type: ignore[assignment]
+    report = await gc.run_once()
+    assert report.over_replicated_collected == 0
+    assert sorted(storage.ledgers) == [1]
     await storage.close()
 
 
@@ -137,11 +195,25 @@ async def test_metadata_catalog_replica_state_and_lock_on_the_in_memory_store() 
     await metadata.init_cluster(store, "/test")
     catalog = MetadataCatalog("memory:///test", connect=lambda url: _Connection(store, "/test"))
     manager = metadata.LedgerManager(store, "/test")
-    md = (await manager.create([ME, "b2"], write_quorum=2, ack_quorum=2)).metadata
-    ledger_id = md.ledger_id
-    assert await catalog.replica_state(ledger_id, ME) == ReplicaState(closed=False, listed=True, marked=False)
+    created = await manager.create([ME, "b2"], write_quorum=2, ack_quorum=2)
+    ledger_id = created.metadata.ledger_id
+    assert await catalog.replica_state(ledger_id, ME) == ReplicaState(False, listed=True, marked=False)
     assert await catalog.replica_state(ledger_id, "b3") == ReplicaState(False, listed=False, marked=False)
     assert await catalog.replica_state(ledger_id + 1000, ME) is None
+    # a second fragment without ME, recorded as its replacement: listed still (the first fragment)
+    moved = created.metadata.with_ensemble_change(10, ["b3", "b2"])
+    moved = moved.with_replaced_bookies([ReplacedBookie(10, ME, "b3", 1)])
+    written = await manager.write(moved, created.version)
+    assert await catalog.replica_state(ledger_id, ME) == ReplicaState(False, True, False, replaced=True)
+    # re-replicated whole (every fragment) and closed: collectable
+    healed = dataclasses.replace(
+        written.metadata,
+        state=metadata.LedgerState.CLOSED,
+        last_entry_id=19,
+        ensembles=((0, ("b3", "b2")), (10, ("b3", "b2"))),
+    )
+    await manager.write(healed, written.version)
+    assert await catalog.replica_state(ledger_id, ME) == GONE
     urm = UnderReplicationManager(store, "/test")
     await urm.mark(ledger_id, ["b2"], reason="lost")
     assert (await catalog.replica_state(ledger_id, "b3")).marked  # type: ignore[union-attr]
