@@ -126,19 +126,30 @@ class NetnsHosts:
         _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         for index in range(self.count):
-            ns, veth = self.namespace(index), self.veth(index)
-            _ip("netns", "add", ns)
-            self._created.append(f"netns:{ns}")
-            _ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
-            self._created.append(f"link:{veth}")
-            _ip("link", "set", f"{veth}p", "netns", ns)
-            _ip("link", "set", veth, "master", self.bridge)
-            _ip("link", "set", veth, "up")
-            _ip("link", "set", f"{veth}p", "name", "eth0", netns=ns)
-            _ip("addr", "add", f"{self.address(index)}/24", "dev", "eth0", netns=ns)
-            _ip("link", "set", "eth0", "up", netns=ns)
-            _ip("link", "set", "lo", "up", netns=ns)
-            _ip("route", "add", "default", "via", self.gateway, netns=ns)
+            self._add(index)
+
+    def _add(self, index: int) -> None:
+        ns, veth = self.namespace(index), self.veth(index)
+        _ip("netns", "add", ns)
+        self._created.append(f"netns:{ns}")
+        _ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
+        self._created.append(f"link:{veth}")
+        _ip("link", "set", f"{veth}p", "netns", ns)
+        _ip("link", "set", veth, "master", self.bridge)
+        _ip("link", "set", veth, "up")
+        _ip("link", "set", f"{veth}p", "name", "eth0", netns=ns)
+        _ip("addr", "add", f"{self.address(index)}/24", "dev", "eth0", netns=ns)
+        _ip("link", "set", "eth0", "up", netns=ns)
+        _ip("link", "set", "lo", "up", netns=ns)
+        _ip("route", "add", "default", "via", self.gateway, netns=ns)
+
+    def add_host(self) -> int:
+        """One more host on the same bridge (also on hosts another process created: ``NetnsHosts(
+        count, tag, network)``); returns its index. :meth:`close` of this instance removes it."""
+        index = self.count
+        self.count += 1
+        self._add(index)
+        return index
 
     def prefix(self, index: int) -> list[str]:
         """What runs a command inside host ``index``'s namespace (``BookieProcess(wrapper=...)``)."""

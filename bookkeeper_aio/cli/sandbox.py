@@ -64,7 +64,8 @@ class Sandbox:
                     f"--hosts puts each bookie in a network namespace, which this machine does not "
                     f"allow: {exc}. Run without --hosts for a sandbox on loopback"
                 ) from exc
-            (self.data_dir / NETNS_FILE).write_text(f"{self.hosts.tag} {self.bookies}\n")
+            hosts = self.hosts
+            (self.data_dir / NETNS_FILE).write_text(f"{hosts.tag} {hosts.count} {hosts.network}\n")
             gateway = self.hosts.gateway  # etcd serves the hosts there, and this machine on loopback
         etcd, endpoint = etcd_child(self.data_dir, also_on=gateway)
         self.etcd_endpoint = endpoint
@@ -174,10 +175,10 @@ def _remove_leftover_hosts(data_dir: Path) -> None:
     """The namespaces and bridge of a ``--hosts`` sandbox that was killed (SIGKILL) before it could
     remove them: named in the data dir, removed before this run starts."""
     try:
-        tag, count = (data_dir / NETNS_FILE).read_text().split()
+        tag, count, network = (data_dir / NETNS_FILE).read_text().split()
     except (OSError, ValueError):
         return
-    NetnsHosts(int(count), tag).close()
+    NetnsHosts(int(count), tag, network).close()
     (data_dir / NETNS_FILE).unlink(missing_ok=True)
 
 
