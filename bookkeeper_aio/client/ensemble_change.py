@@ -17,7 +17,8 @@ One primitive, :class:`BookieReplacer`, for everything that moves a ledger's ent
 Rules (docs/replication.md §2):
 
 - A replacement is chosen by the placement policy among the writable bookies, never one of the
-  ensemble nor one that ever failed for this ledger (``ever_failed``).
+  ensemble nor one failing now; one that failed for this ledger before (``ever_failed``) only when
+  no other is writable (it registered again: a restarted bookie).
 - No replacement: before NotEnoughBookies is raised the ledger's metadata is read and ``accept``
   asked, so a writer whose ledger was fenced or closed meanwhile says so (LedgerFenced /
   LedgerClosed) instead of blaming the bookies.
@@ -182,7 +183,6 @@ class BookieReplacer:
         writable: Sequence[str],
         give_up: bool,
     ) -> Replacement:
-        placement = self._ctx.placement
         members = list(ensemble)
         replaced: list[str] = []
         given_up: list[str] = []
@@ -190,15 +190,26 @@ class BookieReplacer:
             if bookie_id not in failed:
                 continue
             try:
-                members[position] = placement.replace_bookie(
-                    members, position, writable, self.ever_failed | set(members)
-                )
+                members[position] = self._replacement(members, position, writable, failed)
                 replaced.append(bookie_id)
             except NotEnoughBookies:
                 if not give_up:
                     raise
                 given_up.append(bookie_id)
         return Replacement(first_entry, tuple(members), tuple(replaced), tuple(given_up))
+
+    def _replacement(
+        self, members: list[str], position: int, writable: Sequence[str], failed: Collection[str]
+    ) -> str:
+        """A bookie for ``members[position]``: one that never failed for this ledger if there is
+        one; else one that failed earlier and is writable again (registered anew: a restarted
+        bookie), rather than failing the ledger — a rolling restart of E + 1 bookies leaves no
+        other. Never a member, never one failing now. Raises NotEnoughBookies."""
+        placement = self._ctx.placement
+        try:
+            return placement.replace_bookie(members, position, writable, self.ever_failed | set(members))
+        except NotEnoughBookies:
+            return placement.replace_bookie(members, position, writable, set(failed) | set(members))
 
 
 def _starting_at(md: LedgerMetadata, first_entry: int) -> Ensemble | None:

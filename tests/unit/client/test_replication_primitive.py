@@ -164,3 +164,19 @@ def test_ack_set__counts_positions_ignores_strangers_and_moves_with_the_write_se
     assert acks.has_acked("a")
     assert not acks.has_acked("b")
     assert acks.count == 1
+
+
+async def test_replace__a_bookie_that_failed_before_is_taken_when_no_other_is_writable() -> None:
+    """A rolling restart of E + 1 bookies: each restarted bookie registers again, and is the only
+    spare for the next departure; taking it beats failing the ledger. Never one failing now."""
+    ctx = _context(MemoryStore(), ["a", "b", "c", "d"])
+    created = await ctx.ledgers.create(BOOKIES, write_quorum=2, ack_quorum=2)
+    replacer = BookieReplacer(ctx, created.ledger_id)
+    first = await replacer.replace(created, 5, {"b"}, accept=_open, attempts_max=4)
+    assert first.ensemble == ("a", "d", "c")  # the one that never failed
+    assert first.stored is not None
+    second = await replacer.replace(first.stored, 9, {"c"}, accept=_open, attempts_max=4)
+    assert second.ensemble == ("a", "d", "b")  # b failed before and is writable again
+    assert second.stored is not None
+    with pytest.raises(NotEnoughBookies):  # a and d failing now: c can take a's place, none is left for d
+        await replacer.replace(second.stored, 12, {"d", "a"}, accept=_open, attempts_max=4)
