@@ -37,6 +37,7 @@ import metadata
 from bookie.compaction import Compactor, Progress
 from bookie.storage import Storage
 from bookie.threads import OS_THREADS, Threads
+from metadata.keys import NAME_CHARS_MAX
 from metadata.underreplication import UnderReplicationManager
 
 log = structlog.get_logger(__name__)
@@ -428,7 +429,7 @@ class GarbageCollector:
         started = self._loop.time()  # before the lease is asked for: the lock is ours until TTL later
         async with (
             asyncio.timeout(REPLICATION_LOCK_TTL_S / 3),
-            replicas.replication_lock(ledger_id, f"bookie-gc:{self.bookie_id}") as locked,
+            replicas.replication_lock(ledger_id, f"bookie-gc:{self.bookie_id}"[:NAME_CHARS_MAX]) as locked,
         ):
             if not locked:  # a worker heals it right now: judged again next time
                 return False
