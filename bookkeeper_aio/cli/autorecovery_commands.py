@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -352,8 +353,10 @@ async def cmd_decommission(args: argparse.Namespace) -> int:
     async with meta:
         urm = UnderReplicationManager(meta.store, meta.root)
         bookie_id = validate_name(args.bookie_id, "bookie id")
-        await urm.start_decommission(bookie_id)  # never chosen as a replacement from now on
         admin = args.admin or await _registered_admin(meta, bookie_id)
+        if admin:  # before anything is recorded: a loopback admin address names this host's bookie
+            await asyncio.to_thread(_check_admin_is, admin, bookie_id)
+        await urm.start_decommission(bookie_id)  # never chosen as a replacement from now on
         if admin:
             await asyncio.to_thread(_set_read_only, admin)
         else:
@@ -395,6 +398,27 @@ async def _registered_admin(meta: metadata.MetadataConnection, bookie_id: str) -
     bookies = await metadata.list_bookies(meta.store, meta.root)
     info = bookies.writable.get(bookie_id) or bookies.readonly.get(bookie_id)
     return None if info is None else info.attributes.get("admin")
+
+
+def _check_admin_is(admin: str, bookie_id: str) -> None:
+    """Refuse an admin endpoint that belongs to another bookie. A bookie's admin endpoint listens
+    on loopback by default, and its registration publishes that address: from another host it
+    names *that* host's bookie, which must not be made read-only instead."""
+    url = f"http://{admin}/state"
+    try:
+        with urllib.request.urlopen(url, timeout=ADMIN_TIMEOUT_S) as answer:
+            serving = json.loads(answer.read()).get("bookie_id")
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        raise BKInterfaceError(
+            f"could not reach {bookie_id}'s admin endpoint {url}: {error}; run this on {bookie_id}'s "
+            "host (its admin endpoint listens on loopback by default) or pass --admin HOST:PORT"
+        ) from error
+    if serving != bookie_id:
+        raise BKInterfaceError(
+            f"the admin endpoint {admin} belongs to bookie {serving!r}, not {bookie_id!r} (an admin "
+            f"endpoint on loopback is reachable from its own host only): run this on {bookie_id}'s "
+            "host, or pass --admin HOST:PORT of its admin endpoint"
+        )
 
 
 def _set_read_only(admin: str) -> None:

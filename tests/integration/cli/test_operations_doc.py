@@ -231,6 +231,10 @@ def test_the_operations_guide_builds_a_working_three_host_cluster(tmp_path: Path
         assert re.search(r"^auditor\s+\S+", text, re.MULTILINE), text  # autorecovery status
         assert re.search(r"^left\s+\[\]$", text, re.MULTILINE), text  # decommission of bookie-3
         assert ("h3", "bookie") not in guide.running  # and it was stopped
+        final = [out for host, out in guide.outputs if "BOOKIE_ID" in out][-1]  # the last `bkaio bookies`
+        assert re.search(r"bookie-1\s+writable", final), final
+        assert re.search(r"bookie-2\s+writable", final), final
+        assert "bookie-3" not in final, final
         assert list((tmp_path / "h1" / "var" / "backups").glob("bkaio-*.db"))  # the snapshot
     finally:
         guide.close()
