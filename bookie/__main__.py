@@ -18,6 +18,7 @@ import sys
 import structlog
 import uvloop
 
+from bookie.auth import AuthConfigError
 from bookie.checkpoint import CheckpointCorrupt
 from bookie.config import BookieConfig, ConfigError, effective_toml, load
 from bookie.cookie import CookieMismatch
@@ -32,6 +33,7 @@ from bookie.registration import (
 )
 from bookie.server import BookieServer, ListenError
 from bookkeeper_aio.common.logging_setup import configure_logging
+from bookkeeper_aio.common.tls import TlsConfigError
 from metadata import MetadataError
 
 log = structlog.get_logger("bookie")
@@ -92,6 +94,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.print_config:
         print(effective_toml(config, args.sources), end="")
         return
+    try:
+        config.tls_context()  # the certificate, key, CA and token files load, or we say why now
+        config.auth_providers_loaded()
+    except (TlsConfigError, AuthConfigError) as exc:
+        print(f"bookie: configuration error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
     configure_logging(level=config.log_level)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         code = runner.run(serve(config))

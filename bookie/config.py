@@ -13,16 +13,19 @@ import dataclasses
 import ipaddress
 import json
 import os
+import ssl
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 from bookie import journal_format as fmt
+from bookie.auth import BookieAuthProvider, load_providers
 from bookie.gc import GcConfig
 from bookie.journal import JournalConfig
 from bookie.mode import DiskThresholds
 from bookie.storage import StorageConfig
+from bookkeeper_aio.common.tls import server_context
 from bookkeeper_aio.protocol.codes import FRAME_BYTES_MAX
 from metadata.cluster import parse_url
 from metadata.errors import InvalidUrl
@@ -119,6 +122,31 @@ class BookieConfig:
         "Client connections from one peer address; beyond it new ones are closed at once, so one "
         "host cannot take every slot of connections_max.",
     )
+    tls_cert_file: str = _key(
+        "",
+        "PEM certificate (chain) the bookie port presents; with `tls_key_file` it turns TLS on for "
+        "every client connection (docs/security.md). Empty: plaintext.",
+    )
+    tls_key_file: str = _key("", "PEM private key of `tls_cert_file` (keep it readable by the bookie only).")
+    tls_ca_file: str = _key(
+        "", "PEM CA certificates that sign client certificates (needed by `tls_client_auth`)."
+    )
+    tls_client_auth: str = _key(
+        "none",
+        "Mutual TLS: `none`, `optional` (a client certificate, when offered, must verify) or "
+        "`required` (clients without a certificate signed by `tls_ca_file` are refused).",
+    )
+    auth_providers: str = _key(
+        "",
+        "Comma-separated auth providers clients must authenticate with (AUTH handshake) before "
+        "any request: `token` (built in) or `package.module:factory`. Empty: no authentication.",
+    )
+    auth_token_file: str = _key(
+        "", "The `token` provider's tokens: one per line (`principal:token` names its holder in logs)."
+    )
+    auth_timeout_s: float = _key(
+        10.0, "With auth providers: a connection not authenticated this soon after connecting is closed."
+    )
     log_level: str = _key("info", "debug, info, warning or error.")
     metadata: str = _key(
         "",
@@ -137,6 +165,12 @@ class BookieConfig:
     )
     admin_port: int = _key(
         -1, "Admin HTTP port: -1 = disabled, 0 = ephemeral (the bookie prints `ADMIN host:port`)."
+    )
+    admin_token_file: str = _key(
+        "",
+        "File holding the token (its first line) that admin state changes (`POST /readonly`, "
+        "`POST /gc`) must carry as `Authorization: Bearer TOKEN`. Empty: the bookie writes a random "
+        "one to `<data_dir>/admin.token` (mode 0600) at start.",
     )
     disk_free_bytes_min: int = _key(
         512 * 1024 * 1024,
@@ -231,6 +265,18 @@ class BookieConfig:
             config.disk_thresholds().validate()
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
+        if config.tls_client_auth not in ("none", "optional", "required"):
+            raise ConfigError(f"tls_client_auth {config.tls_client_auth!r}: use none, optional or required")
+        if bool(config.tls_cert_file) != bool(config.tls_key_file):
+            raise ConfigError("TLS needs both tls_cert_file and tls_key_file (or neither: plaintext)")
+        if config.tls_client_auth != "none" and not (config.tls_cert_file and config.tls_ca_file):
+            raise ConfigError(
+                f"tls_client_auth {config.tls_client_auth} needs TLS on (tls_cert_file, tls_key_file) "
+                "and tls_ca_file (the CA of the client certificates)"
+            )
+        if "token" in (p.strip() for p in config.auth_providers.split(",")) and not config.auth_token_file:
+            raise ConfigError("auth_providers has token: set auth_token_file (one token per line)")
+        _positive(config, "auth_timeout_s")
         if config.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"log_level {config.log_level!r}: use debug, info, warning or error")
         try:
@@ -271,6 +317,16 @@ class BookieConfig:
     def published_address(self, bound_port: int) -> str:
         """``host:port`` for the registration, once listening on ``bound_port``."""
         return _join(*self.advertised(bound_port))
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The bookie port's TLS context, None for plaintext; raises ``TlsConfigError``."""
+        if not self.tls_cert_file:
+            return None
+        return server_context(self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_client_auth)
+
+    def auth_providers_loaded(self) -> dict[str, BookieAuthProvider]:
+        """The auth providers by the name clients send ({} = none); raises ``AuthConfigError``."""
+        return load_providers(self)
 
     def journal_config(self) -> JournalConfig:
         return JournalConfig(

@@ -23,6 +23,12 @@ An ``asyncio.Protocol`` (3x cheaper than streams here, docs/internals.md §6). R
 - Log lines about a connection's bad input are bounded in size and in number per connection.
 - A bad request gets an error response when its request id can be read, else the connection closes.
   Nothing a peer sends can raise out of ``data_received``.
+- The handshake (HELLO, AUTH) is handled here before the processor sees a frame. With auth
+  providers configured, any other request before a successful AUTH is answered EUA and the
+  connection closes, and so does a refused AUTH or a connection not authenticated within
+  ``auth_timeout_s``; an AUTH step runs as a task while the connection is not read. Without
+  providers the first frame that is neither HELLO nor AUTH ends the handshake phase: from then on
+  frames go straight to the processor (the hot path pays one attribute test per socket read).
 """
 
 from __future__ import annotations
@@ -37,7 +43,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 
+from bookie.auth import AuthRefused, Challenge
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import OpCode, StatusCode
+from bookkeeper_aio.protocol.errors import ProtocolError
+
 if TYPE_CHECKING:
+    from bookie.auth import BookieAuthProvider
     from bookie.processor import Processor
 
 log = structlog.get_logger(__name__)
@@ -71,6 +83,8 @@ class ConnectionLimits:
 
     __slots__ = (
         "answer_bytes_buffered_max",
+        "auth_providers",
+        "auth_timeout_s",
         "connections_per_address_max",
         "frame_bytes_max",
         "frame_read_timeout_s",
@@ -92,6 +106,8 @@ class ConnectionLimits:
         reads_in_flight_max: int = 16,
         idle_timeout_s: float = 0.0,
         connections_per_address_max: int = 1 << 30,
+        auth_providers: dict[str, BookieAuthProvider] | None = None,
+        auth_timeout_s: float = 10.0,
     ) -> None:
         self.frame_bytes_max = frame_bytes_max
         self.in_flight_max = in_flight_max
@@ -103,11 +119,17 @@ class ConnectionLimits:
         """0: never close an idle connection."""
         self.connections_per_address_max = connections_per_address_max
         self.per_address: Counter[str] = Counter()
+        self.auth_providers: dict[str, BookieAuthProvider] = dict(auth_providers or {})
+        """By the name clients send in AUTH; empty: no authentication (AUTH is answered EOK)."""
+        self.auth_timeout_s = auth_timeout_s
+        """With providers: a connection not authenticated this soon after connecting is closed."""
 
 
 LOG_LINES_PER_CONNECTION = 5
 """Warnings about one connection's bad input; beyond, they are only counted (and said once)."""
 LOG_DETAIL_CHARS_MAX = 200
+AUTH_STEPS_MAX = 8
+"""AUTH steps one connection may take (a multi-step mechanism needs 2 or 3)."""
 
 
 class ServerConnection(asyncio.Protocol):
@@ -143,6 +165,14 @@ class ServerConnection(asyncio.Protocol):
         self._last_active = self._loop.time()
         self._idle_timer: asyncio.TimerHandle | None = None
         self._log_budget = LOG_LINES_PER_CONNECTION
+        self._handshake = True
+        """HELLO and AUTH frames are handled by :meth:`_handshake_frames` until this is False."""
+        self._auth_busy = False
+        self._auth_steps = 0
+        self._auth_session: dict[str, Any] = {}
+        self._auth_timer: asyncio.TimerHandle | None = None
+        self.principal: str | None = None
+        """Who authenticated on this connection (None: no authentication)."""
 
     @property
     def processor(self) -> Processor:
@@ -174,6 +204,8 @@ class ServerConnection(asyncio.Protocol):
             self.pause_by_server(True)
         if limits.idle_timeout_s > 0:
             self._idle_timer = self._loop.call_later(limits.idle_timeout_s / 2, self._on_idle_check)
+        if limits.auth_providers:
+            self._auth_timer = self._loop.call_later(limits.auth_timeout_s, self._on_auth_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -186,10 +218,10 @@ class ServerConnection(asyncio.Protocol):
             del per_address[self._address]
         self._address = None
         self._writable.set()  # wake reads waiting to answer: they see the connection closed
-        for timer in (self._deadline, self._idle_timer):
+        for timer in (self._deadline, self._idle_timer, self._auth_timer):
             if timer is not None:
                 timer.cancel()
-        self._deadline = self._idle_timer = None
+        self._deadline = self._idle_timer = self._auth_timer = None
         for task in list(self._tasks):
             task.cancel()
         self._processor.connection_lost(self)
@@ -251,6 +283,9 @@ class ServerConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ framing
     def _process_buffer(self) -> None:
+        if self._handshake and not self._handshake_frames():
+            self._update_deadline()
+            return
         buf = self._buf
         size_total = len(buf)
         limit = self._limits.in_flight_max
@@ -293,6 +328,7 @@ class ServerConnection(asyncio.Protocol):
             return
         if (
             self._frames_since_arm
+            or self._auth_busy
             or self._paused_by_permits
             or self._paused_by_server
             or self._paused_by_writes
@@ -300,6 +336,129 @@ class ServerConnection(asyncio.Protocol):
             self._update_deadline()  # progress was made, or we are the slow side: re-arm
             return
         self.warn("connection.frame_read_timeout", buffered=len(self._buf))
+        self.close()
+
+    # ------------------------------------------------------------------ handshake
+    def _handshake_frames(self) -> bool:
+        """Handle the HELLO and AUTH frames at the head of the buffer; True once the handshake
+        phase is over and the rest of the buffer is the processor's."""
+        buf = self._buf
+        required = bool(self._limits.auth_providers)
+        while not self.closed and not self._auth_busy:
+            if len(buf) < 4:
+                return False
+            (size,) = _LENGTH.unpack_from(buf, 0)
+            if size > self._limits.frame_bytes_max:
+                return True  # the processor's path refuses it (and closes)
+            end = 4 + size
+            if len(buf) < end:
+                return False
+            try:
+                request = m.decode_request(bytes(buf[4:end]))
+            except ProtocolError as exc:
+                if not required:
+                    self._handshake = False
+                    return True  # answered (or closed) by the processor's path, as always
+                self._refuse(exc.op or 0, exc.request_id, StatusCode.EBADREQ, f"bad request: {exc}")
+                return False
+            if type(request) is m.HelloRequest:
+                one = bytearray(buf[:end])
+                with memoryview(one) as view:
+                    self._processor.dispatch_frames(
+                        self,
+                        one,
+                        view,
+                        0,
+                        self.in_flight + 1,
+                        self._limits.frame_bytes_max,
+                        self._limits.load,
+                    )
+                del buf[:end]
+                self._frames_since_arm += 1
+            elif type(request) is m.AuthRequest:
+                del buf[:end]
+                self._frames_since_arm += 1
+                self._auth_step(request)
+            elif required:
+                self._refuse(
+                    m.REQUEST_OP[type(request)],
+                    request.request_id,
+                    StatusCode.EUA,
+                    "authenticate first: this bookie needs an AUTH handshake before any request "
+                    "(set the client's auth_provider and its credentials)",
+                )
+                return False
+            else:
+                self._handshake = False
+                return True
+        return False
+
+    def _auth_step(self, request: m.AuthRequest) -> None:
+        providers = self._limits.auth_providers
+        rid = request.request_id
+        if not providers:  # nothing to check: a client configured for auth still works
+            self.send(m.encode(m.AuthResponse(rid, 0, None, request.provider, b"", 1)))
+            return
+        provider = providers.get(request.provider)
+        if provider is None:
+            known = ", ".join(sorted(providers))
+            message = f"unknown auth provider {request.provider!r}: this bookie accepts {known}"
+            self._refuse(OpCode.AUTH, rid, StatusCode.EUA, message)
+            return
+        self._auth_steps += 1
+        if self._auth_steps > AUTH_STEPS_MAX:
+            self._refuse(OpCode.AUTH, rid, StatusCode.EUA, f"more than {AUTH_STEPS_MAX} AUTH steps")
+            return
+        self._auth_busy = True
+        self._update_reading()
+        self.spawn(self._run_auth_step(provider, request))
+
+    async def _run_auth_step(self, provider: BookieAuthProvider, request: m.AuthRequest) -> None:
+        rid = request.request_id
+        try:
+            step = await provider.authenticate(request.payload, self._auth_session)
+        except AuthRefused as exc:
+            self._auth_busy = False
+            self._refuse(OpCode.AUTH, rid, StatusCode.EUA, str(exc) or "refused")
+            return
+        except Exception:  # a provider's bug refuses the client; the bookie goes on
+            log.exception("connection.auth_provider_failed", peer=self.peer, provider=provider.name)
+            self._auth_busy = False
+            self._refuse(OpCode.AUTH, rid, StatusCode.EUA, f"auth provider {provider.name} failed")
+            return
+        self._auth_busy = False
+        if self.closed:
+            return
+        if isinstance(step, Challenge):
+            self.send(m.encode(m.AuthResponse(rid, 0, None, provider.name, step.payload, 0)))
+        else:
+            self.principal = step.principal
+            self._handshake = False
+            if self._auth_timer is not None:
+                self._auth_timer.cancel()
+                self._auth_timer = None
+            log.info(
+                "connection.authenticated", peer=self.peer, provider=provider.name, principal=step.principal
+            )
+            self.send(m.encode(m.AuthResponse(rid, 0, None, provider.name, b"", 1)))
+        self._update_reading()
+        if self._buf:
+            self._loop.call_soon(self._process_buffer)
+
+    def _refuse(self, op: int, request_id: int | None, status: StatusCode, message: str) -> None:
+        """End a connection that failed the handshake: the answer (when the request id is known),
+        then close."""
+        self._processor.count_error(status)
+        self.warn("connection.auth_refused", reason=message, status=status.name)
+        if request_id is not None:
+            self.send(m.encode_error(op, request_id, status, message))
+        self.close()
+
+    def _on_auth_timeout(self) -> None:
+        self._auth_timer = None
+        if self.closed or not self._handshake:
+            return
+        self.warn("connection.auth_timeout", timeout_s=self._limits.auth_timeout_s)
         self.close()
 
     # ------------------------------------------------------------------ responses and permits
@@ -369,7 +528,9 @@ class ServerConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or self.closed:
             return
-        want_paused = self._paused_by_permits or self._paused_by_server or self._paused_by_writes
+        want_paused = (
+            self._paused_by_permits or self._paused_by_server or self._paused_by_writes or self._auth_busy
+        )
         if want_paused != self._reading_paused:
             self._reading_paused = want_paused
             if want_paused:

@@ -166,6 +166,7 @@ class Processor:
             m.BatchReadRequest: self._batch_read,
             m.GetBookieInfoRequest: self._bookie_info,
             m.GetListOfEntriesRequest: self._list_entries,
+            m.AuthRequest: self._auth_too_late,
         }
         # Counters read at scrape time by bookie.metrics (plain ints: no metrics library per request).
         self.adds = 0
@@ -503,6 +504,10 @@ class Processor:
             req.request_id, 0, None, PROTOCOL_VERSION, self.bookie_id, self.frame_bytes_max, features
         )
         conn.complete(req.request_id, m.encode(response))
+
+    def _auth_too_late(self, conn: ServerConnection, req: m.AuthRequest) -> None:
+        """AUTH is the handshake (bookie.connection_handler), never after other requests."""
+        raise BadRequest("AUTH is only accepted before any other request but HELLO")
 
     def _bookie_info(self, conn: ServerConnection, req: m.GetBookieInfoRequest) -> None:
         stat = os.statvfs(self.storage.config.data_dir)

@@ -124,7 +124,10 @@ class BookieServer:
             reads_in_flight_max=config.reads_in_flight_per_connection_max,
             idle_timeout_s=config.idle_timeout_s,
             connections_per_address_max=config.connections_per_address_max,
+            auth_providers=config.auth_providers_loaded(),
+            auth_timeout_s=config.auth_timeout_s,
         )
+        self._tls = config.tls_context()
         self.address: tuple[str, int] | None = None
         self.ready = False
         """Listening, and registered when there is a registration; False again once closing."""
@@ -209,7 +212,15 @@ class BookieServer:
             raise
         host, port = self._server.sockets[0].getsockname()[:2]
         self.address = (host, port)
-        log.info("bookie.listening", host=host, port=port, bookie_id=self.config.bookie_id)
+        log.info(
+            "bookie.listening",
+            host=host,
+            port=port,
+            bookie_id=self.config.bookie_id,
+            tls=self._tls is not None,
+            client_auth=self.config.tls_client_auth if self._tls is not None else None,
+            auth=sorted(self._limits.auth_providers) or None,
+        )
         if self.registration is not None:
             try:
                 await self.registration.start(
@@ -239,7 +250,13 @@ class BookieServer:
         host, port = self.config.host, self.config.port
         try:
             server = await loop.create_server(
-                self._new_connection, host, port, backlog=LISTEN_BACKLOG, start_serving=False
+                self._new_connection,
+                host,
+                port,
+                backlog=LISTEN_BACKLOG,
+                start_serving=False,
+                ssl=self._tls,
+                ssl_handshake_timeout=self.config.frame_read_timeout_s if self._tls is not None else None,
             )
         except OSError as exc:
             raise ListenError(host, port, exc) from exc

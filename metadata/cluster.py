@@ -2,7 +2,10 @@
 
 URL forms:
 - ``etcd://host1:2379,host2:2379/bookkeeper/<cluster>`` (port defaults to 2379; root defaults to
-  ``/bookkeeper/default``). Query options: ``op_timeout_s``, ``connect_timeout_s``.
+  ``/bookkeeper/default``). Query options: ``op_timeout_s``, ``connect_timeout_s``; security
+  (docs/security.md): ``tls=1`` (TLS with the system's CAs), ``ca_file``, ``cert_file`` +
+  ``key_file`` (each turns TLS on; the pair is a client certificate), ``user`` + ``password_file``
+  (etcd authentication; the password never goes in the URL).
 - ``memory://`` or ``memory:///bookkeeper/<cluster>``: a fresh in-process `MemoryStore` per connect.
 """
 
@@ -38,6 +41,16 @@ class MetadataUrl:
     root: str
     op_timeout_s: float = 5.0
     connect_timeout_s: float = 1.0
+    tls: bool = False
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    user: str = ""
+    password_file: str = ""
+
+
+_FLOAT_OPTIONS = frozenset({"op_timeout_s", "connect_timeout_s"})
+_TEXT_OPTIONS = frozenset({"ca_file", "cert_file", "key_file", "user", "password_file"})
 
 
 def parse_url(url: str) -> MetadataUrl:
@@ -46,14 +59,13 @@ def parse_url(url: str) -> MetadataUrl:
     root = parsed.path or DEFAULT_ROOT
     try:
         validate_root(root)
-        options = {
-            k: float(v) for k, v in urllib.parse.parse_qsl(parsed.query, strict_parsing=bool(parsed.query))
-        }
+        options = _options(urllib.parse.parse_qsl(parsed.query, strict_parsing=bool(parsed.query)))
     except ValueError as error:
         raise InvalidUrl(f"bad metadata URL {url!r}: {error}") from error
-    unknown = set(options) - {"op_timeout_s", "connect_timeout_s"}
-    if unknown:
-        raise InvalidUrl(f"bad metadata URL {url!r}: unknown options {sorted(unknown)}")
+    if bool(options.get("cert_file")) != bool(options.get("key_file")):
+        raise InvalidUrl(f"bad metadata URL {url!r}: cert_file and key_file go together")
+    if bool(options.get("user")) != bool(options.get("password_file")):
+        raise InvalidUrl(f"bad metadata URL {url!r}: user and password_file go together")
     if parsed.scheme == "memory":
         return MetadataUrl("memory", (), root, **options)
     if parsed.scheme != "etcd":
@@ -62,6 +74,23 @@ def parse_url(url: str) -> MetadataUrl:
     if not 1 <= len(endpoints) <= ENDPOINTS_MAX:
         raise InvalidUrl(f"bad metadata URL {url!r}: need 1..{ENDPOINTS_MAX} host:port endpoints")
     return MetadataUrl("etcd", endpoints, root, **options)
+
+
+def _options(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """The URL's query options, typed; raises ``ValueError`` naming a bad one."""
+    options: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in _FLOAT_OPTIONS:
+            options[name] = float(value)
+        elif name in _TEXT_OPTIONS:
+            options[name] = value
+        elif name == "tls" and value in ("0", "1", "true", "false"):
+            options[name] = value in ("1", "true")
+        elif name == "tls":
+            raise ValueError(f"tls={value!r}: use 1 or 0")
+        else:
+            raise ValueError(f"unknown option {name!r}")
+    return options
 
 
 def _endpoint(url: str, part: str) -> tuple[str, int]:
@@ -101,7 +130,15 @@ def connect(url: str) -> MetadataConnection:
     if parsed.scheme == "memory":
         return MetadataConnection(MemoryStore(), parsed.root)
     config = EtcdConfig(
-        parsed.endpoints, op_timeout_s=parsed.op_timeout_s, connect_timeout_s=parsed.connect_timeout_s
+        parsed.endpoints,
+        op_timeout_s=parsed.op_timeout_s,
+        connect_timeout_s=parsed.connect_timeout_s,
+        tls=parsed.tls,
+        ca_file=parsed.ca_file,
+        cert_file=parsed.cert_file,
+        key_file=parsed.key_file,
+        user=parsed.user,
+        password_file=parsed.password_file,
     )
     return MetadataConnection(EtcdStore(config), parsed.root)
 

@@ -54,7 +54,7 @@ T = TypeVar("T")
 # "Require leader": a member without a leader refuses requests at once ("no leader": nothing was
 # proposed, so even a mutation is safe to retry elsewhere) and cancels our watches instead of going
 # quiet. Without it, a request to a member cut off from the majority waits until its deadline.
-_REQUIRE_LEADER = (("hasleader", "true"),)
+_REQUIRE_LEADER: tuple[tuple[str, str], ...] = (("hasleader", "true"),)
 # Errors whose text proves that the server did not apply a mutation (safe to retry elsewhere).
 _NOT_APPLIED_MARKERS = ("no leader", "failed to connect", "connection refused", "not capable")
 # Server-side timeouts etcd reports with code UNKNOWN (a read may simply be retried).
@@ -74,12 +74,31 @@ class EtcdConfig:
     # gRPC keepalive detects a dead peer on an idle watch; etcd rejects pings more often than 5 s.
     keepalive_time_ms: int = 10_000
     keepalive_timeout_ms: int = 5_000
+    # TLS toward etcd (docs/security.md): on when ``tls`` or any file is set; the server's
+    # certificate is verified against ``ca_file`` (else gRPC's default roots); ``cert_file`` and
+    # ``key_file`` present a client certificate (etcd's --client-cert-auth).
+    tls: bool = False
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    # etcd's own authentication: ``user`` and the password read from ``password_file`` get a token
+    # (Authenticate) that every call carries; an expired token is renewed and the call retried.
+    user: str = ""
+    password_file: str = ""
 
     def __post_init__(self) -> None:
         if not self.endpoints:
             raise ValueError("EtcdConfig needs at least one endpoint")
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("an etcd client certificate needs both cert_file and key_file")
+        if bool(self.user) != bool(self.password_file):
+            raise ValueError("etcd credentials need both user and password_file")
         if self.op_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
+
+    @property
+    def secure(self) -> bool:
+        return self.tls or bool(self.ca_file or self.cert_file or self.key_file)
 
 
 @dataclass(slots=True)
@@ -89,6 +108,34 @@ class _Endpoint:
     kv: Any
     lease: Any
     watch: Any
+    auth: Any = None
+    metadata: tuple[tuple[str, str], ...] = (("hasleader", "true"),)
+    """Sent with every call: require a leader, and the auth token once authenticated."""
+    authenticated: bool = False
+
+
+def _read_file(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as error:
+        raise MetadataError(f"etcd {what} {path}: {error}") from error
+
+
+def _channel_credentials(config: EtcdConfig) -> Any:
+    import grpc  # aetcd's dependency; imported here so a plaintext setup never needs it loaded
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read_file(config.ca_file, "ca_file") if config.ca_file else None,
+        private_key=_read_file(config.key_file, "key_file") if config.key_file else None,
+        certificate_chain=_read_file(config.cert_file, "cert_file") if config.cert_file else None,
+    )
+
+
+def _auth_expired(error: Any) -> bool:
+    """etcd refused the call's token (expired, revoked, or etcd restarted): authenticate again."""
+    details = str(error.details() or "").lower()
+    return _code_name(error) == "UNAUTHENTICATED" or "invalid auth token" in details
 
 
 def _key_end(prefix: bytes) -> bytes:
@@ -159,13 +206,18 @@ class EtcdStore(MetadataStore):
                 ("grpc.max_reconnect_backoff_ms", 1000),
                 ("grpc.enable_retries", 0),
             ]
-            channel = rpc.insecure_channel(f"{host}:{port}", options=options)
+            if self._config.secure:
+                credentials = _channel_credentials(self._config)
+                channel = rpc.secure_channel(f"{host}:{port}", credentials, options=options)
+            else:
+                channel = rpc.insecure_channel(f"{host}:{port}", options=options)
             endpoint = _Endpoint(
                 target=f"{host}:{port}",
                 channel=channel,
                 kv=rpc.KVStub(channel),
                 lease=rpc.LeaseStub(channel),
                 watch=rpc.WatchStub(channel),
+                auth=rpc.AuthStub(channel),
             )
             self._endpoints[index] = endpoint
         return endpoint
@@ -190,6 +242,7 @@ class EtcdStore(MetadataStore):
             index = self._current
             endpoint = self._endpoint(index)
             if endpoint.channel.get_state(try_to_connect=True).name == "READY":
+                await self._authenticate(endpoint, deadline)
                 return index, endpoint
             remaining_s = deadline - loop.time()
             if remaining_s <= 0:
@@ -197,10 +250,30 @@ class EtcdStore(MetadataStore):
             try:
                 async with asyncio.timeout(min(self._config.connect_timeout_s, remaining_s)):
                     await endpoint.channel.channel_ready()
+                await self._authenticate(endpoint, deadline)
                 return index, endpoint
             except TimeoutError:
                 self._rotate(index, "connect timeout")
             await self._sleep_within(backoff.next_delay_s(), deadline)
+
+    async def _authenticate(self, endpoint: _Endpoint, deadline: float) -> None:
+        """With etcd credentials: a token for ``endpoint`` (once, and again after it expired)."""
+        if not self._config.user or endpoint.authenticated:
+            return
+        password = _read_file(self._config.password_file, "password_file").decode().strip()
+        request = rpc.AuthenticateRequest(name=self._config.user, password=password)
+        timeout_s = max(0.001, deadline - asyncio.get_running_loop().time())
+        try:
+            response = await endpoint.auth.Authenticate(request, timeout=timeout_s)
+        except rpc.AioRpcError as error:
+            if _code_name(error) in {"UNAVAILABLE", "DEADLINE_EXCEEDED"}:
+                raise TimeoutError from error  # like a connect failure: the next endpoint
+            raise MetadataError(
+                f"etcd refused the credentials of user {self._config.user!r}: {error.details()} (check "
+                "the user and password_file of the metadata URL)"
+            ) from error
+        endpoint.metadata = (*_REQUIRE_LEADER, ("token", response.token))
+        endpoint.authenticated = True
 
     async def _sleep_within(self, delay_s: float, deadline: float) -> None:
         remaining_s = deadline - asyncio.get_running_loop().time()
@@ -224,6 +297,9 @@ class EtcdStore(MetadataStore):
             try:
                 return await op(endpoint, remaining_s)
             except rpc.AioRpcError as error:
+                if self._config.user and _auth_expired(error):
+                    endpoint.authenticated = False  # refused before it ran: safe to retry, even a CAS
+                    continue
                 if not _retriable(error, mutation=mutation_key is not None):
                     raise self._translate(error, mutation_key) from error
                 details = str(error.details() or "")
@@ -248,14 +324,14 @@ class EtcdStore(MetadataStore):
         request = rpc.RangeRequest(key=key.encode())
 
         async def op(endpoint: _Endpoint, timeout_s: float) -> Any:
-            return await endpoint.kv.Range(request, timeout=timeout_s, metadata=_REQUIRE_LEADER)
+            return await endpoint.kv.Range(request, timeout=timeout_s, metadata=endpoint.metadata)
 
         response = await self._call(op)
         return _kv(response.kvs[0]) if response.kvs else None
 
     async def _txn(self, key: str, request: Any) -> Any:
         async def op(endpoint: _Endpoint, timeout_s: float) -> Any:
-            return await endpoint.kv.Txn(request, timeout=timeout_s, metadata=_REQUIRE_LEADER)
+            return await endpoint.kv.Txn(request, timeout=timeout_s, metadata=endpoint.metadata)
 
         try:
             return await self._call(op, mutation_key=key)
@@ -352,7 +428,7 @@ class EtcdStore(MetadataStore):
         )
 
         async def op(endpoint: _Endpoint, timeout_s: float) -> Any:
-            return await endpoint.kv.Range(request, timeout=timeout_s, metadata=_REQUIRE_LEADER)
+            return await endpoint.kv.Range(request, timeout=timeout_s, metadata=endpoint.metadata)
 
         try:
             response = await self._call(op)
@@ -366,7 +442,7 @@ class EtcdStore(MetadataStore):
         request = rpc.RangeRequest(key=b"\x00", limit=1, count_only=True)
 
         async def op(endpoint: _Endpoint, timeout_s: float) -> Any:
-            return await endpoint.kv.Range(request, timeout=timeout_s, metadata=_REQUIRE_LEADER)
+            return await endpoint.kv.Range(request, timeout=timeout_s, metadata=endpoint.metadata)
 
         return int((await self._call(op)).header.revision)
 
@@ -377,7 +453,7 @@ class EtcdStore(MetadataStore):
         request = rpc.LeaseGrantRequest(TTL=ttl_s, ID=0)
 
         async def op(endpoint: _Endpoint, timeout_s: float) -> Any:
-            return await endpoint.lease.LeaseGrant(request, timeout=timeout_s, metadata=_REQUIRE_LEADER)
+            return await endpoint.lease.LeaseGrant(request, timeout=timeout_s, metadata=endpoint.metadata)
 
         response = await self._call(op)
         if response.error:
@@ -387,7 +463,7 @@ class EtcdStore(MetadataStore):
     async def keepalive(self, lease_id: int) -> int:
         async def op(endpoint: _Endpoint, timeout_s: float) -> int:
             call = endpoint.lease.LeaseKeepAlive(
-                iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=timeout_s, metadata=_REQUIRE_LEADER
+                iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=timeout_s, metadata=endpoint.metadata
             )
             try:
                 async for response in call:
@@ -405,7 +481,7 @@ class EtcdStore(MetadataStore):
         request = rpc.LeaseRevokeRequest(ID=lease_id)
 
         async def op(endpoint: _Endpoint, timeout_s: float) -> None:
-            await endpoint.lease.LeaseRevoke(request, timeout=timeout_s, metadata=_REQUIRE_LEADER)
+            await endpoint.lease.LeaseRevoke(request, timeout=timeout_s, metadata=endpoint.metadata)
 
         try:
             await self._call(op)
@@ -438,7 +514,7 @@ class EtcdStore(MetadataStore):
                 progress_notify=True,
             )
             call = endpoint.watch.Watch(
-                iter([rpc.WatchRequest(create_request=create)]), metadata=_REQUIRE_LEADER
+                iter([rpc.WatchRequest(create_request=create)]), metadata=endpoint.metadata
             )
             try:
                 async for response in call:
@@ -449,6 +525,8 @@ class EtcdStore(MetadataStore):
             except (rpc.AioRpcError, MetadataUnavailable) as error:
                 if self._closed:
                     raise MetadataUnavailable("etcd store is closed") from error
+                if isinstance(error, rpc.AioRpcError) and _auth_expired(error):
+                    endpoint.authenticated = False
                 reason = str(error.details()) if isinstance(error, rpc.AioRpcError) else str(error)
                 self._rotate(index, reason)
                 log.warning(

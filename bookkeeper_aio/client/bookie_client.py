@@ -20,9 +20,11 @@ from typing import Any, Protocol
 
 import structlog
 
+from bookkeeper_aio.client.auth import provider_for
 from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.client.connection import BookieConnection, ConnectionState, Result
 from bookkeeper_aio.common.backoff import Backoff
+from bookkeeper_aio.common.tls import TlsConfigError, client_context
 from bookkeeper_aio.errors import BKError, BKInterfaceError, error_for_status
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import REQUEST_ID_MAX, StatusCode
@@ -87,6 +89,18 @@ class BookiePool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
         self._closed = False
+        self._auth = provider_for(config)
+        self._tls = None
+        if config.tls_enabled:
+            try:
+                self._tls = client_context(
+                    config.tls_ca_file,
+                    config.tls_cert_file,
+                    config.tls_key_file,
+                    check_hostname=config.tls_check_hostname,
+                )
+            except TlsConfigError as error:
+                raise BKInterfaceError(str(error)) from error
 
     @property
     def resolver(self) -> AddressResolver:
@@ -182,6 +196,8 @@ class BookiePool:
             write_eager_frames=self._config.write_eager_frames,
             loop=self._loop,
             on_close=on_close,
+            auth=self._auth,
+            next_request_id=self.next_request_id,
         )
 
     async def _connect(self, conn: BookieConnection) -> None:
@@ -189,7 +205,12 @@ class BookiePool:
         try:
             async with asyncio.timeout(self._config.connect_timeout_s):
                 host, port = await self._resolver.resolve(bookie_id)
-                await self._loop.create_connection(lambda: conn, host, port)
+                if self._tls is None:
+                    await self._loop.create_connection(lambda: conn, host, port)
+                else:
+                    await self._loop.create_connection(
+                        lambda: conn, host, port, ssl=self._tls, server_hostname=host
+                    )
         except (OSError, TimeoutError, BKError, MetadataError) as error:
             log.info("bookie.connect_failed", bookie=bookie_id, error=repr(error))
             conn.fail(error)

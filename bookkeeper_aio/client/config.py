@@ -39,6 +39,22 @@ class ClientConfig:
     """... or as soon as this many frames are queued, whichever comes first (small entries: 256
     KiB of 100-byte adds is more than a window holds, so they would never be written early)."""
 
+    # ---- security (docs/security.md)
+    tls_enabled: bool = False
+    """Connect to bookies over TLS: their certificate is verified against ``tls_ca_file`` (else the
+    system's trust store) and, with ``tls_check_hostname``, must name the address connected to."""
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    """A client certificate (with ``tls_key_file``) for bookies that require mutual TLS."""
+    tls_key_file: str = ""
+    tls_check_hostname: bool = True
+    auth_provider: str = ""
+    """Authenticate to bookies (AUTH handshake) with ``token`` or a ``package.module:factory``
+    provider; empty: no authentication."""
+    auth_token: str = dataclasses.field(default="", repr=False)
+    """The ``token`` provider's token (prefer ``auth_token_file``: a file is not in ``ps`` output)."""
+    auth_token_file: str = ""
+
     # ---- adds
     add_timeout_s: float = 5.0
     """A bookie that has not acknowledged an add within this budget is replaced (ensemble change)."""
@@ -119,11 +135,31 @@ class ClientConfig:
                 raise BKInterfaceError(f"ClientConfig.{name} must be > 0")
         if self.entry_bytes_max > self.frame_bytes_max:
             raise BKInterfaceError("entry_bytes_max must not exceed frame_bytes_max")
+        if (self.tls_ca_file or self.tls_cert_file or self.tls_key_file) and not self.tls_enabled:
+            raise BKInterfaceError("tls_ca_file/tls_cert_file/tls_key_file are set but tls_enabled is false")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise BKInterfaceError("a client certificate needs both tls_cert_file and tls_key_file")
+        if self.auth_provider == "token" and not (self.auth_token or self.auth_token_file):
+            raise BKInterfaceError("auth_provider token needs auth_token or auth_token_file")
+        if (self.auth_token or self.auth_token_file) and not self.auth_provider:
+            raise BKInterfaceError(
+                "auth_token/auth_token_file are set but auth_provider is empty (use token)"
+            )
         if self.reconnect_backoff_initial_s > self.reconnect_backoff_max_s:
             raise BKInterfaceError("reconnect_backoff_initial_s must be <= reconnect_backoff_max_s")
 
 
 ENV_PREFIX = "BKAIO_CLIENT_"
+_BOOL_WORDS = {
+    "true": True,
+    "1": True,
+    "yes": True,
+    "on": True,
+    "false": False,
+    "0": False,
+    "no": False,
+    "off": False,
+}
 _FIELD_TYPES: dict[str, type] = {f.name: type(f.default) for f in dataclasses.fields(ClientConfig)}
 
 
@@ -132,7 +168,9 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     if kind is None:
         raise BKInterfaceError(f"{source}: unknown client setting {name!r} (see docs/configuration.md)")
     try:
-        if isinstance(value, str) and kind is not str:
+        if kind is bool and isinstance(value, str):
+            value = _BOOL_WORDS.get(value.strip().lower(), value)  # an unknown word fails below
+        elif isinstance(value, str) and kind is not str:
             value = kind(value)
         elif kind is float and type(value) is int:
             value = float(value)

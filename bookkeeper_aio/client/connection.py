@@ -22,6 +22,10 @@ Rules (docs/internals.md §6 for the performance choices):
 - Responses are framed straight out of the receive buffer (no per-frame copy) and decoded by
   :func:`~bookkeeper_aio.protocol.messages.decode_answer`, which reduces a successful ADD answer,
   the hot path, to its request id.
+- With an auth provider, HELLO and the first AUTH go out at connect and the connection stays
+  CONNECTING (requests queue, nothing else is written) until the bookie says the handshake is
+  complete; a refusal fails the connection with :class:`Unauthorized`. Without one, nothing
+  changes: HELLO is pipelined ahead of the first requests.
 - Losing the connection fails every pending request with :class:`BookieConnectionLost` whose
   ``__cause__`` is the trigger. ``close()`` is graceful (sends what is queued), ``abort()`` immediate;
   both fail pending requests.
@@ -34,7 +38,7 @@ import collections
 import enum
 import socket
 from collections.abc import Callable
-from typing import Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import structlog
 
@@ -44,6 +48,7 @@ from bookkeeper_aio.errors import (
     BookieConnectionLost,
     ProtocolVersionMismatch,
     TooManyRequests,
+    Unauthorized,
 )
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import (
@@ -54,6 +59,9 @@ from bookkeeper_aio.protocol.codes import (
 )
 from bookkeeper_aio.protocol.errors import FrameTooLarge, ProtocolError
 from bookkeeper_aio.protocol.framing import LENGTH, LENGTH_BYTES
+
+if TYPE_CHECKING:
+    from bookkeeper_aio.client.auth import ClientAuthProvider
 
 log = structlog.get_logger(__name__)
 
@@ -105,6 +113,8 @@ class BookieConnection(asyncio.Protocol):
         client_name: str = "bookkeeper-aio",
         loop: asyncio.AbstractEventLoop | None = None,
         on_close: Callable[[BookieConnection], None] | None = None,
+        auth: ClientAuthProvider | None = None,
+        next_request_id: Callable[[], int] | None = None,
     ) -> None:
         self.bookie_id = bookie_id
         self.state = ConnectionState.CONNECTING
@@ -136,6 +146,10 @@ class BookieConnection(asyncio.Protocol):
         self.ever_ready = False
         self.peer_frame_bytes_max = frame_bytes_max
         self._add_acks = False  # the bookie agreed in HELLO to batch EOK add answers (ADD_ACKS)
+        self._auth = auth
+        self._next_request_id = next_request_id
+        self._handshake_out: list[bytes] = []
+        """HELLO and AUTH frames, written at connect ahead of everything (with an auth provider)."""
 
     # ------------------------------------------------------------------ public
     @property
@@ -154,7 +168,39 @@ class BookieConnection(asyncio.Protocol):
     def start_hello(self, request_id: int) -> None:
         """Queue the HELLO handshake as the first frame (pipelined: requests need not wait for it)."""
         hello = m.HelloRequest(request_id, PROTOCOL_VERSION, self._client_name, FEATURE_ADD_ACKS)
-        self.request(request_id, m.encode(hello), _on_hello, self, self._standard_timeout_s)
+        if self._auth is None:
+            self.request(request_id, m.encode(hello), _on_hello, self, self._standard_timeout_s)
+            return
+        self._handshake_request(request_id, m.encode(hello), _on_hello)
+        self._send_auth(self._auth.initial_payload())
+
+    def _handshake_request(self, request_id: int, frame: bytes, callback: ResponseCallback) -> None:
+        """A HELLO or AUTH request: its own deadline, written before any queued request."""
+        self._rid_max = max(self._rid_max, request_id)
+        self._pending[request_id] = (callback, self, frame[5])
+        self._timers[request_id] = self._loop.call_at(
+            self._time() + self._standard_timeout_s, self._expire_one, request_id
+        )
+        if self._transport is not None:
+            self._transport.write(frame)
+        else:
+            self._handshake_out.append(frame)
+
+    def _send_auth(self, payload: bytes) -> None:
+        assert self._auth is not None
+        assert self._next_request_id is not None
+        request_id = self._next_request_id()
+        frame = m.encode(m.AuthRequest(request_id, self._auth.name, payload))
+        self._handshake_request(request_id, frame, _on_auth)
+
+    def _authenticated(self) -> None:
+        """The bookie accepted the AUTH handshake: send what queued meanwhile."""
+        if self.state is not ConnectionState.CONNECTING or self._transport is None:
+            return
+        self.state = ConnectionState.READY
+        self.ever_ready = True
+        if self._out:
+            self._flush()
 
     def request(
         self, request_id: int, frame: bytes, callback: ResponseCallback, context: Any, timeout_s: float
@@ -234,6 +280,10 @@ class BookieConnection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._auth is not None:
+            handshake, self._handshake_out = self._handshake_out, []
+            transport.write(b"".join(handshake))
+            return  # READY once the bookie completes the AUTH handshake (_on_auth)
         self.state = ConnectionState.READY
         self.ever_ready = True
         if self._out:
@@ -377,6 +427,7 @@ class BookieConnection(asyncio.Protocol):
         if self._on_close is not None:
             self._on_close(self)
         self._out.clear()
+        self._handshake_out.clear()
         self._out_bytes = 0
         transport, self._transport = self._transport, None
         if transport is not None:
@@ -408,3 +459,26 @@ def _on_hello(conn: BookieConnection, bookie_id: str, result: Result) -> None:
         return
     conn.peer_frame_bytes_max = result.frame_bytes_max
     conn._add_acks = bool(result.features & FEATURE_ADD_ACKS)
+
+
+def _on_auth(conn: BookieConnection, bookie_id: str, result: Result) -> None:
+    if isinstance(result, BKError):
+        return  # the connection's own failure path reports it to every request
+    if result.status != StatusCode.EOK or not isinstance(result, m.AuthResponse):
+        conn.fail(
+            Unauthorized(
+                f"{bookie_id} refused authentication: {result.message} (check the client's "
+                "auth_provider and its token or credentials)"
+            )
+        )
+        return
+    if result.complete:
+        conn._authenticated()
+        return
+    assert conn._auth is not None
+    try:
+        answer = conn._auth.answer(result.payload)
+    except BKError as error:
+        conn.fail(error)
+        return
+    conn._send_auth(answer)

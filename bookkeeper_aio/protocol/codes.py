@@ -44,6 +44,9 @@ FEATURE_ADD_ACKS = 1
 FEATURES_MAX = (1 << 32) - 1
 """HELLO ``features`` is a 32-bit mask; undefined bits are sent as 0 and ignored on receipt."""
 
+AUTH_PAYLOAD_BYTES_MAX = 16 * 1024
+"""An AUTH payload (a token, a challenge or its answer) is at most this long, either way."""
+
 ADD_ACKS_IDS_MAX = 65_536
 """An ADD_ACKS response lists at most this many request ids (< 600 KiB: far below a frame)."""
 
@@ -52,6 +55,8 @@ class OpCode(enum.IntEnum):
     HELLO = 0
     ADD_ENTRY = 1
     READ_ENTRY = 2
+    AUTH = 3
+    """Authentication handshake (BookKeeper's v2 op 3): a provider name and an opaque payload."""
     READ_LAC = 4
     WRITE_LAC = 5
     GET_BOOKIE_INFO = 6

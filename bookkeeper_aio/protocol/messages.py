@@ -22,6 +22,7 @@ import msgpack
 
 from bookkeeper_aio.protocol.codes import (
     ADD_ACKS_IDS_MAX,
+    AUTH_PAYLOAD_BYTES_MAX,
     BATCH_READ_COUNT_MAX,
     FEATURES_MAX,
     FRAME_BYTES_MAX,
@@ -103,6 +104,8 @@ _count = _int_in(1, BATCH_READ_COUNT_MAX)
 _max_bytes = _int_in(1, FRAME_BYTES_MAX)
 _status: Check = lambda v: type(v) is int and v in STATUS_VALUES  # noqa: E731
 _features = _int_in(0, FEATURES_MAX)
+_auth_payload = _bytes_max(AUTH_PAYLOAD_BYTES_MAX)
+_complete = _int_in(0, 1)
 
 
 def _request_ids(v: Any) -> bool:
@@ -120,6 +123,15 @@ class HelloRequest(NamedTuple):
     client_name: str
     features: int = 0
     """``FEATURE_*`` bits the client supports (optional: a client that sends none gets none)."""
+
+
+class AuthRequest(NamedTuple):
+    """One step of the authentication handshake: ``provider`` names the auth provider (``"token"``
+    built in), ``payload`` is its opaque data (the token; the answer to a challenge)."""
+
+    request_id: int
+    provider: str
+    payload: bytes
 
 
 class AddEntryRequest(NamedTuple):
@@ -187,6 +199,7 @@ class GetListOfEntriesRequest(NamedTuple):
 
 Request = (
     HelloRequest
+    | AuthRequest
     | AddEntryRequest
     | ReadEntryRequest
     | ReadLacRequest
@@ -208,6 +221,18 @@ class HelloResponse(NamedTuple):
     frame_bytes_max: int = FRAME_BYTES_MAX
     features: int = 0
     """``FEATURE_*`` bits the bookie will use on this connection: a subset of the client's."""
+
+
+class AuthResponse(NamedTuple):
+    """EOK with ``complete`` 1: authenticated. EOK with ``complete`` 0: ``payload`` is a challenge
+    the client answers with another AUTH. EUA: refused (the bookie closes the connection)."""
+
+    request_id: int
+    status: int
+    message: str | None = None
+    provider: str = ""
+    payload: bytes = b""
+    complete: int = 0
 
 
 class AddEntryResponse(NamedTuple):
@@ -295,6 +320,7 @@ class GetListOfEntriesResponse(NamedTuple):
 
 Response = (
     HelloResponse
+    | AuthResponse
     | AddEntryResponse
     | ReadEntryResponse
     | ReadLacResponse
@@ -308,6 +334,7 @@ Response = (
 
 _REQUESTS: dict[int, tuple[type[Any], tuple[Check, ...]]] = {
     OpCode.HELLO: (HelloRequest, (_request_id, _version, _text, _features)),
+    OpCode.AUTH: (AuthRequest, (_request_id, _text, _auth_payload)),
     OpCode.ADD_ENTRY: (AddEntryRequest, (_request_id, _ledger_id, _entry_id, _flags, _key, _body)),
     OpCode.READ_ENTRY: (
         ReadEntryRequest,
@@ -327,6 +354,7 @@ _REQUESTS: dict[int, tuple[type[Any], tuple[Check, ...]]] = {
 _RESPONSE_HEAD = (_request_id, _status, _or_none(_text))
 _RESPONSES: dict[int, tuple[type[Any], tuple[Check, ...]]] = {
     OpCode.HELLO: (HelloResponse, (*_RESPONSE_HEAD, _version, _text, _max_bytes, _features)),
+    OpCode.AUTH: (AuthResponse, (*_RESPONSE_HEAD, _text, _auth_payload, _complete)),
     OpCode.ADD_ENTRY: (AddEntryResponse, (*_RESPONSE_HEAD, _ledger_id, _entry_id)),
     OpCode.READ_ENTRY: (
         ReadEntryResponse,
@@ -372,28 +400,64 @@ Python objects per wire byte it costs a few MiB at most, and the add hot path st
 
 def _unpack_request(body: bytes | memoryview) -> Any:
     """Unpack a request frame with the object count bounded: a 5 MiB frame of empty arrays would
-    otherwise build ~5 million lists (~320 MiB, seconds of event-loop CPU) before validation."""
+    otherwise build ~5 million lists (~320 MiB, seconds of event-loop CPU) before validation.
+
+    A frame that is one readable request followed by trailing bytes, or one whose strings are not
+    valid UTF-8, raises :class:`ProtocolError` carrying the request id and op when its head
+    ``[op, request_id, ...]`` can be read (docs/protocol.md §1: the bookie answers EBADREQ)."""
     try:
-        if len(body) <= PLAIN_REQUEST_BYTES_MAX:
-            return msgpack.unpackb(body, max_array_len=REQUEST_ITEMS_MAX, max_map_len=REQUEST_ITEMS_MAX)
-        containers = 0
+        return _unpack_bounded(body, "strict")
+    except msgpack.ExtraData as exc:
+        raise _with_head(
+            getattr(exc, "unpacked", None), f"trailing bytes after the request: {exc!r:.80}"
+        ) from None
+    except UnicodeDecodeError as exc:
+        reason = f"a string is not valid UTF-8: {exc!r:.80}"
+        try:
+            readable = _unpack_bounded(body, "surrogateescape")
+        except msgpack.ExtraData as extra:
+            readable = getattr(extra, "unpacked", None)
+        except (*_UNPACK_ERRORS, ProtocolError):
+            raise ProtocolError(f"frame is not one valid msgpack value: {exc!r}") from None
+        raise _with_head(readable, reason) from None
+    except _UNPACK_ERRORS as exc:
+        raise ProtocolError(f"frame is not one valid msgpack value: {exc!r}") from None
 
-        def count(container: Any) -> Any:
-            nonlocal containers
-            containers += 1
-            if containers > REQUEST_ITEMS_MAX:
-                raise ProtocolError(f"request frame holds more than {REQUEST_ITEMS_MAX} arrays and maps")
-            return container
 
+def _with_head(obj: Any, reason: str) -> ProtocolError:
+    """The error for a frame whose decoded value ``obj`` is unusable for ``reason``, with its request
+    id and op when ``obj`` starts like a request."""
+    if type(obj) is list and len(obj) >= 2 and _request_id(obj[1]):
+        op = obj[0] if type(obj[0]) is int and 0 <= obj[0] <= 0xFF else None
+        return ProtocolError(reason, request_id=obj[1], op=op)
+    return ProtocolError(reason)
+
+
+def _unpack_bounded(body: bytes | memoryview, unicode_errors: str) -> Any:
+    if len(body) <= PLAIN_REQUEST_BYTES_MAX:
         return msgpack.unpackb(
             body,
             max_array_len=REQUEST_ITEMS_MAX,
             max_map_len=REQUEST_ITEMS_MAX,
-            list_hook=count,
-            object_hook=count,
+            unicode_errors=unicode_errors,
         )
-    except _UNPACK_ERRORS as exc:
-        raise ProtocolError(f"frame is not one valid msgpack value: {exc!r}") from None
+    containers = 0
+
+    def count(container: Any) -> Any:
+        nonlocal containers
+        containers += 1
+        if containers > REQUEST_ITEMS_MAX:
+            raise ProtocolError(f"request frame holds more than {REQUEST_ITEMS_MAX} arrays and maps")
+        return container
+
+    return msgpack.unpackb(
+        body,
+        max_array_len=REQUEST_ITEMS_MAX,
+        max_map_len=REQUEST_ITEMS_MAX,
+        list_hook=count,
+        object_hook=count,
+        unicode_errors=unicode_errors,
+    )
 
 
 def _validate(

@@ -19,6 +19,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -97,10 +98,14 @@ class EtcdMember:
     initial_cluster: str = ""
     fast_election: bool = False
     extra_args: tuple[str, ...] = ()
+    client_scheme: str = "http"
+    """``https`` for a member serving clients over TLS (its certificate flags in ``extra_args``)."""
+    health_tls: ssl.SSLContext | None = None
+    """How the readiness probe connects to an ``https`` member."""
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{self.client_scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -137,7 +142,9 @@ class EtcdMember:
 
     def healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.client_url}/health", timeout=1) as response:
+            with urllib.request.urlopen(
+                f"{self.client_url}/health", timeout=1, context=self.health_tls
+            ) as response:
                 return bool(json.loads(response.read()).get("health") == "true")
         except (OSError, ValueError):
             return False

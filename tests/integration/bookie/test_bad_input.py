@@ -133,13 +133,29 @@ ERROR_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(ERROR_CASES))
+RAW_ERROR_CASES = {  # docs/protocol.md §1: readable head -> EBADREQ, the connection stays
+    "trailing_bytes": (msgpack.packb([4, 14, 1]) + b"\x00", 4, 14),
+    "trailing_bytes_after_an_add": (
+        msgpack.packb([1, 15, 1, 0, 0, KEY, entry_body(1, 0, b"x")], use_bin_type=True) + b"\xc0",
+        1,
+        15,
+    ),
+    "invalid_utf8_in_hello": (b"\x94\x00\x10\x01\xa2\xff\xfe", 0, 16),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERROR_CASES) + sorted(RAW_ERROR_CASES))
 async def test_bad_requests_get_ebadreq_and_the_connection_lives(bookie: BookieProcess, case: str) -> None:
-    obj, request_id = ERROR_CASES[case]
+    if case in RAW_ERROR_CASES:
+        body, op, request_id = RAW_ERROR_CASES[case]
+        request = frame(body)
+    else:
+        obj, request_id = ERROR_CASES[case]
+        op, request = obj[0], packed(obj)
     raw = await Raw.connect(bookie)
-    await raw.send(packed(obj))
+    await raw.send(request)
     (response,) = await raw.raw_responses(1)
-    assert response[:3] == [obj[0], request_id, StatusCode.EBADREQ], response  # op echoed (protocol.md §8)
+    assert response[:3] == [op, request_id, StatusCode.EBADREQ], response  # op echoed (protocol.md §8)
     await raw.send(m.encode(m.ReadLacRequest(99, 1)))  # the same connection still works
     (after,) = await raw.responses(1)
     assert after.request_id == 99

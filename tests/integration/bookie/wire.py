@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import ssl
 from typing import Any
 
 from bookkeeper_aio.protocol import messages as m
@@ -35,8 +36,12 @@ class WireClient(asyncio.Protocol):
         AddEntryResponse with the ledger and entry ids left 0)."""
 
     @classmethod
-    async def connect(cls, host: str, port: int) -> WireClient:
-        _, client = await asyncio.get_running_loop().create_connection(cls, host, port)
+    async def connect(cls, host: str, port: int, tls: ssl.SSLContext | None = None) -> WireClient:
+        loop = asyncio.get_running_loop()
+        if tls is None:
+            _, client = await loop.create_connection(cls, host, port)
+        else:
+            _, client = await loop.create_connection(cls, host, port, ssl=tls, server_hostname=host)
         return client
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

@@ -50,3 +50,21 @@ def test_ledger_keys_sort_numerically_and_parse_back() -> None:
     assert keys.bookie("writable", "127.0.0.1:3181") == "/bookkeeper/c1/bookies/writable/127.0.0.1:3181"
     with pytest.raises(InvalidMetadata):
         keys.bookie("writable", "a/b")
+
+
+def test_security_options_of_the_etcd_url() -> None:
+    url = parse_url(
+        "etcd://etcd1:2379/bookkeeper/x?ca_file=/etc/bk/ca.pem&cert_file=c.pem&key_file=k.pem"
+        "&user=bookie&password_file=/etc/bk/etcd-password&op_timeout_s=3"
+    )
+    assert (url.ca_file, url.cert_file, url.key_file) == ("/etc/bk/ca.pem", "c.pem", "k.pem")
+    assert (url.user, url.password_file, url.op_timeout_s, url.tls) == (
+        "bookie",
+        "/etc/bk/etcd-password",
+        3.0,
+        False,
+    )
+    assert parse_url("etcd://etcd1/bookkeeper/x?tls=1").tls
+    for bad in ("tls=yes", "cert_file=c.pem", "user=bookie", "password=plain"):
+        with pytest.raises(InvalidUrl):
+            parse_url(f"etcd://etcd1/bookkeeper/x?{bad}")

@@ -263,3 +263,41 @@ def test_encode_add_acks__chunks_at_the_limit_and_keeps_every_id_in_order(count:
     assert all(isinstance(d, m.AddAcksResponse) and d.status == 0 for d in decoded)
     assert [rid for d in decoded for rid in d.request_ids] == ids  # type: ignore[union-attr]
     assert m.encode_add_acks([]) == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "request_id", "op"),
+    [
+        (msgpack.packb([4, 21, 1]) + b"\x00", 21, OpCode.READ_LAC),
+        (msgpack.packb([1, 22, 1, 0, 0, b"k", b"b"], use_bin_type=True) + b"\xc0\xc0", 22, OpCode.ADD_ENTRY),
+        (b"\x94\x00\x17\x01\xa2\xff\xfe", 23, OpCode.HELLO),  # HELLO whose client name is not UTF-8
+        (b"\x94\x00\x18\x01\xa2\xff\xfe\x00", 24, OpCode.HELLO),  # both at once
+    ],
+)
+def test_trailing_bytes_and_bad_utf8_keep_the_request_id(raw: bytes, request_id: int, op: int) -> None:
+    """docs/protocol.md §1: a readable request head gets EBADREQ, not a closed connection."""
+    with pytest.raises(ProtocolError) as info:
+        m.decode_request(raw)
+    assert (info.value.request_id, info.value.op) == (request_id, op)
+
+
+def test_bad_utf8_before_a_readable_head_has_no_request_id() -> None:
+    with pytest.raises(ProtocolError) as info:
+        m.decode_request(b"\x92\x01\xa2\xff\xfe")  # the request id itself is the bad string
+    assert info.value.request_id is None
+
+
+def test_auth_round_trip_and_bounds() -> None:
+    request = m.AuthRequest(3, "token", b"s3cret")
+    assert m.decode_request(m.encode(request)[4:]) == request
+    response = m.AuthResponse(3, StatusCode.EOK, None, "token", b"", 1)
+    assert m.decode_response(m.encode(response)[4:]) == response
+    refused = m.decode_response(m.encode_error(OpCode.AUTH, 3, StatusCode.EUA, "bad token")[4:])
+    assert isinstance(refused, m.AuthResponse)
+    assert (refused.status, refused.complete) == (StatusCode.EUA, 0)
+    with pytest.raises(ProtocolError):
+        m.decode_request(msgpack.packb([3, 4, "token", b"x" * (16 * 1024 + 1)], use_bin_type=True))
+    with pytest.raises(ProtocolError):
+        m.decode_request(msgpack.packb([3, 4, "token", "str-not-bin"], use_bin_type=True))
+    with pytest.raises(ProtocolError):
+        m.decode_response(msgpack.packb([3, 4, 0, None, "token", b"", 2], use_bin_type=True))

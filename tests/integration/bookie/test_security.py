@@ -1,0 +1,236 @@
+"""TLS on the bookie port (server certificate, host name, mutual TLS) and the AUTH handshake, on
+real bookie processes, through the library's connection pool and a raw wire client."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trustme
+
+from bookkeeper_aio.client.bookie_client import BookiePool
+from bookkeeper_aio.client.config import ClientConfig
+from bookkeeper_aio.errors import BKError, Unauthorized
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import StatusCode
+from tests.harness.bookie_proc import BookieProcess
+from tests.harness.tls import CertFiles, issue
+
+from .wire import KEY, WireClient, entry_body
+
+TOKEN = "s3cret-token-for-tests"
+
+
+@pytest.fixture
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+def server_files(ca: trustme.CA, tmp_path: Path) -> CertFiles:
+    return issue(ca, tmp_path / "certs", "bookie", "127.0.0.1", "localhost")
+
+
+def _start(tmp_path: Path, *args: str) -> BookieProcess:
+    proc = BookieProcess(tmp_path / "bookie", bookie_id="bookie-1", extra_args=list(args))
+    proc.start()
+    return proc
+
+
+@pytest.fixture
+def tls_bookie(tmp_path: Path, server_files: CertFiles) -> Iterator[BookieProcess]:
+    proc = _start(tmp_path, "--tls-cert-file", server_files.cert, "--tls-key-file", server_files.key)
+    yield proc
+    proc.cleanup()
+
+
+@pytest.fixture
+def token_bookie(tmp_path: Path) -> Iterator[BookieProcess]:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# who:token\nalice:{TOKEN}\n")
+    proc = _start(
+        tmp_path, "--auth-providers", "token", "--auth-token-file", str(tokens), "--auth-timeout-s", "2"
+    )
+    yield proc
+    proc.cleanup()
+
+
+def _bookie_id(proc: BookieProcess) -> str:
+    host, port = proc.address
+    return f"{host}:{port}"
+
+
+async def _add_and_read(config: ClientConfig, proc: BookieProcess, ledger_id: int) -> None:
+    """Through the library's pool: an add and a read of it answered EOK (else the error raises)."""
+    pool = BookiePool(config)
+    bookie = _bookie_id(proc)
+    try:
+        body = entry_body(ledger_id, 0, b"secure")
+        added = await pool.request(
+            bookie, lambda rid: m.AddEntryRequest(rid, ledger_id, 0, 0, KEY, body), timeout_s=5
+        )
+        assert added.status == StatusCode.EOK, added
+        read = await pool.request(bookie, lambda rid: m.ReadEntryRequest(rid, ledger_id, 0), timeout_s=5)
+        assert isinstance(read, m.ReadEntryResponse)
+        assert (read.status, read.body) == (StatusCode.EOK, body)
+    finally:
+        await pool.close()
+
+
+async def _refused(config: ClientConfig, proc: BookieProcess) -> BaseException:
+    """The cause of the failure of a request through the library's pool (it must fail)."""
+    pool = BookiePool(config)
+
+    async def read_lac() -> None:
+        response = await pool.request(_bookie_id(proc), lambda rid: m.ReadLacRequest(rid, 1), timeout_s=5)
+        if response.status != StatusCode.EOK:
+            raise Unauthorized(f"status {response.status}: {response.message}")
+
+    try:
+        with pytest.raises(BKError) as info:
+            await read_lac()
+        error: BaseException = info.value
+        while error.__cause__ is not None:
+            error = error.__cause__
+        return error
+    finally:
+        await pool.close()
+
+
+# ---------------------------------------------------------------------------------------------- TLS
+async def test_tls__client_with_the_ca_works__without_it_cannot_connect(
+    tls_bookie: BookieProcess, server_files: CertFiles
+) -> None:
+    await _add_and_read(ClientConfig(tls_enabled=True, tls_ca_file=server_files.ca), tls_bookie, 1)
+    # The system's trust store does not know the throwaway CA: the certificate is not trusted.
+    cause = await _refused(ClientConfig(tls_enabled=True, connect_timeout_s=3), tls_bookie)
+    assert isinstance(cause, ssl.SSLCertVerificationError), repr(cause)
+    # Another CA's certificate list does not help either.
+    other = issue(trustme.CA(), Path(server_files.ca).parent, "other", "127.0.0.1")
+    cause = await _refused(ClientConfig(tls_enabled=True, tls_ca_file=other.ca), tls_bookie)
+    assert isinstance(cause, ssl.SSLCertVerificationError), repr(cause)
+    # A plaintext client gets nothing but a closed connection (the TLS layer refuses its bytes).
+    plain = await WireClient.connect(*tls_bookie.address)
+    answer = plain.request(m.ReadLacRequest, 1)
+    with pytest.raises(ConnectionError):
+        await asyncio.wait_for(answer, 10)
+
+
+async def test_tls__host_name_is_checked(ca: trustme.CA, tmp_path: Path) -> None:
+    files = issue(ca, tmp_path / "certs", "elsewhere", "bookie.example.org")
+    proc = _start(tmp_path, "--tls-cert-file", files.cert, "--tls-key-file", files.key)
+    try:
+        cause = await _refused(ClientConfig(tls_enabled=True, tls_ca_file=files.ca), proc)
+        assert isinstance(cause, ssl.SSLCertVerificationError), repr(cause)
+        assert "127.0.0.1" in str(cause)  # the mismatch is named
+        unchecked = ClientConfig(tls_enabled=True, tls_ca_file=files.ca, tls_check_hostname=False)
+        await _add_and_read(unchecked, proc, 2)
+    finally:
+        proc.cleanup()
+
+
+async def test_mutual_tls__a_wrong_or_missing_client_certificate_is_refused(
+    ca: trustme.CA, server_files: CertFiles, tmp_path: Path
+) -> None:
+    clients_ca = trustme.CA()
+    good = issue(clients_ca, tmp_path / "certs", "client", "client-1")
+    wrong = issue(trustme.CA(), tmp_path / "certs", "intruder", "client-1")  # same name, other CA
+    proc = _start(
+        tmp_path,
+        *("--tls-cert-file", server_files.cert, "--tls-key-file", server_files.key),
+        *("--tls-ca-file", good.ca, "--tls-client-auth", "required"),
+    )
+    try:
+        base = {"tls_enabled": True, "tls_ca_file": server_files.ca}
+        await _add_and_read(ClientConfig(**base, tls_cert_file=good.cert, tls_key_file=good.key), proc, 3)
+        for config in (
+            ClientConfig(**base),  # no certificate
+            ClientConfig(**base, tls_cert_file=wrong.cert, tls_key_file=wrong.key),
+        ):
+            cause = await _refused(config, proc)
+            assert isinstance(cause, ssl.SSLError | ConnectionError), repr(cause)
+    finally:
+        proc.cleanup()
+
+
+# ---------------------------------------------------------------------------------------------- AUTH
+async def test_auth__no_token_gets_eua_before_any_data_op_and_the_connection_closes(
+    token_bookie: BookieProcess,
+) -> None:
+    wire = await WireClient.connect(*token_bookie.address)
+    hello = await wire.request(m.HelloRequest, 1, "no-token")
+    assert hello.status == StatusCode.EOK  # the version handshake needs no credentials
+    add = await wire.add(5, 0, b"must not be stored")
+    assert (add.status, add.request_id) == (StatusCode.EUA, add.request_id)
+    await asyncio.wait_for(wire.closed, 5)
+    # Nothing was stored: an authenticated reader finds no ledger 5.
+    reader = await WireClient.connect(*token_bookie.address)
+    assert (await reader.request(m.AuthRequest, "token", TOKEN.encode())).complete == 1
+    assert (await reader.read(5, 0)).status == StatusCode.ENOLEDGER
+    reader.close()
+
+
+@pytest.mark.parametrize(
+    ("provider", "payload"),
+    [("token", b"wrong-token"), ("token", b""), ("kerberos", TOKEN.encode())],
+    ids=["wrong_token", "empty_token", "unknown_provider"],
+)
+async def test_auth__a_wrong_credential_is_refused(
+    token_bookie: BookieProcess, provider: str, payload: bytes
+) -> None:
+    wire = await WireClient.connect(*token_bookie.address)
+    refused = await wire.request(m.AuthRequest, provider, payload)
+    assert refused.status == StatusCode.EUA
+    assert refused.complete == 0
+    await asyncio.wait_for(wire.closed, 5)
+
+
+async def test_auth__the_right_token_pipelined_with_requests_works(token_bookie: BookieProcess) -> None:
+    wire = await WireClient.connect(*token_bookie.address)
+    # One write: HELLO, AUTH and an add; the bookie holds the add until AUTH is decided.
+    hello = wire.request(m.HelloRequest, 1, "pipelined")
+    auth = wire.request(m.AuthRequest, "token", TOKEN.encode())
+    add = wire.add(6, 0, b"after auth")
+    assert (await hello).status == StatusCode.EOK
+    assert ((await auth).status, (await auth).complete) == (StatusCode.EOK, 1)
+    assert (await add).status == StatusCode.EOK
+    # AUTH again after other requests is a bad request, not a second login.
+    again = await wire.request(m.AuthRequest, "token", TOKEN.encode())
+    assert again.status == StatusCode.EBADREQ
+    wire.close()
+
+
+async def test_auth__through_the_library(token_bookie: BookieProcess, tmp_path: Path) -> None:
+    token_file = tmp_path / "client-token"
+    token_file.write_text(TOKEN + "\n")
+    await _add_and_read(ClientConfig(auth_provider="token", auth_token_file=str(token_file)), token_bookie, 7)
+    cause = await _refused(ClientConfig(auth_provider="token", auth_token="not-it"), token_bookie)
+    assert isinstance(cause, Unauthorized), repr(cause)
+    assert "refused authentication" in str(cause)
+    # A client with no auth configured: its first request is answered EUA.
+    cause = await _refused(ClientConfig(), token_bookie)
+    assert isinstance(cause, Unauthorized), repr(cause)
+    assert "status 502: authenticate first" in str(cause)
+
+
+async def test_auth__an_unauthenticated_connection_is_closed_after_the_timeout(
+    token_bookie: BookieProcess,
+) -> None:
+    wire = await WireClient.connect(*token_bookie.address)
+    await asyncio.wait_for(wire.closed, 6)  # --auth-timeout-s 2
+
+
+async def test_no_auth_bookie__serves_clients_with_and_without_a_token(tmp_path: Path) -> None:
+    proc = _start(tmp_path)
+    try:
+        await _add_and_read(ClientConfig(auth_provider="token", auth_token="anything"), proc, 8)
+        await _add_and_read(ClientConfig(), proc, 9)
+        wire = await WireClient.connect(*proc.address)
+        answer = await wire.request(m.AuthRequest, "token", b"x")
+        assert (answer.status, answer.complete) == (StatusCode.EOK, 1)
+        wire.close()
+    finally:
+        proc.cleanup()

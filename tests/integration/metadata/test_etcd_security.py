@@ -1,0 +1,101 @@
+"""etcd reached over TLS with a client certificate and with etcd's user authentication, through the
+metadata URL options every component takes (docs/security.md)."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import trustme
+from aetcd import rpc
+
+from metadata import connect
+from metadata.errors import MetadataError, MetadataUnavailable
+from tests.harness.etcd import EtcdMember, require_etcd_binary
+from tests.harness.tls import CertFiles, issue
+
+pytestmark = pytest.mark.etcd
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> tuple[CertFiles, CertFiles]:
+    ca = trustme.CA()
+    return issue(ca, tmp_path / "certs", "etcd", "127.0.0.1", "localhost"), issue(
+        ca, tmp_path / "certs", "client", "bookkeeper-client"
+    )
+
+
+@pytest.fixture
+def tls_etcd(tmp_path: Path, certs: tuple[CertFiles, CertFiles]) -> Iterator[EtcdMember]:
+    server, client = certs
+    health = ssl.create_default_context(cafile=server.ca)
+    health.load_cert_chain(client.cert, client.key)
+    member = EtcdMember(
+        "secure",
+        require_etcd_binary(),
+        tmp_path / "etcd" / "secure",
+        client_scheme="https",
+        health_tls=health,
+        extra_args=(
+            f"--cert-file={server.cert}",
+            f"--key-file={server.key}",
+            f"--trusted-ca-file={server.ca}",
+            "--client-cert-auth",
+        ),
+    )
+    member.data_dir.mkdir(parents=True)
+    member.start()
+    try:
+        member.wait_ready()
+        yield member
+    finally:
+        member.stop()
+
+
+def _url(member: EtcdMember, **options: str) -> str:
+    query = "".join(f"&{k}={v}" for k, v in options.items())
+    return f"etcd://127.0.0.1:{member.client_port}/test/secure?connect_timeout_s=0.5&op_timeout_s=1.5{query}"
+
+
+async def _enable_auth(member: EtcdMember, files: CertFiles, password: str) -> None:
+    """etcd's root user with ``password``, then authentication on (as an operator would)."""
+    pems = [Path(path).read_bytes() for path in (files.ca, files.key, files.cert)]  # noqa: ASYNC240
+    credentials = grpc.ssl_channel_credentials(*pems)
+    async with rpc.secure_channel(f"127.0.0.1:{member.client_port}", credentials) as channel:
+        auth = rpc.AuthStub(channel)
+        await auth.UserAdd(rpc.AuthUserAddRequest(name="root", password=password), timeout=5)
+        await auth.UserGrantRole(rpc.AuthUserGrantRoleRequest(user="root", role="root"), timeout=5)
+        await auth.AuthEnable(rpc.AuthEnableRequest(), timeout=5)
+
+
+async def test_tls_with_a_client_certificate_and_user_credentials(
+    tls_etcd: EtcdMember, certs: tuple[CertFiles, CertFiles], tmp_path: Path
+) -> None:
+    server, client = certs
+    tls = {"ca_file": server.ca, "cert_file": client.cert, "key_file": client.key}
+    async with connect(_url(tls_etcd, **tls)) as conn:
+        await conn.store.create("/test/secure/k", b"over tls")
+        assert (await conn.store.get("/test/secure/k")).value == b"over tls"  # type: ignore[union-attr]
+    # Plaintext against a TLS-only etcd, and TLS without the client certificate: nothing connects.
+    for url in (_url(tls_etcd), _url(tls_etcd, ca_file=server.ca)):
+        async with connect(url) as conn:
+            with pytest.raises(MetadataUnavailable):
+                await conn.store.get("/test/secure/k")
+
+    password_file = tmp_path / "etcd-password"
+    password_file.write_text("r00t-pass\n")
+    await _enable_auth(tls_etcd, client, "r00t-pass")
+    async with connect(_url(tls_etcd, **tls, user="root", password_file=str(password_file))) as conn:
+        assert (await conn.store.get("/test/secure/k")).value == b"over tls"  # type: ignore[union-attr]
+        await conn.store.create("/test/secure/k2", b"authenticated")
+    async with connect(_url(tls_etcd, **tls)) as conn:  # no credentials: refused by etcd
+        with pytest.raises(MetadataError):
+            await conn.store.get("/test/secure/k")
+    wrong = tmp_path / "wrong-password"
+    wrong.write_text("guess\n")
+    async with connect(_url(tls_etcd, **tls, user="root", password_file=str(wrong))) as conn:
+        with pytest.raises(MetadataError, match="refused the credentials"):
+            await conn.store.get("/test/secure/k")
