@@ -18,6 +18,7 @@ import sys
 import structlog
 import uvloop
 
+from bookie.admin import AdminTokenError
 from bookie.auth import AuthConfigError
 from bookie.checkpoint import CheckpointCorrupt
 from bookie.config import BookieConfig, ConfigError, effective_toml, load
@@ -50,7 +51,14 @@ async def serve(config: BookieConfig) -> int:
     server = BookieServer(config, registration, catalog=catalog, replicas=catalog)
     refusals = (
         *(CookieMismatch, JournalCorrupt, CheckpointCorrupt, ListenError, BlockingIOError, OSError),
-        *(ClusterNotInitialised, ClusterMismatch, MetadataCookieMismatch, BookieIdInUse, MetadataError),
+        *(
+            AdminTokenError,
+            ClusterNotInitialised,
+            ClusterMismatch,
+            MetadataCookieMismatch,
+            BookieIdInUse,
+            MetadataError,
+        ),
     )
     try:
         await server.start()

@@ -11,14 +11,21 @@ dependency, and the admin port must stay cheap and predictable next to the data 
 - ``GET /metrics`` the Prometheus text exposition (:mod:`bookie.metrics`).
 - ``GET /state`` a JSON summary for people and scripts (id, address, state, counters, disk).
 - ``GET /readonly`` the read-only mode as JSON (``mode``, ``manual``, ``reason``, ...);
-  ``GET|POST /readonly?set=1`` puts the bookie in read-only mode by hand (it sticks until
+  ``POST /readonly?set=1`` puts the bookie in read-only mode by hand (it sticks until
   ``?set=0``, even if the disk frees up), ``?set=0`` clears the manual flag (the disk may still hold
   the bookie read-only: the answer says why). Any other ``set`` value is 400. It exists only when
   the server was given a ``read_only`` action.
 - ``GET /gc`` garbage collection as JSON (the pass running with its phase and progress, the last
-  one's report, totals); ``POST /gc`` or ``GET /gc?start=1`` starts a pass now (``started`` false
-  when one is already running) and answers at once: poll ``GET /gc`` to follow it (``bkaio bookie
-  gc`` does). It exists only when the server was given a ``gc`` action.
+  one's report, totals); ``POST /gc`` starts a pass now (``started`` false when one is already
+  running) and answers at once: poll ``GET /gc`` to follow it (``bkaio bookie gc`` does). It exists
+  only when the server was given a ``gc`` action.
+
+State changes are POSTs carrying the admin token (``Authorization: Bearer TOKEN``, compared in
+constant time): without it 401, with a wrong one 403, and a GET that asks for a change (``?set=``,
+``?start=1``) is 405 and changes nothing — a GET can be triggered cross-site by any web page a
+browser on the host opens, a POST with an ``Authorization`` header cannot (it needs a CORS
+preflight this server never approves). A server given no token refuses every state change (403).
+The endpoint listens on loopback unless ``admin_host`` says otherwise.
 
 ``HEAD`` is accepted wherever ``GET`` is. Every response closes its connection (``Connection:
 close``): scrapers reconnect, and there is no keep-alive state to bound. Bounds, each against a peer
@@ -32,7 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import json
+import os
+import secrets
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
@@ -56,6 +67,10 @@ _JSON = "application/json"
 _TEXT = "text/plain; charset=utf-8"
 _SET_VALUES = {"1": True, "true": True, "0": False, "false": False}
 _INDEX = b"bookie admin: /health /ready /metrics /state /readonly /gc\n"
+
+
+def _token_digest(token: bytes) -> bytes:
+    return hashlib.sha256(b"bookkeeper-aio/admin-token\x00" + token).digest()
 
 
 class BadRequest(Exception):
@@ -130,8 +145,10 @@ class AdminServer:
         port: int,
         read_only: Callable[[bool | None], dict[str, Any]] | None = None,
         gc: Callable[[bool], dict[str, Any]] | None = None,
+        token: bytes | None = None,
     ) -> None:
         self._source = source
+        self._token_digest = _token_digest(token) if token else None
         self._read_only = read_only
         self._gc = gc
         self._host = host
@@ -143,6 +160,10 @@ class AdminServer:
         self.address: tuple[str, int] | None = None
         self.requests = 0
         self.refused = 0
+
+    def set_token(self, token: bytes | None) -> None:
+        """The token state changes must carry (None: no state changes at all)."""
+        self._token_digest = _token_digest(token) if token else None
 
     async def start(self) -> None:
         """Bind; raises ``OSError`` when the address is taken."""
@@ -182,7 +203,7 @@ class AdminServer:
                 head = await _read_head(reader)
             if head is None:
                 return  # closed before a complete request line: nothing to answer
-            response = self._respond(head)
+            response = self._respond(*head)
         except TimeoutError:
             response = response_bytes(HTTPStatus.REQUEST_TIMEOUT, b"request timeout\n", _TEXT)
         except BadRequest as exc:
@@ -195,12 +216,12 @@ class AdminServer:
             writer.write_eof()
         await _linger(reader)
 
-    def _respond(self, request_line: bytes) -> bytes:
+    def _respond(self, request_line: bytes, authorization: bytes | None = None) -> bytes:
         method, path = parse_request_line(request_line)
         if path == "/readonly" and self._read_only is not None:
-            return self._readonly(method, request_line)
+            return self._readonly(method, request_line, authorization)
         if path == "/gc" and self._gc is not None:
-            return self._gc_route(method, request_line)
+            return self._gc_route(method, request_line, authorization)
         if method not in ("GET", "HEAD"):
             return response_bytes(HTTPStatus.METHOD_NOT_ALLOWED, b"use GET\n", _TEXT, allow="GET, HEAD")
         head_only = method == "HEAD"
@@ -223,7 +244,34 @@ class AdminServer:
             return _json(status, {"ready": snap.ready, "state": snap.state.value}, head_only)
         return _json(HTTPStatus.OK, state_json(snap), head_only)
 
-    def _readonly(self, method: str, request_line: bytes) -> bytes:
+    def _refuse_change(self, method: str, authorization: bytes | None) -> bytes | None:
+        """The answer refusing a state change (None: allowed). Only a POST with the token changes."""
+        if method != "POST":
+            return response_bytes(
+                HTTPStatus.METHOD_NOT_ALLOWED,
+                b"state changes are POSTs with the admin token (Authorization: Bearer TOKEN)\n",
+                _TEXT,
+                allow="GET, HEAD, POST",
+            )
+        if self._token_digest is None:
+            return response_bytes(
+                HTTPStatus.FORBIDDEN, b"this admin endpoint has no token: no changes\n", _TEXT
+            )
+        scheme, _, offered = (authorization or b"").strip().partition(b" ")
+        if scheme.lower() != b"bearer" or not offered.strip():
+            log.warning("admin.unauthorised", reason="no bearer token")
+            return response_bytes(
+                HTTPStatus.UNAUTHORIZED,
+                b"send the admin token: Authorization: Bearer TOKEN (the bookie's admin_token_file, or "
+                b"<data_dir>/admin.token)\n",
+                _TEXT,
+            )
+        if not hmac.compare_digest(_token_digest(offered.strip()), self._token_digest):
+            log.warning("admin.unauthorised", reason="wrong token")
+            return response_bytes(HTTPStatus.FORBIDDEN, b"wrong admin token\n", _TEXT)
+        return None
+
+    def _readonly(self, method: str, request_line: bytes, authorization: bytes | None) -> bytes:
         assert self._read_only is not None
         if method not in ("GET", "HEAD", "POST"):
             return response_bytes(
@@ -233,11 +281,15 @@ class AdminServer:
         if value is not None and value not in _SET_VALUES:
             return response_bytes(HTTPStatus.BAD_REQUEST, b"set must be 1 or 0\n", _TEXT)
         wanted = None if value is None or method == "HEAD" else _SET_VALUES[value]  # HEAD only looks
+        if wanted is not None or method == "POST":
+            refused = self._refuse_change(method, authorization)
+            if refused is not None:
+                return refused
         if wanted is not None:
             log.info("admin.readonly_set", read_only=wanted)
         return _json(HTTPStatus.OK, self._read_only(wanted), method == "HEAD")
 
-    def _gc_route(self, method: str, request_line: bytes) -> bytes:
+    def _gc_route(self, method: str, request_line: bytes, authorization: bytes | None) -> bytes:
         assert self._gc is not None
         if method not in ("GET", "HEAD", "POST"):
             return response_bytes(
@@ -248,6 +300,9 @@ class AdminServer:
             return response_bytes(HTTPStatus.BAD_REQUEST, b"start must be 1 or 0\n", _TEXT)
         start = method == "POST" or (method == "GET" and value is not None and _SET_VALUES[value])
         if start:
+            refused = self._refuse_change(method, authorization)
+            if refused is not None:
+                return refused
             log.info("admin.gc_requested")
         return _json(HTTPStatus.OK, self._gc(start), method == "HEAD")
 
@@ -276,6 +331,30 @@ class AdminServer:
             writer.transport.abort()
 
 
+ADMIN_TOKEN_FILE = "admin.token"
+
+
+class AdminTokenError(ValueError):
+    """The admin token file is empty."""
+
+
+def load_or_create_token(token_file: str, data_dir: str) -> bytes:
+    """The admin token: the first line of ``token_file`` when set, else ``<data_dir>/admin.token``,
+    created with a random token (mode 0600) the first time and kept across restarts. Raises
+    ``OSError`` (with the path) when it cannot be read or written, :class:`AdminTokenError` when empty."""
+    path = token_file or os.path.join(data_dir, ADMIN_TOKEN_FILE)
+    if not token_file and not os.path.exists(path):
+        os.makedirs(data_dir, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(32) + "\n")
+    with open(path, "rb") as handle:
+        token = handle.readline().strip()
+    if not token:
+        raise AdminTokenError(f"admin token file {path} is empty: put a token on its first line")
+    return token
+
+
 LINGER_S = 1.0
 LINGER_BYTES_MAX = 256 * 1024
 """Lingering close: after answering (maybe early, e.g. 431 on an oversized head) the server reads and
@@ -296,12 +375,14 @@ async def _linger(reader: asyncio.StreamReader) -> None:
         return
 
 
-async def _read_head(reader: asyncio.StreamReader) -> bytes | None:
-    """Read the request head (bounded); return its request line, None on EOF before one.
+async def _read_head(reader: asyncio.StreamReader) -> tuple[bytes, bytes | None] | None:
+    """Read the request head (bounded); return its request line and its ``Authorization`` header's
+    value (None without one), None on EOF before a request line.
 
     Raises :class:`BadRequest` (431) when the head exceeds :data:`REQUEST_HEAD_BYTES_MAX`.
     """
     request_line: bytes | None = None
+    authorization: bytes | None = None
     total = 0
     while True:
         try:
@@ -320,4 +401,8 @@ async def _read_head(reader: asyncio.StreamReader) -> bytes | None:
                 continue  # RFC 9112 §2.2: ignore empty lines before the request line
             request_line = line
         elif line in (b"\r\n", b"\n"):
-            return request_line
+            return request_line, authorization
+        else:
+            name, sep, value = line.partition(b":")
+            if sep and name.strip().lower() == b"authorization":
+                authorization = value.strip()

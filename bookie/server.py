@@ -35,7 +35,7 @@ from typing import Protocol
 
 import structlog
 
-from bookie.admin import AdminServer
+from bookie.admin import AdminServer, load_or_create_token
 from bookie.config import BookieConfig
 from bookie.connection_handler import ConnectionLimits, ServerConnection, ServerLoad
 from bookie.cookie import read_instance_id
@@ -174,6 +174,7 @@ class BookieServer:
 
         Raises what Storage.open raises, :class:`ListenError`, or what the registration raises."""
         if self.admin is not None:
+            self.admin.set_token(load_or_create_token(self.config.admin_token_file, self.config.data_dir))
             await self.admin.start()
         try:
             self.storage = await Storage.open(

@@ -29,7 +29,7 @@ from bookkeeper_aio.autorecovery.metrics import AutorecoveryCollector
 from bookkeeper_aio.autorecovery.worker import ReplicationWorker
 from bookkeeper_aio.cli import output
 from bookkeeper_aio.cli.demo import DEMO_PASSWORD
-from bookkeeper_aio.cli.state import resolve_metadata_url
+from bookkeeper_aio.cli.state import ADMIN_TOKEN_ENV, admin_token, resolve_metadata_url
 from bookkeeper_aio.client.bookkeeper import BookKeeper, RegistryDirectory
 from bookkeeper_aio.errors import BKError, BKInterfaceError
 from metadata.keys import validate_name
@@ -358,7 +358,7 @@ async def cmd_decommission(args: argparse.Namespace) -> int:
             await asyncio.to_thread(_check_admin_is, admin, bookie_id)
         await urm.start_decommission(bookie_id)  # never chosen as a replacement from now on
         if admin:
-            await asyncio.to_thread(_set_read_only, admin)
+            await asyncio.to_thread(_set_read_only, admin, admin_token(args.admin_token_file))
         else:
             print(
                 f"{bookie_id} publishes no admin endpoint and --admin was not given: it is not made "
@@ -421,16 +421,18 @@ def _check_admin_is(admin: str, bookie_id: str) -> None:
         )
 
 
-def _set_read_only(admin: str) -> None:
+def _set_read_only(admin: str, token: str | None) -> None:
     url = f"http://{admin}/readonly?set=1"
-    request = urllib.request.Request(url, method="POST")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=ADMIN_TIMEOUT_S) as answer:
             answer.read()
     except (urllib.error.URLError, OSError) as error:
         raise BKInterfaceError(
             f"could not make the bookie read-only through {url}: {error}; check --admin (the bookie's "
-            "ADMIN host:port) or leave it out and stop writers from placing ledgers on it"
+            "ADMIN host:port) and --admin-token-file (401/403: the bookie's admin token), or leave "
+            "--admin out and stop writers from placing ledgers on it"
         ) from error
 
 
@@ -533,4 +535,10 @@ def add_commands(sub: Any) -> None:
         default=None,
         help="the bookie's admin HOST:PORT (default: the one its registration publishes): it is made "
         "read-only first, so writers move off it and new ledgers avoid it",
+    )
+    decommission.add_argument(
+        "--admin-token-file",
+        default=None,
+        help=f"file with the bookie's admin token (default ${ADMIN_TOKEN_ENV}, else the sandbox's): "
+        "the bookie's admin_token_file, or <its data dir>/admin.token",
     )

@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     sandbox.add_argument("--fresh", action="store_true", help="wipe the data dir first")
     sandbox.add_argument("--no-serve", action="store_true", help="stop right after the demo (for scripts)")
+    sandbox.add_argument(
+        "--tls",
+        action="store_true",
+        help="TLS on the bookie port and toward etcd (a throwaway CA made on start), and token "
+        "authentication on the bookies (docs/security.md)",
+    )
     sandbox.set_defaults(func=None)
     shell.add_commands(sub)
     log_commands.add_commands(sub)
@@ -85,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.fresh,
                 not args.no_serve,
                 hosts=args.hosts > 0,
+                tls=args.tls,
             )
     except (state.NoClusterConfigured, shell.NoSuchCluster, ChildFailed, NetnsUnavailable) as exc:
         print(f"{name}: {exc}", file=sys.stderr)

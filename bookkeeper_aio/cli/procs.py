@@ -125,16 +125,22 @@ class Child:
 
 
 def etcd_child(
-    data_dir: Path, name: str = "etcd", host: str = "127.0.0.1", also_on: str | None = None
+    data_dir: Path,
+    name: str = "etcd",
+    host: str = "127.0.0.1",
+    also_on: str | None = None,
+    tls: tuple[str, str] | None = None,
 ) -> tuple[Child, str]:
     """An etcd child on free loopback ports; returns it (not started) and its client endpoint.
-    ``also_on``: a second address it serves clients on (same port), whose endpoint is returned."""
+    ``also_on``: a second address it serves clients on (same port), whose endpoint is returned.
+    ``tls`` (certificate file, key file): clients connect over TLS."""
     client_port, peer_port = free_port(host), free_port(host)
+    scheme = "https" if tls is not None else "http"
     endpoint = f"{host}:{client_port}"
-    client_urls = f"http://{endpoint}"
+    client_urls = f"{scheme}://{endpoint}"
     if also_on is not None:
         endpoint = f"{also_on}:{client_port}"
-        client_urls += f",http://{endpoint}"
+        client_urls += f",{scheme}://{endpoint}"
     argv = [
         find_etcd(),
         "--name", name,
@@ -146,6 +152,8 @@ def etcd_child(
         "--initial-cluster", f"{name}=http://{host}:{peer_port}",
         "--log-level", "warn",
     ]  # fmt: skip
+    if tls is not None:
+        argv += ["--cert-file", tls[0], "--key-file", tls[1]]
     return Child(name, argv, data_dir / "logs" / f"{name}.log"), endpoint
 
 

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -32,6 +33,8 @@ from bookkeeper_aio.cli import output, state
 from bookkeeper_aio.cli.demo import DEMO_LOG, DEMO_PASSWORD, run_demo, run_log_demo
 from bookkeeper_aio.cli.netns import NetnsHosts, NetnsUnavailable
 from bookkeeper_aio.cli.procs import Child, ChildFailed, etcd_child, free_port, port_open
+from bookkeeper_aio.cli.sandbox_tls import SandboxTls
+from bookkeeper_aio.client.discovery import CLIENT_CONFIG_ENV
 
 ETCD_READY_TIMEOUT_S = 30.0
 BOOKIE_READY_TIMEOUT_S = 30.0
@@ -53,8 +56,21 @@ class Sandbox:
     autorecovery: list[Child] = field(default_factory=list)
     hosts: NetnsHosts | None = None
     """``--hosts``: each bookie in a network namespace of its own (created by :meth:`start`)."""
+    tls_wanted: bool = False
+    """``--tls``: bookies and etcd over TLS with a throwaway CA (made by :meth:`start`, ``tls``),
+    bookies requiring a token."""
+    tls: SandboxTls | None = None
+
+    @property
+    def admin_token_file(self) -> Path:
+        """The admin token every bookie of the sandbox takes (``bkaio bookie gc`` finds it)."""
+        return self.data_dir / "admin.token"
 
     def start(self, on_hosts: bool = False) -> None:
+        if not self.admin_token_file.exists():
+            fd = os.open(self.admin_token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_urlsafe(32) + "\n")
         gateway = None
         if on_hosts:
             try:
@@ -67,13 +83,23 @@ class Sandbox:
             hosts = self.hosts
             (self.data_dir / NETNS_FILE).write_text(f"{hosts.tag} {hosts.count} {hosts.network}\n")
             gateway = self.hosts.gateway  # etcd serves the hosts there, and this machine on loopback
-        etcd, endpoint = etcd_child(self.data_dir, also_on=gateway)
+        tls = None
+        if self.tls_wanted:
+            from bookkeeper_aio.cli import sandbox_tls
+
+            names = (
+                [] if self.hosts is None else [gateway or "", *map(self.hosts.address, range(self.bookies))]
+            )
+            self.tls = sandbox_tls.make(self.data_dir, [name for name in names if name])
+            tls = (self.tls.cert_file, self.tls.key_file)
+        etcd, endpoint = etcd_child(self.data_dir, also_on=gateway, tls=tls)
         self.etcd_endpoint = endpoint
         self.children.append(etcd)
         etcd.start()
         self._record_children()
         host, port = endpoint.rsplit(":", 1)
-        self.metadata_url = f"etcd://{endpoint}{self.root}"
+        query = "" if self.tls is None else self.tls.metadata_query()
+        self.metadata_url = f"etcd://{endpoint}{self.root}{query}"
         etcd.wait_ready(lambda: port_open(host, int(port)), ETCD_READY_TIMEOUT_S)
         asyncio.run(_init_cluster(self.metadata_url))
         for index in range(self.bookies):
@@ -93,7 +119,8 @@ class Sandbox:
             "--metadata", self.metadata_url, "--id", "sandbox-autorecovery", "--parent-pid", str(os.getpid()),
             "--password", "", "--password", DEMO_PASSWORD.decode(),
         ]  # fmt: skip
-        child = Child("autorecovery", argv, log_path)
+        env = None if self.tls is None else {**os.environ, CLIENT_CONFIG_ENV: self.tls.client_config}
+        child = Child("autorecovery", argv, log_path, env=env)
         self.autorecovery.append(child)
         child.start()
         self._record_children()
@@ -122,6 +149,8 @@ class Sandbox:
             "--bookie-id", bookie_id,
             "--metadata", self.metadata_url,
             *admin,
+            "--admin-token-file", str(self.admin_token_file),
+            *(self.tls.bookie_args() if self.tls is not None else []),
         ]  # fmt: skip
         child = Child(f"bookie-{index}", argv, self.data_dir / "logs" / f"bookie-{index}.log")
         self.children.append(child)
@@ -333,7 +362,13 @@ def _try_lines(demo_ledger: int | None) -> list[str]:
 
 
 def run(
-    data_dir: Path, bookies: int, demo_entries: int, fresh: bool, serve: bool = True, hosts: bool = False
+    data_dir: Path,
+    bookies: int,
+    demo_entries: int,
+    fresh: bool,
+    serve: bool = True,
+    hosts: bool = False,
+    tls: bool = False,
 ) -> int:
     def on_signal(signum: int, frame: object) -> None:
         # The first signal starts the shutdown; later ones must not interrupt it (children would be
@@ -353,11 +388,27 @@ def run(
         box = Sandbox(data_dir, bookies)
         try:
             print(_starting_line(data_dir, bookies, hosts), flush=True)
+            box.tls_wanted = tls
             box.start(on_hosts=hosts)
-            state.write_state(
-                {"metadata_url": box.metadata_url, "pid": os.getpid(), "data_dir": str(data_dir)}
-            )
+            if box.tls is not None:
+                os.environ[CLIENT_CONFIG_ENV] = box.tls.client_config  # this process's clients (demo)
+                print(f"TLS and token auth on: throwaway CA and tokens in {box.tls.directory}", flush=True)
+            recorded: dict[str, object] = {
+                "metadata_url": box.metadata_url,
+                "pid": os.getpid(),
+                "data_dir": str(data_dir),
+                "admin_token_file": str(box.admin_token_file),
+            }
+            if box.tls is not None:
+                recorded["client_config"] = box.tls.client_config
+            state.write_state(recorded)
             print(f"cluster ready: {box.metadata_url}", flush=True)
+            if box.tls is not None:
+                print(
+                    f"clients elsewhere: export {CLIENT_CONFIG_ENV}={box.tls.client_config} "
+                    "(bkaio commands find it by themselves)",
+                    flush=True,
+                )
             output.print_table(box.table())
             demo_ledger = None
             if demo_entries > 0:

@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import metadata
-from bookkeeper_aio.cli import autorecovery_commands, output
+from bookkeeper_aio.cli import autorecovery_commands, output, state
 from bookkeeper_aio.cli.demo import DEMO_PASSWORD
 from bookkeeper_aio.cli.state import METADATA_ENV, resolve_metadata_url
 from bookkeeper_aio.client.bookkeeper import BookKeeper
@@ -288,12 +289,21 @@ GC_POLL_S = 0.5
 GC_HTTP_TIMEOUT_S = 10.0
 
 
-def _admin_json(address: str, path: str, method: str = "GET") -> dict[str, Any]:
-    """One request to a bookie's admin endpoint (blocking: run in a thread)."""
-    request = urllib.request.Request(f"http://{address}{path}", method=method)
+def _admin_json(address: str, path: str, method: str = "GET", token: str | None = None) -> dict[str, Any]:
+    """One request to a bookie's admin endpoint (blocking: run in a thread); ``token`` for a POST."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://{address}{path}", method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=GC_HTTP_TIMEOUT_S) as response:
             data: dict[str, Any] = json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        if error.code in (401, 403):
+            raise SystemExit(
+                f"bkaio bookie gc: the admin endpoint at {address} refused the change ({error.code}): "
+                f"pass --admin-token-file FILE (or set ${state.ADMIN_TOKEN_ENV}): the bookie's "
+                "admin_token_file, or <its data dir>/admin.token"
+            ) from None
+        raise SystemExit(f"bkaio bookie gc: {address} answered {error.code} {error.reason}") from None
     except (OSError, ValueError) as error:
         raise SystemExit(
             f"bkaio bookie gc: no answer from the admin endpoint at {address} ({error}): start the "
@@ -338,7 +348,8 @@ async def cmd_bookie_gc(args: argparse.Namespace) -> int:
     """Start a garbage-collection pass on one bookie (its admin endpoint) and follow it to the end."""
     args.admin = await _gc_endpoint(args)
     before = await asyncio.to_thread(_admin_json, args.admin, "/gc")
-    started = await asyncio.to_thread(_admin_json, args.admin, "/gc", "POST")
+    token = state.admin_token(args.admin_token_file)
+    started = await asyncio.to_thread(_admin_json, args.admin, "/gc", "POST", token)
     if not started.get("started"):
         print("a pass is already running: following it", file=sys.stderr)
     passes = before.get("passes", 0)
@@ -458,6 +469,12 @@ def add_commands(sub: Any) -> None:
         "bookie", metavar="BOOKIE", help="a registered bookie id, or its admin endpoint HOST:PORT"
     )
     gc.add_argument("--no-wait", action="store_true", help="start the pass and return at once")
+    gc.add_argument(
+        "--admin-token-file",
+        default=None,
+        help=f"file with the bookie's admin token (default ${state.ADMIN_TOKEN_ENV}, else the "
+        "sandbox's): the bookie's admin_token_file, or <its data dir>/admin.token",
+    )
     simple = _command(sub, "simpletest", cmd_simpletest, "create, write, read back and delete one ledger")
     simple.add_argument("--entries", type=int, default=100, help="entries to write (default 100)")
     simple.add_argument("--ensemble", "-E", type=int, default=3)

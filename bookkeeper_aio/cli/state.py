@@ -11,6 +11,8 @@ module words its errors for the command line and writes the state file.
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 from bookkeeper_aio.client import discovery
@@ -24,8 +26,10 @@ from bookkeeper_aio.client.discovery import (
 )
 
 __all__ = [
+    "ADMIN_TOKEN_ENV",
     "METADATA_ENV",
     "NoClusterConfigured",
+    "admin_token",
     "clear_state",
     "home",
     "pid_alive",
@@ -37,8 +41,31 @@ __all__ = [
 ]
 
 
+ADMIN_TOKEN_ENV = "BKAIO_ADMIN_TOKEN_FILE"
+
+
 class NoClusterConfigured(RuntimeError):
     pass
+
+
+def admin_token(explicit_file: str | None) -> str | None:
+    """The token for bookies' admin state changes: the first line of ``explicit_file``, else of
+    ``$BKAIO_ADMIN_TOKEN_FILE``, else of the running sandbox's token file; None when none is set.
+    Raises ``SystemExit`` naming a file that cannot be read."""
+    path = explicit_file or os.environ.get(ADMIN_TOKEN_ENV)
+    if not path:
+        current = read_state()
+        if current and current.get("admin_token_file") and sandbox_alive(int(current.get("pid", 0))):
+            path = str(current["admin_token_file"])
+    if not path:
+        return None
+    try:
+        token = Path(path).read_text().strip().splitlines()
+    except OSError as error:
+        raise SystemExit(f"cannot read the admin token file {path}: {error}") from None
+    if not token or not token[0].strip():
+        raise SystemExit(f"the admin token file {path} is empty")
+    return token[0].strip()
 
 
 def write_state(state: dict[str, Any]) -> None:

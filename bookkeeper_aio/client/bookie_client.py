@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import ssl
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -211,6 +212,17 @@ class BookiePool:
                     await self._loop.create_connection(
                         lambda: conn, host, port, ssl=self._tls, server_hostname=host
                     )
+        except ssl.SSLError as error:
+            log.warning(
+                "bookie.tls_failed",
+                bookie=bookie_id,
+                error=repr(error),
+                hint="check tls_ca_file (the CA that signed the bookie's certificate), that the certificate "
+                "names the address connected to (tls_check_hostname), and the client certificate when "
+                "the bookie requires one",
+            )
+            conn.fail(error)
+            return
         except (OSError, TimeoutError, BKError, MetadataError) as error:
             log.info("bookie.connect_failed", bookie=bookie_id, error=repr(error))
             conn.fail(error)

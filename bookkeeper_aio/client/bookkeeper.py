@@ -26,7 +26,7 @@ import structlog
 from bookkeeper_aio.client.bookie_client import AddressResolver, BookiePool
 from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.client.context import BookieDirectory, ClientContext
-from bookkeeper_aio.client.discovery import find_metadata_url
+from bookkeeper_aio.client.discovery import find_client_config, find_metadata_url
 from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.client.metrics import ClientMetrics
 from bookkeeper_aio.client.placement import PlacementPolicy, RandomPlacement
@@ -92,7 +92,7 @@ class BookKeeper:
         metadata: MetadataConnection | None = None,
         metrics: ClientMetrics | None = None,
     ) -> None:
-        config = config or ClientConfig()
+        config = config or ClientConfig.load(find_client_config(None))
         self._metadata = metadata
         self._ctx = ClientContext(
             config=config,
@@ -118,8 +118,11 @@ class BookKeeper:
 
         Without ``url`` the cluster is found as ``bkaio`` finds it: ``$BKAIO_METADATA``, else the
         running sandbox (``$BKAIO_HOME/sandbox.json``; :mod:`bookkeeper_aio.client.discovery`);
-        NoClusterFound (a BKInterfaceError) when neither is there. ``metrics``: hooks called as adds,
-        reads and recoveries finish (:mod:`bookkeeper_aio.client.metrics`)."""
+        NoClusterFound (a BKInterfaceError) when neither is there. Without ``config``: the file
+        ``$BKAIO_CLIENT_CONFIG`` names (else, for the running sandbox's URL, the one it wrote: its
+        TLS CA and token), then ``BKAIO_CLIENT_<KEY>`` variables (``ClientConfig.load``).
+        ``metrics``: hooks called as adds, reads and recoveries finish
+        (:mod:`bookkeeper_aio.client.metrics`)."""
         return _Connect(url, config, placement, metrics)
 
     @property
@@ -289,10 +292,15 @@ class _Connect:
         except md_errors.InvalidUrl as error:
             raise BKInterfaceError(str(error)) from error
         directory = RegistryDirectory(conn.store, conn.root)
+        try:
+            config = self._config or ClientConfig.load(find_client_config(url))
+        except BKInterfaceError:
+            await conn.close()
+            raise
         return BookKeeper(
             conn.ledger_manager(),
             directory,
-            config=self._config,
+            config=config,
             resolver=directory,
             placement=self._placement,
             metadata=conn,

@@ -104,7 +104,7 @@ class ClientConfig:
             table = table.get("client", table)
             values.update({k: _coerce(k, v, f"config file {path}") for k, v in table.items()})
         for key, value in (os.environ if env is None else env).items():
-            if key.startswith(ENV_PREFIX):
+            if key.startswith(ENV_PREFIX) and key != CONFIG_FILE_ENV:
                 name = key[len(ENV_PREFIX) :].lower()
                 values[name] = _coerce(name, value, f"environment {key}")
         values.update({k: _coerce(k, v, "argument") for k, v in overrides.items()})
@@ -150,6 +150,8 @@ class ClientConfig:
 
 
 ENV_PREFIX = "BKAIO_CLIENT_"
+CONFIG_FILE_ENV = "BKAIO_CLIENT_CONFIG"
+"""Names the TOML file a client given no config reads (not a setting: skipped by ``load``)."""
 _BOOL_WORDS = {
     "true": True,
     "1": True,

@@ -465,6 +465,7 @@ def _on_auth(conn: BookieConnection, bookie_id: str, result: Result) -> None:
     if isinstance(result, BKError):
         return  # the connection's own failure path reports it to every request
     if result.status != StatusCode.EOK or not isinstance(result, m.AuthResponse):
+        log.warning("bookie.auth_refused", bookie=bookie_id, message=result.message)
         conn.fail(
             Unauthorized(
                 f"{bookie_id} refused authentication: {result.message} (check the client's "

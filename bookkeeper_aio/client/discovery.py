@@ -21,6 +21,7 @@ from bookkeeper_aio.errors import BKInterfaceError
 
 METADATA_ENV = "BKAIO_METADATA"
 HOME_ENV = "BKAIO_HOME"
+CLIENT_CONFIG_ENV = "BKAIO_CLIENT_CONFIG"  # = client.config.CONFIG_FILE_ENV (a test pins them)
 
 
 class NoClusterFound(BKInterfaceError):
@@ -79,6 +80,22 @@ def sandbox_alive(pid: int) -> bool:
     except OSError:
         return True  # no /proc: trust the pid
     return b"sandbox" in cmdline
+
+
+def find_client_config(url: str | None) -> str | None:
+    """The client config file for a client given no config: ``$BKAIO_CLIENT_CONFIG``, else the one
+    the running sandbox wrote (``bkaio sandbox --tls``: its CA and token) when ``url`` is that
+    sandbox's, else None (defaults plus ``BKAIO_CLIENT_*`` variables)."""
+    explicit = os.environ.get(CLIENT_CONFIG_ENV)
+    if explicit:
+        return explicit
+    state = read_state()
+    if not state or not state.get("client_config") or state.get("metadata_url") != url:
+        return None
+    pid = state.get("pid")
+    if isinstance(pid, int) and sandbox_alive(pid):
+        return str(state["client_config"])
+    return None
 
 
 def find_metadata_url(explicit: str | None = None) -> str:

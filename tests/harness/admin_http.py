@@ -29,8 +29,19 @@ async def http_raw(host: str, port: int, request: bytes, timeout_s: float = 10.0
     return parse_response(data)
 
 
-async def http_get(host: str, port: int, path: str, method: str = "GET") -> Response:
-    return await http_raw(host, port, f"{method} {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+async def http_get(
+    host: str, port: int, path: str, method: str = "GET", token: bytes | str | None = None
+) -> Response:
+    auth = ""
+    if token is not None:
+        auth = f"Authorization: Bearer {token.decode() if isinstance(token, bytes) else token}\r\n"
+    return await http_raw(host, port, f"{method} {path} HTTP/1.1\r\nHost: {host}\r\n{auth}\r\n".encode())
+
+
+async def post_json(host: str, port: int, path: str, token: bytes | str) -> tuple[int, Any]:
+    """A state change: ``POST path`` with the admin token."""
+    status, _, body = await http_get(host, port, path, "POST", token)
+    return status, json.loads(body) if status == 200 else body
 
 
 async def get_json(host: str, port: int, path: str) -> tuple[int, Any]:

@@ -113,6 +113,10 @@ class BookieProcess:
             self.log_tail(),
         )
 
+    def admin_token(self) -> bytes:
+        """The token admin state changes carry (the one the bookie made in its data dir)."""
+        return (self.data_dir / "admin.token").read_bytes().strip()
+
     def admin_address(self, timeout_s: float = 5.0) -> tuple[str, int]:
         """``host, port`` from the ``ADMIN host:port`` line the bookie prints after READY when
         started with ``--admin-port``; raises ``TimeoutError`` if it does not come."""

@@ -366,6 +366,7 @@ async def test_acceptance_4_decommission_of_a_live_bookie_under_write_load(sc: S
             sys.executable, "-m", "bookkeeper_aio.cli.main", "decommission", leaving, "--metadata", sc.url,
             "--password", PASSWORD.decode(), "--json",  # the admin endpoint: from its registration
             "--open-ledger-grace", "600", "--timeout", "120",
+            "--admin-token-file", str(sc.bookies[leaving].data_dir / "admin.token"),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip

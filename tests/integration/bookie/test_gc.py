@@ -18,7 +18,7 @@ import pytest
 import metadata
 from bookkeeper_aio import BookKeeper, ClientConfig
 from bookkeeper_aio.protocol.codes import StatusCode
-from tests.harness.admin_http import get_json, scrape
+from tests.harness.admin_http import get_json, post_json, scrape
 from tests.harness.bookie_proc import BookieProcess
 from tests.harness.etcd import EtcdCluster
 
@@ -91,7 +91,7 @@ async def run_gc(bookie: BookieProcess, timeout_s: float = 120.0) -> dict[str, A
     host, port = bookie.admin_address()
     status, before = await get_json(host, port, "/gc")
     assert status == 200
-    status, started = await get_json(host, port, "/gc?start=1")
+    status, started = await post_json(host, port, "/gc", bookie.admin_token())
     assert (status, started["started"]) == (200, True)
     async with asyncio.timeout(timeout_s):
         while True:
@@ -131,7 +131,13 @@ async def test_deleted_ledgers_leave_the_bookie_and_stay_gone(
         found = await list_bookies(url)
         assert found.writable["b0"].attributes["admin"] == "{}:{}".format(*bookie.admin_address())
         cli = [sys.executable, "-m", "bookkeeper_aio.cli.main", "bookie", "gc", "--metadata", url, "--json"]
-        command = [*cli, "b0"]  # by bookie id: its registration names its admin endpoint
+        refused = await asyncio.to_thread(
+            subprocess.run, [*cli, "b0"], capture_output=True, text=True, timeout=60
+        )
+        assert refused.returncode != 0  # a POST without the admin token changes nothing
+        assert "--admin-token-file" in refused.stderr
+        token_file = str(bookie.data_dir / "admin.token")
+        command = [*cli, "b0", "--admin-token-file", token_file]  # by id: its registration names its admin
         done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
@@ -148,7 +154,7 @@ async def test_deleted_ledgers_leave_the_bookie_and_stay_gone(
         bookie.start()
         assert await statuses(bookie, deleted) == {StatusCode.ENOLEDGER}
         await read_back(bookie, kept, 20, 100)
-        command = [*cli, "{}:{}".format(*bookie.admin_address())]  # by the endpoint itself
+        command = [*cli, "{}:{}".format(*bookie.admin_address()), "--admin-token-file", token_file]
         done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         again = json.loads(done.stdout)
@@ -215,7 +221,7 @@ async def test_kill_at_a_compaction_step_loses_nothing(
         bookie.env = {"BKAIO_FAILPOINTS": failpoint}
         bookie.start()
         host, port = bookie.admin_address()
-        assert (await get_json(host, port, "/gc?start=1"))[1]["started"]
+        assert (await post_json(host, port, "/gc", bookie.admin_token()))[1]["started"]
         assert await asyncio.to_thread(bookie.wait, 60.0) == 137  # the failpoint killed it mid-pass
         assert "gc.started" in bookie.log_path.read_text()
 
@@ -254,7 +260,7 @@ async def test_acceptance_gc_of_90_percent_of_half_a_gib(etcd_server: EtcdCluste
         await delete_ledgers(url, [i for i in ledgers if i not in kept])
 
         host, port = bookie.admin_address()
-        assert (await get_json(host, port, "/gc?start=1"))[1]["started"]
+        assert (await post_json(host, port, "/gc", bookie.admin_token()))[1]["started"]
         assert await asyncio.to_thread(bookie.wait, 300.0) == 137  # killed mid-compaction
         bookie.env = {}
         bookie.start()

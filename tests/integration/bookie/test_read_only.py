@@ -20,7 +20,7 @@ import metadata
 from bookkeeper_aio import BookKeeper, ClientConfig
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
-from tests.harness.admin_http import get_json
+from tests.harness.admin_http import get_json, post_json
 from tests.harness.bookie_proc import BookieProcess
 from tests.harness.etcd import EtcdCluster
 
@@ -109,7 +109,7 @@ async def test_admin_toggle__registration_moves_and_comes_back(
     proc.start()
     admin = proc.admin_address()
     await _wait_for(cluster_url, lambda s: "toggle" in s.writable)
-    status, answer = await get_json(*admin, "/readonly?set=1")
+    status, answer = await post_json(*admin, "/readonly?set=1", proc.admin_token())
     assert status == 200
     assert answer["mode"] == "readonly"
     assert answer["manual"] is True
@@ -121,7 +121,7 @@ async def test_admin_toggle__registration_moves_and_comes_back(
         assert "operator" in refused.message
         await asyncio.sleep(0.3)  # several disk checks with plenty of room: manual read-only sticks
         assert (await client.add(1, 0, b"x")).status == StatusCode.EREADONLY
-        status, answer = await get_json(*admin, "/readonly?set=0")
+        status, answer = await post_json(*admin, "/readonly?set=0", proc.admin_token())
         assert answer["mode"] == "writable"
         await _wait_for(cluster_url, lambda s: "toggle" in s.writable and "toggle" not in s.readonly)
         assert (await client.add(1, 0, b"x")).status == StatusCode.EOK
@@ -146,7 +146,7 @@ async def test_client_replaces_the_read_only_bookie_and_new_ledgers_avoid_it(
         for payload in payloads[:200]:
             await lh.append(payload)
         proc = next(p for p in procs if p.bookie_id == victim)
-        status, _ = await get_json(*proc.admin_address(), "/readonly?set=1")
+        status, _ = await post_json(*proc.admin_address(), "/readonly?set=1", proc.admin_token())
         assert status == 200
         await _wait_for(cluster_url, lambda s: victim in s.readonly)
         for payload in payloads[200:]:
@@ -162,7 +162,7 @@ async def test_client_replaces_the_read_only_bookie_and_new_ledgers_avoid_it(
             assert victim not in new.metadata.current_ensemble
             await new.append(b"x")
             await new.close()
-        status, _ = await get_json(*proc.admin_address(), "/readonly?set=0")
+        status, _ = await post_json(*proc.admin_address(), "/readonly?set=0", proc.admin_token())
         assert status == 200
         await _wait_for(cluster_url, lambda s: victim in s.writable)
         chosen = set()

@@ -221,17 +221,20 @@ async def test_admin_gc_route() -> None:
         calls.append(start)
         return {"started": start}
 
-    server = AdminServer(lambda: make_snapshot(), "127.0.0.1", 0, gc=gc)
+    server = AdminServer(lambda: make_snapshot(), "127.0.0.1", 0, gc=gc, token=b"tok")
     await server.start()
     assert server.address is not None
     host, port = server.address
     assert await get_json(host, port, "/gc") == (200, {"started": False})
-    assert await get_json(host, port, "/gc?start=1") == (200, {"started": True})
-    status, _, _ = await http_get(host, port, "/gc", method="POST")
+    status, _, _ = await http_get(host, port, "/gc?start=1")  # a change by GET: refused
+    assert status == 405
+    status, _, _ = await http_get(host, port, "/gc", method="POST")  # no token
+    assert status == 401
+    status, _, _ = await http_get(host, port, "/gc", method="POST", token="tok")
     assert status == 200
     status, _, body_bytes = await http_get(host, port, "/gc?start=soon")
     assert (status, body_bytes) == (400, b"start must be 1 or 0\n")
     status, _, _ = await http_get(host, port, "/gc", method="DELETE")
     assert status == 405
-    assert calls == [False, True, True]
+    assert calls == [False, True]
     await server.close()

@@ -178,7 +178,7 @@ async def admin_with_toggle() -> AsyncIterator[tuple[list[bool | None], str, int
         calls.append(value)
         return {"mode": "readonly" if value else "writable"}
 
-    server = AdminServer(lambda: make_snapshot(), "127.0.0.1", 0, read_only=toggle)
+    server = AdminServer(lambda: make_snapshot(), "127.0.0.1", 0, read_only=toggle, token=b"tok")
     await server.start()
     assert server.address is not None
     yield calls, *server.address
@@ -188,17 +188,40 @@ async def admin_with_toggle() -> AsyncIterator[tuple[list[bool | None], str, int
 async def test_admin_readonly_route(admin_with_toggle: tuple[list[bool | None], str, int]) -> None:
     calls, host, port = admin_with_toggle
     assert await get_json(host, port, "/readonly") == (200, {"mode": "writable"})
-    assert await get_json(host, port, "/readonly?set=1") == (200, {"mode": "readonly"})
-    status, _, _ = await http_get(host, port, "/readonly?set=0", method="POST")
+    status, _, _ = await http_get(host, port, "/readonly?set=1", method="POST", token="tok")
+    assert status == 200
+    status, _, _ = await http_get(host, port, "/readonly?set=0", method="POST", token="tok")
     assert status == 200
     status, _, _ = await http_get(host, port, "/readonly?set=1", method="HEAD")  # HEAD never changes
     assert status == 200
+    # A state change by GET (cross-site triggerable), or a POST without the token: refused, nothing changes.
+    status, headers, _ = await http_get(host, port, "/readonly?set=1", token="tok")
+    assert (status, headers["allow"]) == (405, "GET, HEAD, POST")
+    status, headers, _ = await http_get(host, port, "/readonly?set=1", method="POST")
+    assert status == 401
+    status, _, body = await http_get(host, port, "/readonly?set=1", method="POST", token="wrong")
+    assert (status, body) == (403, b"wrong admin token\n")
     status, _, body = await http_get(host, port, "/readonly?set=maybe")
     assert (status, body) == (400, b"set must be 1 or 0\n")
     status, headers, _ = await http_get(host, port, "/readonly?set=1", method="DELETE")
     assert status == 405
     assert headers["allow"] == "GET, HEAD, POST"
-    assert calls == [None, True, False, None]
+    assert calls == [None, True, False, None]  # the refused requests never reached the toggle
+
+
+async def test_admin_without_a_token_refuses_every_state_change() -> None:
+    calls: list[bool | None] = []
+    server = AdminServer(
+        lambda: make_snapshot(), "127.0.0.1", 0, read_only=lambda v: {"set": calls.append(v)}
+    )
+    await server.start()
+    assert server.address is not None
+    try:
+        status, _, _ = await http_get(*server.address, "/readonly?set=1", method="POST", token="anything")
+        assert status == 403
+        assert calls == []
+    finally:
+        await server.close()
 
 
 async def test_admin_without_toggle__no_readonly_route() -> None:
