@@ -16,6 +16,7 @@ from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.errors import BKError, Unauthorized
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
+from tests.harness.admin_http import get_json, http_get, post_json
 from tests.harness.bookie_proc import BookieProcess
 from tests.harness.tls import CertFiles, issue
 
@@ -232,5 +233,30 @@ async def test_no_auth_bookie__serves_clients_with_and_without_a_token(tmp_path:
         answer = await wire.request(m.AuthRequest, "token", b"x")
         assert (answer.status, answer.complete) == (StatusCode.EOK, 1)
         wire.close()
+    finally:
+        proc.cleanup()
+
+
+# ---------------------------------------------------------------------------------------------- admin
+async def test_admin__state_changes_only_by_post_with_the_token(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "--admin-port", "0")
+    try:
+        host, port = proc.admin_address()
+        assert host == "127.0.0.1"  # loopback by default
+        token = proc.admin_token()
+        assert len(token) >= 32
+        assert (proc.data_dir / "admin.token").stat().st_mode & 0o077 == 0  # owner only
+        status, _, _ = await http_get(host, port, "/readonly?set=1")  # cross-site triggerable
+        assert status == 405
+        status, _, _ = await http_get(host, port, "/gc?start=1")
+        assert status == 405
+        status, _, _ = await http_get(host, port, "/readonly?set=1", method="POST")
+        assert status == 401
+        status, _, _ = await http_get(host, port, "/readonly?set=1", method="POST", token="guess")
+        assert status == 403
+        status, mode = await get_json(host, port, "/readonly")
+        assert (status, mode["mode"]) == (200, "writable")  # none of the above changed anything
+        status, mode = await post_json(host, port, "/readonly?set=1", token)
+        assert (status, mode["mode"], mode["manual"]) == (200, "readonly", True)
     finally:
         proc.cleanup()
