@@ -11,6 +11,10 @@ per run and a final JSON summary (medians over ``--reps``); ``--json-out`` also 
 
     python -m benchmarks.write                       # ours only
     python -m benchmarks.write --bound --reps 3      # ours and the bound, interleaved
+    python -m benchmarks.write --tls --reps 3        # ours in plaintext and over TLS, interleaved
+
+With ``--tls`` every pass also runs with TLS on the bookie port (a throwaway CA from trustme; the
+client verifies the certificate and host name) and the report gives tls / plaintext ratios.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import trustme
 import uvloop
 from hdrh.histogram import HdrHistogram
 
@@ -42,14 +47,18 @@ from metadata.ledger_manager import LedgerManager
 from metadata.memory import MemoryStore
 from tests.harness.admin_http import get_json
 from tests.harness.bookie_proc import BookieProcess
+from tests.harness.tls import issue
 
 BOUND_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "tools" / "replication_bound.py"
 LATENCY_US_MAX = 60_000_000
 
 
-async def drive(procs: list[BookieProcess], args: argparse.Namespace, rate: float) -> dict[str, Any]:
+async def drive(
+    procs: list[BookieProcess], args: argparse.Namespace, rate: float, ca_file: str | None = None
+) -> dict[str, Any]:
     resolver = StaticResolver({p.bookie_id: p.address for p in procs})
-    config = ClientConfig.load(add_window_max=max(args.window, 1))  # BKAIO_CLIENT_* env applies
+    tls: dict[str, Any] = {} if ca_file is None else {"tls_enabled": True, "tls_ca_file": ca_file}
+    config = ClientConfig.load(add_window_max=max(args.window, 1), **tls)  # BKAIO_CLIENT_* env applies
     bk = BookKeeper(
         LedgerManager(MemoryStore(), "/bench"),
         StaticDirectory([p.bookie_id for p in procs]),
@@ -143,17 +152,23 @@ async def _journal_state(proc: BookieProcess) -> dict[str, Any]:
     return journal
 
 
-def one_run(args: argparse.Namespace, rate: float) -> dict[str, Any]:
+def one_run(args: argparse.Namespace, rate: float, tls: bool = False) -> dict[str, Any]:
     base = tempfile.mkdtemp(prefix="bench-write-", dir=args.dir)
+    extra = ["--admin-port", "0"]
+    ca_file = None
+    if tls:
+        files = issue(trustme.CA(), Path(base) / "certs", "bookie", "127.0.0.1")
+        extra += ["--tls-cert-file", files.cert, "--tls-key-file", files.key]
+        ca_file = files.ca
     procs = [
-        BookieProcess(os.path.join(base, f"b{i}"), bookie_id=f"b{i}", extra_args=["--admin-port", "0"])
+        BookieProcess(os.path.join(base, f"b{i}"), bookie_id=f"b{i}", extra_args=extra)
         for i in range(args.bookies)
     ]
     try:
         for proc in procs:
             proc.start()
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(drive(procs, args, rate))
+            return runner.run(drive(procs, args, rate, ca_file))
     finally:
         for proc in procs:
             proc.cleanup()
@@ -223,6 +238,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=5000.0, help="fixed-rate pass (entries/s); 0 skips it")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--bound", action="store_true", help="also run replication_bound.py (same shape)")
+    ap.add_argument("--tls", action="store_true", help="also run ours with TLS on the bookie port")
     ap.add_argument("--dir", default=None, help="parent directory for bookie data (default: system temp)")
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--png", default=None, help="latency histogram of the fixed-rate runs")
@@ -234,12 +250,12 @@ def main() -> None:
             by_who = results.setdefault(name, {})
             # With --bound the order alternates rep by rep (ours first, then the bound first), so
             # neither side always runs on the machine the other just warmed or loaded.
-            order = ["ours", "bound"] if args.bound else ["ours"]
+            order = ["ours"] + (["ours_tls"] if args.tls else []) + (["bound"] if args.bound else [])
             if rep % 2:
                 order.reverse()
             for who in order:
-                if who == "ours":
-                    run = one_run(args, rate)
+                if who in ("ours", "ours_tls"):
+                    run = one_run(args, rate, tls=who == "ours_tls")
                     shown = {k: round(v, 3) for k, v in run.items() if k[0] != "_"}
                     line = {"pass": name, "who": who, **shown}
                 else:
@@ -264,6 +280,24 @@ def main() -> None:
                 ),
                 "p50": round(ours_m["p50_ms"] / bound_m["p50_ms"], 3),
                 "p99": round(ours_m["p99_ms"] / bound_m["p99_ms"], 3),
+            }
+        if "ours_tls" in by_who:
+            plain_m, tls_m = summary[name]["ours"], summary[name]["ours_tls"]
+            summary[name]["tls_over_plaintext"] = {
+                "throughput": round(tls_m["entries_s"] / plain_m["entries_s"], 3),
+                "throughput_median_of_reps": round(
+                    statistics.median(
+                        t["entries_s"] / p["entries_s"]
+                        for t, p in zip(by_who["ours_tls"], by_who["ours"], strict=True)
+                    ),
+                    3,
+                ),
+                "p50": round(tls_m["p50_ms"] / plain_m["p50_ms"], 3),
+                "p99": round(tls_m["p99_ms"] / plain_m["p99_ms"], 3),
+                "client_cpu": round(tls_m["client_cpu_us_per_entry"] / plain_m["client_cpu_us_per_entry"], 3),
+                "bookies_loop_cpu": round(
+                    tls_m["bookies_loop_cpu_us_per_entry"] / plain_m["bookies_loop_cpu_us_per_entry"], 3
+                ),
             }
     print(json.dumps(summary), flush=True)
     if args.json_out:
