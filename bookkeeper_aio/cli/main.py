@@ -18,6 +18,7 @@ import metadata
 from bookkeeper_aio.cli import log_commands, shell, state
 from bookkeeper_aio.cli.netns import NetnsUnavailable
 from bookkeeper_aio.cli.procs import ChildFailed
+from bookkeeper_aio.client.discovery import CLIENT_CONFIG_ENV
 from bookkeeper_aio.common.logging_setup import configure_logging
 from bookkeeper_aio.errors import BKError
 
@@ -25,6 +26,14 @@ from bookkeeper_aio.errors import BKError
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bkaio", description="The sandbox cluster and the operator shell.")
     parser.add_argument("--log-level", default=None, help="debug | info | warning | error (default: warning)")
+    parser.add_argument(
+        "--client-config",
+        metavar="FILE",
+        default=None,
+        help="client settings TOML (TLS CA and certificate, auth token: docs/security.md) for every "
+        "bookie connection this command makes (default $BKAIO_CLIENT_CONFIG, else the running "
+        "sandbox's own)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sandbox = sub.add_parser(
@@ -73,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure_logging(args.log_level or "warning")
+    if args.client_config:
+        os.environ[CLIENT_CONFIG_ENV] = args.client_config  # read by every client this command makes
     name = " ".join(filter(None, ["bkaio", args.command, getattr(args, f"{args.command}_command", None)]))
     try:
         if args.func is not None:
