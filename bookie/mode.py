@@ -125,7 +125,7 @@ class ModeMachine:
     def reasons(self) -> list[str]:
         out: list[str] = []
         if self.manual:
-            out.append("set read-only by the operator (admin: /readonly?set=0 clears it)")
+            out.append("set read-only by the operator (admin: POST /readonly?set=0 with the token clears it)")
         if self.journal_failed is not None:
             out.append(f"journal failed: {self.journal_failed}")
         if self.disk_problem is not None:
