@@ -17,7 +17,7 @@ from bookkeeper_aio.errors import BKError, Unauthorized
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
 from tests.harness.admin_http import get_json, http_get, post_json
-from tests.harness.bookie_proc import BookieProcess
+from tests.harness.bookie_proc import BookieProcess, BookieStartError
 from tests.harness.tls import CertFiles, issue
 
 from .wire import KEY, WireClient, entry_body
@@ -260,3 +260,39 @@ async def test_admin__state_changes_only_by_post_with_the_token(tmp_path: Path) 
         assert (status, mode["mode"], mode["manual"]) == (200, "readonly", True)
     finally:
         proc.cleanup()
+
+
+async def test_auth__a_pluggable_two_step_provider(tmp_path: Path) -> None:
+    """A provider of our own on both sides (tests/harness/auth_plugin.py): a challenge, its answer."""
+    proc = _start(tmp_path, "--auth-providers", "tests.harness.auth_plugin:bookie_provider")
+    try:
+        await _add_and_read(ClientConfig(auth_provider="tests.harness.auth_plugin:client_provider"), proc, 10)
+        wrong = ClientConfig(auth_provider="tests.harness.auth_plugin:wrong_client_provider")
+        cause = await _refused(wrong, proc)
+        assert isinstance(cause, Unauthorized), repr(cause)
+        assert "wrong answer to the challenge" in str(cause)
+    finally:
+        proc.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (
+            ["--tls-cert-file", "/nonexistent/cert.pem", "--tls-key-file", "/nonexistent/key.pem"],
+            "cannot load",
+        ),
+        (["--tls-cert-file", "/nonexistent/cert.pem"], "both tls_cert_file and tls_key_file"),
+        (["--auth-providers", "token"], "auth_token_file"),
+        (["--auth-providers", "token", "--auth-token-file", "/nonexistent/tokens"], "auth_token_file"),
+        (["--auth-providers", "no.such.module:factory"], "no.such.module"),
+    ],
+    ids=["missing_cert", "cert_without_key", "token_without_file", "unreadable_token_file", "bad_plugin"],
+)
+def test_bad_security_settings_refuse_to_start_saying_why(tmp_path: Path, args: list[str], says: str) -> None:
+    proc = BookieProcess(tmp_path / "bookie", bookie_id="bookie-1", extra_args=args)
+    with pytest.raises(BookieStartError) as info:
+        proc.start()
+    proc.cleanup()
+    assert info.value.returncode == 2
+    assert says in info.value.log_tail
