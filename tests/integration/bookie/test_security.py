@@ -17,7 +17,7 @@ from bookkeeper_aio.errors import BKError, Unauthorized
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
 from tests.harness.admin_http import get_json, http_get, post_json
-from tests.harness.bookie_proc import BookieProcess, BookieStartError
+from tests.harness.bookie_proc import BookieProcess
 from tests.harness.tls import CertFiles, issue
 
 from .wire import KEY, WireClient, entry_body
@@ -273,26 +273,3 @@ async def test_auth__a_pluggable_two_step_provider(tmp_path: Path) -> None:
         assert "wrong answer to the challenge" in str(cause)
     finally:
         proc.cleanup()
-
-
-@pytest.mark.parametrize(
-    ("args", "says"),
-    [
-        (
-            ["--tls-cert-file", "/nonexistent/cert.pem", "--tls-key-file", "/nonexistent/key.pem"],
-            "cannot load",
-        ),
-        (["--tls-cert-file", "/nonexistent/cert.pem"], "both tls_cert_file and tls_key_file"),
-        (["--auth-providers", "token"], "auth_token_file"),
-        (["--auth-providers", "token", "--auth-token-file", "/nonexistent/tokens"], "auth_token_file"),
-        (["--auth-providers", "no.such.module:factory"], "no.such.module"),
-    ],
-    ids=["missing_cert", "cert_without_key", "token_without_file", "unreadable_token_file", "bad_plugin"],
-)
-def test_bad_security_settings_refuse_to_start_saying_why(tmp_path: Path, args: list[str], says: str) -> None:
-    proc = BookieProcess(tmp_path / "bookie", bookie_id="bookie-1", extra_args=args)
-    with pytest.raises(BookieStartError) as info:
-        proc.start()
-    proc.cleanup()
-    assert info.value.returncode == 2
-    assert says in info.value.log_tail

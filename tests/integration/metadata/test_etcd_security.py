@@ -3,9 +3,11 @@ metadata URL options every component takes (docs/security.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -14,6 +16,7 @@ from aetcd import rpc
 
 from metadata import connect
 from metadata.errors import MetadataError, MetadataUnavailable
+from metadata.etcd import EtcdStore
 from tests.harness.etcd import EtcdMember, require_etcd_binary
 from tests.harness.tls import CertFiles, issue
 
@@ -44,6 +47,7 @@ def tls_etcd(tmp_path: Path, certs: tuple[CertFiles, CertFiles]) -> Iterator[Etc
             f"--key-file={server.key}",
             f"--trusted-ca-file={server.ca}",
             "--client-cert-auth",
+            "--auth-token-ttl=1",  # simple tokens expire after 1 s idle: the store must renew them
         ),
     )
     member.data_dir.mkdir(parents=True)
@@ -72,8 +76,18 @@ async def _enable_auth(member: EtcdMember, files: CertFiles, password: str) -> N
 
 
 async def test_tls_with_a_client_certificate_and_user_credentials(
-    tls_etcd: EtcdMember, certs: tuple[CertFiles, CertFiles], tmp_path: Path
+    tls_etcd: EtcdMember, certs: tuple[CertFiles, CertFiles], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    tokens_issued: list[str] = []
+    authenticate = EtcdStore._authenticate
+
+    async def counting(self: EtcdStore, endpoint: Any, deadline: float) -> None:
+        issued = not endpoint.authenticated and bool(self.config.user)
+        await authenticate(self, endpoint, deadline)
+        if issued:
+            tokens_issued.append(endpoint.target)
+
+    monkeypatch.setattr(EtcdStore, "_authenticate", counting)
     server, client = certs
     tls = {"ca_file": server.ca, "cert_file": client.cert, "key_file": client.key}
     async with connect(_url(tls_etcd, **tls)) as conn:
@@ -90,7 +104,11 @@ async def test_tls_with_a_client_certificate_and_user_credentials(
     await _enable_auth(tls_etcd, client, "r00t-pass")
     async with connect(_url(tls_etcd, **tls, user="root", password_file=str(password_file))) as conn:
         assert (await conn.store.get("/test/secure/k")).value == b"over tls"  # type: ignore[union-attr]
+        assert len(tokens_issued) == 1
+        await asyncio.sleep(2.5)  # the token expired: the next call authenticates again
         await conn.store.create("/test/secure/k2", b"authenticated")
+        assert len(tokens_issued) == 2
+        assert (await conn.store.get("/test/secure/k2")).value == b"authenticated"  # type: ignore[union-attr]
     async with connect(_url(tls_etcd, **tls)) as conn:  # no credentials: refused by etcd
         with pytest.raises(MetadataError):
             await conn.store.get("/test/secure/k")
