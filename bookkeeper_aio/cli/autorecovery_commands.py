@@ -354,11 +354,19 @@ async def cmd_decommission(args: argparse.Namespace) -> int:
         urm = UnderReplicationManager(meta.store, meta.root)
         bookie_id = validate_name(args.bookie_id, "bookie id")
         admin = args.admin or await _registered_admin(meta, bookie_id)
+        token = None
         if admin:  # before anything is recorded: a loopback admin address names this host's bookie
             await asyncio.to_thread(_check_admin_is, admin, bookie_id)
+            token = admin_token(args.admin_token_file)
+            if token is None:
+                raise BKInterfaceError(
+                    f"making {bookie_id} read-only through its admin endpoint {admin} needs its admin "
+                    f"token: pass --admin-token-file FILE (or set ${ADMIN_TOKEN_ENV}): the bookie's "
+                    "admin_token_file, or <its data dir>/admin.token"
+                )
         await urm.start_decommission(bookie_id)  # never chosen as a replacement from now on
         if admin:
-            await asyncio.to_thread(_set_read_only, admin, admin_token(args.admin_token_file))
+            await asyncio.to_thread(_set_read_only, admin, token)
         else:
             print(
                 f"{bookie_id} publishes no admin endpoint and --admin was not given: it is not made "
