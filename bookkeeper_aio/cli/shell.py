@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import fcntl
 import json
 import os
@@ -27,7 +28,8 @@ from bookkeeper_aio.cli import autorecovery_commands, output, state
 from bookkeeper_aio.cli.demo import DEMO_PASSWORD
 from bookkeeper_aio.cli.state import METADATA_ENV, resolve_metadata_url
 from bookkeeper_aio.client.bookkeeper import BookKeeper
-from bookkeeper_aio.errors import Unauthorized
+from bookkeeper_aio.client.ledger import LedgerHandle
+from bookkeeper_aio.errors import BKError, Unauthorized
 from bookkeeper_aio.protocol import messages as m
 
 BOOKIE_INFO_TIMEOUT_S = 3.0
@@ -392,19 +394,18 @@ async def cmd_simpletest(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     async with BookKeeper.connect(await _cluster_url(args)) as bk:
         handle = await bk.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum, password=password)
-        payloads = [f"simpletest {handle.id} entry {i}".encode() for i in range(args.entries)]
-        progress = output.Progress("simpletest write", args.entries)
-        futures = [await handle.append_async(p) for p in payloads]
-        for done, future in enumerate(asyncio.as_completed(futures), 1):
-            await future
-            progress.update(done)
-        progress.finish()
-        await handle.close()
-        reader = await bk.open_ledger(handle.id, password=password)
-        read = [entry.payload async for entry in reader.read(0, reader.last_add_confirmed)]
+        try:
+            payloads, read = await _write_and_read_back(bk, handle, password, args.entries)
+        except BaseException:
+            # a failed test leaves no ledger behind: its random password would keep autorecovery and
+            # `bkaio decommission` from ever moving it
+            handle.abort()
+            with contextlib.suppress(BKError):
+                await bk.delete_ledger(handle.id)
+            raise
+        await bk.delete_ledger(handle.id)
         if read != payloads:
             raise SystemExit(f"simpletest: ledger {handle.id} read back {len(read)} entries that differ")
-        await bk.delete_ledger(handle.id)
     result = {
         "ledger_id": handle.id,
         "entries": args.entries,
@@ -413,6 +414,22 @@ async def cmd_simpletest(args: argparse.Namespace) -> int:
     }
     output.emit(result, as_json=args.json)
     return 0
+
+
+async def _write_and_read_back(
+    bk: BookKeeper, handle: LedgerHandle, password: bytes, entries: int
+) -> tuple[list[bytes], list[bytes]]:
+    """simpletest's work: ``entries`` appends with a progress bar, close, read back (written, read)."""
+    payloads = [f"simpletest {handle.id} entry {i}".encode() for i in range(entries)]
+    progress = output.Progress("simpletest write", entries)
+    futures = [await handle.append_async(p) for p in payloads]
+    for done, future in enumerate(asyncio.as_completed(futures), 1):
+        await future
+        progress.update(done)
+    progress.finish()
+    await handle.close()
+    reader = await bk.open_ledger(handle.id, password=password)
+    return payloads, [entry.payload async for entry in reader.read(0, reader.last_add_confirmed)]
 
 
 def _command(sub: Any, name: str, func: Any, help_text: str) -> argparse.ArgumentParser:

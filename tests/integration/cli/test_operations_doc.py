@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,12 +93,14 @@ class Guide:
     def env(self, host: str, extra: dict[str, str] | None = None) -> dict[str, str]:
         home = self.root(host) / "home"
         home.mkdir(parents=True, exist_ok=True)
-        path = f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        path = f"{self.base / 'bin'}:{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        hosts = ",".join(f"{self.hosts.address(i)}={self.root(h)}" for i, h in enumerate(HOSTS))
         return {
             "PATH": path,
             "HOME": str(home),
             "LANG": "C.UTF-8",
             "BKAIO_LOG_FORMAT": "json",
+            "GUIDE_HOSTS": hosts,  # for the scp shim
             **(extra or {}),
         }
 
@@ -106,22 +109,39 @@ class Guide:
 
     def run_shell(self, host: str, lines: list[str]) -> None:
         script = "\n".join(["set -e", "[ -f ~/.profile ] && . ~/.profile", *lines])
-        result = subprocess.run(
+        with subprocess.Popen(
             [*self.ns(host), "bash", "-c", self.localize(host, script)],
             env=self.env(host),
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=180,
-            check=False,
-        )
-        self.outputs.append((host, result.stdout))
-        assert result.returncode == 0, (
-            f"on {host}:\n{script}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
-        )
+        ) as shell:
+            deadline = time.monotonic() + 180
+            while True:
+                try:
+                    stdout, stderr = shell.communicate(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:  # polled: a unit may die meanwhile
+                    died = [f"{u} on {h}" for (h, u), p in self.running.items() if p.poll() is not None]
+                    if died or time.monotonic() > deadline:
+                        shell.kill()
+                        logs = "".join(
+                            self._log_tail(h, u) for (h, u) in self.running if f"{u} on {h}" in died
+                        )
+                        raise AssertionError(
+                            f"on {host}, waiting for:\n{script}\n{died or 'timeout'}\n{logs}"
+                        ) from None
+        self.outputs.append((host, stdout))
+        output = f"--- stdout\n{stdout}\n--- stderr\n{stderr}"
+        assert shell.returncode == 0, f"on {host}:\n{script}\n{output}"
+
+    def _log_tail(self, host: str, name: str) -> str:
+        lines = (self.root(host) / f"{name}.log").read_text(errors="replace").splitlines()
+        return f"--- {name} on {host}:\n" + "\n".join(lines[-10:]) + "\n"
 
     def start(self, host: str, name: str) -> None:
         unit = self.units[name]
-        env = dict(unit.env)
+        env = {key: self.localize(host, value) for key, value in unit.env.items()}
         if "NAME" in env:  # the etcd unit: "only its Environment= line differs" per host
             env.update(NAME=f"e{HOSTS.index(host) + 1}", IP=self.hosts.address(HOSTS.index(host)))
         command = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], self.localize(host, unit.exec_start))
@@ -183,6 +203,28 @@ class Guide:
         self.hosts.close()
 
 
+SCP = f"""#!{sys.executable}
+# scp between the guide's hosts: HOST:PATH is PATH under that host's directory ($GUIDE_HOSTS)
+import os, shutil, sys
+roots = dict(pair.split("=", 1) for pair in os.environ["GUIDE_HOSTS"].split(","))
+*sources, target = [arg for arg in sys.argv[1:] if not arg.startswith("-")]
+address, _, path = target.partition(":")
+for root in roots.values():  # the sender's copy of the guide's paths -> the receiver's
+    if path.startswith(root + "/"):
+        path = roots[address] + path[len(root):]
+os.makedirs(path if path.endswith("/") else os.path.dirname(path), exist_ok=True)
+for source in sources:
+    shutil.copy2(source, path)
+"""
+
+
+def _scp_shim(directory: Path) -> None:
+    directory.mkdir()
+    shim = directory / "scp"
+    shim.write_text(SCP)
+    shim.chmod(0o755)
+
+
 def parse_unit(lines: list[str]) -> Unit:
     joined = "\n".join(lines).replace("\\\n", " ")
     env: dict[str, str] = {}
@@ -206,6 +248,7 @@ def test_the_operations_guide_builds_a_working_three_host_cluster(tmp_path: Path
     except NetnsUnavailable as exc:
         pytest.skip(f"the guide's addresses cannot be set up here: {exc}")
     guide = Guide(hosts, tmp_path, etcd)
+    _scp_shim(tmp_path / "bin")
     ran = 0
     try:
         for block in blocks(DOC.read_text()):
@@ -227,7 +270,8 @@ def test_the_operations_guide_builds_a_working_three_host_cluster(tmp_path: Path
         text = "\n".join(out for _, out in guide.outputs)
         for number in (1, 2, 3):  # `bkaio bookies`: each at its own host's address
             assert re.search(rf"bookie-{number}\s+writable\s+10\.0\.0\.1{number}:3181", text), text
-        assert re.search(r"^ok\s+True$", text, re.MULTILINE), text  # simpletest
+        assert re.search(r"^ok\s+True$", text, re.MULTILINE), text  # simpletest, over TLS with the token
+        assert "refused without the CA and the token" in text, text
         assert re.search(r"^auditor\s+\S+", text, re.MULTILINE), text  # autorecovery status
         assert re.search(r"^left\s+\[\]$", text, re.MULTILINE), text  # decommission of bookie-3
         assert ("h3", "bookie") not in guide.running  # and it was stopped
