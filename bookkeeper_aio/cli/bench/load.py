@@ -114,7 +114,8 @@ async def drive(
 
     await _sleep_until(span.start)
     reporter = asyncio.create_task(_report(progress, answered, end))
-    cpu = asyncio.create_task(_cpu_over(span))
+    cpu_at_start: list[float] = []
+    marker = asyncio.create_task(_mark_cpu(measure_from, cpu_at_start))
     try:
         count = len(submits)
         sent = 0
@@ -139,11 +140,13 @@ async def drive(
                 pending.add(future)
                 future.add_done_callback(functools.partial(done, intended, sent % count))
                 sent += 1
+        # The span's CPU ends here: draining what is in flight is not part of it.
+        result.cpu_s = time.process_time() - cpu_at_start[0] if cpu_at_start else 0.0
         if pending:
             await asyncio.wait(list(pending))
     finally:
         reporter.cancel()
-        result.cpu_s = await cpu
+        marker.cancel()
     if progress is not None:
         progress(answered[0])
     return result
@@ -163,9 +166,7 @@ async def _report(progress: Callable[[int], None] | None, answered: list[int], e
         progress(answered[0])
 
 
-async def _cpu_over(span: Span) -> float:
-    """This process's CPU seconds over the measured span (sampled at its two ends)."""
-    await _sleep_until(span.measure_from)
-    before = time.process_time()
-    await _sleep_until(span.end)
-    return time.process_time() - before
+async def _mark_cpu(instant: float, into: list[float]) -> None:
+    """This process's CPU seconds at ``instant`` (the start of the measured span)."""
+    await _sleep_until(instant)
+    into.append(time.process_time())

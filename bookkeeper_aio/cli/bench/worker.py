@@ -74,7 +74,7 @@ async def nats_target(spec: dict[str, Any]) -> AsyncIterator[Sequence[Submit]]:
     import nats  # the bench extra
 
     payload = os.urandom(spec["size"])
-    nc = await nats.connect(spec["nats_servers"], max_pending_size=512 * 1024 * 1024)
+    nc = await nats.connect(spec["nats_servers"], pending_size=64 * 1024 * 1024)
     try:
         js = nc.jetstream(publish_async_max_pending=spec["window"])
         subjects = [f"{spec['nats_subject']}.{spec['index']}.{i}" for i in range(spec["ledgers"])]
