@@ -1,9 +1,10 @@
 """``bkaio bench write|read|tail|recovery|restart|log``: how fast is the cluster, against what, and
 where does the time go, in one command (BookKeeper's ``bin/benchmark``).
 
-Runs against the sandbox by default (its state file says where it is) or any cluster
-(``--metadata``); writes ``result.json``, ``summary.md`` and PNG plots to a results folder
-(``--out``, default ``$BKAIO_HOME/bench/<time>-<scenario>``) and prints the summary. The pieces:
+Runs against the sandbox by default (its state file says where it is), any cluster
+(``--metadata``), or a private sandbox started for the run (``--sandbox``); writes ``result.json``,
+``summary.md`` and PNG plots to a results folder (``--out``, default
+``$BKAIO_HOME/bench/<time>-<scenario>``) and prints the summary. The pieces:
 :mod:`.options` (the command line), :mod:`.load` (the load loop), :mod:`.worker` / :mod:`.clients`
 (client processes), :mod:`.bookies` (the bookie side), :mod:`.peers` (``--compare``),
 :mod:`.writes` and :mod:`.scenarios` (what each scenario runs), :mod:`.report` (the folder).
@@ -12,10 +13,15 @@ Runs against the sandbox by default (its state file says where it is) or any clu
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import shlex
+import shutil
 import sys
-from collections.abc import Awaitable, Callable
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bookkeeper_aio.cli.bench import options
@@ -61,14 +67,14 @@ async def cmd_bench(args: argparse.Namespace) -> int:
     except BenchUsageError as error:
         print(f"bkaio bench {scenario}: {error}", file=sys.stderr)
         return 2
-    url = resolve_metadata_url(opts.metadata)
     from bookkeeper_aio.cli.bench.report import Report  # hdrhistogram, matplotlib: the bench extra
 
     argv = getattr(args, "argv", None) or sys.argv[1:]
     report = Report(opts, "bkaio " + " ".join(shlex.quote(a) for a in argv))
     live = LiveLine(not opts.quiet)
     try:
-        await _scenario(scenario)(opts, url, report, live)
+        async with _cluster(opts, live) as url:
+            await _scenario(scenario)(opts, url, report, live)
     finally:
         live.clear()
     data = report.write()
@@ -78,6 +84,26 @@ async def cmd_bench(args: argparse.Namespace) -> int:
         print((opts.out / "summary.md").read_text(), end="")
         print(f"results: {opts.out}")
     return 0
+
+
+@contextlib.asynccontextmanager
+async def _cluster(opts: BenchOptions, live: LiveLine) -> AsyncIterator[str]:
+    """The metadata URL to benchmark: ``--metadata``, ``$BKAIO_METADATA`` or the running sandbox;
+    with ``--sandbox`` a private one, started here and stopped (and its data removed) after."""
+    if not opts.sandbox:
+        yield resolve_metadata_url(opts.metadata)
+        return
+    from bookkeeper_aio.cli.sandbox import Sandbox
+
+    data_dir = Path(tempfile.mkdtemp(prefix="bkaio-bench-sandbox-"))
+    box = Sandbox(data_dir, opts.bookies)
+    try:
+        live.show(f"starting a sandbox: etcd and {opts.bookies} bookies in {data_dir} ...")
+        await asyncio.to_thread(box.start)  # synchronous: it waits for each child in turn
+        yield box.metadata_url
+    finally:
+        await asyncio.to_thread(box.stop)
+        await asyncio.to_thread(shutil.rmtree, data_dir, True)
 
 
 def _scenario(name: str) -> Scenario:

@@ -48,6 +48,8 @@ ENTRY_BYTES_MAX = ClientConfig().entry_bytes_max
 class BenchOptions:
     scenario: str
     metadata: str | None
+    sandbox: bool
+    bookies: int
     out: Path
     quiet: bool
     json: bool
@@ -94,6 +96,13 @@ def add_arguments(parser: argparse.ArgumentParser, scenario: str) -> None:
     parser.add_argument(
         "--metadata", help="etcd://HOST:PORT[,HOST:PORT]/ROOT (default: $BKAIO_METADATA, else the sandbox)"
     )
+    parser.add_argument(
+        "--sandbox",
+        action="store_true",
+        help="run against a private sandbox (etcd + --bookies bookie processes in a temporary "
+        "directory) started for this run and stopped after it",
+    )
+    parser.add_argument("--bookies", type=int, default=3, help="bookies of --sandbox (default 3)")
     parser.add_argument(
         "--out", type=Path, default=None, help="results folder (default $BKAIO_HOME/bench/<time>-<scenario>)"
     )
@@ -172,6 +181,11 @@ def build(args: argparse.Namespace, scenario: str) -> BenchOptions:
     if not 0 <= args.warmup <= 3600:
         raise BenchUsageError(f"--warmup must be in [0, 3600] seconds, got {args.warmup}")
     _check_range("--reps", args.reps, 1, 1000)
+    _check_range("--bookies", args.bookies, 1, 32)
+    if args.sandbox and args.metadata:
+        raise BenchUsageError("--sandbox starts a cluster of its own: drop --metadata (or --sandbox)")
+    if args.sandbox and args.bookies < args.ensemble:
+        raise BenchUsageError(f"--sandbox --bookies {args.bookies} is below --ensemble {args.ensemble}")
     _check_range("--entries", args.entries, 1, 100_000_000)
     _check_range("--journal-mib", args.journal_mib, 1, 64 * 1024)
     _check_range("--roll-every", args.roll_every, 1, 1_000_000_000)
@@ -183,6 +197,8 @@ def build(args: argparse.Namespace, scenario: str) -> BenchOptions:
     return BenchOptions(
         scenario=scenario,
         metadata=args.metadata,
+        sandbox=args.sandbox,
+        bookies=args.bookies,
         out=(args.out or default_out(scenario)).absolute(),
         quiet=args.quiet,
         json=args.json,

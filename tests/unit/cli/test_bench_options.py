@@ -23,6 +23,7 @@ from bookkeeper_aio.cli.main import main
         (["read", "--compare", "nats"], "does not apply to `bench read`; it takes etcd"),
         (["write", "--compare", "bound"], "pass --bound-script PATH or set $BKAIO_BENCH_BOUND"),
         (["write", "--compare", "bound", "--bound-script", "/nonexistent/bound.py"], "is not a file"),
+        (["write", "--sandbox"], "--sandbox starts a cluster of its own: drop --metadata"),
     ],
 )
 def test_bench_options__refused_with_what_to_do(
