@@ -35,7 +35,7 @@ from bookkeeper_aio.cli.bench.errors import PeerUnavailable
 from bookkeeper_aio.cli.bench.live import LiveLine
 from bookkeeper_aio.cli.bench.options import BenchOptions
 from bookkeeper_aio.cli.bench.report import Run
-from bookkeeper_aio.cli.bench.stats import latency_ms, new_histogram
+from bookkeeper_aio.cli.bench.stats import latency_ms, new_histogram, thread_cpu_s
 from bookkeeper_aio.cli.procs import Child, ChildFailed, find_etcd, free_port, port_open
 
 READY_TIMEOUT_S = 60.0
@@ -80,6 +80,17 @@ class NatsCluster:
     servers: list[str]
     subject: str
     version: str
+    pids: list[int]
+
+    async def cpu_s(self) -> float | None:
+        """CPU seconds of the three servers so far (None when /proc does not show one)."""
+        total = 0.0
+        for pid in self.pids:
+            cpu = thread_cpu_s(pid)
+            if cpu is None:
+                return None
+            total += sum(cpu)
+        return total
 
     def describe(self) -> str:
         return (
@@ -160,7 +171,7 @@ async def nats_cluster(log_dir: Path, replicas: int = 3) -> AsyncIterator[NatsCl
                     await asyncio.sleep(0.5)
         finally:
             await nc.close()
-        yield NatsCluster(servers, subject, version)
+        yield NatsCluster(servers, subject, version, [child.pid for child in children])
     finally:
         for child in children:
             child.stop()

@@ -117,8 +117,15 @@ async def run_write(opts: BenchOptions, url: str, report: Report, live: LiveLine
                         opts.out / "logs",
                         live,
                         label=f"nats-rep{rep}",
+                        at_span_ends=nats.cpu_s,
                     )
-                    report.add(load_run("nats", rep, merged))
+                    run = load_run("nats", rep, merged)
+                    before, after = merged["_samples"]
+                    if before is not None and after is not None and merged["entries"]:
+                        run.metrics["servers_cpu_us_per_entry"] = round(
+                            (after - before) / merged["entries"] * 1e6, 2
+                        )
+                    report.add(run)
             if etcd is not None:
                 for run in await peers.run_metadata_pair(opts, etcd, rep, live):
                     report.add(run)
