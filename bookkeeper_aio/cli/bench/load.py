@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bookkeeper_aio.cli.bench.stats import new_histogram
+from bookkeeper_aio.cli.bench.stats import HdrHistogram, new_histogram
 
 Submit = Callable[[], Awaitable["asyncio.Future[Any]"]]
 """Start one append; returns (once there is room) a future resolved when it is acknowledged."""
@@ -63,10 +63,15 @@ class LoadResult:
     per_target: list[int] = field(default_factory=list)
     cpu_s: float = 0.0
 
-    def to_json(self) -> dict[str, Any]:
+    def histogram(self) -> HdrHistogram:
+        """The latencies in microseconds."""
         hist = new_histogram()
         for latency_s in self.latencies_s:
             hist.record_value(max(1, int(latency_s * 1e6)))
+        return hist
+
+    def to_json(self) -> dict[str, Any]:
+        hist = self.histogram()
         return {
             "acked": self.acked,
             "failed": self.failed,

@@ -39,7 +39,7 @@ from bookkeeper_aio.cli.bench.live import LiveLine
 from bookkeeper_aio.cli.bench.load import Span, clock, drive
 from bookkeeper_aio.cli.bench.options import BenchOptions
 from bookkeeper_aio.cli.bench.report import OURS, Report, Run
-from bookkeeper_aio.cli.bench.stats import latency_ms, merge, new_histogram
+from bookkeeper_aio.cli.bench.stats import HdrHistogram, latency_ms, new_histogram
 from bookkeeper_aio.cli.bench.worker import BENCH_MARK, PASSWORD
 from bookkeeper_aio.cli.procs import free_port, port_open
 from bookkeeper_aio.client.bookie_client import StaticResolver
@@ -145,7 +145,10 @@ async def run_tail(opts: BenchOptions, url: str, report: Report, live: LiveLine)
                 custom_metadata=_marked(opts),
             )
             try:
-                return await _tail_once(opts, rep, lh, reader)
+                metrics, tail_hist = await tail_once(
+                    lh, reader, size=opts.size, rate=opts.rate, duration_s=opts.duration_s
+                )
+                return Run(OURS, rep, metrics, histogram=tail_hist)
             finally:
                 lh.abort()
                 await writer.delete_ledger(lh.id)
@@ -153,9 +156,13 @@ async def run_tail(opts: BenchOptions, url: str, report: Report, live: LiveLine)
     await _with_etcd(opts, report, live, one)
 
 
-async def _tail_once(opts: BenchOptions, rep: int, lh: Any, reader: BookKeeper) -> Run:
+async def tail_once(
+    lh: Any, reader: BookKeeper, *, size: int, rate: float, duration_s: float, password: bytes = PASSWORD
+) -> tuple[dict[str, Any], HdrHistogram]:
+    """Append to ``lh`` (one at a time, at ``rate`` or back to back) for ``duration_s`` while
+    ``reader`` tails it: the write and tail-after-ack latencies, and the tail histogram."""
     await lh.append(b"warm-up")  # entry 0: connections are up before the clock starts
-    rh = await reader.open_ledger(lh.id, password=PASSWORD)
+    rh = await reader.open_ledger(lh.id, password=password)
     seen_at: dict[int, float] = {}
 
     async def follow() -> None:
@@ -165,10 +172,10 @@ async def _tail_once(opts: BenchOptions, rep: int, lh: Any, reader: BookKeeper) 
     follower = asyncio.create_task(follow())
     acked_at: dict[int, float] = {}
     write_hist, tail_hist = new_histogram(), new_histogram()
-    payload = os.urandom(opts.size)
-    interval_s = 1 / opts.rate if opts.rate else 0.0
+    payload = os.urandom(size)
+    interval_s = 1 / rate if rate else 0.0
     started = next_at = clock()
-    while clock() - started < opts.duration_s:
+    while clock() - started < duration_s:
         if interval_s:
             next_at += interval_s
             await asyncio.sleep(max(0.0, next_at - clock()))
@@ -185,16 +192,13 @@ async def _tail_once(opts: BenchOptions, rep: int, lh: Any, reader: BookKeeper) 
         if entry_id != last:  # the last one waits for the close (or the explicit LAC) by design
             tail_hist.record_value(max(1, int((seen_at[entry_id] - acked) * 1e6)))
     write_ms, tail_ms = latency_ms(write_hist), latency_ms(tail_hist)
-    return Run(
-        OURS,
-        rep,
-        {
-            "entries": len(acked_at),
-            **{f"write_{k}_ms": v for k, v in write_ms.items()},
-            **{f"tail_after_ack_{k}_ms": v for k, v in tail_ms.items()},
-        },
-        histogram=tail_hist,
-    )
+    metrics = {
+        "entries": len(acked_at),
+        **{f"write_{k}_ms": v for k, v in write_ms.items()},
+        **{f"tail_after_ack_{k}_ms": v for k, v in tail_ms.items()},
+        "last_entry_after_ack_ms": round((seen_at[last] - acked_at[last]) * 1e3, 3),
+    }
+    return metrics, tail_hist
 
 
 # ------------------------------------------------------------------ recovery
@@ -214,39 +218,55 @@ async def run_recovery(opts: BenchOptions, url: str, report: Report, live: LiveL
                 custom_metadata=_marked(opts),
             )
             try:
-                payload = os.urandom(opts.size)
-                acked = [await lh.append_async(payload) for _ in range(acked_count)]
-                await asyncio.gather(*acked)
-                for _ in range(opts.in_flight):
-                    await lh.append_async(payload)
-                await asyncio.sleep(0)  # the frames are written in this tick ...
-                await asyncio.sleep(0)
-                lac_at_death = lh.last_add_confirmed
-                writer.abort()  # ... and the writer is gone, as after a kill -9
-                await asyncio.sleep(0.5)
-                warm = await recoverer.create_ledger(opts.ensemble, opts.write_quorum, opts.ack_quorum)
-                await warm.append(b"w")  # a taking-over leader's connections are up already
-                await warm.close()
-                await recoverer.delete_ledger(warm.id)
-                started = clock()
-                rh = await recoverer.open_ledger(lh.id, password=PASSWORD, recovery=True)
-                elapsed = clock() - started
+                metrics = await recover_once(
+                    recoverer, lh, size=opts.size, acked=acked_count, in_flight=opts.in_flight
+                )
             finally:
                 with contextlib.suppress(Exception):
                     await recoverer.delete_ledger(lh.id)
-        if rh.last_add_confirmed < lac_at_death:
-            raise BenchFailed(f"recovery lost entries: last {rh.last_add_confirmed} < LAC {lac_at_death}")
-        return Run(
-            OURS,
-            rep,
-            {
-                "recovery_s": round(elapsed, 4),
-                "lac_at_death": lac_at_death,
-                "recovered_entries": rh.last_add_confirmed - lac_at_death,
-            },
-        )
+        return Run(OURS, rep, metrics)
 
     await _with_etcd(opts, report, live, one)
+
+
+async def recover_once(
+    recoverer: BookKeeper,
+    lh: Any,
+    *,
+    size: int,
+    acked: int,
+    in_flight: int,
+    settle_s: float = 0.5,
+    password: bytes = PASSWORD,
+) -> dict[str, Any]:
+    """The writer of ``lh`` appends ``acked`` entries and waits for them, sends ``in_flight`` more and
+    dies (aborted right after the frames left: what a kill -9 leaves); ``recoverer`` (connections
+    already up, as a taking-over leader's) then times ``open_ledger(recovery=True)``."""
+    payload = os.urandom(size)
+    futures = [await lh.append_async(payload) for _ in range(acked)]
+    await asyncio.gather(*futures)
+    for _ in range(in_flight):
+        await lh.append_async(payload)
+    await asyncio.sleep(0)  # the frames are written in this tick ...
+    await asyncio.sleep(0)
+    lac_at_death = lh.last_add_confirmed
+    lh.abort()  # ... and the writer is gone (its frames left: the kernel sends them after a kill -9)
+    await asyncio.sleep(settle_s)
+    md = lh.metadata
+    warm = await recoverer.create_ledger(md.ensemble_size, md.write_quorum, md.ack_quorum)
+    await warm.append(b"w")
+    await warm.close()
+    await recoverer.delete_ledger(warm.id)
+    started = clock()
+    rh = await recoverer.open_ledger(lh.id, password=password, recovery=True)
+    elapsed = clock() - started
+    if rh.last_add_confirmed < lac_at_death:
+        raise BenchFailed(f"recovery lost entries: last {rh.last_add_confirmed} < LAC {lac_at_death}")
+    return {
+        "recovery_s": round(elapsed, 4),
+        "lac_at_death": lac_at_death,
+        "recovered_entries": rh.last_add_confirmed - lac_at_death,
+    }
 
 
 # ------------------------------------------------------------------ log
@@ -294,7 +314,7 @@ async def run_log(opts: BenchOptions, url: str, report: Report, live: LiveLine) 
                     await bk.delete_ledger(target.id)
                 else:
                     await delete_log(bk, name, password=PASSWORD)
-        hist = merge([result.to_json()["histogram"]])
+        hist = result.histogram()
         return Run(
             which,
             rep,

@@ -17,6 +17,19 @@ except ImportError as error:  # pragma: no cover - the message is the point
         "bkaio bench needs the hdrhistogram package: pip install 'bookkeeper-aio[bench]'"
     ) from error
 
+__all__ = [
+    "LATENCY_US_MAX",
+    "PERCENTILES",
+    "HdrHistogram",
+    "latency_ms",
+    "median_of",
+    "merge",
+    "new_histogram",
+    "percentile_curve",
+    "rss_bytes",
+    "thread_cpu_s",
+]
+
 LATENCY_US_MAX = 60_000_000
 """The histogram's range: 1 µs .. 60 s (a slower answer is clamped, and would be a failure anyway)."""
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
