@@ -66,7 +66,9 @@ async def _with_etcd(opts: BenchOptions, report: Report, live: LiveLine, reps: A
             live.show("starting a 3-member etcd cluster ...")
             etcd = await stack.enter_async_context(peers.etcd_cluster(opts.out / "logs"))
         for rep in range(opts.reps):
-            report.add(await reps(rep))
+            got = await reps(rep)
+            for run in got if isinstance(got, list) else [got]:
+                report.add(run)
             if etcd is not None:
                 for run in await peers.run_metadata_pair(opts, etcd, rep, live):
                     report.add(run)
@@ -331,10 +333,11 @@ async def run_log(opts: BenchOptions, url: str, report: Report, live: LiveLine) 
             timeline_interval_s=span.interval_s,
         )
 
-    for rep in range(opts.reps):
+    async def one_rep(rep: int) -> list[Run]:
         order = list(passes[rep % 3 :] + passes[: rep % 3])  # rotating: no pass always runs first
-        for which in order:
-            report.add(await one_pass(which, rep))
+        return [await one_pass(which, rep) for which in order]
+
+    await _with_etcd(opts, report, live, one_rep)
     summary = report.summary()
     if "ledger" in summary:
         base = summary["ledger"].get("entries_per_s")
