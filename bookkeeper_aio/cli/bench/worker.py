@@ -17,6 +17,7 @@ import contextlib
 import functools
 import json
 import os
+import resource
 import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -101,7 +102,14 @@ async def run(spec: dict[str, Any]) -> int:
             rate=spec["rate"],
             progress=lambda answered: say("progress", str(answered)),
         )
-    say("result", result.to_json())
+    # ru_maxrss is in KiB on Linux: the peak of this client process, window and ledgers included
+    say(
+        "result",
+        {
+            **result.to_json(),
+            "rss_peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        },
+    )
     return 0
 
 
