@@ -18,9 +18,10 @@ import contextlib
 import json
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,11 +73,20 @@ async def cmd_bench(args: argparse.Namespace) -> int:
     argv = getattr(args, "argv", None) or sys.argv[1:]
     report = Report(opts, "bkaio " + " ".join(shlex.quote(a) for a in argv))
     live = LiveLine(not opts.quiet)
-    try:
-        async with _cluster(opts, live) as url:
-            await _scenario(scenario)(opts, url, report, live)
-    finally:
-        live.clear()
+    with _stop_on_signals():
+        try:
+            async with _cluster(opts, live) as url:
+                await _scenario(scenario)(opts, url, report, live)
+        except asyncio.CancelledError:
+            live.clear()
+            print(
+                f"bkaio bench {scenario}: interrupted; its client processes were stopped and its "
+                "ledgers deleted (nothing written to the results folder)",
+                file=sys.stderr,
+            )
+            return 130
+        finally:
+            live.clear()
     data = report.write()
     if opts.json:
         print(json.dumps(data, default=str))
@@ -84,6 +94,23 @@ async def cmd_bench(args: argparse.Namespace) -> int:
         print((opts.out / "summary.md").read_text(), end="")
         print(f"results: {opts.out}")
     return 0
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """Ctrl-C or SIGTERM cancels the run, so every ``finally`` stops what it started (client
+    processes, peers, a --sandbox) and deletes what it created, instead of leaving them behind."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for signum in signals:
+        loop.add_signal_handler(signum, task.cancel)
+    try:
+        yield
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
 
 
 @contextlib.asynccontextmanager

@@ -29,6 +29,8 @@ START_DELAY_S = 0.3
 """The shared start is this far ahead of the go line, so every process is waiting when it comes."""
 DRAIN_TIMEOUT_S = 60.0
 """After the measured span: the adds still in flight must be answered (or time out) within this."""
+STOP_GRACE_S = 10.0
+"""A client process told to stop gets this long to delete its ledgers before it is killed."""
 
 
 @dataclass
@@ -80,11 +82,22 @@ async def run_clients(
                 )
         return _merge(span, [c.result for c in procs if c.result is not None], samples)
     finally:
-        for client in procs:
-            if client.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    client.proc.kill()
-                await client.proc.wait()
+        await asyncio.shield(_stop(procs))
+
+
+async def _stop(procs: list[_Client]) -> None:
+    """SIGTERM (a worker then deletes its ledgers and exits), SIGKILL after STOP_GRACE_S."""
+    alive = [c.proc for c in procs if c.proc.returncode is None]
+    for proc in alive:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+    for proc in alive:
+        try:
+            await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
 
 
 async def _start(index: int, spec: dict[str, Any], log_path: Path) -> _Client:

@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import resource
+import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -89,6 +90,10 @@ async def nats_target(spec: dict[str, Any]) -> AsyncIterator[Sequence[Submit]]:
 async def run(spec: dict[str, Any]) -> int:
     target = nats_target if spec["system"] == "nats" else bookkeeper_target
     loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    for signum in (signal.SIGINT, signal.SIGTERM):  # the parent stops us: clean up, then exit
+        loop.add_signal_handler(signum, task.cancel)
     async with target(spec) as submits:
         say("ready")
         line = await loop.run_in_executor(None, sys.stdin.readline)
@@ -118,6 +123,8 @@ def main() -> int:
     spec = json.loads(sys.stdin.readline())
     try:
         return uvloop.run(run(spec))
+    except asyncio.CancelledError:
+        return 130
     except Exception as error:  # noqa: BLE001 (any failure is reported to the parent, which says where the log is)
         say("error", f"{type(error).__name__}: {error}")
         return 1
