@@ -10,6 +10,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,3 +104,57 @@ def test_bench_write__two_client_processes_leave_a_results_folder(cluster: str, 
         assert (out / png).read_bytes().startswith(PNG_MAGIC)
     # the benchmark's ledgers are deleted afterwards
     assert asyncio.run(_ledgers(cluster)) == []
+
+
+def _bench(url: str, out: Path, *argv: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bookkeeper_aio.cli.main",
+            "bench",
+            *argv,
+            "--metadata",
+            url,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads((out / "result.json").read_text())
+    return result
+
+
+@pytest.mark.slow
+def test_bench_scenarios__read_tail_recovery_restart_log_each_report_and_clean_up(
+    cluster: str, tmp_path: Path
+) -> None:
+    [read] = _bench(cluster, tmp_path / "read", "read", "-W", "3", "--entries", "3000")["runs"]
+    assert read["entries_per_s"] > 0
+    assert read["batch_reads"] is True
+    assert read["client_cpu_us_per_entry"] > 0
+
+    [tail] = _bench(cluster, tmp_path / "tail", "tail", "--duration", "1")["runs"]
+    assert tail["entries"] > 10
+    assert 0 < tail["tail_after_ack_p50_ms"] <= tail["tail_after_ack_max_ms"]
+
+    [recovery] = _bench(cluster, tmp_path / "recovery", "recovery", "--in-flight", "200")["runs"]
+    assert recovery["lac_at_death"] >= 399
+    assert recovery["recovery_s"] > 0
+
+    [restart] = _bench(cluster, tmp_path / "restart", "restart", "--journal-mib", "4")["runs"]
+    assert 0 < restart["serving_s"] <= restart["ready_s"]
+    assert restart["registered_s"] > 0
+
+    log = _bench(
+        cluster, tmp_path / "log", "log", "--duration", "1", "--warmup", "0.2", "--roll-every", "500"
+    )
+    assert {run["system"] for run in log["runs"]} == {"ledger", "log", "log_roll"}
+    assert next(r for r in log["runs"] if r["system"] == "log_roll")["ledgers"] > 1
+    assert any(note.startswith("log / ledger throughput") for note in log["notes"])
+
+    assert asyncio.run(_ledgers(cluster)) == []  # nothing the benchmarks made is left behind
