@@ -21,17 +21,18 @@ from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.client.discovery import home
 
 SCENARIOS = ("write", "read", "tail", "recovery", "restart", "log")
-PEERS = ("bound", "nats", "etcd")
+PEERS = ("bound", "nats", "etcd", "single-reads")
 PEERS_BY_SCENARIO: dict[str, tuple[str, ...]] = {
     "write": ("bound", "nats", "etcd"),
-    "read": ("etcd",),
+    "read": ("etcd", "single-reads"),
     "tail": ("etcd",),
     "recovery": ("etcd",),
     "restart": ("etcd",),
     "log": ("etcd",),
 }
 """``--compare`` peers each scenario can run: the bound and NATS take the write shape only; etcd is
-the metadata path, beside any scenario."""
+the metadata path, beside any scenario; ``single-reads`` is our own read with batch reads turned off
+(one request per entry: the read path before batching, in the same run)."""
 
 BOUND_ENV = "BKAIO_BENCH_BOUND"
 """Where ``--compare bound`` finds ``replication_bound.py`` when ``--bound-script`` is not given."""

@@ -4,7 +4,8 @@ by rep, and adds one :class:`~bookkeeper_aio.cli.bench.report.Run` per rep (plus
 ``--compare etcd``, the metadata path beside it). Ledgers and logs they create are deleted.
 
 - read: one ledger of ``--entries`` entries, written once; per rep a cold client (new connections)
-  reads it whole. Batch reads serve ``Qw == E`` ledgers; ``Qw < E`` reads entry by entry.
+  reads it whole (batch reads: consecutive for ``Qw == E``, stepped stripes for ``Qw < E``);
+  ``--compare single-reads`` reads it again with batch reads off, interleaved.
 - tail: a writer appends (``--rate``, or back to back), a second client tails the ledger; per
   entry the write latency (ack - send) and the tail latency (reader has it - ack).
 - recovery: a writer acknowledges ``2 x --in-flight`` entries, sends ``--in-flight`` more and is
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -100,9 +102,19 @@ async def run_read(opts: BenchOptions, url: str, report: Report, live: LiveLine)
             await _fill(handle, opts.entries, opts.size, live, "read: writing the ledger")
             await handle.close()
 
-            async def one(rep: int) -> Run:
-                live.show(f"read rep {rep}: reading {opts.entries:,} entries ...")
-                async with BookKeeper.connect(url) as reader:
+            async def one(rep: int) -> list[Run]:
+                systems = [OURS, *(["single-reads"] if "single-reads" in opts.compare else [])]
+                if rep % 2:
+                    systems.reverse()
+                return [await one_read(system, rep) for system in systems]
+
+            async def one_read(system: str, rep: int) -> Run:
+                live.show(f"read rep {rep} ({system}): reading {opts.entries:,} entries ...")
+                # single-reads: batch reads off, one READ_ENTRY per entry (the path before batching)
+                config = ClientConfig.load()
+                if system != OURS:
+                    config = dataclasses.replace(config, batch_read_count_max=1)
+                async with BookKeeper.connect(url, config=config) as reader:
                     rh = await reader.open_ledger(handle.id, password=PASSWORD)
                     before = await bookies.sample(endpoints)
                     cpu0, started = time.process_time(), clock()
@@ -115,14 +127,14 @@ async def run_read(opts: BenchOptions, url: str, report: Report, live: LiveLine)
                     raise BenchFailed(f"read {count} entries of {opts.entries}")
                 side = bookies.breakdown(before, after, count)
                 return Run(
-                    OURS,
+                    system,
                     rep,
                     {
                         "entries_per_s": round(count / elapsed, 1),
                         "seconds": round(elapsed, 3),
                         "client_cpu_us_per_entry": round(cpu_s / count * 1e6, 2),
                         "bookies_cpu_us_per_entry": side.get("cpu_us_per_entry"),
-                        "batch_reads": opts.write_quorum == opts.ensemble,
+                        "batch_reads": system == OURS,
                     },
                 )
 
