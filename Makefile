@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 # Where `make run` keeps the sandbox's etcd and bookie data (bkaio honours $BKAIO_HOME too).
 BKAIO_HOME ?= $(HOME)/.bkaio
 
@@ -29,8 +30,16 @@ chaos: $(STAMP)
 run: $(STAMP)
 	$(BIN)/bkaio sandbox
 
-bench: $(STAMP)
-	$(BIN)/python -m benchmarks.bookie_add
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+# A short default comparison on a private sandbox (docs/benchmarks.md): our write path against NATS
+# JetStream R3 (fsync always) in the same run, 3 reps interleaved. `make bench BOUND=PATH` adds the
+# replication bound (replication_bound.py, not part of this repository).
+BENCH_ARGS ?= --duration 5 --warmup 1 --reps 3
+bench: $(BENCH_STAMP)
+	$(BIN)/bkaio bench write --sandbox $(BENCH_ARGS) --compare nats $(if $(BOUND),--compare bound --bound-script $(BOUND))
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -29,6 +29,7 @@ from typing import Any
 import msgpack
 import uvloop
 
+from bookkeeper_aio.cli.bench import stats
 from bookkeeper_aio.protocol.codes import OpCode
 from bookkeeper_aio.protocol.digest import EntryCodec
 from bookkeeper_aio.protocol.framing import LENGTH, FrameDecoder
@@ -157,18 +158,9 @@ def process_cpu_s(pid: int) -> float:
 
 def thread_cpu_s(pid: int) -> tuple[float, float]:
     """(event-loop thread, every other thread: the journal writer and idle pools) CPU seconds."""
-    main = others = 0.0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        if task.name == str(pid):
-            main += cpu
-        else:
-            others += cpu
-    return main, others
+    cpu = stats.thread_cpu_s(pid)
+    assert cpu is not None, "needs Linux /proc"
+    return cpu
 
 
 def one_run(size: int, window: int, secs: float, rate: float, parent: str | None) -> dict[str, Any]:

@@ -6,7 +6,8 @@ entries. Per run: the writer appends ``--acked`` entries and waits for them, the
 ``--in-flight`` more to the bookies and is aborted right after the frames left (the bookies see
 exactly what a kill -9 of the writer process leaves behind: entries past the LAC that carry the old
 LAC). After the bookies settled, a second client (connections already open, as a taking-over
-leader's would be) times ``open_ledger(recovery=True)``. Prints one JSON line per run and a summary
+leader's would be) times ``open_ledger(recovery=True)`` (the steps are ``bkaio bench recovery``'s,
+``bookkeeper_aio.cli.bench.scenarios.recover_once``). Prints one JSON line per run and a summary
 (median over ``--reps``).
 
     python -m benchmarks.recovery --reps 5
@@ -15,21 +16,19 @@ leader's would be) times ``open_ledger(recovery=True)``. Prints one JSON line pe
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
-import time
 from typing import Any
 
 from benchmarks import _cluster
 from bookkeeper_aio import BookKeeper, ClientConfig
+from bookkeeper_aio.cli.bench import scenarios
 from bookkeeper_aio.client.bookie_client import StaticResolver
 from bookkeeper_aio.client.context import StaticDirectory
 from bookkeeper_aio.client.recovery import recover_ledger
 from bookkeeper_aio.protocol.digest import EntryCodec, master_key
 from metadata.ledger_manager import LedgerManager
-from metadata.ledger_metadata import LedgerState
 from tests.harness.bookie_proc import BookieProcess
 
 
@@ -49,37 +48,36 @@ async def one_run(
     recoverer = _client(procs, ledgers, 1000)
     try:
         lh = await writer.create_ledger(args.ensemble, args.qw, args.qa, password=b"bench")
-        payload = os.urandom(args.size)
-        acked = [await lh.append_async(payload) for _ in range(args.acked)]
-        await asyncio.gather(*acked)
-        for _ in range(args.in_flight):
-            await lh.append_async(payload)
-        await asyncio.sleep(0)  # the frames are written in this tick...
-        await asyncio.sleep(0)
-        lac_at_death = lh.last_add_confirmed
-        lh.abort()  # ...and the writer is gone
-        await asyncio.sleep(args.settle_s)
-        # warm the recoverer's connections (a taking-over leader talks to these bookies already)
-        warm = await recoverer.create_ledger(args.ensemble, args.qw, args.qa, password=b"w")
-        await warm.append(b"w")
-        await warm.close()
-        started = time.perf_counter()
-        if args.window:  # the engine directly, with another window (1 = BookKeeper's one at a time)
-            codec = EntryCodec(lh.metadata.digest_type, b"bench")
-            await recover_ledger(recoverer.context, lh.id, codec, master_key(b"bench"), window=args.window)
-        rh = await recoverer.open_ledger(lh.id, password=b"bench", recovery=True)
-        elapsed_s = time.perf_counter() - started
-        assert rh.metadata.state is LedgerState.CLOSED
-        assert rh.last_add_confirmed >= lac_at_death
-        return {
-            "recovery_s": round(elapsed_s, 4),
-            "lac_at_death": lac_at_death,
-            "last_entry": rh.last_add_confirmed,
-            "recovered_entries": rh.last_add_confirmed - lac_at_death,
-        }
+        if args.window:  # the engine directly first, with another window (1 = BookKeeper's one at a time)
+            recoverer = _WindowedRecoverer(recoverer, args.window)  # type: ignore[assignment]
+        return await scenarios.recover_once(
+            recoverer,
+            lh,
+            size=args.size,
+            acked=args.acked,
+            in_flight=args.in_flight,
+            settle_s=args.settle_s,
+            password=b"bench",
+        )
     finally:
         writer.abort()
         await recoverer.close()
+
+
+class _WindowedRecoverer:
+    """A client whose ``open_ledger(recovery=True)`` runs the recovery engine with ``window`` first."""
+
+    def __init__(self, bk: BookKeeper, window: int) -> None:
+        self._bk, self._window = bk, window
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bk, name)
+
+    async def open_ledger(self, ledger_id: int, *, password: bytes, recovery: bool) -> Any:
+        md = (await self._bk.context.ledgers.read(ledger_id)).metadata
+        codec = EntryCodec(md.digest_type, password)
+        await recover_ledger(self._bk.context, ledger_id, codec, master_key(password), window=self._window)
+        return await self._bk.open_ledger(ledger_id, password=password, recovery=recovery)
 
 
 def main() -> None:

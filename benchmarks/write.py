@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -30,7 +31,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -39,8 +39,8 @@ import trustme
 import uvloop
 from hdrh.histogram import HdrHistogram
 
-from benchmarks.bookie_add import thread_cpu_s
 from bookkeeper_aio import BookKeeper, ClientConfig
+from bookkeeper_aio.cli.bench import load, stats
 from bookkeeper_aio.client.bookie_client import StaticResolver
 from bookkeeper_aio.client.context import StaticDirectory
 from metadata.ledger_manager import LedgerManager
@@ -50,7 +50,7 @@ from tests.harness.bookie_proc import BookieProcess
 from tests.harness.tls import issue
 
 BOUND_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "tools" / "replication_bound.py"
-LATENCY_US_MAX = 60_000_000
+LATENCY_US_MAX = stats.LATENCY_US_MAX
 
 
 async def drive(
@@ -68,40 +68,15 @@ async def drive(
     lh = await bk.create_ledger(args.ensemble, args.qw, args.qa, password=b"bench")
     await lh.append(b"warm-up")  # connections established before the clock starts
     payload = os.urandom(args.size)
-    hist = HdrHistogram(1, LATENCY_US_MAX, 3)
-    latencies: list[float] = []  # recorded into the histogram after the run: hdrh costs ~2 µs a value
-    clock = time.perf_counter
-    cpu0 = time.process_time()
     bookie_cpu0 = [_thread_cpu_s(p) for p in procs]
     journal0 = [await _journal_state(p) for p in procs]
-    t0 = clock()
-    count = 0
-    if rate:
-        futures: list[asyncio.Future[int]] = []
-        sent = 0
-        while (now := clock()) - t0 < args.secs:
-            while sent < int((now - t0) * rate):
-                future = await lh.append_async(payload)
-                future.add_done_callback(lambda _f, a=now: latencies.append(clock() - a))
-                futures.append(future)
-                sent += 1
-            await asyncio.sleep(0.001)
-        await asyncio.gather(*futures)
-        count = sent
-    else:
-        deadline = t0 + args.secs
-        done = [0]
-
-        async def worker() -> None:
-            while (start := clock()) < deadline:
-                await lh.append(payload)
-                latencies.append(clock() - start)
-                done[0] += 1
-
-        await asyncio.gather(*(worker() for _ in range(args.window)))
-        count = done[0]
-    elapsed = clock() - t0
-    client_cpu_s = time.process_time() - cpu0
+    # The load loop of `bkaio bench` (closed loop, or open loop measured from the intended send time)
+    span = load.Span(load.clock(), 0.0, args.secs)
+    result = await load.drive(
+        [functools.partial(lh.append_async, payload)], span, window=args.window, rate=rate
+    )
+    count = result.acked
+    hist = result.histogram()
     bookie_cpu = [
         tuple(b - a for a, b in zip(before, _thread_cpu_s(p), strict=True))
         for p, before in zip(procs, bookie_cpu0, strict=True)
@@ -118,18 +93,16 @@ async def drive(
     fsyncs = sum(
         after["fsync_count"] - before["fsync_count"] for before, after in zip(journal0, journal, strict=True)
     )
-    for latency_s in latencies:
-        hist.record_value(max(1, int(latency_s * 1e6)))
     await lh.close()
     await bk.close()
     return {
-        "entries_s": count / elapsed,
-        "MB_s": count * args.size / elapsed / 1e6,
+        "entries_s": count / args.secs,
+        "MB_s": count * args.size / args.secs / 1e6,
         "p50_ms": hist.get_value_at_percentile(50) / 1e3,
         "p99_ms": hist.get_value_at_percentile(99) / 1e3,
         "p999_ms": hist.get_value_at_percentile(99.9) / 1e3,
         "ensemble_changes": lh.ensemble_changes,
-        "client_cpu_us_per_entry": client_cpu_s / max(count, 1) * 1e6,
+        "client_cpu_us_per_entry": result.cpu_s / max(count, 1) * 1e6,
         "bookies_cpu_us_per_entry": sum(loop + other for loop, other in bookie_cpu) / max(count, 1) * 1e6,
         "bookies_loop_cpu_us_per_entry": sum(loop for loop, _ in bookie_cpu) / max(count, 1) * 1e6,
         "bookies_writer_cpu_us_per_entry": sum(other for _, other in bookie_cpu) / max(count, 1) * 1e6,
@@ -142,7 +115,9 @@ async def drive(
 def _thread_cpu_s(proc: BookieProcess) -> tuple[float, float]:
     """(event-loop thread, every other thread: the journal writer) CPU seconds of a bookie (Linux /proc)."""
     assert proc.proc is not None
-    return thread_cpu_s(proc.proc.pid)
+    cpu = stats.thread_cpu_s(proc.proc.pid)
+    assert cpu is not None, "needs Linux /proc"
+    return cpu
 
 
 async def _journal_state(proc: BookieProcess) -> dict[str, Any]:

@@ -142,6 +142,7 @@ class _Writer:
         self.fds: dict[int, int] = {}
         self.allocated: dict[int, int] = {}
         self.sync_seconds = BucketHistogram(FSYNC_SECONDS_BOUNDS)  # observed here, read at scrape
+        self.write_seconds = BucketHistogram(FSYNC_SECONDS_BOUNDS)  # the group's write(s), per group
         self.spare_error: OSError | None = None
         """The last failure to create the next segment ahead of time (None once one succeeded)."""
 
@@ -189,10 +190,12 @@ class _Writer:
                 run.offset = 0
             data = b"".join(run.parts)
             self._ensure_allocated(run.segment_id, fd, run.offset + len(data))
+            write_start_s = self.clock.monotonic()
             self.fileio.journal_write(fd, data, run.offset)
             sync_start_s = self.clock.monotonic()
             self.fileio.journal_sync(fd)
             self.sync_seconds.observe(self.clock.monotonic() - sync_start_s)
+            self.write_seconds.observe(sync_start_s - write_start_s)
             if i != last:
                 self.close_segment(run.segment_id)
         if spare_segment_id not in self.fds:
@@ -299,11 +302,14 @@ class Journal:
         "_thread",
         "_writer",
         "bytes_written",
+        "completion_seconds",
         "group_records",
         "groups_written",
         "on_pressure",
+        "queue_wait_seconds",
         "records_written",
         "sync_seconds",
+        "write_seconds",
     )
 
     def __init__(
@@ -348,6 +354,12 @@ class Journal:
         self.bytes_written = 0
         self.group_records = BucketHistogram(GROUP_RECORDS_BOUNDS)
         self.sync_seconds = self._writer.sync_seconds
+        self.write_seconds = self._writer.write_seconds
+        # Where a group's time goes besides write + fdatasync, observed once per group on the loop:
+        # gathering (its first record appended -> handed to the writer) and completion (the
+        # callbacks: index updates and answers).
+        self.queue_wait_seconds = BucketHistogram(FSYNC_SECONDS_BOUNDS)
+        self.completion_seconds = BucketHistogram(FSYNC_SECONDS_BOUNDS)
 
     @property
     def synced_position(self) -> Position:
@@ -487,6 +499,8 @@ class Journal:
         if not self._pending_bytes and not self._callbacks:
             return
         runs, callbacks = self._runs, self._callbacks
+        if self._pending_bytes:
+            self.queue_wait_seconds.observe(self._clock.monotonic() - self._first_append_s)
         runs[-1].end = self._offset
         end = Position(self._segment_id, self._offset)
         self._runs = [_Run(self._segment_id, self._offset)]
@@ -510,7 +524,9 @@ class Journal:
         self.records_written += records
         self.bytes_written += group_bytes
         self.group_records.observe(records)
+        completion_start_s = self._clock.monotonic()
         self._run_callbacks(callbacks, None)
+        self.completion_seconds.observe(self._clock.monotonic() - completion_start_s)
         if self._pressure and self._pending_bytes <= self._config.queue_bytes_max // 2:
             self._set_pressure(False)
         if self._pending_bytes or self._callbacks:

@@ -35,7 +35,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from bookie.journal import PREALLOCATE_BYTES
-from bookie.stats import FSYNC_SECONDS_BOUNDS, GROUP_RECORDS_BOUNDS
+from bookie.stats import FSYNC_SECONDS_BOUNDS, GROUP_RECORDS_BOUNDS, BucketHistogram
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import PROTOCOL_VERSION, OpCode, StatusCode
 
@@ -140,6 +140,9 @@ class Snapshot:
     journal_failed: str | None = None
     journal_fsync: Histogram = field(default_factory=lambda: _empty(FSYNC_SECONDS_BOUNDS))
     journal_group_records: Histogram = field(default_factory=lambda: _empty(GROUP_RECORDS_BOUNDS))
+    journal_write: Histogram = field(default_factory=lambda: _empty(FSYNC_SECONDS_BOUNDS))
+    journal_queue_wait: Histogram = field(default_factory=lambda: _empty(FSYNC_SECONDS_BOUNDS))
+    journal_completion: Histogram = field(default_factory=lambda: _empty(FSYNC_SECONDS_BOUNDS))
     connections: int = 0
     connections_max: int = 0
     connections_refused: int = 0
@@ -161,6 +164,11 @@ class Snapshot:
     gc_bytes_copied: int = 0
     gc_bytes_freed: int = 0
     gc_segments_deleted: int = 0
+
+
+def _read(histogram: BucketHistogram) -> Histogram:
+    cumulative, total = histogram.snapshot()
+    return Histogram(histogram.bounds, cumulative, total)
 
 
 def _op_name(request_type: type[Any]) -> str:
@@ -214,6 +222,9 @@ def snapshot(server: BookieServer, disk: DiskStatus | None = None) -> Snapshot:
             journal_failed=None if failed is None else repr(failed),
             journal_fsync=Histogram(journal.sync_seconds.bounds, fsync_cumulative, fsync_sum),
             journal_group_records=Histogram(journal.group_records.bounds, group_cumulative, group_sum),
+            journal_write=_read(journal.write_seconds),
+            journal_queue_wait=_read(journal.queue_wait_seconds),
+            journal_completion=_read(journal.completion_seconds),
         )
     if processor is not None:
         requests = {_op_name(kind): count for kind, count in processor.requests.items()}
@@ -379,6 +390,17 @@ def _journal_families(snap: Snapshot) -> Iterator[Metric]:
     yield _histogram(
         "bookie_journal_group_records", "Records acknowledged per group commit", snap.journal_group_records
     )
+    yield _histogram("bookie_journal_write_seconds", "Time of each group's journal write", snap.journal_write)
+    yield _histogram(
+        "bookie_journal_queue_wait_seconds",
+        "Per group: from its first record appended to the group handed to the writer",
+        snap.journal_queue_wait,
+    )
+    yield _histogram(
+        "bookie_journal_completion_seconds",
+        "Per group: completing its records after the fdatasync (index updates, answers)",
+        snap.journal_completion,
+    )
     yield _counter("bookie_journal_groups", "Group commits written and synced", snap.journal_groups)
     yield _counter(
         "bookie_journal_records", "Records acknowledged durable by the journal", snap.journal_records
@@ -460,6 +482,9 @@ def state_json(snap: Snapshot) -> dict[str, Any]:
             "failed": snap.journal_failed,
             "fsync_count": snap.journal_fsync.count,
             "fsync_seconds_sum": round(snap.journal_fsync.sum, 6),
+            "write_seconds_sum": round(snap.journal_write.sum, 6),
+            "queue_wait_seconds_sum": round(snap.journal_queue_wait.sum, 6),
+            "completion_seconds_sum": round(snap.journal_completion.sum, 6),
         },
         "connections": snap.connections,
         "connections_refused": snap.connections_refused,

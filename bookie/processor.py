@@ -471,8 +471,9 @@ class Processor:
         bytes_max = min(req.max_bytes, self.frame_bytes_max - RESPONSE_OVERHEAD_BYTES)
         try:
             state = self.storage.ledger(lid)
-            bodies = await self.storage.read_range(lid, req.start_entry_id, req.max_count, bytes_max)
-            frame = m.encode(m.BatchReadResponse(rid, 0, None, lid, req.start_entry_id, bodies, state.lac))
+            start, step = req.start_entry_id, req.step
+            bodies = await self.storage.read_range(lid, start, req.max_count, bytes_max, step)
+            frame = m.encode(m.BatchReadResponse(rid, 0, None, lid, start, bodies, state.lac, step))
             self.entries_read += len(bodies)
         except asyncio.CancelledError:
             raise

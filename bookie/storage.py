@@ -406,13 +406,15 @@ class Storage:
         )
         return entry_id, body
 
-    async def read_range(self, ledger_id: int, first: int, count_max: int, bytes_max: int) -> list[bytes]:
-        """Consecutive entries from ``first``: stops at a gap, ``count_max`` or ``bytes_max`` (the
-        first entry is always returned). Raises like :meth:`read_entry` for the first entry."""
+    async def read_range(
+        self, ledger_id: int, first: int, count_max: int, bytes_max: int, step: int = 1
+    ) -> list[bytes]:
+        """Entries ``first``, ``first + step``, ...: stops at a gap, ``count_max`` or ``bytes_max``
+        (the first entry is always returned). Raises like :meth:`read_entry` for the first entry."""
         state = self.ledger(ledger_id)
         plan: list[tuple[int, Location]] = []
         total = 0
-        for entry_id in range(first, first + count_max):
+        for entry_id in range(first, first + count_max * step, step):
             location = state.index.get(entry_id)
             if location is None:
                 break

@@ -15,7 +15,8 @@ from pathlib import Path
 import uvloop
 
 import metadata
-from bookkeeper_aio.cli import log_commands, shell, state
+from bookkeeper_aio.cli import bench, log_commands, shell, state
+from bookkeeper_aio.cli.bench import BenchFailed, PeerUnavailable
 from bookkeeper_aio.cli.netns import NetnsUnavailable
 from bookkeeper_aio.cli.procs import ChildFailed
 from bookkeeper_aio.client.discovery import CLIENT_CONFIG_ENV
@@ -76,11 +77,13 @@ def _parser() -> argparse.ArgumentParser:
     sandbox.set_defaults(func=None)
     shell.add_commands(sub)
     log_commands.add_commands(sub)
+    bench.add_commands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `bkaio bench` records its command
     configure_logging(args.log_level or "warning")
     if args.client_config:
         os.environ[CLIENT_CONFIG_ENV] = args.client_config  # read by every client this command makes
@@ -104,7 +107,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 hosts=args.hosts > 0,
                 tls=args.tls,
             )
-    except (state.NoClusterConfigured, shell.NoSuchCluster, ChildFailed, NetnsUnavailable) as exc:
+    except (
+        state.NoClusterConfigured,
+        shell.NoSuchCluster,
+        ChildFailed,
+        NetnsUnavailable,
+        BenchFailed,
+        PeerUnavailable,
+    ) as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 1
     except (BKError, metadata.MetadataError) as exc:

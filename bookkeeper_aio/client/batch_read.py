@@ -1,8 +1,9 @@
-"""Sequential range reads with BATCH_READ (docs/protocol.md §3.8, §7.6), for ``Qw == E`` ledgers.
+"""Sequential range reads with BATCH_READ (docs/protocol.md §3.8, §7.6).
 
 When every bookie of a fragment holds every entry of it (``Qw == E``), one BATCH_READ returns a run
-of consecutive entries from one replica. (With striping, ``Qw < E``, a bookie holds no run: those
-ledgers keep the pipelined single reads of :meth:`EntryReader.read_range`.)
+of consecutive entries from one replica. With striping (``Qw < E``) a bookie holds no long run, but
+entries ``e``, ``e + E``, ``e + 2E`` ... share one write set: one BATCH_READ with ``step`` E returns
+such a stripe, and E stripes merged make the run (:func:`read_range_striped`).
 
 Rules, the same guarantees as single reads (read_handle.py):
 
@@ -67,7 +68,8 @@ def can_batch(reader: EntryReader) -> bool:
 
 
 class _BatchOp(SpeculativeOp):
-    """Entries ``first..last`` of one fragment, read from its replicas one batch at a time.
+    """Entries ``first, first + step, ..., last`` of one fragment, read from their replicas one
+    batch at a time (``step`` > 1: one stripe of a striped ledger, entries sharing a write set).
 
     ``future`` resolves with the verified prefix received (all of it, part of it or nothing); it
     never fails: the caller decides what to do with what is missing.
@@ -84,12 +86,15 @@ class _BatchOp(SpeculativeOp):
         "reader",
         "replicas",
         "started",
+        "step",
     )
 
-    def __init__(self, reader: EntryReader, first: int, last: int, bytes_max: int) -> None:
+    def __init__(self, reader: EntryReader, first: int, last: int, bytes_max: int, step: int = 1) -> None:
+        assert (last - first) % step == 0, "last is on first's stripe"
         self.reader = reader
         self.first = first
         self.last = last
+        self.step = step
         self.bytes_max = bytes_max
         self.replicas = reader.replicas(first)
         self.next_replica = 0
@@ -101,7 +106,7 @@ class _BatchOp(SpeculativeOp):
 
     @property
     def count(self) -> int:
-        return self.last - self.first + 1
+        return (self.last - self.first) // self.step + 1
 
     def send_next(self) -> bool:
         """Ask the next replica for the entries still missing; False when none is left."""
@@ -110,12 +115,12 @@ class _BatchOp(SpeculativeOp):
         bookie_id = self.replicas[self.next_replica]
         self.next_replica += 1
         self.outstanding += 1
-        reader = self.reader
-        ledger_id, start, bytes_max = reader.ledger_id, self.first + len(self.entries), self.bytes_max
-        count = self.last - start + 1
+        reader, step = self.reader, self.step
+        ledger_id, start, bytes_max = reader.ledger_id, self.first + len(self.entries) * step, self.bytes_max
+        count = (self.last - start) // step + 1
         reader.ctx.pool.request_with_callback(
             bookie_id,
-            lambda rid: m.BatchReadRequest(rid, ledger_id, start, count, bytes_max, 0, None),
+            lambda rid: m.BatchReadRequest(rid, ledger_id, start, count, bytes_max, 0, None, step),
             _on_batch_result,
             (self, start),
             reader.ctx.config.read_timeout_s,
@@ -159,7 +164,12 @@ def _on_batch_result(context: tuple[_BatchOp, int], bookie_id: str, result: Resu
             answered=(getattr(result, "ledger_id", None), getattr(result, "start_entry_id", None)),
         )
     else:
-        healthy = _take(op, bookie_id, start, getattr(result, "bodies", []))
+        bodies = getattr(result, "bodies", [])
+        if getattr(result, "step", 1) != op.step:
+            # A bookie that does not know ``step`` answered consecutive entries: only the first is
+            # one of ours; the caller asks again for the rest (one entry per answer from it).
+            bodies = bodies[:1]
+        healthy = _take(op, bookie_id, start, bodies)
     if len(op.entries) == op.count:
         op.resolve()
         return
@@ -181,9 +191,10 @@ def _take(op: _BatchOp, bookie_id: str, start: int, bodies: list[bytes]) -> bool
     ledger_id = reader.ledger_id
     entries = op.entries
     metrics = reader.metrics
-    wanted = op.first + len(entries)
-    for offset in range(max(0, wanted - start), len(bodies)):
-        entry_id = start + offset
+    step = op.step
+    wanted = op.first + len(entries) * step
+    for offset in range(max(0, (wanted - start) // step), len(bodies)):
+        entry_id = start + offset * step
         if entry_id > op.last:
             break  # more than asked for: never past the range
         try:
@@ -258,6 +269,89 @@ async def read_range_batched(reader: EntryReader, first: int, last: int) -> Asyn
                 yield entry
     finally:
         for op in ops:
+            op.finish()
+            if not op.future.done():
+                op.future.cancel()
+
+
+def can_batch_striped(reader: EntryReader) -> bool:
+    """Whether ranges of a striped ledger (``Qw < E``) are read as stripes of BATCH_READs with a
+    step (see :func:`read_range_striped`): a plain read, batches of more than one entry allowed."""
+    schedule = reader.schedule
+    return (
+        schedule.write_quorum < schedule.ensemble_size
+        and reader.flags == 0
+        and reader.ctx.config.batch_read_count_max > 1
+    )
+
+
+async def read_range_striped(reader: EntryReader, first: int, last: int) -> AsyncIterator[Entry]:
+    """Entries ``first..last`` of a striped ledger (``Qw < E``), in order.
+
+    Entries ``e`` and ``e + E`` have the same write set, so a run of consecutive entries is read as
+    E stripes: stripe ``r`` asks the replicas of its first entry for every E-th entry with one
+    BATCH_READ of step E (its replicas hold all of them), with the failover, speculation and
+    verification of :class:`_BatchOp`; the stripes are merged back in entry order. A stripe cut
+    short is asked again from its first missing entry; an entry no replica gives in a batch is read
+    with a single read, whose errors are the reference. A bookie that ignores the step (older
+    than the field) gives one entry per answer: slower, still correct.
+    """
+    config = reader.ctx.config
+    stripes = reader.schedule.ensemble_size
+    window = config.read_window_max
+    count_max = max(
+        1,
+        min(config.batch_read_count_max, BATCH_READ_COUNT_MAX, -(-window // (BATCHES_IN_FLIGHT * stripes))),
+    )
+    chunk_entries = count_max * stripes
+    ops_max = stripes * -(-window // chunk_entries)
+    frame_room = max(1, config.frame_bytes_max - RESPONSE_OVERHEAD_BYTES)
+    bytes_max = max(1, min(config.batch_read_bytes_max // ops_max, frame_room))
+    chunks: collections.deque[list[_BatchOp]] = collections.deque()
+    live: set[_BatchOp] = set()  # every op not yet consumed: stopped if the reader goes away
+    asked = 0
+    next_id = first
+
+    def start(begin: int, end: int) -> _BatchOp:
+        op = _BatchOp(reader, begin, end, bytes_max, stripes)
+        live.add(op)
+        op.future.add_done_callback(_retrieve)
+        op.send_next()
+        op.arm_speculation()
+        return op
+
+    def start_chunk(begin: int, end: int) -> list[_BatchOp]:
+        heads = range(begin, min(end, begin + stripes - 1) + 1)
+        return [start(head, head + (end - head) // stripes * stripes) for head in heads]
+
+    async def complete(op: _BatchOp) -> list[Entry]:
+        entries = list(await op.future)
+        live.discard(op)
+        while len(entries) < op.count:
+            missing = op.first + len(entries) * stripes
+            rest = start(missing, op.last)
+            more = await rest.future
+            live.discard(rest)
+            entries += more if more else [await reader.read_entry(missing)]
+        return entries
+
+    try:
+        while next_id <= last or chunks:
+            while next_id <= last and asked < window:
+                end = min(last, next_id + chunk_entries - 1)
+                fragment_last = _fragment_last(reader, next_id)
+                if fragment_last is not None:
+                    end = min(end, fragment_last)
+                chunks.append(start_chunk(next_id, end))
+                asked += end - next_id + 1
+                next_id = end + 1
+            ops = chunks.popleft()
+            asked -= sum(op.count for op in ops)
+            merged = [await complete(op) for op in ops]
+            for i in range(sum(len(stripe) for stripe in merged)):
+                yield merged[i % len(ops)][i // len(ops)]
+    finally:
+        for op in live:
             op.finish()
             if not op.future.done():
                 op.future.cancel()

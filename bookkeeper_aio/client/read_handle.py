@@ -27,7 +27,12 @@ from typing import Any
 
 import structlog
 
-from bookkeeper_aio.client.batch_read import can_batch, read_range_batched
+from bookkeeper_aio.client.batch_read import (
+    can_batch,
+    can_batch_striped,
+    read_range_batched,
+    read_range_striped,
+)
 from bookkeeper_aio.client.connection import Result
 from bookkeeper_aio.client.context import ClientContext
 from bookkeeper_aio.client.quorum import DistributionSchedule
@@ -206,10 +211,13 @@ class EntryReader:
 
     def read_range(self, first: int, last: int) -> AsyncIterator[Entry]:
         """Entries ``first..last`` in order, ``read_window_max`` reads ahead: in BATCH_READs when
-        every bookie holds every entry (``Qw == E``, see ``bookkeeper_aio.client.batch_read``), else in
-        pipelined single reads."""
+        every bookie holds every entry (``Qw == E``), in stepped BATCH_READs merged per stripe when
+        striped (``Qw < E``; see ``bookkeeper_aio.client.batch_read``), else (fencing reads, batches
+        turned off) in pipelined single reads."""
         if can_batch(self):
             return read_range_batched(self, first, last)
+        if can_batch_striped(self):
+            return read_range_striped(self, first, last)
         return self._read_singles(first, last)
 
     async def _read_singles(self, first: int, last: int) -> AsyncIterator[Entry]:

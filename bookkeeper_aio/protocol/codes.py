@@ -33,6 +33,8 @@ LONG_POLL_TIMEOUT_MS_MAX = 60_000
 """A long-poll read waits at most this long; a client asking for more is refused (EBADREQ)."""
 
 BATCH_READ_COUNT_MAX = 10_000
+BATCH_READ_STEP_MAX = 64
+"""BATCH_READ ``step``: at most the largest ensemble (a striped reader steps by E)."""
 """A BATCH_READ returns at most this many entries, whatever the request asks."""
 
 REQUEST_ID_MAX = (1 << 64) - 1

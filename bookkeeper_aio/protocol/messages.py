@@ -24,6 +24,7 @@ from bookkeeper_aio.protocol.codes import (
     ADD_ACKS_IDS_MAX,
     AUTH_PAYLOAD_BYTES_MAX,
     BATCH_READ_COUNT_MAX,
+    BATCH_READ_STEP_MAX,
     FEATURES_MAX,
     FRAME_BYTES_MAX,
     ID_MAX,
@@ -101,6 +102,7 @@ _body = _bytes_max(FRAME_BYTES_MAX)
 _version = _int_in(0, 0xFFFF)
 _timeout_ms = _int_in(0, LONG_POLL_TIMEOUT_MS_MAX)
 _count = _int_in(1, BATCH_READ_COUNT_MAX)
+_step = _int_in(1, BATCH_READ_STEP_MAX)
 _max_bytes = _int_in(1, FRAME_BYTES_MAX)
 _status: Check = lambda v: type(v) is int and v in STATUS_VALUES  # noqa: E731
 _features = _int_in(0, FEATURES_MAX)
@@ -176,8 +178,10 @@ class ForceLedgerRequest(NamedTuple):
 
 
 class BatchReadRequest(NamedTuple):
-    """Entries ``start_entry_id`` onwards, stopping at the first one missing, at ``max_count``
-    entries, or before the response would exceed ``max_bytes``."""
+    """Entries ``start_entry_id``, ``+ step``, ``+ 2 step`` ..., stopping at the first one missing,
+    at ``max_count`` entries, or before the response would exceed ``max_bytes``. ``step`` > 1 reads
+    one bookie's share of a striped ledger (every E-th entry); a bookie that knows it echoes it in
+    the response (an older one ignores it and answers consecutive entries, without the echo)."""
 
     request_id: int
     ledger_id: int
@@ -186,6 +190,7 @@ class BatchReadRequest(NamedTuple):
     max_bytes: int
     flags: int = 0
     master_key: bytes | None = None
+    step: int = 1
 
 
 class GetBookieInfoRequest(NamedTuple):
@@ -279,6 +284,8 @@ class ForceLedgerResponse(NamedTuple):
 
 
 class BatchReadResponse(NamedTuple):
+    """``bodies[i]`` is entry ``start_entry_id + i * step``; ``step`` is the request's, echoed."""
+
     request_id: int
     status: int
     message: str | None = None
@@ -286,6 +293,7 @@ class BatchReadResponse(NamedTuple):
     start_entry_id: int = 0
     bodies: list[bytes] = []
     lac: int = NO_ENTRY
+    step: int = 1
 
 
 class GetBookieInfoResponse(NamedTuple):
@@ -345,7 +353,7 @@ _REQUESTS: dict[int, tuple[type[Any], tuple[Check, ...]]] = {
     OpCode.FORCE_LEDGER: (ForceLedgerRequest, (_request_id, _ledger_id, _key)),
     OpCode.BATCH_READ: (
         BatchReadRequest,
-        (_request_id, _ledger_id, _entry_id, _count, _max_bytes, _flags, _or_none(_key)),
+        (_request_id, _ledger_id, _entry_id, _count, _max_bytes, _flags, _or_none(_key), _step),
     ),
     OpCode.GET_BOOKIE_INFO: (GetBookieInfoRequest, (_request_id,)),
     OpCode.GET_LIST_OF_ENTRIES_OF_LEDGER: (GetListOfEntriesRequest, (_request_id, _ledger_id)),
@@ -363,13 +371,21 @@ _RESPONSES: dict[int, tuple[type[Any], tuple[Check, ...]]] = {
     OpCode.READ_LAC: (ReadLacResponse, (*_RESPONSE_HEAD, _ledger_id, _lac)),
     OpCode.WRITE_LAC: (WriteLacResponse, (*_RESPONSE_HEAD, _ledger_id)),
     OpCode.FORCE_LEDGER: (ForceLedgerResponse, (*_RESPONSE_HEAD, _ledger_id)),
-    OpCode.BATCH_READ: (BatchReadResponse, (*_RESPONSE_HEAD, _ledger_id, _entry_id, _bodies, _lac)),
+    OpCode.BATCH_READ: (
+        BatchReadResponse,
+        (*_RESPONSE_HEAD, _ledger_id, _entry_id, _bodies, _lac, _step),
+    ),
     OpCode.GET_BOOKIE_INFO: (GetBookieInfoResponse, (*_RESPONSE_HEAD, _info)),
     OpCode.GET_LIST_OF_ENTRIES_OF_LEDGER: (GetListOfEntriesResponse, (*_RESPONSE_HEAD, _ledger_id, _ranges)),
     OpCode.ADD_ACKS: (AddAcksResponse, (*_RESPONSE_HEAD, _request_ids)),
 }
 
-_OPTIONAL_FIELDS: dict[type[Any], int] = {HelloRequest: 1, HelloResponse: 1}
+_OPTIONAL_FIELDS: dict[type[Any], int] = {
+    HelloRequest: 1,
+    HelloResponse: 1,
+    BatchReadRequest: 1,
+    BatchReadResponse: 1,
+}
 """Trailing fields added after version 1 shipped (docs/protocol.md §8): a peer may omit them."""
 
 REQUEST_OP: dict[type[Any], int] = {cls: op for op, (cls, _) in _REQUESTS.items()}

@@ -13,7 +13,8 @@ answers, hold every answer (a SIGSTOP twin), die and come back, serve a corrupt 
 Storage is a dict; the fenced bit, master key and LAC are kept per ledger like a real bookie
 (recovery adds pass a fence; a wrong master key gets EUA). ``requests`` records every request.
 ``corrupt_reads`` serves chosen entries with a flipped byte (READ_ENTRY and BATCH_READ);
-``batch_read_limit`` makes BATCH_READ answers short.
+``batch_read_limit`` makes BATCH_READ answers short; ``batch_step = False`` makes it ignore a
+BATCH_READ's ``step`` (consecutive entries, no echo), as a bookie older than the field does.
 Long polls (LONG_POLL + ENTRY_PIGGYBACK) wait for the LAC like docs/protocol.md §7.3 says.
 
 Scripted interleavings (recovery traces): ``Reply.hold(event)`` processes the request only once
@@ -153,6 +154,7 @@ class FakeBookie:
         ADD_ACKS response (as the real bookie does per journal group)."""
         self.add_acks_sent = 0
         self.batch_read_limit: int | None = None
+        self.batch_step = True
         """When set, a BATCH_READ answer holds at most this many bodies (a short batch, as a bookie
         answers when it stops early: byte budget, unreadable entry)."""
         self._server: asyncio.Server | None = None
@@ -415,6 +417,7 @@ class FakeBookie:
         bodies: list[bytes] = []
         size = 0
         entry_id = req.start_entry_id
+        step = req.step if self.batch_step else 1
         count_max = min(req.max_count, BATCH_READ_COUNT_MAX)
         if self.batch_read_limit is not None:
             count_max = min(count_max, self.batch_read_limit)
@@ -426,12 +429,19 @@ class FakeBookie:
                 body = body[:-1] + bytes([body[-1] ^ 0xFF])
             bodies.append(body)
             size += len(body)
-            entry_id += 1
+            entry_id += step
         if not bodies:
             return m.encode_error(OpCode.BATCH_READ, req.request_id, StatusCode.ENOENTRY, "no entry")
         return m.encode(
             m.BatchReadResponse(
-                req.request_id, StatusCode.EOK, None, req.ledger_id, req.start_entry_id, bodies, state.lac
+                req.request_id,
+                StatusCode.EOK,
+                None,
+                req.ledger_id,
+                req.start_entry_id,
+                bodies,
+                state.lac,
+                step,
             )
         )
 

@@ -1,4 +1,5 @@
-"""Range reads in BATCH_READs against real bookie processes and a real etcd (Qw == E)."""
+"""Range reads in BATCH_READs against real bookie processes and a real etcd: consecutive batches
+(Qw == E) and stepped stripes (Qw < E)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def _count_requests(bk: BookKeeper) -> collections.Counter[str]:
     return counts
 
 
-async def _closed_ledger(bk: BookKeeper) -> tuple[int, list[bytes]]:
-    lh = await bk.create_ledger(3, 3, 2, password=b"pw")
+async def _closed_ledger(bk: BookKeeper, shape: tuple[int, int, int] = (3, 3, 2)) -> tuple[int, list[bytes]]:
+    lh = await bk.create_ledger(*shape, password=b"pw")
     payloads = [b"%06d" % i + b"x" * (i % 700) for i in range(ENTRIES)]
     futures = [await lh.append_async(p) for p in payloads]
     await asyncio.gather(*futures)
@@ -74,6 +75,33 @@ async def test_batch_read__killed_bookie_fails_over_to_the_other_replicas(
     ledger_id, payloads = await _closed_ledger(bk)
     md = (await bk.open_ledger(ledger_id, password=b"pw")).metadata
     await cluster.kill(md.ensembles[0][1][0])
+    async with BookKeeper.connect(cluster.url) as reader:
+        counts = _count_requests(reader)
+        assert await _read_all(reader, ledger_id) == payloads
+    assert counts["ReadEntryRequest"] == 0
+
+
+@pytest.mark.parametrize(("bookies", "shape"), [(3, (3, 2, 2)), (5, (5, 2, 2))])
+async def test_batch_read__striped_ledger_reads_back_identical_through_stepped_batches(
+    cluster: Cluster, bk: BookKeeper, bookies: int, shape: tuple[int, int, int]
+) -> None:
+    await cluster.start(bookies)
+    ledger_id, payloads = await _closed_ledger(bk, shape)
+    async with BookKeeper.connect(cluster.url) as reader:
+        counts = _count_requests(reader)
+        assert await _read_all(reader, ledger_id) == payloads
+    assert counts["ReadEntryRequest"] == 0
+    # E stripes per run of consecutive entries, each stripe one request (one per entry before)
+    assert counts["BatchReadRequest"] <= ENTRIES // 10
+
+
+async def test_batch_read__striped_ledger_fails_over_when_a_bookie_is_killed(
+    cluster: Cluster, bk: BookKeeper
+) -> None:
+    await cluster.start(3)
+    ledger_id, payloads = await _closed_ledger(bk, (3, 2, 2))
+    md = (await bk.open_ledger(ledger_id, password=b"pw")).metadata
+    await cluster.kill(md.ensembles[0][1][1])
     async with BookKeeper.connect(cluster.url) as reader:
         counts = _count_requests(reader)
         assert await _read_all(reader, ledger_id) == payloads

@@ -102,6 +102,19 @@ async def test_add_then_read_back(tmp_path: Path) -> None:
     await storage.close()
 
 
+async def test_read_range__with_a_step_reads_one_bookies_stripe(tmp_path: Path) -> None:
+    """A striped bookie (E3/Qw2, index 0) holds entries 0, 2, 3, 5, 6, 8, ...: a step of 3 from 0
+    reads its share 0, 3, 6, ... and stops at the first of those it lacks."""
+    storage = await Storage.open(config(tmp_path))
+    held = [i for i in range(12) if (0 - i) % 3 < 2 and i != 9]
+    for i in held:
+        await add(storage, 1, i)
+    assert await storage.read_range(1, 0, 100, 1 << 20, 3) == [body(1, i, i - 1) for i in (0, 3, 6)]
+    assert await storage.read_range(1, 2, 2, 1 << 20, 3) == [body(1, i, i - 1) for i in (2, 5)]
+    assert await storage.read_range(1, 0, 100, 1 << 20) == [body(1, 0, -1)]  # consecutive: stops at 1
+    await storage.close()
+
+
 async def test_read_range_bounded_by_bytes_returns_at_least_one(tmp_path: Path) -> None:
     storage = await Storage.open(config(tmp_path))
     for i in range(5):

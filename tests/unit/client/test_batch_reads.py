@@ -1,5 +1,5 @@
 """Range reads in BATCH_READs (Qw == E): order, fragment boundaries, short and corrupt batches,
-failover, speculation, bounds; Qw < E keeps single reads."""
+failover, speculation, bounds; Qw < E in stripes with a step (and on bookies that ignore it)."""
 
 from __future__ import annotations
 
@@ -277,11 +277,53 @@ async def test_batch__iteration_can_stop_early(bk: BookKeeper, reader: BookKeepe
     assert [e.entry_id async for e in rh.read(150, 199)] == list(range(150, 200))
 
 
-async def test_batch__striped_ledger_keeps_single_reads(
+async def test_batch__striped_ledger_reads_stripes_with_a_step(
     bk: BookKeeper, reader: BookKeeper, cluster: FakeCluster
 ) -> None:
     ledger_id = await _write(bk, 60, e=3, qw=2, qa=2)
     _clear_requests(cluster)
     assert await _read_all(reader, ledger_id) == [_payload(i) for i in range(60)]
-    assert _all_batches(cluster, ledger_id) == []
-    assert _single_reads(cluster, ledger_id) == 60
+    batches = _all_batches(cluster, ledger_id)
+    assert {b.step for b in batches} == {3}
+    # every entry asked once, in stripes of every 3rd entry
+    assert sorted(
+        e for b in batches for e in range(b.start_entry_id, b.start_entry_id + b.max_count * 3, 3)
+    ) == list(range(60))
+    # window 64 / 4 in flight / 3 stripes: 6 entries per stripe batch, runs of 18: 4 runs x 3 stripes
+    assert len(batches) == 12
+    assert _single_reads(cluster, ledger_id) == 0
+
+
+async def test_batch__striped_ledger_on_bookies_that_ignore_the_step_is_read_one_entry_per_answer(
+    bk: BookKeeper, reader: BookKeeper, cluster: FakeCluster
+) -> None:
+    ledger_id = await _write(bk, 60, e=3, qw=2, qa=2)
+    for bookie in cluster.bookies:
+        bookie.batch_step = False  # older bookies: consecutive entries, no step echoed
+    _clear_requests(cluster)
+    with capture_logs() as logs:
+        assert await _read_all(reader, ledger_id) == [_payload(i) for i in range(60)]
+    assert not [log for log in logs if log["event"] == "read.corrupt_replica"]
+    assert len(_all_batches(cluster, ledger_id)) == 60  # one entry taken per answer
+    assert _single_reads(cluster, ledger_id) == 0
+
+
+async def test_batch__striped_ledger_with_a_stripe_cut_short_asks_again_in_order(
+    bk: BookKeeper, reader: BookKeeper, cluster: FakeCluster
+) -> None:
+    ledger_id = await _write(bk, 60, e=3, qw=2, qa=2)
+    for bookie in cluster.bookies:
+        bookie.batch_read_limit = 2
+    _clear_requests(cluster)
+    assert await _read_all(reader, ledger_id) == [_payload(i) for i in range(60)]
+    assert _single_reads(cluster, ledger_id) == 0
+
+
+async def test_batch__fencing_read_of_a_striped_ledger_keeps_single_reads(
+    bk: BookKeeper, reader: BookKeeper, cluster: FakeCluster
+) -> None:
+    ledger_id = await _write(bk, 60, e=3, qw=2, qa=2, close=False)
+    _clear_requests(cluster)
+    rh = await reader.open_ledger(ledger_id, password=b"pw", recovery=True)
+    assert rh.last_add_confirmed == 59
+    assert all(b.step == 1 for b in _all_batches(cluster, ledger_id))

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import (
     ADD_ACKS_IDS_MAX,
+    BATCH_READ_STEP_MAX,
     FEATURES_MAX,
     FRAME_BYTES_MAX,
     ID_MAX,
@@ -54,6 +55,7 @@ requests = st.one_of(
         st.integers(1, FRAME_BYTES_MAX),
         st.integers(0, 1),
         st.none() | keys,
+        st.integers(1, BATCH_READ_STEP_MAX),
     ).filter(_fence_has_key),
     st.builds(m.GetBookieInfoRequest, rids),
     st.builds(m.GetListOfEntriesRequest, rids, ids),
@@ -77,7 +79,15 @@ responses = st.one_of(
     st.builds(m.WriteLacResponse, rids, ok, st.none(), ids),
     st.builds(m.ForceLedgerResponse, rids, ok, st.none(), ids),
     st.builds(
-        m.BatchReadResponse, rids, ok, st.none(), ids, ids, st.lists(st.binary(max_size=50), max_size=5), lacs
+        m.BatchReadResponse,
+        rids,
+        ok,
+        st.none(),
+        ids,
+        ids,
+        st.lists(st.binary(max_size=50), max_size=5),
+        lacs,
+        st.integers(1, BATCH_READ_STEP_MAX),
     ),
     st.builds(
         m.GetBookieInfoResponse,
@@ -301,3 +311,17 @@ def test_auth_round_trip_and_bounds() -> None:
         m.decode_request(msgpack.packb([3, 4, "token", "str-not-bin"], use_bin_type=True))
     with pytest.raises(ProtocolError):
         m.decode_response(msgpack.packb([3, 4, 0, None, "token", b"", 2], use_bin_type=True))
+
+
+def test_batch_read__step_is_optional_and_echoed() -> None:
+    """A BATCH_READ without ``step`` (an older client) reads consecutive entries (step 1); an answer
+    without it (an older bookie, which ignored the request's) says step 1 as well, which is how a
+    striped reader tells that its step was not applied."""
+    old_request = msgpack.packb([10, 5, 7, 100, 50, 1 << 20, 0, None])
+    assert m.decode_request(old_request) == m.BatchReadRequest(5, 7, 100, 50, 1 << 20, 0, None, 1)
+    old_answer = msgpack.packb([10, 5, 0, None, 7, 100, [b"x"], 99])
+    assert m.decode_response(old_answer).step == 1
+    stepped = m.encode(m.BatchReadRequest(5, 7, 100, 50, 1 << 20, 0, None, 3))
+    assert m.decode_request(stepped[4:]).step == 3
+    with pytest.raises(ProtocolError, match="bad value for step"):
+        m.decode_request(msgpack.packb([10, 5, 7, 100, 50, 1 << 20, 0, None, BATCH_READ_STEP_MAX + 1]))

@@ -1,0 +1,134 @@
+"""One client process of ``bkaio bench``: ``python -m bookkeeper_aio.cli.bench.worker``.
+
+Talks to its parent (:mod:`bookkeeper_aio.cli.bench.clients`) in lines: the spec as one JSON line
+on stdin; ``BENCH ready`` on stdout once its ledgers (or NATS publishers) exist and each has
+written one unmeasured entry (connections up); then ``go START`` on stdin (a CLOCK_MONOTONIC
+instant shared by every client process); ``BENCH progress N`` about every 0.5 s; ``BENCH result
+{json}`` at the end (``BENCH error MESSAGE`` instead on failure, exit code 1). Logs go to stderr,
+which the parent sends to a file in the results folder.
+
+Ledgers are created with the custom metadata ``bkaio-bench`` and deleted at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import resource
+import signal
+import sys
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import uvloop
+
+from bookkeeper_aio.cli.bench.load import Span, Submit, drive
+from bookkeeper_aio.client.bookkeeper import BookKeeper
+from bookkeeper_aio.client.config import ClientConfig
+from bookkeeper_aio.common.logging_setup import configure_logging
+
+PASSWORD = b"bkaio-bench"
+BENCH_MARK = "bkaio-bench"
+
+
+def say(kind: str, data: Any = "") -> None:
+    text = data if isinstance(data, str) else json.dumps(data)
+    sys.stdout.write(f"BENCH {kind} {text}\n")
+    sys.stdout.flush()
+
+
+@contextlib.asynccontextmanager
+async def bookkeeper_target(spec: dict[str, Any]) -> AsyncIterator[Sequence[Submit]]:
+    """``spec["ledgers"]`` new ledgers on the cluster at ``spec["metadata_url"]``; deleted after."""
+    config = ClientConfig.load(add_window_max=spec["window"])  # BKAIO_CLIENT_* still applies
+    payload = os.urandom(spec["size"])
+    async with BookKeeper.connect(spec["metadata_url"], config=config) as bk:
+        handles = []
+        try:
+            for _ in range(spec["ledgers"]):
+                handle = await bk.create_ledger(
+                    spec["ensemble"],
+                    spec["write_quorum"],
+                    spec["ack_quorum"],
+                    password=PASSWORD,
+                    custom_metadata={BENCH_MARK: spec["scenario"].encode()},
+                )
+                handles.append(handle)
+                await handle.append(b"warm-up")  # connections up before the clock starts
+            yield [functools.partial(handle.append_async, payload) for handle in handles]
+            for handle in handles:
+                await handle.close()
+        finally:
+            for handle in handles:
+                with contextlib.suppress(Exception):
+                    handle.abort()
+                with contextlib.suppress(Exception):
+                    await bk.delete_ledger(handle.id)
+
+
+@contextlib.asynccontextmanager
+async def nats_target(spec: dict[str, Any]) -> AsyncIterator[Sequence[Submit]]:
+    """Publishers to the JetStream stream of :mod:`bookkeeper_aio.cli.bench.nats_peer`, one subject
+    per "ledger"; each publish waits for the stream's acknowledgement (stored by R replicas)."""
+    import nats  # the bench extra
+
+    payload = os.urandom(spec["size"])
+    nc = await nats.connect(spec["nats_servers"], pending_size=64 * 1024 * 1024)
+    try:
+        js = nc.jetstream(publish_async_max_pending=spec["window"])
+        subjects = [f"{spec['nats_subject']}.{spec['index']}.{i}" for i in range(spec["ledgers"])]
+        for subject in subjects:
+            await js.publish(subject, b"warm-up")
+        yield [functools.partial(js.publish_async, subject, payload) for subject in subjects]
+    finally:
+        await nc.close()
+
+
+async def run(spec: dict[str, Any]) -> int:
+    target = nats_target if spec["system"] == "nats" else bookkeeper_target
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    for signum in (signal.SIGINT, signal.SIGTERM):  # the parent stops us: clean up, then exit
+        loop.add_signal_handler(signum, task.cancel)
+    async with target(spec) as submits:
+        say("ready")
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line.startswith("go "):
+            return 1  # the parent gave up (stdin closed)
+        span = Span(float(line.split()[1]), spec["warmup_s"], spec["duration_s"], spec["interval_s"])
+        result = await drive(
+            submits,
+            span,
+            window=spec["window"],
+            rate=spec["rate"],
+            progress=lambda answered: say("progress", str(answered)),
+        )
+    # ru_maxrss is in KiB on Linux: the peak of this client process, window and ledgers included
+    say(
+        "result",
+        {
+            **result.to_json(),
+            "rss_peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        },
+    )
+    return 0
+
+
+def main() -> int:
+    configure_logging(os.environ.get("BKAIO_BENCH_LOG_LEVEL", "warning"))
+    spec = json.loads(sys.stdin.readline())
+    try:
+        return uvloop.run(run(spec))
+    except asyncio.CancelledError:
+        return 130
+    except Exception as error:  # noqa: BLE001 (any failure is reported to the parent, which says where the log is)
+        say("error", f"{type(error).__name__}: {error}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

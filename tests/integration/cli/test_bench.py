@@ -1,0 +1,160 @@
+"""``bkaio bench write`` end to end: a real etcd, three real bookie processes registered in it (as
+the sandbox's), the command as a user types it, and its results folder read back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import metadata
+from tests.harness.bookie_proc import BookieProcess
+from tests.harness.etcd import EtcdCluster
+
+pytestmark = pytest.mark.etcd
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+async def _init(url: str) -> None:
+    async with metadata.connect(url) as meta:
+        await metadata.init_cluster(meta.store, meta.root)
+
+
+async def _ledgers(url: str) -> list[int]:
+    async with metadata.connect(url) as meta:
+        return [ledger_id async for ledger_id in meta.ledger_manager().iter_ledger_ids()]
+
+
+@pytest.fixture
+def cluster(etcd_server: EtcdCluster, tmp_path: Path) -> Iterator[str]:
+    url = etcd_server.url(f"/bookkeeper/bench-{uuid.uuid4().hex[:8]}")
+    asyncio.run(_init(url))
+    procs = [
+        BookieProcess(tmp_path / f"b{i}", f"b{i}", extra_args=["--metadata", url, "--admin-port", "0"])
+        for i in range(3)
+    ]
+    try:
+        for proc in procs:
+            proc.start()
+        yield url
+    finally:
+        for proc in procs:
+            proc.cleanup()
+
+
+def test_bench_write__two_client_processes_leave_a_results_folder(cluster: str, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    argv = [
+        "bench", "write", "--metadata", cluster, "--duration", "2", "--warmup", "0.5",
+        "--clients", "2", "--ledgers", "2", "--window", "200", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "bookkeeper_aio.cli.main", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"results: {out}" in done.stdout
+    assert done.stderr == ""  # no progress line without a terminal
+
+    result = json.loads((out / "result.json").read_text())
+    assert result["scenario"] == "write"
+    assert result["command"] == "bkaio " + " ".join(argv)
+    [run] = result["runs"]
+    assert run["system"] == "bookkeeper"
+    assert run["failed"] == 0
+    assert run["entries_per_s"] > 100
+    assert 0 < run["p50_ms"] <= run["p90_ms"] <= run["p99_ms"] <= run["p99.9_ms"] <= run["max_ms"]
+    assert len(run["clients"]) == 2
+    assert all(c["entries"] > 0 and c["cpu_us_per_entry"] > 0 for c in run["clients"])
+    assert run["client_rss_peak_mib"] == max(c["rss_peak_mib"] for c in run["clients"]) > 10
+    assert run["client_cpu_us_per_entry"] > 0
+    assert len(run["timeline_entries_per_s"]) == round(2 / run["timeline_interval_s"])
+    measured = sum(run["timeline_entries_per_s"]) * run["timeline_interval_s"]
+    assert measured == pytest.approx(run["entries_per_s"] * 2, rel=0.01)
+    assert 0 < run["fairness_min_over_max"] <= 1
+
+    side = run["bookie_side"]
+    assert sorted(side["bookies"]) == ["b0", "b1", "b2"]
+    assert side["cpu_us_per_entry"] > 0
+    records = sum(b["journal_records"] for b in side["bookies"].values())
+    # E3/Qw2: every entry is journaled on two bookies (the span's edges blur it a little)
+    assert records == pytest.approx(2 * run["entries_per_s"] * 2, rel=0.25)
+    for bookie in side["bookies"].values():
+        assert bookie["stages"]["fdatasync_ms_per_group"] > 0
+        assert bookie["stages"]["journal_write_ms_per_group"] > 0
+        assert bookie["records_per_group"] >= 1
+    assert result["summary"]["bookkeeper"]["entries_per_s"] == run["entries_per_s"]
+
+    summary = (out / "summary.md").read_text()
+    assert "| bookkeeper |" in summary
+    assert "bkaio bench write --metadata" in summary
+    assert summary in done.stdout
+    for png in ("latency.png", "throughput.png"):
+        assert (out / png).read_bytes().startswith(PNG_MAGIC)
+    # the benchmark's ledgers are deleted afterwards
+    assert asyncio.run(_ledgers(cluster)) == []
+
+
+def _bench(url: str, out: Path, *argv: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bookkeeper_aio.cli.main",
+            "bench",
+            *argv,
+            "--metadata",
+            url,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads((out / "result.json").read_text())
+    return result
+
+
+@pytest.mark.slow
+def test_bench_scenarios__read_tail_recovery_restart_log_each_report_and_clean_up(
+    cluster: str, tmp_path: Path
+) -> None:
+    [read] = _bench(cluster, tmp_path / "read", "read", "-W", "3", "--entries", "3000")["runs"]
+    assert read["entries_per_s"] > 0
+    assert read["batch_reads"] is True
+    assert read["client_cpu_us_per_entry"] > 0
+
+    [tail] = _bench(cluster, tmp_path / "tail", "tail", "--duration", "1")["runs"]
+    assert tail["entries"] > 10
+    assert 0 < tail["tail_after_ack_p50_ms"] <= tail["tail_after_ack_max_ms"]
+
+    [recovery] = _bench(cluster, tmp_path / "recovery", "recovery", "--in-flight", "200")["runs"]
+    assert recovery["lac_at_death"] >= 399
+    assert recovery["recovery_s"] > 0
+
+    [restart] = _bench(cluster, tmp_path / "restart", "restart", "--journal-mib", "4")["runs"]
+    assert 0 < restart["serving_s"] <= restart["ready_s"]
+    assert restart["registered_s"] > 0
+
+    log = _bench(
+        cluster, tmp_path / "log", "log", "--duration", "1", "--warmup", "0.2", "--roll-every", "500"
+    )
+    assert {run["system"] for run in log["runs"]} == {"ledger", "log", "log_roll"}
+    assert next(r for r in log["runs"] if r["system"] == "log_roll")["ledgers"] > 1
+    assert any(note.startswith("log / ledger throughput") for note in log["notes"])
+
+    assert asyncio.run(_ledgers(cluster)) == []  # nothing the benchmarks made is left behind

@@ -1,0 +1,48 @@
+"""The results folder of ``bkaio bench``: medians per system, ratios ours / peer (of the medians and
+per rep), the Markdown summary with the command, plots only where there is data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bookkeeper_aio.cli.bench import options
+from bookkeeper_aio.cli.bench.report import Report, Run
+from bookkeeper_aio.cli.bench.stats import new_histogram
+
+
+def _options(out: Path) -> options.BenchOptions:
+    parser = argparse.ArgumentParser()
+    options.add_arguments(parser, "write")
+    return options.build(parser.parse_args(["--out", str(out)]), "write")
+
+
+def test_report__medians_ratios_and_files(tmp_path: Path) -> None:
+    report = Report(_options(tmp_path / "out"), "bkaio bench write --reps 3")
+    hist = new_histogram()
+    for value_us in (1000, 2000, 3000):
+        hist.record_value(value_us)
+    ours = [(100.0, 2.0), (200.0, 2.0), (300.0, 4.0)]
+    peer = [(100.0, 1.0), (100.0, 1.0), (400.0, 1.0)]
+    for rep, ((o_rate, o_p50), (p_rate, p_p50)) in enumerate(zip(ours, peer, strict=True)):
+        report.add(
+            Run("bookkeeper", rep, {"entries_per_s": o_rate, "p50_ms": o_p50}, hist, [o_rate, o_rate], 0.5)
+        )
+        report.add(Run("nats", rep, {"entries_per_s": p_rate, "p50_ms": p_p50}))
+    data = report.write()
+
+    assert data["summary"]["bookkeeper"] == {"entries_per_s": 200.0, "p50_ms": 2.0}
+    assert data["summary"]["nats"] == {"entries_per_s": 100.0, "p50_ms": 1.0}
+    ratio = data["ratios"]["bookkeeper/nats"]
+    assert ratio["entries_per_s"] == 2.0  # of the medians
+    assert ratio["entries_per_s_median_of_reps"] == 1.0  # 1.0, 2.0, 0.75 rep by rep
+    assert ratio["p50_ms"] == 2.0
+
+    out = tmp_path / "out"
+    assert json.loads((out / "result.json").read_text())["ratios"] == data["ratios"]
+    summary = (out / "summary.md").read_text()
+    assert "    bkaio bench write --reps 3" in summary
+    assert "| bookkeeper/nats | 2 | 2 | - | 1 / 2 / - |" in summary
+    assert data["files"] == ["result.json", "summary.md", "latency.png", "throughput.png"]
+    assert (out / "latency.png").stat().st_size > 1000
