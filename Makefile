@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 # Where `make run` keeps the sandbox's etcd and bookie data (bkaio honours $BKAIO_HOME too).
 BKAIO_HOME ?= $(HOME)/.bkaio
 
-.PHONY: setup test test-slow chaos run bench lint fmt clean clean-sandbox
+.PHONY: setup test test-slow chaos simulate run bench lint fmt clean clean-sandbox
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,14 @@ test-slow: $(STAMP)
 # Long fault runs on real bookie processes (tests/faults): FAULT_CYCLES per nemesis, FAULT_SEED to replay.
 chaos: $(STAMP)
 	FAULT_CYCLES=$${FAULT_CYCLES:-200} $(BIN)/python -m pytest -m slow -q tests/faults
+
+# Deterministic simulation (tests/simulation): SEEDS seeds from FIRST; a failing seed prints the
+# command that replays it (`pytest tests/simulation --seed N`, which prints its trace).
+SEEDS ?= 1000
+FIRST ?= 0
+simulate: $(STAMP)
+	$(BIN)/python -m pytest -q tests/simulation/test_seeds.py::test_seeds_hold_every_invariant \
+	  --sim-seeds $(SEEDS) --sim-first $(FIRST)
 
 run: $(STAMP)
 	$(BIN)/bkaio sandbox

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import queue
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,6 +46,7 @@ from bookie.fileio import FileIO
 from bookie.journal_format import Position
 from bookie.stats import FSYNC_SECONDS_BOUNDS, GROUP_RECORDS_BOUNDS, BucketHistogram
 from bookie.threads import OS_THREADS, Threads
+from bookkeeper_aio.common import failpoints
 from bookkeeper_aio.common.clock import SYSTEM_CLOCK, Clock
 
 log = structlog.get_logger(__name__)
@@ -232,9 +232,9 @@ _Group = tuple[list[_Run], int, list["Callback"], "Position"]
 
 
 class _WriterThread:
-    """The one thread that does journal I/O. A bare thread on a ``SimpleQueue`` (C put/get, the
-    GIL released while idle) with one ``call_soon_threadsafe`` back per group: a thread pool's
-    futures and their chained callbacks cost more loop time per group and delay the wake-up."""
+    """The one thread that does journal I/O: a :class:`bookie.threads.Worker` (a bare thread on a
+    queue) with one ``call_soon_threadsafe`` back per group: a thread pool's futures and their
+    chained callbacks cost more loop time per group and delay the wake-up."""
 
     def __init__(
         self,
@@ -246,28 +246,21 @@ class _WriterThread:
         self._writer = writer
         self._loop = loop
         self._on_done = on_done
-        self._queue: queue.SimpleQueue[_Group | None] = queue.SimpleQueue()
-        self._thread = threads.start_thread(self._run, "journal-writer")
+        self._worker = threads.start_worker(self._write, "journal-writer")
+        self.submit: Callable[[_Group], None] = self._worker.submit
 
-    def submit(self, group: _Group) -> None:
-        self._queue.put(group)
-
-    def _run(self) -> None:
-        while (group := self._queue.get()) is not None:
-            error: BaseException | None = None
-            try:
-                self._writer.write_group(group[0], group[1])
-            except BaseException as exc:  # noqa: BLE001 (handed to the loop, which fails the journal)
-                error = exc
-            try:
-                self._loop.call_soon_threadsafe(self._on_done, group, error)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                return
+    def _write(self, group: _Group) -> None:
+        error: BaseException | None = None
+        try:
+            self._writer.write_group(group[0], group[1])
+        except BaseException as exc:  # noqa: BLE001 (handed to the loop, which fails the journal)
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+            self._loop.call_soon_threadsafe(self._on_done, group, error)
 
     def stop(self) -> None:
         """Finish what was submitted, then end the thread."""
-        self._queue.put(None)
-        self._thread.join()
+        self._worker.stop()
 
 
 class Journal:
@@ -505,11 +498,16 @@ class Journal:
         end = Position(self._segment_id, self._offset)
         self._runs = [_Run(self._segment_id, self._offset)]
         self._callbacks = []
+        acked_early = None
+        if failpoints.switched(failpoints.BUG_ACK_BEFORE_SYNC):  # a planted bug (tests/simulation)
+            acked_early, callbacks = callbacks, []
         self._inflight_callbacks = callbacks
         self._inflight_bytes, self._pending_bytes = self._pending_bytes, 0
         self._inflight_records, self._pending_records = self._pending_records, 0
         self._idle.clear()
         self._thread.submit((runs, self._segment_id + 1, callbacks, end))
+        if acked_early is not None:
+            self._run_callbacks(acked_early, None)
 
     def _on_group_done(self, group: _Group, error: BaseException | None) -> None:
         _, _, callbacks, end = group

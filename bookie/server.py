@@ -22,7 +22,9 @@ refusing normal adds at once, and a second task moves the registration between `
 ``readonly/`` (retried with backoff while metadata is unreachable; the latest wanted state wins).
 
 Seams (docs/internals.md §2): threads and executors come from a :class:`~bookie.threads.Threads`, time from a
-:class:`~bookkeeper_aio.common.clock.Clock` (both passed down to the storage and journal).
+:class:`~bookkeeper_aio.common.clock.Clock` (both passed down to the storage and journal), the disk
+from a :class:`~bookie.fileio.FileIO` (and its free-space probe from ``disk_probe``); sockets from the
+event loop (``create_server``), which a simulation replaces whole.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import asyncio
 import contextlib
 import errno
 import os
+from collections.abc import Callable
 from typing import Protocol
 
 import structlog
@@ -39,6 +42,7 @@ from bookie.admin import AdminServer, load_or_create_token
 from bookie.config import BookieConfig
 from bookie.connection_handler import ConnectionLimits, ServerConnection, ServerLoad
 from bookie.cookie import read_instance_id
+from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.gc import GarbageCollector, LedgerCatalog, ReplicaCatalog
 from bookie.metrics import DiskStatus, Snapshot, probe_disk, snapshot
 from bookie.mode import Mode, ModeMachine
@@ -101,8 +105,12 @@ class BookieServer:
         clock: Clock = SYSTEM_CLOCK,
         catalog: LedgerCatalog | None = None,
         replicas: ReplicaCatalog | None = None,
+        fileio: FileIO = OS_FILE_IO,
+        disk_probe: Callable[[str], DiskStatus] = probe_disk,
     ) -> None:
         self.config = config
+        self.fileio = fileio
+        self._probe_disk = disk_probe
         self.catalog = catalog
         self.replicas = replicas
         self.gc: GarbageCollector | None = None
@@ -178,7 +186,7 @@ class BookieServer:
             await self.admin.start()
         try:
             self.storage = await Storage.open(
-                self.config.storage_config(), threads=self.threads, clock=self.clock
+                self.config.storage_config(), self.fileio, threads=self.threads, clock=self.clock
             )
         except BaseException:
             if self.admin is not None:
@@ -306,7 +314,7 @@ class BookieServer:
     async def check_mode(self) -> None:
         """One disk + journal observation (the periodic task calls this; tests may too)."""
         loop = asyncio.get_running_loop()
-        disk = await loop.run_in_executor(self._disk_probe, probe_disk, self.config.data_dir)
+        disk = await loop.run_in_executor(self._disk_probe, self._probe_disk, self.config.data_dir)
         self.mode.observe_disk(None if disk.error else disk.free_bytes, _disk_mode_problem(disk))
         if self.storage is not None:
             self.mode.observe_journal(self.storage.journal.failed)

@@ -100,6 +100,11 @@ class LedgerManager:
         self._now_ms = now_ms
         self._rng = rng or random.Random()
 
+    def now_ms(self) -> int:
+        """Wall-clock milliseconds for what metadata records (ctime, replacement times): the clock
+        this manager was given, so a simulation keeps wall time out of its metadata."""
+        return self._now_ms()
+
     @property
     def store(self) -> MetadataStore:
         """The metadata store this manager writes to (other managers of the cluster share it)."""

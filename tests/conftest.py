@@ -9,6 +9,13 @@ import pytest
 from tests.harness.etcd import EtcdCluster, require_etcd_binary
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("simulation", "deterministic simulation (tests/simulation)")
+    group.addoption("--seed", type=int, default=None, help="replay this one seed and print its trace")
+    group.addoption("--sim-seeds", type=int, default=None, help="how many seeds to run (default 300)")
+    group.addoption("--sim-first", type=int, default=0, help="the first seed of the run (default 0)")
+
+
 @pytest.fixture(scope="session")
 def etcd_server() -> Iterator[EtcdCluster]:
     """One etcd member shared by the session (tests isolate themselves by key prefix)."""

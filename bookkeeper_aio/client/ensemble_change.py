@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from bookkeeper_aio.client.context import ClientContext
@@ -140,7 +139,7 @@ class BookieReplacer:
                     raise MetadataConflict(f"ledger {md.ledger_id}: fragment {first_entry} changed")
                 base = fresh
                 chosen = self._choose(first_entry, fresh, failed, writable, False)
-            now_ms = time.time_ns() // 1_000_000
+            now_ms = self._ctx.ledgers.now_ms()
             history = [
                 ReplacedBookie(first_entry, old, new, now_ms)
                 for old, new in zip(base, chosen.ensemble, strict=True)

@@ -244,8 +244,13 @@ class WriteBack:
                 await self._wakeup
             finally:
                 self._wakeup = None
-        while self._change_task is not None:  # a change whose resends are all done
-            await asyncio.shield(self._change_task)
+        while (task := self._change_task) is not None:  # a change whose resends are all done
+            if task.done():
+                # Finished, its done callback (_change_done) not run yet: awaiting a done task
+                # does not yield, so this loop would spin forever without letting it run.
+                await asyncio.sleep(0)
+            else:
+                await asyncio.shield(task)
         self._check()
         assert self._unfinished == 0
 

@@ -15,7 +15,11 @@ in-process tests call :func:`configure`). Actions:
 - ``unknown``             raise `CasResultUnknown` (after a metadata write: applied, answer lost);
                           (these two raise what the metadata package registered with
                           :func:`register_error`: this floor does not know its error classes)
-- ``count:<k>:<action>``  the action fires on the k-th hit only (1-based); earlier hits pass.
+- ``count:<k>:<action>``  the action fires on the k-th hit only (1-based); earlier hits pass;
+- ``on``                  a switch, read with :func:`switched` (the ``bug.*`` names below).
+
+The ``bug.*`` switches plant a known protocol bug in the production code, for the deterministic
+simulation to prove it finds each one (tests/simulation): never set them anywhere else.
 
     BKAIO_FAILPOINTS="metadata.cas_after=count:3:kill" python -m ...   # die right after the 3rd CAS
 
@@ -48,11 +52,13 @@ CAS_BEFORE = "metadata.cas_before"  # before a ledger create / CAS is sent
 CAS_AFTER = "metadata.cas_after"  # after it was applied, before the caller learns it
 METADATA_CAS_BEFORE = CAS_BEFORE
 METADATA_CAS_AFTER = CAS_AFTER
+# Planted bugs (action ``on``), for the simulation's power tests only:
+BUG_ACK_BEFORE_SYNC = "bug.ack_before_fdatasync"  # a bookie acks adds before their fdatasync
 
 ErrorFactory = Callable[[str, str], BaseException]
 """``(failpoint name, key) -> exception`` for an action a higher floor defines the error of."""
 
-_ACTIONS = frozenset({"kill", "sleep", "eio", "enospc", "partial", "unavailable", "unknown", "count"})
+_ACTIONS = frozenset({"kill", "sleep", "eio", "enospc", "partial", "unavailable", "unknown", "count", "on"})
 _ERROR_ACTIONS = frozenset({"unavailable", "unknown"})
 _active: dict[str, str] = {}
 _hits: dict[str, int] = {}
@@ -110,6 +116,11 @@ def hit(name: str, data_len: int = 0, *, key: str = "") -> int | None:
     return _fire(name, action, count, data_len, key)
 
 
+def switched(name: str) -> bool:
+    """Whether the switch ``name`` is ``on`` (one truth test of an empty dict when nothing is set)."""
+    return bool(_active) and _active.get(name) == "on"
+
+
 def _fire(name: str, action: str, count: int, data_len: int, key: str) -> int | None:
     kind, _, arg = action.partition(":")
     if kind == "count":
@@ -123,6 +134,8 @@ def _fire(name: str, action: str, count: int, data_len: int, key: str) -> int | 
     if kind in ("eio", "enospc"):
         code = errno.EIO if kind == "eio" else errno.ENOSPC
         raise OSError(code, f"failpoint {name}: injected {kind.upper()}")
+    if kind == "on":
+        return None  # a switch, not a step: read with switched()
     if kind == "partial":
         return min(int(arg or "0"), data_len)
     if kind in _ERROR_ACTIONS:

@@ -22,7 +22,7 @@ import enum
 import json
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -60,20 +60,20 @@ class History:
     recovered: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
     reads: dict[int, list[list[tuple[int, bytes]]]] = field(default_factory=lambda: defaultdict(list))
     lacs: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
+    clock: Callable[[], float] = time.monotonic
+    """When ops are invoked and complete (the simulation passes its own: no wall clock there)."""
 
     # ------------------------------------------------------------------ recording
     def invoke(self, writer: str, ledger_id: int, value: bytes) -> AddOp:
-        op = AddOp(writer, ledger_id, value, time.monotonic())
+        op = AddOp(writer, ledger_id, value, self.clock())
         self.adds.append(op)
         return op
 
-    @staticmethod
-    def ok(op: AddOp, entry_id: int) -> None:
-        op.outcome, op.entry_id, op.completed_s = Outcome.OK, entry_id, time.monotonic()
+    def ok(self, op: AddOp, entry_id: int) -> None:
+        op.outcome, op.entry_id, op.completed_s = Outcome.OK, entry_id, self.clock()
 
-    @staticmethod
-    def failed(op: AddOp, error: BaseException) -> None:
-        op.outcome, op.completed_s = outcome_of(error), time.monotonic()
+    def failed(self, op: AddOp, error: BaseException) -> None:
+        op.outcome, op.completed_s = outcome_of(error), self.clock()
 
     def recovered_at(self, ledger_id: int, last_entry_id: int) -> None:
         self.recovered[ledger_id].append(last_entry_id)

@@ -1,0 +1,69 @@
+"""Seeds for the simulation tests, and the throughput summary at the end of the run.
+
+``pytest tests/simulation --seed N`` replays seed N alone (and prints its trace);
+``--sim-seeds K --sim-first S`` runs seeds S..S+K-1 (default 0..299), in batches of ``BATCH``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from tests.simulation.scenario import Outcome
+
+SEEDS_DEFAULT = 300
+BATCH = 25
+
+
+@dataclass
+class Stats:
+    seeds: int = 0
+    simulated_s: float = 0.0
+    wall_s: float = 0.0
+    acked: int = 0
+
+    def add(self, outcome: Outcome) -> None:
+        self.seeds += 1
+        self.simulated_s += outcome.simulated_s
+        self.wall_s += outcome.wall_s
+        self.acked += outcome.acked
+
+
+STATS = Stats()
+
+
+def replay_command(seed: int) -> str:
+    return f"pytest tests/simulation --seed {seed}"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "seed_batch" not in metafunc.fixturenames:
+        return
+    config = metafunc.config
+    one = config.getoption("seed", None)
+    if one is not None:
+        metafunc.parametrize("seed_batch", [[one]], ids=[f"seed{one}"])
+        return
+    count = config.getoption("sim_seeds", None) or SEEDS_DEFAULT
+    first = config.getoption("sim_first", 0) or 0
+    seeds = list(range(first, first + count))
+    batches = [seeds[i : i + BATCH] for i in range(0, len(seeds), BATCH)]
+    metafunc.parametrize("seed_batch", batches, ids=[f"seeds{b[0]}-{b[-1]}" for b in batches])
+
+
+@pytest.fixture
+def replaying(request: pytest.FixtureRequest) -> bool:
+    """True when one seed is replayed (``--seed``): print its trace, skip the seed sweeps."""
+    return request.config.getoption("seed", None) is not None
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not STATS.seeds or not STATS.wall_s:
+        return
+    ratio = STATS.simulated_s / STATS.wall_s
+    per_minute = 60 * STATS.seeds / STATS.wall_s
+    terminalreporter.write_line(
+        f"simulation: {STATS.seeds} seeds, {STATS.simulated_s:.1f} simulated s in {STATS.wall_s:.1f} wall s "
+        f"({ratio:.0f}x real time, {per_minute:.0f} seeds/min, {STATS.acked} acked adds)"
+    )

@@ -1,0 +1,266 @@
+"""The simulated disk behind the bookie's file seam (bookie.fileio.FileIO): durable vs pending bytes.
+
+Model (one :class:`Disk` per bookie; paths are plain strings, nothing touches the real filesystem):
+
+- A file's content is what was synced plus the writes since (``pending``, in order). ``fsync`` /
+  ``fdatasync`` makes them durable. Size changes (preallocate, truncate) are pending writes too.
+- Names (create, rename, remove) are durable once their directory is fsynced; until then a crash
+  may undo them (here: always does, the harshest legal outcome).
+- :meth:`Disk.crash` is a power cut: every file keeps its synced content plus a random prefix of its
+  pending writes, the last one of which may be torn at a random byte. The next incarnation of the
+  bookie opens this image.
+- Preallocated space is sparse: zeros past the written bytes cost no memory.
+
+A bookie that acknowledges before fdatasync is caught by exactly this model: the acked bytes were
+pending, and a crash drops them.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+from collections.abc import Iterable
+
+from bookie.fileio import FileIO
+from bookie.metrics import DiskStatus
+
+DISK_BYTES = 1 << 40
+
+
+class SimFile:
+    """Synced content, plus the pending operations since the last sync."""
+
+    __slots__ = ("data", "pending", "synced")
+
+    def __init__(self) -> None:
+        self.data = bytearray()  # what reads see now
+        self.synced = bytearray()  # what a crash keeps for sure
+        self.pending: list[tuple[int, bytes | None]] = []  # (offset, bytes) or (new size, None)
+
+    def write(self, offset: int, data: bytes) -> None:
+        self.pending.append((offset, data))
+        _apply(self.data, offset, data)
+
+    def resize(self, size: int) -> None:
+        self.pending.append((size, None))
+        _resize(self.data, size)
+
+    def sync(self) -> None:
+        for offset, data in self.pending:
+            if data is None:
+                _resize(self.synced, offset)
+            else:
+                _apply(self.synced, offset, data)
+        self.pending.clear()
+
+    def crashed(self, rng: random.Random) -> SimFile:
+        """What a power cut leaves: synced bytes plus a random, possibly torn, prefix of the rest."""
+        after = SimFile()
+        after.data = bytearray(self.synced)
+        kept = rng.randint(0, len(self.pending))
+        for index, (offset, data) in enumerate(self.pending[:kept]):
+            if data is None:
+                _resize(after.data, offset)
+                continue
+            if index == kept - 1 and len(data) > 1 and rng.random() < 0.5:
+                data = data[: rng.randrange(1, len(data))]  # torn at a random byte
+            _apply(after.data, offset, data)
+        after.synced = bytearray(after.data)
+        return after
+
+
+def _apply(buf: bytearray, offset: int, data: bytes) -> None:
+    end = offset + len(data)
+    if len(buf) < end:
+        buf.extend(bytes(end - len(buf)))
+    buf[offset:end] = data
+
+
+def _resize(buf: bytearray, size: int) -> None:
+    if size < len(buf):
+        del buf[size:]
+    else:
+        buf.extend(bytes(size - len(buf)))
+
+
+class Disk:
+    """One bookie's disk: the live files and the names a crash would keep."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, SimFile] = {}
+        self.durable_names: dict[str, SimFile] = {}
+        self.dirs: set[str] = set()
+        self.bytes_synced = 0
+
+    def crash(self, rng: random.Random) -> None:
+        """A power cut: only durable names survive, each with its crashed content."""
+        survivors: dict[str, SimFile] = {}
+        for path in sorted(self.durable_names):
+            survivors[path] = self.durable_names[path].crashed(rng)
+        self.files = survivors
+        self.durable_names = dict(survivors)
+
+    def fsync_dir(self, path: str) -> None:
+        prefix = path.rstrip("/") + "/"
+        for name in [n for n in self.durable_names if _parent(n) == path.rstrip("/")]:
+            if name not in self.files:
+                del self.durable_names[name]
+        for name, file in self.files.items():
+            if name.startswith(prefix) and _parent(name) == path.rstrip("/"):
+                self.durable_names[name] = file
+
+
+def _parent(path: str) -> str:
+    return os.path.dirname(path)
+
+
+class _Mapped(bytes):
+    """What ``map_read`` returns: the file's bytes, with the ``close()`` of an mmap."""
+
+    def close(self) -> None:
+        pass
+
+
+class SimFileIO(FileIO):
+    """The bookie's file seam over a :class:`Disk`. File descriptors are small integers."""
+
+    def __init__(self, disk: Disk) -> None:
+        self.disk = disk
+        self._fds: dict[int, tuple[str, SimFile]] = {}
+        self._next_fd = 3
+        self.syncs_lost = False
+        """Set by a crash that cuts a write in flight: its fsyncs never reach the disk."""
+
+    def _open(self, path: str, create: bool) -> int:
+        file = self.disk.files.get(path)
+        if file is None:
+            if not create:
+                raise FileNotFoundError(errno.ENOENT, "no such file (simulated)", path)
+            if _parent(path) not in self.disk.dirs:
+                raise FileNotFoundError(errno.ENOENT, "no such directory (simulated)", path)
+            file = self.disk.files[path] = SimFile()
+        fd = self._next_fd
+        self._next_fd += 1
+        self._fds[fd] = (path, file)
+        return fd
+
+    def _file(self, fd: int) -> SimFile:
+        entry = self._fds.get(fd)
+        if entry is None:
+            raise OSError(errno.EBADF, "bad file descriptor (simulated)")
+        return entry[1]
+
+    def open_append(self, path: str) -> int:
+        return self._open(path, create=True)
+
+    def open_read(self, path: str) -> int:
+        return self._open(path, create=False)
+
+    def close(self, fd: int) -> None:
+        self._fds.pop(fd, None)
+
+    def preallocate(self, fd: int, offset: int, length: int) -> None:
+        file = self._file(fd)
+        if offset + length > len(file.data):
+            file.resize(offset + length)
+
+    def journal_write(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        self._file(fd).write(offset, bytes(data))
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        self._file(fd).write(offset, bytes(data))
+
+    def journal_sync(self, fd: int) -> None:
+        self._sync(fd)
+
+    def fsync(self, fd: int) -> None:
+        self._sync(fd)
+
+    def _sync(self, fd: int) -> None:
+        if self.syncs_lost:
+            return
+        file = self._file(fd)
+        self.disk.bytes_synced += sum(len(d) for _, d in file.pending if d is not None)
+        file.sync()
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        data = bytes(self._file(fd).data[offset : offset + length])
+        if len(data) != length:
+            raise OSError(errno.EIO, f"short read: {len(data)} of {length} bytes at offset {offset}")
+        return data
+
+    def map_read(self, path: str) -> _Mapped | None:  # type: ignore[override]
+        file = self.disk.files.get(path)
+        if file is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file (simulated)", path)
+        return _Mapped(file.data) if file.data else None
+
+    def size(self, fd: int) -> int:
+        return len(self._file(fd).data)
+
+    def truncate(self, fd: int, length: int) -> None:
+        self._file(fd).resize(length)
+
+    def read_file(self, path: str) -> bytes:
+        file = self.disk.files.get(path)
+        if file is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file (simulated)", path)
+        return bytes(file.data)
+
+    def listdir(self, path: str) -> list[str]:
+        if path.rstrip("/") not in self.disk.dirs:
+            raise FileNotFoundError(errno.ENOENT, "no such directory (simulated)", path)
+        return sorted(os.path.basename(n) for n in self.disk.files if _parent(n) == path.rstrip("/"))
+
+    def exists(self, path: str) -> bool:
+        return path in self.disk.files or path.rstrip("/") in self.disk.dirs
+
+    def makedirs(self, path: str) -> None:
+        # Directories are durable at once (made once per data dir, before anything is written).
+        path = path.rstrip("/")
+        while path and path not in self.disk.dirs:
+            self.disk.dirs.add(path)
+            path = _parent(path)
+
+    def remove(self, path: str) -> None:
+        if self.disk.files.pop(path, None) is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file (simulated)", path)
+
+    def rename(self, src: str, dst: str) -> None:
+        file = self.disk.files.pop(src, None)
+        if file is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file (simulated)", src)
+        self.disk.files[dst] = file
+
+    def fsync_dir(self, path: str) -> None:
+        if not self.syncs_lost:
+            self.disk.fsync_dir(path)
+
+    def write_file_atomic(self, path: str, data: bytes, failpoint: str | None = None) -> None:
+        tmp = path + ".tmp"
+        self.disk.files.pop(tmp, None)
+        fd = self._open(tmp, create=True)
+        try:
+            self.pwrite(fd, data, 0)
+            self.fsync(fd)
+        finally:
+            self.close(fd)
+        self.rename(tmp, path)
+        self.fsync_dir(os.path.dirname(path) or ".")
+
+    def lock_dir(self, path: str) -> int:
+        return self._open_lock(path)
+
+    def _open_lock(self, path: str) -> int:
+        fd = self._next_fd
+        self._next_fd += 1
+        return fd
+
+    def open_files(self) -> Iterable[str]:
+        return sorted(path for path, _ in self._fds.values())
+
+
+def healthy_disk(path: str) -> DiskStatus:
+    """The bookie's free-space probe in the simulation: a large, empty, writable disk."""
+    return DiskStatus(DISK_BYTES, DISK_BYTES, False)

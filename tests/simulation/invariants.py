@@ -1,0 +1,133 @@
+"""Invariants on the true global state of a simulated world (after the TLA+ spec's, by name).
+
+Read straight from the nodes (the metadata twin's keys, the bookies' in-memory index and their
+disks), never through a client, so checking perturbs nothing.
+
+After every fault step (cheap):
+- **NoDivergenceBetweenClientAndMetaData**: a ledger CLOSED in metadata has no entry acked to its
+  writer above its last entry; a writer whose close succeeded closed it at its own LAC.
+- **OnlyValidFragments**: fragments start at 0 and their first entries strictly increase; each
+  ensemble has E distinct bookies; a closed ledger's fragments all start at or below last + 1.
+
+At the end, after the heal (every bookie up, every ledger closed):
+- **LedgersClosed** (liveness): every ledger is CLOSED.
+- **AllCommittedEntriesReachAckQuorum**: each entry up to a closed ledger's last entry is held
+  durably (indexed after fdatasync) by at least Qa bookies of its write set.
+- **NoDivergentReplicas** (our NoOutOfOrderEntries): every replica of an entry holds the same bytes.
+The writers check NoOutOfOrderEntries on the client side (acks complete in entry order), and the
+history checker (tests/faults/history.py) checks AllAckedEntriesAreReadable and the rest.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+from bookkeeper_aio.client.quorum import DistributionSchedule
+from metadata import ledger_metadata
+from metadata.keys import ClusterKeys
+from metadata.ledger_metadata import LedgerMetadata, LedgerState
+from tests.faults.history import Outcome
+from tests.simulation.world import ROOT
+
+if TYPE_CHECKING:
+    from tests.simulation.scenario import Scenario
+
+KEYS = ClusterKeys(ROOT)
+
+
+def metadata_of(scenario: Scenario, ledger_id: int) -> LedgerMetadata | None:
+    key = KEYS.ledger(ledger_id)
+    kv = scenario.world.store._data.get(key)
+    return None if kv is None else ledger_metadata.decode(kv.value, key=key, ledger_id=ledger_id)
+
+
+def fragment_problems(md: LedgerMetadata) -> list[str]:
+    where = f"OnlyValidFragments: ledger {md.ledger_id}"
+    firsts = [first for first, _ in md.ensembles]
+    problems = []
+    if not firsts or firsts[0] != 0:
+        problems.append(f"{where}: first fragment starts at {firsts[:1]}")
+    if any(b <= a for a, b in itertools.pairwise(firsts)):
+        problems.append(f"{where}: fragment first entries not increasing: {firsts}")
+    for first, ensemble in md.ensembles:
+        if len(ensemble) != md.ensemble_size or len(set(ensemble)) != len(ensemble):
+            problems.append(f"{where}: fragment {first} has ensemble {list(ensemble)}")
+    if md.state is LedgerState.CLOSED and md.last_entry_id is not None and firsts[-1] > md.last_entry_id + 1:
+        problems.append(f"{where}: closed at {md.last_entry_id} but a fragment starts at {firsts[-1]}")
+    return problems
+
+
+def acked_max(scenario: Scenario, ledger_id: int) -> int:
+    return max(
+        (
+            op.entry_id
+            for op in scenario.world.history.adds
+            if op.ledger_id == ledger_id and op.outcome is Outcome.OK and op.entry_id is not None
+        ),
+        default=-1,
+    )
+
+
+def check_step(scenario: Scenario) -> list[str]:
+    problems: list[str] = []
+    for lid in scenario.ledgers:
+        md = metadata_of(scenario, lid)
+        if md is None:
+            continue
+        problems += fragment_problems(md)
+        if md.state is LedgerState.CLOSED:
+            assert md.last_entry_id is not None
+            acked = acked_max(scenario, lid)
+            if acked > md.last_entry_id:
+                problems.append(
+                    f"NoDivergenceBetweenClientAndMetaData: ledger {lid} closed at {md.last_entry_id} "
+                    f"but entry {acked} was acked"
+                )
+            closed_at = scenario.closed_by_writer.get(lid)
+            if closed_at is not None and closed_at != md.last_entry_id:
+                problems.append(
+                    f"NoDivergenceBetweenClientAndMetaData: ledger {lid}'s writer closed it at {closed_at}, "
+                    f"metadata says {md.last_entry_id}"
+                )
+    return problems
+
+
+async def check_final(scenario: Scenario) -> list[str]:
+    problems = check_step(scenario)
+    world = scenario.world
+    servers = {b.name: b.server for b in world.bookies}
+    for lid in sorted(scenario.ledgers):
+        md = metadata_of(scenario, lid)
+        if md is None:
+            problems.append(f"ledger {lid} has no metadata")
+            continue
+        if md.state is not LedgerState.CLOSED:
+            problems.append(f"liveness: ledger {lid} is {md.state.name} after the heal")
+            continue
+        assert md.last_entry_id is not None
+        schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
+        for entry_id in range(md.last_entry_id + 1):
+            ensemble = md.ensemble_for(entry_id)
+            bodies: dict[str, bytes] = {}
+            for position in schedule.write_set(entry_id):
+                bookie = ensemble[position]
+                server = servers.get(bookie)
+                if server is None or server.storage is None:
+                    continue
+                state = server.storage.ledgers.get(lid)
+                if state is None or state.index.get(entry_id) is None:
+                    continue
+                _, body = await server.storage.read_entry(lid, entry_id)
+                bodies[bookie] = body
+            if len(bodies) < md.ack_quorum:
+                problems.append(
+                    f"AllCommittedEntriesReachAckQuorum: ledger {lid} entry {entry_id} is on "
+                    f"{sorted(bodies)} only (Qa={md.ack_quorum}, write set "
+                    f"{[ensemble[p] for p in schedule.write_set(entry_id)]})"
+                )
+            if len(set(bodies.values())) > 1:
+                problems.append(
+                    f"NoDivergentReplicas: ledger {lid} entry {entry_id} differs across {sorted(bodies)}"
+                )
+    return problems

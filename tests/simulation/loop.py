@@ -1,0 +1,163 @@
+"""The simulation's event loop: virtual time, a seeded order of ready callbacks, no threads, no sockets.
+
+Rules (the whole point is that one seed is one history):
+
+- Time is a number the loop owns. It moves only when nothing is ready: straight to the earliest
+  timer. No wall clock is read anywhere (``time()`` is the virtual time).
+- Each iteration takes every ready callback (and every timer now due) and runs them in an order
+  drawn from the seeded RNG: two tasks that are both ready may run either way round, as they may
+  on a real machine. Order *within* one byte stream is kept by the network (tests/simulation/network.py),
+  not by the loop.
+- A callback whose context belongs to a crashed node is dropped instead of run: that is how a
+  crash cancels everything the node had in flight (timers, task steps, disk completions) at once.
+  Contexts carry the node through :data:`NODE`, set when the node's code is started.
+- Sockets: ``create_server`` / ``create_connection`` go to the simulated network. Threads: a call to
+  ``run_in_executor`` without an executor is refused (the bookie's executors come from the
+  ``bookie.threads`` seam, which the simulation fills with inline ones).
+- Nothing ready and no timer while the caller still waits: :class:`Deadlock` (a liveness bug).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import heapq
+import random
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.simulation.network import Network
+
+
+class Deadlock(RuntimeError):
+    """The loop has nothing to run and no timer, yet the awaited operation has not finished."""
+
+
+class Livelock(RuntimeError):
+    """Callbacks keep running but virtual time does not move (a busy loop in the code under test)."""
+
+
+ITERATIONS_AT_ONE_INSTANT_MAX = 100_000
+"""More iterations than this without time moving is a busy loop, not progress."""
+
+
+class Incarnation:
+    """One life of a simulated node: dead once crashed (a restart makes a new incarnation)."""
+
+    __slots__ = ("dead", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.dead = False
+
+    def __repr__(self) -> str:
+        return f"<{self.name}{' dead' if self.dead else ''}>"
+
+
+NODE: contextvars.ContextVar[Incarnation | None] = contextvars.ContextVar("sim_node", default=None)
+
+
+class SimLoop(asyncio.BaseEventLoop):
+    """A deterministic event loop (see the module docstring)."""
+
+    def __init__(self, rng: random.Random, *, shuffle: bool = True) -> None:
+        super().__init__()
+        self._now_s = 0.0
+        self._rng = rng
+        self._shuffle = shuffle
+        self.network: Network | None = None
+        self.callbacks_run = 0
+        self.callbacks_dropped = 0
+        self.errors: list[str] = []
+        self._iterations_now = 0
+        self.set_exception_handler(self._on_exception)
+
+    # ------------------------------------------------------------------ time
+    def time(self) -> float:
+        return self._now_s
+
+    # ------------------------------------------------------------------ the scheduler
+    def _run_once(self) -> None:
+        scheduled = self._scheduled
+        ready = self._ready
+        if not ready:
+            while scheduled and scheduled[0]._cancelled:
+                self._pop_timer()
+            if not scheduled:
+                if self._stopping:
+                    return
+                raise Deadlock("nothing is ready and no timer is set, but the awaited operation is pending")
+            if scheduled[0]._when > self._now_s:
+                self._now_s = scheduled[0]._when
+                self._iterations_now = 0
+        self._iterations_now += 1
+        if self._iterations_now > ITERATIONS_AT_ONE_INSTANT_MAX:
+            raise Livelock(f"{ITERATIONS_AT_ONE_INSTANT_MAX} loop iterations at t={self._now_s:.6f} s")
+        now = self._now_s
+        while scheduled and scheduled[0]._when <= now:
+            handle = self._pop_timer()
+            if not handle._cancelled:
+                ready.append(handle)
+        batch = list(ready)
+        ready.clear()
+        if self._shuffle and len(batch) > 1:
+            self._rng.shuffle(batch)
+        for handle in batch:
+            if handle._cancelled:
+                continue
+            context = handle._context
+            node = context.get(NODE) if context is not None else None
+            if node is not None and node.dead:
+                self.callbacks_dropped += 1
+                continue
+            self.callbacks_run += 1
+            handle._run()
+
+    def _pop_timer(self) -> asyncio.TimerHandle:
+        handle = heapq.heappop(self._scheduled)
+        handle._scheduled = False
+        if handle._cancelled:
+            self._timer_cancelled_count = max(0, self._timer_cancelled_count - 1)
+        return handle
+
+    def _write_to_self(self) -> None:
+        pass  # no selector to wake: everything runs on this one thread
+
+    def _process_events(self, event_list: Any) -> None:
+        pass
+
+    # ------------------------------------------------------------------ no threads
+    def run_in_executor(self, executor: Executor | None, func: Callable[..., Any], *args: Any) -> Any:
+        if executor is None:
+            raise RuntimeError("the simulation has no default executor: pass one from the threads seam")
+        return super().run_in_executor(executor, func, *args)
+
+    # ------------------------------------------------------------------ no sockets
+    async def create_server(
+        self, protocol_factory: Any, host: Any = None, port: Any = None, **kw: Any
+    ) -> Any:
+        assert self.network is not None, "no simulated network attached"
+        return self.network.listen(protocol_factory, str(host), int(port or 0))
+
+    async def create_connection(  # type: ignore[override]
+        self,
+        protocol_factory: Callable[[], asyncio.BaseProtocol],
+        host: str | None = None,
+        port: int | None = None,
+        **kw: Any,
+    ) -> tuple[asyncio.Transport, asyncio.BaseProtocol]:
+        assert self.network is not None, "no simulated network attached"
+        return await self.network.connect(protocol_factory, str(host), int(port or 0))
+
+    async def getaddrinfo(self, *args: Any, **kw: Any) -> Any:
+        raise OSError("no name resolution in the simulation")
+
+    # ------------------------------------------------------------------ errors
+    def _on_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        message = str(context.get("message", ""))
+        if "was destroyed but it is pending" in message:
+            return  # a crashed node's tasks, collected whenever the GC runs: not part of the history
+        exception = context.get("exception")
+        self.errors.append(f"{message}: {exception!r}" if exception is not None else message)

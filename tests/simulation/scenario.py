@@ -1,0 +1,377 @@
+"""One seed's run: workload + faults, then heal, recover, read back and check.
+
+Phases (all in virtual time):
+
+1. **Faults** (``FAULT_S``): writer clients create ledgers of random shapes and pipeline unique values
+   into them (every add in the history); a recoverer opens ledgers with recovery while their writer
+   still writes (fencing races); a nemesis crashes bookies (sometimes two at once: a rack's power),
+   restarts them from their crashed disk images, partitions clients from bookies, resets
+   connections, and crashes a writer client. The invariants are checked after every fault step.
+2. **Heal**: every bookie back, every partition gone. Liveness is demanded: every ledger must be
+   recovered and closed within ``HEAL_S``, by two racing recoverers on fresh clients.
+3. **Check**: two fresh readers read every ledger back; the history checker
+   (tests/faults/history.py) and the final-state invariants (tests/simulation/invariants.py) judge.
+
+The shape of a seed (bookies, writers, entries, faults) is drawn from the seed itself, small enough
+that hundreds of seeds run in the default test set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import random
+import time
+from dataclasses import dataclass, field
+
+import structlog
+
+from bookkeeper_aio import BKError
+from bookkeeper_aio.client.ledger import LedgerHandle
+from bookkeeper_aio.common import backoff, failpoints
+from tests.faults.history import AddOp
+from tests.simulation import invariants
+from tests.simulation.loop import Deadlock, Livelock
+from tests.simulation.world import PASSWORD, SimBookie, SimClient, World, capture_logs
+
+SHAPES = [(3, 2, 2), (3, 3, 2), (3, 3, 3), (4, 3, 2), (4, 2, 2)]
+WINDOW = 8
+THINK_PROBABILITY = 0.5
+THINK_S_MAX = 0.03
+FAULT_S = 2.0
+HEAL_S = 30.0
+RUN_S_MAX = 120.0
+RECOVERY_ATTEMPTS_MAX = 40
+WORKLOAD_END_S_MAX = 30.0
+SYNC_WAIT_POLL_S = 0.0005
+SYNC_WAIT_POLLS_MAX = 400
+
+
+@dataclass
+class Outcome:
+    seed: int
+    trace: str
+    problems: list[str]
+    simulated_s: float
+    wall_s: float
+    acked: int
+    ledgers: int
+    callbacks: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class Scenario:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        rng = world.rng_for("shape")
+        self.rng = rng
+        self.bookie_count = rng.randint(4, 5)
+        self.writer_count = rng.randint(1, 2)
+        self.ledgers_per_writer = rng.randint(2, 4)
+        self.entries_max = rng.randint(20, 80)
+        self.fault_steps = rng.randint(2, 6)
+        self.ledgers: list[int] = []
+        self.problems: list[str] = []
+        self.stop = asyncio.Event()
+        self.handles: dict[int, LedgerHandle] = {}
+
+    def describe(self) -> str:
+        return (
+            f"bookies={self.bookie_count} writers={self.writer_count} "
+            f"ledgers/writer={self.ledgers_per_writer} "
+            f"entries<={self.entries_max} fault_steps={self.fault_steps}"
+        )
+
+    # ------------------------------------------------------------------ workload
+    async def writer(self, client: SimClient, rng: random.Random) -> None:
+        world = self.world
+        history = world.history
+        sequence = 0
+        for _ in range(self.ledgers_per_writer):
+            if self.stop.is_set():
+                return
+            ensemble, wq, aq = rng.choice(SHAPES)
+            try:
+                handle = await client.bk.create_ledger(ensemble, wq, aq, password=PASSWORD)
+            except BKError as error:
+                world.trace(f"{client.name} create {ensemble}/{wq}/{aq} failed: {type(error).__name__}")
+                await asyncio.sleep(0.1)
+                continue
+            lid = handle.id
+            self.ledgers.append(lid)
+            self.handles[lid] = handle
+            world.trace(
+                f"{client.name} created ledger {lid} {ensemble}/{wq}/{aq} "
+                f"on {list(handle.metadata.current_ensemble)}"
+            )
+            pending: set[asyncio.Future[int]] = set()
+            sent: list[asyncio.Future[int]] = []
+            for _ in range(rng.randint(1, self.entries_max)):
+                if self.stop.is_set():
+                    break
+                value = f"{client.name}-{sequence}".encode()
+                sequence += 1
+                op = history.invoke(client.name, lid, value)
+                try:
+                    future = await handle.append_async(value)
+                except BKError as error:
+                    history.failed(op, error)
+                    break
+                sent.append(future)
+                future.add_done_callback(functools.partial(self._done, op, lid, sent, len(sent) - 1))
+                pending.add(future)
+                future.add_done_callback(pending.discard)
+                if len(pending) >= WINDOW or rng.random() < 0.2:
+                    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    if any(not f.cancelled() and f.exception() is not None for f in done):
+                        break
+                if rng.random() < THINK_PROBABILITY:  # spread the writes over the fault phase
+                    await asyncio.sleep(rng.uniform(0.0, THINK_S_MAX))
+            if pending:
+                await asyncio.wait(pending)
+            if rng.random() < 0.5:
+                try:
+                    await handle.close()
+                    world.trace(f"{client.name} closed ledger {lid} at {handle.last_add_confirmed}")
+                    self.closed_by_writer[lid] = handle.last_add_confirmed
+                except BKError as error:
+                    world.trace(f"{client.name} close of {lid} failed: {type(error).__name__}")
+            else:
+                handle.abort()
+                world.trace(f"{client.name} left ledger {lid} open")
+
+    closed_by_writer: dict[int, int]
+
+    def _done(
+        self, op: AddOp, lid: int, sent: list[asyncio.Future[int]], index: int, future: asyncio.Future[int]
+    ) -> None:
+        """Record the outcome; an ack while an earlier add of the handle is still pending breaks
+        NoOutOfOrderEntries (completion must follow entry order)."""
+        history = self.world.history
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is None:
+            entry_id = future.result()
+            if any(not f.done() for f in sent[:index]):
+                self.problems.append(
+                    f"NoOutOfOrderEntries: ledger {lid} acked entry {entry_id} "
+                    "before an earlier add completed"
+                )
+            history.ok(op, entry_id)
+        else:
+            history.failed(op, error)
+
+    async def recoverer(self, client: SimClient, rng: random.Random) -> None:
+        """Opens ledgers with recovery while their writers may still write."""
+        while not self.stop.is_set():
+            await asyncio.sleep(rng.uniform(0.2, 1.0))
+            if not self.ledgers or self.stop.is_set():
+                continue
+            lid = rng.choice(self.ledgers)
+            try:
+                handle = await client.bk.open_ledger(lid, password=PASSWORD, recovery=True)
+            except BKError as error:
+                self.world.trace(f"{client.name} recovery of {lid} failed: {type(error).__name__}")
+                continue
+            self.world.trace(f"{client.name} recovered ledger {lid} at {handle.last_add_confirmed}")
+            self.world.history.recovered_at(lid, handle.last_add_confirmed)
+
+    # ------------------------------------------------------------------ faults
+    async def nemesis(self, rng: random.Random, writers: list[SimClient]) -> None:
+        world = self.world
+        restarts: list[asyncio.Task[None]] = []
+        for _ in range(self.fault_steps):
+            await asyncio.sleep(rng.uniform(0.05, FAULT_S / self.fault_steps))
+            up = [b for b in world.bookies if b.up]
+            kind = rng.choice(
+                ["crash", "crash_syncing", "crash_syncing", "crash2", "partition", "kill", "kill_client"]
+            )
+            if kind == "crash_syncing":  # the durability window: a bookie with a group in flight
+                for _ in range(SYNC_WAIT_POLLS_MAX):
+                    syncing = [b for b in world.bookies if b.syncing]
+                    if syncing:
+                        break
+                    await asyncio.sleep(SYNC_WAIT_POLL_S)
+                up = syncing or up
+                kind = "crash"
+            if kind in ("crash", "crash2") and up:
+                victims = rng.sample(up, min(len(up), 1 if kind == "crash" else 2))
+                for bookie in victims:
+                    bookie.crash()
+                    restarts.append(asyncio.create_task(self._restart_later(bookie, rng.uniform(0.05, 0.8))))
+            elif kind == "partition":
+                client = rng.choice(world.clients)
+                bookie = rng.choice(world.bookies)
+                world.network.partition(client.name, bookie.name)
+                world.trace(f"partition {client.name} | {bookie.name}")
+                restarts.append(
+                    asyncio.create_task(
+                        self._unpartition_later(client.name, bookie.name, rng.uniform(0.1, 1.5))
+                    )
+                )
+            elif kind == "kill":
+                conns = list(world.network.connections_of_all())
+                if conns:
+                    conn = rng.choice(conns)
+                    world.trace(f"reset connection {conn.client.node} -> {conn.server.node}")
+                    world.network.kill_connection(conn)
+            elif kind == "kill_client":
+                live = [w for w in writers if w.up]
+                if live and rng.random() < 0.5:
+                    rng.choice(live).crash()
+            self.check_step()
+        await asyncio.gather(*restarts)
+
+    async def _restart_later(self, bookie: SimBookie, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        if not bookie.up:
+            await self._restart(bookie)
+
+    async def _restart(self, bookie: SimBookie) -> None:
+        try:
+            await bookie.restart()
+        except Exception as error:
+            self.problems.append(f"bookie {bookie.name} failed to restart from its crashed disk: {error!r}")
+            self.world.trace(f"bookie {bookie.name} restart FAILED: {error!r}")
+
+    async def _unpartition_later(self, a: str, b: str, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        self.world.network.unpartition(a, b)
+        self.world.trace(f"healed {a} | {b}")
+
+    def check_step(self) -> None:
+        self.problems.extend(invariants.check_step(self))
+
+    # ------------------------------------------------------------------ heal and check
+    async def heal(self) -> None:
+        world = self.world
+        world.network.heal()
+        for bookie in world.bookies:
+            if not bookie.up:
+                await self._restart(bookie)
+        world.trace("healed: all bookies up, no partitions")
+        recoverers = [world.add_client(f"h{i}") for i in range(2)]
+        for lid in sorted(self.ledgers):
+            results = await asyncio.gather(
+                *(c.spawn(self._recover_until_done(c, lid), f"heal {lid}") for c in recoverers)
+            )
+            for last in results:
+                if last is not None:
+                    world.history.recovered_at(lid, last)
+        readers = [world.add_client(f"r{i}") for i in range(2)]
+        for lid in sorted(self.ledgers):
+            for reader in readers:
+                await reader.spawn(self._read_back(reader, lid), f"read {lid}")
+
+    async def _recover_until_done(self, client: SimClient, lid: int) -> int | None:
+        for _ in range(RECOVERY_ATTEMPTS_MAX):
+            try:
+                handle = await client.bk.open_ledger(lid, password=PASSWORD, recovery=True)
+            except BKError as error:
+                self.world.trace(f"{client.name} recovery of {lid} failed: {type(error).__name__}: {error}")
+                await asyncio.sleep(0.2)
+                continue
+            self.world.trace(f"{client.name} recovered ledger {lid} at {handle.last_add_confirmed}")
+            return handle.last_add_confirmed
+        self.problems.append(f"liveness: ledger {lid} not recovered after {RECOVERY_ATTEMPTS_MAX} attempts")
+        return None
+
+    async def _read_back(self, client: SimClient, lid: int) -> None:
+        history = self.world.history
+        try:
+            reader = await client.bk.open_ledger(lid, password=PASSWORD)
+            history.lac_seen(lid, reader.last_add_confirmed)
+            last = reader.last_add_confirmed
+            entries = [] if last < 0 else [(e.entry_id, e.payload) async for e in reader.read(0, last)]
+        except BKError as error:
+            self.problems.append(f"AllAckedEntriesAreReadable: reading ledger {lid} failed: {error!r}")
+            return
+        history.read_back(lid, entries)
+
+    async def run(self) -> None:
+        world = self.world
+        self.closed_by_writer = {}
+        for _ in range(self.bookie_count):
+            await world.add_bookie().start()
+        writers = [world.add_client(f"w{i}") for i in range(self.writer_count)]
+        recoverer = world.add_client("rec")
+        tasks = [(w, w.spawn(self.writer(w, world.rng_for("writer", w.name)), "writer")) for w in writers]
+        recovering = recoverer.spawn(self.recoverer(recoverer, world.rng_for("recoverer")), "recoverer")
+        await self.nemesis(world.rng_for("nemesis"), writers)
+        await asyncio.sleep(0.2)
+        self.stop.set()
+        for writer, task in tasks:  # a crashed writer's task never ends: wait for the live ones only
+            if writer.up:
+                await self._finish(task, f"writer {writer.name}")
+        await self._finish(recovering, "recoverer")
+        await self.heal()
+        self.problems.extend(await invariants.check_final(self))
+
+    async def _finish(self, task: asyncio.Task[None], what: str) -> None:
+        done, _ = await asyncio.wait([task], timeout=WORKLOAD_END_S_MAX)
+        if not done:
+            self.problems.append(f"liveness: {what} still busy {WORKLOAD_END_S_MAX} s after the faults")
+        elif task.exception() is not None:
+            self.problems.append(f"{what} crashed: {task.exception()!r}")
+
+
+def run_seed(seed: int, bugs: tuple[str, ...] = ()) -> Outcome:
+    """Run one seed to the end; never raises for what the simulated system did (problems do).
+    ``bugs``: ``bug.*`` failpoint switches to plant (bookkeeper_aio/common/failpoints.py)."""
+    world = World(seed)
+    scenario = Scenario(world)
+    world.trace(f"seed {seed}: {scenario.describe()}" + (f" bugs={','.join(bugs)}" if bugs else ""))
+    saved_logs = capture_logs(world.trace)
+    saved_failpoints = ",".join(f"{name}={action}" for name, action in failpoints._active.items())
+    failpoints.configure(",".join(f"{bug}=on" for bug in bugs))
+    backoff._SHARED_RNG.seed(f"{seed}/backoff")  # the one process-wide RNG of the production code
+    asyncio.set_event_loop(world.loop)
+    wall_start = time.perf_counter()
+    try:
+        main = world.loop.create_task(scenario.run(), name="scenario")
+        try:
+            world.loop.run_until_complete(asyncio.wait_for(main, RUN_S_MAX))
+        except (Deadlock, Livelock) as error:
+            scenario.problems.append(f"liveness: {type(error).__name__.lower()} ({error})")
+        except TimeoutError:
+            scenario.problems.append(f"liveness: the run did not end within {RUN_S_MAX} simulated seconds")
+        _shutdown(world)
+    finally:
+        wall_s = time.perf_counter() - wall_start
+        structlog.configure(**saved_logs)
+        failpoints.configure(saved_failpoints)
+        asyncio.set_event_loop(None)
+    problems = scenario.problems + history_problems(world) + [f"loop: {e}" for e in world.loop.errors]
+    counts = world.history.counts()
+    world.trace(f"end: {counts} problems={len(problems)}")
+    for problem in problems:
+        world.trace(f"PROBLEM {problem}")
+    return Outcome(
+        seed,
+        world.trace.text(),
+        problems,
+        world.loop.time(),
+        wall_s,
+        counts["ok"],
+        len(scenario.ledgers),
+        world.loop.callbacks_run,
+        counts,
+    )
+
+
+def history_problems(world: World) -> list[str]:
+    return [f"history: {p}" for p in world.history.check()]
+
+
+def _shutdown(world: World) -> None:
+    """End every node without running its code further (no graceful close: the world just stops)."""
+    for node in [*world.bookies, *world.clients]:
+        node.incarnation.dead = True
+    loop = world.loop
+    for task in asyncio.all_tasks(loop):
+        task.cancel()
+    with contextlib.suppress(Exception):
+        loop.run_until_complete(asyncio.sleep(0))
+    loop.close()

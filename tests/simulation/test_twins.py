@@ -1,0 +1,215 @@
+"""The simulated twins themselves: loop, network and disk behave as the model says."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import random
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+
+from tests.simulation.disk import Disk, SimFileIO
+from tests.simulation.loop import NODE, Deadlock, Incarnation, SimLoop
+from tests.simulation.network import Network
+
+
+def run(loop: SimLoop, coro: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+# ---------------------------------------------------------------------- loop
+def test_loop_time_is_virtual_and_jumps_to_the_next_timer() -> None:
+    loop = SimLoop(random.Random(1))
+
+    async def main() -> float:
+        await asyncio.sleep(3600.0)
+        return loop.time()
+
+    assert run(loop, main()) == 3600.0
+
+
+def order_of(seed: int) -> list[int]:
+    loop = SimLoop(random.Random(seed))
+    seen: list[int] = []
+
+    async def main() -> None:
+        for i in range(8):
+            loop.call_soon(seen.append, i)
+        await asyncio.sleep(0.001)
+
+    run(loop, main())
+    return seen
+
+
+def test_ready_callbacks_run_in_a_seeded_order() -> None:
+    assert order_of(5) == order_of(5)
+    assert sorted(order_of(5)) == list(range(8))
+    assert len({tuple(order_of(seed)) for seed in range(10)}) > 1, "the seed never changed the order"
+
+
+def test_nothing_to_run_while_waiting_is_a_deadlock() -> None:
+    loop = SimLoop(random.Random(1))
+
+    async def main() -> None:
+        await loop.create_future()
+
+    with pytest.raises(Deadlock):
+        run(loop, main())
+
+
+def test_a_dead_nodes_callbacks_are_dropped() -> None:
+    loop = SimLoop(random.Random(1))
+    node = Incarnation("n")
+    ran: list[str] = []
+
+    async def main() -> None:
+        context = contextvars.copy_context()
+        context.run(NODE.set, node)
+        loop.call_later(0.5, ran.append, "dead", context=context)
+        loop.call_later(0.5, ran.append, "alive")
+        node.dead = True
+        await asyncio.sleep(1.0)
+
+    run(loop, main())
+    assert ran == ["alive"]
+
+
+# ---------------------------------------------------------------------- network
+class Recorder(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.lost: list[BaseException | None] = []
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost.append(exc)
+
+
+def network(seed: int = 3) -> tuple[SimLoop, Network, list[Recorder]]:
+    loop = SimLoop(random.Random(seed))
+    net = Network(loop, random.Random(seed))
+    servers: list[Recorder] = []
+
+    def factory() -> Recorder:
+        servers.append(Recorder())
+        return servers[-1]
+
+    net.listen(factory, "b0", 3181).serving = True
+    return loop, net, servers
+
+
+def test_one_stream_keeps_its_order_under_random_latency() -> None:
+    loop, _net, servers = network()
+
+    async def main() -> None:
+        transport, _ = await loop.create_connection(Recorder, "b0", 3181)
+        for i in range(200):
+            transport.write(b"%d," % i)
+        await asyncio.sleep(1.0)
+
+    run(loop, main())
+    assert bytes(servers[0].data) == b"".join(b"%d," % i for i in range(200))
+
+
+def test_a_partition_stalls_the_stream_until_healed() -> None:
+    loop, net, servers = network()
+
+    async def main() -> tuple[int, int]:
+        transport, _ = await loop.create_connection(Recorder, "b0", 3181)
+        net.partition("client", "b0")
+        transport.write(b"held")
+        await asyncio.sleep(5.0)
+        during = len(servers[0].data)
+        net.heal()
+        await asyncio.sleep(1.0)
+        return during, len(servers[0].data)
+
+    assert run(loop, main()) == (0, 4)
+
+
+def test_a_killed_connection_resets_both_ends() -> None:
+    loop, net, servers = network()
+
+    async def main() -> Recorder:
+        _, client = await loop.create_connection(Recorder, "b0", 3181)
+        (conn,) = net.connections_of_all()
+        net.kill_connection(conn)
+        await asyncio.sleep(0.1)
+        assert isinstance(client, Recorder)
+        return client
+
+    client = run(loop, main())
+    assert [type(e) for e in client.lost] == [ConnectionResetError]
+    assert [type(e) for e in servers[0].lost] == [ConnectionResetError]
+
+
+def test_connecting_to_no_listener_is_refused() -> None:
+    loop, _, _ = network()
+    with pytest.raises(ConnectionRefusedError):
+        run(loop, loop.create_connection(Recorder, "b9", 3181))
+
+
+# ---------------------------------------------------------------------- disk
+def written(disk: Disk, *, sync: bool, dir_sync: bool = True) -> SimFileIO:
+    io = SimFileIO(disk)
+    io.makedirs("/d")
+    fd = io.open_append("/d/f")
+    io.pwrite(fd, b"synced", 0)
+    io.fsync(fd)
+    if dir_sync:
+        io.fsync_dir("/d")
+    io.pwrite(fd, b"-pending", 6)
+    if sync:
+        io.fsync(fd)
+    return io
+
+
+def test_a_crash_keeps_synced_bytes_and_a_prefix_of_the_rest() -> None:
+    outcomes = set()
+    for seed in range(40):
+        disk = Disk()
+        written(disk, sync=False)
+        disk.crash(random.Random(seed))
+        content = SimFileIO(disk).read_file("/d/f")
+        assert content.startswith(b"synced")
+        assert b"synced-pending".startswith(content)
+        outcomes.add("kept" if content == b"synced-pending" else "lost" if content == b"synced" else "torn")
+    assert outcomes == {"kept", "lost", "torn"}
+
+
+def test_a_synced_write_survives_every_crash() -> None:
+    for seed in range(20):
+        disk = Disk()
+        written(disk, sync=True)
+        disk.crash(random.Random(seed))
+        assert SimFileIO(disk).read_file("/d/f") == b"synced-pending"
+
+
+def test_a_file_whose_directory_was_never_synced_vanishes() -> None:
+    disk = Disk()
+    written(disk, sync=True, dir_sync=False)
+    disk.crash(random.Random(1))
+    assert not SimFileIO(disk).exists("/d/f")
+
+
+def test_a_rename_is_undone_by_a_crash_before_the_directory_sync() -> None:
+    disk = Disk()
+    io = written(disk, sync=True)
+    io.write_file_atomic("/d/g", b"new")  # synced and directory-synced: durable
+    io.rename("/d/g", "/d/h")  # not directory-synced
+    disk.crash(random.Random(1))
+    after = SimFileIO(disk)
+    assert after.read_file("/d/g") == b"new"
+    assert not after.exists("/d/h")

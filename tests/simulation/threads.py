@@ -1,0 +1,99 @@
+"""The bookie's thread seam (bookie.threads.Threads) without threads.
+
+- The journal's writer (``start_worker``) becomes a chain of loop callbacks: each submitted group
+  is written after a random disk latency, in submission order, one at a time (as the thread would).
+  Its completion comes back through ``call_soon_threadsafe``, which on the simulated loop is just
+  ``call_soon``; a crash drops both with the node's incarnation.
+- Executors run their calls inline: reads, cold writes and recovery take no simulated time.
+- A bare thread is refused: nothing in the bookie may block the simulation.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any
+
+from bookie.threads import Thread, Worker
+from tests.simulation.loop import SimLoop
+
+SYNC_S_MIN = 0.0001
+SYNC_S_MAX = 0.002
+
+
+class _InlineExecutor(Executor):
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        pass
+
+
+class _SimWorker:
+    """Items run one at a time after a disk latency each; :meth:`interrupt` runs the one in
+    flight at once, for a crash to cut it in the middle (its fdatasync never happens)."""
+
+    def __init__(self, loop: SimLoop, rng: random.Random, handle: Callable[[Any], None]) -> None:
+        self._loop = loop
+        self._rng = rng
+        self._handle = handle
+        self._queue: deque[Any] = deque()
+        self._busy = False
+
+    def submit(self, item: Any) -> None:
+        self._queue.append(item)
+        if not self._busy:
+            self._next()
+
+    def _next(self) -> None:
+        self._busy = bool(self._queue)
+        if self._busy:
+            self._loop.call_later(self._rng.uniform(SYNC_S_MIN, SYNC_S_MAX), self._run)
+
+    def _run(self) -> None:
+        if self._queue:  # empty when stop() wrote everything meanwhile
+            self._handle(self._queue.popleft())
+        self._next()
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    def interrupt(self) -> None:
+        """Start the item in flight now (the caller has made syncs no-ops: a crash mid-write)."""
+        if self._queue:
+            self._handle(self._queue.popleft())
+
+    def stop(self) -> None:
+        while self._queue:  # a graceful close: what was submitted is written now
+            self._handle(self._queue.popleft())
+
+
+class SimThreads:
+    def __init__(self, loop: SimLoop, rng: random.Random) -> None:
+        self._loop = loop
+        self._rng = rng
+        self.workers: list[_SimWorker] = []
+
+    @property
+    def syncing(self) -> bool:
+        """Whether a journal group is between its submission and its fdatasync."""
+        return any(worker.busy for worker in self.workers)
+
+    def start_thread(self, target: Callable[[], None], name: str) -> Thread:
+        raise RuntimeError(f"no threads in the simulation (asked for {name!r})")
+
+    def start_worker(self, handle: Callable[[Any], None], name: str) -> Worker:
+        worker = _SimWorker(self._loop, self._rng, handle)
+        self.workers.append(worker)
+        return worker
+
+    def executor(self, name: str) -> Executor:
+        return _InlineExecutor()

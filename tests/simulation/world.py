@@ -1,0 +1,270 @@
+"""The simulated world: real bookie servers, real clients, the in-memory metadata store, one seed.
+
+Every node runs the production code: :class:`bookie.server.BookieServer` over the simulated disk
+(:mod:`tests.simulation.disk`), thread seam (:mod:`tests.simulation.threads`) and network
+(:mod:`tests.simulation.network`); :class:`bookkeeper_aio.BookKeeper` clients whose connections go
+through the same network; :class:`metadata.memory.MemoryStore` for metadata. Each node's code runs
+in a context whose :data:`~tests.simulation.loop.NODE` is the node's incarnation, so a crash drops
+everything it had scheduled (see the loop).
+
+Randomness: one RNG per concern (scheduling, network, disk, faults, workload), each derived from
+the seed, so a change in one (say, a new fault kind) does not reshuffle the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import random
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+import structlog
+
+from bookie.config import BookieConfig
+from bookie.server import BookieServer
+from bookkeeper_aio import BookKeeper, ClientConfig, RandomPlacement
+from metadata.ledger_manager import LedgerManager
+from metadata.memory import MemoryStore
+from tests.faults.history import History
+from tests.simulation.disk import Disk, SimFileIO, healthy_disk
+from tests.simulation.loop import NODE, Incarnation, SimLoop
+from tests.simulation.network import PORT, Network
+from tests.simulation.threads import SimThreads
+
+T = TypeVar("T")
+
+ROOT = "/sim"
+PASSWORD = b"sim"
+
+CLIENT_CONFIG = ClientConfig(
+    add_timeout_s=1.0,
+    read_timeout_s=1.0,
+    connect_timeout_s=0.5,
+    reconnect_backoff_initial_s=0.02,
+    reconnect_backoff_max_s=0.2,
+    explicit_lac_interval_ms=50,
+    speculative_read_delay_ms=50,
+    metadata_timeout_s=2.0,
+)
+
+
+class LoopClock:
+    """The clock seam read from the simulated loop."""
+
+    __slots__ = ("_loop",)
+
+    def __init__(self, loop: SimLoop) -> None:
+        self._loop = loop
+
+    def monotonic(self) -> float:
+        return self._loop.time()
+
+
+class Trace:
+    """The run's story, one line per event, stamped with virtual time (byte-identical per seed)."""
+
+    def __init__(self, loop: SimLoop) -> None:
+        self._loop = loop
+        self.lines: list[str] = []
+
+    def __call__(self, line: str) -> None:
+        self.lines.append(f"{self._loop.time():11.6f} {line}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+class Node:
+    """A named process of the world with its current incarnation."""
+
+    def __init__(self, world: World, name: str) -> None:
+        self.world = world
+        self.name = name
+        self.incarnation = Incarnation(name)
+        self.context = self._new_context()
+
+    def _new_context(self) -> contextvars.Context:
+        context = contextvars.copy_context()
+        context.run(NODE.set, self.incarnation)
+        return context
+
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        """Run ``coro`` as this node's code."""
+        return self.world.loop.create_task(coro, name=f"{self.name}:{name}", context=self.context)
+
+    @property
+    def up(self) -> bool:
+        return not self.incarnation.dead
+
+    def _die(self) -> None:
+        self.incarnation.dead = True
+        self.world.network.crash_node(self.name)
+
+    def _reincarnate(self) -> None:
+        self.incarnation = Incarnation(self.name)
+        self.context = self._new_context()
+
+
+class SimBookie(Node):
+    def __init__(self, world: World, name: str) -> None:
+        super().__init__(world, name)
+        self.disk = Disk()
+        self.server: BookieServer | None = None
+        self.threads: SimThreads | None = None
+        self.fileio: SimFileIO | None = None
+        self.starts = 0
+
+    def config(self) -> BookieConfig:
+        return BookieConfig(
+            data_dir=f"/{self.name}",
+            bookie_id=self.name,
+            host=self.name,
+            port=PORT,
+            admin_port=-1,
+            frame_bytes_max=16 * 1024,
+            journal_segment_bytes=64 * 1024,
+            checkpoint_interval_s=self.world.rng_for("checkpoint", self.name).uniform(0.2, 2.0),
+            disk_check_interval_s=3600.0,
+            gc_interval_s=3600.0,
+        )
+
+    async def start(self) -> None:
+        world = self.world
+        self.starts += 1
+        rng = world.rng_for("disk", self.name, self.starts)
+        self.threads = SimThreads(world.loop, rng)
+        self.fileio = SimFileIO(self.disk)
+        server = self.context.run(
+            BookieServer,
+            self.config(),
+            threads=self.threads,
+            clock=LoopClock(world.loop),
+            fileio=self.fileio,
+            disk_probe=healthy_disk,
+        )
+        await self.spawn(server.start(), "start")
+        self.server = server
+        world.trace(f"bookie {self.name} started (start {self.starts})")
+
+    @property
+    def syncing(self) -> bool:
+        return self.up and self.threads is not None and self.threads.syncing
+
+    def crash(self) -> None:
+        """Power cut: the process and every unsynced byte are gone. A journal group in flight is
+        cut mid-write: its bytes reach the disk as pending writes, its fdatasync never happens."""
+        self._die()
+        syncing = self.threads is not None and self.threads.syncing
+        if syncing and self.threads is not None and self.fileio is not None:
+            self.fileio.syncs_lost = True
+            for worker in self.threads.workers:
+                self.context.run(worker.interrupt)  # its completion dies with the incarnation
+        self.disk.crash(self.world.rng_for("crash", self.name, self.starts))
+        self.server = None
+        self.world.trace(f"bookie {self.name} crashed{' mid-write' if syncing else ''}")
+
+    async def restart(self) -> None:
+        self._reincarnate()
+        await self.start()
+
+
+class SimDirectory:
+    """Who is writable: the bookies that are up (registration with an instant lease expiry)."""
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+
+    async def writable_bookies(self) -> Sequence[str]:
+        await asyncio.sleep(0)
+        return [b.name for b in self._world.bookies if b.server is not None and b.server.ready]
+
+
+class SimResolver:
+    async def resolve(self, bookie_id: str) -> tuple[str, int]:
+        return bookie_id, PORT
+
+
+class SimClient(Node):
+    """A client process with one BookKeeper (made on its node, where its tasks live)."""
+
+    def __init__(self, world: World, name: str) -> None:
+        super().__init__(world, name)
+        self.bk: BookKeeper = self.context.run(self._make)
+
+    def _make(self) -> BookKeeper:
+        world = self.world
+        ledgers = LedgerManager(
+            world.store, ROOT, rng=world.rng_for("ids", self.name), now_ms=world.now_ms, id_block_size=10
+        )
+        return BookKeeper(
+            ledgers,
+            SimDirectory(world),
+            config=CLIENT_CONFIG,
+            resolver=SimResolver(),
+            placement=RandomPlacement(world.rng_for("placement", self.name)),
+        )
+
+    def crash(self) -> None:
+        self._die()
+        self.world.trace(f"client {self.name} crashed")
+
+
+class World:
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.loop = SimLoop(self.rng_for("schedule"))
+        self.network = Network(self.loop, self.rng_for("network"))
+        self.trace = Trace(self.loop)
+        self.store = MemoryStore()
+        self.bookies: list[SimBookie] = []
+        self.clients: list[SimClient] = []
+        self._sequence = itertools.count()
+        self.history = History(clock=self._next_op_time)
+
+    def rng_for(self, *what: object) -> random.Random:
+        return random.Random("/".join(map(str, (self.seed, *what))))
+
+    def now_ms(self) -> int:
+        return int(self.loop.time() * 1000)
+
+    def _next_op_time(self) -> float:
+        return float(next(self._sequence))
+
+    def ledger_manager(self) -> LedgerManager:
+        return LedgerManager(self.store, ROOT, now_ms=self.now_ms, rng=self.rng_for("ids", "checker"))
+
+    def add_bookie(self) -> SimBookie:
+        bookie = SimBookie(self, f"b{len(self.bookies)}")
+        self.bookies.append(bookie)
+        return bookie
+
+    def add_client(self, name: str) -> SimClient:
+        client = SimClient(self, name)
+        self.clients.append(client)
+        return client
+
+
+def _log_sink(trace: Trace) -> Any:
+    """A structlog processor chain end that writes the production code's events into the trace."""
+
+    def sink(logger: Any, method: str, event: dict[str, Any]) -> str:
+        name = event.pop("event", "?")
+        fields = " ".join(f"{k}={event[k]}" for k in sorted(event) if k not in ("exc_info",))
+        node = NODE.get()
+        trace(f"[{node.name if node else '-'}] {method} {name} {fields}".rstrip())
+        raise structlog.DropEvent
+
+    return sink
+
+
+def capture_logs(trace: Trace) -> dict[str, Any]:
+    """Route structlog into the trace; returns the configuration to restore."""
+    saved = structlog.get_config()
+    structlog.configure(
+        processors=[_log_sink(trace)],
+        wrapper_class=structlog.make_filtering_bound_logger(20),
+        cache_logger_on_first_use=False,
+    )
+    return saved
