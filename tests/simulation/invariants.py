@@ -14,6 +14,8 @@ At the end, after the heal (every bookie up, every ledger closed):
 - **AllCommittedEntriesReachAckQuorum**: each entry up to a closed ledger's last entry is held
   durably (indexed after fdatasync) by at least Qa bookies of its write set.
 - **NoDivergentReplicas** (our NoOutOfOrderEntries): every replica of an entry holds the same bytes.
+- **ReadsAreStable**: every LAC a tailer saw while the writers wrote is at most the closed last
+  entry, and every entry it read is the one the final readers read.
 The writers check NoOutOfOrderEntries on the client side (acks complete in entry order), and the
 history checker (tests/faults/history.py) checks AllAckedEntriesAreReadable and the rest.
 """
@@ -130,4 +132,24 @@ async def check_final(scenario: Scenario) -> list[str]:
                 problems.append(
                     f"NoDivergentReplicas: ledger {lid} entry {entry_id} differs across {sorted(bodies)}"
                 )
+    return problems + stable_read_problems(scenario)
+
+
+def stable_read_problems(scenario: Scenario) -> list[str]:
+    problems = []
+    final = {lid: dict(reads[0]) for lid, reads in scenario.world.history.reads.items() if reads}
+    for lid, lac, entries in scenario.tail_reads:
+        md = metadata_of(scenario, lid)
+        if md is None or md.last_entry_id is None:
+            continue
+        if lac > md.last_entry_id:
+            problems.append(
+                f"ReadsAreStable: ledger {lid}: a reader saw LAC {lac}, closed at {md.last_entry_id}"
+            )
+        for entry_id, payload in entries:
+            if final.get(lid, {}).get(entry_id) != payload:
+                problems.append(
+                    f"ReadsAreStable: ledger {lid} entry {entry_id} read as {payload!r} before the close"
+                )
+                break
     return problems

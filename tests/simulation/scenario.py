@@ -44,6 +44,17 @@ HEAL_S = 30.0
 RUN_S_MAX = 120.0
 RECOVERY_ATTEMPTS_MAX = 40
 WORKLOAD_END_S_MAX = 30.0
+FAULTS = [
+    "crash",
+    "crash_syncing",
+    "crash_syncing",
+    "crash2",
+    "partition",
+    "kill",
+    "kill_client",
+    "metadata_down",
+    "metadata_unknown",
+]
 SYNC_WAIT_POLL_S = 0.0005
 SYNC_WAIT_POLLS_MAX = 400
 
@@ -75,6 +86,7 @@ class Scenario:
         self.problems: list[str] = []
         self.stop = asyncio.Event()
         self.handles: dict[int, LedgerHandle] = {}
+        self.tail_reads: list[tuple[int, int, list[tuple[int, bytes]]]] = []
 
     def describe(self) -> str:
         return (
@@ -178,6 +190,25 @@ class Scenario:
             self.world.trace(f"{client.name} recovered ledger {lid} at {handle.last_add_confirmed}")
             self.world.history.recovered_at(lid, handle.last_add_confirmed)
 
+    async def tailer(self, client: SimClient, rng: random.Random) -> None:
+        """Opens ledgers without recovery and reads up to the LAC while writers write: whatever a
+        reader sees must still be there, unchanged, once the ledger is closed (checked at the end)."""
+        while not self.stop.is_set():
+            await asyncio.sleep(rng.uniform(0.05, 0.4))
+            if not self.ledgers or self.stop.is_set():
+                continue
+            lid = rng.choice(self.ledgers)
+            try:
+                handle = await client.bk.open_ledger(lid, password=PASSWORD)
+                lac = handle.last_add_confirmed
+                first = rng.randint(0, max(lac, 0))
+                entries = [] if lac < 0 else [(e.entry_id, e.payload) async for e in handle.read(first, lac)]
+            except BKError as error:
+                self.world.trace(f"{client.name} read of {lid} failed: {type(error).__name__}")
+                continue
+            self.world.trace(f"{client.name} read ledger {lid} [{first}, {lac}]")
+            self.tail_reads.append((lid, lac, entries))
+
     # ------------------------------------------------------------------ faults
     async def nemesis(self, rng: random.Random, writers: list[SimClient]) -> None:
         world = self.world
@@ -185,9 +216,7 @@ class Scenario:
         for _ in range(self.fault_steps):
             await asyncio.sleep(rng.uniform(0.05, FAULT_S / self.fault_steps))
             up = [b for b in world.bookies if b.up]
-            kind = rng.choice(
-                ["crash", "crash_syncing", "crash_syncing", "crash2", "partition", "kill", "kill_client"]
-            )
+            kind = rng.choice(FAULTS)
             if kind == "crash_syncing":  # the durability window: a bookie with a group in flight
                 for _ in range(SYNC_WAIT_POLLS_MAX):
                     syncing = [b for b in world.bookies if b.syncing]
@@ -221,6 +250,16 @@ class Scenario:
                 live = [w for w in writers if w.up]
                 if live and rng.random() < 0.5:
                     rng.choice(live).crash()
+            elif kind == "metadata_down":
+                world.store.set_unavailable(True)
+                world.trace("metadata unavailable")
+                restarts.append(asyncio.create_task(self._metadata_back_later(rng.uniform(0.05, 0.5))))
+            elif kind == "metadata_unknown":
+                applied = rng.random() < 0.5
+                world.store.lose_next_write_result(applied=applied)
+                world.trace(
+                    f"metadata: the next write's answer is lost ({'applied' if applied else 'not applied'})"
+                )
             self.check_step()
         await asyncio.gather(*restarts)
 
@@ -235,6 +274,11 @@ class Scenario:
         except Exception as error:
             self.problems.append(f"bookie {bookie.name} failed to restart from its crashed disk: {error!r}")
             self.world.trace(f"bookie {bookie.name} restart FAILED: {error!r}")
+
+    async def _metadata_back_later(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        self.world.store.set_unavailable(False)
+        self.world.trace("metadata available")
 
     async def _unpartition_later(self, a: str, b: str, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
@@ -299,6 +343,8 @@ class Scenario:
         recoverer = world.add_client("rec")
         tasks = [(w, w.spawn(self.writer(w, world.rng_for("writer", w.name)), "writer")) for w in writers]
         recovering = recoverer.spawn(self.recoverer(recoverer, world.rng_for("recoverer")), "recoverer")
+        tailer = world.add_client("tail")
+        tailing = tailer.spawn(self.tailer(tailer, world.rng_for("tailer")), "tailer")
         await self.nemesis(world.rng_for("nemesis"), writers)
         await asyncio.sleep(0.2)
         self.stop.set()
@@ -306,6 +352,7 @@ class Scenario:
             if writer.up:
                 await self._finish(task, f"writer {writer.name}")
         await self._finish(recovering, "recoverer")
+        await self._finish(tailing, "tailer")
         await self.heal()
         self.problems.extend(await invariants.check_final(self))
 
