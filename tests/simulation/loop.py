@@ -72,6 +72,9 @@ class SimLoop(asyncio.BaseEventLoop):
         self.callbacks_dropped = 0
         self.errors: list[str] = []
         self._iterations_now = 0
+        self.dropped: list[asyncio.Handle] = []
+        """A crashed node's callbacks, kept so that its tasks are not collected (and their
+        ``finally`` blocks run) at a moment the garbage collector picks."""
         self.set_exception_handler(self._on_exception)
 
     # ------------------------------------------------------------------ time
@@ -111,6 +114,7 @@ class SimLoop(asyncio.BaseEventLoop):
             node = context.get(NODE) if context is not None else None
             if node is not None and node.dead:
                 self.callbacks_dropped += 1
+                self.dropped.append(handle)
                 continue
             self.callbacks_run += 1
             handle._run()

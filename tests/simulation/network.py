@@ -37,11 +37,12 @@ PORT = 3181
 class Endpoint:
     """One side of a connection: its protocol, its node and the context its callbacks run in."""
 
-    __slots__ = ("context", "node", "protocol", "transport")
+    __slots__ = ("context", "incarnation", "node", "protocol", "transport")
 
     def __init__(self, node: str, context: contextvars.Context) -> None:
         self.node = node
         self.context = context
+        self.incarnation = context.get(NODE)
         self.protocol: asyncio.BaseProtocol | None = None
         self.transport: SimTransport | None = None
 
@@ -67,7 +68,7 @@ class Pipe:
 
     def push(self, data: bytes | _Reset | None) -> None:
         net = self.conn.net
-        at = max(net.loop.time() + net.latency_s(), self.last_at)
+        at = max(net.loop.time() + net.latency_s(self.sender.node, self.receiver.node), self.last_at)
         self.last_at = at
         self.queue.append((at, data))
         self.kick()
@@ -195,6 +196,9 @@ class SimTransport(asyncio.Transport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._closing or self.closed or self._conn.dead:
             return
+        incarnation = self._endpoint.incarnation
+        if incarnation is not None and incarnation.dead:
+            return  # the node crashed in the middle of the step that writes this: nothing is sent
         data = bytes(data)
         if not data:
             return
@@ -224,16 +228,20 @@ class SimTransport(asyncio.Transport):
     def is_closing(self) -> bool:
         return self._closing or self.closed
 
+    def _dead(self) -> bool:
+        incarnation = self._endpoint.incarnation
+        return incarnation is not None and incarnation.dead
+
     def close(self) -> None:
         """Graceful: the peer gets what was written, then the end of the stream."""
-        if self._closing or self.closed:
+        if self._closing or self.closed or self._dead():
             return
         self._closing = True
         self._conn.pipe_from(self._endpoint).push(None)
         self._conn.finish(self._endpoint, None)
 
     def abort(self) -> None:
-        if self.closed:
+        if self.closed or self._dead():
             return
         self._closing = True
         conn = self._conn
@@ -337,9 +345,13 @@ class Network:
         self.partitions: set[frozenset[str]] = set()
         self._ids = 0
         self._healed: asyncio.Event | None = None
+        self.slow: dict[tuple[str, str], float] = {}
+        """Directed links with a high latency: (sender, receiver) -> the maximum, in seconds."""
 
-    def latency_s(self) -> float:
+    def latency_s(self, sender: str = "", receiver: str = "") -> float:
         rng = self.rng
+        if self.slow and (sender, receiver) in self.slow:
+            return rng.uniform(LATENCY_S_MAX, self.slow[sender, receiver])
         if rng.random() < SPIKE_PROBABILITY:
             return rng.uniform(LATENCY_S_MAX, SPIKE_S_MAX)
         return rng.uniform(LATENCY_S_MIN, LATENCY_S_MAX)
@@ -414,6 +426,7 @@ class Network:
 
     def heal(self) -> None:
         self.partitions.clear()
+        self.slow.clear()
         self._wake_connects()
         self._wake_connects()
         for conn in sorted(self.connections, key=lambda c: c.ident):

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from bookkeeper_aio import BKError
+from bookkeeper_aio.client import recovery
 from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.common import backoff, failpoints
 from tests.faults.history import AddOp
@@ -54,7 +55,9 @@ FAULTS = [
     "kill_client",
     "metadata_down",
     "metadata_unknown",
+    "slow_link",
 ]
+CRASH_AFTER_ENSEMBLE_CHANGE_PROBABILITY = 0.3
 SYNC_WAIT_POLL_S = 0.0005
 SYNC_WAIT_POLLS_MAX = 400
 
@@ -250,6 +253,14 @@ class Scenario:
                 live = [w for w in writers if w.up]
                 if live and rng.random() < 0.5:
                     rng.choice(live).crash()
+            elif kind == "slow_link":  # one direction between a client and a bookie gets slow
+                ends = [rng.choice(world.clients).name, rng.choice(world.bookies).name]
+                rng.shuffle(ends)
+                world.network.slow[ends[0], ends[1]] = rng.uniform(0.05, 0.5)
+                world.trace(f"slow link {ends[0]} -> {ends[1]}")
+                restarts.append(
+                    asyncio.create_task(self._fast_later(ends[0], ends[1], rng.uniform(0.2, 1.5)))
+                )
             elif kind == "metadata_down":
                 world.store.set_unavailable(True)
                 world.trace("metadata unavailable")
@@ -275,6 +286,10 @@ class Scenario:
             self.problems.append(f"bookie {bookie.name} failed to restart from its crashed disk: {error!r}")
             self.world.trace(f"bookie {bookie.name} restart FAILED: {error!r}")
 
+    async def _fast_later(self, sender: str, receiver: str, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        self.world.network.slow.pop((sender, receiver), None)
+
     async def _metadata_back_later(self, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
         self.world.store.set_unavailable(False)
@@ -292,6 +307,8 @@ class Scenario:
     async def heal(self) -> None:
         world = self.world
         world.network.heal()
+        world.store.set_unavailable(False)
+        world.store.crash_after_ensemble_change_probability = 0.0
         for bookie in world.bookies:
             if not bookie.up:
                 await self._restart(bookie)
@@ -345,6 +362,7 @@ class Scenario:
         recovering = recoverer.spawn(self.recoverer(recoverer, world.rng_for("recoverer")), "recoverer")
         tailer = world.add_client("tail")
         tailing = tailer.spawn(self.tailer(tailer, world.rng_for("tailer")), "tailer")
+        world.store.crash_after_ensemble_change_probability = CRASH_AFTER_ENSEMBLE_CHANGE_PROBABILITY
         await self.nemesis(world.rng_for("nemesis"), writers)
         await asyncio.sleep(0.2)
         self.stop.set()
@@ -364,6 +382,18 @@ class Scenario:
             self.problems.append(f"{what} crashed: {task.exception()!r}")
 
 
+BUG_RECOVERY_READ_WITHOUT_FENCE = "bug.recovery_read_without_fence"
+"""BOOKKEEPER-2614: recovery reads without FENCE_LEDGER (planted by patching a module constant)."""
+BUG_RECOVERY_FROM_FENCED_LAC = "bug.recovery_from_fenced_lac"
+"""BOOKKEEPER-2615: recovery starts at the fenced LAC even below the last fragment's first entry."""
+
+PATCHES: dict[str, tuple[object, str, object]] = {
+    BUG_RECOVERY_READ_WITHOUT_FENCE: (recovery, "RECOVERY_READ_FLAGS", 0),
+    BUG_RECOVERY_FROM_FENCED_LAC: (recovery, "recovery_start", lambda lac, first: lac),
+}
+"""Planted bugs that need no switch in the production code: a patched module attribute each."""
+
+
 def run_seed(seed: int, bugs: tuple[str, ...] = ()) -> Outcome:
     """Run one seed to the end; never raises for what the simulated system did (problems do).
     ``bugs``: ``bug.*`` failpoint switches to plant (bookkeeper_aio/common/failpoints.py)."""
@@ -372,7 +402,11 @@ def run_seed(seed: int, bugs: tuple[str, ...] = ()) -> Outcome:
     world.trace(f"seed {seed}: {scenario.describe()}" + (f" bugs={','.join(bugs)}" if bugs else ""))
     saved_logs = capture_logs(world.trace)
     saved_failpoints = ",".join(f"{name}={action}" for name, action in failpoints._active.items())
-    failpoints.configure(",".join(f"{bug}=on" for bug in bugs))
+    failpoints.configure(",".join(f"{bug}=on" for bug in bugs if bug not in PATCHES))
+    patches = [PATCHES[bug] for bug in bugs if bug in PATCHES]
+    saved_attributes = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
     backoff._SHARED_RNG.seed(f"{seed}/backoff")  # the one process-wide RNG of the production code
     asyncio.set_event_loop(world.loop)
     wall_start = time.perf_counter()
@@ -389,6 +423,8 @@ def run_seed(seed: int, bugs: tuple[str, ...] = ()) -> Outcome:
         wall_s = time.perf_counter() - wall_start
         structlog.configure(**saved_logs)
         failpoints.configure(saved_failpoints)
+        for owner, name, value in saved_attributes:
+            setattr(owner, name, value)
         asyncio.set_event_loop(None)
     problems = scenario.problems + history_problems(world) + [f"loop: {e}" for e in world.loop.errors]
     counts = world.history.counts()
@@ -413,12 +449,14 @@ def history_problems(world: World) -> list[str]:
 
 
 def _shutdown(world: World) -> None:
-    """End every node without running its code further (no graceful close: the world just stops)."""
+    """End every node without running its code further (no graceful close: the world just stops).
+    Each unfinished coroutine is closed here, at a fixed point after the trace is complete, rather
+    than by the garbage collector later."""
     for node in [*world.bookies, *world.clients]:
         node.incarnation.dead = True
     loop = world.loop
     for task in asyncio.all_tasks(loop):
-        task.cancel()
-    with contextlib.suppress(Exception):
-        loop.run_until_complete(asyncio.sleep(0))
+        with contextlib.suppress(BaseException):
+            task.get_coro().close()
+    loop.dropped.clear()
     loop.close()

@@ -25,6 +25,8 @@ import structlog
 from bookie.config import BookieConfig
 from bookie.server import BookieServer
 from bookkeeper_aio import BookKeeper, ClientConfig, RandomPlacement
+from metadata import ledger_metadata
+from metadata.keys import ClusterKeys
 from metadata.ledger_manager import LedgerManager
 from metadata.memory import MemoryStore
 from tests.faults.history import History
@@ -36,6 +38,7 @@ from tests.simulation.threads import SimThreads
 T = TypeVar("T")
 
 ROOT = "/sim"
+KEYS = ClusterKeys(ROOT)
 PASSWORD = b"sim"
 
 CLIENT_CONFIG = ClientConfig(
@@ -211,13 +214,47 @@ class SimClient(Node):
         self.world.trace(f"client {self.name} crashed")
 
 
+class SimStore(MemoryStore):
+    """The metadata twin, plus one fault of the world's: a writer may crash right after the CAS of
+    an ensemble change was applied, before it acts on the answer (its new fragment then holds
+    nothing), with ``crash_after_ensemble_change_probability``."""
+
+    def __init__(self, world: World) -> None:
+        super().__init__()
+        self._world = world
+        self._rng = world.rng_for("store")
+        self.crash_after_ensemble_change_probability = 0.0
+
+    async def compare_and_set(self, key: str, value: bytes, expected_version: int) -> int:
+        old = self._data.get(key)
+        version = await super().compare_and_set(key, value, expected_version)
+        node = NODE.get()
+        if (
+            node is not None
+            and old is not None
+            and self.crash_after_ensemble_change_probability
+            and key.startswith(KEYS.ledgers_prefix)
+            and _fragments(old.value, key) < _fragments(value, key)
+            and self._rng.random() < self.crash_after_ensemble_change_probability
+        ):
+            for client in self._world.clients:
+                if client.incarnation is node and client.name.startswith("w"):
+                    client.crash()
+                    self._world.trace(f"client {client.name} crashed right after an ensemble change of {key}")
+        return version
+
+
+def _fragments(value: bytes, key: str) -> int:
+    return len(ledger_metadata.decode(value, key=key).ensembles)
+
+
 class World:
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self.loop = SimLoop(self.rng_for("schedule"))
         self.network = Network(self.loop, self.rng_for("network"))
         self.trace = Trace(self.loop)
-        self.store = MemoryStore()
+        self.store = SimStore(self)
         self.bookies: list[SimBookie] = []
         self.clients: list[SimClient] = []
         self._sequence = itertools.count()
