@@ -17,7 +17,8 @@ from metadata.log_metadata import LogLedgerState, LogMetadata
 def log_manager(bk: BookKeeper) -> LogManager:
     """A `LogManager` on the client's metadata store and cluster root."""
     ledgers = bk.context.ledgers
-    return LogManager(ledgers.store, ledgers.keys.root)  # the store the client already uses
+    # The store and clock the client already uses.
+    return LogManager(ledgers.store, ledgers.keys.root, now_ms=ledgers.now_ms)
 
 
 def now_ms() -> int:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 from typing import cast
 
@@ -96,7 +95,8 @@ class LogWriter:
         self._retention = retention
         self._entries_in_ledger = 0
         self._bytes_in_ledger = 0
-        self._ledger_started = time.monotonic()
+        self._loop = asyncio.get_running_loop()  # its time(): the clock a simulation replaces
+        self._ledger_started = self._loop.time()
         self._roll_task: asyncio.Task[None] | None = None
         self._roll_lock = asyncio.Lock()
         self._append_lock = asyncio.Lock()
@@ -279,7 +279,7 @@ class LogWriter:
 
     # ------------------------------------------------------------------ roll
     def _maybe_roll(self) -> None:
-        if self._roll_task is not None or not self._roll_due() or time.monotonic() < self._roll_retry_at:
+        if self._roll_task is not None or not self._roll_due() or self._loop.time() < self._roll_retry_at:
             return
         self._roll_task = asyncio.create_task(self._auto_roll())
 
@@ -288,14 +288,14 @@ class LogWriter:
         return (
             (entries is not None and self._entries_in_ledger >= entries)
             or (size is not None and self._bytes_in_ledger >= size)
-            or (age is not None and time.monotonic() - self._ledger_started >= age)
+            or (age is not None and self._loop.time() - self._ledger_started >= age)
         )
 
     async def _auto_roll(self) -> None:
         try:
             await self.roll()
         except BKError as error:
-            self._roll_retry_at = time.monotonic() + ROLL_RETRY_S  # not on every append meanwhile
+            self._roll_retry_at = self._loop.time() + ROLL_RETRY_S  # not on every append meanwhile
             log.warning("log.auto_roll_failed", log=self.name, error=repr(error), retry_in_s=ROLL_RETRY_S)
         finally:
             self._roll_task = None
@@ -325,7 +325,7 @@ class LogWriter:
                 raise
             self._handle = self._adopt(new)
             self._entries_in_ledger = self._bytes_in_ledger = 0
-            self._ledger_started = time.monotonic()
+            self._ledger_started = self._loop.time()
             log.info("log.rolled", log=self.name, old_ledger=old.id, new_ledger=new.id)
             await self._close_old(old)
         await self._apply_retention()
