@@ -21,12 +21,14 @@ class Stats:
     seeds: int = 0
     simulated_s: float = 0.0
     wall_s: float = 0.0
+    cpu_s: float = 0.0
     acked: int = 0
 
     def add(self, outcome: Outcome) -> None:
         self.seeds += 1
         self.simulated_s += outcome.simulated_s
         self.wall_s += outcome.wall_s
+        self.cpu_s += outcome.cpu_s
         self.acked += outcome.acked
 
 
@@ -63,7 +65,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     ratio = STATS.simulated_s / STATS.wall_s
     per_minute = 60 * STATS.seeds / STATS.wall_s
+    cpu_ratio = STATS.simulated_s / max(STATS.cpu_s, 1e-9)
     terminalreporter.write_line(
         f"simulation: {STATS.seeds} seeds, {STATS.simulated_s:.1f} simulated s in {STATS.wall_s:.1f} wall s "
-        f"({ratio:.0f}x real time, {per_minute:.0f} seeds/min, {STATS.acked} acked adds)"
+        f"({ratio:.0f}x real time, {per_minute:.0f} seeds/min, {STATS.acked} acked adds); "
+        f"{STATS.cpu_s:.1f} CPU s ({cpu_ratio:.0f}x per CPU second: the figure on an unloaded core)"
     )

@@ -26,9 +26,10 @@ import itertools
 from typing import TYPE_CHECKING
 
 from bookkeeper_aio.client.quorum import DistributionSchedule
-from metadata import ledger_metadata
+from metadata import ledger_metadata, log_metadata
 from metadata.keys import ClusterKeys
 from metadata.ledger_metadata import LedgerMetadata, LedgerState
+from metadata.log_metadata import LogMetadata
 from tests.faults.history import Outcome
 from tests.simulation.world import ROOT
 
@@ -42,6 +43,14 @@ def metadata_of(scenario: Scenario, ledger_id: int) -> LedgerMetadata | None:
     key = KEYS.ledger(ledger_id)
     kv = scenario.world.store._data.get(key)
     return None if kv is None else ledger_metadata.decode(kv.value, key=key, ledger_id=ledger_id)
+
+
+def log_metadata_of(scenario: Scenario) -> LogMetadata | None:
+    from tests.simulation.scenario import LOG
+
+    key = KEYS.log(LOG)
+    kv = scenario.world.store._data.get(key)
+    return None if kv is None else log_metadata.decode(kv.value, key=key, name=LOG)
 
 
 def fragment_problems(md: LedgerMetadata) -> list[str]:

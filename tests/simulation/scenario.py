@@ -23,6 +23,7 @@ import contextlib
 import functools
 import random
 import time
+import traceback
 from dataclasses import dataclass, field
 
 import structlog
@@ -31,13 +32,19 @@ from bookkeeper_aio import BKError
 from bookkeeper_aio.client import recovery
 from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.common import backoff, failpoints
+from bookkeeper_aio.log.reader import open_log_reader
+from bookkeeper_aio.log.writer import open_log_writer
 from tests.faults.history import AddOp
+from tests.harness.log_history import AppendRecord, LogHistory
+from tests.harness.log_history import Outcome as LogOutcome
+from tests.harness.log_history import outcome_of as log_outcome_of
 from tests.simulation import invariants
 from tests.simulation.loop import Deadlock, Livelock
 from tests.simulation.world import PASSWORD, SimBookie, SimClient, World, capture_logs
 
 SHAPES = [(3, 2, 2), (3, 3, 2), (3, 3, 3), (4, 3, 2), (4, 2, 2)]
 WINDOW = 8
+LOG = "simlog"
 THINK_PROBABILITY = 0.5
 THINK_S_MAX = 0.03
 FAULT_S = 2.0
@@ -72,6 +79,7 @@ class Outcome:
     acked: int
     ledgers: int
     callbacks: int = 0
+    cpu_s: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -85,6 +93,8 @@ class Scenario:
         self.ledgers_per_writer = rng.randint(2, 4)
         self.entries_max = rng.randint(20, 80)
         self.fault_steps = rng.randint(2, 6)
+        self.log_writer_count = rng.choice([0, 0, 1, 2])
+        self.log_history = LogHistory()
         self.ledgers: list[int] = []
         self.problems: list[str] = []
         self.stop = asyncio.Event()
@@ -95,7 +105,7 @@ class Scenario:
         return (
             f"bookies={self.bookie_count} writers={self.writer_count} "
             f"ledgers/writer={self.ledgers_per_writer} "
-            f"entries<={self.entries_max} fault_steps={self.fault_steps}"
+            f"entries<={self.entries_max} fault_steps={self.fault_steps} log_writers={self.log_writer_count}"
         )
 
     # ------------------------------------------------------------------ workload
@@ -212,6 +222,41 @@ class Scenario:
             self.world.trace(f"{client.name} read ledger {lid} [{first}, {lac}]")
             self.tail_reads.append((lid, lac, entries))
 
+    async def log_writer(self, client: SimClient, rng: random.Random) -> None:
+        """Becomes the log's writer (fencing the other one) and appends until fenced, then fights
+        for the leadership again; every append goes into the log history."""
+        sequence = 0
+        while not self.stop.is_set():
+            try:
+                writer = await open_log_writer(
+                    client.bk, LOG, password=PASSWORD, roll_entries_max=rng.randint(3, 12)
+                )
+            except BKError as error:
+                self.world.trace(f"{client.name} could not open the log: {type(error).__name__}")
+                await asyncio.sleep(rng.uniform(0.05, 0.3))
+                continue
+            self.world.trace(f"{client.name} leads the log (ledger {writer.ledger_id})")
+            while not self.stop.is_set():
+                record = AppendRecord(client.name, sequence, LogOutcome.INDETERMINATE)
+                sequence += 1
+                self.log_history.add(record)
+                try:
+                    position = await writer.append(record.value)
+                except BKError as error:
+                    record.outcome, record.error = log_outcome_of(error), repr(error)
+                    self.world.trace(f"{client.name} log append failed: {type(error).__name__}")
+                    break  # fenced (another writer leads) or broken: open the log again
+                if position is not None:
+                    record.outcome, record.position = LogOutcome.OK, position
+                if rng.random() < THINK_PROBABILITY:
+                    await asyncio.sleep(rng.uniform(0.0, THINK_S_MAX * 3))
+            await asyncio.sleep(rng.uniform(0.0, 0.3))
+
+    def sample_log(self) -> None:
+        md = invariants.log_metadata_of(self)
+        if md is not None:
+            self.log_history.sample(md)
+
     # ------------------------------------------------------------------ faults
     async def nemesis(self, rng: random.Random, writers: list[SimClient]) -> None:
         world = self.world
@@ -302,6 +347,7 @@ class Scenario:
 
     def check_step(self) -> None:
         self.problems.extend(invariants.check_step(self))
+        self.sample_log()
 
     # ------------------------------------------------------------------ heal and check
     async def heal(self) -> None:
@@ -321,10 +367,39 @@ class Scenario:
             for last in results:
                 if last is not None:
                     world.history.recovered_at(lid, last)
+        if self.log_writer_count:
+            await recoverers[0].spawn(self._log_heal(recoverers[0]), "log heal")
         readers = [world.add_client(f"r{i}") for i in range(2)]
         for lid in sorted(self.ledgers):
             for reader in readers:
                 await reader.spawn(self._read_back(reader, lid), f"read {lid}")
+
+    async def _log_heal(self, client: SimClient) -> None:
+        """Liveness for the log: a new writer takes it over and appends; then it is read whole."""
+        for _ in range(RECOVERY_ATTEMPTS_MAX):
+            try:
+                writer = await open_log_writer(client.bk, LOG, password=PASSWORD)
+                record = AppendRecord(client.name, 0, LogOutcome.INDETERMINATE)
+                self.log_history.add(record)
+                position = await writer.append(record.value)
+                record.outcome, record.position = LogOutcome.OK, position
+                await writer.close()
+                break
+            except BKError as error:
+                self.world.trace(f"{client.name} log takeover failed: {type(error).__name__}: {error}")
+                await asyncio.sleep(0.2)
+        else:
+            self.problems.append(f"liveness: the log was not writable after {RECOVERY_ATTEMPTS_MAX} attempts")
+            return
+        self.sample_log()
+        try:
+            read = [record async for record in await open_log_reader(client.bk, LOG, password=PASSWORD)]
+        except BKError as error:
+            self.problems.append(f"log: reading it back failed: {error!r}")
+            return
+        result = self.log_history.check(read, open_max=2)
+        self.world.trace(f"log: {result.summary()}")
+        self.problems.extend(f"log: {violation}" for violation in result.violations)
 
     async def _recover_until_done(self, client: SimClient, lid: int) -> int | None:
         for _ in range(RECOVERY_ATTEMPTS_MAX):
@@ -360,10 +435,15 @@ class Scenario:
         recoverer = world.add_client("rec")
         tasks = [(w, w.spawn(self.writer(w, world.rng_for("writer", w.name)), "writer")) for w in writers]
         recovering = recoverer.spawn(self.recoverer(recoverer, world.rng_for("recoverer")), "recoverer")
+        log_writers = [world.add_client(f"lw{i}") for i in range(self.log_writer_count)]
+        logging_tasks = [
+            (w, w.spawn(self.log_writer(w, world.rng_for("log writer", w.name)), "log writer"))
+            for w in log_writers
+        ]
         tailer = world.add_client("tail")
         tailing = tailer.spawn(self.tailer(tailer, world.rng_for("tailer")), "tailer")
         world.store.crash_after_ensemble_change_probability = CRASH_AFTER_ENSEMBLE_CHANGE_PROBABILITY
-        await self.nemesis(world.rng_for("nemesis"), writers)
+        await self.nemesis(world.rng_for("nemesis"), [*writers, *log_writers])
         await asyncio.sleep(0.2)
         self.stop.set()
         for writer, task in tasks:  # a crashed writer's task never ends: wait for the live ones only
@@ -371,6 +451,9 @@ class Scenario:
                 await self._finish(task, f"writer {writer.name}")
         await self._finish(recovering, "recoverer")
         await self._finish(tailing, "tailer")
+        for writer, task in logging_tasks:
+            if writer.up:
+                await self._finish(task, f"log writer {writer.name}")
         await self.heal()
         self.problems.extend(await invariants.check_final(self))
 
@@ -410,6 +493,7 @@ def run_seed(seed: int, bugs: tuple[str, ...] = ()) -> Outcome:
     backoff._SHARED_RNG.seed(f"{seed}/backoff")  # the one process-wide RNG of the production code
     asyncio.set_event_loop(world.loop)
     wall_start = time.perf_counter()
+    cpu_start = time.process_time()
     try:
         main = world.loop.create_task(scenario.run(), name="scenario")
         try:
@@ -418,9 +502,12 @@ def run_seed(seed: int, bugs: tuple[str, ...] = ()) -> Outcome:
             scenario.problems.append(f"liveness: {type(error).__name__.lower()} ({error})")
         except TimeoutError:
             scenario.problems.append(f"liveness: the run did not end within {RUN_S_MAX} simulated seconds")
+        except Exception as error:  # the scenario itself (or an unexpected error class) broke: report it
+            scenario.problems.append(f"scenario: {''.join(traceback.format_exception(error))}")
         _shutdown(world)
     finally:
         wall_s = time.perf_counter() - wall_start
+        cpu_s = time.process_time() - cpu_start
         structlog.configure(**saved_logs)
         failpoints.configure(saved_failpoints)
         for owner, name, value in saved_attributes:
@@ -439,8 +526,9 @@ def run_seed(seed: int, bugs: tuple[str, ...] = ()) -> Outcome:
         wall_s,
         counts["ok"],
         len(scenario.ledgers),
-        world.loop.callbacks_run,
-        counts,
+        callbacks=world.loop.callbacks_run,
+        counts=counts,
+        cpu_s=cpu_s,
     )
 
 
