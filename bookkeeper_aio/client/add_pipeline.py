@@ -367,6 +367,12 @@ class AddPipeline:
             if write_set == op.write_set:
                 continue
             op.quorum = op.move_to(write_set) >= quorum
+            sent_to = op.sent_to
+            if any(bookie_id not in write_set for bookie_id in sent_to):
+                # A replaced bookie's send no longer counts (its request failed, its ack was
+                # dropped): should a later change bring it back, the entry must go to it again,
+                # or the add waits forever for an ack no request will bring (no timeout either).
+                op.sent_to = {bookie_id for bookie_id in sent_to if bookie_id in write_set}
             for bookie_id in write_set:
                 if bookie_id not in op.sent_to:
                     self._resend(op, bookie_id)

@@ -7,7 +7,13 @@ import pytest
 from tests.simulation.conftest import STATS, replay_command
 from tests.simulation.scenario import run_seed
 
-REGRESSION_SEEDS: dict[tuple[int, tuple[str, ...]], str] = {}
+REGRESSION_SEEDS: dict[tuple[int, tuple[str, ...]], str] = {
+    (208, ()): (
+        "an add hung forever (no ack, no timeout) after a bookie was replaced and a second ensemble "
+        "change of the same fragment put it back: its stale send still counted, so the entry was "
+        "never re-sent to it (bookkeeper_aio/client/add_pipeline.py _resend_outstanding)"
+    ),
+}
 """Seeds (with the planted bugs they ran with) that found a bug in the real code, and the bug; each
 must stay free of it. A seed replays only while the scenario is unchanged, so a bug is also pinned
 by a unit test of its own: seed 18 (with bug.ack_before_fdatasync, first scenario version) found
