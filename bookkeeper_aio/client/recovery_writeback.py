@@ -179,6 +179,10 @@ class WriteBack:
             write_set = self._write_set(op.entry_id)
             if write_set != op.write_set:
                 op.move_to(write_set)
+                # A replaced bookie's send no longer counts: if a later change brings it back (an
+                # ever-failed bookie is chosen when nothing else is left), it must get the entry
+                # again (the writer's pipeline had this bug: the simulation's seed 208).
+                op.sent_to.intersection_update(write_set)
                 if op.finished:
                     op.finished = False
                     self._unfinished += 1
