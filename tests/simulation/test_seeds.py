@@ -13,6 +13,10 @@ REGRESSION_SEEDS: dict[tuple[int, tuple[str, ...]], str] = {
         "change of the same fragment put it back: its stale send still counted, so the entry was "
         "never re-sent to it (bookkeeper_aio/client/add_pipeline.py _resend_outstanding)"
     ),
+    (744, ()): (
+        "the same in recovery write-back: a log writer's open (recovery of the last ledgers) hung "
+        "when a given-up bookie was chosen again (bookkeeper_aio/client/recovery_writeback.py _resend)"
+    ),
 }
 """Seeds (with the planted bugs they ran with) that found a bug in the real code, and the bug; each
 must stay free of it. A seed replays only while the scenario is unchanged, so a bug is also pinned
