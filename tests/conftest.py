@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import structlog
 
 from tests.harness.etcd import EtcdCluster, require_etcd_binary
+
+_configure_structlog = structlog.configure
+
+
+def _configure_without_caching(*args: Any, **kwargs: Any) -> None:
+    """A test that configures logging in-process (the CLI's main, configure_logging) must not
+    freeze the module loggers it touches: a cached logger escapes ``structlog.testing.capture_logs``
+    in every later test of the session, whose assertions on log events then fail by test order."""
+    kwargs["cache_logger_on_first_use"] = False
+    _configure_structlog(*args, **kwargs)
+
+
+structlog.configure = _configure_without_caching
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
