@@ -91,6 +91,31 @@ class History:
             result[(op.outcome or Outcome.INFO).value] += 1
         return result
 
+    def figures(self) -> dict[str, int]:
+        """Jepsen-style figures of the whole history: ops by outcome, ``acked`` (ok adds), and the
+        violations by kind: ``lost`` (an acked add not read where acked), ``duplicated`` (a value
+        read twice or an entry acked twice), ``inconsistent`` (readers or recoverers disagree, an
+        ack or LAC beyond the final last entry, ids out of order, a phantom), ``violations`` (all)."""
+        counts = self.counts()
+        by_ledger: dict[int, list[AddOp]] = defaultdict(list)
+        for op in self.adds:
+            by_ledger[op.ledger_id].append(op)
+        problems = [
+            problem
+            for ledger_id in sorted(set(by_ledger) | set(self.reads))
+            for problem in self._check_ledger(ledger_id, by_ledger.get(ledger_id, []))
+        ]
+        lost = sum("LOST" in p or "never read back" in p for p in problems)
+        duplicated = sum("twice" in p for p in problems)
+        return {
+            **counts,
+            "acked": counts["ok"],
+            "lost": lost,
+            "duplicated": duplicated,
+            "inconsistent": len(problems) - lost - duplicated,
+            "violations": len(problems),
+        }
+
     def dump(self, path: Path) -> None:
         """The history as JSON lines, kept with the data dirs when a check fails."""
         with path.open("w") as out:

@@ -1,0 +1,121 @@
+"""A cluster for the fault tests: N bookie processes, each behind its own fault proxy, and etcd.
+
+Clients reach a bookie only through its proxy, whose address is what the bookie's registration
+says, so a proxy fault (tests/faults/proxy.py) is a fault of that client<->bookie link. Verbs: kill
+(SIGKILL), restart (same data dir and port), pause/resume through the `BookieProcess`, heal
+(everything running, every link passing, every bookie registered). `recover_and_read` ends a run:
+three racing recoverers per ledger, then three independent readers, all into a history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+from bookkeeper_aio import BookKeeper, ClientConfig
+from metadata.bookies import BookieInfo, BookieRegistration
+from metadata.cluster import connect as metadata_connect
+from metadata.cluster import ensure_cluster
+from tests.faults.history import History
+from tests.faults.proxy import FaultProxy, Mode
+from tests.harness.bookie_proc import BookieProcess
+
+CONFIG = ClientConfig(
+    add_timeout_s=1.5,
+    read_timeout_s=1.5,
+    connect_timeout_s=1.0,
+    reconnect_backoff_max_s=0.3,
+    explicit_lac_interval_ms=50,
+)
+RECOVERY_PARALLEL = 8
+
+
+class FaultCluster:
+    """N bookie processes, each behind a fault proxy, registered under the proxy's address."""
+
+    def __init__(self, url: str, root: str, base: Path) -> None:
+        self.url, self.root, self.base = url, root, base
+        self.meta = metadata_connect(url)
+        self.bookies: list[BookieProcess] = []
+        self.proxies: list[FaultProxy] = []
+        self.registrations: list[BookieRegistration | None] = []
+
+    async def start(self, count: int, bookie_args: list[str] | None = None) -> None:
+        """Start ``count`` bookies (in parallel), each behind a proxy, and register them."""
+        await ensure_cluster(self.meta.store, self.root)
+        first = len(self.bookies)
+        fresh = [
+            BookieProcess(self.base / f"b{index}", bookie_id=f"b{index}", extra_args=bookie_args)
+            for index in range(first, first + count)
+        ]
+        self.bookies += fresh
+        await asyncio.gather(*(asyncio.to_thread(bookie.start) for bookie in fresh))
+        for index in range(first, first + count):
+            self.proxies.append(await FaultProxy(self.bookies[index].address).start())
+            self.registrations.append(None)
+            await self._register(index)
+
+    async def _register(self, index: int) -> None:
+        host, port = self.proxies[index].address
+        registration = BookieRegistration(
+            self.meta.store, self.root, BookieInfo(f"b{index}", host, port), ttl_s=5
+        )
+        await registration.start()
+        self.registrations[index] = registration
+
+    async def _unregister(self, index: int) -> None:
+        registration, self.registrations[index] = self.registrations[index], None
+        if registration is not None:
+            await registration.close()
+
+    async def kill(self, index: int) -> None:
+        await asyncio.to_thread(self.bookies[index].kill)
+        await self._unregister(index)  # a dead bookie's lease would expire: do it at once
+
+    async def restart(self, index: int) -> None:
+        await asyncio.to_thread(self.bookies[index].restart)
+        await self._register(index)
+
+    async def heal(self) -> None:
+        for index, bookie in enumerate(self.bookies):
+            bookie.resume() if bookie.running else await self.restart(index)
+            self.proxies[index].set(Mode.PASS)
+            if self.registrations[index] is None:
+                await self._register(index)
+
+    async def close(self) -> None:
+        for index in range(len(self.bookies)):
+            with contextlib.suppress(Exception):
+                await self._unregister(index)
+        for proxy in self.proxies:
+            await proxy.close()
+        for bookie in self.bookies:
+            bookie.cleanup()
+        await self.meta.close()
+
+
+async def recover_and_read(cluster: FaultCluster, history: History, ledgers: list[int]) -> None:
+    """Three racing recoverers per ledger, then three independent readers (ledgers in parallel)."""
+    clients = [BookKeeper.connect(cluster.url, config=CONFIG) for _ in range(3)]
+    slots = asyncio.Semaphore(RECOVERY_PARALLEL)
+    async with contextlib.AsyncExitStack() as stack:
+        opened = [await stack.enter_async_context(client) for client in clients]
+
+        async def one(ledger_id: int) -> None:
+            async with slots:
+                handles = await asyncio.gather(
+                    *(bk.open_ledger(ledger_id, password=b"f", recovery=True) for bk in opened)
+                )
+                for handle in handles:
+                    history.recovered_at(ledger_id, handle.last_add_confirmed)
+                for bk in opened:
+                    reader = await bk.open_ledger(ledger_id, password=b"f")
+                    history.lac_seen(ledger_id, reader.last_add_confirmed)
+                    last = reader.last_add_confirmed
+                    entries = (
+                        [] if last < 0 else [(e.entry_id, e.payload) async for e in reader.read(0, last)]
+                    )
+                    history.read_back(ledger_id, entries)
+
+        await asyncio.gather(*(one(ledger_id) for ledger_id in ledgers))
