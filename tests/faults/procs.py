@@ -29,9 +29,10 @@ from pathlib import Path
 import uvloop
 
 from bookkeeper_aio import BKError, BookKeeper, ClientConfig
+from bookkeeper_aio.common.logging_setup import configure_logging
 from tests.faults.history import AddOp, History, Outcome
 
-PASSWORD = b"p"
+PASSWORD = b"f"  # the password tests/faults/cluster.py recovers and reads with
 CONFIG = ClientConfig(
     add_timeout_s=1.5,
     read_timeout_s=1.5,
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("url")
     r.add_argument("ledger", type=int)
     args = parser.parse_args(argv)
+    configure_logging(stream=sys.stderr)  # stdout carries the JSON answers
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         if args.command == "writer":
             ensemble, wq, aq = (int(part) for part in args.shape.split(","))
