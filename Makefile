@@ -23,9 +23,10 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q
 
-# Long fault runs on real bookie processes (tests/faults): FAULT_CYCLES per nemesis, FAULT_SEED to replay.
+# Long fault runs on real bookie processes (tests/faults): FAULT_CYCLES per nemesis, FAULT_SEED to replay,
+# FAULT_FIGURES=FILE to collect each scenario's figures as JSON lines. No per-test time limit here.
 chaos: $(STAMP)
-	FAULT_CYCLES=$${FAULT_CYCLES:-200} $(BIN)/python -m pytest -m slow -q tests/faults
+	FAULT_CYCLES=$${FAULT_CYCLES:-200} $(BIN)/python -m pytest -m slow -q --timeout=0 tests/faults
 
 # Deterministic simulation (tests/simulation): SEEDS seeds from FIRST; a failing seed prints the
 # command that replays it (`pytest tests/simulation --seed N`, which prints its trace).

@@ -20,6 +20,7 @@ from metadata.cluster import ensure_cluster
 from tests.faults.history import History
 from tests.faults.proxy import FaultProxy, Mode
 from tests.harness.bookie_proc import BookieProcess
+from tests.harness.etcd import EtcdCluster
 
 CONFIG = ClientConfig(
     add_timeout_s=1.5,
@@ -34,8 +35,9 @@ RECOVERY_PARALLEL = 8
 class FaultCluster:
     """N bookie processes, each behind a fault proxy, registered under the proxy's address."""
 
-    def __init__(self, url: str, root: str, base: Path) -> None:
+    def __init__(self, url: str, root: str, base: Path, etcd: EtcdCluster | None = None) -> None:
         self.url, self.root, self.base = url, root, base
+        self.etcd = etcd  # for nemeses that kill its members
         self.meta = metadata_connect(url)
         self.bookies: list[BookieProcess] = []
         self.proxies: list[FaultProxy] = []

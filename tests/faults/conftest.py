@@ -19,3 +19,12 @@ async def faults(etcd_server: EtcdCluster, tmp_path: Path) -> AsyncIterator[Faul
     cluster = FaultCluster(etcd_server.url(root), root, tmp_path)
     yield cluster
     await cluster.close()
+
+
+@pytest.fixture
+async def faults3(etcd_cluster3: EtcdCluster, tmp_path: Path) -> AsyncIterator[FaultCluster]:
+    """A fault cluster on a 3-member etcd of its own (crash-safe version: skips where absent)."""
+    root = "/bookkeeper/faults3"
+    cluster = FaultCluster(etcd_cluster3.url(root), root, tmp_path, etcd=etcd_cluster3)
+    yield cluster
+    await cluster.close()

@@ -13,7 +13,8 @@ independent readers. `check` then reports every violation of:
    ``fail`` add is read;
 5. no ack above a ledger's final last entry (what recovery closed it at);
 6. all recoverers of a ledger report the same last entry;
-7. every LAC a reader observed is monotonic and never beyond the final last entry.
+7. every LAC a reader observed is monotonic and never beyond the final last entry;
+8. every failed add failed typed (a `BKError`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class AddOp:
     outcome: Outcome | None = None  # None: still pending (the writer stopped before an answer)
     entry_id: int | None = None
     completed_s: float | None = None
+    error: str | None = None  # the failure's type: every one must be a BKError (typed)
 
 
 @dataclass
@@ -74,6 +76,7 @@ class History:
 
     def failed(self, op: AddOp, error: BaseException) -> None:
         op.outcome, op.completed_s = outcome_of(error), self.clock()
+        op.error = type(error).__name__ if isinstance(error, BKError) else f"untyped {type(error).__name__}"
 
     def recovered_at(self, ledger_id: int, last_entry_id: int) -> None:
         self.recovered[ledger_id].append(last_entry_id)
@@ -164,6 +167,11 @@ class History:
             if op.value in invoked:
                 problems.append(f"{where}: value {op.value!r} invoked twice (test bug)")
             invoked[op.value] = op
+        problems += [
+            f"{where}: {op.value!r} failed with an {op.error} (not a BKError)"
+            for op in adds
+            if op.error is not None and op.error.startswith("untyped")
+        ]
         acked_ids: dict[int, AddOp] = {}
         for op in adds:
             if op.outcome is not Outcome.OK:
