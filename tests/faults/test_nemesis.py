@@ -17,19 +17,16 @@ prints how to replay the seed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from bookkeeper_aio import BKError, BookKeeper
+from bookkeeper_aio import BookKeeper
 from tests.faults import figures
-from tests.faults.cluster import CONFIG, FaultCluster, recover_and_read
+from tests.faults.cluster import CONFIG, FaultCluster, Workload, recover_and_read
 from tests.faults.history import History
 from tests.faults.proxy import Mode
 
@@ -37,12 +34,6 @@ pytestmark = pytest.mark.etcd
 
 SHAPES = [(3, 2, 2), (3, 3, 2)]
 STRIPED = (5, 3, 2)
-WINDOW = 32
-RATE = 250.0
-"""Appends per second per writer at most: the faults are the point, not the throughput, and every
-entry written is read back three times at the end (unpaced, 6 cycles wrote 130k entries)."""
-PENDING_WAIT_S = 10.0
-CLOSE_WAIT_S = 30.0  # a close that hangs longer fails the test (TimeoutError: not typed)
 
 
 def _cycles(default: int) -> int:
@@ -51,69 +42,6 @@ def _cycles(default: int) -> int:
 
 def _seed() -> int:
     return int(os.environ.get("FAULT_SEED", random.SystemRandom().randrange(1_000_000)))
-
-
-@dataclass
-class Workload:
-    """Writer tasks appending unique values until ``stop`` is set; every add goes into ``history``."""
-
-    bk: BookKeeper
-    history: History
-    shapes: list[tuple[int, int, int]]
-    stop: asyncio.Event
-    ledgers: list[int]
-    roll_every: int = 0  # > 0: close the ledger after this many appends and start a new one
-
-    async def writer(self, name: str, rng: random.Random) -> None:
-        sequence = 0
-        while not self.stop.is_set():
-            ensemble, wq, aq = rng.choice(self.shapes)
-            try:
-                handle = await self.bk.create_ledger(ensemble, wq, aq, password=b"f")
-            except BKError:
-                await asyncio.sleep(0.1)  # too few bookies up for this shape right now
-                continue
-            self.ledgers.append(handle.id)
-            pending: set[asyncio.Future[int]] = set()
-            broken = False
-            started, appended = time.monotonic(), 0
-            while (
-                not self.stop.is_set()
-                and not broken
-                and not (self.roll_every and appended >= self.roll_every)
-            ):
-                op = self.history.invoke(name, handle.id, f"{name}-{sequence}".encode())
-                sequence += 1
-                try:
-                    future = await handle.append_async(op.value)
-                except BKError as error:
-                    self.history.failed(op, error)
-                    break
-                future.add_done_callback(lambda f, op=op: self._done(op, f))
-                pending.add(future)
-                future.add_done_callback(pending.discard)
-                if len(pending) >= WINDOW:
-                    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    broken = any(f.exception() is not None for f in done if not f.cancelled())
-                appended += 1
-                ahead = appended / RATE - (time.monotonic() - started)
-                if ahead > 0:
-                    await asyncio.sleep(ahead)
-            if pending:
-                await asyncio.wait(pending, timeout=PENDING_WAIT_S)
-            if not broken and not self.stop.is_set():  # rolled over: close it (metadata CAS)
-                with contextlib.suppress(BKError):  # typed failures only; recovery closes it then
-                    await asyncio.wait_for(handle.close(), CLOSE_WAIT_S)
-            handle.abort()  # left open (unless closed): recovery closes it after the faults
-
-    def _done(self, op: object, future: asyncio.Future[int]) -> None:
-        if future.cancelled():
-            return
-        error = future.exception()
-        if error is None:
-            self.history.ok(op, future.result())  # type: ignore[arg-type]
-        else:
-            self.history.failed(op, error)  # type: ignore[arg-type]
 
 
 Nemesis = Callable[[FaultCluster, random.Random], Awaitable[None]]
