@@ -24,6 +24,7 @@ from tests.faults.history import History
 from tests.faults.proxy import FaultProxy, Mode
 from tests.harness.bookie_proc import BookieProcess
 from tests.harness.etcd import EtcdCluster
+from tests.harness.netns import NetnsHosts
 
 CONFIG = ClientConfig(
     add_timeout_s=1.5,
@@ -104,6 +105,56 @@ class FaultCluster:
         for bookie in self.bookies:
             bookie.cleanup()
         await self.meta.close()
+
+
+class NetnsFaultCluster(FaultCluster):
+    """Bookies on separate hosts: each in its own network namespace with its own IP
+    (tests/harness/netns.py), registered and reached by that address, no proxy. The link fault is
+    `link_down` / `link_up` of a host."""
+
+    def __init__(self, url: str, root: str, base: Path, hosts: NetnsHosts) -> None:
+        super().__init__(url, root, base)
+        self.hosts = hosts
+
+    async def start(self, count: int, bookie_args: list[str] | None = None) -> None:
+        assert count <= self.hosts.count, "one host per bookie"
+        await ensure_cluster(self.meta.store, self.root)
+        self.bookies = [
+            BookieProcess(
+                self.base / f"b{index}",
+                bookie_id=f"b{index}",
+                host=self.hosts.address(index),
+                extra_args=bookie_args,
+                wrapper=self.hosts.prefix(index),
+            )
+            for index in range(count)
+        ]
+        await asyncio.gather(*(asyncio.to_thread(bookie.start) for bookie in self.bookies))
+        self.registrations = [None] * count
+        for index in range(count):
+            await self._register(index)
+
+    async def _register(self, index: int) -> None:
+        host, port = self.bookies[index].address
+        assert not host.startswith("127."), "a host's bookie is reached by its own address"
+        registration = BookieRegistration(
+            self.meta.store, self.root, BookieInfo(f"b{index}", host, port), ttl_s=5
+        )
+        await registration.start()
+        self.registrations[index] = registration
+
+    async def link_down(self, index: int) -> None:
+        await asyncio.to_thread(self.hosts.link_down, index)
+
+    async def link_up(self, index: int) -> None:
+        await asyncio.to_thread(self.hosts.link_up, index)
+
+    async def heal(self) -> None:
+        for index, bookie in enumerate(self.bookies):
+            await self.link_up(index)
+            bookie.resume() if bookie.running else await self.restart(index)
+            if self.registrations[index] is None:
+                await self._register(index)
 
 
 async def recover_and_read(cluster: FaultCluster, history: History, ledgers: list[int]) -> None:

@@ -8,10 +8,12 @@
     proc.stop()                        # SIGTERM, waits for a clean exit, returns the exit code
     proc.admin_address()               # with extra_args ["--admin-port", "0"]: the ADMIN line
 
-``extra_args`` are passed to ``bookie`` (e.g. ``["--frame-read-timeout-s", "1"]``), ``env`` is added
-to the environment (e.g. ``{"BKAIO_FAILPOINTS": "journal.after_fdatasync=count:20:kill"}``). The
-process's stderr (its structlog lines) is kept in ``<data_dir>.log`` for post-mortems. Use as a
-context manager, or call ``cleanup()``, so no process outlives its test.
+``wrapper`` prefixes the command (e.g. ``["ip", "netns", "exec", NS]``: tests/harness/netns.py; it
+must exec the bookie, so signals reach it). ``extra_args`` are passed to ``bookie`` (e.g.
+``["--frame-read-timeout-s", "1"]``), ``env`` is added to the environment (e.g.
+``{"BKAIO_FAILPOINTS": "journal.after_fdatasync=count:20:kill"}``). The process's stderr (its
+structlog lines) is kept in ``<data_dir>.log`` for post-mortems. Use as a context manager, or call
+``cleanup()``, so no process outlives its test.
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ class BookieProcess:
         port: int = 0,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        wrapper: list[str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.wrapper = list(wrapper or [])
         self.bookie_id = bookie_id
         self.host = host
         self.port = port
@@ -61,6 +65,7 @@ class BookieProcess:
     # ------------------------------------------------------------------ lifecycle
     def command(self) -> list[str]:
         return [
+            *self.wrapper,
             sys.executable, "-m", "bookie",
             "--data-dir", str(self.data_dir),
             "--bookie-id", self.bookie_id,
