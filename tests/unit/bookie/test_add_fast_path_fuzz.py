@@ -5,6 +5,11 @@ Random streams: adds of many sizes (segment rolls, records over record_bytes_max
 (key records), WRITE_LAC (key + LAC records), FORCE_LEDGER, fencing reads, HELLO, malformed and
 duplicate frames; random read chunking. Compared: journal bytes, responses, and every index
 location; then each indexed entry is read back (offset/segment check) and the journal replayed.
+
+Deterministic: the journal's groups depend on when the writer thread's fdatasync returns, so with a
+real thread the journal bytes of two runs differed under load. Both runs write each group inline
+on the event loop instead (:func:`inline_submit`), its completion queued like the thread's: the
+groups then follow from the streams and the loop alone.
 """
 
 from __future__ import annotations
@@ -20,11 +25,23 @@ import pytest
 
 from bookie import journal_format as fmt
 from bookie.connection_handler import ConnectionLimits, ServerConnection
-from bookie.journal import JournalConfig
+from bookie.journal import JournalConfig, _Group, _WriterThread
 from bookie.processor import Processor
 from bookie.storage import Storage, StorageConfig
 from bookkeeper_aio.protocol.framing import LENGTH
 from tests.unit.bookie.test_add_fast_path import KEY, Transport, entry, frame, generic_only
+
+
+def inline_submit(self: _WriterThread, group: _Group) -> None:
+    """``_WriterThread.submit`` without the thread: the group is written and synced at once, on the
+    loop, and its completion runs on a later loop iteration (as the thread's ``call_soon_threadsafe``
+    would, but at a place that depends on nothing else)."""
+    error: BaseException | None = None
+    try:
+        self._writer.write_group(group[0], group[1])
+    except BaseException as exc:  # handed to the loop, as the thread does
+        error = exc
+    self._loop.call_soon(self._on_done, group, error)
 
 
 def stream(seed: int) -> list[bytes]:
@@ -132,6 +149,7 @@ async def test_fused_path_matches_the_generic_path_on_random_streams(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, wait_ms: float, queue_max: int
 ) -> None:
     reads = stream(seed)
+    monkeypatch.setattr(_WriterThread, "submit", inline_submit)
     fast = await run(tmp_path / "fast", reads, wait_ms, queue_max)
     with monkeypatch.context() as patch:
         generic_only(patch)

@@ -1,0 +1,182 @@
+"""Safety mutants (`make mutants`): one-line breaking edits to safety-critical code the suite must kill.
+
+    python -m tests.faults.mutants            # every mutant
+    python -m tests.faults.mutants NAME ...   # some of them (``--list`` names them)
+
+Each mutant is applied in a scratch copy of the work tree (the files git knows of, tracked or not
+ignored; never the tree itself), then the tests that should kill it run there (``pytest`` with the
+scratch copy first on the import path, bookie processes included). The mutant is *killed* when they
+fail. A surviving mutant is a missing test: the run exits 1 and names it. A mutant whose line is
+not found exactly once is an error (the code moved: update the list).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 900
+TEST_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    what: str
+
+
+MUTANTS = (
+    Mutant(
+        "ack-before-fdatasync",
+        "bookie/journal.py",
+        "        self._inflight_callbacks = callbacks\n",
+        "        self._inflight_callbacks, callbacks = callbacks, self._run_callbacks(callbacks, None) or []\n",
+        ("tests/integration/bookie/test_durability.py", "tests/unit/bookie/test_journal.py"),
+        "a group's acks run when it is handed to the writer, before its write and fdatasync",
+    ),
+    Mutant(
+        "recovery-read-without-fence",
+        "bookkeeper_aio/client/recovery.py",
+        "RECOVERY_READ_FLAGS = int(ReadFlag.FENCE_LEDGER)\n",
+        "RECOVERY_READ_FLAGS = 0\n",
+        ("tests/unit/recovery",),
+        "recovery reads do not carry FENCE_LEDGER (BOOKKEEPER-2614)",
+    ),
+    Mutant(
+        "quorum-coverage-off-by-one",
+        "bookkeeper_aio/client/quorum.py",
+        "        return self.write_quorum - self.ack_quorum + 1\n",
+        "        return self.write_quorum - self.ack_quorum\n",
+        ("tests/unit/client/test_quorum_placement.py", "tests/unit/recovery"),
+        "quorum coverage needs Qw - Qa answers instead of Qw - Qa + 1",
+    ),
+    Mutant(
+        "no-write-back",
+        "bookkeeper_aio/client/recovery.py",
+        "            writer.add(head.entry_id, head.body)\n",
+        "            pass\n",
+        ("tests/unit/recovery",),
+        "recovery closes the ledger without writing the entries it found back to their write sets",
+    ),
+    Mutant(
+        "fence-not-journaled",
+        "bookie/storage.py",
+        "        self.journal.append((fmt.encode_fence(ledger_id),), durable)\n",
+        "        self._loop.call_soon(durable, None)\n",
+        ("tests/unit/bookie/test_storage.py", "tests/integration/bookie/test_durability.py"),
+        "a fence is answered without its FENCE record in the journal (lost on restart)",
+    ),
+    Mutant(
+        "add-completes-during-ensemble-change",
+        "bookkeeper_aio/client/add_pipeline.py",
+        "        if self._changing:\n            return\n        pending = self._pending\n",
+        "        pending = self._pending\n",
+        ("tests/unit/client/test_failures.py", "tests/unit/client/test_replaced_bookies.py"),
+        "adds complete while an ensemble change is in flight",
+    ),
+    Mutant(
+        "corrupt-record-as-no-entry",
+        "bookie/storage.py",
+        '            raise EntryCorrupt(f"entry {ledger_id}:{entry_id}: journal record fails its checksum")\n',
+        '            raise NoEntry(f"entry {ledger_id}:{entry_id}: journal record fails its checksum")\n',
+        ("tests/faults/test_disk_faults.py",),
+        "a record failing its checksum is answered 'no such entry' instead of EIO",
+    ),
+    Mutant(
+        "close-ignores-in-recovery",
+        "bookkeeper_aio/client/ledger_close.py",
+        "    if md.state is LedgerState.IN_RECOVERY:\n",
+        "    if False:\n",
+        ("tests/unit/client/test_close_and_create.py",),
+        "a writer's close overwrites IN_RECOVERY metadata instead of failing with LedgerFenced",
+    ),
+)
+
+
+def _scratch_copy(into: Path) -> None:
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, capture_output=True, check=True,
+    ).stdout.decode().split("\0")  # fmt: skip
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():
+            target = into / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+
+
+def apply(mutant: Mutant, tree: Path) -> None:
+    path = tree / mutant.path
+    text = path.read_text()
+    found = text.count(mutant.old)
+    if found != 1:
+        raise SystemExit(f"mutant {mutant.name}: its line is in {mutant.path} {found} times, not once")
+    path.write_text(text.replace(mutant.old, mutant.new))
+
+
+def run(mutant: Mutant) -> tuple[bool, float, str]:
+    """(killed, seconds, the tail of pytest's output)."""
+    with tempfile.TemporaryDirectory(prefix=f"bkaio-mutant-{mutant.name}-") as scratch:
+        tree = Path(scratch)
+        _scratch_copy(tree)
+        apply(mutant, tree)
+        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+        check = f"import bookie, bookkeeper_aio; assert bookie.__file__.startswith({str(tree)!r}), bookie.__file__"
+        subprocess.run([sys.executable, "-c", check], cwd=tree, env=env, check=True)
+        started = time.monotonic()
+        command = [
+            sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow",
+            f"--timeout={TEST_TIMEOUT_S}", *mutant.tests,
+        ]  # fmt: skip
+        try:
+            result = subprocess.run(
+                command, cwd=tree, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired:
+            return True, time.monotonic() - started, f"the tests hung past {TIMEOUT_S} s"
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-3:])
+        return result.returncode != 0, time.monotonic() - started, tail
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.faults.mutants")
+    parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="name the mutants and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for mutant in MUTANTS:
+            print(f"{mutant.name:40} {mutant.path}: {mutant.what}")
+        return
+    chosen = [m for m in MUTANTS if not args.names or m.name in args.names]
+    unknown = set(args.names) - {m.name for m in MUTANTS}
+    if unknown:
+        raise SystemExit(f"unknown mutants: {sorted(unknown)}")
+    survivors = []
+    for mutant in chosen:
+        killed, seconds, tail = run(mutant)
+        verdict = "killed" if killed else "SURVIVED"
+        print(f"{verdict:8} {mutant.name:40} {seconds:6.1f} s  ({' '.join(mutant.tests)})", flush=True)
+        if not killed:
+            survivors.append(mutant.name)
+            print(f"         {tail}", flush=True)
+    if survivors:
+        print(f"{len(survivors)} of {len(chosen)} mutants survived (missing tests): {', '.join(survivors)}")
+        sys.exit(1)
+    print(f"all {len(chosen)} mutants killed")
+
+
+if __name__ == "__main__":
+    main()
