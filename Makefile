@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 # Where `make run` keeps the sandbox's etcd and bookie data (bkaio honours $BKAIO_HOME too).
 BKAIO_HOME ?= $(HOME)/.bkaio
 
-.PHONY: setup test test-slow chaos simulate run bench lint fmt clean clean-sandbox
+.PHONY: setup test test-slow chaos simulate mutants run bench lint fmt clean clean-sandbox
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ FIRST ?= 0
 simulate: $(STAMP)
 	$(BIN)/python -m pytest -q tests/simulation/test_seeds.py::test_seeds_hold_every_invariant \
 	  --sim-seeds $(SEEDS) --sim-first $(FIRST)
+
+# Safety mutants: one-line breaking edits to safety-critical code, each in a scratch copy, each of
+# which its targeted tests must kill (tests/faults/mutants.py; MUTANTS="name ..." runs some).
+mutants: $(STAMP)
+	$(BIN)/python -m tests.faults.mutants $(MUTANTS)
 
 run: $(STAMP)
 	$(BIN)/bkaio sandbox

@@ -42,7 +42,8 @@ MUTANTS = (
         "ack-before-fdatasync",
         "bookie/journal.py",
         "        self._inflight_callbacks = callbacks\n",
-        "        self._inflight_callbacks, callbacks = callbacks, self._run_callbacks(callbacks, None) or []\n",
+        "        self._inflight_callbacks, callbacks = callbacks, "
+        "self._run_callbacks(callbacks, None) or []\n",
         ("tests/integration/bookie/test_durability.py", "tests/unit/bookie/test_journal.py"),
         "a group's acks run when it is handed to the writer, before its write and fdatasync",
     ),
@@ -89,7 +90,8 @@ MUTANTS = (
     Mutant(
         "corrupt-record-as-no-entry",
         "bookie/storage.py",
-        '            raise EntryCorrupt(f"entry {ledger_id}:{entry_id}: journal record fails its checksum")\n',
+        '            raise EntryCorrupt(f"entry {ledger_id}:{entry_id}: journal record fails its '
+        'checksum")\n',
         '            raise NoEntry(f"entry {ledger_id}:{entry_id}: journal record fails its checksum")\n',
         ("tests/faults/test_disk_faults.py",),
         "a record failing its checksum is answered 'no such entry' instead of EIO",
@@ -128,14 +130,14 @@ def apply(mutant: Mutant, tree: Path) -> None:
 
 
 def run(mutant: Mutant) -> tuple[bool, float, str]:
-    """(killed, seconds, the tail of pytest's output)."""
+    """(killed, seconds, the tests that failed: what killed it; else the tail of pytest's output)."""
     with tempfile.TemporaryDirectory(prefix=f"bkaio-mutant-{mutant.name}-") as scratch:
         tree = Path(scratch)
         _scratch_copy(tree)
         apply(mutant, tree)
         env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
-        check = f"import bookie, bookkeeper_aio; assert bookie.__file__.startswith({str(tree)!r}), bookie.__file__"
-        subprocess.run([sys.executable, "-c", check], cwd=tree, env=env, check=True)
+        check = f"import bookie; assert bookie.__file__.startswith({str(tree)!r}), bookie.__file__"
+        subprocess.run([sys.executable, "-c", check], cwd=tree, env=env, check=True)  # the copy is imported
         started = time.monotonic()
         command = [
             sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow",
@@ -147,8 +149,9 @@ def run(mutant: Mutant) -> tuple[bool, float, str]:
             )
         except subprocess.TimeoutExpired:
             return True, time.monotonic() - started, f"the tests hung past {TIMEOUT_S} s"
-        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-3:])
-        return result.returncode != 0, time.monotonic() - started, tail
+        lines = (result.stdout + result.stderr).strip().splitlines()
+        failed = [line.split(" - ")[0] for line in lines if line.startswith(("FAILED ", "ERROR "))]
+        return result.returncode != 0, time.monotonic() - started, "; ".join(failed) or " | ".join(lines[-2:])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -168,10 +171,9 @@ def main(argv: list[str] | None = None) -> None:
     for mutant in chosen:
         killed, seconds, tail = run(mutant)
         verdict = "killed" if killed else "SURVIVED"
-        print(f"{verdict:8} {mutant.name:40} {seconds:6.1f} s  ({' '.join(mutant.tests)})", flush=True)
+        print(f"{verdict:8} {mutant.name:38} {seconds:6.1f} s  {tail}", flush=True)
         if not killed:
             survivors.append(mutant.name)
-            print(f"         {tail}", flush=True)
     if survivors:
         print(f"{len(survivors)} of {len(chosen)} mutants survived (missing tests): {', '.join(survivors)}")
         sys.exit(1)

@@ -224,3 +224,35 @@ async def test_connection_closed_while_idle__next_add_goes_to_the_pools_new_conn
     assert cluster.by_id(bookie_id).entry(lh.id, 1) is not None
     assert lh.ensemble_changes == 0
     await lh.close()
+
+
+async def test_ensemble_change__an_add_reaching_qa_while_the_change_is_in_flight_waits_for_it(
+    bk: BookKeeper, cluster: FakeCluster, store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entry 0 (write set A, B) gets its second ack while the change replacing C (failed on entry 1)
+    is still writing the metadata: it must complete only after that CAS (docs/replication.md §2:
+    no add is acknowledged while a change is in flight). `make mutants` removes the guard."""
+    lh = await bk.create_ledger(3, 2, 2)
+    a, b, c = (cluster.by_id(bookie) for bookie in lh.metadata.current_ensemble)
+    release_b, cas_entered, cas_gate = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    b.script = lambda req: Reply.hold(release_b) if isinstance(req, m.AddEntryRequest) else None
+    entry0 = await lh.append_async(b"0")  # write set {A, B}: A acks, B holds
+    real_cas = store.compare_and_set
+
+    async def gated_cas(key: str, value: bytes, expected_version: int) -> int:
+        cas_entered.set()
+        await cas_gate.wait()
+        return await real_cas(key, value, expected_version)
+
+    monkeypatch.setattr(store, "compare_and_set", gated_cas)
+    c.script = lambda req: Reply.error(StatusCode.EIO) if isinstance(req, m.AddEntryRequest) else None
+    entry1 = await lh.append_async(b"1")  # write set {B, C}: C fails, the change starts
+    await asyncio.wait_for(cas_entered.wait(), 5)
+    release_b.set()  # entry 0 now has Qa acks (A, B), while the change's CAS is held
+    await asyncio.sleep(0.2)
+    assert not entry0.done(), "an add completed while an ensemble change was in flight"
+    cas_gate.set()
+    assert await asyncio.gather(entry0, entry1) == [0, 1]
+    assert c.id not in lh.metadata.current_ensemble
+    assert a.id in lh.metadata.current_ensemble
+    await lh.close()
