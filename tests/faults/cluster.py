@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-from bookkeeper_aio import BKError, BookKeeper, ClientConfig
+from bookkeeper_aio import BKError, BKTimeout, BookKeeper, ClientConfig
 from metadata.bookies import BookieInfo, BookieRegistration
 from metadata.cluster import connect as metadata_connect
 from metadata.cluster import ensure_cluster
@@ -33,7 +36,12 @@ CONFIG = ClientConfig(
     reconnect_backoff_max_s=0.3,
     explicit_lac_interval_ms=50,
 )
+READBACK_CONFIG = dataclasses.replace(CONFIG, read_timeout_s=10.0)
+"""The recover-and-read phase after heal: ledgers in parallel through the test loop's proxies."""
+LIVENESS_S = 180.0
+"""After heal, every ledger is recovered and read back within this (else the run fails)."""
 RECOVERY_PARALLEL = 8
+T = TypeVar("T")
 WINDOW = 32
 RATE = 250.0
 """Appends per second per writer at most: the faults are the point, not the throughput, and every
@@ -157,27 +165,48 @@ class NetnsFaultCluster(FaultCluster):
                 await self._register(index)
 
 
+async def _until_done(make: Callable[[], Awaitable[T]], deadline: float) -> T:
+    """``await make()``, again after a timeout or a retriable error until ``deadline`` (the
+    liveness bound after heal): the read-back runs many ledgers at once through the proxies of the
+    test's own loop, and a slow answer there is not what the run checks."""
+    while True:
+        try:
+            return await make()
+        except BKError as error:
+            if not (error.retriable or isinstance(error, BKTimeout)) or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
 async def recover_and_read(cluster: FaultCluster, history: History, ledgers: list[int]) -> None:
-    """Three racing recoverers per ledger, then three independent readers (ledgers in parallel)."""
-    clients = [BookKeeper.connect(cluster.url, config=CONFIG) for _ in range(3)]
+    """Three racing recoverers per ledger, then three independent readers (ledgers in parallel).
+    Every ledger must be recovered and read within LIVENESS_S of the heal."""
+    clients = [BookKeeper.connect(cluster.url, config=READBACK_CONFIG) for _ in range(3)]
     slots = asyncio.Semaphore(RECOVERY_PARALLEL)
+    deadline = time.monotonic() + LIVENESS_S
     async with contextlib.AsyncExitStack() as stack:
         opened = [await stack.enter_async_context(client) for client in clients]
+
+        async def read_whole(bk: BookKeeper, ledger_id: int) -> tuple[int, list[tuple[int, bytes]]]:
+            reader = await bk.open_ledger(ledger_id, password=b"f")
+            last = reader.last_add_confirmed
+            return last, [] if last < 0 else [(e.entry_id, e.payload) async for e in reader.read(0, last)]
 
         async def one(ledger_id: int) -> None:
             async with slots:
                 handles = await asyncio.gather(
-                    *(bk.open_ledger(ledger_id, password=b"f", recovery=True) for bk in opened)
+                    *(
+                        _until_done(
+                            lambda bk=bk: bk.open_ledger(ledger_id, password=b"f", recovery=True), deadline
+                        )
+                        for bk in opened
+                    )
                 )
                 for handle in handles:
                     history.recovered_at(ledger_id, handle.last_add_confirmed)
                 for bk in opened:
-                    reader = await bk.open_ledger(ledger_id, password=b"f")
-                    history.lac_seen(ledger_id, reader.last_add_confirmed)
-                    last = reader.last_add_confirmed
-                    entries = (
-                        [] if last < 0 else [(e.entry_id, e.payload) async for e in reader.read(0, last)]
-                    )
+                    last, entries = await _until_done(lambda bk=bk: read_whole(bk, ledger_id), deadline)
+                    history.lac_seen(ledger_id, last)
                     history.read_back(ledger_id, entries)
 
         await asyncio.gather(*(one(ledger_id) for ledger_id in ledgers))

@@ -46,6 +46,24 @@ def test_each_violation_is_reported(history: History, complaint: str) -> None:
     assert any(complaint in problem for problem in history.check()), history.check()
 
 
+def test_an_untyped_failure_is_reported() -> None:
+    history = _history([b"a"])
+    history.failed(history.invoke("w", 1, b"b"), RuntimeError("not a BKError"))
+    assert any("not a BKError" in problem for problem in history.check()), history.check()
+
+
+def test_figures_count_violations_by_kind() -> None:
+    clean = _history([b"a", b"b"])
+    assert clean.figures() == {
+        "ok": 2, "fail": 0, "info": 0, "acked": 2, "lost": 0, "duplicated": 0, "inconsistent": 0,
+        "violations": 0,
+    }  # fmt: skip
+    lost = _history([b"a", b"b"], read=[b"a"]).figures()  # entry 1 lost, and acked above the end
+    assert (lost["lost"], lost["duplicated"], lost["inconsistent"], lost["violations"]) == (1, 0, 1, 2)
+    twice = _history([b"a", b"b"], read=[b"a", b"a"]).figures()  # b lost, a read twice
+    assert (twice["lost"], twice["duplicated"], twice["inconsistent"], twice["violations"]) == (1, 1, 0, 2)
+
+
 def test_disagreeing_readers_recoverers_and_lacs_are_reported() -> None:
     history = _history([b"a", b"b"])
     history.read_back(1, [(0, b"a")])
