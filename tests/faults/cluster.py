@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -48,6 +49,16 @@ RATE = 250.0
 entry written is read back three times at the end (unpaced, 6 cycles wrote 130k entries)."""
 PENDING_WAIT_S = 10.0
 CLOSE_WAIT_S = 30.0  # a close that hangs longer fails the test (TimeoutError: not typed)
+
+
+def fault_cycles(default: int) -> int:
+    """Nemesis cycles of a run: ``$FAULT_CYCLES`` (`make chaos`), else ``default``."""
+    return int(os.environ.get("FAULT_CYCLES", default))
+
+
+def fault_seed() -> int:
+    """The run's schedule: ``$FAULT_SEED`` to replay one, else a fresh random seed."""
+    return int(os.environ.get("FAULT_SEED", random.SystemRandom().randrange(1_000_000)))
 
 
 class FaultCluster:

@@ -29,7 +29,7 @@ from bookie import journal_format as fmt
 from bookkeeper_aio import BookKeeper
 from bookkeeper_aio.protocol.codes import StatusCode
 from tests.faults import figures
-from tests.faults.cluster import CONFIG, FaultCluster, Workload, recover_and_read
+from tests.faults.cluster import CONFIG, FaultCluster, Workload, fault_cycles, fault_seed, recover_and_read
 from tests.faults.history import History
 from tests.integration.bookie.wire import WireClient
 
@@ -37,14 +37,6 @@ pytestmark = pytest.mark.etcd
 
 SHAPES = [(3, 2, 2), (3, 3, 2)]
 BOOKIE_ARGS = ["--checkpoint-interval-s", "0.2"]
-
-
-def _cycles(default: int) -> int:
-    return int(os.environ.get("FAULT_CYCLES", default))
-
-
-def _seed() -> int:
-    return int(os.environ.get("FAULT_SEED", random.SystemRandom().randrange(1_000_000)))
 
 
 def _segments(data_dir: Path) -> list[tuple[int, Path]]:
@@ -109,7 +101,7 @@ def flip_bit(data_dir: Path, rng: random.Random, spared: set[tuple[int, int]]) -
 
 
 async def _run(cluster: FaultCluster, rounds: int, tmp_path: Path) -> None:
-    seed = _seed()
+    seed = fault_seed()
     rng = random.Random(seed)
     await cluster.start(4, bookie_args=BOOKIE_ARGS)
     history = History()
@@ -155,4 +147,4 @@ async def _run(cluster: FaultCluster, rounds: int, tmp_path: Path) -> None:
 
 
 async def test_torn_tails_and_bit_flips_on_one_replica(faults: FaultCluster, tmp_path: Path) -> None:
-    await _run(faults, _cycles(4), tmp_path)
+    await _run(faults, fault_cycles(4), tmp_path)

@@ -1,7 +1,9 @@
 """Faults on real bookie processes, checked by a history (tests/faults/history.py).
 
 Each bookie runs as its own process behind its own fault proxy (tests/faults/proxy.py): clients
-reach it only through the proxy, whose address is what the bookie's registration says. Writer tasks
+reach it only through the proxy, whose address is what the bookie's registration says
+(tests/faults/cluster.py). `make test` runs the kill -9, SIGSTOP and partition scenarios one after
+the other on one cluster, and the etcd member/quorum loss on a 3-member etcd. Writer tasks
 pipeline unique values into E3/Qw2/Qa2, E3/Qw3/Qa2 and (with 6 bookies) striped E5/Qw3/Qa2 ledgers,
 starting a new ledger whenever one fails. A seeded nemesis meanwhile kills bookies with SIGKILL and
 restarts them (same data dir and port), pauses them (SIGSTOP/SIGCONT), or partitions them at the
@@ -26,7 +28,7 @@ import pytest
 
 from bookkeeper_aio import BookKeeper
 from tests.faults import figures
-from tests.faults.cluster import CONFIG, FaultCluster, Workload, recover_and_read
+from tests.faults.cluster import CONFIG, FaultCluster, Workload, fault_cycles, fault_seed, recover_and_read
 from tests.faults.history import History
 from tests.faults.proxy import Mode
 
@@ -34,14 +36,6 @@ pytestmark = pytest.mark.etcd
 
 SHAPES = [(3, 2, 2), (3, 3, 2)]
 STRIPED = (5, 3, 2)
-
-
-def _cycles(default: int) -> int:
-    return int(os.environ.get("FAULT_CYCLES", default))
-
-
-def _seed() -> int:
-    return int(os.environ.get("FAULT_SEED", random.SystemRandom().randrange(1_000_000)))
 
 
 Nemesis = Callable[[FaultCluster, random.Random], Awaitable[None]]
@@ -104,7 +98,7 @@ async def _phase(
 ) -> History:
     """One scenario on a started cluster: writers, ``cycles`` nemesis cycles, heal, recover, read
     back, check. The cluster is healed afterwards, so the next scenario can share it."""
-    seed = _seed()
+    seed = fault_seed()
     rng = random.Random(seed)
     history = History()
     stop = asyncio.Event()
@@ -138,10 +132,10 @@ async def test_kill_pause_partition_on_one_cluster(faults: FaultCluster, tmp_pat
     other on one cluster of 4 bookies (started once: the cycles are the cost, not the set-up), each
     scenario's history checked on its own."""
     await faults.start(4)
-    kills = await _phase(faults, "kill -9", SHAPES, kill_restart, _cycles(20), tmp_path / "kill")
+    kills = await _phase(faults, "kill -9", SHAPES, kill_restart, fault_cycles(20), tmp_path / "kill")
     assert kills.counts()["ok"] > 500, kills.counts()
-    await _phase(faults, "SIGSTOP", SHAPES, pause_resume, _cycles(10), tmp_path / "pause")
-    await _phase(faults, "partition", SHAPES, partition, _cycles(5), tmp_path / "partition")
+    await _phase(faults, "SIGSTOP", SHAPES, pause_resume, fault_cycles(10), tmp_path / "pause")
+    await _phase(faults, "partition", SHAPES, partition, fault_cycles(5), tmp_path / "partition")
 
 
 async def test_etcd_member_and_quorum_loss(faults3: FaultCluster, tmp_path: Path) -> None:
@@ -150,14 +144,18 @@ async def test_etcd_member_and_quorum_loss(faults3: FaultCluster, tmp_path: Path
     bookie with it), then two (quorum lost, regained). Writes go on or fail typed, nothing acked
     is lost."""
     await faults3.start(4)
-    await _phase(faults3, "etcd member loss", SHAPES, etcd_member_loss, _cycles(1), tmp_path / "one", 100)
-    await _phase(faults3, "etcd quorum loss", SHAPES, etcd_quorum_loss, _cycles(1), tmp_path / "two", 100)
+    await _phase(
+        faults3, "etcd member loss", SHAPES, etcd_member_loss, fault_cycles(1), tmp_path / "one", 100
+    )
+    await _phase(
+        faults3, "etcd quorum loss", SHAPES, etcd_quorum_loss, fault_cycles(1), tmp_path / "two", 100
+    )
 
 
 @pytest.mark.slow
 async def test_kill_9_with_striped_ledgers(faults: FaultCluster, tmp_path: Path) -> None:
     await faults.start(6)
-    await _phase(faults, "kill -9 striped E5/Qw3/Qa2", [STRIPED], kill_restart, _cycles(20), tmp_path)
+    await _phase(faults, "kill -9 striped E5/Qw3/Qa2", [STRIPED], kill_restart, fault_cycles(20), tmp_path)
 
 
 @pytest.mark.slow
@@ -166,4 +164,4 @@ async def test_chaos(faults: FaultCluster, tmp_path: Path, nemesis: Nemesis) -> 
     """`make chaos`: many cycles (FAULT_CYCLES, default 200) of one nemesis, mixed shapes."""
     await faults.start(6)
     scenario = f"chaos {nemesis.__name__} (mixed shapes, 6 bookies)"
-    await _phase(faults, scenario, [*SHAPES, STRIPED], nemesis, _cycles(200), tmp_path)
+    await _phase(faults, scenario, [*SHAPES, STRIPED], nemesis, fault_cycles(200), tmp_path)

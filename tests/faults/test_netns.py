@@ -6,7 +6,6 @@ history is checked as in test_nemesis. Skips with the reason where `ip netns` is
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import uuid
 from collections.abc import AsyncIterator
@@ -16,7 +15,14 @@ import pytest
 
 from bookkeeper_aio import BookKeeper
 from tests.faults import figures
-from tests.faults.cluster import CONFIG, NetnsFaultCluster, Workload, recover_and_read
+from tests.faults.cluster import (
+    CONFIG,
+    NetnsFaultCluster,
+    Workload,
+    fault_cycles,
+    fault_seed,
+    recover_and_read,
+)
 from tests.faults.history import History
 from tests.harness.etcd import EtcdCluster
 from tests.harness.netns import NetnsHosts, NetnsUnavailable
@@ -25,14 +31,6 @@ pytestmark = pytest.mark.etcd
 
 SHAPES = [(3, 2, 2), (3, 3, 2)]
 BOOKIES = 4
-
-
-def _cycles(default: int) -> int:
-    return int(os.environ.get("FAULT_CYCLES", default))
-
-
-def _seed() -> int:
-    return int(os.environ.get("FAULT_SEED", random.SystemRandom().randrange(1_000_000)))
 
 
 @pytest.fixture
@@ -51,7 +49,7 @@ async def hosts_cluster(etcd_server: EtcdCluster, tmp_path: Path) -> AsyncIterat
 
 
 async def _run(cluster: NetnsFaultCluster, cycles: int, tmp_path: Path) -> None:
-    seed = _seed()
+    seed = fault_seed()
     rng = random.Random(seed)
     await cluster.start(BOOKIES)
     history = History()
@@ -94,6 +92,6 @@ async def _ensemble(cluster: NetnsFaultCluster, ledger_id: int) -> set[str]:
 async def test_bookies_on_separate_hosts_link_down_and_kill(
     hosts_cluster: NetnsFaultCluster, tmp_path: Path
 ) -> None:
-    await _run(hosts_cluster, _cycles(3), tmp_path)
+    await _run(hosts_cluster, fault_cycles(3), tmp_path)
     for index, bookie in enumerate(hosts_cluster.bookies):
         assert bookie.address[0] == hosts_cluster.hosts.address(index)  # a real address, not loopback

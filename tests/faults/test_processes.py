@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults import figures
-from tests.faults.cluster import FaultCluster, recover_and_read
+from tests.faults.cluster import FaultCluster, fault_cycles, fault_seed, recover_and_read
 from tests.faults.history import History
 from tests.faults.procs import load_writer_history
 
@@ -38,14 +38,6 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
 ACKED_TIMEOUT_S = 30.0
 RECOVER_TIMEOUT_S = 90.0
-
-
-def _cycles(default: int) -> int:
-    return int(os.environ.get("FAULT_CYCLES", default))
-
-
-def _seed() -> int:
-    return int(os.environ.get("FAULT_SEED", random.SystemRandom().randrange(1_000_000)))
 
 
 async def _spawn(log: Path, *args: str) -> asyncio.subprocess.Process:
@@ -152,7 +144,7 @@ async def _round(
 
 
 async def _run(cluster: FaultCluster, rounds: int, tmp_path: Path) -> History:
-    seed = _seed()
+    seed = fault_seed()
     rng = random.Random(seed)
     await cluster.start(3)
     history = History()
@@ -174,11 +166,11 @@ async def _run(cluster: FaultCluster, rounds: int, tmp_path: Path) -> History:
 
 
 async def test_writer_processes_killed_and_raced_for(faults: FaultCluster, tmp_path: Path) -> None:
-    await _run(faults, _cycles(1), tmp_path)
+    await _run(faults, fault_cycles(1), tmp_path)
 
 
 @pytest.mark.slow
 async def test_writer_processes_killed_and_raced_for_many_rounds(
     faults: FaultCluster, tmp_path: Path
 ) -> None:
-    await _run(faults, _cycles(10), tmp_path)
+    await _run(faults, fault_cycles(10), tmp_path)
