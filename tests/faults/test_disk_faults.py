@@ -5,7 +5,8 @@ Each round kills one bookie with SIGKILL (the writers go on: ensemble change), e
 restarts it on the same data dir and port:
 
 - ``torn``: a power loss during the final, unsynced group: a group header at the end of the journal
-  naming its own place, followed by a prefix of its records (cut mid-record), or garbage bytes. The
+  naming its own place, followed by a prefix of its records (the next entries of the last ledger
+  written, cut mid-record), or garbage bytes. The
   bookie must cut it and start; nothing it acknowledged was in that group.
 - ``flip``: one bit of an entry record the index checkpoint covers (so replay does not read it) is
   flipped. The bookie starts; a read of that entry must answer EIO, never "no such entry", and the
@@ -45,6 +46,14 @@ def _segments(data_dir: Path) -> list[tuple[int, Path]]:
     return sorted((sid, p) for sid, p in found if sid is not None)
 
 
+def _checkpointed(data_dir: Path) -> fmt.Position:
+    """Where the bookie's index checkpoint stands (the journal's start when it has none yet)."""
+    path = data_dir / "index" / "checkpoint"
+    if not path.exists():
+        return fmt.Position(_segments(data_dir)[0][0], fmt.SEGMENT_HEADER_BYTES)
+    return checkpoint.decode(path.read_bytes())[0]
+
+
 def tear_tail(data_dir: Path, rng: random.Random) -> str:
     """Write a torn final group after the journal's last whole group (offline, bookie stopped)."""
     written = [
@@ -53,11 +62,20 @@ def tear_tail(data_dir: Path, rng: random.Random) -> str:
         if fmt.check_segment_header(data := path.read_bytes(), segment_id) is fmt.SegmentHeader.VALID
     ]
     segment_id, path, data = written[-1]  # later ones are preallocated, never written
-    end = fmt.scan(data, fmt.SEGMENT_HEADER_BYTES, segment_id).end
+    # from the checkpoint, as replay does: a bit flipped behind it in an earlier round ends a scan
+    # from the segment's start there, and the torn group would overwrite synced records
+    position = _checkpointed(data_dir)
+    start = position.offset if position.segment_id == segment_id else fmt.SEGMENT_HEADER_BYTES
+    scan = fmt.scan(data, start, segment_id)
+    assert scan.tail is fmt.Tail.CLEAN, scan
+    end = scan.end
     if rng.random() < 0.5:
+        # the next entries of the last ledger written: were the cut missed, they would be read back
+        entries = [fmt.parse_ledger_entry(r.body) for r in scan.records if r.type == fmt.RecordType.ENTRY]
+        ledger_id, last = entries[-1] if entries else (10**9, -1)
         records = b"".join(
-            fmt.encode_entry(10**9 + rng.randrange(100), entry, os.urandom(rng.randrange(50, 600)))
-            for entry in range(rng.randint(1, 4))
+            fmt.encode_entry(ledger_id, last + 1 + k, os.urandom(rng.randrange(50, 600)))
+            for k in range(rng.randint(1, 4))
         )
         torn = fmt.encode_group_header(segment_id, end, len(records)) + records
         torn = torn[: rng.randrange(fmt.RECORD_HEADER_BYTES + 1, len(torn))]  # cut mid-group
@@ -74,7 +92,7 @@ def tear_tail(data_dir: Path, rng: random.Random) -> str:
 def flip_bit(data_dir: Path, rng: random.Random, spared: set[tuple[int, int]]) -> tuple[int, int] | None:
     """Flip one bit in the body of an entry record behind the index checkpoint; its (ledger, entry),
     or None when the checkpoint covers no entry yet. Entries in ``spared`` are left alone."""
-    position, _ = checkpoint.decode((data_dir / "index" / "checkpoint").read_bytes())
+    position = _checkpointed(data_dir)
     candidates: list[tuple[Path, fmt.Record, int, int]] = []
     for segment_id, path in _segments(data_dir):
         if segment_id > position.segment_id:
