@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from bookkeeper_aio import BKError, BKTimeout, BookKeeper, ClientConfig
+from bookkeeper_aio.cli.netns import NetnsHosts
 from metadata.bookies import BookieInfo, BookieRegistration
 from metadata.cluster import connect as metadata_connect
 from metadata.cluster import ensure_cluster
@@ -28,7 +29,6 @@ from tests.faults.history import History
 from tests.faults.proxy import FaultProxy, Mode
 from tests.harness.bookie_proc import BookieProcess
 from tests.harness.etcd import EtcdCluster
-from tests.harness.netns import NetnsHosts
 
 CONFIG = ClientConfig(
     add_timeout_s=1.5,
@@ -128,7 +128,7 @@ class FaultCluster:
 
 class NetnsFaultCluster(FaultCluster):
     """Bookies on separate hosts: each in its own network namespace with its own IP
-    (tests/harness/netns.py), registered and reached by that address, no proxy. The link fault is
+    (bookkeeper_aio/cli/netns.py), registered and reached by that address, no proxy. The link fault is
     `link_down` / `link_up` of a host."""
 
     def __init__(self, url: str, root: str, base: Path, hosts: NetnsHosts) -> None:

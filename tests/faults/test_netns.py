@@ -1,5 +1,5 @@
 """Bookies on separate hosts: each in its own network namespace with its own IP on a bridge
-(tests/harness/netns.py), registered and reached by its real address, not loopback. The fault is a
+(bookkeeper_aio/cli/netns.py), registered and reached by its real address, not loopback. The fault is a
 host's link going down and up (packets dropped both ways, no reset), plus kill -9 of a bookie; the
 history is checked as in test_nemesis. Skips with the reason where `ip netns` is not permitted."""
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bookkeeper_aio import BookKeeper
+from bookkeeper_aio.cli.netns import NetnsHosts, NetnsUnavailable
 from tests.faults import figures
 from tests.faults.cluster import (
     CONFIG,
@@ -25,7 +26,6 @@ from tests.faults.cluster import (
 )
 from tests.faults.history import History
 from tests.harness.etcd import EtcdCluster
-from tests.harness.netns import NetnsHosts, NetnsUnavailable
 
 pytestmark = pytest.mark.etcd
 

@@ -8,7 +8,7 @@
     proc.stop()                        # SIGTERM, waits for a clean exit, returns the exit code
     proc.admin_address()               # with extra_args ["--admin-port", "0"]: the ADMIN line
 
-``wrapper`` prefixes the command (e.g. ``["ip", "netns", "exec", NS]``: tests/harness/netns.py; it
+``wrapper`` prefixes the command (e.g. ``["ip", "netns", "exec", NS]``: bookkeeper_aio/cli/netns.py; it
 must exec the bookie, so signals reach it). ``extra_args`` are passed to ``bookie`` (e.g.
 ``["--frame-read-timeout-s", "1"]``), ``env`` is added to the environment (e.g.
 ``{"BKAIO_FAILPOINTS": "journal.after_fdatasync=count:20:kill"}``). The process's stderr (its
