@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import io
 import os
 import random
 import time
@@ -39,7 +40,7 @@ CONFIG = ClientConfig(
 )
 READBACK_CONFIG = dataclasses.replace(CONFIG, read_timeout_s=10.0)
 """The recover-and-read phase after heal: ledgers in parallel through the test loop's proxies."""
-LIVENESS_S = 180.0
+LIVENESS_S = 120.0
 """After heal, every ledger is recovered and read back within this (else the run fails)."""
 RECOVERY_PARALLEL = 8
 T = TypeVar("T")
@@ -49,6 +50,7 @@ RATE = 250.0
 entry written is read back three times at the end (unpaced, 6 cycles wrote 130k entries)."""
 PENDING_WAIT_S = 10.0
 CLOSE_WAIT_S = 30.0  # a close that hangs longer fails the test (TimeoutError: not typed)
+WRITERS_STOP_S = 90.0
 
 
 def fault_cycles(default: int) -> int:
@@ -174,6 +176,23 @@ class NetnsFaultCluster(FaultCluster):
             bookie.resume() if bookie.running else await self.restart(index)
             if self.registrations[index] is None:
                 await self._register(index)
+
+
+async def stop_writers(stop: asyncio.Event, writers: list[asyncio.Task[None]]) -> None:
+    """Tell the writer tasks to stop and wait for them, at most WRITERS_STOP_S (liveness: each has
+    at most PENDING_WAIT_S of adds to wait for, and a close CLOSE_WAIT_S); a writer still stuck then
+    fails the run with where it is stuck (an add or ensemble change that never ends)."""
+    stop.set()
+    done, stuck = await asyncio.wait(writers, timeout=WRITERS_STOP_S)
+    for task in done:
+        task.result()  # a writer's own error (untyped: not a BKError) fails the run
+    if stuck:
+        where = io.StringIO()
+        for task in stuck:
+            task.print_stack(file=where)
+            task.cancel()
+        stacks = where.getvalue()
+        raise AssertionError(f"{len(stuck)} writers still running {WRITERS_STOP_S} s after stop:\n{stacks}")
 
 
 async def _until_done(make: Callable[[], Awaitable[T]], deadline: float) -> T:

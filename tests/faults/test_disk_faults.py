@@ -30,7 +30,15 @@ from bookie import journal_format as fmt
 from bookkeeper_aio import BookKeeper
 from bookkeeper_aio.protocol.codes import StatusCode
 from tests.faults import figures
-from tests.faults.cluster import CONFIG, FaultCluster, Workload, fault_cycles, fault_seed, recover_and_read
+from tests.faults.cluster import (
+    CONFIG,
+    FaultCluster,
+    Workload,
+    fault_cycles,
+    fault_seed,
+    recover_and_read,
+    stop_writers,
+)
 from tests.faults.history import History
 from tests.integration.bookie.wire import WireClient
 
@@ -142,8 +150,7 @@ async def _run(cluster: FaultCluster, rounds: int, tmp_path: Path) -> None:
                 if hit is not None:
                     flipped[hit] = index
             await cluster.restart(index)  # raises if the bookie refuses to start
-        stop.set()
-        await asyncio.gather(*writers)
+        await stop_writers(stop, writers)
         await cluster.heal()
         await recover_and_read(cluster, history, workload.ledgers)
     problems = history.check()

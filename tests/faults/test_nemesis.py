@@ -28,7 +28,15 @@ import pytest
 
 from bookkeeper_aio import BookKeeper
 from tests.faults import figures
-from tests.faults.cluster import CONFIG, FaultCluster, Workload, fault_cycles, fault_seed, recover_and_read
+from tests.faults.cluster import (
+    CONFIG,
+    FaultCluster,
+    Workload,
+    fault_cycles,
+    fault_seed,
+    recover_and_read,
+    stop_writers,
+)
 from tests.faults.history import History
 from tests.faults.proxy import Mode
 
@@ -109,8 +117,7 @@ async def _phase(
         for _ in range(cycles):
             await nemesis(cluster, rng)
             await asyncio.sleep(rng.uniform(0.05, 0.3))
-        stop.set()
-        await asyncio.gather(*writers)
+        await stop_writers(stop, writers)
         await cluster.heal()
         await recover_and_read(cluster, history, workload.ledgers)
     problems = history.check()

@@ -23,6 +23,7 @@ from tests.faults.cluster import (
     fault_cycles,
     fault_seed,
     recover_and_read,
+    stop_writers,
 )
 from tests.faults.history import History
 from tests.harness.etcd import EtcdCluster
@@ -69,8 +70,7 @@ async def _run(cluster: NetnsFaultCluster, cycles: int, tmp_path: Path) -> None:
                 await asyncio.sleep(rng.uniform(0.5, 2.0))  # across the add timeout, sometimes
                 await cluster.link_up(index)
             await asyncio.sleep(rng.uniform(0.05, 0.3))
-        stop.set()
-        await asyncio.gather(*writers)
+        await stop_writers(stop, writers)
         await cluster.heal()
         await recover_and_read(cluster, history, workload.ledgers)
     problems = history.check()
