@@ -172,3 +172,13 @@ async def test_chaos(faults: FaultCluster, tmp_path: Path, nemesis: Nemesis) -> 
     await faults.start(6)
     scenario = f"chaos {nemesis.__name__} (mixed shapes, 6 bookies)"
     await _phase(faults, scenario, [*SHAPES, STRIPED], nemesis, fault_cycles(200), tmp_path)
+
+
+@pytest.mark.slow
+async def test_chaos_etcd(faults3: FaultCluster, tmp_path: Path) -> None:
+    """`make chaos`: FAULT_CYCLES etcd member losses (each with a bookie kill), then as many quorum
+    losses, under the rolling writers of the default etcd scenario."""
+    await faults3.start(4)
+    cycles = fault_cycles(20)
+    await _phase(faults3, "chaos etcd member loss", SHAPES, etcd_member_loss, cycles, tmp_path / "one", 100)
+    await _phase(faults3, "chaos etcd quorum loss", SHAPES, etcd_quorum_loss, cycles, tmp_path / "two", 100)
