@@ -43,6 +43,9 @@ READBACK_CONFIG = dataclasses.replace(CONFIG, read_timeout_s=10.0)
 LIVENESS_S = 120.0
 """After heal, every ledger is recovered and read back within this (else the run fails)."""
 RECOVERY_PARALLEL = 8
+START_TIMEOUT_S = 60.0
+"""A (re)started bookie must print READY within this: 20 s (the harness's default) was once not enough
+for a restart in make chaos on the loaded 2-core machine (the process logged nothing in 20 s)."""
 T = TypeVar("T")
 WINDOW = 32
 RATE = 250.0
@@ -83,7 +86,7 @@ class FaultCluster:
             for index in range(first, first + count)
         ]
         self.bookies += fresh
-        await asyncio.gather(*(asyncio.to_thread(bookie.start) for bookie in fresh))
+        await asyncio.gather(*(asyncio.to_thread(bookie.start, START_TIMEOUT_S) for bookie in fresh))
         for index in range(first, first + count):
             self.proxies.append(await FaultProxy(self.bookies[index].address).start())
             self.registrations.append(None)
@@ -107,7 +110,7 @@ class FaultCluster:
         await self._unregister(index)  # a dead bookie's lease would expire: do it at once
 
     async def restart(self, index: int) -> None:
-        await asyncio.to_thread(self.bookies[index].restart)
+        await asyncio.to_thread(self.bookies[index].restart, START_TIMEOUT_S)
         await self._register(index)
 
     async def heal(self) -> None:
@@ -150,7 +153,7 @@ class NetnsFaultCluster(FaultCluster):
             )
             for index in range(count)
         ]
-        await asyncio.gather(*(asyncio.to_thread(bookie.start) for bookie in self.bookies))
+        await asyncio.gather(*(asyncio.to_thread(bookie.start, START_TIMEOUT_S) for bookie in self.bookies))
         self.registrations = [None] * count
         for index in range(count):
             await self._register(index)
