@@ -125,10 +125,10 @@ def load_writer_history(path: Path, history: History) -> int | None:
             assert ledger_id is not None
             ops[row["invoke"]] = history.invoke(writer, ledger_id, row["invoke"].encode())
         elif "ok" in row:
-            History.ok(ops[row["ok"]], row["entry"])
+            history.ok(ops[row["ok"]], row["entry"])
         elif "fail" in row:
             op = ops[row["fail"]]
-            op.outcome, op.completed_s = (Outcome.INFO if row["unknown"] else Outcome.FAIL), time.monotonic()
+            op.outcome, op.completed_s = (Outcome.INFO if row["unknown"] else Outcome.FAIL), history.clock()
     return ledger_id
 
 

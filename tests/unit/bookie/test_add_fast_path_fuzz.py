@@ -8,7 +8,7 @@ location; then each indexed entry is read back (offset/segment check) and the jo
 
 Deterministic: the journal's groups depend on when the writer thread's fdatasync returns, so with a
 real thread the journal bytes of two runs differed under load. Both runs write each group inline
-on the event loop instead (:func:`inline_submit`), its completion queued like the thread's: the
+on the event loop instead (:class:`InlineThreads`), its completion queued like the thread's: the
 groups then follow from the streams and the loop alone.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,23 +26,34 @@ import pytest
 
 from bookie import journal_format as fmt
 from bookie.connection_handler import ConnectionLimits, ServerConnection
-from bookie.journal import JournalConfig, _Group, _WriterThread
+from bookie.journal import JournalConfig
 from bookie.processor import Processor
 from bookie.storage import Storage, StorageConfig
+from bookie.threads import OsThreads, Worker
 from bookkeeper_aio.protocol.framing import LENGTH
 from tests.unit.bookie.test_add_fast_path import KEY, Transport, entry, frame, generic_only
 
 
-def inline_submit(self: _WriterThread, group: _Group) -> None:
-    """``_WriterThread.submit`` without the thread: the group is written and synced at once, on the
-    loop, and its completion runs on a later loop iteration (as the thread's ``call_soon_threadsafe``
-    would, but at a place that depends on nothing else)."""
-    error: BaseException | None = None
-    try:
-        self._writer.write_group(group[0], group[1])
-    except BaseException as exc:  # handed to the loop, as the thread does
-        error = exc
-    self._loop.call_soon(self._on_done, group, error)
+class _InlineWorker:
+    """The journal writer's worker without a thread: each group is written and synced at once, on
+    the loop; the journal queues its completion (``call_soon_threadsafe`` from the loop's own thread:
+    the next iteration), at a place that depends on nothing but the loop."""
+
+    def __init__(self, handle: Callable[[Any], None]) -> None:
+        self.submit = handle
+
+    def stop(self) -> None:
+        pass
+
+
+class InlineThreads(OsThreads):
+    """Real executors (reads, recovery), an inline journal writer."""
+
+    def start_worker(self, handle: Callable[[Any], None], name: str) -> Worker:
+        return _InlineWorker(handle)
+
+
+INLINE = InlineThreads()
 
 
 def stream(seed: int) -> list[bytes]:
@@ -92,7 +104,8 @@ async def run(path: Path, reads: list[bytes], wait_ms: float, queue_max: int) ->
     journal = JournalConfig(
         segment_bytes=25_000, record_bytes_max=10_000, group_wait_ms=wait_ms, queue_bytes_max=queue_max
     )
-    storage = await Storage.open(StorageConfig(str(path), "b", journal=journal, checkpoint_interval_s=3600))
+    config = StorageConfig(str(path), "b", journal=journal, checkpoint_interval_s=3600)
+    storage = await Storage.open(config, threads=INLINE)
     processor = Processor(storage, "b", 5 << 20)
     pressure: list[bool] = []
     storage.journal.on_pressure = pressure.append
@@ -130,7 +143,7 @@ async def run(path: Path, reads: list[bytes], wait_ms: float, queue_max: int) ->
         assert result.tail is fmt.Tail.CLEAN, (n, result)
         records += [(r.type, bytes(r.body)) for r in result.records]
     # replay: the same index after a restart
-    storage = await Storage.open(StorageConfig(str(path), "b", journal=journal, checkpoint_interval_s=3600))
+    storage = await Storage.open(config, threads=INLINE)
     replayed = {}
     for lid, state in sorted(storage.ledgers.items()):
         for eid in state.index.entry_ids():
@@ -149,7 +162,6 @@ async def test_fused_path_matches_the_generic_path_on_random_streams(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, wait_ms: float, queue_max: int
 ) -> None:
     reads = stream(seed)
-    monkeypatch.setattr(_WriterThread, "submit", inline_submit)
     fast = await run(tmp_path / "fast", reads, wait_ms, queue_max)
     with monkeypatch.context() as patch:
         generic_only(patch)
