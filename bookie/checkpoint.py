@@ -10,12 +10,19 @@ A checkpoint at position P holds the effect of every journal record before P (it
 a fence or master key is set in memory before its record is durable; both are safe to keep, as
 refusing adds and knowing a key never loses acknowledged data). Replay from P re-applies records,
 which is idempotent.
+
+Built in two halves so the event loop never stalls (issue 20: 2-6 s with 200k ledgers when the
+whole file was encoded on the loop): :func:`encode_row` on the loop, one ledger at a time, time-
+sliced by the caller and cached per ledger until the ledger changes (so a checkpoint re-encodes only
+what changed since the last one); :func:`encode_parts` in a worker thread joins the rows in chunks
+of about :data:`CHUNK_BYTES` (no single step holds the GIL for long) and computes the header. The bytes are
+the same as one ``msgpack.packb`` of the payload: the format did not change.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import crc32c
 import msgpack
@@ -27,14 +34,21 @@ from bookie.ledger_state import LedgerState
 MAGIC = b"BKIX"
 VERSION = 1
 HEADER = struct.Struct(">4sHxxIQ")
+CHUNK_BYTES = 1 << 20
+"""Bytes of rows joined per step in :func:`encode_parts`: a join holds the GIL (the event loop
+waits meanwhile), 1 MiB takes ~0.1 ms."""
 
 
 class CheckpointCorrupt(Exception):
     """The checkpoint file exists but cannot be trusted; the bookie refuses to start."""
 
 
-def encode(position: Position, ledgers: Iterable[LedgerState]) -> bytes:
-    rows = [
+_row_packer = msgpack.Packer(use_bin_type=True, autoreset=True)  # the event loop's only
+
+
+def encode_row(state: LedgerState) -> bytes:
+    """One ledger's row, msgpack-encoded (on the event loop: it reads live state)."""
+    return _row_packer.pack(
         [
             state.ledger_id,
             state.master_key,
@@ -45,10 +59,37 @@ def encode(position: Position, ledgers: Iterable[LedgerState]) -> bytes:
             state.index.last_entry_id,
             state.index.to_wire(),
         ]
-        for state in ledgers
-    ]
-    payload = msgpack.packb([position.segment_id, position.offset, rows], use_bin_type=True)
-    return HEADER.pack(MAGIC, VERSION, crc32c.crc32c(payload), len(payload)) + payload
+    )
+
+
+def encode_parts(position: Position, rows: Sequence[bytes]) -> list[bytes]:
+    """The checkpoint file as consecutive parts (header first) from encoded rows. Blocking: call
+    it off the event loop; each step (a join of about :data:`CHUNK_BYTES`, its CRC) is short."""
+    packer = msgpack.Packer(use_bin_type=True, autoreset=True)
+    head = (
+        packer.pack_array_header(3)
+        + packer.pack(position.segment_id)
+        + packer.pack(position.offset)
+        + packer.pack_array_header(len(rows))
+    )
+    parts = [head]
+    crc = crc32c.crc32c(head)
+    length = len(head)
+    start = size = 0
+    for end, row in enumerate(rows, 1):
+        size += len(row)
+        if size >= CHUNK_BYTES or end == len(rows):
+            chunk = b"".join(rows[start:end])
+            crc = crc32c.crc32c(chunk, crc)
+            length += len(chunk)
+            parts.append(chunk)
+            start, size = end, 0
+    return [HEADER.pack(MAGIC, VERSION, crc, length), *parts]
+
+
+def encode(position: Position, ledgers: Iterable[LedgerState]) -> bytes:
+    """The whole checkpoint at once (tests, tools)."""
+    return b"".join(encode_parts(position, [encode_row(state) for state in ledgers]))
 
 
 def decode(data: bytes) -> tuple[Position, dict[int, LedgerState]]:

@@ -269,6 +269,7 @@ class Compactor:
         for state, entry_id, location, new_segment, new_offset in moves:
             if storage.ledgers.get(state.ledger_id) is state and state.index.get(entry_id) == location:
                 state.index.put(entry_id, new_segment, new_offset, location.length)
+                state.row = None  # the next checkpoint re-encodes it
         self.progress.bytes_copied += copied
         self.progress.entries_copied += len(moves)
         return copied

@@ -17,6 +17,7 @@ import errno
 import fcntl
 import mmap
 import os
+from collections.abc import Sequence
 
 from bookkeeper_aio.common import failpoints
 
@@ -123,8 +124,11 @@ class FileIO:
         finally:
             os.close(fd)
 
-    def write_file_atomic(self, path: str, data: bytes, failpoint: str | None = None) -> None:
-        """Replace ``path`` with ``data`` so that a crash leaves the old or the new file, whole.
+    def write_file_atomic(
+        self, path: str, data: bytes | Sequence[bytes], failpoint: str | None = None
+    ) -> None:
+        """Replace ``path`` with ``data`` (bytes, or consecutive parts) so that a crash leaves the
+        old or the new file, whole.
 
         Temp file, write, fsync, rename over ``path``, fsync the directory. ``failpoint`` (e.g.
         ``index.checkpoint``) is hit after the temp file is durable and before the rename.
@@ -132,7 +136,10 @@ class FileIO:
         tmp = path + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            self._pwrite_all(fd, data, 0)
+            offset = 0
+            for part in (data,) if isinstance(data, bytes) else data:
+                self._pwrite_all(fd, part, offset)
+                offset += len(part)
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -35,6 +35,7 @@ import structlog
 
 import metadata
 from bookie.compaction import Compactor, Progress
+from bookie.ledger_keys import KeyInfo
 from bookie.storage import Storage
 from bookie.threads import OS_THREADS, Threads
 from metadata.keys import NAME_CHARS_MAX
@@ -122,6 +123,16 @@ class MetadataCatalog:
         self._url = url
         self._connect = connect  # tests pass the in-memory store's
         self._connection: Any = None
+
+    async def key_info(self, ledger_id: int) -> KeyInfo:
+        """What metadata says of ``ledger_id``'s key (:class:`bookie.ledger_keys.KeySource`)."""
+        conn = self._connected()
+        try:
+            versioned = await metadata.LedgerManager(conn.store, conn.root).read(ledger_id)
+        except metadata.NoSuchLedger:
+            return KeyInfo(exists=False, check=None)
+        md = versioned.metadata
+        return KeyInfo(exists=True, check=md.password_hash if md.key_salt else None)
 
     async def view(self) -> MetadataView:
         conn = self._connected()

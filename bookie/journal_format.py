@@ -19,6 +19,8 @@ ENTRY          ledger_id, entry_id, then the entry body exactly as received
 MASTER_KEY     ledger_id, then the master key bytes
 FENCE          ledger_id
 EXPLICIT_LAC   ledger_id, lac, then the opaque LAC body from WRITE_LAC
+REKEY          ledger_id, then the master key bytes: the ledger's record so far
+               was a squatter's (bookie/ledger_keys.py); replay starts it anew
 =============  =============================================================
 
 A group header names its own position: that is the group's sequence number (groups are totally
@@ -99,6 +101,7 @@ class RecordType(enum.IntEnum):
     FENCE = 3
     EXPLICIT_LAC = 4
     GROUP = 5
+    REKEY = 6
 
 
 _TYPES = frozenset(int(t) for t in RecordType)
@@ -179,6 +182,10 @@ def encode_entry_head(ledger_id: int, entry_id: int, entry_body: bytes) -> bytes
 
 def encode_master_key(ledger_id: int, key: bytes) -> bytes:
     return encode_record(RecordType.MASTER_KEY, LEDGER.pack(ledger_id) + key)
+
+
+def encode_rekey(ledger_id: int, key: bytes) -> bytes:
+    return encode_record(RecordType.REKEY, LEDGER.pack(ledger_id) + key)
 
 
 def encode_fence(ledger_id: int) -> bytes:

@@ -61,10 +61,12 @@ class LedgerState:
         "fence_durable",
         "fenced",
         "index",
+        "key_verified",
         "lac_body",
         "ledger_id",
         "master_key",
         "piggyback_lac",
+        "row",
         "waiters",
     )
 
@@ -78,6 +80,12 @@ class LedgerState:
         self.lac_body = b""
         self.index = LedgerIndex()
         self.waiters: set[Waiter] = set()
+        self.key_verified = False
+        self.row: bytes | None = None
+        """This ledger's checkpoint row as last encoded (bookie/checkpoint.py), None once anything
+        in it changed: every change below, and whoever changes the index, resets it."""
+        """The key was found to be the one metadata checks (in memory only): a mismatching key is
+        then refused at once, without asking metadata again (bookie/ledger_keys.py)."""
 
     @property
     def lac(self) -> int:
@@ -87,6 +95,7 @@ class LedgerState:
         # On every add: keep it to a compare and a store unless someone is waiting.
         if lac > self.piggyback_lac:
             self.piggyback_lac = lac
+            self.row = None
             if self.waiters:
                 self._wake_advanced()
 
@@ -94,12 +103,29 @@ class LedgerState:
         if lac > self.explicit_lac:
             self.explicit_lac = lac
             self.lac_body = body
+            self.row = None
             if self.waiters:
                 self._wake_advanced()
+
+    def rekey(self, key: bytes) -> None:
+        """Start the ledger's record anew under ``key``: what it held (a fence, entries, LACs) was
+        recorded under a key metadata proves wrong, so no legitimate client wrote it. Waiters are
+        answered (as at a timeout)."""
+        self.master_key = key
+        self.fenced = False
+        self.fence_durable = False
+        self.piggyback_lac = -1
+        self.explicit_lac = -1
+        self.lac_body = b""
+        self.index = LedgerIndex()
+        self.row = None
+        for waiter in list(self.waiters):
+            waiter.fire(WakeReason.TIMEOUT)
 
     def set_fenced(self) -> None:
         """Fence in memory (adds are refused from now on) and wake every waiter."""
         self.fenced = True
+        self.row = None
         for waiter in list(self.waiters):
             waiter.fire(WakeReason.FENCED)
 

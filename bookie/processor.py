@@ -36,6 +36,7 @@ import structlog
 
 from bookie.connection_handler import ServerConnection, ServerLoad
 from bookie.journal import JournalError
+from bookie.ledger_keys import KeyCheckBusy, KeyRefused
 from bookie.ledger_state import LedgerState, Waiter, WakeReason
 from bookie.mode import ModeMachine, ReadOnly
 from bookie.storage import (
@@ -85,6 +86,8 @@ STATUS_FOR: dict[type[BaseException], StatusCode] = {
     BadRequest: StatusCode.EBADREQ,
     TooManyRequests: StatusCode.ETOOMANYREQUESTS,
     ReadOnly: StatusCode.EREADONLY,
+    KeyRefused: StatusCode.EUA,
+    KeyCheckBusy: StatusCode.ETOOMANYREQUESTS,
 }
 
 
@@ -277,17 +280,68 @@ class Processor:
             )
             return
         request_ids.add(rid)
+        if type(request) is _AddEntryRequest:  # the hot path skips the table lookup
+            self._handle(conn, request)
+            return
+        self.requests[type(request)] += 1
+        if self._creates_record(request):  # an unknown ledger's key is checked against metadata first
+            conn.spawn(self._verify_then_handle(conn, request))
+            return
+        self._handle(conn, request, verify=True)
+
+    def _handle(self, conn: ServerConnection, request: Any, *, verify: bool = False) -> None:
+        """Run ``request``'s handler, answering what it raises. With ``verify``, a key mismatch
+        the metadata may settle (a squatter's record: :mod:`bookie.ledger_keys`) is retried once
+        the key is checked."""
         try:
-            if type(request) is _AddEntryRequest:  # the hot path skips the table lookup
+            if type(request) is _AddEntryRequest:
                 self._add(conn, request)
             else:
-                self.requests[type(request)] += 1
                 self._handlers[type(request)](conn, request)
-        except (StorageError, JournalError, OSError) as exc:
+        except Unauthorized as exc:
+            keys = self.storage.keys
+            if (
+                verify
+                and keys is not None
+                and getattr(request, "master_key", None) is not None
+                and keys.may_verify(request.ledger_id)
+            ):
+                conn.spawn(self._verify_then_handle(conn, request))
+            else:
+                self._error(conn, request, exc)
+        except (StorageError, JournalError, OSError, KeyRefused, KeyCheckBusy) as exc:
             self._error(conn, request, exc)
         except Exception as exc:  # a handler bug: answer EIO, keep serving (logged with trace)
             log.exception("processor.handler_failed", op=_op_of(request))
             self._error(conn, request, exc)
+
+    def _creates_record(self, request: Any) -> bool:
+        """Whether ``request`` would create the record of a ledger this bookie does not hold (a
+        fence, a WRITE_LAC) while a key check against metadata is configured."""
+        if self.storage.keys is None:
+            return False
+        kind = type(request)
+        if kind is m.WriteLacRequest:
+            creates = True
+        elif kind is m.ReadEntryRequest or kind is m.BatchReadRequest:
+            creates = bool(request.flags & ReadFlag.FENCE_LEDGER) and request.master_key is not None
+        else:
+            return False
+        return creates and request.ledger_id not in self.storage.ledgers
+
+    async def _verify_then_handle(self, conn: ServerConnection, request: Any) -> None:
+        keys = self.storage.keys
+        assert keys is not None
+        try:
+            await keys.verify(request.ledger_id, request.master_key)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 (refused, busy, metadata unreachable: answered)
+            if not conn.closed:
+                self._error(conn, request, exc)
+            return
+        if not conn.closed:
+            self._handle(conn, request)
 
     def count_error(self, status: int) -> None:
         """Count one error response (not on the success path)."""
@@ -376,6 +430,7 @@ class Processor:
         if req.flags & ReadFlag.LONG_POLL:
             self._long_poll(conn, req)
             return
+        self.storage.check_read_key(req.ledger_id, req.master_key)
         conn.spawn(self._answer_read(conn, req))
 
     def _after_fence(
@@ -397,7 +452,7 @@ class Processor:
     ) -> None:
         rid, lid = req.request_id, req.ledger_id
         try:
-            state = self.storage.ledger(lid)
+            state = self.storage.ledger_for_read(lid, req.master_key)
             if not piggyback:
                 frame = m.encode(m.ReadEntryResponse(rid, 0, None, lid, req.entry_id, None, state.lac))
             else:
@@ -417,7 +472,7 @@ class Processor:
         conn.complete(rid, frame)
 
     def _long_poll(self, conn: ServerConnection, req: m.ReadEntryRequest) -> None:
-        state = self.storage.ledger(req.ledger_id)
+        state = self.storage.ledger_for_read(req.ledger_id, req.master_key)
         piggyback = bool(req.flags & ReadFlag.ENTRY_PIGGYBACK)
         if state.lac > req.previous_lac or state.fenced or req.timeout_ms == 0:
             self._answer_long_poll(conn, req, state, piggyback)
@@ -441,7 +496,7 @@ class Processor:
         conn.spawn(self._answer_read(conn, req, piggyback=wanted))
 
     def _read_lac(self, conn: ServerConnection, req: m.ReadLacRequest) -> None:
-        state = self.storage.ledger(req.ledger_id)
+        state = self.storage.ledger_for_read(req.ledger_id, req.master_key)
         conn.complete(
             req.request_id, m.encode(m.ReadLacResponse(req.request_id, 0, None, req.ledger_id, state.lac))
         )
@@ -456,6 +511,7 @@ class Processor:
                 lambda e: self._error(conn, req, e) if e else self._spawn_batch(conn, req),
             )
             return
+        self.storage.check_read_key(req.ledger_id, req.master_key)
         self._spawn_batch(conn, req)
 
     def _spawn_batch(self, conn: ServerConnection, req: m.BatchReadRequest) -> None:
@@ -470,7 +526,7 @@ class Processor:
         rid, lid = req.request_id, req.ledger_id
         bytes_max = min(req.max_bytes, self.frame_bytes_max - RESPONSE_OVERHEAD_BYTES)
         try:
-            state = self.storage.ledger(lid)
+            state = self.storage.ledger_for_read(lid, req.master_key)
             start, step = req.start_entry_id, req.step
             bodies = await self.storage.read_range(lid, start, req.max_count, bytes_max, step)
             frame = m.encode(m.BatchReadResponse(rid, 0, None, lid, start, bodies, state.lac, step))
@@ -528,7 +584,7 @@ class Processor:
         return self.read_only or self.storage.journal.failed is not None
 
     def _list_entries(self, conn: ServerConnection, req: m.GetListOfEntriesRequest) -> None:
-        state = self.storage.ledger(req.ledger_id)
+        state = self.storage.ledger_for_read(req.ledger_id, req.master_key)
         ranges: list[list[int]] = []
         for entry_id in state.index.entry_ids():
             if ranges and ranges[-1][1] == entry_id - 1:

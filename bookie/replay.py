@@ -61,6 +61,8 @@ def apply_record(ledgers: dict[int, LedgerState], segment_id: int, record: fmt.R
     elif record.type == fmt.RecordType.EXPLICIT_LAC:
         _, lac = fmt.parse_ledger_entry(body)
         state.advance_explicit(lac, bytes(body[16:]))
+    elif record.type == fmt.RecordType.REKEY:  # what came before was a squatter's: start anew
+        state.rekey(bytes(body[8:]))
 
 
 def segment_ids(fileio: FileIO, journal_dir: str) -> list[int]:

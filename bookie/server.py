@@ -44,6 +44,7 @@ from bookie.connection_handler import ConnectionLimits, ServerConnection, Server
 from bookie.cookie import read_instance_id
 from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.gc import GarbageCollector, LedgerCatalog, ReplicaCatalog
+from bookie.ledger_keys import KeySource, KeyVerifier
 from bookie.metrics import DiskStatus, Snapshot, probe_disk, snapshot
 from bookie.mode import Mode, ModeMachine
 from bookie.processor import Processor
@@ -193,6 +194,9 @@ class BookieServer:
                 self.admin.abort()
             raise
         self.storage.journal.on_pressure = self._on_journal_pressure
+        catalog: object = self.catalog
+        if isinstance(catalog, KeySource):  # metadata checks keys before records are created
+            self.storage.keys = KeyVerifier(self.storage, catalog)
         self.processor = Processor(
             self.storage, self.config.bookie_id, self.config.frame_bytes_max, mode=self.mode
         )

@@ -36,6 +36,7 @@ import hmac
 import operator
 import os
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -49,11 +50,13 @@ from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.index import Location
 from bookie.journal import Callback, Journal, JournalConfig, JournalError, RecordBatch
 from bookie.journal_format import Position
+from bookie.ledger_keys import KeyCheckBusy, KeyRefused, KeyVerifier
 from bookie.ledger_state import LedgerState, WakeReason
 from bookie.threads import OS_THREADS, Threads
 from bookkeeper_aio.common import failpoints
 from bookkeeper_aio.common.clock import SYSTEM_CLOCK, Clock
 from bookkeeper_aio.protocol.codes import AddFlag
+from bookkeeper_aio.protocol.messages import AddEntryRequest
 
 if TYPE_CHECKING:
     from bookkeeper_aio.protocol.messages import AddRequests
@@ -67,6 +70,13 @@ _RECORD_OVERHEAD_BYTES = fmt.RECORD_HEADER_BYTES + fmt.ENTRY_PREFIX_BYTES
 _COALESCE_GAP_BYTES = 64 * 1024
 """Compaction reads live records that lie closer than this in one ``pread`` (dead bytes between)."""
 _COALESCE_BYTES_MAX = 4 * 1024 * 1024
+CHECKPOINT_SLICE_S = 0.005
+"""Loop time a checkpoint takes at most in one go while it collects rows (the 50 ms target with a
+million ledgers leaves room for the other work of the same turn)."""
+ROW_CACHE_BYTES_MAX = 64 * 1024
+"""Checkpoint rows up to this size are kept between checkpoints (most ledgers: ~100 bytes). A
+bigger one (a ledger of ~5000 entries or more) is encoded again each time instead of doubling the
+memory its index takes; a busy ledger changes between checkpoints anyway."""
 
 
 class StorageError(Exception):
@@ -162,6 +172,7 @@ class AddBatch:
             for run in self.runs:
                 state = run.state
                 state.index.put_run(run.segment_id, run.offset, run.entry_ids, run.lengths)
+                state.row = None  # its checkpoint row is stale
                 if run.lac_max > state.piggyback_lac:
                     state.advance_piggyback(run.lac_max)
         self.on_durable(error)
@@ -191,6 +202,9 @@ class Storage:
         self._read_fds: dict[int, int] = {}
         self._checkpointed = recovered.start
         self._checkpoint_task: asyncio.Task[None] | None = None
+        self._checkpoint_lock = asyncio.Lock()
+        self.keys: KeyVerifier | None = None
+        """Checks keys against metadata before adopting one (set when the bookie has metadata)."""
 
     @classmethod
     async def open(
@@ -243,17 +257,27 @@ class Storage:
         if state is None:
             state = self.ledgers[ledger_id] = LedgerState(ledger_id)
         state.master_key = master_key
+        state.row = None
         return state
 
     def add_run(
-        self, requests: AddRequests, target: Any, batch_type: type[AddBatch], check_add: AddGate | None = None
+        self,
+        requests: AddRequests,
+        target: Any,
+        batch_type: type[AddBatch],
+        check_add: AddGate | None = None,
+        *,
+        keys_checked: bool = False,
     ) -> None:
         """Journal consecutive adds of one reply target, in order, each checked: its entry body
         carries its ids (:class:`BadRequest`), ``check_add(recovery)`` (the read-only gate; None:
         writable), the key (:class:`Unauthorized`), the fence unless a recovery add
         (:class:`Fenced`), the record size (:class:`JournalError`). A refused add is answered at
-        once (``on_error`` of a ``batch_type(target)``), the others by such a batch once durable."""
+        once (``on_error`` of a ``batch_type(target)``), the others by such a batch once durable.
+        An add of a ledger not held yet, or with a key other than the held one, waits for the
+        metadata check of :attr:`keys` when there is one (``keys_checked``: it was done)."""
         journal = self.journal
+        keys = None if keys_checked else self.keys
         batch = self._batch_for(target, batch_type)
         ledgers = self.ledgers
         records: RecordBatch | None = None  # the journal batch open, if any
@@ -280,6 +304,10 @@ class Storage:
                         or (known_key := state.master_key) is None
                         or not _compare_digest(known_key, key)
                     ):
+                        if keys is not None and keys.wants(lid, key):  # checked against metadata first
+                            parked = AddEntryRequest(rid, lid, eid, flags, key, body)
+                            keys.park(parked, target, batch_type, check_add)
+                            continue
                         if records is not None:  # a new ledger journals its key first
                             closing, records = records, None  # closed once even if this raises
                             journal.close_batch(closing, offset, count, batch)
@@ -316,7 +344,7 @@ class Storage:
                         lac_max = lac
                     offset += size
                     count += 1
-                except (StorageError, JournalError, OSError) as exc:
+                except (StorageError, JournalError, OSError, KeyRefused, KeyCheckBusy) as exc:
                     batch.on_error(rid, exc)
                 except Exception as exc:  # a bug: answer (EIO), keep serving
                     log.exception("storage.add_failed", ledger_id=lid, entry_id=eid)
@@ -375,6 +403,13 @@ class Storage:
 
         self.journal.append((fmt.encode_explicit_lac(ledger_id, lac, lac_body),), durable)
 
+    def rekey(self, state: LedgerState, key: bytes) -> None:
+        """Start ``state``'s record anew under ``key`` (a squatter's record, proven so by metadata:
+        :mod:`bookie.ledger_keys`). Journaled first; what follows of the ledger lies after it."""
+        self.journal.append((fmt.encode_rekey(state.ledger_id, key),), None)
+        state.rekey(key)
+        state.key_verified = True
+
     def force(self, callback: Callback) -> None:
         """``callback`` once everything journaled so far is durable (FORCE_LEDGER)."""
         self.journal.sync(callback)
@@ -384,6 +419,26 @@ class Storage:
         state = self.ledgers.get(ledger_id)
         if state is None:
             raise NoLedger(f"ledger {ledger_id} is not on this bookie")
+        return state
+
+    def check_read_key(self, ledger_id: int, master_key: bytes | None) -> None:
+        """Raise :class:`Unauthorized` when the bookie holds ``ledger_id`` under another key
+        (before a read is queued; an unknown ledger is answered by the read itself)."""
+        if ledger_id in self.ledgers:
+            self.ledger_for_read(ledger_id, master_key)
+
+    def ledger_for_read(self, ledger_id: int, master_key: bytes | None) -> LedgerState:
+        """The ledger's state for a read carrying ``master_key`` (every read, LAC read and entry
+        list does): raises :class:`NoLedger`, and :class:`Unauthorized` for a missing or wrong key
+        (constant-time compare). A ledger whose record holds no key (none was ever journaled for
+        it) is readable with any key: there is nothing to check against."""
+        state = self.ledgers.get(ledger_id)
+        if state is None:
+            raise NoLedger(f"ledger {ledger_id} is not on this bookie")
+        known = state.master_key
+        if known is not None and (master_key is None or not _compare_digest(known, master_key)):
+            why = "a read must carry the ledger's master key" if master_key is None else "master key mismatch"
+            raise Unauthorized(f"ledger {ledger_id}: {why}")
         return state
 
     def _location(self, state: LedgerState, entry_id: int) -> tuple[int, Location]:
@@ -566,16 +621,60 @@ class Storage:
 
     async def write_checkpoint(self) -> Position:
         """Write a checkpoint of the state as it is now (also when the journal did not move: GC
-        dropped ledgers) and return its position once the file is durable. Raises ``OSError``."""
-        position = self.journal.synced_position
-        data = checkpoint.encode(position, self.ledgers.values())
+        dropped ledgers) and return its position once the file is durable. Raises ``OSError``.
+
+        One at a time (GC and compaction write theirs beside the periodic one). The position is
+        taken first; the rows are taken after it, a slice of ledgers per loop turn, so each holds
+        at least every record before the position (more is fine: the module doc of
+        :mod:`bookie.checkpoint`). Rows of ledgers that did not change are reused; joining, the
+        CRC and the write happen in a worker thread."""
+        async with self._checkpoint_lock:
+            position = self.journal.synced_position
+            rows, reencoded = await self._checkpoint_rows()
+            write = self._write_checkpoint_blocking
+            size = await self._loop.run_in_executor(self._cold, write, position, rows)
+            self._checkpointed = position
+            log.info(
+                "storage.checkpointed",
+                segment=position.segment_id,
+                offset=position.offset,
+                bytes=size,
+                ledgers=len(rows),
+                rows_reencoded=reencoded,
+            )
+            return position
+
+    async def _checkpoint_rows(self) -> tuple[list[bytes], int]:
+        """Every ledger's checkpoint row, and how many were encoded anew; yields the loop every
+        :data:`CHECKPOINT_SLICE_S`."""
+        states = list(self.ledgers.values())  # one C-level copy (a few ms at a million ledgers)
+        rows: list[bytes] = []
+        append = rows.append
+        encode_row = checkpoint.encode_row
+        clock = time.perf_counter
+        deadline = clock() + CHECKPOINT_SLICE_S
+        reencoded = 0
+        for i, state in enumerate(states):
+            row = state.row
+            if row is None:
+                row = encode_row(state)
+                reencoded += 1
+                if len(row) <= ROW_CACHE_BYTES_MAX:
+                    state.row = row
+                if clock() > deadline:  # a big ledger's row alone may take a while
+                    await asyncio.sleep(0)
+                    deadline = clock() + CHECKPOINT_SLICE_S
+            append(row)
+            if i & 1023 == 1023 and clock() > deadline:
+                await asyncio.sleep(0)
+                deadline = clock() + CHECKPOINT_SLICE_S
+        return rows, reencoded
+
+    def _write_checkpoint_blocking(self, position: Position, rows: list[bytes]) -> int:
+        parts = checkpoint.encode_parts(position, rows)
         path = os.path.join(self.config.data_dir, replay.INDEX_DIR, replay.CHECKPOINT_FILE)
-        await self._loop.run_in_executor(
-            self._cold, self.fileio.write_file_atomic, path, data, failpoints.INDEX_CHECKPOINT
-        )
-        self._checkpointed = position
-        log.info("storage.checkpointed", segment=position.segment_id, offset=position.offset, bytes=len(data))
-        return position
+        self.fileio.write_file_atomic(path, parts, failpoints.INDEX_CHECKPOINT)
+        return sum(len(part) for part in parts)
 
     async def _checkpoint_loop(self) -> None:
         while True:

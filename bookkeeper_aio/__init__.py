@@ -9,7 +9,7 @@ Public API (see docs/api.md)::
         await lh.close()
         rh = await bk.open_ledger(lh.id, password=b"pw")
         async for entry in rh.read(0, rh.last_add_confirmed): ...
-        await bk.delete_ledger(lh.id)
+        await bk.delete_ledger(lh.id, password=b"pw")
 
 This module only re-exports, lazily (PEP 562): ``import bookkeeper_aio.protocol.codes`` (what the
 bookie does) loads the wire codec and nothing else; the client, etcd and gRPC load on the first use

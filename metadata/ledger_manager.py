@@ -122,6 +122,8 @@ class LedgerManager:
         password_hash: bytes = b"",
         custom_metadata: Mapping[str, bytes] | None = None,
         after_ledger_id: int = 0,
+        key_salt: bytes = b"",
+        key_iterations: int = 0,
     ) -> VersionedLedger:
         """A new OPEN ledger with a fresh unique id larger than ``after_ledger_id``. Raises
         `InvalidMetadata`, `MetadataUnavailable`."""
@@ -135,6 +137,8 @@ class LedgerManager:
             password_hash=password_hash,
             custom_metadata=custom_metadata,
             ctime_ms=self._now_ms(),
+            key_salt=key_salt,
+            key_iterations=key_iterations,
         )
         return await self.create_metadata(metadata)
 

@@ -7,7 +7,11 @@ Pure: no I/O, no asyncio. The rules come from the BookKeeper replication protoco
   the first starting at entry 0; each has exactly E distinct bookies.
 - State OPEN -> IN_RECOVERY -> CLOSED, or OPEN -> CLOSED; CLOSED is final (`TRANSITIONS`).
 - ``last_entry_id`` is set only when CLOSED (-1: closed empty); ``length`` (bytes) likewise.
-- The client stores a *hash* of the ledger password, never the password.
+- The client stores a *check value* of the ledger's key, never the password nor the key. Key format
+  2 (``key_salt`` set): ``password_hash`` is ``SHA-256(prefix + master_key)`` where the master key
+  comes from the password and the random ``key_salt`` through ``key_iterations`` rounds of PBKDF2
+  (bookkeeper_aio/protocol/digest.py); a bookie can check a presented key against it. Format 1
+  (no ``key_salt``, metadata written before): an unsalted hash of the password, checked by clients.
 - ``replaced_bookies``: the history of ensemble changes, one `ReplacedBookie` per bookie replaced
   (the latest `REPLACED_BOOKIES_MAX` kept). A change at a fragment's first entry replaces that
   fragment in place, so without it the metadata would keep no trace of the replaced bookie.
@@ -15,8 +19,9 @@ Pure: no I/O, no asyncio. The rules come from the BookKeeper replication protoco
 Wire format: ``MAGIC`` + one msgpack map (maps, not arrays: here evolution matters more than speed).
 The map carries ``format_version``; a decoder rejects versions newer than `FORMAT_VERSION` and any value
 that is not our format with a `MetadataFormatError` naming the key and the ledger id. Optional keys
-(``replaced_bookies``) are written only when non-empty and read as empty when missing, so metadata
-written before them decodes, and older decoders ignore them (same ``format_version``).
+(``replaced_bookies``, ``key_salt`` and ``key_iterations``) are written only when non-empty and read
+as empty when missing, so metadata written before them decodes, and older decoders ignore them (same
+``format_version``).
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ ENSEMBLES_MAX = 100_000
 CUSTOM_METADATA_KEYS_MAX = 64
 CUSTOM_METADATA_VALUE_BYTES_MAX = 8 * 1024
 PASSWORD_HASH_BYTES_MAX = 128
+KEY_SALT_BYTES_MAX = 64
+KEY_ITERATIONS_MAX = 10_000_000
+"""Bounds what a reader will run: more rounds would let a metadata writer stall every opener."""
 BOOKIE_ID_CHARS_MAX = 256
 ENCODED_BYTES_MAX = 1024 * 1024
 REPLACED_BOOKIES_MAX = 64
@@ -96,6 +104,10 @@ class LedgerMetadata:
     ctime_ms: int = 0
     format_version: int = FORMAT_VERSION
     replaced_bookies: tuple[ReplacedBookie, ...] = ()
+    key_salt: bytes = b""
+    """Key format 2: the per-ledger salt of the master key derivation (empty: format 1)."""
+    key_iterations: int = 0
+    """Key format 2: PBKDF2 rounds of the derivation."""
 
     def __post_init__(self) -> None:
         ensembles = tuple((int(first), tuple(bookies)) for first, bookies in self.ensembles)
@@ -116,6 +128,8 @@ class LedgerMetadata:
         password_hash: bytes = b"",
         custom_metadata: Mapping[str, bytes] | None = None,
         ctime_ms: int = 0,
+        key_salt: bytes = b"",
+        key_iterations: int = 0,
     ) -> LedgerMetadata:
         """An OPEN ledger whose first ensemble starts at entry 0; E is ``len(ensemble)``."""
         return cls(
@@ -129,6 +143,8 @@ class LedgerMetadata:
             password_hash=password_hash,
             custom_metadata=custom_metadata or {},
             ctime_ms=ctime_ms,
+            key_salt=key_salt,
+            key_iterations=key_iterations,
         )
 
     # ---- queries ---------------------------------------------------------------------------------
@@ -222,6 +238,10 @@ def _first_problem(md: LedgerMetadata) -> str | None:
         return f"digest type {md.digest_type!r} not in {sorted(DIGEST_TYPES)}"
     if len(md.password_hash) > PASSWORD_HASH_BYTES_MAX:
         return f"password hash longer than {PASSWORD_HASH_BYTES_MAX} bytes"
+    if len(md.key_salt) > KEY_SALT_BYTES_MAX or not 0 <= md.key_iterations <= KEY_ITERATIONS_MAX:
+        return f"key salt over {KEY_SALT_BYTES_MAX} bytes or key iterations outside [0, {KEY_ITERATIONS_MAX}]"
+    if bool(md.key_salt) != (md.key_iterations > 0):
+        return "key_salt and key_iterations are set together (key format 2) or not at all"
     if len(md.custom_metadata) > CUSTOM_METADATA_KEYS_MAX:
         return f"more than {CUSTOM_METADATA_KEYS_MAX} custom metadata keys"
     for name, value in md.custom_metadata.items():
@@ -291,6 +311,9 @@ def encode(md: LedgerMetadata) -> bytes:
     }
     if md.replaced_bookies:  # optional: absent (not empty) keeps older metadata byte-identical
         body["replaced_bookies"] = [list(record) for record in md.replaced_bookies]
+    if md.key_salt:  # optional likewise: key format 2
+        body["key_salt"] = md.key_salt
+        body["key_iterations"] = md.key_iterations
     data = MAGIC + msgpack.packb(body, use_bin_type=True)
     if len(data) > ENCODED_BYTES_MAX:
         raise InvalidMetadata(
@@ -338,6 +361,10 @@ def decode(data: bytes, *, key: str, ledger_id: int | None = None) -> LedgerMeta
         isinstance(record, list) and len(record) == len(ReplacedBookie._fields) for record in replaced
     ):
         raise MetadataFormatError(key, f"{who}: field 'replaced_bookies' of wrong type")
+    key_salt = body.get("key_salt", b"")  # optional: metadata of key format 1 has neither
+    key_iterations = body.get("key_iterations", 0)
+    if type(key_salt) is not bytes or type(key_iterations) is not int:
+        raise MetadataFormatError(key, f"{who}: field 'key_salt' or 'key_iterations' of wrong type")
     try:
         return LedgerMetadata(
             ledger_id=body["ledger_id"],
@@ -354,6 +381,8 @@ def decode(data: bytes, *, key: str, ledger_id: int | None = None) -> LedgerMeta
             ctime_ms=body["ctime_ms"],
             format_version=body["format_version"],
             replaced_bookies=tuple(ReplacedBookie(*record) for record in replaced),
+            key_salt=key_salt,
+            key_iterations=key_iterations,
         )
     except (InvalidMetadata, ValueError, TypeError) as error:
         raise MetadataFormatError(key, f"{who}: {error}") from error

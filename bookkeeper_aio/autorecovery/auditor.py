@@ -35,11 +35,12 @@ from bookkeeper_aio.autorecovery.errors import NoPasswordForLedger
 from bookkeeper_aio.autorecovery.metrics import AutorecoveryMetrics
 from bookkeeper_aio.autorecovery.worker import fragment_ranges, password_for
 from bookkeeper_aio.client.context import ClientContext
+from bookkeeper_aio.client.keys import codec_for
 from bookkeeper_aio.client.quorum import DistributionSchedule
 from bookkeeper_aio.errors import BKError
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
-from bookkeeper_aio.protocol.digest import DigestType, EntryCodec
+from bookkeeper_aio.protocol.digest import EntryCodec
 from bookkeeper_aio.protocol.errors import DigestMismatch
 from metadata.bookies import BookieSet, list_bookies, watch_bookies
 from metadata.election import Election
@@ -176,11 +177,11 @@ async def check_ledger(
     md: LedgerMetadata,
     registered: Collection[str],
     slots: asyncio.Semaphore,
-    codec: EntryCodec | None = None,
+    codec: EntryCodec,
 ) -> set[str]:
     """The registered bookies of ``md`` that answer "no such entry" for an entry they should hold,
-    or (with ``codec``) return it corrupt (first/last of each fragment; an open ledger's last
-    fragment skipped)."""
+    or return it corrupt (first/last of each fragment; an open ledger's last fragment skipped).
+    The probes carry ``codec``'s master key: bookies answer no read without the ledger's key."""
     ranges = fragment_ranges(md)
     if md.state is not LedgerState.CLOSED:
         ranges = ranges[:-1]
@@ -198,7 +199,7 @@ async def check_ledger(
             try:
                 response = await ctx.pool.request(
                     bookie_id,
-                    _read_request(md.ledger_id, entry_id),
+                    _read_request(md.ledger_id, entry_id, codec.master_key),
                     ctx.config.read_timeout_s,
                 )
             except BKError:
@@ -214,7 +215,7 @@ async def check_ledger(
                 bookie=bookie_id,
             )
             lacking.add(bookie_id)
-        elif response.status == StatusCode.EOK and body is not None and codec is not None:
+        elif response.status == StatusCode.EOK and body is not None:
             try:
                 codec.decode(body, md.ledger_id, entry_id)
             except DigestMismatch as mismatch:
@@ -231,8 +232,8 @@ async def check_ledger(
     return lacking
 
 
-def _read_request(ledger_id: int, entry_id: int) -> Callable[[int], m.Request]:
-    return lambda rid: m.ReadEntryRequest(rid, ledger_id, entry_id)
+def _read_request(ledger_id: int, entry_id: int, key: bytes) -> Callable[[int], m.Request]:
+    return lambda rid: m.ReadEntryRequest(rid, ledger_id, entry_id, 0, key)
 
 
 class Auditor:
@@ -419,15 +420,13 @@ class Auditor:
                 log.warning("autorecovery.check_failed", error=repr(error))
 
     def _codec_for(self, md: LedgerMetadata) -> EntryCodec | None:
-        """A codec to verify the ledger's bodies: its password when the daemon has it; without it
-        only a keyless digest (CRC32C, none) can be checked, HMAC bodies are checked for presence."""
+        """The ledger's codec (its key, which every probe carries, and its digest) when the daemon
+        has its password; None otherwise: bookies answer no read without the key, so the ledger's
+        entries cannot be probed (its lost bookies are still found by registration)."""
         try:
-            return EntryCodec(md.digest_type, password_for(md, self._config.passwords))
+            return codec_for(md, password_for(md, self._config.passwords))
         except NoPasswordForLedger:
-            pass
-        if md.digest_type == DigestType.HMAC_SHA256.value:
             return None
-        return EntryCodec(md.digest_type, b"")
 
     async def check_all(self) -> list[int]:
         """The periodic check of every ledger (module doc); returns the ledgers it marked."""
@@ -437,7 +436,11 @@ class Auditor:
         marked: list[int] = []
 
         async def visit(md: LedgerMetadata) -> None:
-            lacking = await check_ledger(self._ctx, md, registered, slots, self._codec_for(md))
+            codec = self._codec_for(md)
+            if codec is None:
+                log.info("autorecovery.check_skipped_no_password", ledger_id=md.ledger_id)
+                return
+            lacking = await check_ledger(self._ctx, md, registered, slots, codec)
             if lacking:
                 await self._urm.mark(md.ledger_id, lacking, reason="check")
                 marked.append(md.ledger_id)

@@ -176,7 +176,9 @@ async def _prefetch(
         try:
             response = await ctx.pool.request(
                 bookie_id,
-                lambda rid: m.BatchReadRequest(rid, ledger_id, start, count, config.batch_read_bytes_max),
+                lambda rid: m.BatchReadRequest(
+                    rid, ledger_id, start, count, config.batch_read_bytes_max, 0, codec.master_key
+                ),
                 config.read_timeout_s,
             )
         except BKError:
@@ -205,7 +207,7 @@ async def _read_verified(
         try:
             response = await ctx.pool.request(
                 bookie_id,
-                lambda rid: m.ReadEntryRequest(rid, ledger_id, entry_id),
+                lambda rid: m.ReadEntryRequest(rid, ledger_id, entry_id, 0, codec.master_key),
                 ctx.config.read_timeout_s,
             )
         except BKError as error:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -37,10 +36,11 @@ from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
 from bookkeeper_aio.autorecovery.copier import CopyStats, FragmentCopy, RateLimiter, copy_fragment
 from bookkeeper_aio.autorecovery.errors import EntryUnavailable, NoPasswordForLedger, ReplicationError
 from bookkeeper_aio.autorecovery.metrics import AutorecoveryMetrics
-from bookkeeper_aio.client.bookkeeper import BookKeeper, password_hash
+from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.client.ensemble_change import BookieReplacer, Replacement
+from bookkeeper_aio.client.keys import codec_for, password_matches
 from bookkeeper_aio.errors import BKError, MetadataConflict
-from bookkeeper_aio.protocol.digest import EntryCodec, master_key
+from bookkeeper_aio.protocol.digest import EntryCodec
 from metadata.errors import MetadataError, NoSuchLedger
 from metadata.ledger_manager import VersionedLedger
 from metadata.ledger_metadata import LedgerMetadata, LedgerState
@@ -87,12 +87,12 @@ def fragment_ranges(md: LedgerMetadata) -> list[tuple[int, int, tuple[str, ...]]
 
 
 def password_for(md: LedgerMetadata, passwords: Sequence[bytes]) -> bytes:
-    """The password among ``passwords`` whose hash the ledger stores (the first one when the ledger
-    stores none). Raises NoPasswordForLedger."""
+    """The password among ``passwords`` that checks against the ledger's metadata (the first one
+    when the ledger stores no check value). Raises NoPasswordForLedger."""
     if not md.password_hash:
         return passwords[0]
     for candidate in passwords:
-        if hmac.compare_digest(md.password_hash, password_hash(candidate)):
+        if password_matches(md, candidate):
             return candidate
     raise NoPasswordForLedger(
         f"ledger {md.ledger_id}: none of the autorecovery daemon's {len(passwords)} password(s) "
@@ -209,8 +209,8 @@ class ReplicationWorker:
                 self.metrics.ledgers_fenced += 1
                 fenced = True
                 current = await self._ctx.ledgers.read(ledger_id)
-        codec = EntryCodec(current.metadata.digest_type, password)
-        key = master_key(password)
+        codec = codec_for(current.metadata, password)
+        key = codec.master_key
         replacer = BookieReplacer(self._ctx, ledger_id)
         attempts = 0
         unavailable: dict[int, EntryUnavailable] = {}  # fragments left for later: heal the others

@@ -88,7 +88,7 @@ async def run_demo(url: str, entries: int = 20_000, entry_bytes: int = 1024) -> 
     async with BookKeeper.connect(url) as writer_bk, BookKeeper.connect(url) as reader_bk:
         old = await previous_demo_ledgers(url)
         for ledger_id in old:
-            await writer_bk.delete_ledger(ledger_id)
+            await writer_bk.delete_ledger(ledger_id, password=DEMO_PASSWORD)
         if old:
             print(f"demo: deleted the previous demo ledger{'s' if len(old) > 1 else ''} {_ids(old)}")
         handle = await writer_bk.create_ledger(

@@ -240,7 +240,7 @@ def _show(payload: bytes, limit: int = 64) -> str:
 
 async def cmd_ledger_delete(args: argparse.Namespace) -> int:
     async with BookKeeper.connect(await _cluster_url(args)) as bk:
-        await bk.delete_ledger(args.ledger_id)
+        await bk.delete_ledger(args.ledger_id, password=args.password.encode())
     output.emit({"deleted": args.ledger_id}, as_json=args.json)
     return 0
 
@@ -401,9 +401,9 @@ async def cmd_simpletest(args: argparse.Namespace) -> int:
             # `bkaio decommission` from ever moving it
             handle.abort()
             with contextlib.suppress(BKError):
-                await bk.delete_ledger(handle.id)
+                await bk.delete_ledger(handle.id, password=password)
             raise
-        await bk.delete_ledger(handle.id)
+        await bk.delete_ledger(handle.id, password=password)
         if read != payloads:
             raise SystemExit(f"simpletest: ledger {handle.id} read back {len(read)} entries that differ")
     result = {
@@ -470,6 +470,11 @@ def add_commands(sub: Any) -> None:
     )
     delete = _command(ledger, "delete", cmd_ledger_delete, "delete a ledger (bookies reclaim space later)")
     delete.add_argument("ledger_id", type=int)
+    delete.add_argument(
+        "--password",
+        default="",
+        help="the ledger's password (an open ledger is fenced first: its writer's adds fail from then on)",
+    )
     bookie = _group(sub, "bookie", "one bookie's identity")
     fmt = _command(
         bookie, "format", cmd_bookie_format, "forget a bookie's data-dir cookie (after a disk loss)"

@@ -118,9 +118,10 @@ class _BatchOp(SpeculativeOp):
         reader, step = self.reader, self.step
         ledger_id, start, bytes_max = reader.ledger_id, self.first + len(self.entries) * step, self.bytes_max
         count = (self.last - start) // step + 1
+        key = reader.master_key
         reader.ctx.pool.request_with_callback(
             bookie_id,
-            lambda rid: m.BatchReadRequest(rid, ledger_id, start, count, bytes_max, 0, None, step),
+            lambda rid: m.BatchReadRequest(rid, ledger_id, start, count, bytes_max, 0, key, step),
             _on_batch_result,
             (self, start),
             reader.ctx.config.read_timeout_s,

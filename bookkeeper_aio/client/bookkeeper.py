@@ -14,8 +14,6 @@ Lifecycle: everything a client starts is closed by :meth:`BookKeeper.close`
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
@@ -27,13 +25,20 @@ from bookkeeper_aio.client.bookie_client import AddressResolver, BookiePool
 from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.client.context import BookieDirectory, ClientContext
 from bookkeeper_aio.client.discovery import find_client_config, find_metadata_url
+from bookkeeper_aio.client.keys import NewLedgerKeys, codec_for, password_hash
 from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.client.metrics import ClientMetrics
 from bookkeeper_aio.client.placement import PlacementPolicy, RandomPlacement
 from bookkeeper_aio.client.read_handle import ReadHandle, read_lac_with_coverage
-from bookkeeper_aio.client.recovery import recover_ledger
-from bookkeeper_aio.errors import BKError, BKInterfaceError, BookieConnectionLost, NoSuchLedger, Unauthorized
-from bookkeeper_aio.protocol.digest import DigestType, EntryCodec, master_key
+from bookkeeper_aio.client.recovery import fence_ledger, recover_ledger
+from bookkeeper_aio.errors import (
+    BKError,
+    BKInterfaceError,
+    BookieConnectionLost,
+    LedgerRecoveryError,
+    NoSuchLedger,
+)
+from bookkeeper_aio.protocol.digest import DigestType
 from metadata import errors as md_errors
 from metadata.bookies import BookieInfo, list_bookies
 from metadata.cluster import MetadataConnection
@@ -44,11 +49,10 @@ from metadata.store import MetadataStore
 
 log = structlog.get_logger(__name__)
 
+__all__ = ["BookKeeper", "RegistryDirectory", "password_hash"]
 
-def password_hash(password: bytes) -> bytes:
-    """What ledger metadata stores to check a password at open (never the password itself, and not
-    the master key either: reading metadata must not let anyone write to bookies)."""
-    return hashlib.sha256(b"bookkeeper-aio/password-check\x00" + password).digest()
+DELETE_ATTEMPTS_MAX = 5
+"""Metadata changes (a live writer's ensemble change) a delete re-reads and re-fences after."""
 
 
 class RegistryDirectory:
@@ -163,19 +167,22 @@ class BookKeeper:
         ctx = self._ctx
         writable = await ctx.directory.writable_bookies()
         bookies = ctx.placement.new_ensemble(ensemble, writable)
+        keys = NewLedgerKeys(password)
         try:
             versioned = await ctx.ledgers.create(
                 bookies,
                 write_quorum=write_quorum,
                 ack_quorum=ack_quorum,
                 digest_type=digest_type.value,
-                password_hash=password_hash(password),
+                password_hash=keys.keys.key_check,
                 custom_metadata=custom_metadata,
                 after_ledger_id=after_ledger_id,
+                key_salt=keys.salt,
+                key_iterations=keys.iterations,
             )
         except md_errors.InvalidMetadata as error:
             raise BKInterfaceError(str(error)) from error
-        handle = LedgerHandle(ctx, versioned, password, master_key(password))
+        handle = LedgerHandle(ctx, versioned, password, keys.keys.master_key)
         self._writers.add(handle)
         log.info("ledger.created", ledger_id=handle.id, ensemble=list(bookies))
         return handle
@@ -198,26 +205,57 @@ class BookKeeper:
         self._check_open()
         versioned = await self._read_metadata(ledger_id)
         md = versioned.metadata
-        if md.password_hash and not hmac.compare_digest(md.password_hash, password_hash(password)):
-            raise Unauthorized(f"wrong password for ledger {ledger_id}")
-        codec = EntryCodec(md.digest_type, password)
+        codec = codec_for(md, password)  # Unauthorized for a wrong password
         if recovery and md.state is not LedgerState.CLOSED:
-            result = await recover_ledger(self._ctx, ledger_id, codec, master_key(password))
+            result = await recover_ledger(self._ctx, ledger_id, codec, codec.master_key)
             versioned, md = result.versioned, result.versioned.metadata
         if md.state is LedgerState.CLOSED:
             assert md.last_entry_id is not None
             lac = md.last_entry_id
         else:
-            lac = await read_lac_with_coverage(self._ctx, md)
+            lac = await read_lac_with_coverage(self._ctx, md, codec.master_key)
         return ReadHandle(self._ctx, versioned, codec, lac)
 
-    async def delete_ledger(self, ledger_id: int) -> None:
-        """Delete the ledger's metadata (bookies reclaim the space later). Raises NoSuchLedger."""
+    async def delete_ledger(self, ledger_id: int, *, password: bytes = b"") -> None:
+        """Delete the ledger (its metadata; bookies reclaim the space at their next GC pass).
+
+        Needs the ledger's password. A ledger that is not closed is fenced first (the last
+        fragment, with the ledger's key, as recovery's first step): a writer still appending gets
+        LedgerFenced from then on instead of acknowledgements for a ledger that is going away.
+        The delete is a CAS on the metadata version fenced: a writer's ensemble change in between
+        makes it re-read and fence the new fragment.
+
+        Raises NoSuchLedger, Unauthorized (wrong password), LedgerRecoveryError (retriable: the
+        fence could not reach enough bookies of an open ledger; nothing was deleted),
+        MetadataUnavailable.
+        """
         self._check_open()
-        try:
-            await self._ctx.ledgers.delete(ledger_id)
-        except md_errors.NoSuchLedger as error:
-            raise NoSuchLedger(f"ledger {ledger_id} does not exist") from error
+        outcome_unknown = False
+        for _ in range(DELETE_ATTEMPTS_MAX):
+            try:
+                versioned = await self._read_metadata(ledger_id)
+            except NoSuchLedger:
+                if outcome_unknown:
+                    return  # our delete whose answer was lost did apply
+                raise
+            md = versioned.metadata
+            codec = codec_for(md, password)
+            if md.state is not LedgerState.CLOSED:
+                await fence_ledger(self._ctx, md, codec)
+            try:
+                await self._ctx.ledgers.delete(ledger_id, versioned.version)
+            except md_errors.NoSuchLedger as error:
+                raise NoSuchLedger(f"ledger {ledger_id} does not exist") from error
+            except md_errors.BadVersion:
+                continue  # changed meanwhile (ensemble change, close, recovery): decide again
+            except md_errors.CasResultUnknown:
+                outcome_unknown = True
+                continue
+            log.info("ledger.deleted", ledger_id=ledger_id, fenced=md.state is not LedgerState.CLOSED)
+            return
+        raise LedgerRecoveryError(
+            f"ledger {ledger_id}: its metadata changed {DELETE_ATTEMPTS_MAX} times while deleting; retry"
+        )
 
     def list_ledgers(self, *, page_size: int = LIST_PAGE_SIZE_DEFAULT) -> AsyncIterator[int]:
         """Every ledger id in increasing order, read from metadata ``page_size`` ids at a time (as

@@ -182,7 +182,8 @@ class EntryReader:
         self.ledger_id = metadata.ledger_id
         self.codec = codec
         self.flags = flags
-        self.master_key = master_key
+        self.master_key = codec.master_key if master_key is None else master_key
+        """Carried by every read (the codec's: bookies refuse a read without the ledger's key)."""
         self.schedule = DistributionSchedule(
             metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
         )
@@ -238,10 +239,11 @@ class EntryReader:
                     op.future.cancel()
 
 
-async def read_lac_with_coverage(ctx: ClientContext, metadata: LedgerMetadata) -> int:
+async def read_lac_with_coverage(ctx: ClientContext, metadata: LedgerMetadata, key: bytes) -> int:
     """The LAC as seen by the bookies of the last fragment, once their answers cover the ensemble.
 
     Never less than (first entry of the last fragment) - 1: that fragment was created at LAC+1.
+    ``key`` is the ledger's master key (bookies refuse a LAC read without it: Unauthorized).
     Raises BKError when the answers cannot cover the ensemble (too many bookies unreachable).
     """
     first, ensemble = metadata.ensembles[-1]
@@ -252,7 +254,7 @@ async def read_lac_with_coverage(ctx: ClientContext, metadata: LedgerMetadata) -
 
     async def ask(position: int, bookie_id: str) -> tuple[int, int]:
         response = await ctx.pool.request(
-            bookie_id, lambda rid: m.ReadLacRequest(rid, metadata.ledger_id), ctx.config.read_timeout_s
+            bookie_id, lambda rid: m.ReadLacRequest(rid, metadata.ledger_id, key), ctx.config.read_timeout_s
         )
         if response.status == StatusCode.ENOLEDGER:
             return position, NO_ENTRY
@@ -325,7 +327,7 @@ class ReadHandle:
         self._apply_metadata(await self._ctx.ledgers.read(self.id))
         if self._metadata.last_entry_id is not None:  # closed meanwhile
             return self._lac
-        self._advance_lac(await read_lac_with_coverage(self._ctx, self._metadata))
+        self._advance_lac(await read_lac_with_coverage(self._ctx, self._metadata, self._codec.master_key))
         return self._lac
 
     def tail(
@@ -386,10 +388,10 @@ class ReadHandle:
                 f"ledger {self.id}: bookie {bookie_id!r} is not in the write set of entry {entry_id} "
                 f"(its replicas: {', '.join(replicas)})"
             )
-        ledger_id = self.id
+        ledger_id, key = self.id, self._codec.master_key
         response = await self._ctx.pool.request(
             bookie_id,
-            lambda rid: m.ReadEntryRequest(rid, ledger_id, entry_id, 0, None),
+            lambda rid: m.ReadEntryRequest(rid, ledger_id, entry_id, 0, key),
             self._ctx.config.read_timeout_s,
         )
         if response.status != StatusCode.EOK:

@@ -548,3 +548,11 @@ async def recover_ledger(
         elapsed = asyncio.get_running_loop().time() - started
         ctx.metrics.recovery_finished(ledger_id, elapsed, result.recovered_entries)
     return result
+
+
+async def fence_ledger(ctx: ClientContext, md: LedgerMetadata, codec: EntryCodec) -> None:
+    """Step 2 alone: fence the last fragment of ``md`` with the codec's master key, until the
+    proven fences cover the ensemble (a live writer can then complete no add). What deleting an
+    open ledger does first. Raises LedgerRecoveryError (retriable: too few bookies proved it; a
+    wrong key shows as their EUA in the message)."""
+    await LedgerRecovery(ctx, md.ledger_id, codec, codec.master_key)._fence(md)

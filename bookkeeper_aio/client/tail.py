@@ -166,7 +166,9 @@ class Tail:
         timeout_s = self._timeout_ms / 1000 + handle._ctx.config.read_timeout_s
         rid = pool.next_request_id()
         frame = m.encode(
-            m.ReadEntryRequest(rid, handle.id, lac + 1, _POLL_FLAGS, None, lac, self._timeout_ms)
+            m.ReadEntryRequest(
+                rid, handle.id, lac + 1, _POLL_FLAGS, handle._codec.master_key, lac, self._timeout_ms
+            )
         )
         for bookie_id in ensemble:
             pool.connection(bookie_id).request(rid, frame, _on_poll, poll, timeout_s)

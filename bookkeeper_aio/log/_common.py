@@ -79,12 +79,12 @@ async def recover_ledgers(
     return ends
 
 
-async def discard_ledger(bk: BookKeeper, handle: LedgerHandle) -> None:
+async def discard_ledger(bk: BookKeeper, handle: LedgerHandle, password: bytes) -> None:
     """Close and delete a ledger that never made it into the list (best effort)."""
     with contextlib.suppress(BKError):
         await handle.close()
     with contextlib.suppress(BKError):
-        await bk.delete_ledger(handle.id)
+        await bk.delete_ledger(handle.id, password=password)
 
 
 def with_recovered(md: LogMetadata, ends: dict[int, tuple[int, int]]) -> LogMetadata:

@@ -99,7 +99,7 @@ async def delete_log(bk: BookKeeper, name: str, *, password: bytes = b"") -> Non
         raise MetadataConflict(
             f"log {name!r}: the list kept changing ({DELETE_ATTEMPTS_MAX} attempts to delete it)"
         )
-    await delete_ledgers(bk, name, list(versioned.metadata.ledger_ids))
+    await delete_ledgers(bk, name, list(versioned.metadata.ledger_ids), password)
     await manager.delete_cursors(name)
     log.info("log.deleted", log=name, ledgers=len(versioned.metadata.ledgers))
 

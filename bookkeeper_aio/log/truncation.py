@@ -82,7 +82,7 @@ async def truncate_log(
     current = await manager.read(name)
     change, dropped = await plan_truncation(bk, manager, current.metadata, before.ledger_id, password)
     versioned = await manager.update(name, change, current=current)
-    await delete_ledgers(bk, name, dropped)
+    await delete_ledgers(bk, name, dropped, password)
     ledgers = versioned.metadata.ledgers
     return LogPosition(ledgers[0].ledger_id, 0) if ledgers else None
 
@@ -110,12 +110,12 @@ async def plan_truncation(
     return change, dropped
 
 
-async def delete_ledgers(bk: BookKeeper, name: str, ledger_ids: list[int]) -> None:
-    """Delete truncated ledgers (they already left the list); a failure is logged, not raised: the
-    ledger is then an orphan for `bkaio ledger delete`."""
+async def delete_ledgers(bk: BookKeeper, name: str, ledger_ids: list[int], password: bytes) -> None:
+    """Delete truncated ledgers (they already left the list) with the log's ``password``; a
+    failure is logged, not raised: the ledger is then an orphan for `bkaio ledger delete`."""
     for ledger_id in ledger_ids:
         try:
-            await bk.delete_ledger(ledger_id)
+            await bk.delete_ledger(ledger_id, password=password)
         except BKError as error:
             log.warning("log.truncated_ledger_not_deleted", log=name, ledger_id=ledger_id, error=repr(error))
         else:

@@ -318,7 +318,8 @@ class LogWriter:
             try:
                 await self._change(lambda md: md.with_ledger_appended(new.id), old.id)
             except (BadVersion, LogFenced):
-                await discard_ledger(self._bk, new)  # the list does not hold it: the CAS never applied
+                # the list does not hold it: the CAS never applied
+                await discard_ledger(self._bk, new, self._password)
                 raise
             except BaseException:
                 new.abort()  # it may be in the list (outcome unknown, cancelled): a takeover recovers it
@@ -371,7 +372,7 @@ class LogWriter:
             self._bk, self._manager, self._versioned.metadata, before_ledger_id, self._password
         )
         versioned = await self._change(change, self._handle.id)
-        await delete_ledgers(self._bk, self.name, dropped)
+        await delete_ledgers(self._bk, self.name, dropped, self._password)
         return LogPosition(versioned.metadata.ledgers[0].ledger_id, 0)
 
     # ------------------------------------------------------------------ close
@@ -471,7 +472,7 @@ async def open_log_writer(
             versioned = await cas_log(manager, proposed, current.version)
         except BadVersion:
             log.info("log.open_conflict", log=name, attempt=attempt, discarded_ledger=handle.id)
-            await discard_ledger(bk, handle)  # the CAS never applied: the list does not hold it
+            await discard_ledger(bk, handle, password)  # the CAS never applied: the list does not hold it
             continue
         except BaseException:
             handle.abort()  # it may be in the list (outcome unknown, cancelled): a later writer fences it

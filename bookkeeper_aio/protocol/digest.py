@@ -11,9 +11,17 @@ ledger's cumulative payload length up to and including this entry. The bookie tr
 opaque except for the header (:func:`peek_header`); only readers verify the digest, and a body that
 fails verification is never handed to an application.
 
-Keys derive from the ledger password with domain separation: the *master key* (sent with adds and
-fences, stored hashed in metadata, checked by bookies) and the *MAC key* (HMAC digests) differ, so
-knowing one does not give the other.
+Keys derive from the ledger password with domain separation: the *master key* (sent with every
+request that touches a ledger's data, checked by bookies) and the *MAC key* (HMAC digests) differ,
+so knowing one does not give the other.
+
+Ledgers created since key format 2 (:func:`ledger_keys`) derive their master key from the password
+*and a random per-ledger salt* through PBKDF2-HMAC-SHA256, and the metadata stores only
+``key_check = SHA-256(prefix + master_key)``: reading metadata gives neither the password nor a key
+a bookie accepts, a guess of the password costs a PBKDF2 run per ledger (no table serves two
+ledgers), and a bookie can check a presented key against the metadata (how a squatted ledger record
+is re-keyed, :mod:`bookie.ledger_keys`). Ledgers of format 1 (no salt in their metadata) keep the
+unsalted :func:`master_key` their bookies already hold.
 """
 
 from __future__ import annotations
@@ -62,6 +70,33 @@ def master_key(password: bytes) -> bytes:
     return hashlib.sha256(b"bookkeeper-aio/master-key\x00" + password).digest()
 
 
+KEY_SALT_BYTES = 16
+KEY_ITERATIONS = 20_000
+"""PBKDF2 rounds for new ledgers (~5 ms on this machine kind, once per open: clients cache the
+result per password and salt). Stored in each ledger's metadata, so it can be raised later."""
+_KEY_CHECK_PREFIX = b"bookkeeper-aio/key-check\x00"
+
+
+class LedgerKeys(NamedTuple):
+    master_key: bytes
+    """Sent to the bookies with every request on the ledger's data."""
+    key_check: bytes
+    """What the metadata stores: ``SHA-256(prefix + master_key)`` (format 2)."""
+
+
+def key_check(master_key: bytes) -> bytes:
+    """The metadata's check value of a format-2 master key (what a bookie compares against)."""
+    return hashlib.sha256(_KEY_CHECK_PREFIX + master_key).digest()
+
+
+def ledger_keys(password: bytes, salt: bytes, iterations: int) -> LedgerKeys:
+    """The keys of a format-2 ledger: PBKDF2-HMAC-SHA256 of the password with the ledger's salt,
+    then an HMAC for the master key (domain separated from the check value and the MAC key)."""
+    secret = hashlib.pbkdf2_hmac("sha256", password, salt, iterations)
+    key = hmac.new(secret, b"bookkeeper-aio/master-key", hashlib.sha256).digest()
+    return LedgerKeys(key, key_check(key))
+
+
 def _mac_key(password: bytes) -> bytes:
     return hashlib.sha256(b"bookkeeper-aio/mac-key\x00" + password).digest()
 
@@ -76,12 +111,17 @@ def peek_header(body: bytes | memoryview) -> EntryHeader:
 class EntryCodec:
     """Encodes and verifies entry bodies for one ledger's digest type and password."""
 
-    __slots__ = ("_mac_key", "digest_bytes", "digest_type")
+    __slots__ = ("_mac_key", "digest_bytes", "digest_type", "master_key")
 
-    def __init__(self, digest_type: DigestType | str, password: bytes = b"") -> None:
+    def __init__(
+        self, digest_type: DigestType | str, password: bytes = b"", key: bytes | None = None
+    ) -> None:
         self.digest_type = DigestType(digest_type)
         self.digest_bytes = DIGEST_BYTES[self.digest_type]
         self._mac_key = _mac_key(password)
+        self.master_key = master_key(password) if key is None else key
+        """The ledger's master key, which every read, fence and add carries (``key``; by default
+        the format-1 key of ``password``)."""
 
     def _digest(self, header: bytes, payload: bytes | memoryview) -> bytes:
         if self.digest_type is DigestType.CRC32C:

@@ -148,7 +148,8 @@ class AddEntryRequest(NamedTuple):
 class ReadEntryRequest(NamedTuple):
     """Read one entry. ``entry_id`` -1 reads the last entry. With ``LONG_POLL``: wait until the
     LAC passes ``previous_lac`` (or ``timeout_ms``); with ``ENTRY_PIGGYBACK`` also return
-    ``entry_id`` (normally ``previous_lac + 1``). ``master_key`` is required with ``FENCE_LEDGER``."""
+    ``entry_id`` (normally ``previous_lac + 1``). ``master_key``: the ledger's; a bookie refuses a
+    read without it (EUA), and the codec refuses ``FENCE_LEDGER`` without it (EBADREQ)."""
 
     request_id: int
     ledger_id: int
@@ -162,6 +163,9 @@ class ReadEntryRequest(NamedTuple):
 class ReadLacRequest(NamedTuple):
     request_id: int
     ledger_id: int
+    master_key: bytes | None = None
+    """The ledger's (added after version 1 shipped: optional on the wire; a bookie refuses a read
+    without it, EUA)."""
 
 
 class WriteLacRequest(NamedTuple):
@@ -200,6 +204,8 @@ class GetBookieInfoRequest(NamedTuple):
 class GetListOfEntriesRequest(NamedTuple):
     request_id: int
     ledger_id: int
+    master_key: bytes | None = None
+    """As :class:`ReadLacRequest`'s."""
 
 
 Request = (
@@ -348,7 +354,7 @@ _REQUESTS: dict[int, tuple[type[Any], tuple[Check, ...]]] = {
         ReadEntryRequest,
         (_request_id, _ledger_id, _read_entry_id, _flags, _or_none(_key), _lac, _timeout_ms),
     ),
-    OpCode.READ_LAC: (ReadLacRequest, (_request_id, _ledger_id)),
+    OpCode.READ_LAC: (ReadLacRequest, (_request_id, _ledger_id, _or_none(_key))),
     OpCode.WRITE_LAC: (WriteLacRequest, (_request_id, _ledger_id, _key, _lac)),
     OpCode.FORCE_LEDGER: (ForceLedgerRequest, (_request_id, _ledger_id, _key)),
     OpCode.BATCH_READ: (
@@ -356,7 +362,10 @@ _REQUESTS: dict[int, tuple[type[Any], tuple[Check, ...]]] = {
         (_request_id, _ledger_id, _entry_id, _count, _max_bytes, _flags, _or_none(_key), _step),
     ),
     OpCode.GET_BOOKIE_INFO: (GetBookieInfoRequest, (_request_id,)),
-    OpCode.GET_LIST_OF_ENTRIES_OF_LEDGER: (GetListOfEntriesRequest, (_request_id, _ledger_id)),
+    OpCode.GET_LIST_OF_ENTRIES_OF_LEDGER: (
+        GetListOfEntriesRequest,
+        (_request_id, _ledger_id, _or_none(_key)),
+    ),
 }
 
 _RESPONSE_HEAD = (_request_id, _status, _or_none(_text))
@@ -385,6 +394,8 @@ _OPTIONAL_FIELDS: dict[type[Any], int] = {
     HelloResponse: 1,
     BatchReadRequest: 1,
     BatchReadResponse: 1,
+    ReadLacRequest: 1,
+    GetListOfEntriesRequest: 1,
 }
 """Trailing fields added after version 1 shipped (docs/protocol.md §8): a peer may omit them."""
 

@@ -184,7 +184,7 @@ async def write_task(spec: WriteSpec, batches: Iterator[RecordBatch]) -> LedgerW
             await handle.close()
         except BaseException:
             if handle is not None:
-                await _delete_quietly(bk, handle.id)
+                await _delete_quietly(bk, handle.id, spec.password)
             raise
         log.info("spark.ledger_written", log=spec.log, ledger_id=handle.id, entries=entries, job=spec.job_id)
         return LedgerWritten(handle.id, entries, payload_bytes, attempt)
@@ -302,12 +302,12 @@ async def _discard_unlisted(bk: BookKeeper, spec: WriteSpec, ledger_ids: list[in
         return
     for ledger_id in ledger_ids:
         if ledger_id not in listed:
-            await _delete_quietly(bk, ledger_id)
+            await _delete_quietly(bk, ledger_id, spec.password)
 
 
-async def _delete_quietly(bk: BookKeeper, ledger_id: int) -> None:
+async def _delete_quietly(bk: BookKeeper, ledger_id: int, password: bytes) -> None:
     try:
-        await bk.delete_ledger(ledger_id)
+        await bk.delete_ledger(ledger_id, password=password)
     except NoSuchLedger:
         pass
     except BKError as error:  # the original failure matters more; the orphan keeps its job tag

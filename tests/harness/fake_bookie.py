@@ -334,6 +334,13 @@ class FakeBookie:
             return StatusCode.EUA
         return state
 
+    def _read_key_refused(self, req: Any, state: LedgerState | None) -> bytes | None:
+        """EUA for a read of a keyed ledger without its key (as the real bookie answers)."""
+        if state is None or state.master_key is None or state.master_key == req.master_key:
+            return None
+        op = m.REQUEST_OP[type(req)]
+        return m.encode_error(op, req.request_id, StatusCode.EUA, "master key mismatch")
+
     def _add(self, req: Any) -> bytes:
         state = self._ledger_for_write(req.ledger_id, req.master_key)
         if isinstance(state, StatusCode):
@@ -360,6 +367,8 @@ class FakeBookie:
                 self._wake_long_polls(state)
         if state is None:
             return m.encode_error(OpCode.READ_ENTRY, req.request_id, StatusCode.ENOLEDGER, "no ledger")
+        if (refused := self._read_key_refused(req, state)) is not None:
+            return refused
         if req.flags & ReadFlag.LONG_POLL and not req.flags & ReadFlag.FENCE_LEDGER:
             return self._long_poll_answer(req, state)  # answered at once (LAC passed, fenced, timeout 0)
         entry_id = req.entry_id
@@ -386,6 +395,8 @@ class FakeBookie:
         state = self.ledgers.get(req.ledger_id)
         if state is None:
             return m.encode_error(OpCode.READ_LAC, req.request_id, StatusCode.ENOLEDGER, "no ledger")
+        if (refused := self._read_key_refused(req, state)) is not None:
+            return refused
         return m.encode(m.ReadLacResponse(req.request_id, StatusCode.EOK, None, req.ledger_id, state.lac))
 
     def _write_lac(self, req: Any) -> bytes:
@@ -414,6 +425,8 @@ class FakeBookie:
                 self._wake_long_polls(state)
         if state is None:
             return m.encode_error(OpCode.BATCH_READ, req.request_id, StatusCode.ENOLEDGER, "no ledger")
+        if (refused := self._read_key_refused(req, state)) is not None:
+            return refused
         bodies: list[bytes] = []
         size = 0
         entry_id = req.start_entry_id
@@ -450,6 +463,8 @@ class FakeBookie:
 
     def _list_entries(self, req: Any) -> bytes:
         state = self.ledgers.get(req.ledger_id)
+        if (refused := self._read_key_refused(req, state)) is not None:
+            return refused
         ranges = [[e, e] for e in sorted(state.entries)] if state else []
         return m.encode(
             m.GetListOfEntriesResponse(req.request_id, StatusCode.EOK, None, req.ledger_id, ranges)

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from bookkeeper_aio import BookKeeper
+from bookkeeper_aio.client.keys import codec_for
 from bookkeeper_aio.client.quorum import DistributionSchedule
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
-from bookkeeper_aio.protocol.digest import EntryCodec
 from metadata.ledger_metadata import LedgerState
 from tests.integration.client.conftest import CONFIG, Cluster, bk, cluster
 
@@ -27,14 +27,16 @@ async def verify_every_replica(
     assert md.last_entry_id == len(expected) - 1, (md.last_entry_id, len(expected))
     for _, ensemble in md.ensembles:
         assert not set(absent) & set(ensemble), (ledger_id, md.ensembles)
-    codec = EntryCodec(md.digest_type, password)
+    codec = codec_for(md, password)
     schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
     reads = 0
     for entry_id, payload in enumerate(expected):
         ensemble = md.ensemble_for(entry_id)
         for position in schedule.write_set(entry_id):
             bookie_id = ensemble[position]
-            response = await bk.context.pool.request(bookie_id, _read(ledger_id, entry_id), 5.0)
+            response = await bk.context.pool.request(
+                bookie_id, _read(ledger_id, entry_id, codec.master_key), 5.0
+            )
             assert response.status == StatusCode.EOK, (ledger_id, entry_id, bookie_id, response)
             body = getattr(response, "body", None)
             assert body is not None, (ledger_id, entry_id, bookie_id)
@@ -44,5 +46,5 @@ async def verify_every_replica(
     return reads
 
 
-def _read(ledger_id: int, entry_id: int) -> Callable[[int], m.Request]:
-    return lambda rid: m.ReadEntryRequest(rid, ledger_id, entry_id)
+def _read(ledger_id: int, entry_id: int, key: bytes) -> Callable[[int], m.Request]:
+    return lambda rid: m.ReadEntryRequest(rid, ledger_id, entry_id, 0, key)

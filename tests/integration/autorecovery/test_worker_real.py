@@ -170,7 +170,7 @@ async def test_a_deleted_ledgers_mark_goes(cluster: Cluster, bk: BookKeeper) -> 
     ledger_id, _ = await _write(bk, 2)
     worker, urm = _worker(bk, cluster)
     mark = await urm.mark(ledger_id, ["b0"], reason="check")
-    await bk.delete_ledger(ledger_id)
+    await bk.delete_ledger(ledger_id, password=PASSWORD)
     result = await worker.heal(mark)
     assert result.deleted
     assert await urm.get(ledger_id) is None

@@ -12,7 +12,7 @@ from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import FEATURE_ADD_ACKS, PROTOCOL_VERSION, ReadFlag, StatusCode
 from tests.harness.bookie_proc import BookieProcess
 
-from .wire import WireClient, entry_body
+from .wire import KEY, WireClient, entry_body
 
 
 async def test_hello_and_bookie_info(client: WireClient) -> None:
@@ -42,11 +42,11 @@ async def test_add_read_lac_batch_list(client: WireClient) -> None:
     assert (await client.read_lac(1)).lac == 98
     assert (await client.write_lac(1, 99)).status == StatusCode.EOK
     assert (await client.read_lac(1)).lac == 99
-    batch = await client.request(m.BatchReadRequest, 1, 10, 20, 1 << 20, 0, None)
+    batch = await client.request(m.BatchReadRequest, 1, 10, 20, 1 << 20, 0, KEY)
     assert batch.bodies == [entry_body(1, i, f"payload-{i}".encode()) for i in range(10, 30)]
-    small = await client.request(m.BatchReadRequest, 1, 10, 20, 60, 0, None)
+    small = await client.request(m.BatchReadRequest, 1, 10, 20, 60, 0, KEY)
     assert len(small.bodies) == 1
-    listing = await client.request(m.GetListOfEntriesRequest, 1)
+    listing = await client.request(m.GetListOfEntriesRequest, 1, KEY)
     assert listing.ranges == [[0, 99]]
     force = await client.request(m.ForceLedgerRequest, 1, b"K" * 32)
     assert force.status == StatusCode.EOK

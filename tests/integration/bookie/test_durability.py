@@ -18,7 +18,7 @@ from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
 from tests.harness.bookie_proc import BookieProcess
 
-from .wire import WireClient, entry_body
+from .wire import KEY, WireClient, entry_body
 
 ENTRIES = 10_000
 WINDOW = 500
@@ -111,7 +111,7 @@ async def check_after_restart(
     stored: dict[int, bytes] = {}
     start = 0
     while start < ENTRIES:
-        batch = await client.request(m.BatchReadRequest, DATA_LEDGER, start, 10_000, 4 << 20, 0, None)
+        batch = await client.request(m.BatchReadRequest, DATA_LEDGER, start, 10_000, 4 << 20, 0, KEY)
         if batch.status != StatusCode.EOK:
             assert batch.status in (StatusCode.ENOENTRY, StatusCode.ENOLEDGER), batch
             break

@@ -401,7 +401,7 @@ async def test_ledgers_deleted_through_the_client_are_collected_on_every_bookie(
             ids = sorted(written)
             deleted = [i for n, i in enumerate(ids) if n % 3 != 0]
             for ledger_id in deleted:
-                await bk.delete_ledger(ledger_id)
+                await bk.delete_ledger(ledger_id, password=b"gc")
             for proc in procs:
                 report = await run_gc(proc)
                 assert report["error"] is None

@@ -99,7 +99,7 @@ class WireClient(asyncio.Protocol):
         return self.request(m.AddEntryRequest, ledger_id, entry_id, int(flags), key, body)
 
     def read(
-        self, ledger_id: int, entry_id: int, *, flags: int = 0, key: bytes | None = None,
+        self, ledger_id: int, entry_id: int, *, flags: int = 0, key: bytes | None = KEY,
         previous_lac: int = -1, timeout_ms: int = 0,
     ) -> asyncio.Future[Any]:  # fmt: skip
         return self.request(m.ReadEntryRequest, ledger_id, entry_id, flags, key, previous_lac, timeout_ms)
@@ -107,8 +107,8 @@ class WireClient(asyncio.Protocol):
     def fence(self, ledger_id: int, entry_id: int = -1, key: bytes = KEY) -> asyncio.Future[Any]:
         return self.read(ledger_id, entry_id, flags=ReadFlag.FENCE_LEDGER, key=key)
 
-    def read_lac(self, ledger_id: int) -> asyncio.Future[Any]:
-        return self.request(m.ReadLacRequest, ledger_id)
+    def read_lac(self, ledger_id: int, key: bytes | None = KEY) -> asyncio.Future[Any]:
+        return self.request(m.ReadLacRequest, ledger_id, key)
 
     def write_lac(self, ledger_id: int, lac: int, key: bytes = KEY) -> asyncio.Future[Any]:
         return self.request(m.WriteLacRequest, ledger_id, key, lac)

@@ -172,7 +172,6 @@ async def test_the_check_finds_missing_and_corrupt_replicas() -> None:
     ctx = _ctx(ScriptedPool(stores))
     slots = asyncio.Semaphore(4)
     assert await check_ledger(ctx, md, {"a", "b", "c"}, slots, CODEC) == {"a", "c"}
-    assert await check_ledger(ctx, md, {"a", "b", "c"}, slots) == {"a"}  # presence only
     assert await check_ledger(ctx, md, {"b", "c"}, slots, CODEC) == {"c"}  # a unregistered: not probed
     open_md = LedgerMetadata.new(LEDGER, ("a", "b", "c"), write_quorum=2, ack_quorum=2)
     assert await check_ledger(ctx, open_md, {"a", "b", "c"}, slots, CODEC) == set()  # the writer's

@@ -215,8 +215,10 @@ def test_ok_response_needs_all_fields() -> None:
 
 
 def test_trailing_fields_are_ignored_for_evolution() -> None:
-    raw = msgpack.packb([int(OpCode.READ_LAC), 3, 10, "future field"])
-    assert m.decode_request(raw) == m.ReadLacRequest(3, 10)
+    raw = msgpack.packb([int(OpCode.READ_LAC), 3, 10, b"key", "future field"])
+    assert m.decode_request(raw) == m.ReadLacRequest(3, 10, b"key")
+    older = msgpack.packb([int(OpCode.READ_LAC), 3, 10])  # the key came after version 1: optional
+    assert m.decode_request(older) == m.ReadLacRequest(3, 10, None)
 
 
 def test_fast_path_and_generic_path_agree_on_rejections() -> None:

@@ -84,7 +84,7 @@ def test_object_bomb_request_is_refused_without_allocating(raw: bytes, why: str)
 
 
 def test_request_trailing_fields_still_ignored_within_the_limit() -> None:
-    raw = msgpack.packb([int(OpCode.READ_LAC), 3, 10, "future", [1, 2], {"k": 1}])
+    raw = msgpack.packb([int(OpCode.READ_LAC), 3, 10, None, "future", [1, 2], {"k": 1}])
     assert m.decode_request(raw) == m.ReadLacRequest(3, 10)
     big = msgpack.packb([int(OpCode.ADD_ENTRY), 3, 10, 0, 0, b"k", b"x" * 200_000, [1, 2], {"k": [3]}])
     assert m.decode_request(big) == m.AddEntryRequest(3, 10, 0, 0, b"k", b"x" * 200_000)

@@ -135,7 +135,7 @@ async def test_tail__deleted_ledger_raises(world: World) -> None:
     reader = asyncio.create_task(_collect(rh))
     await asyncio.sleep(0.05)
     lh.abort()
-    await bk.delete_ledger(lh.id)
+    await bk.delete_ledger(lh.id, password=PASSWORD)
     with pytest.raises(NoSuchLedger):
         await asyncio.wait_for(reader, 2)
 

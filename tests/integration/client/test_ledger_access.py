@@ -1,0 +1,113 @@
+"""Ledger access control against real bookie processes and a real etcd (issue 20, item 6): a wrong
+key can neither read, fence, write, recover nor delete, on the client API and on the raw wire; the
+metadata holds only a salted check value; deleting a ledger needs its password and fences a live
+writer instead of acknowledging its adds into a deleted ledger."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from bookkeeper_aio import BookKeeper, LedgerFenced, NoSuchLedger, Unauthorized
+from bookkeeper_aio.client.keys import codec_for, password_hash
+from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import LAST_ENTRY, AddFlag, ReadFlag, StatusCode
+from bookkeeper_aio.protocol.digest import EntryCodec, key_check, master_key
+from tests.integration.client.conftest import CONFIG, Cluster
+
+pytestmark = pytest.mark.etcd
+
+RIGHT = b"right password"
+WRONG = b"wrong password"
+
+
+def _raw_requests(ledger_id: int, key: bytes | None, body: bytes) -> dict[str, Callable[[int], m.Request]]:
+    """Every request that touches a ledger's data, carrying ``key``."""
+    fence = int(ReadFlag.FENCE_LEDGER)
+    poll = int(ReadFlag.LONG_POLL | ReadFlag.ENTRY_PIGGYBACK)
+    return {
+        "read": lambda rid: m.ReadEntryRequest(rid, ledger_id, 0, 0, key),
+        "read last": lambda rid: m.ReadEntryRequest(rid, ledger_id, LAST_ENTRY, 0, key),
+        "long poll": lambda rid: m.ReadEntryRequest(rid, ledger_id, 1, poll, key, 0, 100),
+        "read lac": lambda rid: m.ReadLacRequest(rid, ledger_id, key),
+        "batch read": lambda rid: m.BatchReadRequest(rid, ledger_id, 0, 10, 1 << 20, 0, key),
+        "list entries": lambda rid: m.GetListOfEntriesRequest(rid, ledger_id, key),
+        **(
+            {}
+            if key is None
+            else {
+                "fence": lambda rid: m.ReadEntryRequest(rid, ledger_id, LAST_ENTRY, fence, key),
+                "recovery read": lambda rid: m.ReadEntryRequest(rid, ledger_id, 0, fence, key),
+                "batch fence": lambda rid: m.BatchReadRequest(rid, ledger_id, 0, 10, 1 << 20, fence, key),
+                "recovery add": lambda rid: m.AddEntryRequest(
+                    rid, ledger_id, 1, int(AddFlag.RECOVERY_ADD), key, body
+                ),
+                "add": lambda rid: m.AddEntryRequest(rid, ledger_id, 1, 0, key, body),
+                "write lac": lambda rid: m.WriteLacRequest(rid, ledger_id, key, 0),
+                "force": lambda rid: m.ForceLedgerRequest(rid, ledger_id, key),
+            }
+        ),
+    }
+
+
+async def test_a_wrong_key_can_neither_read_fence_write_recover_nor_delete(
+    cluster: Cluster, bk: BookKeeper
+) -> None:
+    await cluster.start(3)
+    writer = await bk.create_ledger(3, 3, 2, password=RIGHT)
+    for i in range(5):
+        await writer.append(b"secret-%d" % i)
+    md = writer.metadata
+    # The metadata holds a salt and a check value: neither the key, nor the old unsalted hashes.
+    assert len(md.key_salt) == 16
+    assert md.key_iterations > 0
+    assert md.password_hash not in (master_key(RIGHT), password_hash(RIGHT), key_check(master_key(RIGHT)))
+
+    async with BookKeeper.connect(cluster.url, config=CONFIG) as other:
+        for recovery in (False, True):
+            with pytest.raises(Unauthorized):
+                await other.open_ledger(writer.id, password=WRONG, recovery=recovery)
+        with pytest.raises(Unauthorized):
+            await other.delete_ledger(writer.id, password=WRONG)
+        assert (await other.context.ledgers.read(writer.id)).metadata.ledger_id == writer.id
+
+        # On the wire, to a bookie holding the ledger: a junk key, the format-1 key of the right
+        # password (what the bookies checked before salting), and no key at all.
+        body = EntryCodec(md.digest_type, RIGHT).encode(writer.id, 1, 0, 0, b"forged")
+        bookie = md.ensembles[0][1][0]
+        for key in (b"J" * 32, master_key(RIGHT), None):
+            for name, make in _raw_requests(writer.id, key, body).items():
+                response = await other.context.pool.request(bookie, make, CONFIG.read_timeout_s)
+                assert response.status == StatusCode.EUA, (name, key, response)
+
+        # Nothing above fenced, wrote or deleted anything: the writer goes on, the right password reads.
+        assert await writer.append(b"secret-5") == 5
+        reader = await other.open_ledger(writer.id, password=RIGHT)
+        assert reader.last_add_confirmed == 4  # entry 5 carried LAC 4
+        assert [e.payload async for e in reader.read()] == [b"secret-%d" % i for i in range(5)]
+        key = codec_for(md, RIGHT).master_key
+        for name, make in _raw_requests(writer.id, key, body).items():
+            if name in ("read", "read last", "long poll", "read lac", "batch read", "list entries"):
+                response = await other.context.pool.request(bookie, make, CONFIG.read_timeout_s)
+                assert response.status == StatusCode.EOK, (name, response)
+    await writer.close()
+
+
+async def test_delete_needs_the_password_and_fences_a_live_writer(cluster: Cluster, bk: BookKeeper) -> None:
+    await cluster.start(3)
+    writer = await bk.create_ledger(3, 2, 2, password=RIGHT)
+    for i in range(3):
+        await writer.append(b"entry-%d" % i)
+    async with BookKeeper.connect(cluster.url, config=CONFIG) as other:
+        with pytest.raises(Unauthorized):
+            await other.delete_ledger(writer.id, password=WRONG)
+        assert await writer.append(b"still mine") == 3  # the refused delete changed nothing
+
+        await other.delete_ledger(writer.id, password=RIGHT)
+        with pytest.raises(NoSuchLedger):
+            await other.open_ledger(writer.id, password=RIGHT)
+    # The writer is told, instead of getting acknowledgements for a ledger that is gone.
+    with pytest.raises(LedgerFenced):
+        await writer.append(b"after the delete")
+    writer.abort()

@@ -1,0 +1,97 @@
+"""The bookie's key check against metadata (bookie/ledger_keys.py) on a real Storage with a scripted
+metadata: unknown ledgers get no record unless metadata knows them and the key checks, a squatter's
+record is re-keyed (also across a restart), a verified key's fence is never dropped."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from bookie.ledger_keys import KeyInfo, KeyRefused, KeyVerifier
+from bookie.storage import Fenced, NoLedger, Storage, Unauthorized
+from bookkeeper_aio.protocol.digest import key_check
+
+from .test_storage import add, body, config, durable
+
+REAL = b"R" * 32
+JUNK = b"J" * 32
+
+
+class Metadata:
+    """What metadata says per ledger id; counts lookups."""
+
+    def __init__(self, ledgers: dict[int, bytes | None]) -> None:
+        self.ledgers = ledgers
+        self.lookups = 0
+
+    async def key_info(self, ledger_id: int) -> KeyInfo:
+        self.lookups += 1
+        await asyncio.sleep(0)
+        if ledger_id not in self.ledgers:
+            return KeyInfo(exists=False, check=None)
+        return KeyInfo(exists=True, check=self.ledgers[ledger_id])
+
+
+async def _open(path: Path, md: Metadata) -> Storage:
+    storage = await Storage.open(config(path))
+    storage.keys = KeyVerifier(storage, md)
+    return storage
+
+
+async def test_unknown_ledgers_get_a_record_only_when_metadata_checks_the_key(tmp_path: Path) -> None:
+    md = Metadata({1: key_check(REAL), 2: None})  # 2: a key-format-1 ledger (nothing to check)
+    storage = await _open(tmp_path, md)
+    with pytest.raises(KeyRefused, match="not in metadata"):
+        await add(storage, 7, 0, key=JUNK)  # a future id: nothing is created
+    with pytest.raises(KeyRefused):
+        await add(storage, 1, 0, key=JUNK)  # a wrong key for a real ledger
+    assert sorted(storage.ledgers) == []
+    await asyncio.gather(*(add(storage, 1, i, key=REAL) for i in range(5)))  # in order, one lookup
+    assert storage.ledger(1).key_verified
+    await add(storage, 2, 0, key=JUNK)  # format 1: first key wins, as before
+    lookups = md.lookups
+    with pytest.raises(Unauthorized):
+        await add(storage, 1, 5, key=JUNK)  # verified: refused at once (EUA), without asking again
+    assert md.lookups == lookups
+    assert [(await storage.read_entry(1, i))[1] for i in range(5)] == [body(1, i, i - 1) for i in range(5)]
+    with pytest.raises(NoLedger):
+        await storage.read_entry(7, 0)
+    await storage.close()
+
+
+async def test_a_squatters_record_is_rekeyed_and_stays_so_after_a_restart(tmp_path: Path) -> None:
+    plain = await Storage.open(config(tmp_path))  # no metadata: the squatter's fence and add land
+    await add(plain, 5, 0, key=JUNK, payload=b"junk")
+    await durable(lambda cb: plain.fence(5, JUNK, cb))
+    await plain.close()
+    storage = await _open(tmp_path, Metadata({5: key_check(REAL)}))
+    await add(storage, 5, 0, key=REAL)  # the real writer: the fence and the junk entry go
+    await add(storage, 5, 1, key=REAL)
+    state = storage.ledger(5)
+    assert (state.master_key, state.fenced, len(state.index)) == (REAL, False, 2)
+    assert storage.keys is not None
+    assert storage.keys.rekeyed == 1
+    storage.abort()  # replay alone (REKEY record) must give the same
+    reopened = await Storage.open(config(tmp_path))
+    state = reopened.ledger(5)
+    assert (state.master_key, state.fenced, len(state.index)) == (REAL, False, 2)
+    assert (await reopened.read_entry(5, 0))[1] == body(5, 0, -1)
+    await reopened.close()
+
+
+async def test_a_real_keys_fence_is_never_dropped(tmp_path: Path) -> None:
+    storage = await _open(tmp_path, Metadata({3: key_check(REAL)}))
+    await durable(lambda cb: storage.fence(3, REAL, cb))  # recovery fenced a bookie with no entry
+    for key in (JUNK, REAL):
+        with pytest.raises(KeyRefused if key == JUNK else Fenced):
+            await add(storage, 3, 0, key=key)
+    assert storage.ledger(3).fenced
+    storage.abort()
+    reopened = await _open(tmp_path, Metadata({3: key_check(REAL)}))
+    with pytest.raises(KeyRefused):
+        await add(reopened, 3, 0, key=JUNK)
+    with pytest.raises(Fenced):
+        await add(reopened, 3, 0, key=REAL)
+    await reopened.close()
