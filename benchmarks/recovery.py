@@ -26,8 +26,8 @@ from bookkeeper_aio import BookKeeper, ClientConfig
 from bookkeeper_aio.cli.bench import scenarios
 from bookkeeper_aio.client.bookie_client import StaticResolver
 from bookkeeper_aio.client.context import StaticDirectory
+from bookkeeper_aio.client.keys import codec_for
 from bookkeeper_aio.client.recovery import recover_ledger
-from bookkeeper_aio.protocol.digest import EntryCodec, master_key
 from metadata.ledger_manager import LedgerManager
 from tests.harness.bookie_proc import BookieProcess
 
@@ -75,8 +75,8 @@ class _WindowedRecoverer:
 
     async def open_ledger(self, ledger_id: int, *, password: bytes, recovery: bool) -> Any:
         md = (await self._bk.context.ledgers.read(ledger_id)).metadata
-        codec = EntryCodec(md.digest_type, password)
-        await recover_ledger(self._bk.context, ledger_id, codec, master_key(password), window=self._window)
+        codec = codec_for(md, password)
+        await recover_ledger(self._bk.context, ledger_id, codec, codec.master_key, window=self._window)
         return await self._bk.open_ledger(ledger_id, password=password, recovery=recovery)
 
 

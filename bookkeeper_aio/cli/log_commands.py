@@ -54,6 +54,11 @@ def add_commands(sub: Any) -> None:
     truncate = _command(logs, "truncate", cmd_log_truncate, "drop a log's whole ledgers before a position")
     truncate.add_argument("name")
     truncate.add_argument("--before", required=True, help="LEDGER[:ENTRY]: ledgers below LEDGER are dropped")
+    truncate.add_argument(
+        "--password",
+        default="",
+        help="the log's password: deleting the dropped ledgers needs it (without it they stay as orphans)",
+    )
     cursors = _command(logs, "cursors", cmd_log_cursors, "list a log's named cursors, or set / delete one")
     cursors.add_argument("name")
     cursors.add_argument(
@@ -186,7 +191,7 @@ async def cmd_log_truncate(args: argparse.Namespace) -> int:
     before = _position(args.before, "--before")
     async with BookKeeper.connect(await _cluster_url(args)) as bk:
         was = await describe_log(bk, args.name)
-        first = await truncate_log(bk, args.name, before)
+        first = await truncate_log(bk, args.name, before, password=args.password.encode())
         now = await describe_log(bk, args.name)
     dropped = [e.ledger_id for e in was.ledgers if e.ledger_id not in {n.ledger_id for n in now.ledgers}]
     result = {

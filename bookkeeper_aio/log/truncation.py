@@ -76,7 +76,8 @@ async def truncate_log(
 ) -> LogPosition | None:
     """Drop the log's whole ledgers before ``before.ledger_id`` (bounded as the module says) and
     delete them; a live writer keeps writing. Returns the log's first position afterwards (None: no
-    ledger). ``password`` reads a sequenced log's last removed record. Raises NoSuchLog,
+    ledger). ``password`` (the log's) reads a sequenced log's last removed record and deletes the
+    dropped ledgers (without it they stay as orphans, logged). Raises NoSuchLog,
     MetadataFormatError, MetadataUnavailable."""
     manager = log_manager(bk)
     current = await manager.read(name)

@@ -22,7 +22,7 @@ from tests.harness.admin_http import get_json, post_json, scrape
 from tests.harness.bookie_proc import BookieProcess
 from tests.harness.etcd import EtcdCluster
 
-from .wire import WireClient, entry_body
+from .wire import KEY, WireClient, entry_body
 
 pytestmark = pytest.mark.etcd
 
@@ -78,10 +78,10 @@ async def read_back(bookie: BookieProcess, ledger_ids: list[int], entries: int, 
         client.close()
 
 
-async def statuses(bookie: BookieProcess, ledger_ids: list[int]) -> set[int]:
+async def statuses(bookie: BookieProcess, ledger_ids: list[int], key: bytes = KEY) -> set[int]:
     client = await WireClient.connect(*bookie.address)
     try:
-        return {r.status for r in await asyncio.gather(*(client.read(i, 0) for i in ledger_ids))}
+        return {r.status for r in await asyncio.gather(*(client.read(i, 0, key=key) for i in ledger_ids))}
     finally:
         client.close()
 

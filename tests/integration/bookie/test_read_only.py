@@ -24,7 +24,7 @@ from tests.harness.admin_http import get_json, post_json
 from tests.harness.bookie_proc import BookieProcess
 from tests.harness.etcd import EtcdCluster
 
-from .wire import WireClient
+from .wire import WireClient, known_ledgers
 
 pytestmark = pytest.mark.etcd
 
@@ -78,6 +78,7 @@ async def test_starts_read_only__readonly_registration_ereadonly_recovery_adds_o
     found = await _bookies(cluster_url)
     assert "full" in found.readonly
     assert "full" not in found.writable
+    await known_ledgers(cluster_url, 7)
     client = await WireClient.connect(*proc.address)
     try:
         refused = await client.add(7, 0, b"normal")
@@ -114,6 +115,7 @@ async def test_admin_toggle__registration_moves_and_comes_back(
     assert answer["mode"] == "readonly"
     assert answer["manual"] is True
     await _wait_for(cluster_url, lambda s: "toggle" in s.readonly and "toggle" not in s.writable)
+    await known_ledgers(cluster_url, 1)
     client = await WireClient.connect(*proc.address)
     try:
         refused = await client.add(1, 0, b"x")

@@ -15,7 +15,7 @@ from bookkeeper_aio.protocol.codes import StatusCode
 from tests.harness.bookie_proc import BookieProcess
 from tests.harness.etcd import EtcdCluster
 
-from .wire import WireClient
+from .wire import WireClient, known_ledgers
 
 EXIT_REFUSED = 3
 
@@ -62,6 +62,7 @@ def test_a_data_dir_is_refused_by_another_cluster(etcd_server: EtcdCluster, tmp_
     elsewhere = BookieProcess(data, "b0", extra_args=["--metadata", other])
     try:
         bookie.start()
+        asyncio.run(known_ledgers(home, 7))
         asyncio.run(_add_one(bookie))  # the data dir now holds a journal segment
         assert bookie.stop() == 0
         cookie = json.loads((data / "COOKIE").read_text())

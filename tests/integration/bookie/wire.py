@@ -10,13 +10,25 @@ import itertools
 import ssl
 from typing import Any
 
+import metadata
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import AddFlag, ReadFlag
 from bookkeeper_aio.protocol.digest import EntryCodec
 from bookkeeper_aio.protocol.framing import FrameDecoder
+from metadata.ledger_metadata import LedgerMetadata
 
 KEY = b"K" * 32
 CODEC = EntryCodec("crc32c")
+
+
+async def known_ledgers(url: str, *ledger_ids: int) -> None:
+    """Create (key format 1) metadata for ``ledger_ids``: a bookie with metadata creates no record
+    for a ledger metadata does not know (docs/bookie.md, *Ledger keys*)."""
+    async with metadata.connect(url) as conn:
+        manager = metadata.LedgerManager(conn.store, conn.root)
+        for ledger_id in ledger_ids:
+            md = LedgerMetadata.new(ledger_id, ["b0"], write_quorum=1, ack_quorum=1)
+            await manager.create_metadata(md)
 
 
 def entry_body(ledger_id: int, entry_id: int, payload: bytes, lac: int | None = None) -> bytes:

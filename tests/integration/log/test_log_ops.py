@@ -66,7 +66,7 @@ async def test_truncation_drops_whole_ledgers_and_readers_say_so(cluster: Cluste
     before = await describe_log(bk, "t")
     assert [e.first_offset for e in before.ledgers] == [0, 3, 6, 9]
     assert [e.last_entry_id for e in before.ledgers] == [2, 2, 2, 2]
-    first = await truncate_log(bk, "t", LogPosition(ledgers[2], 1))
+    first = await truncate_log(bk, "t", LogPosition(ledgers[2], 1), password=b"pw")
     assert first == LogPosition(ledgers[2], 0)  # whole ledgers only: ledger 2 stays entire
     info = await describe_log(bk, "t")
     assert [e.ledger_id for e in info.ledgers] == ledgers[2:]
@@ -82,7 +82,7 @@ async def test_truncation_drops_whole_ledgers_and_readers_say_so(cluster: Cluste
         await open_log_reader(bk, "t", start=positions[0], password=b"pw")
     assert caught.value.first_position == (ledgers[2], 0)
     # truncation never removes the last ledger, even when asked to cut beyond it
-    await truncate_log(bk, "t", LogPosition(ledgers[-1] + 100, 0))
+    await truncate_log(bk, "t", LogPosition(ledgers[-1] + 100, 0), password=b"pw")
     assert [e.ledger_id for e in (await describe_log(bk, "t")).ledgers] == ledgers[-1:]
 
 
@@ -94,7 +94,7 @@ async def test_a_reader_inside_a_truncated_ledger_gets_log_truncated(
     reader = await open_log_reader(bk, "mid", password=b"pw")
     first = await anext(reader)
     assert first.position == positions[0]
-    await truncate_log(bk, "mid", positions[-1])
+    await truncate_log(bk, "mid", positions[-1], password=b"pw")
     with pytest.raises(LogTruncated, match="being read"):
         async for _ in reader:
             pass
@@ -107,10 +107,10 @@ async def test_cursors_hold_back_truncation_and_retention(cluster: Cluster, bk: 
     await commit_cursor(bk, "c", "billing", positions[3])  # consumed into ledger 2 (of 4)
     await commit_cursor(bk, "c", "audit", positions[5])
     assert await read_cursors(bk, "c") == {"audit": positions[5], "billing": positions[3]}
-    assert await truncate_log(bk, "c", positions[-1]) == LogPosition(ledgers[1], 0)
+    assert await truncate_log(bk, "c", positions[-1], password=b"pw") == LogPosition(ledgers[1], 0)
     assert await delete_cursor(bk, "c", "billing")
     assert not await delete_cursor(bk, "c", "billing")
-    assert await truncate_log(bk, "c", positions[-1]) == LogPosition(ledgers[2], 0)
+    assert await truncate_log(bk, "c", positions[-1], password=b"pw") == LogPosition(ledgers[2], 0)
     with pytest.raises(BKInterfaceError, match="cursor name"):
         await commit_cursor(bk, "c", "a/b", positions[0])
     with pytest.raises(NoSuchLog):
@@ -142,7 +142,7 @@ async def test_a_truncation_by_another_client_does_not_fence_the_writer(
     await writer.roll()
     await writer.append(b"b")
     async with BookKeeper.connect(cluster.url, config=CONFIG) as other:
-        await truncate_log(other, "live", LogPosition(writer.ledger_id, 0))
+        await truncate_log(other, "live", LogPosition(writer.ledger_id, 0), password=b"pw")
     await writer.roll()  # its CAS meets the truncated list and applies again
     await writer.append(b"c")
     await writer.close()
