@@ -150,7 +150,7 @@ def test_ledger_read_json_carries_the_whole_payload(box: DemoSandbox) -> None:
     (row,) = json.loads(bkaio(box.home, "ledger", "read", ledger_id, "--password", "pw", "--json").stdout)
     assert row["encoding"] == "base64"
     assert base64.b64decode(row["payload"]) == bytes(range(256)) * 4
-    bkaio(box.home, "ledger", "delete", ledger_id)
+    bkaio(box.home, "ledger", "delete", ledger_id, "--password", "pw")
 
 
 def test_ledger_show_prints_readable_text(box: DemoSandbox) -> None:

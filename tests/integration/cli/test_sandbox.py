@@ -89,7 +89,7 @@ def test_ledger_commands_show_read_list_delete(sandbox: RunningSandbox) -> None:
     wrong = bkaio(sandbox.home, "ledger", "read", ledger_id, "--password", "nope", check=False)
     assert wrong.returncode == 1
     assert "Unauthorized" in wrong.stderr
-    bkaio(sandbox.home, "ledger", "delete", ledger_id, "--json")
+    bkaio(sandbox.home, "ledger", "delete", ledger_id, "--password", "pw", "--json")
     missing = bkaio(sandbox.home, "ledger", "show", ledger_id, check=False)
     assert missing.returncode == 1
     assert "NoSuchLedger" in missing.stderr
