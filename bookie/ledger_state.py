@@ -94,8 +94,7 @@ class LedgerState:
     def advance_piggyback(self, lac: int) -> None:
         # On every add: keep it to a compare and a store unless someone is waiting.
         if lac > self.piggyback_lac:
-            self.piggyback_lac = lac
-            self.row = None
+            self.piggyback_lac = lac  # the caller drops the checkpoint row (it changed the index too)
             if self.waiters:
                 self._wake_advanced()
 
