@@ -141,7 +141,7 @@ async def run_read(opts: BenchOptions, url: str, report: Report, live: LiveLine)
             await _with_etcd(opts, report, live, one)
         finally:
             handle.abort()
-            await writer.delete_ledger(handle.id)
+            await writer.delete_ledger(handle.id, password=PASSWORD)
 
 
 # ------------------------------------------------------------------ tail
@@ -165,7 +165,7 @@ async def run_tail(opts: BenchOptions, url: str, report: Report, live: LiveLine)
                 return Run(OURS, rep, metrics, histogram=tail_hist)
             finally:
                 lh.abort()
-                await writer.delete_ledger(lh.id)
+                await writer.delete_ledger(lh.id, password=PASSWORD)
 
     await _with_etcd(opts, report, live, one)
 
@@ -237,7 +237,7 @@ async def run_recovery(opts: BenchOptions, url: str, report: Report, live: LiveL
                 )
             finally:
                 with contextlib.suppress(Exception):
-                    await recoverer.delete_ledger(lh.id)
+                    await recoverer.delete_ledger(lh.id, password=PASSWORD)
         return Run(OURS, rep, metrics)
 
     await _with_etcd(opts, report, live, one)
@@ -325,7 +325,7 @@ async def run_log(opts: BenchOptions, url: str, report: Report, live: LiveLine) 
                 await target.close()
             finally:
                 if which == "ledger":
-                    await bk.delete_ledger(target.id)
+                    await bk.delete_ledger(target.id, password=PASSWORD)
                 else:
                     await delete_log(bk, name, password=PASSWORD)
         hist = result.histogram()

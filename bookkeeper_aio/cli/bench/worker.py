@@ -66,7 +66,7 @@ async def bookkeeper_target(spec: dict[str, Any]) -> AsyncIterator[Sequence[Subm
                 with contextlib.suppress(Exception):
                     handle.abort()
                 with contextlib.suppress(Exception):
-                    await bk.delete_ledger(handle.id)
+                    await bk.delete_ledger(handle.id, password=PASSWORD)
 
 
 @contextlib.asynccontextmanager

@@ -74,7 +74,9 @@ async def _add_and_read(config: ClientConfig, proc: BookieProcess, ledger_id: in
             bookie, lambda rid: m.AddEntryRequest(rid, ledger_id, 0, 0, KEY, body), timeout_s=5
         )
         assert added.status == StatusCode.EOK, added
-        read = await pool.request(bookie, lambda rid: m.ReadEntryRequest(rid, ledger_id, 0), timeout_s=5)
+        read = await pool.request(
+            bookie, lambda rid: m.ReadEntryRequest(rid, ledger_id, 0, 0, KEY), timeout_s=5
+        )
         assert isinstance(read, m.ReadEntryResponse)
         assert (read.status, read.body) == (StatusCode.EOK, body)
     finally:
