@@ -216,14 +216,16 @@ class BookKeeper:
             lac = await read_lac_with_coverage(self._ctx, md, codec.master_key)
         return ReadHandle(self._ctx, versioned, codec, lac)
 
-    async def delete_ledger(self, ledger_id: int, *, password: bytes = b"") -> None:
+    async def delete_ledger(self, ledger_id: int, *, password: bytes = b"", fence: bool = True) -> None:
         """Delete the ledger (its metadata; bookies reclaim the space at their next GC pass).
 
         Needs the ledger's password. A ledger that is not closed is fenced first (the last
         fragment, with the ledger's key, as recovery's first step): a writer still appending gets
         LedgerFenced from then on instead of acknowledgements for a ledger that is going away.
         The delete is a CAS on the metadata version fenced: a writer's ensemble change in between
-        makes it re-read and fence the new fragment.
+        makes it re-read and fence the new fragment. ``fence=False`` skips the fence, for a caller
+        that knows no writer is left (it aborted its own handle) and whose bookies may be out of
+        reach: the ledger's metadata goes all the same.
 
         Raises NoSuchLedger, Unauthorized (wrong password), LedgerRecoveryError (retriable: the
         fence could not reach enough bookies of an open ledger; nothing was deleted),
@@ -240,7 +242,7 @@ class BookKeeper:
                 raise
             md = versioned.metadata
             codec = codec_for(md, password)
-            if md.state is not LedgerState.CLOSED:
+            if fence and md.state is not LedgerState.CLOSED:
                 await fence_ledger(self._ctx, md, codec)
             try:
                 await self._ctx.ledgers.delete(ledger_id, versioned.version)
@@ -251,7 +253,8 @@ class BookKeeper:
             except md_errors.CasResultUnknown:
                 outcome_unknown = True
                 continue
-            log.info("ledger.deleted", ledger_id=ledger_id, fenced=md.state is not LedgerState.CLOSED)
+            fenced = fence and md.state is not LedgerState.CLOSED
+            log.info("ledger.deleted", ledger_id=ledger_id, fenced=fenced)
             return
         raise LedgerRecoveryError(
             f"ledger {ledger_id}: its metadata changed {DELETE_ATTEMPTS_MAX} times while deleting; retry"

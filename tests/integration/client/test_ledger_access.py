@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from bookkeeper_aio import BookKeeper, LedgerFenced, NoSuchLedger, Unauthorized
+from bookkeeper_aio import BookKeeper, LedgerFenced, LedgerRecoveryError, NoSuchLedger, Unauthorized
 from bookkeeper_aio.client.keys import codec_for, password_hash
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import LAST_ENTRY, AddFlag, ReadFlag, StatusCode
@@ -111,3 +111,20 @@ async def test_delete_needs_the_password_and_fences_a_live_writer(cluster: Clust
     with pytest.raises(LedgerFenced):
         await writer.append(b"after the delete")
     writer.abort()
+
+
+async def test_delete_of_an_open_ledger_whose_bookies_are_gone_needs_fence_false(
+    cluster: Cluster, bk: BookKeeper
+) -> None:
+    await cluster.start(3)
+    writer = await bk.create_ledger(3, 2, 2, password=RIGHT)
+    await writer.append(b"entry")
+    writer.abort()  # our own writer, gone; then every bookie goes too
+    for bookie_id in ("b0", "b1", "b2"):
+        await cluster.kill(bookie_id)
+    with pytest.raises(LedgerRecoveryError):  # the fence cannot be proven: nothing is deleted
+        await bk.delete_ledger(writer.id, password=RIGHT)
+    assert (await bk.context.ledgers.read(writer.id)).metadata.ledger_id == writer.id
+    await bk.delete_ledger(writer.id, password=RIGHT, fence=False)
+    with pytest.raises(NoSuchLedger):
+        await bk.open_ledger(writer.id, password=RIGHT)
