@@ -128,7 +128,7 @@ class AddPipeline:
         self._id = md.ledger_id
         self._schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
         self._ack_quorum = md.ack_quorum
-        self._codec = EntryCodec(md.digest_type, password)
+        self._codec = EntryCodec(md.digest_type, password, master_key)
         self._master_key = master_key
         self._crc32c = self._codec.digest_type is DigestType.CRC32C
         self._frames = m.AddFrameEncoder(self._id, master_key)
