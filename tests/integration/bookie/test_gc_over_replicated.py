@@ -13,6 +13,7 @@ import pytest
 from bookkeeper_aio import BookKeeper, ClientConfig
 from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
 from bookkeeper_aio.autorecovery.worker import ReplicationWorker
+from bookkeeper_aio.client.keys import codec_for
 from bookkeeper_aio.protocol.codes import StatusCode
 from metadata.underreplication import UnderReplicationManager
 from tests.harness.bookie_proc import BookieProcess
@@ -65,14 +66,18 @@ async def test_a_returning_bookie_drops_the_copies_that_were_re_replicated_elsew
             placed = (await bk.context.ledgers.read(moved_id)).metadata.ensembles[0][1]
             assert victim not in placed
 
+            async def key(ledger_id: int) -> bytes:  # reads carry each ledger's own (salted) key
+                return codec_for((await bk.context.ledgers.read(ledger_id)).metadata, PASSWORD).master_key
+
             proc.start()  # back, with its copy of the moved ledger
-            assert await statuses(proc, [moved_id]) == {StatusCode.EOK}
+            assert await statuses(proc, [moved_id], await key(moved_id)) == {StatusCode.EOK}
             report = await run_gc(proc)  # (no grace here: collected at its first sighting)
             assert report["error"] is None
             assert (report["replicas_checked"], report["over_replicated_collected"]) == (3, 1)
-            assert await statuses(proc, [moved_id]) == {StatusCode.ENOLEDGER}
+            assert await statuses(proc, [moved_id], await key(moved_id)) == {StatusCode.ENOLEDGER}
             # still held (entry 0 may live on other bookies of the E4/Qw2 write sets: EOK or ENOENTRY)
-            assert StatusCode.ENOLEDGER not in await statuses(proc, [kept_id, open_handle.id])
+            for held in (kept_id, open_handle.id):
+                assert StatusCode.ENOLEDGER not in await statuses(proc, [held], await key(held))
 
             for ledger_id, payloads in ((moved_id, moved), (kept_id, kept)):
                 reader = await bk.open_ledger(ledger_id, password=PASSWORD)
