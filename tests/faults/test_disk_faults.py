@@ -28,6 +28,7 @@ import pytest
 from bookie import checkpoint
 from bookie import journal_format as fmt
 from bookkeeper_aio import BookKeeper
+from bookkeeper_aio.client.keys import codec_for
 from bookkeeper_aio.protocol.codes import StatusCode
 from tests.faults import figures
 from tests.faults.cluster import (
@@ -162,10 +163,15 @@ async def _run(cluster: FaultCluster, rounds: int, tmp_path: Path) -> None:
     assert flipped, "no bit flipped: the checkpoint covered no entry"
     cut = sum(b.log_path.read_text().count("journal.torn_tail_cut") for b in cluster.bookies)
     assert cut >= torn  # every torn tail was found and cut at restart
+    keys = {}
+    async with BookKeeper.connect(cluster.url) as bk:  # reads carry each ledger's (salted) key
+        for ledger_id in {ledger_id for ledger_id, _ in flipped}:
+            md = (await bk.context.ledgers.read(ledger_id)).metadata
+            keys[ledger_id] = codec_for(md, b"f").master_key
     for (ledger_id, entry_id), index in flipped.items():
         client = await WireClient.connect(*cluster.bookies[index].address)
         try:
-            status = (await client.read(ledger_id, entry_id)).status
+            status = (await client.read(ledger_id, entry_id, key=keys[ledger_id])).status
         finally:
             client.close()
         assert status == StatusCode.EIO, f"flipped entry {ledger_id}/{entry_id}: {StatusCode(status).name}"
