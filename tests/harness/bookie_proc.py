@@ -75,7 +75,19 @@ class BookieProcess:
         ]  # fmt: skip
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> tuple[str, int]:
-        """Start and wait for ``READY host:port``; raises :class:`BookieStartError`."""
+        """Start and wait for ``READY host:port``; raises :class:`BookieStartError`.
+
+        A restart on the port of its previous run is tried once more when that port was taken
+        meanwhile: the admin endpoint (``--admin-port 0``) binds before the bookie's own port, and
+        the kernel may hand it exactly the port the killed bookie just freed."""
+        try:
+            return self._start(timeout_s)
+        except BookieStartError as exc:
+            if self.port == 0 or exc.returncode != 3 or "cannot listen" not in self.log_tail(5):
+                raise
+            return self._start(timeout_s)
+
+    def _start(self, timeout_s: float) -> tuple[str, int]:
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError("bookie already running")
         env = {**os.environ, **self.env}
