@@ -92,20 +92,24 @@ async def drive(
     *,
     window: int,
     rate: float = 0.0,
+    latency_from: str = "intended",
     progress: Callable[[int], None] | None = None,
 ) -> LoadResult:
     """Run the load over ``submits`` (round robin: one per ledger) until ``span.end``, then wait for
-    what is still in flight. ``progress(answers so far)`` is called about every 0.5 s."""
+    what is still in flight. ``progress(answers so far)`` is called about every 0.5 s.
+
+    ``latency_from`` (open loop only): ``"intended"`` (the default, no coordinated omission) or
+    ``"send"``: from the timer tick that sent the submission, the way ``replication_bound.py``
+    measures its own open loop, for a like-for-like ratio against it (uvloop's timers tick whole
+    milliseconds, so at 5,000/s a submission waits ~0.5-1 ms for its tick)."""
+    if latency_from not in ("intended", "send"):
+        raise ValueError(f"latency_from must be 'intended' or 'send', not {latency_from!r}")
     buckets = max(1, round(span.duration_s / span.interval_s))
     result = LoadResult(timeline=[0] * buckets, per_target=[0] * len(submits))
-    slots = asyncio.Semaphore(window)
-    pending: set[asyncio.Future[Any]] = set()
     measure_from, end, interval_s = span.measure_from, span.end, span.interval_s
     answered = [0]
 
     def done(intended: float, target: int, future: asyncio.Future[Any]) -> None:
-        slots.release()
-        pending.discard(future)
         now = clock()
         answered[0] += 1
         if future.cancelled() or future.exception() is not None:
@@ -122,46 +126,84 @@ async def drive(
 
     await _sleep_until(span.start)
     reporter = asyncio.create_task(_report(progress, answered, end))
-    cpu_at_start: list[float] = []
-    marker = asyncio.create_task(_mark_cpu(measure_from, cpu_at_start))
+    cpu_marks: list[float] = []
+    marker = asyncio.create_task(_mark_cpu((measure_from, end), cpu_marks))
     try:
-        count = len(submits)
-        sent = 0
-        while result.first_error is None:
-            now = clock()
-            if now >= end:
-                break
-            if rate:
-                due = min(int((now - span.start) * rate) + 1, int((end - span.start) * rate))
-                while sent < due:
-                    await slots.acquire()
-                    intended = span.start + sent / rate
-                    future = await submits[sent % count]()
-                    pending.add(future)
-                    future.add_done_callback(functools.partial(done, intended, sent % count))
-                    sent += 1
-                # At least a timer tick: uvloop's timers count whole milliseconds, a shorter sleep
-                # returns at once and the loop would spin (measured: 4x the client's CPU per entry
-                # at 5,000/s). What falls due meanwhile goes out together, measured from its
-                # intended instant all the same.
-                await asyncio.sleep(max(TICK_S, span.start + sent / rate - clock()))
-            else:
-                await slots.acquire()
-                intended = clock()
-                future = await submits[sent % count]()
-                pending.add(future)
-                future.add_done_callback(functools.partial(done, intended, sent % count))
-                sent += 1
-        # The span's CPU ends here: draining what is in flight is not part of it.
-        result.cpu_s = time.process_time() - cpu_at_start[0] if cpu_at_start else 0.0
-        if pending:
-            await asyncio.wait(list(pending))
+        if rate:
+            await _open_loop(submits, span, window, rate, latency_from == "send", result, done)
+        else:
+            workers = [_closed_worker(submits, i, end, result, done) for i in range(window)]
+            await asyncio.gather(*workers)
+        # The span's CPU: from its start to its end (draining what is in flight is not part of it).
+        if len(cpu_marks) == 1:
+            cpu_marks.append(time.process_time())
+        result.cpu_s = cpu_marks[1] - cpu_marks[0] if len(cpu_marks) == 2 else 0.0
     finally:
         reporter.cancel()
         marker.cancel()
     if progress is not None:
         progress(answered[0])
     return result
+
+
+_Done = Callable[[float, int, "asyncio.Future[Any]"], None]
+
+
+async def _closed_worker(
+    submits: Sequence[Submit], first: int, end: float, result: LoadResult, done: _Done
+) -> None:
+    """One slot of the closed loop's window: submit, wait for the answer, again, until ``end``
+    (a coroutine per slot costs half the loop CPU per entry of a semaphore and done callbacks)."""
+    count = len(submits)
+    target = first % count
+    while result.first_error is None and (intended := clock()) < end:
+        future = await submits[target]()
+        try:
+            await future
+        except asyncio.CancelledError:
+            if not future.cancelled():
+                raise  # this worker was cancelled, not the submission
+        except Exception:  # noqa: BLE001 (the future holds it: done() records it)
+            pass
+        done(intended, target, future)
+        target = target + 1 if target + 1 < count else 0
+
+
+async def _open_loop(
+    submits: Sequence[Submit],
+    span: Span,
+    window: int,
+    rate: float,
+    from_send: bool,
+    result: LoadResult,
+    done: _Done,
+) -> None:
+    """Submission ``n`` intended at ``span.start + n / rate``, at most ``window`` unanswered."""
+    slots = asyncio.Semaphore(window)
+    pending: set[asyncio.Future[Any]] = set()
+
+    def answered(intended: float, target: int, future: asyncio.Future[Any]) -> None:
+        slots.release()
+        pending.discard(future)
+        done(intended, target, future)
+
+    count, end, sent = len(submits), span.end, 0
+    while result.first_error is None and (now := clock()) < end:
+        due = min(int((now - span.start) * rate) + 1, int((end - span.start) * rate))
+        while sent < due:
+            await slots.acquire()
+            intended = now if from_send else span.start + sent / rate
+            future = await submits[sent % count]()
+            pending.add(future)
+            future.add_done_callback(functools.partial(answered, intended, sent % count))
+            sent += 1
+        # At least a timer tick: uvloop's timers count whole milliseconds, a shorter sleep returns
+        # at once and the loop would spin (measured: 4x the client's CPU per entry at 5,000/s).
+        # What falls due meanwhile goes out together, measured from its intended instant all the
+        # same (or from this tick, with ``from_send``).
+        await asyncio.sleep(max(TICK_S, span.start + sent / rate - clock()))
+    if pending:
+        await asyncio.wait(list(pending))
 
 
 async def _sleep_until(instant: float) -> None:
@@ -178,7 +220,8 @@ async def _report(progress: Callable[[int], None] | None, answered: list[int], e
         progress(answered[0])
 
 
-async def _mark_cpu(instant: float, into: list[float]) -> None:
-    """This process's CPU seconds at ``instant`` (the start of the measured span)."""
-    await _sleep_until(instant)
-    into.append(time.process_time())
+async def _mark_cpu(instants: tuple[float, ...], into: list[float]) -> None:
+    """This process's CPU seconds at each of ``instants`` (the measured span's start and end)."""
+    for instant in instants:
+        await _sleep_until(instant)
+        into.append(time.process_time())

@@ -62,6 +62,7 @@ class BenchOptions:
     clients: int
     window: int
     rate: float
+    latency_from: str
     duration_s: float
     warmup_s: float
     reps: int
@@ -79,6 +80,8 @@ class BenchOptions:
     @property
     def shape(self) -> str:
         loop = "closed loop" if self.closed_loop else f"{self.rate:g} entries/s"
+        if not self.closed_loop and self.latency_from == "send":
+            loop += " (latency from the send tick)"
         return (
             f"E{self.ensemble}/Qw{self.write_quorum}/Qa{self.ack_quorum}, {self.size} B, "
             f"{self.clients} client(s) x {self.ledgers} ledger(s), window {self.window}, {loop}"
@@ -124,6 +127,14 @@ def add_arguments(parser: argparse.ArgumentParser, scenario: str) -> None:
         default=0.0,
         help="fixed rate in entries/s over all clients (open loop: latency counts from the intended "
         "send time); 0 = closed loop, as fast as the window allows (default)",
+    )
+    parser.add_argument(
+        "--latency-from",
+        choices=("intended", "send"),
+        default=None,
+        help="with --rate: measure latency from the intended send time (no coordinated omission) or "
+        "from the timer tick that sent it, as replication_bound.py measures its own (default: send "
+        "with --compare bound, so the ratio is like for like; intended otherwise)",
     )
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds (default 10)")
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds first (default 2)")
@@ -211,6 +222,7 @@ def build(args: argparse.Namespace, scenario: str) -> BenchOptions:
         clients=args.clients,
         window=args.window,
         rate=float(args.rate),
+        latency_from=args.latency_from or ("send" if "bound" in compare else "intended"),
         duration_s=float(args.duration),
         warmup_s=float(args.warmup),
         reps=args.reps,

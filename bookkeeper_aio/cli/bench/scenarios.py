@@ -320,7 +320,9 @@ async def run_log(opts: BenchOptions, url: str, report: Report, live: LiveLine) 
                     future: asyncio.Future[Any] = await target.append_async(payload)
                     return future
 
-                result = await drive([submit], span, window=opts.window, rate=opts.rate)
+                result = await drive(
+                    [submit], span, window=opts.window, rate=opts.rate, latency_from=opts.latency_from
+                )
                 ledgers = len(target.ledger_ids) if which != "ledger" else 1
                 await target.close()
             finally:

@@ -105,6 +105,7 @@ async def run(spec: dict[str, Any]) -> int:
             span,
             window=spec["window"],
             rate=spec["rate"],
+            latency_from=spec.get("latency_from", "intended"),
             progress=lambda answered: say("progress", str(answered)),
         )
     # ru_maxrss is in KiB on Linux: the peak of this client process, window and ledgers included

@@ -33,6 +33,7 @@ def worker_spec(opts: BenchOptions, system: str, **extra: Any) -> dict[str, Any]
         "ledgers": opts.ledgers,
         "window": opts.window,
         "rate": opts.rate / opts.clients,
+        "latency_from": opts.latency_from,
         "warmup_s": opts.warmup_s,
         "duration_s": opts.duration_s,
         "interval_s": max(0.1, round(opts.duration_s / TIMELINE_BUCKETS, 2)),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from bookkeeper_aio.cli.bench.load import Span, clock, drive
 from bookkeeper_aio.cli.bench.stats import latency_ms, merge
 
@@ -47,6 +49,24 @@ async def test_open_loop__latency_counts_from_the_intended_send_time() -> None:
     assert ms["max"] >= 250
     assert ms["p50"] < 50
     assert hist.get_value_at_percentile(75) / 1e3 >= 50
+
+
+async def test_open_loop__from_the_send_tick_a_stall_is_not_charged_to_what_waited_behind_it() -> None:
+    # replication_bound.py's clock, for a like-for-like ratio against it (docs/benchmarks.md)
+    submit, state = fake_system(0.002, stall_at=50, stall_s=0.3)
+    span = Span(clock(), 0.0, 1.0, 0.25)
+    result = await drive([submit], span, window=1000, rate=200.0, latency_from="send")
+    ms = latency_ms(merge([result.to_json()["histogram"]]))
+    assert 195 <= state["sent"] <= 201
+    # Only the stalled submission itself (sent on the tick it blocked) carries the stall.
+    assert ms["max"] >= 250
+    assert result.histogram().get_value_at_percentile(98) / 1e3 < 50
+
+
+async def test_load__an_unknown_latency_origin_is_refused() -> None:
+    submit, _ = fake_system(0.001)
+    with pytest.raises(ValueError, match="latency_from"):
+        await drive([submit], Span(clock(), 0.0, 0.1), window=1, rate=10.0, latency_from="answer")
 
 
 async def test_closed_loop__keeps_the_window_full_and_counts_only_the_measured_span() -> None:
