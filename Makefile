@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# Two workers: most tests wait on bookie processes, etcd and fsync, not on the CPU. A module's tests
+# stay on one worker; Spark, the fault suite and the network-namespace tests each keep to one
+# (tests/conftest.py). `pytest -p no:xdist` or plain `pytest` runs serially.
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m "not slow" -q -n 2 --dist loadgroup
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q

@@ -31,6 +31,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--sim-first", type=int, default=0, help="the first seed of the run (default 0)")
 
 
+_SHARED_GROUPS = {
+    # one SparkSession per run: every Spark test on one worker
+    "tests/integration/spark/": "spark",
+    # the fault suite's tests share one cluster per module and load the machine: one worker
+    "tests/faults/": "faults",
+}
+_NETNS_MODULES = (
+    # network namespaces, bridges and fixed test-host addresses: never two at once
+    "tests/faults/test_netns.py",
+    "tests/integration/cli/test_operations_doc.py",
+    "tests/integration/cli/test_sandbox_hosts.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) a module's tests stay on
+    one worker (its module-scoped clusters are started once), and the groups above stay together."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        path = item.nodeid.split("::", 1)[0]
+        group = "netns" if path in _NETNS_MODULES else path
+        for prefix, shared in _SHARED_GROUPS.items():
+            if path.startswith(prefix) and group != "netns":
+                group = shared
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def etcd_server() -> Iterator[EtcdCluster]:
     """One etcd member shared by the session (tests isolate themselves by key prefix)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
+from concurrent.futures import Executor
 from types import TracebackType
 from typing import Any
 
@@ -25,7 +26,7 @@ from bookkeeper_aio.client.bookie_client import AddressResolver, BookiePool
 from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.client.context import BookieDirectory, ClientContext
 from bookkeeper_aio.client.discovery import find_client_config, find_metadata_url
-from bookkeeper_aio.client.keys import NewLedgerKeys, codec_for, password_hash
+from bookkeeper_aio.client.keys import NewLedgerKeys, open_codec, password_hash
 from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.client.metrics import ClientMetrics
 from bookkeeper_aio.client.placement import PlacementPolicy, RandomPlacement
@@ -95,9 +96,13 @@ class BookKeeper:
         placement: PlacementPolicy | None = None,
         metadata: MetadataConnection | None = None,
         metrics: ClientMetrics | None = None,
+        key_executor: Executor | None = None,
     ) -> None:
+        """``key_executor``: where ledger keys are derived (PBKDF2, ~5 ms; default: one worker
+        thread shared by the process; a simulation passes one that runs them inline)."""
         config = config or ClientConfig.load(find_client_config(None))
         self._metadata = metadata
+        self._key_executor = key_executor
         self._ctx = ClientContext(
             config=config,
             pool=BookiePool(config, resolver),
@@ -167,7 +172,7 @@ class BookKeeper:
         ctx = self._ctx
         writable = await ctx.directory.writable_bookies()
         bookies = ctx.placement.new_ensemble(ensemble, writable)
-        keys = NewLedgerKeys(password)
+        keys = await NewLedgerKeys.make(password, executor=self._key_executor)
         try:
             versioned = await ctx.ledgers.create(
                 bookies,
@@ -205,7 +210,7 @@ class BookKeeper:
         self._check_open()
         versioned = await self._read_metadata(ledger_id)
         md = versioned.metadata
-        codec = codec_for(md, password)  # Unauthorized for a wrong password
+        codec = await open_codec(md, password, self._key_executor)  # Unauthorized: a wrong password
         if recovery and md.state is not LedgerState.CLOSED:
             result = await recover_ledger(self._ctx, ledger_id, codec, codec.master_key)
             versioned, md = result.versioned, result.versioned.metadata
@@ -241,7 +246,7 @@ class BookKeeper:
                     return  # our delete whose answer was lost did apply
                 raise
             md = versioned.metadata
-            codec = codec_for(md, password)
+            codec = await open_codec(md, password, self._key_executor)
             if fence and md.state is not LedgerState.CLOSED:
                 await fence_ledger(self._ctx, md, codec)
             try:

@@ -11,15 +11,19 @@ metadata, the master key derived from password + salt, and the metadata's ``pass
 check value of that key (``digest.key_check``). Format 1 (ledgers created before: no salt in their
 metadata): the unsalted master key their bookies hold, checked at open against the unsalted hash.
 Derivations are cached per (password, salt, rounds): a log reader opens each ledger once, a tailer
-reopens none, so the PBKDF2 cost (~5 ms) is paid once per ledger and process.
+reopens none, so the PBKDF2 cost (~5 ms) is paid once per ledger and process. The client's create
+and open derive in a worker thread (:func:`derive_keys`; hashlib's PBKDF2 releases the GIL): on
+the event loop those ~5 ms would stall every append in flight, e.g. a log writer's during its roll.
 """
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import hashlib
 import hmac
 import os
+from collections import OrderedDict
+from concurrent.futures import Executor, ThreadPoolExecutor
 
 from bookkeeper_aio.errors import Unauthorized
 from bookkeeper_aio.protocol.digest import (
@@ -42,9 +46,40 @@ def password_hash(password: bytes) -> bytes:
     return hashlib.sha256(b"bookkeeper-aio/password-check\x00" + password).digest()
 
 
-@functools.lru_cache(maxsize=KEY_CACHE_SIZE)
+_cache: OrderedDict[tuple[bytes, bytes, int], LedgerKeys] = OrderedDict()
+_executor: Executor | None = None
+
+
+def _remember(key: tuple[bytes, bytes, int], keys: LedgerKeys) -> LedgerKeys:
+    _cache[key] = keys
+    if len(_cache) > KEY_CACHE_SIZE:
+        _cache.popitem(last=False)
+    return keys
+
+
 def _derive(password: bytes, salt: bytes, iterations: int) -> LedgerKeys:
-    return ledger_keys(password, salt, iterations)
+    """The keys of ``(password, salt, iterations)``, computed here (blocking) unless cached."""
+    key = (password, salt, iterations)
+    keys = _cache.get(key)
+    return keys if keys is not None else _remember(key, ledger_keys(password, salt, iterations))
+
+
+async def derive_keys(
+    password: bytes, salt: bytes, iterations: int, executor: Executor | None = None
+) -> LedgerKeys:
+    """:func:`_derive` with the PBKDF2 run in ``executor`` (default: one shared worker thread), so
+    the event loop goes on meanwhile."""
+    key = (password, salt, iterations)
+    keys = _cache.get(key)
+    if keys is None:
+        global _executor  # one pool per process, made on first use
+        if executor is None:
+            if _executor is None:
+                _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bkaio-keys")
+            executor = _executor
+        loop = asyncio.get_running_loop()
+        keys = _remember(key, await loop.run_in_executor(executor, ledger_keys, password, salt, iterations))
+    return keys
 
 
 class NewLedgerKeys:
@@ -52,10 +87,24 @@ class NewLedgerKeys:
 
     __slots__ = ("iterations", "keys", "salt")
 
-    def __init__(self, password: bytes, iterations: int = KEY_ITERATIONS) -> None:
-        self.salt = os.urandom(KEY_SALT_BYTES)
+    def __init__(self, salt: bytes, iterations: int, keys: LedgerKeys) -> None:
+        self.salt = salt
         self.iterations = iterations
-        self.keys = _derive(password, self.salt, iterations)
+        self.keys = keys
+
+    @classmethod
+    async def make(
+        cls, password: bytes, iterations: int = KEY_ITERATIONS, executor: Executor | None = None
+    ) -> NewLedgerKeys:
+        salt = os.urandom(KEY_SALT_BYTES)
+        return cls(salt, iterations, await derive_keys(password, salt, iterations, executor))
+
+
+async def open_codec(md: LedgerMetadata, password: bytes, executor: Executor | None = None) -> EntryCodec:
+    """:func:`codec_for` with the key derivation off the event loop (:func:`derive_keys`)."""
+    if md.key_salt:
+        await derive_keys(password, md.key_salt, md.key_iterations, executor)  # cached for the check
+    return codec_for(md, password)
 
 
 def check_password(md: LedgerMetadata, password: bytes) -> bytes:

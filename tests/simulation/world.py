@@ -33,7 +33,7 @@ from tests.faults.history import History
 from tests.simulation.disk import Disk, SimFileIO, healthy_disk
 from tests.simulation.loop import NODE, Incarnation, SimLoop
 from tests.simulation.network import PORT, Network
-from tests.simulation.threads import SimThreads
+from tests.simulation.threads import SimThreads, _InlineExecutor
 
 T = TypeVar("T")
 
@@ -207,6 +207,7 @@ class SimClient(Node):
             config=CLIENT_CONFIG,
             resolver=SimResolver(),
             placement=RandomPlacement(world.rng_for("placement", self.name)),
+            key_executor=_InlineExecutor(),  # no threads in the simulation
         )
 
     def crash(self) -> None:
