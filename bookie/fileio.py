@@ -8,7 +8,8 @@ injects faults at this seam (docs/internals.md §2). The named failpoints of the
 a journal write exactly as a crash would.
 
 Everything here blocks: callers run it on the journal's writer thread or a cold-path executor,
-never on the event loop (the one exception is startup, before the server accepts anything).
+never on the event loop (the exceptions: startup, before the server accepts anything, and
+:meth:`FileIO.pread_nowait`, which never waits for the disk).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from collections.abc import Sequence
 
 from bookkeeper_aio.common import failpoints
 
+_RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
+_O_NOATIME: int = getattr(os, "O_NOATIME", 0)
+
 
 class FileIO:
     """Blocking file operations on file descriptors; subclass to inject faults."""
@@ -30,7 +34,13 @@ class FileIO:
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
     def open_read(self, path: str) -> int:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        """Open for reads. Without updating the access time where allowed (``O_NOATIME``): a read
+        after each journal write would otherwise have to update it, which ``pread_nowait``
+        refuses to wait for."""
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC | _O_NOATIME)
+        except PermissionError:  # O_NOATIME needs the file's owner (or CAP_FOWNER)
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
 
     def close(self, fd: int) -> None:
         os.close(fd)
@@ -78,6 +88,20 @@ class FileIO:
         if len(data) != length:
             raise OSError(errno.EIO, f"short read: {len(data)} of {length} bytes at offset {offset}")
         return data
+
+    def pread_nowait(self, fd: int, length: int, offset: int) -> bytearray | None:
+        """Exactly ``length`` bytes at ``offset`` if the page cache holds them all (``preadv``
+        with ``RWF_NOWAIT``), else None: it never waits for the disk, so the event loop may call it
+        (a read of recently written entries skips the reader thread). A twin that cannot tell
+        returns None, and so does a platform or filesystem without it."""
+        if _RWF_NOWAIT is None:
+            return None
+        buf = bytearray(length)
+        try:
+            got = os.preadv(fd, (buf,), offset, _RWF_NOWAIT)
+        except OSError:  # EAGAIN: not all of it cached; EOPNOTSUPP; anything else: the thread's read says
+            return None
+        return buf if got == length else None
 
     def map_read(self, path: str) -> mmap.mmap | None:
         """A read-only map of the whole file (None when it is empty); the caller closes it."""

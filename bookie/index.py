@@ -15,7 +15,9 @@ An entry id far from the dense range (more than :data:`DENSE_GAP_MAX` past its e
 
 from __future__ import annotations
 
+import contextlib
 from array import array
+from collections.abc import Sequence
 from typing import NamedTuple
 
 DENSE_GAP_MAX = 1 << 16
@@ -33,6 +35,17 @@ class Location(NamedTuple):
     segment_id: int
     offset: int
     length: int
+
+
+def split_position(position: int) -> tuple[int, int]:
+    """``(segment_id, offset)`` of a position as :meth:`LedgerIndex.run` gives it."""
+    return position >> _OFFSET_BITS, position & _OFFSET_MASK
+
+
+def segment_position(segment_id: int, offset: int) -> int:
+    """The position of ``offset`` in segment ``segment_id``: positions of one segment compare as
+    their offsets do, and lie below those of the next segment."""
+    return segment_id << _OFFSET_BITS | offset
 
 
 class LedgerIndex:
@@ -132,6 +145,29 @@ class LedgerIndex:
                 return Location(position >> _OFFSET_BITS, position & _OFFSET_MASK, self._lengths[slot])
         found = self._overflow.get(entry_id)
         return None if found is None else Location._make(found)
+
+    def run(self, first: int, count_max: int, step: int = 1) -> tuple[Sequence[int], Sequence[int]]:
+        """Where entries ``first``, ``first + step``, ... lie, up to ``count_max`` of them and
+        stopping before the first one absent: ``(positions, lengths)``, a position being
+        ``segment_id << 32 | offset`` (:func:`split_position`). What a batch read asks; in the dense
+        range it is two array slices (C), with no object per entry."""
+        slot = first - self._base
+        positions = self._positions
+        if not self._overflow and 0 <= slot < len(positions):
+            stop = slot + count_max * step
+            found = positions[slot:stop:step]
+            with contextlib.suppress(ValueError):  # no absent slot: the run is the whole slice
+                del found[found.index(-1) :]
+            return found, self._lengths[slot : slot + len(found) * step : step]
+        found_list: list[int] = []
+        lengths: list[int] = []
+        for entry_id in range(first, first + count_max * step, step):
+            location = self.get(entry_id)
+            if location is None:
+                break
+            found_list.append(location.segment_id << _OFFSET_BITS | location.offset)
+            lengths.append(location.length)
+        return found_list, lengths
 
     def entry_ids(self) -> list[int]:
         base = self._base

@@ -66,6 +66,7 @@ from __future__ import annotations
 import enum
 import mmap
 import struct
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import crc32c
@@ -266,6 +267,46 @@ def decode_record_at(data: Buffer, offset: int) -> Record | None:
     if _crc(body, record_type) != crc:
         return None
     return Record(offset, record_type, body, RECORD_HEADER_BYTES + length)
+
+
+_unpack_entry_head = struct.Struct(">IIIBqq").unpack_from  # the record header and the ENTRY id prefix
+
+
+def entry_bodies(
+    data: memoryview,
+    offsets: Sequence[int],
+    base: int,
+    ledger_id: int,
+    first_entry_id: int,
+    step: int,
+    out: list[memoryview],
+) -> bool:
+    """Append to ``out`` the entry bodies (views of ``data``) of entries ``first_entry_id``,
+    ``+ step``, ... of ``ledger_id``, whose ENTRY records lie at ``offsets[k] - base`` in ``data``:
+    what a read asks of the records the index points it at, in one loop. Each must be that entry's
+    record, whole and valid (checksum); False at the first that is not (those before it are in
+    ``out``; :func:`decode_record_at` says what is wrong with it)."""
+    entry_id = first_entry_id
+    size = len(data)
+    for offset in offsets:
+        offset -= base
+        if size - offset < ENTRY_RECORD_OVERHEAD_BYTES:
+            return False
+        magic, length, crc, record_type, lid, eid = _unpack_entry_head(data, offset)
+        if (
+            magic != RECORD_MAGIC
+            or record_type != _ENTRY
+            or lid != ledger_id
+            or eid != entry_id
+            or not ENTRY_PREFIX_BYTES <= length <= size - offset - RECORD_HEADER_BYTES
+        ):
+            return False
+        body = data[offset + ENTRY_RECORD_OVERHEAD_BYTES : offset + RECORD_HEADER_BYTES + length]
+        if _crc32c(body, _crc32c(_pack_entry_crc_prefix(length, _ENTRY, lid, eid))) != crc:
+            return False
+        out.append(body)
+        entry_id += step
+    return True
 
 
 _ZERO_SCAN_CHUNK_BYTES = 1 << 20

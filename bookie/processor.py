@@ -457,7 +457,7 @@ class Processor:
                 frame = m.encode(m.ReadEntryResponse(rid, 0, None, lid, req.entry_id, None, state.lac))
             else:
                 entry_id, body = await self.storage.read_entry(lid, req.entry_id)
-                frame = m.encode(m.ReadEntryResponse(rid, 0, None, lid, entry_id, body, state.lac))
+                frame = m.encode(m.ReadEntryResponse(rid, 0, None, lid, entry_id, bytes(body), state.lac))
                 self.entries_read += 1
         except asyncio.CancelledError:
             raise
@@ -529,7 +529,7 @@ class Processor:
             state = self.storage.ledger_for_read(lid, req.master_key)
             start, step = req.start_entry_id, req.step
             bodies = await self.storage.read_range(lid, start, req.max_count, bytes_max, step)
-            frame = m.encode(m.BatchReadResponse(rid, 0, None, lid, start, bodies, state.lac, step))
+            frame = m.encode_batch_read_ok(rid, lid, start, bodies, state.lac, step)
             self.entries_read += len(bodies)
         except asyncio.CancelledError:
             raise

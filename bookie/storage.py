@@ -36,8 +36,9 @@ import hmac
 import operator
 import os
 import struct
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +48,7 @@ from bookie import checkpoint, replay
 from bookie import journal_format as fmt
 from bookie.cookie import ensure_cookie
 from bookie.fileio import OS_FILE_IO, FileIO
-from bookie.index import Location
+from bookie.index import Location, segment_position, split_position
 from bookie.journal import Callback, Journal, JournalConfig, JournalError, RecordBatch
 from bookie.journal_format import Position
 from bookie.ledger_keys import KeyCheckBusy, KeyRefused, KeyVerifier
@@ -70,6 +71,10 @@ _RECORD_OVERHEAD_BYTES = fmt.RECORD_HEADER_BYTES + fmt.ENTRY_PREFIX_BYTES
 _COALESCE_GAP_BYTES = 64 * 1024
 """Compaction reads live records that lie closer than this in one ``pread`` (dead bytes between)."""
 _COALESCE_BYTES_MAX = 4 * 1024 * 1024
+_READ_GAP_BYTES = 4096
+"""A batch read reads the records of its entries that lie closer than this in one ``pread`` (a
+syscall costs about what copying a few KiB does)."""
+_READ_SPAN_BYTES_MAX = 1048576
 CHECKPOINT_SLICE_S = 0.005
 """Loop time a checkpoint takes at most in one go while it collects rows (the 50 ms target with a
 million ledgers leaves room for the other work of the same turn)."""
@@ -103,6 +108,15 @@ class EntryCorrupt(StorageError):
     """A stored record that fails its checksum or names another entry: answer EIO, never ENOENTRY."""
 
 
+def _corrupt(ledger_id: int, entry_id: int, data: memoryview) -> EntryCorrupt:
+    """The error for a record ``data`` the index points entry ``ledger_id:entry_id`` at and that
+    is not that entry's valid ENTRY record (reads check with ``fmt.entry_bodies``)."""
+    record = fmt.decode_record_at(bytes(data), 0)
+    if record is None or record.type != fmt.RecordType.ENTRY:
+        return EntryCorrupt(f"entry {ledger_id}:{entry_id}: journal record fails its checksum")
+    return EntryCorrupt(f"entry {ledger_id}:{entry_id}: index points at another record")
+
+
 class BadRequest(StorageError):
     """A request that is well-formed on the wire but not an acceptable one (an ADD whose entry
     body does not carry its ledger and entry ids)."""
@@ -123,6 +137,7 @@ _unpack_body_header = _BODY_HEADER.unpack_from
 _RECOVERY_ADD = int(AddFlag.RECOVERY_ADD)
 _ENTRY_RECORD_OVERHEAD_BYTES = fmt.ENTRY_RECORD_OVERHEAD_BYTES
 _encode_entry_head = fmt.encode_entry_head
+_entry_bodies = fmt.entry_bodies
 _compare_digest = hmac.compare_digest
 _request_fields = operator.attrgetter(
     "request_ids", "ledger_ids", "entry_ids", "flags", "master_keys", "bodies"
@@ -200,6 +215,7 @@ class Storage:
         self._reader = threads.executor("storage-reader")
         self._cold = threads.executor("storage-cold")
         self._read_fds: dict[int, int] = {}
+        self._fds_lock = threading.Lock()
         self._checkpointed = recovered.start
         self._checkpoint_task: asyncio.Task[None] | None = None
         self._checkpoint_lock = asyncio.Lock()
@@ -441,67 +457,118 @@ class Storage:
             raise Unauthorized(f"ledger {ledger_id}: {why}")
         return state
 
-    def _location(self, state: LedgerState, entry_id: int) -> tuple[int, Location]:
-        if entry_id == -1:
-            entry_id = state.index.last_entry_id
-        location = state.index.get(entry_id)
-        if location is None:
-            raise NoEntry(f"entry {state.ledger_id}:{entry_id} is not on this bookie")
-        return entry_id, location
-
-    async def read_entry(self, ledger_id: int, entry_id: int) -> tuple[int, bytes]:
+    async def read_entry(self, ledger_id: int, entry_id: int) -> tuple[int, memoryview]:
         """(entry id, body) of an entry; ``entry_id`` -1 is the last entry this bookie has.
 
         Raises :class:`NoLedger`, :class:`NoEntry`, :class:`EntryCorrupt`, ``OSError``.
         """
         state = self.ledger(ledger_id)
-        entry_id, location = self._location(state, entry_id)
-        body = await self._loop.run_in_executor(
-            self._reader, self._read_blocking, ledger_id, entry_id, location
-        )
-        return entry_id, body
+        if entry_id == -1:
+            entry_id = state.index.last_entry_id
+        positions, lengths = state.index.run(entry_id, 1)
+        if not positions:
+            raise NoEntry(f"entry {ledger_id}:{entry_id} is not on this bookie")
+        bodies = await self._read_run(ledger_id, entry_id, 1, positions, lengths)
+        return entry_id, bodies[0]
 
     async def read_range(
         self, ledger_id: int, first: int, count_max: int, bytes_max: int, step: int = 1
-    ) -> list[bytes]:
-        """Entries ``first``, ``first + step``, ...: stops at a gap, ``count_max`` or ``bytes_max``
-        (the first entry is always returned). Raises like :meth:`read_entry` for the first entry."""
+    ) -> list[memoryview]:
+        """Entries ``first``, ``first + step``, ...: stops at a gap, ``count_max``, ``bytes_max``
+        or an entry that fails its checks (the first entry is always returned, or raises like
+        :meth:`read_entry`)."""
         state = self.ledger(ledger_id)
-        plan: list[tuple[int, Location]] = []
-        total = 0
-        for entry_id in range(first, first + count_max * step, step):
-            location = state.index.get(entry_id)
-            if location is None:
-                break
-            total += location.length - _RECORD_OVERHEAD_BYTES  # count entry bodies, as the client sees them
-            if plan and total > bytes_max:
-                break
-            plan.append((entry_id, location))
-        if not plan:
+        positions, lengths = state.index.run(first, count_max, step)
+        if not positions:
             raise NoEntry(f"entry {ledger_id}:{first} is not on this bookie")
-        return await self._loop.run_in_executor(self._reader, self._read_many_blocking, ledger_id, plan)
+        # count entry bodies, as the client sees them; the first entry always goes
+        if sum(lengths) - len(lengths) * _RECORD_OVERHEAD_BYTES > bytes_max:
+            count, total = 1, lengths[0] - _RECORD_OVERHEAD_BYTES
+            for length in lengths[1:]:
+                total += length - _RECORD_OVERHEAD_BYTES
+                if total > bytes_max:
+                    break
+                count += 1
+            positions, lengths = positions[:count], lengths[:count]
+        return await self._read_run(ledger_id, first, step, positions, lengths)
 
-    def _read_many_blocking(self, ledger_id: int, plan: list[tuple[int, Location]]) -> list[bytes]:
-        return [self._read_blocking(ledger_id, entry_id, location) for entry_id, location in plan]
+    async def _read_run(
+        self, ledger_id: int, first: int, step: int, positions: Sequence[int], lengths: Sequence[int]
+    ) -> list[memoryview]:
+        """The bodies of entries ``first``, ``first + step``, ... at ``positions`` (of
+        :meth:`LedgerIndex.run <bookie.index.LedgerIndex.run>`): read on the loop when the page
+        cache holds them all (recently written entries, the common case: no thread hand-off),
+        else on the reader thread."""
+        bodies = self._read_spans(ledger_id, first, step, positions, lengths, self._pread_cached)
+        if bodies is None:
+            bodies = await self._loop.run_in_executor(
+                self._reader, self._read_spans, ledger_id, first, step, positions, lengths, self._pread
+            )
+            assert bodies is not None, "a blocking read gives its bytes or raises"
+        return bodies
 
-    def _read_blocking(self, ledger_id: int, entry_id: int, location: Location) -> bytes:
-        fd = self._read_fd(location.segment_id)
-        data = self.fileio.pread(fd, location.length, location.offset)
-        record = fmt.decode_record_at(data, 0)
-        if record is None or record.type != fmt.RecordType.ENTRY:
-            raise EntryCorrupt(f"entry {ledger_id}:{entry_id}: journal record fails its checksum")
-        if fmt.parse_ledger_entry(record.body) != (ledger_id, entry_id):
-            raise EntryCorrupt(f"entry {ledger_id}:{entry_id}: index points at another record")
-        return bytes(record.body[fmt.ENTRY_PREFIX_BYTES :])
+    def _read_spans(
+        self,
+        ledger_id: int,
+        first: int,
+        step: int,
+        positions: Sequence[int],
+        lengths: Sequence[int],
+        pread: Callable[[int, int, int], bytes | bytearray | None],
+    ) -> list[memoryview] | None:
+        """What :meth:`_read_run` reads, each record checked: records lying in order and close
+        together are read with one ``pread(segment_id, offset, length)``, the bodies are views of
+        it. Stops before a record that fails its checks, or raises :class:`EntryCorrupt` if it is
+        the first; None as soon as ``pread`` gives None (not cached)."""
+        bodies: list[memoryview] = []
+        count = len(positions)
+        i = 0
+        while i < count:
+            # a span: the next records of the segment while each starts at most _READ_GAP_BYTES
+            # after the end of the one before (positions of one segment compare as its offsets)
+            start = positions[i]
+            segment_id, offset = split_position(start)
+            limit = min(start + _READ_SPAN_BYTES_MAX, segment_position(segment_id + 1, 0))
+            end = start + lengths[i]
+            j = i + 1
+            while j < count and end <= (position := positions[j]) <= min(end + _READ_GAP_BYTES, limit - 1):
+                end = position + lengths[j]
+                j += 1
+            read = pread(segment_id, offset, end - start)
+            if read is None:
+                return None
+            data = memoryview(read)
+            if not _entry_bodies(data, positions[i:j], start, ledger_id, first + i * step, step, bodies):
+                if bodies:
+                    return bodies  # a short batch: the client asks for the rest elsewhere
+                raise _corrupt(ledger_id, first, data[: lengths[0]])
+            i = j
+        return bodies
+
+    def _pread(self, segment_id: int, offset: int, length: int) -> bytes:
+        """A read on the reader thread (blocking)."""
+        return self.fileio.pread(self._read_fd(segment_id), length, offset)
+
+    def _pread_cached(self, segment_id: int, offset: int, length: int) -> bytearray | None:
+        """A read on the loop: the bytes when a descriptor of the segment is open and the page
+        cache holds them all, else None. Never opens or closes a descriptor: the reader thread
+        does, under ``_fds_lock``, which this holds while it reads (no disk wait: microseconds)."""
+        with self._fds_lock:
+            fd = self._read_fds.get(segment_id)
+            return None if fd is None else self.fileio.pread_nowait(fd, length, offset)
 
     def _read_fd(self, segment_id: int) -> int:
+        """The segment's read descriptor, opened if need be (reader thread: the only one to open or
+        close them, under ``_fds_lock`` as the loop reads through them too)."""
         fd = self._read_fds.get(segment_id)
         if fd is None:
-            if len(self._read_fds) >= READ_FDS_MAX:
-                oldest = next(iter(self._read_fds))
-                self.fileio.close(self._read_fds.pop(oldest))
             path = os.path.join(self._journal_dir, fmt.segment_name(segment_id))
-            fd = self._read_fds[segment_id] = self.fileio.open_read(path)
+            opened = self.fileio.open_read(path)
+            with self._fds_lock:
+                if len(self._read_fds) >= READ_FDS_MAX:
+                    oldest = next(iter(self._read_fds))
+                    self.fileio.close(self._read_fds.pop(oldest))
+                fd = self._read_fds[segment_id] = opened
         return fd
 
     # ------------------------------------------------------------------ garbage collection
@@ -595,9 +662,10 @@ class Storage:
         return freed
 
     def _delete_segment_blocking(self, segment_id: int) -> int:
-        fd = self._read_fds.pop(segment_id, None)
-        if fd is not None:
-            self.fileio.close(fd)
+        with self._fds_lock:
+            fd = self._read_fds.pop(segment_id, None)
+            if fd is not None:
+                self.fileio.close(fd)
         path = os.path.join(self._journal_dir, fmt.segment_name(segment_id))
         try:
             probe = self.fileio.open_read(path)

@@ -90,9 +90,8 @@ MUTANTS = (
     Mutant(
         "corrupt-record-as-no-entry",
         "bookie/storage.py",
-        '            raise EntryCorrupt(f"entry {ledger_id}:{entry_id}: journal record fails its '
-        'checksum")\n',
-        '            raise NoEntry(f"entry {ledger_id}:{entry_id}: journal record fails its checksum")\n',
+        '        return EntryCorrupt(f"entry {ledger_id}:{entry_id}: journal record fails its checksum")\n',
+        '        return NoEntry(f"entry {ledger_id}:{entry_id}: journal record fails its checksum")\n',
         ("tests/faults/test_disk_faults.py",),
         "a record failing its checksum is answered 'no such entry' instead of EIO",
     ),

@@ -190,6 +190,11 @@ class SimFileIO(FileIO):
             raise OSError(errno.EIO, f"short read: {len(data)} of {length} bytes at offset {offset}")
         return data
 
+    def pread_nowait(self, fd: int, length: int, offset: int) -> None:
+        """Never says the bytes are cached: every read goes through the reader executor's twin, as
+        the simulation schedules it."""
+        return None
+
     def map_read(self, path: str) -> _Mapped | None:  # type: ignore[override]
         file = self.disk.files.get(path)
         if file is None:

@@ -8,7 +8,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bookie.index import DENSE_GAP_MAX, LedgerIndex, Location
+from bookie.index import DENSE_GAP_MAX, LedgerIndex, Location, segment_position, split_position
 
 
 def test_an_overflow_entry_moves_into_the_arrays_when_they_grow_over_it() -> None:
@@ -107,3 +107,31 @@ def test_put_run_matches_put(puts: list[tuple[int, int]], cuts: list[int]) -> No
     assert len(in_runs) == len(one_by_one)
     assert in_runs.last_entry_id == one_by_one.last_entry_id
     assert in_runs.to_wire() == one_by_one.to_wire()
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 3 * DENSE_GAP_MAX), st.integers(1, 1000)), max_size=200),
+    st.integers(0, 3 * DENSE_GAP_MAX),
+    st.integers(1, 300),
+    st.integers(1, 64),
+)
+def test_run_is_get_up_to_the_first_absent(
+    puts: list[tuple[int, int]], first: int, count_max: int, step: int
+) -> None:
+    """``run`` (what a batch read asks) gives the locations ``get`` gives for ``first``, ``+ step``,
+    ... up to ``count_max`` and before the first absent one: dense slices, overflow or both."""
+    index = LedgerIndex()
+    for entry_id, segment in puts:
+        index.put(entry_id, segment, entry_id * 7 % (1 << 32), entry_id % 5000 + 1)
+    if puts and first % 2:  # start on an entry that exists half the time
+        first = puts[first % len(puts)][0]
+    expected = []
+    for entry_id in range(first, first + count_max * step, step):
+        location = index.get(entry_id)
+        if location is None:
+            break
+        expected.append(location)
+    positions, lengths = index.run(first, count_max, step)
+    got = [Location(*split_position(p), length) for p, length in zip(positions, lengths, strict=True)]
+    assert got == expected
+    assert all(segment_position(*split_position(p)) == p for p in positions)

@@ -50,6 +50,39 @@ def test_entry_head_and_body_equal_whole_record(size: int) -> None:
     assert head + body == fmt.encode_entry(3, 4, body)
 
 
+def test_entry_bodies__every_record_checked_like_the_decoder() -> None:
+    """``entry_bodies`` (a read's check of the records the index points at) takes a record exactly
+    when ``decode_record_at`` finds a valid ENTRY record of the entry wanted there, and stops at
+    the first that is not: every byte of a record flipped, a wrong ledger or entry, a cut."""
+    records = [fmt.encode_entry(7, i, bytes([i]) * 50) for i in range(0, 12, 3)]  # a stripe, step 3
+    offsets, at = [], 100
+    for record in records:
+        offsets.append(at)
+        at += len(record) + 5  # other bytes between them
+    data = bytearray(at)
+    for offset, record in zip(offsets, records, strict=True):
+        data[offset - 100 : offset - 100 + len(record)] = record
+    out: list[memoryview] = []
+    assert fmt.entry_bodies(memoryview(bytes(data)), offsets, 100, 7, 0, 3, out)
+    assert [bytes(b) for b in out] == [bytes([i]) * 50 for i in range(0, 12, 3)]
+    for ledger_id, first, step in ((8, 0, 3), (7, 1, 3), (7, 0, 1)):
+        out = []
+        assert not fmt.entry_bodies(memoryview(bytes(data)), offsets, 100, ledger_id, first, step, out)
+        assert len(out) == (1 if step == 1 else 0)  # (7, 0, 1): entry 0 right, 1 wanted next
+    second = offsets[1] - 100
+    for i in range(len(records[1])):
+        damaged = bytearray(data)
+        damaged[second + i] ^= 0x10
+        out = []
+        assert not fmt.entry_bodies(memoryview(bytes(damaged)), offsets, 100, 7, 0, 3, out)
+        assert len(out) == 1
+        assert fmt.decode_record_at(bytes(damaged), second) is None  # the same verdict
+    out = []
+    cut = memoryview(bytes(data[: second + len(records[1]) - 1]))
+    assert not fmt.entry_bodies(cut, offsets, 100, 7, 0, 3, out)
+    assert len(out) == 1
+
+
 def test_group_header_names_its_own_place() -> None:
     header = fmt.encode_group_header(3, 4096, 1234)
     assert len(header) == fmt.GROUP_HEADER_BYTES

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
 
+from bookie.fileio import FileIO
 from bookie.journal import JournalConfig
 from bookie.storage import Storage, StorageConfig
 from bookie.threads import OsThreads, Thread
@@ -46,3 +47,21 @@ async def test_storage_makes_its_threads_and_reads_time_through_the_seams(tmp_pa
     assert sum(storage.journal.sync_seconds.counts) == 2
     assert storage.journal.sync_seconds.sum == 0.0
     await storage.close()
+
+
+def test_pread_nowait_gives_cached_bytes_or_none(tmp_path: Path) -> None:
+    """The one read the event loop makes itself: the bytes when the page cache holds them all (a
+    file just written and read), None past the end, never a short read. Where the platform or
+    filesystem cannot tell, it is None (and reads go to the reader thread)."""
+    path = tmp_path / "segment"
+    path.write_bytes(bytes(range(256)) * 64)
+    fileio = FileIO()
+    fd = fileio.open_read(str(path))
+    try:
+        assert fileio.pread(fd, 100, 1000) == (bytes(range(256)) * 64)[1000:1100]
+        got = fileio.pread_nowait(fd, 100, 1000)
+        if got is not None:
+            assert bytes(got) == (bytes(range(256)) * 64)[1000:1100]
+        assert fileio.pread_nowait(fd, 100, len(bytes(range(256)) * 64) - 50) is None
+    finally:
+        fileio.close(fd)

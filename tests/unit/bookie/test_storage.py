@@ -13,6 +13,7 @@ import pytest
 from bookie import journal_format as fmt
 from bookie.checkpoint import CheckpointCorrupt
 from bookie.cookie import CookieMismatch
+from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.journal import JournalConfig, JournalError
 from bookie.ledger_state import LONG_POLL_WAITERS_PER_LEDGER_MAX, WakeReason
 from bookie.storage import (
@@ -290,6 +291,63 @@ async def test_corrupt_record_read_is_eio_not_no_entry(tmp_path: Path) -> None:
     patch(_journal_file(tmp_path), offset, bytes([_journal_file(tmp_path).read_bytes()[offset] ^ 0xFF]))
     with pytest.raises(EntryCorrupt):
         await storage.read_entry(1, 1)
+    await storage.close()
+
+
+class NothingCached(FileIO):
+    """The disk as seen when the page cache holds nothing: every read goes to the reader thread."""
+
+    def __init__(self) -> None:
+        self.blocking_reads = 0
+
+    def pread_nowait(self, fd: int, length: int, offset: int) -> None:
+        return None
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        self.blocking_reads += 1
+        return super().pread(fd, length, offset)
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["page-cache", "reader-thread"])
+async def test_a_batch_stops_before_a_corrupt_record_and_fails_on_a_corrupt_first(
+    tmp_path: Path, cached: bool
+) -> None:
+    """docs/protocol.md §7.6: a batch stops at the first entry the bookie cannot read (a short
+    batch); when that is its first entry the read fails (EIO, never ENOENTRY). The same whether
+    the records are read on the loop (cached) or on the reader thread."""
+    fileio = OS_FILE_IO if cached else NothingCached()
+    storage = await Storage.open(config(tmp_path), fileio)
+    for i in range(8):
+        await add(storage, 1, i)
+    assert await storage.read_range(1, 0, 100, 1 << 20) == [body(1, i, i - 1) for i in range(8)]
+    location = storage.ledger(1).index.get(5)
+    assert location is not None
+    offset = location.offset + location.length - 1
+    patch(_journal_file(tmp_path), offset, bytes([_journal_file(tmp_path).read_bytes()[offset] ^ 0xFF]))
+    assert await storage.read_range(1, 2, 100, 1 << 20) == [body(1, i, i - 1) for i in (2, 3, 4)]
+    with pytest.raises(EntryCorrupt, match="fails its checksum"):
+        await storage.read_range(1, 5, 100, 1 << 20)
+    with pytest.raises(EntryCorrupt, match="fails its checksum"):
+        await storage.read_entry(1, 5)
+    assert await storage.read_range(1, 6, 100, 1 << 20) == [body(1, i, i - 1) for i in (6, 7)]
+    if not cached:
+        assert isinstance(fileio, NothingCached)
+        assert fileio.blocking_reads > 0
+    await storage.close()
+
+
+async def test_a_record_the_index_misplaces_is_eio(tmp_path: Path) -> None:
+    """An index entry pointing at another entry's (valid) record is damage: EIO, never that body."""
+    storage = await Storage.open(config(tmp_path))
+    for i in range(3):
+        await add(storage, 1, i)
+    index = storage.ledger(1).index
+    other = index.get(2)
+    assert other is not None
+    index.put(1, *other)
+    with pytest.raises(EntryCorrupt, match="index points at another record"):
+        await storage.read_entry(1, 1)
+    assert await storage.read_range(1, 0, 100, 1 << 20) == [body(1, 0, -1)]  # a short batch
     await storage.close()
 
 

@@ -137,3 +137,30 @@ def test_decode_answer__near_misses_decode_or_fail_as_the_generic_decoder(obj: l
 @given(st.binary(max_size=40))
 def test_decode_answer__any_bytes_decode_or_fail_as_the_generic_decoder(body: bytes) -> None:
     _same_decode(body)
+
+
+@given(
+    rid=rids,
+    ledger_id=ids,
+    start=ids,
+    bodies=st.lists(st.one_of(st.binary(max_size=300), st.just(b"\xa5" * 70_000)), max_size=20),
+    lac=lacs,
+    step=st.integers(1, 64),
+    views=st.booleans(),
+)
+@settings(max_examples=200)
+def test_encode_batch_read_ok__generic_bytes(
+    rid: int, ledger_id: int, start: int, bodies: list[bytes], lac: int, step: int, views: bool
+) -> None:
+    """The bookie's BATCH_READ answer, built in one join (bodies as bytes or as views of what it
+    read), is the generic encoder's frame."""
+    generic = m.encode(m.BatchReadResponse(rid, 0, None, ledger_id, start, bodies, lac, step))
+    parts = [memoryview(b) for b in bodies] if views else bodies
+    assert m.encode_batch_read_ok(rid, ledger_id, start, parts, lac, step) == generic
+
+
+def test_encode_batch_read_ok__array_header_sizes() -> None:
+    for count in (0, 15, 16, 65_535, 65_536):
+        bodies = [b""] * count
+        generic = m.encode(m.BatchReadResponse(1, 0, None, 2, 3, bodies, 4, 1))
+        assert m.encode_batch_read_ok(1, 2, 3, bodies, 4, 1) == generic
