@@ -188,30 +188,30 @@ def _on_batch_result(context: tuple[_BatchOp, int], bookie_id: str, result: Resu
 def _take(op: _BatchOp, bookie_id: str, start: int, bodies: list[bytes]) -> bool:
     """Verify and append the bodies extending ``op.entries``; False if one was corrupt."""
     reader = op.reader
-    codec = reader.codec
-    ledger_id = reader.ledger_id
     entries = op.entries
-    metrics = reader.metrics
     step = op.step
     wanted = op.first + len(entries) * step
-    for offset in range(max(0, (wanted - start) // step), len(bodies)):
-        entry_id = start + offset * step
-        if entry_id > op.last:
-            break  # more than asked for: never past the range
-        try:
-            entry = codec.decode(bodies[offset], ledger_id, entry_id)
-        except DigestMismatch as mismatch:
-            log.warning(
-                "read.corrupt_replica",
-                ledger_id=ledger_id,
-                entry_id=entry_id,
-                bookie=bookie_id,
-                error=str(mismatch),
-            )
-            return False
-        entries.append(entry)
+    skip = max(0, (wanted - start) // step)  # bodies of entries taken already (from another answer)
+    room = (op.last - wanted) // step + 1  # never past the range
+    taken = len(entries)
+    try:
+        first_body = start + skip * step
+        reader.codec.decode_run(bodies[skip : skip + room], reader.ledger_id, first_body, step, entries)
+    except DigestMismatch as mismatch:
+        log.warning(
+            "read.corrupt_replica",
+            ledger_id=reader.ledger_id,
+            entry_id=start + (skip + len(entries) - taken) * step,
+            bookie=bookie_id,
+            error=str(mismatch),
+        )
+        return False
+    finally:
+        metrics = reader.metrics
         if metrics is not None:
-            metrics.read_completed(reader.loop.time() - op.started)
+            latency_s = reader.loop.time() - op.started
+            for _ in range(len(entries) - taken):
+                metrics.read_completed(latency_s)
     return True
 
 
