@@ -25,6 +25,7 @@ from bookie.config import BookieConfig, ConfigError, effective_toml, load
 from bookie.cookie import CookieMismatch
 from bookie.gc import MetadataCatalog
 from bookie.journal_format import JournalCorrupt
+from bookie.malloc import keep_big_buffers
 from bookie.registration import (
     BookieIdInUse,
     ClusterMismatch,
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"bookie: configuration error: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     configure_logging(level=config.log_level)
+    keep_big_buffers()  # batch reads' frames reused from the heap (bookie/malloc.py)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         code = runner.run(serve(config))
     sys.exit(code)
