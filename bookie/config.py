@@ -80,6 +80,14 @@ class BookieConfig:
     checkpoint_interval_s: float = _key(
         30.0, "How often the index is checkpointed (replay after a crash starts there)."
     )
+    checkpoint_journal_bytes: int = _key(
+        256 * 1024 * 1024,
+        "A checkpoint is also written once the journal grew by this much since the last one: "
+        "bounds what a restart replays whatever the write rate.",
+    )
+    checkpoint_journal_records: int = _key(
+        500_000, "The same bound in journal records (small entries replay slower per byte)."
+    )
     frame_bytes_max: int = _key(
         FRAME_BYTES_MAX,
         "Largest request frame accepted; a larger length prefix closes the connection before "
@@ -246,6 +254,7 @@ class BookieConfig:
         if not 2 <= config.registration_ttl_s <= 3600:
             raise ConfigError(f"registration_ttl_s {config.registration_ttl_s} is out of range 2..3600")
         _positive(config, "journal_queue_bytes_max", "checkpoint_interval_s", "frame_read_timeout_s")
+        _positive(config, "checkpoint_journal_bytes", "checkpoint_journal_records")
         if not 1024 <= config.frame_bytes_max <= fmt.RECORD_BODY_BYTES_MAX - _RECORD_OVERHEAD_BYTES:
             raise ConfigError(f"frame_bytes_max {config.frame_bytes_max} is out of range")
         if config.journal_group_wait_ms < 0:
@@ -360,6 +369,8 @@ class BookieConfig:
             bookie_id=self.bookie_id,
             journal=self.journal_config(),
             checkpoint_interval_s=self.checkpoint_interval_s,
+            checkpoint_journal_bytes=self.checkpoint_journal_bytes,
+            checkpoint_journal_records=self.checkpoint_journal_records,
         )
 
 

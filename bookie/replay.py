@@ -34,6 +34,9 @@ CHECKPOINT_FILE = "checkpoint"
 class Recovered:
     ledgers: dict[int, LedgerState]
     start: Position  # where the journal continues appending
+    replayed_from: Position | None = None
+    """Where replay started: the position of the checkpoint on disk, or the journal's start when
+    there is none. Everything after it is what a checkpoint has yet to cover."""
     records_replayed: int = 0
     torn_bytes_cut: int = 0
     segments: list[int] = field(default_factory=list)
@@ -124,7 +127,7 @@ def recover(fileio: FileIO, data_dir: str) -> Recovered:
     else:
         _check_consecutive([i for i in ids if i >= position.segment_id])
         _check_indexed_segments(ledgers, ids)
-    result = Recovered(ledgers, position, segments=ids)
+    result = Recovered(ledgers, position, replayed_from=position, segments=ids)
     damaged: tuple[int, int] | None = None  # segment and offset of the damage found so far
     torn: tuple[int, int, int] | None = None
     for segment_id in (i for i in ids if i >= position.segment_id):

@@ -75,6 +75,8 @@ _READ_GAP_BYTES = 4096
 """A batch read reads the records of its entries that lie closer than this in one ``pread`` (a
 syscall costs about what copying a few KiB does)."""
 _READ_SPAN_BYTES_MAX = 1048576
+CHECKPOINT_POLL_S = 1.0
+"""How often the checkpoint policy (:meth:`Storage.checkpoint_due`) is checked."""
 CHECKPOINT_SLICE_S = 0.005
 """Loop time a checkpoint takes at most in one go while it collects rows (the 50 ms target with a
 million ledgers leaves room for the other work of the same turn)."""
@@ -129,6 +131,11 @@ class StorageConfig:
     journal: JournalConfig = field(default_factory=JournalConfig)
     checkpoint_interval_s: float = 30.0
     """How often the index is checkpointed when the journal moved: bounds replay time at restart."""
+    checkpoint_journal_bytes: int = 256 * 1024 * 1024
+    """A checkpoint is also written once the journal grew by this much since the last one, so what
+    a restart replays is bounded whatever the write rate (replay runs at ~150-200k records/s)."""
+    checkpoint_journal_records: int = 500_000
+    """The same bound in records (small entries replay slower per byte)."""
 
 
 _BODY_HEADER = struct.Struct(">qqq")  # ledger id, entry id, piggybacked LAC (protocol/digest.py)
@@ -216,7 +223,10 @@ class Storage:
         self._cold = threads.executor("storage-cold")
         self._read_fds: dict[int, int] = {}
         self._fds_lock = threading.Lock()
-        self._checkpointed = recovered.start
+        self._checkpointed = recovered.replayed_from or recovered.start
+        """The position of the checkpoint on disk: replay after a crash starts there."""
+        self._checkpointed_at = (0, 0)  # the journal's (records, bytes) written when it was taken
+        self._replayed = recovered.records_replayed
         self._checkpoint_task: asyncio.Task[None] | None = None
         self._checkpoint_lock = asyncio.Lock()
         self.keys: KeyVerifier | None = None
@@ -698,10 +708,11 @@ class Storage:
         CRC and the write happen in a worker thread."""
         async with self._checkpoint_lock:
             position = self.journal.synced_position
+            written = (self.journal.records_written, self.journal.bytes_written)
             rows, reencoded = await self._checkpoint_rows()
             write = self._write_checkpoint_blocking
             size = await self._loop.run_in_executor(self._cold, write, position, rows)
-            self._checkpointed = position
+            self._checkpointed, self._checkpointed_at = position, written
             log.info(
                 "storage.checkpointed",
                 segment=position.segment_id,
@@ -744,13 +755,36 @@ class Storage:
         self.fileio.write_file_atomic(path, parts, failpoints.INDEX_CHECKPOINT)
         return sum(len(part) for part in parts)
 
+    def checkpoint_due(self, elapsed_s: float) -> bool:
+        """Whether the policy asks for a checkpoint ``elapsed_s`` after the last one: the journal
+        moved and the interval passed, or it grew by ``checkpoint_journal_bytes`` or
+        ``checkpoint_journal_records`` since (replay after a crash is bounded by these)."""
+        if self.journal.synced_position == self._checkpointed:
+            return False
+        records, written = self._checkpointed_at
+        config = self.config
+        return (
+            elapsed_s >= config.checkpoint_interval_s
+            or self.journal.bytes_written - written >= config.checkpoint_journal_bytes
+            or self.journal.records_written - records >= config.checkpoint_journal_records
+        )
+
     async def _checkpoint_loop(self) -> None:
+        """Checkpoints as :meth:`checkpoint_due` asks, checked every :data:`CHECKPOINT_POLL_S`.
+        The first check comes at once: what a restart replayed is checkpointed straight away, so a
+        bookie that crashes again (idle or not) does not replay it all again."""
+        config = self.config
+        last = self._loop.time()
+        due = self._replayed > 0
         while True:
-            await asyncio.sleep(self.config.checkpoint_interval_s)
-            try:
-                await self.checkpoint()
-            except OSError as exc:  # the next interval retries; replay covers the gap meanwhile
-                log.error("storage.checkpoint_failed", error=repr(exc))  # noqa: TRY400 (expected, no trace)
+            if due or self.checkpoint_due(self._loop.time() - last):
+                try:
+                    await self.write_checkpoint()
+                    due = False
+                except OSError as exc:  # the next check retries; replay covers the gap meanwhile
+                    log.error("storage.checkpoint_failed", error=repr(exc))  # noqa: TRY400 (expected, no trace)
+                last = self._loop.time()
+            await asyncio.sleep(min(CHECKPOINT_POLL_S, config.checkpoint_interval_s))
 
     async def close(self) -> None:
         """Flush the journal, write a final checkpoint, release the data dir."""

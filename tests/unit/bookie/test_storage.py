@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import struct
@@ -202,6 +203,54 @@ async def test_checkpoint_then_replay_only_the_rest(tmp_path: Path) -> None:
     await storage.close()
     storage = await Storage.open(config(tmp_path))  # after a clean close: all from the checkpoint
     assert len(storage.ledger(1).index) == 15
+    await storage.close()
+
+
+async def _checkpointed(storage: Storage) -> None:
+    """Until the checkpoint on disk covers everything journaled (the storage's own task writes
+    it); bounded, so a policy that never fires fails instead of hanging."""
+    for _ in range(200):
+        if storage.checkpointed_position == storage.journal.synced_position:
+            return
+        await asyncio.sleep(0.05)
+    synced = storage.journal.synced_position
+    raise AssertionError(f"no checkpoint: {storage.checkpointed_position} vs {synced}")
+
+
+async def test_what_a_restart_replayed_is_checkpointed_at_once(tmp_path: Path) -> None:
+    """Issue 19: an idle bookie used to keep the old checkpoint after replaying (its position was
+    taken for the end of the replay), so each crash of a crash loop replayed the whole tail again.
+    The replayed records are checkpointed right after the start, well before the interval."""
+    storage = await Storage.open(config(tmp_path))  # checkpoint_interval_s=3600
+    for i in range(30):
+        await add(storage, 1, i)
+    storage.abort()
+    storage = await Storage.open(config(tmp_path))
+    assert storage.checkpointed_position != storage.journal.synced_position  # replay started before
+    await _checkpointed(storage)
+    storage.abort()
+    storage = await Storage.open(config(tmp_path))
+    assert storage.checkpointed_position == storage.journal.synced_position  # nothing left to replay
+    assert [(await storage.read_entry(1, i))[1] for i in (0, 29)] == [body(1, 0, -1), body(1, 29, 28)]
+    await storage.close()
+
+
+@pytest.mark.parametrize("bound", ["records", "bytes"])
+async def test_a_checkpoint_is_due_after_so_many_journal_records_or_bytes(tmp_path: Path, bound: str) -> None:
+    """Replay after a crash is bounded by the checkpoint policy whatever the write rate: the journal
+    growing by ``checkpoint_journal_records`` / ``_bytes`` since the last checkpoint makes one due
+    long before the interval."""
+    limits = {"checkpoint_journal_records": 20} if bound == "records" else {"checkpoint_journal_bytes": 4096}
+    storage = await Storage.open(dataclasses.replace(config(tmp_path), **limits))
+    assert not storage.checkpoint_due(0.0)  # nothing journaled
+    for i in range(5):
+        await add(storage, 1, i)
+    assert not storage.checkpoint_due(0.0)
+    assert storage.checkpoint_due(3600.0)  # the interval
+    for i in range(5, 40):
+        await add(storage, 1, i, payload=b"p" * 200)
+    await _checkpointed(storage)  # the policy's own task wrote it: the interval is an hour
+    assert not storage.checkpoint_due(0.0)
     await storage.close()
 
 
