@@ -71,10 +71,11 @@ _RECORD_OVERHEAD_BYTES = fmt.RECORD_HEADER_BYTES + fmt.ENTRY_PREFIX_BYTES
 _COALESCE_GAP_BYTES = 64 * 1024
 """Compaction reads live records that lie closer than this in one ``pread`` (dead bytes between)."""
 _COALESCE_BYTES_MAX = 4 * 1024 * 1024
-_READ_GAP_BYTES = 4096
-"""A batch read reads the records of its entries that lie closer than this in one ``pread`` (a
-syscall costs about what copying a few KiB does)."""
-_READ_SPAN_BYTES_MAX = 1048576
+_READ_GAP_BYTES = 16 * 1024
+"""A batch read reads the records of its entries that lie closer than this in one ``pread``: a
+read call (syscall, buffer, Python) costs about what copying ~16 KiB more does. A stripe's records
+lie a few records apart (the bookie's other stripes, other ledgers' records between them)."""
+_READ_SPAN_BYTES_MAX = 1024 * 1024
 CHECKPOINT_POLL_S = 1.0
 """How often the checkpoint policy (:meth:`Storage.checkpoint_due`) is checked."""
 CHECKPOINT_SLICE_S = 0.005
