@@ -74,8 +74,11 @@ class ClientConfig:
     speculative_read_delay_ms: int = 50
     """A read with no answer after this long is also sent to the next replica; the first valid
     answer wins. 0 disables speculative reads."""
-    read_window_max: int = 512
-    """Entry reads in flight for one range iteration (bounds memory of read-ahead)."""
+    read_window_max: int = 2048
+    """Entry reads in flight for one range iteration (bounds memory of read-ahead). Batch reads
+    split it over 4 batches (stripes: 4 per stripe), so it sets their size too: 512 entries per
+    batch for Qw == E, ~100 per stripe at E5; the bytes in flight are bounded apart
+    (``batch_read_bytes_max``)."""
     batch_read_count_max: int = 1_000
     """Entries asked for in one BATCH_READ (used when every bookie holds every entry, Qw == E)."""
     batch_read_bytes_max: int = 4 * 1024 * 1024
