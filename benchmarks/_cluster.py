@@ -34,6 +34,7 @@ def parser(doc: str | None, *, reps: int = 5) -> argparse.ArgumentParser:
     result.add_argument("--qw", type=int, default=3)
     result.add_argument("--qa", type=int, default=2)
     result.add_argument("--dir", default=None)
+    result.add_argument("--bookies", type=int, default=BOOKIES)
     return result
 
 
@@ -47,7 +48,8 @@ def run_reps(
     """Start the bookies, run ``prepare`` once (its result is passed to every rep), then
     ``args.reps`` runs of ``one_run(procs, args, ledgers[, prepared])``; stops everything after."""
     base = tempfile.mkdtemp(prefix=f"bench-{name}-", dir=args.dir)
-    procs = [BookieProcess(os.path.join(base, f"b{i}"), bookie_id=f"b{i}") for i in range(BOOKIES)]
+    count = getattr(args, "bookies", BOOKIES)
+    procs = [BookieProcess(os.path.join(base, f"b{i}"), bookie_id=f"b{i}") for i in range(count)]
     runs: list[dict[str, Any]] = []
     try:
         for proc in procs:

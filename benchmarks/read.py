@@ -4,12 +4,15 @@ Real bookie processes, 3 bookies. One client writes ``--entries`` entries of ``-
 (pipelined) and closes the ledger; a second client (cold: new connections) opens it and iterates
 ``read()`` over the whole ledger. With ``Qw == E`` (default E3/Qw3/Qa2) the client reads in
 BATCH_READs, with ``Qw < E`` in pipelined single reads. ``--batch-count-max 1`` approximates the
-single-read path on a ``Qw == E`` ledger for comparison.
+single-read path on a ``Qw == E`` ledger for comparison. Each run also gives the CPU per entry
+read of the client process and of the bookies together (from /proc), the figures to read on a
+shared machine; ``--bookies 5 --ensemble 5 --qw 2`` reads E5 stripes.
 
-Prints one JSON line per run and a summary (median entries/s over ``--reps``).
+Prints one JSON line per run and a summary (medians over ``--reps``).
 
     python -m benchmarks.read --reps 5
     python -m benchmarks.read --reps 5 --qw 2
+    python -m benchmarks.read --reps 5 --bookies 5 --ensemble 5 --qw 2
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 from benchmarks import _cluster
 from bookkeeper_aio import BookKeeper, ClientConfig
+from bookkeeper_aio.cli.bench.stats import thread_cpu_s
 from bookkeeper_aio.client.bookie_client import StaticResolver
 from bookkeeper_aio.client.context import StaticDirectory
 from metadata.ledger_manager import LedgerManager
@@ -61,15 +65,31 @@ async def one_run(
     reader = _client(procs, ledgers, config)
     try:
         rh = await reader.open_ledger(ledger_id, password=b"bench")
-        started = time.perf_counter()
+        bookies0, cpu0, started = _bookies_cpu_s(procs), time.process_time(), time.perf_counter()
         count = 0
         async for _entry in rh.read():
             count += 1
         elapsed = time.perf_counter() - started
+        cpu_s, bookies_s = time.process_time() - cpu0, _bookies_cpu_s(procs) - bookies0
         assert count == args.entries
-        return {"entries": count, "seconds": round(elapsed, 4), "entries_per_s": round(count / elapsed)}
+        return {
+            "entries": count,
+            "seconds": round(elapsed, 4),
+            "entries_per_s": round(count / elapsed),
+            "client_cpu_us_per_entry": round(cpu_s / count * 1e6, 2),
+            "bookies_cpu_us_per_entry": round(bookies_s / count * 1e6, 2),
+        }
     finally:
         await reader.close()
+
+
+def _bookies_cpu_s(procs: list[BookieProcess]) -> float:
+    total = 0.0
+    for proc in procs:
+        assert proc.proc is not None
+        times = thread_cpu_s(proc.proc.pid)
+        total += 0.0 if times is None else sum(times)
+    return total
 
 
 def main() -> None:
@@ -87,6 +107,8 @@ def main() -> None:
         "batch_count_max": args.batch_count_max,
         "reps": len(runs),
         "entries_per_s_median": round(statistics.median(r["entries_per_s"] for r in runs)),
+        "client_cpu_us_per_entry_median": statistics.median(r["client_cpu_us_per_entry"] for r in runs),
+        "bookies_cpu_us_per_entry_median": statistics.median(r["bookies_cpu_us_per_entry"] for r in runs),
         "loadavg": os.getloadavg(),
     }
     print(json.dumps(summary))
