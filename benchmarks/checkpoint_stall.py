@@ -7,7 +7,10 @@ recovering client or a squatter sends; ``--entries`` more adds an entry to each)
 late it wakes up: the loop stall. Between checkpoints ``--dirty`` of the ledgers get a new entry,
 so an incremental checkpoint has something to re-encode. Before the checkpoints the probe runs as
 long on the idle loop: the baseline in the same run (this machine is shared; only ratios and the
-max against the 50 ms target mean anything).
+max against the 50 ms target mean anything). Only these checkpoints are written (the storage's own
+policy is set out of reach). Then the storage is closed and opened again, as a restart from the
+final checkpoint: how long the open takes, the longest stall meanwhile, and the process's RSS per
+ledger record (after the fill, against before it).
 
     python -m benchmarks.checkpoint_stall                     # 200k ledgers, 3 checkpoints
     python -m benchmarks.checkpoint_stall --ledgers 1000000
@@ -125,14 +128,23 @@ async def fill(storage: Storage, ledgers: int, entry_id: int, ids: range | list[
 async def run(args: argparse.Namespace) -> None:
     base = tempfile.mkdtemp(prefix="bk-ckpt-", dir=args.dir)
     try:
-        storage = await Storage.open(
-            StorageConfig(data_dir=os.path.join(base, "bookie"), bookie_id="b0", checkpoint_interval_s=3600)
+        config = StorageConfig(
+            data_dir=os.path.join(base, "bookie"),
+            bookie_id="b0",
+            checkpoint_interval_s=3600,
+            checkpoint_journal_bytes=1 << 62,  # only the checkpoints measured here
+            checkpoint_journal_records=1 << 62,
         )
+        storage = await Storage.open(config)
+        gc.collect()
+        rss_before = _rss_bytes()
         started = time.perf_counter()
         await fill(storage, args.ledgers, -1, range(1, args.ledgers + 1))
         for entry_id in range(args.entries):
             await fill(storage, args.ledgers, entry_id, range(1, args.ledgers + 1))
         fill_s = time.perf_counter() - started
+        gc.collect()
+        rss_per_ledger = (_rss_bytes() - rss_before) / args.ledgers
         probe = _Probe(args.probe_ms / 1000)
         probe.start()
         await asyncio.sleep(args.idle_s)
@@ -157,6 +169,14 @@ async def run(args: argparse.Namespace) -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
         await storage.close()
+        probe.start()
+        t0 = time.perf_counter()
+        storage = await Storage.open(config)  # a restart from the final checkpoint
+        open_s = time.perf_counter() - t0
+        await asyncio.sleep(args.probe_ms * 3 / 1000)
+        restart = await probe.stop()
+        print(json.dumps({"phase": "restart", "open_s": round(open_s, 3), **restart}), flush=True)
+        await storage.close()
         summary: dict[str, Any] = {
             "summary": True,
             "ledgers": args.ledgers,
@@ -170,12 +190,20 @@ async def run(args: argparse.Namespace) -> None:
             "stall_ratio_vs_idle": round(
                 statistics.median(r["stall_ms_max"] for r in rows) / max(baseline["stall_ms_max"], 0.01), 1
             ),
+            "rss_bytes_per_ledger": round(rss_per_ledger),
+            "restart_open_s": round(open_s, 3),
+            "restart_stall_ms_max": restart["stall_ms_max"],
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
         }
         print(json.dumps(summary), flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def main() -> None:
