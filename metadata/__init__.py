@@ -35,6 +35,7 @@ from metadata.election import Election
 from metadata.errors import (
     BadVersion,
     CasResultUnknown,
+    GuardFailed,
     InvalidMetadata,
     InvalidUrl,
     LeaseExpired,
@@ -55,7 +56,7 @@ from metadata.ledger_metadata import LedgerMetadata, LedgerState
 from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogLedger, LogLedgerState, LogMetadata
 from metadata.memory import MemoryStore
-from metadata.store import EventKind, KeyValue, MetadataStore, Page, WatchEvent
+from metadata.store import EventKind, Guard, KeyValue, MetadataStore, Page, WatchEvent
 
 __all__ = [
     "UNCHANGED",
@@ -72,6 +73,8 @@ __all__ = [
     "EtcdConfig",
     "EtcdStore",
     "EventKind",
+    "Guard",
+    "GuardFailed",
     "IdGenerator",
     "InvalidMetadata",
     "InvalidUrl",

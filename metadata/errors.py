@@ -48,6 +48,22 @@ class BadVersion(MetadataError):
         self.actual = actual
 
 
+class GuardFailed(MetadataError):
+    """A guarded write (``guards=`` of ``compare_and_set`` / ``delete``) found a guard key gone or
+    at another version: the authority the caller held when it decided (a lock bound to its lease)
+    is lost, so nothing was written. Not retriable: re-take the authority first."""
+
+    def __init__(self, key: str, guard: str, expected: int, actual: int | None) -> None:
+        found = "gone" if actual is None else f"at version {actual}"
+        super().__init__(
+            f"write to {key!r} refused: its guard {guard!r} is {found}, not at version {expected}"
+        )
+        self.key = key
+        self.guard = guard
+        self.expected = expected
+        self.actual = actual
+
+
 class NodeExists(MetadataError):
     """A create found the key already present."""
 

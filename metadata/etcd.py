@@ -12,7 +12,9 @@ Rules:
 - Reads retry freely. A mutation is retried only when it provably was not applied (channel not ready,
   "no leader"); once sent, a lost answer is `CasResultUnknown`, never success or failure.
 - Versions are mod_revisions: create = txn ``If(create_revision == 0)``, CAS = txn ``If(mod_revision == v)``
-  with a failure branch that reads the key so `BadVersion` and `NoNode` are told apart.
+  with a failure branch that reads the key so `BadVersion` and `NoNode` are told apart; each guard
+  of a guarded write adds ``mod_revision(guard) == its version`` to the same txn (and a read of it
+  to the failure branch: `GuardFailed`).
 - Watches resume from the last delivered revision on a new stream (any endpoint); etcd's
   "require leader" metadata makes a member that lost its leader end the stream instead of going quiet.
 """
@@ -31,6 +33,7 @@ from bookkeeper_aio.common.backoff import Backoff
 from metadata.errors import (
     BadVersion,
     CasResultUnknown,
+    GuardFailed,
     LeaseExpired,
     MetadataError,
     MetadataUnavailable,
@@ -40,6 +43,7 @@ from metadata.errors import (
 )
 from metadata.store import (
     EventKind,
+    Guards,
     KeyValue,
     MetadataStore,
     Page,
@@ -372,43 +376,53 @@ class EtcdStore(MetadataStore):
         response = await self._txn(key, request)
         return int(response.header.revision)
 
-    def _versioned_txn(self, raw: bytes, expected_version: int, then: Any) -> Any:
+    @staticmethod
+    def _mod_equals(raw: bytes, version: int) -> Any:
+        return rpc.Compare(key=raw, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=version)
+
+    def _guarded_txn(self, raw: bytes, expected_version: int | None, then: Any, guards: Guards) -> Any:
+        """``then`` if the key is at ``expected_version`` (None: no condition on it) and every guard
+        key at its version; the failure branch reads the key and each guard key, to tell
+        `GuardFailed` from `BadVersion` from `NoNode` (:meth:`_raise_conflict`)."""
+        compare = [] if expected_version is None else [self._mod_equals(raw, expected_version)]
+        compare.extend(self._mod_equals(guard.key.encode(), guard.version) for guard in guards)
+        reads = [raw, *(guard.key.encode() for guard in guards)]
         return rpc.TxnRequest(
-            compare=[
-                rpc.Compare(
-                    key=raw, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=expected_version
-                )
-            ],
+            compare=compare,
             success=[then],
-            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=raw))],
+            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=k)) for k in reads],
         )
 
-    def _raise_conflict(self, key: str, expected_version: int, response: Any) -> None:
+    def _raise_conflict(self, key: str, expected_version: int | None, response: Any, guards: Guards) -> None:
+        for i, guard in enumerate(guards, start=1):
+            kvs = response.responses[i].response_range.kvs
+            actual = int(kvs[0].mod_revision) if kvs else None
+            if actual != guard.version:
+                raise GuardFailed(key, guard.key, guard.version, actual)
         kvs = response.responses[0].response_range.kvs
         if not kvs:
             raise NoNode(key)
+        assert expected_version is not None  # only a versioned write fails on its own key
         raise BadVersion(key, expected_version, int(kvs[0].mod_revision))
 
-    async def compare_and_set(self, key: str, value: bytes, expected_version: int) -> int:
+    async def compare_and_set(
+        self, key: str, value: bytes, expected_version: int, *, guards: Guards = ()
+    ) -> int:
         raw = key.encode()
         put = rpc.RequestOp(request_put=rpc.PutRequest(key=raw, value=value, ignore_lease=True))
-        response = await self._txn(key, self._versioned_txn(raw, expected_version, put))
+        response = await self._txn(key, self._guarded_txn(raw, expected_version, put, guards))
         if not response.succeeded:
-            self._raise_conflict(key, expected_version, response)
+            self._raise_conflict(key, expected_version, response, guards)
         return int(response.header.revision)
 
-    async def delete(self, key: str, expected_version: int | None = None) -> None:
+    async def delete(self, key: str, expected_version: int | None = None, *, guards: Guards = ()) -> None:
         raw = key.encode()
         remove = rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=raw))
-        if expected_version is None:
-            request = rpc.TxnRequest(compare=[], success=[remove], failure=[])
-            response = await self._txn(key, request)
-            if response.responses[0].response_delete_range.deleted == 0:
-                raise NoNode(key)
-            return
-        response = await self._txn(key, self._versioned_txn(raw, expected_version, remove))
+        response = await self._txn(key, self._guarded_txn(raw, expected_version, remove, guards))
         if not response.succeeded:
-            self._raise_conflict(key, expected_version, response)
+            self._raise_conflict(key, expected_version, response, guards)
+        if response.responses[0].response_delete_range.deleted == 0:
+            raise NoNode(key)
 
     async def list(
         self,

@@ -39,7 +39,7 @@ from metadata.errors import (
 from metadata.idgen import IdGenerator
 from metadata.keys import ClusterKeys
 from metadata.ledger_metadata import LedgerMetadata
-from metadata.store import MetadataStore, watch_value
+from metadata.store import Guards, MetadataStore, watch_value
 
 log = structlog.get_logger("metadata.ledger_manager")
 
@@ -177,12 +177,18 @@ class LedgerManager:
 
     # ---- update ----------------------------------------------------------------------------------
 
-    async def write(self, metadata: LedgerMetadata, expected_version: int) -> VersionedLedger:
-        """One CAS of ``metadata`` at ``expected_version``. Raises `BadVersion`, `NoSuchLedger`."""
+    async def write(
+        self, metadata: LedgerMetadata, expected_version: int, *, guards: Guards = ()
+    ) -> VersionedLedger:
+        """One CAS of ``metadata`` at ``expected_version``, only while every guard holds (e.g. the
+        caller's replication lock: `metadata.store.Guard`). Raises `BadVersion`, `NoSuchLedger`,
+        `GuardFailed`."""
         key = self.keys.ledger(metadata.ledger_id)
         try:
             failpoints.hit(failpoints.CAS_BEFORE, key=key)
-            version = await self._store.compare_and_set(key, serde.encode(metadata), expected_version)
+            version = await self._store.compare_and_set(
+                key, serde.encode(metadata), expected_version, guards=guards
+            )
             failpoints.hit(failpoints.CAS_AFTER, key=key)
         except NoNode:
             raise NoSuchLedger(metadata.ledger_id, key) from None
@@ -197,6 +203,7 @@ class LedgerManager:
         current: VersionedLedger | None = None,
         retry_unknown: bool = False,
         attempt_timeout_s: float | None = None,
+        guards: Guards = (),
     ) -> VersionedLedger:
         """Read-modify-write with CAS until it applies, ``transform`` says `UNCHANGED`, or it raises.
 
@@ -212,9 +219,12 @@ class LedgerManager:
         last attempt loses, ``transform`` still sees the state that beat it, so its own rules (e.g.
         "the ledger is not OPEN any more") decide the error rather than the retry count.
 
+        ``guards`` go with every CAS (:meth:`write`): a guard that fails ends the loop with
+        `GuardFailed` (the caller's authority is gone; retrying cannot bring it back).
+
         Returns the metadata as stored afterwards. Raises whatever ``transform`` raises, `NoSuchLedger`,
-        `UpdateRetriesExhausted`, `CasResultUnknown` (unless ``retry_unknown``), `MetadataUnavailable`,
-        ``TimeoutError``.
+        `UpdateRetriesExhausted`, `CasResultUnknown` (unless ``retry_unknown``), `GuardFailed`,
+        `MetadataUnavailable`, ``TimeoutError``.
         """
         if current is None:
             async with asyncio.timeout(attempt_timeout_s):
@@ -230,7 +240,7 @@ class LedgerManager:
                 raise ValueError(f"transform changed the ledger id {ledger_id} -> {proposed.ledger_id}")
             try:
                 async with asyncio.timeout(attempt_timeout_s):
-                    return await self.write(proposed, current.version)
+                    return await self.write(proposed, current.version, guards=guards)
             except retried as error:
                 log.debug("ledger.cas_conflict", ledger_id=ledger_id, attempt=attempt, error=repr(error))
             await asyncio.sleep(self._rng.uniform(0, min(CAS_CONFLICT_SLEEP_S_MAX, 0.001 * attempt)))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from metadata.errors import (
     BadVersion,
     CasResultUnknown,
+    GuardFailed,
     LeaseExpired,
     MetadataUnavailable,
     NodeExists,
@@ -28,6 +29,7 @@ from metadata.errors import (
 )
 from metadata.store import (
     EventKind,
+    Guards,
     KeyValue,
     MetadataStore,
     Page,
@@ -183,8 +185,19 @@ class MemoryStore(MetadataStore):
         self._raise_if_lost(key)
         return version
 
-    async def compare_and_set(self, key: str, value: bytes, expected_version: int) -> int:
+    def _check_guards(self, key: str, guards: Guards) -> None:
+        """Raise `GuardFailed` for the first guard key gone or at another version (etcd's txn
+        compares them all at once; which one is named when several fail does not matter)."""
+        for guard in guards:
+            found = self._data.get(guard.key)
+            if found is None or found.version != guard.version:
+                raise GuardFailed(key, guard.key, guard.version, None if found is None else found.version)
+
+    async def compare_and_set(
+        self, key: str, value: bytes, expected_version: int, *, guards: Guards = ()
+    ) -> int:
         await self._enter()
+        self._check_guards(key, guards)
         current = self._data.get(key)
         if current is None:
             raise NoNode(key)
@@ -194,8 +207,9 @@ class MemoryStore(MetadataStore):
         self._raise_if_lost(key)
         return version
 
-    async def delete(self, key: str, expected_version: int | None = None) -> None:
+    async def delete(self, key: str, expected_version: int | None = None, *, guards: Guards = ()) -> None:
         await self._enter()
+        self._check_guards(key, guards)
         current = self._data.get(key)
         if current is None:
             raise NoNode(key)

@@ -9,6 +9,11 @@ semantics exactly:
 - ``create`` succeeds only if the key is absent (etcd ``create_revision == 0``).
 - ``compare_and_set`` / ``delete`` with an expected version succeed only if the key's version still
   equals it; otherwise ``BadVersion`` (or ``NoNode`` when the key is gone).
+- A ``compare_and_set`` or ``delete`` may carry ``guards``: ``(key, version)`` pairs that must hold
+  as well, checked in the same atomic step (an etcd transaction with one compare more per guard).
+  A guard key that is gone or at another version refuses the write with `GuardFailed`: the caller
+  writes only while it still holds, e.g., a lock key bound to its lease (a lease that expired
+  deleted the key; a lock taken again by someone else has a new version).
 - Watches are async generators of `WatchEvent`, resuming from the last seen revision across reconnects.
   A watch started without ``start_revision`` begins when it is first iterated; to watch "from this read
   on" without a gap, pass ``start_revision = version + 1`` (single key) or ``page.revision + 1`` (prefix).
@@ -23,9 +28,9 @@ from __future__ import annotations
 import abc
 import contextlib
 import enum
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from metadata.errors import WatchCompacted
 
@@ -60,6 +65,17 @@ class Page:
     revision: int
 
 
+class Guard(NamedTuple):
+    """A condition of a guarded write: ``key`` exists at exactly ``version`` (its mod revision)."""
+
+    key: str
+    version: int
+
+
+Guards = Sequence[Guard]
+"""What ``compare_and_set`` / ``delete`` take as ``guards`` (empty: none)."""
+
+
 class EventKind(enum.Enum):
     PUT = "put"
     DELETE = "delete"
@@ -92,15 +108,20 @@ class MetadataStore(abc.ABC):
         """Write the key unconditionally; return its version. Raises `CasResultUnknown`."""
 
     @abc.abstractmethod
-    async def compare_and_set(self, key: str, value: bytes, expected_version: int) -> int:
-        """Write only if the key's version equals ``expected_version``; return the new version.
+    async def compare_and_set(
+        self, key: str, value: bytes, expected_version: int, *, guards: Guards = ()
+    ) -> int:
+        """Write only if the key's version equals ``expected_version`` and every guard holds (one
+        atomic step); return the new version.
 
-        Raises `BadVersion`, `NoNode`, `CasResultUnknown`. The key keeps its lease binding (if any).
+        Raises `GuardFailed` (a guard key gone or at another version: checked first), `BadVersion`,
+        `NoNode`, `CasResultUnknown`. The key keeps its lease binding (if any).
         """
 
     @abc.abstractmethod
-    async def delete(self, key: str, expected_version: int | None = None) -> None:
-        """Delete the key (only at ``expected_version`` if given). Raises `NoNode`, `BadVersion`."""
+    async def delete(self, key: str, expected_version: int | None = None, *, guards: Guards = ()) -> None:
+        """Delete the key (only at ``expected_version`` if given, only while every guard holds).
+        Raises `GuardFailed`, `NoNode`, `BadVersion`."""
 
     @abc.abstractmethod
     async def list(

@@ -11,7 +11,10 @@ Keys (docs/metadata.md, *Autorecovery*):
   marker added).
 - ``R/replication/locks/<id>``: the worker healing the ledger (its id, UTF-8), bound to the
   worker's lease: a worker that dies leaves the lock to expire with its lease, and the ledger to
-  the next worker. Taken with create-if-absent, released only by the lease that holds it.
+  the next worker. Taken with create-if-absent, released only by the lease that holds it. A held
+  lock is never rewritten, so its version identifies this holding: ``guard(lock)`` makes a write
+  conditional on it (the worker's metadata CAS and its mark updates), and a worker paused past its
+  lease (the key deleted, maybe taken again by another worker at a new version) writes nothing.
 - ``R/replication/disabled``: present = workers take no new ledger (``bkaio autorecovery disable``);
   the auditor keeps marking.
 - ``R/replication/daemons/<id>``: each daemon's status and metrics (msgpack map), bound to its lease.
@@ -45,7 +48,7 @@ from metadata.errors import (
     UpdateRetriesExhausted,
 )
 from metadata.keys import ClusterKeys, validate_name
-from metadata.store import MetadataStore, list_all
+from metadata.store import Guard, MetadataStore, list_all
 
 UNDERREPLICATED_FORMAT_VERSION = 1
 VALUE_BYTES_MAX = 64 * 1024
@@ -185,10 +188,14 @@ class UnderReplicationManager:
             return dataclasses.replace(fresh, version=version)
         raise UpdateRetriesExhausted(key, UPDATE_ATTEMPTS_MAX)
 
-    async def resolve(self, ledger_id: int, healed: Collection[str]) -> UnderReplicated | None:
+    async def resolve(
+        self, ledger_id: int, healed: Collection[str], *, lock: ReplicationLock | None = None
+    ) -> UnderReplicated | None:
         """Remove ``healed`` bookies from the ledger's mark; delete it when none is left. Returns
-        what is left (None: the ledger is no longer marked)."""
+        what is left (None: the ledger is no longer marked). With ``lock`` (the caller's), only
+        while it is still held: else `GuardFailed` and the mark stays."""
         key = self.keys.underreplicated(ledger_id)
+        guards = () if lock is None else (self.guard(lock),)
         gone = set(healed)
         for _ in range(UPDATE_ATTEMPTS_MAX):
             current = await self.get(ledger_id)
@@ -197,13 +204,15 @@ class UnderReplicationManager:
             left = tuple(b for b in current.missing if b not in gone)
             try:
                 if not left:
-                    await self._store.delete(key, current.version)
+                    await self._store.delete(key, current.version, guards=guards)
                     return None
                 if left == current.missing:
                     return current
                 since = tuple((b, ms) for b, ms in current.since if b in left)
                 fresh = dataclasses.replace(current, missing=left, since=since)
-                version = await self._store.compare_and_set(key, fresh.encode(), current.version)
+                version = await self._store.compare_and_set(
+                    key, fresh.encode(), current.version, guards=guards
+                )
                 return dataclasses.replace(fresh, version=version)
             except (BadVersion, NoNode, CasResultUnknown):
                 continue
@@ -242,20 +251,38 @@ class UnderReplicationManager:
 
     # ---- locks ------------------------------------------------------------------------------------
 
-    async def try_lock(self, ledger_id: int, owner: str, lease_id: int) -> bool:
-        """Take the ledger's replication lock for ``owner``, bound to ``lease_id``. False: another
-        worker holds it. Raises `LeaseExpired`-like store errors if the lease is gone."""
+    async def acquire(self, ledger_id: int, owner: str, lease_id: int) -> ReplicationLock | None:
+        """Take the ledger's replication lock for ``owner``, bound to ``lease_id``: the lock held,
+        or None when another worker holds it. Raises `LeaseExpired` if the lease is gone."""
         if lease_id <= 0:
             raise InvalidMetadata("a replication lock must be bound to a lease")
         key = self.keys.replication_lock(ledger_id)
+        value = validate_name(owner, "worker id").encode()
         try:
-            await self._store.create(key, validate_name(owner, "worker id").encode(), lease_id=lease_id)
-            return True
+            version = await self._store.create(key, value, lease_id=lease_id)
         except NodeExists:
-            return False
+            return None
         except CasResultUnknown:
             current = await self._store.get(key)
-            return current is not None and current.lease_id == lease_id
+            if current is None or current.lease_id != lease_id or current.value != value:
+                return None
+            version = current.version
+        return ReplicationLock(ledger_id, owner, lease_id, version)
+
+    async def try_lock(self, ledger_id: int, owner: str, lease_id: int) -> bool:
+        """:meth:`acquire`, saying only whether the lock was taken."""
+        return await self.acquire(ledger_id, owner, lease_id) is not None
+
+    def guard(self, lock: ReplicationLock) -> Guard:
+        """The condition "``lock`` is still held" for a guarded write (`metadata.store.Guard`): its
+        key at the version it was taken at. Its lease expired: the key is gone; taken again since:
+        another version."""
+        return Guard(self.keys.replication_lock(lock.ledger_id), lock.version)
+
+    async def holds(self, lock: ReplicationLock) -> bool:
+        """Whether ``lock`` is still held (a check only: a write that needs it is guarded)."""
+        current = await self._store.get(self.keys.replication_lock(lock.ledger_id))
+        return current is not None and current.version == lock.version
 
     async def unlock(self, ledger_id: int, lease_id: int) -> None:
         """Release the lock if ``lease_id`` holds it (never another worker's)."""

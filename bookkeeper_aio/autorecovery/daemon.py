@@ -4,8 +4,8 @@ auditor candidate, ``workers`` replication workers and one lease.
 - The lease (``lease_ttl_s``) binds the workers' locks and the daemon's status key: when the daemon
   dies, its locks and its status vanish with the lease and other daemons take its ledgers over. A
   lease lost while alive (a pause past the TTL) is replaced by a new one; a heal in flight then
-  runs without its lock, which is safe (the copy is published by a CAS that refuses a fragment
-  changed meanwhile) and only risks duplicate work.
+  commits nothing: its writes are guarded by the lock it took (its version, in the same
+  transaction), which the lease took with it (LockLost; the ledger is retried under a new lock).
 - Replacements are chosen among writable bookies minus those being decommissioned
   (:class:`ReplacementDirectory`).
 - Every ``status_interval_s`` the daemon counts the marks and publishes its metrics

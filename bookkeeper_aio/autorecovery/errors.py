@@ -20,3 +20,9 @@ class NoPasswordForLedger(ReplicationError):
     """None of the daemon's passwords matches the ledger's: add it (``--password``) and restart."""
 
     retriable = False
+
+
+class LockLost(ReplicationError):
+    """The worker's replication lock is no longer held (its lease expired during a pause, maybe
+    another worker took the ledger since): nothing was committed; the ledger is retried later
+    under a new lock, if it is still marked."""

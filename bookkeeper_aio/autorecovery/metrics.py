@@ -25,6 +25,8 @@ class AutorecoveryMetrics:
     entries_copied: int = 0
     bytes_copied: int = 0
     heal_failures: int = 0
+    locks_lost: int = 0
+    """Heals stopped because the worker's lock was gone before its commit (a pause past the lease)."""
     ledgers_fenced: int = 0
     """Open ledgers fenced and recovered after the grace period."""
     heal_seconds_sum: float = 0.0
@@ -64,6 +66,7 @@ class AutorecoveryCollector(Collector):
             ("entries_copied", m.entries_copied, "entries written to replacement bookies"),
             ("copied_bytes", m.bytes_copied, "entry bytes written to replacement bookies"),
             ("heal_failures", m.heal_failures, "healing attempts that failed (retried later)"),
+            ("locks_lost", m.locks_lost, "heals refused at commit: the worker's lock was gone"),
             ("ledgers_fenced", m.ledgers_fenced, "open ledgers fenced after the grace period"),
             ("checks", m.checks_run, "periodic checks of every ledger completed"),
             ("heal_seconds", m.heal_seconds_sum, "sum of times from first mark to healed"),

@@ -19,7 +19,11 @@ Healing one ledger (:meth:`ReplicationWorker.heal`), for the bookies its mark li
    stays). Time to heal is counted from the first mark.
 
 Safety: a fragment lists a replacement only after every entry it must hold was acknowledged by it
-(durable); the lock only avoids duplicate work, correctness rests on the CAS after the copy.
+(durable). The lock avoids duplicate work, and every metadata write of a heal (the fragment's CAS,
+the mark's update) is guarded by it in the same transaction: a worker paused past its lease (the
+lock gone, or taken by another worker since) commits nothing, even when the fragment it copied has
+changed and changed back meanwhile (an ABA the fragment comparison alone would miss, publishing a
+copy its replacement may have collected since). Its heal ends with LockLost.
 """
 
 from __future__ import annotations
@@ -34,17 +38,23 @@ import structlog
 
 from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
 from bookkeeper_aio.autorecovery.copier import CopyStats, FragmentCopy, RateLimiter, copy_fragment
-from bookkeeper_aio.autorecovery.errors import EntryUnavailable, NoPasswordForLedger, ReplicationError
+from bookkeeper_aio.autorecovery.errors import (
+    EntryUnavailable,
+    LockLost,
+    NoPasswordForLedger,
+    ReplicationError,
+)
 from bookkeeper_aio.autorecovery.metrics import AutorecoveryMetrics
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.client.ensemble_change import BookieReplacer, Replacement
 from bookkeeper_aio.client.keys import codec_for, password_matches
 from bookkeeper_aio.errors import BKError, MetadataConflict
 from bookkeeper_aio.protocol.digest import EntryCodec
-from metadata.errors import MetadataError, NoSuchLedger
+from metadata.errors import GuardFailed, MetadataError, NoSuchLedger
 from metadata.ledger_manager import VersionedLedger
 from metadata.ledger_metadata import LedgerMetadata, LedgerState
-from metadata.underreplication import UnderReplicated, UnderReplicationManager
+from metadata.store import Guards
+from metadata.underreplication import ReplicationLock, UnderReplicated, UnderReplicationManager
 
 log = structlog.get_logger("bookkeeper_aio.autorecovery.worker")
 
@@ -146,13 +156,16 @@ class ReplicationWorker:
             if not await self._urm.is_enabled():
                 return worked
             lease = lease_id()
-            if not lease or not await self._urm.try_lock(mark.ledger_id, self.worker_id, lease):
+            if not lease:
+                continue
+            lock = await self._urm.acquire(mark.ledger_id, self.worker_id, lease)
+            if lock is None:
                 continue
             worked = True
             try:
                 fresh = await self._urm.get(mark.ledger_id)  # the mark may be gone or grown meanwhile
                 if fresh is not None:
-                    result = await self.heal(fresh)
+                    result = await self.heal(fresh, lock)
                     if result.left:
                         self._retry_at[mark.ledger_id] = loop.time() + self._config.worker_idle_poll_s
                     else:
@@ -175,18 +188,45 @@ class ReplicationWorker:
         return worked
 
     # ------------------------------------------------------------------ one ledger
-    async def heal(self, mark: UnderReplicated) -> HealResult:
-        """Heal one marked ledger (see the module doc). The caller holds its lock.
+    async def heal(self, mark: UnderReplicated, lock: ReplicationLock | None = None) -> HealResult:
+        """Heal one marked ledger (see the module doc) under the caller's ``lock``: every metadata
+        write is guarded by it (None: unguarded, for a caller that serialises heals itself).
 
-        Raises NoPasswordForLedger, EntryUnavailable, ReplicationError, NotEnoughBookies (no
+        Raises LockLost (the lock was gone before a commit: nothing of it was written),
+        NoPasswordForLedger, EntryUnavailable, ReplicationError, NotEnoughBookies (no
         replacement: add bookies), LedgerRecoveryError (the fence/recovery failed: retried),
         MetadataError."""
+        try:
+            return await self._heal(mark, lock)
+        except GuardFailed as lost:
+            self.metrics.locks_lost += 1
+            log.warning(
+                "autorecovery.lock_lost",
+                ledger_id=mark.ledger_id,
+                worker=self.worker_id,
+                lock_version=None if lock is None else lock.version,
+                found=lost.actual,
+                hint="paused past the lease: nothing was committed; retried under a new lock",
+            )
+            raise LockLost(
+                f"ledger {mark.ledger_id}: worker {self.worker_id}'s replication lock was gone at "
+                "commit (its lease expired): nothing was committed"
+            ) from lost
+
+    async def _check_lock(self, lock: ReplicationLock | None) -> None:
+        """Raise GuardFailed when ``lock`` is no longer held (before a step no guard covers)."""
+        if lock is not None and not await self._urm.holds(lock):
+            guard = self._urm.guard(lock)
+            raise GuardFailed(guard.key, guard.key, guard.version, None)
+
+    async def _heal(self, mark: UnderReplicated, lock: ReplicationLock | None) -> HealResult:
+        guards: Guards = () if lock is None else (self._urm.guard(lock),)
         ledger_id = mark.ledger_id
         missing = set(mark.missing)
         try:
             current = await self._ctx.ledgers.read(ledger_id)
         except NoSuchLedger:
-            await self._urm.resolve(ledger_id, mark.missing)
+            await self._urm.resolve(ledger_id, mark.missing, lock=lock)
             log.info("autorecovery.ledger_deleted", ledger_id=ledger_id)
             return HealResult(ledger_id, mark.missing, (), 0, CopyStats(), deleted=True, resolved=True)
         password = password_for(current.metadata, self._config.passwords)
@@ -205,6 +245,7 @@ class ReplicationWorker:
                     missing=sorted(in_last),
                     marked_s_ago=round(age_s, 1),
                 )
+                await self._check_lock(lock)  # recovery's own CASes are not guarded: check first
                 await self._bk.open_ledger(ledger_id, password=password, recovery=True)
                 self.metrics.ledgers_fenced += 1
                 fenced = True
@@ -221,7 +262,7 @@ class ReplicationWorker:
             first, last, ensemble = target
             try:
                 current = await self._replace(
-                    current, replacer, first, last, ensemble, missing, codec, key, stats
+                    current, replacer, first, last, ensemble, missing, codec, key, stats, guards
                 )
                 fragments += 1
                 self.metrics.fragments_healed += 1
@@ -241,7 +282,7 @@ class ReplicationWorker:
         left = tuple(sorted(missing & listed))
         resolved = False
         if healed:
-            remaining = await self._urm.resolve(ledger_id, healed)
+            remaining = await self._urm.resolve(ledger_id, healed, lock=lock)
             resolved = remaining is None
             if resolved:
                 self.metrics.healed(max(0.0, (self._now_ms() - mark.marked_ms) / 1000))
@@ -270,6 +311,7 @@ class ReplicationWorker:
         codec: EntryCodec,
         key: bytes,
         stats: CopyStats,
+        guards: Guards,
     ) -> VersionedLedger:
         md = current.metadata
         failed = [b for b in ensemble if b in missing]
@@ -308,6 +350,7 @@ class ReplicationWorker:
             accept=accept,
             copy=copy,
             attempts_max=self._ctx.config.ensemble_change_attempts_max,
+            guards=guards,
         )
         self.metrics.entries_copied += stats.entries - before[0]
         self.metrics.bytes_copied += stats.bytes - before[1]

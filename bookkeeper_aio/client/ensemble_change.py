@@ -42,6 +42,7 @@ from bookkeeper_aio.errors import MetadataConflict, NotEnoughBookies
 from metadata.errors import MetadataError, UpdateRetriesExhausted
 from metadata.ledger_manager import UNCHANGED, VersionedLedger, _Unchanged
 from metadata.ledger_metadata import LedgerMetadata, ReplacedBookie
+from metadata.store import Guards
 
 Ensemble = tuple[str, ...]
 
@@ -106,16 +107,18 @@ class BookieReplacer:
         accept: Accept,
         copy: Copy | None = None,
         attempts_max: int,
+        guards: Guards = (),
     ) -> Replacement:
         """Replace ``failed`` in the fragment of ``current`` that holds ``first_entry`` and CAS
         the fragment starting at ``first_entry`` (a new one past the last fragment's start, else
         the one starting there) with the new ensemble. ``copy`` (re-replication) runs between the
-        choice and the CAS; if the fragment then changes under us the change is refused.
+        choice and the CAS; if the fragment then changes under us the change is refused. Every CAS
+        carries ``guards`` (an autorecovery worker's lock: a worker that lost it commits nothing).
 
         Raises what ``accept`` raises (also when no replacement exists: the stored metadata is
         checked first), NotEnoughBookies (no replacement, or the metadata race was lost
         ``attempts_max`` times), MetadataConflict (the fragment changed during ``copy``),
-        TimeoutError (one read or CAS over ``metadata_timeout_s``), MetadataError.
+        TimeoutError (one read or CAS over ``metadata_timeout_s``), GuardFailed, MetadataError.
         """
         self.ever_failed.update(failed)
         writable = await self._ctx.directory.writable_bookies()
@@ -156,6 +159,7 @@ class BookieReplacer:
                 current=current,
                 retry_unknown=True,
                 attempt_timeout_s=self._ctx.config.metadata_timeout_s,
+                guards=guards,
             )
         except UpdateRetriesExhausted as error:
             raise NotEnoughBookies(

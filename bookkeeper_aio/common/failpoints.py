@@ -9,6 +9,8 @@ in-process tests call :func:`configure`). Actions:
 
 - ``kill``                the process dies at once (``os._exit``), like a power cut for its state;
 - ``sleep:<ms>``          block the calling thread that long (a stall inside the step);
+- ``stop``                the process stops itself (SIGSTOP) until someone sends SIGCONT: a pause of
+                          any length at that step (leases expire meanwhile, as for a VM frozen for days);
 - ``eio`` / ``enospc``    raise ``OSError`` with that errno, as the disk would;
 - ``partial:<n>``         the step writes only its first ``n`` bytes, then the process dies;
 - ``unavailable``         raise `MetadataUnavailable` (before a metadata write: nothing applied);
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import time
 from collections.abc import Callable
 
@@ -44,6 +47,7 @@ FENCE_PERSIST = "bookie.fence_persist"
 INDEX_CHECKPOINT = "index.checkpoint"
 RENAME = "fileio.rename"
 DIR_FSYNC = "fileio.dir_fsync"
+GC_ROLLED = "gc.rolled"  # the journal's current segment was rolled (durable), nothing copied yet
 GC_COPIED = "gc.copied"  # a batch of compaction copies is durable, the index not yet switched
 GC_BEFORE_CHECKPOINT = "gc.before_checkpoint"  # compaction done, the checkpoint not yet written
 GC_BEFORE_DELETE = "gc.before_delete"  # the checkpoint is durable, the dead segment still there
@@ -58,7 +62,9 @@ BUG_ACK_BEFORE_SYNC = "bug.ack_before_fdatasync"  # a bookie acks adds before th
 ErrorFactory = Callable[[str, str], BaseException]
 """``(failpoint name, key) -> exception`` for an action a higher floor defines the error of."""
 
-_ACTIONS = frozenset({"kill", "sleep", "eio", "enospc", "partial", "unavailable", "unknown", "count", "on"})
+_ACTIONS = frozenset(
+    {"kill", "sleep", "stop", "eio", "enospc", "partial", "unavailable", "unknown", "count", "on"}
+)
 _ERROR_ACTIONS = frozenset({"unavailable", "unknown"})
 _active: dict[str, str] = {}
 _hits: dict[str, int] = {}
@@ -130,6 +136,9 @@ def _fire(name: str, action: str, count: int, data_len: int, key: str) -> int | 
         die()
     if kind == "sleep":
         time.sleep(float(arg or "1000") / 1000.0)
+        return None
+    if kind == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)  # returns once continued
         return None
     if kind in ("eio", "enospc"):
         code = errno.EIO if kind == "eio" else errno.ENOSPC

@@ -103,6 +103,15 @@ MUTANTS = (
         ("tests/unit/client/test_close_and_create.py",),
         "a writer's close overwrites IN_RECOVERY metadata instead of failing with LedgerFenced",
     ),
+    Mutant(
+        "zombie-worker-unguarded",
+        "bookkeeper_aio/autorecovery/worker.py",
+        "        guards: Guards = () if lock is None else (self._urm.guard(lock),)\n",
+        "        guards: Guards = ()\n",
+        ("tests/integration/autorecovery/test_zombie_worker.py",),
+        "a replication worker's CAS is not guarded by its lock: one paused past its lease commits "
+        "a stale replacement after an ABA of the fragment",
+    ),
 )
 
 

@@ -29,6 +29,7 @@ from metadata import ledger_metadata
 from metadata.keys import ClusterKeys
 from metadata.ledger_manager import LedgerManager
 from metadata.memory import MemoryStore
+from metadata.store import Guards
 from tests.faults.history import History
 from tests.simulation.disk import Disk, SimFileIO, healthy_disk
 from tests.simulation.loop import NODE, Incarnation, SimLoop
@@ -226,9 +227,11 @@ class SimStore(MemoryStore):
         self._rng = world.rng_for("store")
         self.crash_after_ensemble_change_probability = 0.0
 
-    async def compare_and_set(self, key: str, value: bytes, expected_version: int) -> int:
+    async def compare_and_set(
+        self, key: str, value: bytes, expected_version: int, *, guards: Guards = ()
+    ) -> int:
         old = self._data.get(key)
-        version = await super().compare_and_set(key, value, expected_version)
+        version = await super().compare_and_set(key, value, expected_version, guards=guards)
         node = NODE.get()
         if (
             node is not None

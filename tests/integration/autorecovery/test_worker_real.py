@@ -197,13 +197,15 @@ async def test_two_workers_never_heal_the_same_ledger_at_once(cluster: Cluster, 
     for worker in workers:
         original = worker.heal
 
-        async def heal(mark: UnderReplicated, original: Any = original, name: str = worker.worker_id) -> Any:
+        async def heal(
+            mark: UnderReplicated, lock: Any = None, *, original: Any = original, name: str = worker.worker_id
+        ) -> Any:
             if mark.ledger_id in healing:
                 overlaps.append(mark.ledger_id)
             healing[mark.ledger_id] = name
             try:
                 await asyncio.sleep(0.05)  # widen the window a second worker would have to slip in
-                result = await original(mark)
+                result = await original(mark, lock)
                 healed_by[mark.ledger_id] = name
                 return result
             finally:

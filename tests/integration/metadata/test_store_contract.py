@@ -7,8 +7,8 @@ import contextlib
 
 import pytest
 
-from metadata.errors import BadVersion, LeaseExpired, NodeExists, NoNode
-from metadata.store import EventKind, MetadataStore, WatchEvent, list_all
+from metadata.errors import BadVersion, GuardFailed, LeaseExpired, NodeExists, NoNode
+from metadata.store import EventKind, Guard, MetadataStore, WatchEvent, list_all
 
 
 async def test_create_then_get_returns_value_and_version(store: MetadataStore, root: str) -> None:
@@ -166,3 +166,49 @@ async def test_lease_expires_without_keepalive(store: MetadataStore, root: str) 
         await asyncio.sleep(0.1)
     with pytest.raises(LeaseExpired):
         await store.keepalive(lease)
+
+
+async def test_guarded_writes_apply_only_while_every_guard_holds(store: MetadataStore, root: str) -> None:
+    """A guard is a key at a version, compared in the same atomic step as the write: the lock
+    holder's CAS (autorecovery) commits only while its lock key is still the one it took."""
+    lease = await store.grant_lease(5)
+    lock = await store.create(f"{root}/lock", b"w1", lease_id=lease)
+    other = await store.create(f"{root}/other", b"o")
+    v1 = await store.create(f"{root}/a", b"one")
+    guards = (Guard(f"{root}/lock", lock), Guard(f"{root}/other", other))
+    v2 = await store.compare_and_set(f"{root}/a", b"two", v1, guards=guards)
+    assert v2 > v1
+    # a guard at another version: refused, nothing written, the key names it
+    with pytest.raises(GuardFailed) as info:
+        await store.compare_and_set(f"{root}/a", b"x", v2, guards=(Guard(f"{root}/lock", lock + 1),))
+    assert (info.value.guard, info.value.expected, info.value.actual) == (f"{root}/lock", lock + 1, lock)
+    # a failing guard wins over a stale version: the caller's authority is gone either way
+    with pytest.raises(GuardFailed):
+        await store.compare_and_set(f"{root}/a", b"x", v1, guards=(Guard(f"{root}/missing", 7),))
+    with pytest.raises(BadVersion):  # the guards hold, the version does not
+        await store.compare_and_set(f"{root}/a", b"x", v1, guards=guards)
+    with pytest.raises(NoNode):
+        await store.compare_and_set(f"{root}/none", b"x", v1, guards=guards)
+    got = await store.get(f"{root}/a")
+    assert got is not None
+    assert (got.value, got.version) == (b"two", v2)
+    # the lease goes (a pause past the TTL): its key is gone, so is every write it guarded
+    await store.revoke_lease(lease)
+    with pytest.raises(GuardFailed) as gone:
+        await store.compare_and_set(f"{root}/a", b"x", v2, guards=guards)
+    assert gone.value.actual is None
+    with pytest.raises(GuardFailed):
+        await store.delete(f"{root}/a", v2, guards=guards)
+    with pytest.raises(GuardFailed):
+        await store.delete(f"{root}/a", guards=guards)
+    # taken again (by another holder): a new version, the old holder's guard still fails
+    retaken = await store.create(f"{root}/lock", b"w2")
+    assert retaken != lock
+    with pytest.raises(GuardFailed):
+        await store.compare_and_set(f"{root}/a", b"x", v2, guards=(Guard(f"{root}/lock", lock),))
+    assert (await store.get(f"{root}/a")) == got
+    fresh = (Guard(f"{root}/lock", retaken),)
+    await store.delete(f"{root}/a", v2, guards=fresh)
+    assert await store.get(f"{root}/a") is None
+    with pytest.raises(NoNode):
+        await store.delete(f"{root}/a", guards=fresh)

@@ -7,7 +7,7 @@ import asyncio
 import msgpack
 import pytest
 
-from metadata.errors import CasResultUnknown, InvalidMetadata, MetadataFormatError
+from metadata.errors import CasResultUnknown, GuardFailed, InvalidMetadata, MetadataFormatError
 from metadata.memory import MemoryStore
 from metadata.store import MetadataStore
 from metadata.underreplication import UnderReplicated, UnderReplicationManager
@@ -115,6 +115,43 @@ async def test_a_dead_workers_lock_goes_with_its_lease(store: MetadataStore, roo
         holder = await urm.lock_holder(12)
         assert holder is not None
         assert holder.owner == "w-next"
+    finally:
+        await store.revoke_lease(other)
+
+
+async def test_a_lock_guards_its_holders_writes_until_its_lease_goes(store: MetadataStore, root: str) -> None:
+    """The lock's version identifies one holding: the holder's mark updates (and its ledger CASes,
+    through the same guard) apply while it holds the lock, never after its lease went, even once
+    another worker took the lock again."""
+    urm = UnderReplicationManager(store, root)
+    lease = await store.grant_lease(2)
+    lock = await urm.acquire(13, "w-zombie", lease)
+    assert lock is not None
+    assert (lock.owner, lock.lease_id) == ("w-zombie", lease)
+    assert await urm.holds(lock)
+    assert await urm.lock_holder(13) == lock
+    assert await urm.acquire(13, "w-other", lease) is None
+    await urm.mark(13, ["a", "b"], reason="lost")
+    left = await urm.resolve(13, ["a"], lock=lock)
+    assert left is not None
+    assert left.missing == ("b",)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while await urm.holds(lock):  # paused past the TTL: no keepalive
+        assert loop.time() < deadline, "the lock outlived its lease"
+        await asyncio.sleep(0.1)
+    with pytest.raises(GuardFailed):
+        await urm.resolve(13, ["b"], lock=lock)
+    other = await store.grant_lease(5)
+    try:
+        again = await urm.acquire(13, "w-next", other)
+        assert again is not None
+        assert again.version != lock.version
+        assert not await urm.holds(lock)
+        with pytest.raises(GuardFailed):
+            await urm.resolve(13, ["b"], lock=lock)
+        assert (await urm.get(13)) == left  # the zombie changed nothing
+        assert await urm.resolve(13, ["b"], lock=again) is None
     finally:
         await store.revoke_lease(other)
 

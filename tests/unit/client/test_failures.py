@@ -4,6 +4,7 @@ backpressure."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -239,10 +240,10 @@ async def test_ensemble_change__an_add_reaching_qa_while_the_change_is_in_flight
     entry0 = await lh.append_async(b"0")  # write set {A, B}: A acks, B holds
     real_cas = store.compare_and_set
 
-    async def gated_cas(key: str, value: bytes, expected_version: int) -> int:
+    async def gated_cas(key: str, value: bytes, expected_version: int, **kwargs: Any) -> int:
         cas_entered.set()
         await cas_gate.wait()
-        return await real_cas(key, value, expected_version)
+        return await real_cas(key, value, expected_version, **kwargs)
 
     monkeypatch.setattr(store, "compare_and_set", gated_cas)
     c.script = lambda req: Reply.error(StatusCode.EIO) if isinstance(req, m.AddEntryRequest) else None

@@ -22,6 +22,7 @@ from metadata import ledger_metadata as serde
 from metadata.ledger_manager import LedgerManager
 from metadata.ledger_metadata import LedgerMetadata, LedgerState
 from metadata.memory import MemoryStore
+from metadata.store import Guards
 from tests.harness.fake_bookie import FakeCluster, Reply
 from tests.unit.client.conftest import FAST, ROOT, make_client
 
@@ -34,13 +35,15 @@ class ContestedStore(MemoryStore):
         self.cas_calls = 0
         self.before_cas: Callable[[int], object] | None = None
 
-    async def compare_and_set(self, key: str, value: bytes, expected_version: int) -> int:
+    async def compare_and_set(
+        self, key: str, value: bytes, expected_version: int, *, guards: Guards = ()
+    ) -> int:
         self.cas_calls += 1
         if self.before_cas is not None:
             hook = self.before_cas(self.cas_calls)
             if asyncio.iscoroutine(hook):
                 await hook
-        return await super().compare_and_set(key, value, expected_version)
+        return await super().compare_and_set(key, value, expected_version, guards=guards)
 
 
 @pytest.fixture
