@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -28,6 +27,7 @@ from bookkeeper_aio.autorecovery.daemon import AutorecoveryDaemon, ReplacementDi
 from bookkeeper_aio.autorecovery.metrics import AutorecoveryCollector
 from bookkeeper_aio.autorecovery.worker import ReplicationWorker
 from bookkeeper_aio.cli import output
+from bookkeeper_aio.cli.admin_endpoint import ADMIN_TIMEOUT_S, check_admin_is, registered_admin
 from bookkeeper_aio.cli.demo import DEMO_PASSWORD
 from bookkeeper_aio.cli.state import ADMIN_TOKEN_ENV, admin_token, resolve_metadata_url
 from bookkeeper_aio.client.bookkeeper import BookKeeper, RegistryDirectory
@@ -35,7 +35,6 @@ from bookkeeper_aio.errors import BKError, BKInterfaceError
 from metadata.keys import validate_name
 from metadata.underreplication import UnderReplicationManager
 
-ADMIN_TIMEOUT_S = 5.0
 HEAL_RETRY_S = 1.0
 
 
@@ -62,6 +61,7 @@ def _config(args: argparse.Namespace) -> AutorecoveryConfig:
         "check_interval_s",
         "workers",
         "lease_ttl_s",
+        "copy_window",
     ):
         value = getattr(args, name, None)
         if value is not None:
@@ -252,11 +252,12 @@ async def _heal_inline(
                 if mark is None or bookie_id not in mark.missing:
                     pending.discard(ledger_id)
                     continue
-                if not await urm.try_lock(ledger_id, worker.worker_id, lease):
+                lock = await urm.acquire(ledger_id, worker.worker_id, lease)
+                if lock is None:
                     problems[ledger_id] = "being healed by a daemon"
                     continue
                 try:
-                    result = await worker.heal(mark)
+                    result = await worker.heal(mark, lock)
                     if bookie_id in result.healed:
                         pending.discard(ledger_id)
                         problems.pop(ledger_id, None)
@@ -353,10 +354,10 @@ async def cmd_decommission(args: argparse.Namespace) -> int:
     async with meta:
         urm = UnderReplicationManager(meta.store, meta.root)
         bookie_id = validate_name(args.bookie_id, "bookie id")
-        admin = args.admin or await _registered_admin(meta, bookie_id)
+        admin = args.admin or await registered_admin(meta, bookie_id)
         token = None
         if admin:  # before anything is recorded: a loopback admin address names this host's bookie
-            await asyncio.to_thread(_check_admin_is, admin, bookie_id)
+            await asyncio.to_thread(check_admin_is, admin, bookie_id)
             token = admin_token(args.admin_token_file)
             if token is None:
                 raise BKInterfaceError(
@@ -399,34 +400,6 @@ async def cmd_decommission(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
-
-
-async def _registered_admin(meta: metadata.MetadataConnection, bookie_id: str) -> str | None:
-    """The admin endpoint the bookie publishes in its registration (``admin`` attribute), if any."""
-    bookies = await metadata.list_bookies(meta.store, meta.root)
-    info = bookies.writable.get(bookie_id) or bookies.readonly.get(bookie_id)
-    return None if info is None else info.attributes.get("admin")
-
-
-def _check_admin_is(admin: str, bookie_id: str) -> None:
-    """Refuse an admin endpoint that belongs to another bookie. A bookie's admin endpoint listens
-    on loopback by default, and its registration publishes that address: from another host it
-    names *that* host's bookie, which must not be made read-only instead."""
-    url = f"http://{admin}/state"
-    try:
-        with urllib.request.urlopen(url, timeout=ADMIN_TIMEOUT_S) as answer:
-            serving = json.loads(answer.read()).get("bookie_id")
-    except (urllib.error.URLError, OSError, ValueError) as error:
-        raise BKInterfaceError(
-            f"could not reach {bookie_id}'s admin endpoint {url}: {error}; run this on {bookie_id}'s "
-            "host (its admin endpoint listens on loopback by default) or pass --admin HOST:PORT"
-        ) from error
-    if serving != bookie_id:
-        raise BKInterfaceError(
-            f"the admin endpoint {admin} belongs to bookie {serving!r}, not {bookie_id!r} (an admin "
-            f"endpoint on loopback is reachable from its own host only): run this on {bookie_id}'s "
-            "host, or pass --admin HOST:PORT of its admin endpoint"
-        )
 
 
 def _set_read_only(admin: str, token: str | None) -> None:

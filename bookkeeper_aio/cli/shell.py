@@ -25,6 +25,7 @@ from typing import Any
 
 import metadata
 from bookkeeper_aio.cli import autorecovery_commands, output, state
+from bookkeeper_aio.cli.admin_endpoint import check_admin_is
 from bookkeeper_aio.cli.demo import DEMO_PASSWORD
 from bookkeeper_aio.cli.state import METADATA_ENV, resolve_metadata_url
 from bookkeeper_aio.client.bookkeeper import BookKeeper
@@ -315,29 +316,37 @@ def _admin_json(address: str, path: str, method: str = "GET", token: str | None 
 
 
 async def _gc_endpoint(args: argparse.Namespace) -> str:
-    """The admin endpoint of ``args.bookie``: a bookie id registered in metadata (it publishes its
-    admin address), else the argument itself taken as the endpoint's HOST:PORT."""
+    """The admin endpoint of ``args.bookie``: for a bookie id registered in metadata, ``--admin``
+    or the address its registration publishes, used only once it answered for that bookie (a
+    published loopback address names, from another host, that host's own bookie:
+    :mod:`bookkeeper_aio.cli.admin_endpoint`, as ``decommission`` does); else the argument itself
+    taken as the endpoint's HOST:PORT."""
     try:
         url = _url(args)
     except Exception:  # noqa: BLE001 (no cluster configured: only HOST:PORT can work)
         url = None
-    info = None
+    registered = False
+    admin = args.admin
     if url is not None:
         try:
             async with metadata.connect(url) as meta:
                 found = await metadata.list_bookies(meta.store, meta.root)
             info = found.writable.get(args.bookie) or found.readonly.get(args.bookie)
         except metadata.MetadataError:
-            if ":" not in args.bookie:
+            if ":" not in args.bookie and not admin:
                 raise
+            info = None
         if info is not None:
-            admin = info.attributes.get("admin")
+            registered = True
+            admin = admin or info.attributes.get("admin")
             if not admin:
                 raise SystemExit(
                     f"bkaio bookie gc: bookie {args.bookie} runs without an admin endpoint: restart it "
                     "with --admin-port, or pass its admin HOST:PORT"
                 )
-            return admin
+    if admin and (registered or args.admin):
+        await asyncio.to_thread(check_admin_is, admin, args.bookie)
+        return str(admin)
     if ":" not in args.bookie:
         raise SystemExit(
             f"bkaio bookie gc: {args.bookie!r} is no registered bookie and not HOST:PORT (the "
@@ -490,6 +499,12 @@ def add_commands(sub: Any) -> None:
     )
     gc.add_argument(
         "bookie", metavar="BOOKIE", help="a registered bookie id, or its admin endpoint HOST:PORT"
+    )
+    gc.add_argument(
+        "--admin",
+        default=None,
+        help="the bookie's admin HOST:PORT (default: the one its registration publishes); used only "
+        "if it answers for BOOKIE",
     )
     gc.add_argument("--no-wait", action="store_true", help="start the pass and return at once")
     gc.add_argument(

@@ -163,6 +163,45 @@ async def test_deleted_ledgers_leave_the_bookie_and_stay_gone(
         bookie.cleanup()
 
 
+async def test_gc_of_a_bookie_whose_registered_admin_is_another_bookies_is_refused(
+    etcd_server: EtcdCluster, tmp_path: Path
+) -> None:
+    """``bkaio bookie gc BOOKIE`` from another host: BOOKIE's registration publishes a loopback
+    admin address, which here is the local bookie's. The pass must not start on the local bookie
+    (the check ``decommission`` makes: the endpoint must answer for BOOKIE)."""
+    url = etcd_server.url(f"/bookkeeper/gc-{uuid.uuid4().hex[:8]}")
+    await init_cluster(url)
+    bookie = gc_bookie(tmp_path, url)
+    bookie.start()
+    try:
+        await create_ledgers(url, 1)  # an id counter: the pass can trust the listing
+        local_admin = "{}:{}".format(*bookie.admin_address())
+        remote = metadata.BookieInfo("remote", "10.9.9.9", 3181, attributes={"admin": local_admin})
+        async with metadata.connect(url) as meta:
+            await meta.store.put(meta.keys.bookie("writable", "remote"), remote.encode())
+        token_file = str(bookie.data_dir / "admin.token")
+        cli = [sys.executable, "-m", "bookkeeper_aio.cli.main", "bookie", "gc", "--metadata", url, "--json"]
+
+        async def run(*args: str) -> subprocess.CompletedProcess[str]:
+            command = [*cli, *args, "--admin-token-file", token_file]
+            return await asyncio.to_thread(
+                subprocess.run, command, capture_output=True, text=True, timeout=60
+            )
+
+        refused = await run("remote")
+        assert refused.returncode == 1, refused
+        assert "belongs to bookie 'b0', not 'remote'" in refused.stderr
+        refused = await run("remote", "--admin", local_admin)  # given by hand: checked the same way
+        assert "belongs to bookie 'b0', not 'remote'" in refused.stderr
+        assert (await get_json(*bookie.admin_address(), "/gc"))[1]["passes"] == 0  # nothing started
+        done = await run("b0", "--admin", local_admin)  # its own bookie: accepted
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert json.loads(done.stdout)["error"] is None
+        assert (await get_json(*bookie.admin_address(), "/gc"))[1]["passes"] == 1
+    finally:
+        bookie.cleanup()
+
+
 def journal_bytes(bookie: BookieProcess) -> int:
     """Disk space the journal really takes (allocated blocks, not file sizes)."""
     journal = bookie.data_dir / "journal"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper_aio.cli.autorecovery_commands import _check_admin_is
+from bookkeeper_aio.cli.admin_endpoint import check_admin_is
 from bookkeeper_aio.errors import BKInterfaceError
 from tests.harness.bookie_proc import BookieProcess
 
@@ -17,9 +17,9 @@ def test_an_admin_endpoint_of_another_bookie_is_refused(tmp_path: Path) -> None:
     with BookieProcess(tmp_path / "b1", "bookie-1", extra_args=["--admin-port", "0"]) as bookie:
         bookie.start()
         host, port = bookie.admin_address()
-        _check_admin_is(f"{host}:{port}", "bookie-1")  # its own: accepted
+        check_admin_is(f"{host}:{port}", "bookie-1")  # its own: accepted
         with pytest.raises(BKInterfaceError, match=r"belongs to bookie 'bookie-1', not 'bookie-3'.*host"):
-            _check_admin_is(f"{host}:{port}", "bookie-3")
+            check_admin_is(f"{host}:{port}", "bookie-3")
         bookie.stop()
         with pytest.raises(BKInterfaceError, match="could not reach bookie-1's admin endpoint"):
-            _check_admin_is(f"{host}:{port}", "bookie-1")
+            check_admin_is(f"{host}:{port}", "bookie-1")
