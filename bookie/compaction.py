@@ -7,6 +7,14 @@ collection*). Driven by :class:`bookie.gc.GarbageCollector`, one step at a time:
    *before* the walk, are judged: everything in them is durable and already indexed, and no index
    entry can ever move *into* them again (adds, recovery adds and compaction copies all go to the
    journal head), so their live bytes only fall while we look.
+1b. **Roll.** The journal's current segment is never judged as it is (records still go into it).
+   When, measured with its synced end read *before* the walk, at least ``roll_dead_bytes`` of it
+   are dead and its live fraction is under ``threshold``, the journal is rolled
+   (:meth:`bookie.journal.Journal.roll`: the next record goes to the next segment, already created
+   ahead of time, so no disk space is needed) and the pass waits until the roll is durable; then
+   the walk is made again and the old segment is judged like any other. The roll writes nothing
+   but the next segment's header: a crash leaves a segment that ends in zeros, as a natural roll
+   does, and a journal that goes on in the next one.
 2. **Copy.** For a segment whose live bytes are below ``threshold`` of its size: read its live
    records in batches (CRC checked; a damaged record is left where it is, and so is the segment),
    append each record whose index entry still points there to the journal, unchanged, and wait
@@ -36,6 +44,7 @@ from typing import Any
 import structlog
 
 from bookie.index import Location
+from bookie.journal_format import SEGMENT_HEADER_BYTES, Position
 from bookie.ledger_state import LedgerState
 from bookie.storage import Storage
 from bookkeeper_aio.common import failpoints
@@ -53,6 +62,8 @@ LIVE_BYTES_PER_WALK = 256 * 1024 * 1024
 PAUSE_S = 0.05
 BACKLOG_WAIT_S_MAX = 1.0
 """The longest a copy batch waits for the journal's backlog to drain."""
+ROLL_READY_WAIT_S = 2.0
+"""The longest a roll waits for the next segment to be created ahead of time (just restarted)."""
 
 
 class CopiesRefused(Exception):
@@ -73,6 +84,8 @@ class Progress:
     paused: str | None = None
     skipped: str | None = None
     """Why copying stopped early in this pass (read-only), if it did."""
+    rolled: int | None = None
+    """The journal's current segment this pass rolled (so it could be judged), if it did."""
 
 
 async def segment_usage(storage: Storage) -> dict[int, int]:
@@ -115,10 +128,12 @@ class Compactor:
         rate_bytes_per_s: int,
         copy_refused: Callable[[], str | None] = lambda: None,
         progress: Progress | None = None,
+        roll_dead_bytes: int = 0,
     ) -> None:
         self.storage = storage
         self._executor = executor
         self.threshold = threshold
+        self.roll_dead_bytes = roll_dead_bytes
         self.rate_bytes_per_s = rate_bytes_per_s
         self._copy_refused = copy_refused
         self.progress = progress or Progress()
@@ -128,16 +143,24 @@ class Compactor:
     async def candidates(self) -> tuple[dict[int, int], dict[int, int], int]:
         """``(usage, sizes, limit)``: live bytes and file size per segment, and the segment id
         below which segments may be judged (read before the walk, see step 1)."""
-        limit = self.storage.journal.synced_position.segment_id
+        usage, sizes, synced = await self._candidates()
+        return usage, sizes, synced.segment_id
+
+    async def _candidates(self) -> tuple[dict[int, int], dict[int, int], Position]:
+        synced = self.storage.journal.synced_position
         usage = await segment_usage(self.storage)
         sizes = await self._loop.run_in_executor(self._executor, self.storage.segment_sizes_blocking)
-        return usage, sizes, limit
+        return usage, sizes, synced
 
     async def compact(self) -> None:
-        """Copy the live entries out of every segment under the threshold."""
+        """Copy the live entries out of every segment under the threshold (after rolling the
+        current segment when enough of it is dead: step 1b)."""
         if self.threshold <= 0 or self.storage.journal.failed is not None:
             return
-        usage, sizes, limit = await self.candidates()
+        usage, sizes, synced = await self._candidates()
+        if await self._roll_if_dead(usage, synced):
+            usage, sizes, synced = await self._candidates()
+        limit = synced.segment_id
         chosen = sorted(
             (usage[s] / size, s)
             for s, size in sizes.items()
@@ -170,6 +193,49 @@ class Compactor:
             log.warning(
                 "compaction.skipped", reason=str(refused), segments_left=len(chosen) - progress.segments_done
             )
+
+    async def _roll_if_dead(self, usage: dict[int, int], synced: Position) -> bool:
+        """Step 1b: roll the journal when its current segment is mostly dead; True once the roll
+        is durable. ``synced`` was read before the walk that counted ``usage``: records indexed
+        during the walk count as live although their bytes are not in ``synced.offset``, so the
+        dead bytes are never overestimated."""
+        journal = self.storage.journal
+        if self.roll_dead_bytes <= 0 or journal.segment_id != synced.segment_id:
+            return False  # off, or the journal is rolling by itself right now
+        written = synced.offset - SEGMENT_HEADER_BYTES
+        live = usage.get(synced.segment_id, 0)
+        dead = written - live
+        if dead < self.roll_dead_bytes or live >= self.threshold * written:
+            return False
+        refused = self._copy_refused()
+        if refused is not None and live > 0:
+            return False  # its live entries could not be copied now: rolling would gain nothing
+        segment_id = synced.segment_id
+        deadline = self._loop.time() + ROLL_READY_WAIT_S
+        durable: asyncio.Future[None] = self._loop.create_future()
+
+        def done(error: BaseException | None) -> None:
+            if not durable.done():
+                if error is None:
+                    durable.set_result(None)
+                else:
+                    durable.set_exception(error)
+
+        while not journal.roll(done):
+            if journal.segment_id != segment_id or self._loop.time() >= deadline:
+                return False  # rolled by itself meanwhile, or the next segment is not there
+            await asyncio.sleep(PAUSE_S)
+        await durable  # JournalError: the pass ends; nothing was changed but where adds go
+        failpoints.hit(failpoints.GC_ROLLED)
+        self.progress.rolled = segment_id
+        log.info(
+            "compaction.segment_rolled",
+            segment=f"{segment_id:016x}",
+            written=written,
+            live=live,
+            threshold=self.threshold,
+        )
+        return True
 
     async def _compact_group(self, segment_ids: list[int]) -> None:
         found = await _live_entries(self.storage, frozenset(segment_ids))

@@ -227,6 +227,12 @@ class BookieConfig:
         32 * 1024 * 1024,
         "Throttle of compaction's copies, so foreground adds keep their latency.",
     )
+    compaction_roll_dead_bytes: int = _key(
+        16 * 1024 * 1024,
+        "The journal's current segment is rolled (ended early, into the segment created ahead of "
+        "time) when at least this many of its bytes are dead and its live fraction is under "
+        "`compaction_threshold`, so compaction can reclaim it; 0 = never roll.",
+    )
 
     def validate(self) -> BookieConfig:
         """Return a config with derived defaults filled in; raise :class:`ConfigError`."""
@@ -265,6 +271,7 @@ class BookieConfig:
             "gc_deleted_ledger_grace_s",
             "gc_future_ledger_grace_s",
             "gc_over_replicated_interval_s",
+            "compaction_roll_dead_bytes",
         ):
             if getattr(config, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(config, name)}")
@@ -361,6 +368,7 @@ class BookieConfig:
             over_replicated_interval_s=self.gc_over_replicated_interval_s,
             compaction_threshold=self.compaction_threshold,
             compaction_rate_bytes_per_s=self.compaction_rate_bytes_per_s,
+            compaction_roll_dead_bytes=self.compaction_roll_dead_bytes,
         )
 
     def storage_config(self) -> StorageConfig:

@@ -17,7 +17,8 @@ itself. A GC pass (periodic, every ``gc_interval_s``, or on demand through the a
 2. **Compaction** (:mod:`bookie.compaction`): segments whose live fraction fell under
    ``compaction_threshold`` get their live entries copied to the journal head, throttled, the
    index switched once the copies are durable; fully dead segments are deleted after a checkpoint
-   that no longer needs them.
+   that no longer needs them. The journal's current segment is first rolled when enough of it is
+   dead (``compaction_roll_dead_bytes``), so it is judged too.
 
 Without metadata (a standalone bookie) step 1 is skipped: nothing says which ledgers were deleted.
 """
@@ -62,6 +63,9 @@ class GcConfig:
     """Segments whose live bytes are below this fraction of their size are compacted; 0 = never."""
     compaction_rate_bytes_per_s: int = 32 * 1024 * 1024
     """Throttle of the copies compaction makes, so foreground adds keep their latency."""
+    compaction_roll_dead_bytes: int = 16 * 1024 * 1024
+    """The journal's current segment is rolled (so it can be compacted) once this many of its
+    bytes are dead and its live fraction is under ``compaction_threshold``; 0 = never."""
     metadata_timeout_s: float = 60.0
     """Bound on one metadata listing; a pass whose listing takes longer collects nothing."""
     over_replicated_interval_s: float = 86400.0
@@ -207,6 +211,8 @@ class GcReport:
     replica_errors: int = 0
     """Ledgers whose placement could not be read (the check runs again sooner)."""
     segments_compacted: int = 0
+    segments_rolled: int = 0
+    """The journal's current segment, rolled because it was mostly dead (0 or 1)."""
     segments_deleted: int = 0
     bytes_copied: int = 0
     bytes_freed: int = 0
@@ -458,6 +464,7 @@ class GarbageCollector:
             rate_bytes_per_s=self.config.compaction_rate_bytes_per_s,
             copy_refused=self._copy_refused,
             progress=report.progress,
+            roll_dead_bytes=self.config.compaction_roll_dead_bytes,
         )
         report.phase = "compacting"
         try:
@@ -465,6 +472,7 @@ class GarbageCollector:
         finally:
             progress = report.progress
             report.segments_compacted = progress.segments_done
+            report.segments_rolled = int(progress.rolled is not None)
             report.bytes_copied = progress.bytes_copied
             report.entries_copied = progress.entries_copied
             report.entries_corrupt = progress.entries_corrupt

@@ -145,6 +145,8 @@ class _Writer:
         self.write_seconds = BucketHistogram(FSYNC_SECONDS_BOUNDS)  # the group's write(s), per group
         self.spare_error: OSError | None = None
         """The last failure to create the next segment ahead of time (None once one succeeded)."""
+        self.spare_ready = 0
+        """The last segment created ahead of time, once it is whole (one int: read by the loop)."""
 
     def _path(self, segment_id: int) -> str:
         return os.path.join(self.directory, fmt.segment_name(segment_id))
@@ -216,6 +218,7 @@ class _Writer:
             self.spare_error = exc
         else:
             self.spare_error = None
+            self.spare_ready = segment_id
 
     def close_segment(self, segment_id: int) -> None:
         self.allocated.pop(segment_id, None)
@@ -229,6 +232,10 @@ class _Writer:
 
 
 _Group = tuple[list[_Run], int, list["Callback"], "Position"]
+
+
+def _ignore(error: BaseException | None) -> None:
+    """A completion nobody waits for."""
 
 
 class _WriterThread:
@@ -467,6 +474,49 @@ class Journal:
             self._inflight_records += 1
         else:
             self._loop.call_soon(callback, None)
+
+    @property
+    def segment_id(self) -> int:
+        """The segment the next record goes to."""
+        return self._segment_id
+
+    @property
+    def next_segment_ready(self) -> bool:
+        """Whether the segment after the current one was already created ahead of time (so rolling
+        into it takes no disk space: it is preallocated)."""
+        return self._writer.spare_ready == self._segment_id + 1
+
+    def roll(self, callback: Callback) -> bool:
+        """End the current segment here: the next record goes to the next segment (bookie GC, so
+        compaction can judge a segment whose dead bytes would otherwise stay until it filled up).
+
+        Only into a segment created ahead of time (:attr:`next_segment_ready`: no disk space is
+        needed, a full disk cannot fail the journal through it) and only when the current segment
+        holds a record; else False and nothing happens (but for an idle journal whose next segment
+        is not there yet, e.g. just restarted: the writer is asked to create it, try again soon).
+        Otherwise True, and ``callback(None)`` runs once the records before the roll and the next
+        segment's header are durable and every completion before it ran: from then on
+        :attr:`synced_position` is in the next segment, so nothing of the old one is pending. On
+        disk this is a natural roll (a record that did not fit): the old segment ends in zeros,
+        replay goes on with the next one. ``callback(exc)`` when the journal fails first. Raises
+        :class:`JournalError` when closed or failed."""
+        if self._refusing:
+            raise JournalError("journal is not writable") from self._failed
+        if self._offset <= fmt.SEGMENT_HEADER_BYTES:
+            return False
+        if not self.next_segment_ready:
+            if self._inflight_callbacks is None and not self._pending_bytes and not self._callbacks:
+                # a group of nothing: after it the writer creates the next segment ahead, as always
+                self._callbacks.append(_ignore)
+                self._pending_records += 1
+                self._after_append()
+            return False
+        self._roll()
+        # a group of no record: its last run writes the new segment's header and syncs it
+        self._callbacks.append(callback)
+        self._pending_records += 1
+        self._after_append()
+        return True
 
     def _roll(self) -> None:
         self._runs[-1].end = self._offset

@@ -279,6 +279,66 @@ async def test_kill_at_a_compaction_step_loses_nothing(
         bookie.cleanup()
 
 
+ONE_BIG_SEGMENT = [
+    "--journal-segment-bytes",
+    str(64 * 1024 * 1024),
+    "--frame-bytes-max",
+    "65536",
+    "--checkpoint-interval-s",
+    "3600",
+]
+ROLL_KILL_POINTS = [
+    pytest.param("gc.rolled=kill", id="rolled"),
+    pytest.param("journal.before_fdatasync=count:1:kill", id="roll-group-before-fdatasync"),
+    pytest.param("gc.copied=count:1:kill", id="first-copy-durable", marks=pytest.mark.slow),
+    pytest.param("gc.before_checkpoint=kill", id="before-checkpoint", marks=pytest.mark.slow),
+    pytest.param("gc.before_delete=kill", id="checkpoint-durable-before-delete"),
+    pytest.param("gc.after_delete=count:1:kill", id="unlink-before-dir-fsync", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("failpoint", ROLL_KILL_POINTS)
+async def test_kill_at_each_step_of_compacting_the_current_segment_loses_nothing(
+    etcd_server: EtcdCluster, tmp_path: Path, failpoint: str
+) -> None:
+    """Everything lies in the segment being written (64 MiB, 1.8 MiB written): the pass rolls it,
+    then compacts and deletes it. kill -9 at each step: the bookie restarts, nothing is lost, the
+    next pass finishes and the segment's space comes back."""
+    url = etcd_server.url(f"/bookkeeper/gcr-{uuid.uuid4().hex[:8]}")
+    await init_cluster(url)
+    roll = ["--compaction-roll-dead-bytes", str(256 * 1024)]
+    bookie = gc_bookie(tmp_path, url, *ONE_BIG_SEGMENT, *roll)
+    bookie.start()
+    try:
+        ledgers = await create_ledgers(url, 20)
+        await write_interleaved(bookie, ledgers, 60, 1500)
+        kept = ledgers[::10]
+        await delete_ledgers(url, [i for i in ledgers if i not in kept])
+        segments = sorted(p.name for p in (bookie.data_dir / "journal").iterdir())
+        assert len(segments) <= 2  # the current one and the one created ahead
+        assert bookie.stop() == 0
+        bookie.env = {"BKAIO_FAILPOINTS": failpoint}
+        bookie.start()
+        host, port = bookie.admin_address()
+        assert (await post_json(host, port, "/gc", bookie.admin_token()))[1]["started"]
+        assert await asyncio.to_thread(bookie.wait, 60.0) == 137  # the failpoint killed it mid-pass
+        assert "gc.started" in bookie.log_path.read_text()
+
+        bookie.env = {}
+        bookie.start()  # restarts after kill -9 at that step ...
+        await read_back(bookie, kept, 60, 1500)  # ... and lost nothing
+        report = await run_gc(bookie)  # the next pass finishes the work
+        assert report["error"] is None
+        await read_back(bookie, kept, 60, 1500)
+        assert segments[0] not in {p.name for p in (bookie.data_dir / "journal").iterdir()}
+        bookie.kill()
+        bookie.start()
+        await read_back(bookie, kept, 60, 1500)
+        assert await statuses(bookie, [i for i in ledgers if i not in kept]) == {StatusCode.ENOLEDGER}
+    finally:
+        bookie.cleanup()
+
+
 @pytest.mark.slow
 async def test_acceptance_gc_of_90_percent_of_half_a_gib(etcd_server: EtcdCluster, tmp_path: Path) -> None:
     """Issue acceptance 5: a bookie holding >= 500 MiB; 90% of its ledgers deleted; after GC and

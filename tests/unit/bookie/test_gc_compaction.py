@@ -5,6 +5,7 @@ each step (a failpoint raising, then the process state dropped as a kill would) 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from pathlib import Path
 
@@ -14,11 +15,11 @@ from bookie import compaction, replay
 from bookie import journal_format as fmt
 from bookie.gc import GarbageCollector, GcConfig
 from bookie.journal import Journal
-from bookie.storage import EntryCorrupt, NoLedger, Storage
+from bookie.storage import EntryCorrupt, NoLedger, Storage, StorageConfig
 from bookkeeper_aio.common import failpoints
 
 from .test_gc import Catalog, Clock
-from .test_storage import body, config, start_add
+from .test_storage import JOURNAL, body, config, start_add
 
 LEDGERS = range(1, 21)
 ENTRIES = 60
@@ -305,3 +306,119 @@ async def test_a_journal_that_is_never_idle_slows_compaction_but_cannot_stop_it(
     assert report.segments_deleted >= 4
     await assert_kept_read_back(storage)
     await storage.close()
+
+
+BIG_SEGMENT = dataclasses.replace(JOURNAL, segment_bytes=64 * 1024 * 1024)
+
+
+def big_segment_config(path: Path) -> StorageConfig:
+    """Segments far larger than the data: everything lives in the journal's current segment."""
+    return dataclasses.replace(config(path), journal=BIG_SEGMENT)
+
+
+def roll_collector(storage: Storage) -> GarbageCollector:
+    return collector(storage, compaction_roll_dead_bytes=64 * 1024)
+
+
+async def test_the_current_segment_is_rolled_when_mostly_dead_and_then_compacted(tmp_path: Path) -> None:
+    """Deleted ledgers whose records all lie in the segment being written: the pass rolls the
+    journal (the next record goes to the segment created ahead), compacts the old segment and
+    deletes it; the space comes back, everything kept reads back, also after a restart."""
+    storage = await Storage.open(big_segment_config(tmp_path))
+    await fill(storage)
+    before = segments_on_disk(tmp_path)
+    head = storage.journal.segment_id
+    assert max(before) <= head + 1  # the current one and the one created ahead: never judged so far
+    unrolled = await collector(storage, compaction_roll_dead_bytes=0).run_once()  # as it was
+    assert (unrolled.segments_rolled, unrolled.segments_deleted) == (0, 0)
+    assert unrolled.ledgers_collected == len(LEDGERS) - len(KEPT)
+
+    report = await roll_collector(storage).run_once()
+    assert report.error is None
+    assert report.segments_rolled == 1
+    assert report.progress.rolled == head
+    assert report.entries_copied == len(KEPT) * ENTRIES
+    assert report.segments_deleted == 1
+    after = segments_on_disk(tmp_path)
+    assert head not in after
+    assert storage.journal.segment_id == head + 1
+    await assert_kept_read_back(storage)
+    for ledger_id in KEPT:
+        for _, location in storage.ledger(ledger_id).index.items():
+            assert location.segment_id == head + 1
+    again = await roll_collector(storage).run_once()  # the new head is all live: left alone
+    assert (again.segments_rolled, again.segments_deleted, again.entries_copied) == (0, 0, 0)
+    await storage.close()
+
+    reopened = await Storage.open(big_segment_config(tmp_path))
+    assert sorted(reopened.ledgers) == sorted(KEPT)
+    await assert_kept_read_back(reopened)
+    await start_add(reopened, 3, ENTRIES, entry(3, ENTRIES))
+    await reopened.close()
+
+
+async def test_a_segment_of_deleted_ledgers_only_is_rolled_and_deleted_even_read_only(tmp_path: Path) -> None:
+    """Read-only (a full disk): a current segment holding nothing live is rolled (into the segment
+    created ahead: no space needed) and deleted without a copy; one holding live records is not
+    rolled (its copies would need space)."""
+    storage = await Storage.open(big_segment_config(tmp_path))
+    await fill(storage)
+    head = storage.journal.segment_id
+    refused: list[str | None] = ["bookie is read-only: disk low"]
+    catalog = Catalog(set(KEPT))
+    settings = GcConfig(
+        deleted_ledger_grace_s=0.0, compaction_rate_bytes_per_s=1 << 30, compaction_roll_dead_bytes=64 * 1024
+    )
+    gc = GarbageCollector(storage, settings, catalog, Clock(), copy_refused=lambda: refused[0])
+    report = await gc.run_once()  # the kept ledgers live there: no roll
+    assert (report.segments_rolled, report.segments_deleted) == (0, 0)
+    catalog.ids = set()  # then every ledger is deleted
+    report = await gc.run_once()
+    assert report.error is None
+    assert (report.segments_rolled, report.segments_deleted, report.bytes_copied) == (1, 1, 0)
+    assert head not in segments_on_disk(tmp_path)
+    await storage.close()
+    reopened = await Storage.open(big_segment_config(tmp_path))
+    assert not reopened.ledgers
+    await reopened.close()
+
+
+@pytest.mark.parametrize(
+    "failpoint",
+    [
+        "gc.rolled=eio",
+        "journal.before_fdatasync=count:1:eio",
+        "gc.copied=count:1:eio",
+        "gc.before_checkpoint=eio",
+        "gc.before_delete=eio",
+        "gc.after_delete=count:1:eio",
+    ],
+)
+async def test_a_crash_at_each_step_of_compacting_a_rolled_segment_loses_nothing(
+    tmp_path: Path, failpoint: str
+) -> None:
+    storage = await Storage.open(big_segment_config(tmp_path))
+    await fill(storage)
+    head = storage.journal.segment_id
+    await collector(storage, compaction_roll_dead_bytes=0).run_once()  # collect, no roll yet
+    failpoints.configure(failpoint)
+    try:
+        report = await roll_collector(storage).run_once()
+    finally:
+        failpoints.configure(None)
+    assert report.error is not None
+    storage.abort()  # the process dies here: only what is on disk counts
+
+    reopened = await Storage.open(big_segment_config(tmp_path))
+    assert sorted(reopened.ledgers) == sorted(KEPT)
+    await assert_kept_read_back(reopened)
+    await start_add(reopened, 3, ENTRIES, entry(3, ENTRIES))  # the journal goes on
+    finished = await roll_collector(reopened).run_once()  # the next pass completes the work
+    assert finished.error is None
+    assert head not in segments_on_disk(tmp_path)
+    await assert_kept_read_back(reopened)
+    await reopened.close()
+    final = await Storage.open(big_segment_config(tmp_path))
+    await assert_kept_read_back(final)
+    assert (await final.read_entry(3, ENTRIES))[1] == entry(3, ENTRIES)
+    await final.close()

@@ -151,3 +151,62 @@ def test_config_validation() -> None:
         JournalConfig(segment_bytes=1000).validate()
     with pytest.raises(ValueError, match="group_wait_ms"):
         JournalConfig(group_wait_ms=-1).validate()
+
+
+async def _rolled(journal: Journal) -> BaseException | None:
+    """Roll (retrying while the next segment is being created ahead) and wait until durable."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[BaseException | None] = loop.create_future()
+    deadline = loop.time() + 5
+    while not journal.roll(lambda error: done.done() or done.set_result(error)):
+        assert loop.time() < deadline, "the next segment never became ready"
+        await asyncio.sleep(0.01)
+    return await done
+
+
+async def test_roll_ends_the_segment_and_the_journal_goes_on_in_the_next(tmp_path: Path) -> None:
+    """A roll (GC, for a mostly dead current segment) is a natural roll on disk: the old segment
+    ends in zeros, the next one holds the records after it; it needs the next segment created
+    ahead of time, and is refused on a segment without a record."""
+    journal = Journal(FaultyFileIO(), str(tmp_path), Position(1, fmt.SEGMENT_HEADER_BYTES), SMALL)
+    assert not journal.roll(lambda error: None)  # nothing in segment 1 yet
+    before = [journal.append(_record(i), None) for i in range(5)]
+    assert {segment for segment, _ in before} == {1}
+    assert await _rolled(journal) is None
+    assert journal.segment_id == 2
+    assert journal.synced_position == Position(2, fmt.SEGMENT_HEADER_BYTES)  # nothing pending in 1
+    assert not journal.roll(lambda error: None)  # segment 2 holds no record yet
+    after = [journal.append(_record(i), None) for i in range(5, 10)]
+    assert {segment for segment, _ in after} == {2}
+    await journal.close()
+    end = journal.synced_position
+    assert end.segment_id == 2
+    assert _read_all(tmp_path) == [(1, i) for i in range(10)]
+
+    # restarted where it stopped (as replay would say): rolling needs its next segment created
+    # ahead, which an idle journal is asked for by the refused roll itself
+    journal = Journal(FaultyFileIO(), str(tmp_path), end, SMALL)
+    assert not journal.next_segment_ready
+    assert await _rolled(journal) is None
+    journal.append(_record(10), None)
+    await journal.close()
+    assert _read_all(tmp_path) == [(1, i) for i in range(11)]
+
+
+async def test_roll_with_records_pending_completes_them_first(tmp_path: Path) -> None:
+    fileio = FaultyFileIO()
+    journal = Journal(fileio, str(tmp_path), Position(1, fmt.SEGMENT_HEADER_BYTES), SMALL)
+    journal.append(_record(0), None)
+    await asyncio.sleep(0.05)  # the next segment is created ahead after this group
+    assert journal.next_segment_ready
+    fileio.sync_gate = threading.Event()
+    order: list[str] = []
+    journal.append(_record(1), lambda e: order.append("in flight"))
+    await asyncio.sleep(0.02)  # its group waits in its fdatasync
+    journal.append(_record(2), lambda e: order.append("gathering"))
+    assert journal.roll(lambda e: order.append("rolled"))
+    journal.append(_record(3), lambda e: order.append("after the roll"))
+    fileio.sync_gate.set()
+    await journal.close()
+    assert order == ["in flight", "gathering", "rolled", "after the roll"]
+    assert _read_all(tmp_path) == [(1, i) for i in range(4)]
