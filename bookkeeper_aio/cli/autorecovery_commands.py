@@ -444,6 +444,13 @@ def _password_option(parser: argparse.ArgumentParser) -> None:
         help="copy at most this many MB/s (all workers together; default: unlimited)",
     )
     parser.add_argument(
+        "--copy-window",
+        type=int,
+        default=None,
+        help="entries each worker writes to a replacement at once (default 64; more copies faster and "
+        "costs the replacement's foreground adds more latency: docs/autorecovery.md)",
+    )
+    parser.add_argument(
         "--open-ledger-grace",
         dest="open_ledger_grace_s",
         type=float,

@@ -33,6 +33,7 @@ class ScriptedPool:
         self.reads: list[tuple[str, int]] = []
         self.batches: list[tuple[str, int]] = []
         self.adds: list[tuple[str, int, int, bytes]] = []
+        self.answering: set[asyncio.Task[None]] = set()
 
     async def request(self, bookie_id: str, make: Callable[[int], Any], timeout_s: float) -> Any:
         request = make(1)
@@ -49,15 +50,33 @@ class ScriptedPool:
             entry_id = request.start_entry_id
             while entry_id in store and len(bodies) < request.max_count:
                 bodies.append(store[entry_id])
-                entry_id += 1
+                entry_id += request.step
             if not bodies:
                 return m.BatchReadResponse(1, int(StatusCode.ENOENTRY))
-            return m.BatchReadResponse(1, int(StatusCode.EOK), None, LEDGER, request.start_entry_id, bodies)
+            return m.BatchReadResponse(
+                1, int(StatusCode.EOK), None, LEDGER, request.start_entry_id, bodies, -1, request.step
+            )
         assert isinstance(request, m.AddEntryRequest)
         assert request.flags == int(AddFlag.RECOVERY_ADD)
         self.adds.append((bookie_id, request.entry_id, request.flags, request.master_key))
         self.stores.setdefault(bookie_id, {})[request.entry_id] = request.body
         return m.AddEntryResponse(1, int(StatusCode.EOK))
+
+    def request_with_callback(
+        self,
+        bookie_id: str,
+        make: Callable[[int], Any],
+        callback: Callable[..., None],
+        context: Any,
+        timeout_s: float,
+    ) -> int:
+        async def answer() -> None:
+            callback(context, bookie_id, await self.request(bookie_id, make, timeout_s))
+
+        task = asyncio.get_running_loop().create_task(answer())
+        self.answering.add(task)
+        task.add_done_callback(self.answering.discard)
+        return 1
 
 
 def _ctx(pool: ScriptedPool) -> ClientContext:
@@ -184,6 +203,8 @@ async def test_an_unexpected_error_in_a_copy_fails_it_never_passes_with_an_entry
     class Buggy(ScriptedPool):
         async def request(self, bookie_id, make, timeout_s):  # type: ignore[no-untyped-def]
             request = make(1)
+            if isinstance(request, m.BatchReadRequest):  # no batch: every entry is read on its own
+                return m.BatchReadResponse(1, int(StatusCode.ENOENTRY))
             if isinstance(request, m.ReadEntryRequest) and request.entry_id == 0:
                 raise RuntimeError("a bug in a read path")
             return await super().request(bookie_id, make, timeout_s)
@@ -196,3 +217,76 @@ async def test_an_unexpected_error_in_a_copy_fails_it_never_passes_with_an_entry
     pool = Buggy(stores)
     with pytest.raises(RuntimeError, match="a bug in a read path"):
         await copy_fragment(_ctx(pool), _fragment(("a", "b", "c"), ("a", "d", "c"), 5), CODEC, b"k", window=1)
+
+
+async def test_batched_copies_read_ahead_from_the_survivors_in_turn_and_a_refused_write_fails() -> None:
+    """Qw == E: batches alternate between the survivors (the next one read while the current one is
+    written); a replacement refusing one write (the callback path) fails the copy, never counted."""
+    bodies = {e: _body(e) for e in range(30)}
+
+    class Batches(ScriptedPool):
+        async def request(self, bookie_id, make, timeout_s):  # type: ignore[no-untyped-def]
+            request = make(1)
+            if isinstance(request, m.BatchReadRequest):  # 10 entries per batch
+                shorter = request._replace(max_count=min(10, request.max_count))
+                return await super().request(bookie_id, lambda rid: shorter, timeout_s)
+            if isinstance(request, m.AddEntryRequest) and request.entry_id == self.refuse:
+                return m.AddEntryResponse(1, int(StatusCode.EIO))
+            return await super().request(bookie_id, make, timeout_s)
+
+    md = LedgerMetadata.new(LEDGER, ("a", "b", "c"), write_quorum=3, ack_quorum=2)
+    fragment = FragmentCopy(md, 0, 29, ("a", "b", "c"), ("a", "b", "d"))
+    pool = Batches({"a": dict(bodies), "b": dict(bodies), "c": {}})
+    pool.refuse = -1  # type: ignore[attr-defined]
+    stats = await copy_fragment(_ctx(pool), fragment, CODEC, b"k", window=4)
+    assert stats.entries == 30
+    assert pool.stores["d"] == bodies
+    assert pool.batches == [("a", 0), ("b", 10), ("a", 20)]
+    assert pool.reads == []
+
+    pool = Batches({"a": dict(bodies), "b": dict(bodies), "c": {}})
+    pool.refuse = 17  # type: ignore[attr-defined]
+    with pytest.raises(ReplicationError, match="entry 17: replacement d"):
+        await copy_fragment(_ctx(pool), fragment, CODEC, b"k", window=4)
+
+
+async def test_a_striped_fragment_is_read_in_batches_per_stripe() -> None:
+    """E3/Qw2, position 1 (b) replaced: its entries are those of stripes 0 (on a, b) and 1 (on b,
+    c); each stripe is read with BATCH_READ of step 3 from its survivor, none entry by entry."""
+    stores: dict[str, dict[int, bytes]] = {b: {} for b in ("a", "b", "c")}
+    for e in range(60):
+        for p in (e % 3, (e + 1) % 3):
+            stores["abc"[p]][e] = _body(e)
+    stores["b"] = {}  # lost
+    pool = ScriptedPool(stores)
+    stats = await copy_fragment(
+        _ctx(pool), _fragment(("a", "b", "c"), ("a", "d", "c"), 59), CODEC, b"k", window=4
+    )
+    wanted = [e for e in range(60) if e % 3 in (0, 1)]
+    assert sorted(pool.stores["d"]) == wanted
+    assert all(pool.stores["d"][e] == _body(e) for e in wanted)
+    assert stats.entries == len(wanted)
+    assert pool.reads == []
+    assert sorted(pool.batches) == [("a", 0), ("c", 1)]  # one batch per stripe, from its survivor
+
+
+async def test_a_bookie_that_ignores_the_step_still_gives_a_whole_copy() -> None:
+    """A bookie older than BATCH_READ's step answers consecutive entries (no echo): only the first
+    body of each answer is taken, the copy is whole (just slower)."""
+
+    class Older(ScriptedPool):
+        async def request(self, bookie_id, make, timeout_s):  # type: ignore[no-untyped-def]
+            request = make(1)
+            if isinstance(request, m.BatchReadRequest) and request.step != 1:
+                plain = request._replace(step=1)
+                return await super().request(bookie_id, lambda rid: plain, timeout_s)
+            return await super().request(bookie_id, make, timeout_s)
+
+    stores: dict[str, dict[int, bytes]] = {b: {} for b in ("a", "b", "c")}
+    for e in range(12):
+        for p in (e % 3, (e + 1) % 3):
+            stores["abc"[p]][e] = _body(e)
+    stores["b"] = {}
+    pool = Older(stores)
+    await copy_fragment(_ctx(pool), _fragment(("a", "b", "c"), ("a", "d", "c"), 11), CODEC, b"k", window=4)
+    assert pool.stores["d"] == {e: _body(e) for e in range(12) if e % 3 in (0, 1)}
