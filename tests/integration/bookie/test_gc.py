@@ -289,10 +289,12 @@ ONE_BIG_SEGMENT = [
 ]
 ROLL_KILL_POINTS = [
     pytest.param("gc.rolled=kill", id="rolled"),
-    pytest.param("journal.before_fdatasync=count:1:kill", id="roll-group-before-fdatasync"),
+    pytest.param(
+        "journal.before_fdatasync=count:1:kill", id="roll-group-before-fdatasync", marks=pytest.mark.slow
+    ),
     pytest.param("gc.copied=count:1:kill", id="first-copy-durable", marks=pytest.mark.slow),
     pytest.param("gc.before_checkpoint=kill", id="before-checkpoint", marks=pytest.mark.slow),
-    pytest.param("gc.before_delete=kill", id="checkpoint-durable-before-delete"),
+    pytest.param("gc.before_delete=kill", id="checkpoint-durable-before-delete", marks=pytest.mark.slow),
     pytest.param("gc.after_delete=count:1:kill", id="unlink-before-dir-fsync", marks=pytest.mark.slow),
 ]
 
