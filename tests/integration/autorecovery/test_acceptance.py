@@ -28,6 +28,7 @@ import pytest
 
 from bookkeeper_aio import BookKeeper, ClientConfig
 from bookkeeper_aio.autorecovery.auditor import check_ledger
+from bookkeeper_aio.client.keys import codec_for
 from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.errors import BKError, LedgerFenced
 from metadata.bookies import list_bookies
@@ -323,7 +324,7 @@ async def test_acceptance_3_a_daemon_killed_mid_copy_leaves_its_ledgers_to_the_o
                 live = set(bookies.writable) | set(bookies.readonly)
                 for ledger_id in random.sample(ids, 5):
                     md = (await bk.context.ledgers.read(ledger_id)).metadata
-                    lacking = await check_ledger(bk.context, md, live, slots)
+                    lacking = await check_ledger(bk.context, md, live, slots, codec_for(md, PASSWORD))
                     if lacking:
                         problems.append(f"ledger {ledger_id}: {lacking} listed without entries")
                 await asyncio.sleep(0.2)
