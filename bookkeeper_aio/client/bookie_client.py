@@ -132,6 +132,11 @@ class BookiePool:
         task.add_done_callback(self._tasks.discard)
         return conn
 
+    def reconnect_delay_s(self, bookie_id: str) -> float:
+        """Seconds until a connection to ``bookie_id`` may be tried again: 0 unless it is in
+        reconnect backoff (its requests fail at once until then)."""
+        return max(0.0, self._retry_at_s.get(bookie_id, 0.0) - self._loop.time())
+
     def request_with_callback(
         self,
         bookie_id: str,

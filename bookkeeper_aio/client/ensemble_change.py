@@ -96,7 +96,9 @@ class BookieReplacer:
         """
         self.ever_failed.update(failed)
         writable = await self._ctx.directory.writable_bookies()
-        return self._choose(-1, ensemble, failed, writable, give_up)
+        chosen = self._choose(-1, ensemble, failed, writable, give_up)
+        await self._until_reachable(ensemble, chosen)
+        return chosen
 
     async def replace(
         self,
@@ -128,6 +130,7 @@ class BookieReplacer:
         except NotEnoughBookies:
             await self._check_stored(accept)
             raise
+        await self._until_reachable(base, chosen)
         if copy is not None:
             await copy(chosen)
 
@@ -166,6 +169,16 @@ class BookieReplacer:
                 f"ledger {self._ledger_id}: ensemble change lost the metadata race too often"
             ) from error
         return chosen
+
+    async def _until_reachable(self, ensemble: Ensemble, chosen: Replacement) -> None:
+        """Wait out the pool's reconnect backoff of the replacements: the pool fails requests to a
+        bookie in backoff at once, so a replacement sent to straight away fails again, and two
+        failed bookies replace each other in a loop that takes no time (the simulation's race
+        seeds 31, the writer, one metadata CAS per round, and 33, recovery's write-back)."""
+        pool = self._ctx.pool
+        delay_s = max((pool.reconnect_delay_s(b) for b in chosen.ensemble if b not in ensemble), default=0.0)
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
 
     async def _check_stored(self, accept: Accept) -> None:
         """Raise what ``accept`` raises on the stored metadata (the ledger may have been fenced or

@@ -6,6 +6,7 @@ IN_RECOVERY refusal, and re-replication of a middle fragment of a closed ledger 
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -180,3 +181,41 @@ async def test_replace__a_bookie_that_failed_before_is_taken_when_no_other_is_wr
     assert second.stored is not None
     with pytest.raises(NotEnoughBookies):  # a and d failing now: c can take a's place, none is left for d
         await replacer.replace(second.stored, 12, {"d", "a"}, accept=_open, attempts_max=4)
+
+
+async def test_replacements_in_reconnect_backoff_are_waited_for_not_sent_to_at_once() -> None:
+    """Two failed bookies must not replace each other in a loop that takes no time: the pool fails
+    requests to a bookie in reconnect backoff at once, so a replacement chosen among them is only
+    handed out once its backoff is over (the simulation found the loop in the writer, one metadata
+    CAS per round, and in recovery's write-back)."""
+    ctx = _context(MemoryStore(), ["a", "b", "c", "d"])
+    created = await ctx.ledgers.create(BOOKIES, write_quorum=2, ack_quorum=2)
+    replacer = BookieReplacer(ctx, created.ledger_id)
+    replacer.ever_failed.add("d")  # failed before: chosen only because nothing else is writable
+    ctx.pool._note_failure("d")  # and its connection is in backoff
+    loop = asyncio.get_running_loop()
+    delay_s = ctx.pool.reconnect_delay_s("d")
+    assert delay_s > 0
+    started = loop.time()
+    change = await replacer.choose(BOOKIES, {"a"})
+    assert change.ensemble == ("d", "b", "c")
+    assert loop.time() - started >= delay_s * 0.9
+    assert ctx.pool.reconnect_delay_s("d") == 0.0
+
+    ctx.pool._note_failure("d")
+    started = loop.time()
+    stored = await replacer.replace(created, 0, {"a"}, accept=_open, attempts_max=4)
+    assert stored.ensemble == ("d", "b", "c")
+    assert loop.time() - started > 0
+    assert ctx.pool.reconnect_delay_s("d") == 0.0
+
+
+async def test_a_replacement_not_in_backoff_is_not_delayed() -> None:
+    ctx = _context(MemoryStore(), ["a", "b", "c", "d"])
+    created = await ctx.ledgers.create(BOOKIES, write_quorum=2, ack_quorum=2)
+    ctx.pool._note_failure("a")  # the failed bookie's backoff is no reason to wait
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    change = await BookieReplacer(ctx, created.ledger_id).choose(BOOKIES, {"a"})
+    assert change.ensemble == ("d", "b", "c")
+    assert loop.time() - started < 0.01

@@ -133,6 +133,9 @@ class _StubPool:
         self._rid += 1
         return self._rid
 
+    def reconnect_delay_s(self, bookie_id: str) -> float:
+        return 0.0
+
     def connection(self, bookie_id: str) -> Any:
         pool = self
 
