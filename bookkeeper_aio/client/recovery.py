@@ -52,6 +52,7 @@ from bookkeeper_aio.client.context import ClientContext
 from bookkeeper_aio.client.quorum import DistributionSchedule
 from bookkeeper_aio.client.read_handle import EntryReader
 from bookkeeper_aio.client.recovery_writeback import WriteBack, describe
+from bookkeeper_aio.common import failpoints
 from bookkeeper_aio.errors import BKError, BKInternalError, BKTimeout, LedgerRecoveryError, NoSuchLedger
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import LAST_ENTRY, NO_ENTRY, ReadFlag, StatusCode
@@ -64,8 +65,8 @@ from metadata.ledger_metadata import LedgerMetadata, LedgerState
 log = structlog.get_logger(__name__)
 
 RECOVERY_READ_FLAGS = int(ReadFlag.FENCE_LEDGER)
-"""Every recovery read fences (BOOKKEEPER-2614). A module constant so that a test can prove the
-#2614 trace fails without it."""
+"""Every recovery read fences (BOOKKEEPER-2614). The simulation proves the #2614 trace is found
+without it: the planted-bug switch ``bug.recovery_read_without_fence`` (common/failpoints.py)."""
 
 RECOVERY_WINDOW_MAX = 512
 """Entries being read or written back at once. Bounds memory (bodies held until replicated) and the
@@ -204,6 +205,8 @@ class LedgerRecovery:
         fenced = await self._fence(md)
         first = md.ensembles[-1][0]
         start = recovery_start(fenced.lac, first)
+        if failpoints.switched(failpoints.BUG_RECOVERY_FROM_FENCED_LAC):  # a planted bug (tests/simulation)
+            start = fenced.lac
         run = _ReadAndReplicate(self, md, start, fenced)
         try:
             last, last_length = await run.run()
@@ -229,7 +232,10 @@ class LedgerRecovery:
         first, ensemble = md.ensembles[-1]
         schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
         ctx, ledger_id, key = self._ctx, self._ledger_id, self._key
-        fenced = _Fenced(lac=first - 1, last_entry_hint=first - 1, lengths={}, last_stored={})
+        floor = first - 1  # the 2615 rule here too: what precedes the last fragment is settled
+        if failpoints.switched(failpoints.BUG_RECOVERY_FROM_FENCED_LAC):  # a planted bug (tests/simulation)
+            floor = NO_ENTRY
+        fenced = _Fenced(lac=floor, last_entry_hint=floor, lengths={}, last_stored={})
         answered: set[int] = set()
         failures: list[str] = []
 
@@ -263,7 +269,13 @@ class LedgerRecovery:
             raise LedgerRecoveryError(
                 f"ledger {ledger_id}: fencing did not cover the ensemble {list(ensemble)}: {failures}"
             )
-        log.info("recovery.fenced", ledger_id=ledger_id, lac=fenced.lac, hint=fenced.last_entry_hint)
+        log.info(
+            "recovery.fenced",
+            ledger_id=ledger_id,
+            lac=fenced.lac,
+            hint=fenced.last_entry_hint,
+            first_entry=first,
+        )
         return fenced
 
     def _note_fence_reply(self, fenced: _Fenced, bookie_id: str, response: m.Response) -> bool:
@@ -461,6 +473,11 @@ class _ReadAndReplicate:
         self._read_timeout_s = self.ctx.config.read_timeout_s
         self._speculative_delay_s = self.ctx.config.speculative_read_delay_ms / 1000
         self._reads: collections.deque[_EntryRead] = collections.deque()
+        self._read_flags = RECOVERY_READ_FLAGS
+        if failpoints.switched(
+            failpoints.BUG_RECOVERY_READ_WITHOUT_FENCE
+        ):  # a planted bug (tests/simulation)
+            self._read_flags = 0
 
     def _send_read(self, entry_id: int) -> None:
         replicas = tuple(self.ensemble[p] for p in self.schedule.write_set(entry_id))
@@ -470,7 +487,7 @@ class _ReadAndReplicate:
         op = _EntryRead(self, entry_id, replicas)
         op.rid = rid = self.ctx.pool.next_request_id()  # unique per pool: one frame for every replica
         op.frame = m.encode(
-            m.ReadEntryRequest(rid, self.ledger_id, entry_id, RECOVERY_READ_FLAGS, self.writer.key)
+            m.ReadEntryRequest(rid, self.ledger_id, entry_id, self._read_flags, self.writer.key)
         )
         self._reads.append(op)
         if entry_id > self.hint or self._speculative_delay_s <= 0:

@@ -1,7 +1,8 @@
 """Seeds for the simulation tests, and the throughput summary at the end of the run.
 
-``pytest tests/simulation --seed N`` replays seed N alone (and prints its trace);
-``--sim-seeds K --sim-first S`` runs seeds S..S+K-1 (default 0..299), in batches of ``BATCH``.
+``pytest tests/simulation --seed N`` replays seed N alone in each sweep (and prints its traces);
+``--sim-seeds K --sim-first S`` runs seeds S..S+K-1 of the general scenario (default 0..299),
+``--race-seeds K`` seeds S..S+K-1 of the race profile (default 0..99), in batches of ``BATCH``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 from tests.simulation.scenario import Outcome
 
 SEEDS_DEFAULT = 300
+RACE_SEEDS_DEFAULT = 100
 BATCH = 25
 
 
@@ -35,23 +37,28 @@ class Stats:
 STATS = Stats()
 
 
-def replay_command(seed: int) -> str:
-    return f"pytest tests/simulation --seed {seed}"
+def replay_command(seed: int, test: str = "") -> str:
+    where = f"tests/simulation/test_seeds.py::{test}" if test else "tests/simulation"
+    return f"pytest {where} --seed {seed}"
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "seed_batch" not in metafunc.fixturenames:
-        return
-    config = metafunc.config
-    one = config.getoption("seed", None)
-    if one is not None:
-        metafunc.parametrize("seed_batch", [[one]], ids=[f"seed{one}"])
-        return
-    count = config.getoption("sim_seeds", None) or SEEDS_DEFAULT
-    first = config.getoption("sim_first", 0) or 0
-    seeds = list(range(first, first + count))
-    batches = [seeds[i : i + BATCH] for i in range(0, len(seeds), BATCH)]
-    metafunc.parametrize("seed_batch", batches, ids=[f"seeds{b[0]}-{b[-1]}" for b in batches])
+    for name, option, default in (
+        ("seed_batch", "sim_seeds", SEEDS_DEFAULT),
+        ("race_batch", "race_seeds", RACE_SEEDS_DEFAULT),
+    ):
+        if name not in metafunc.fixturenames:
+            continue
+        config = metafunc.config
+        one = config.getoption("seed", None)
+        if one is not None:
+            metafunc.parametrize(name, [[one]], ids=[f"seed{one}"])
+            return
+        count = config.getoption(option, None) or default
+        first = config.getoption("sim_first", 0) or 0
+        seeds = list(range(first, first + count))
+        batches = [seeds[i : i + BATCH] for i in range(0, len(seeds), BATCH)]
+        metafunc.parametrize(name, batches, ids=[f"seeds{b[0]}-{b[-1]}" for b in batches])
 
 
 @pytest.fixture

@@ -7,7 +7,10 @@ After every fault step (cheap):
 - **NoDivergenceBetweenClientAndMetaData**: a ledger CLOSED in metadata has no entry acked to its
   writer above its last entry; a writer whose close succeeded closed it at its own LAC.
 - **OnlyValidFragments**: fragments start at 0 and their first entries strictly increase; each
-  ensemble has E distinct bookies; a closed ledger's fragments all start at or below last + 1.
+  ensemble has E distinct bookies; a closed ledger's fragments all start at or below last + 1. The
+  metadata model refuses such a value before it is written, so the recoverers and writers also
+  report any failure caused by metadata their own client proposed and the model refused
+  (:func:`invalid_proposal`: BOOKKEEPER-2615's symptom, a recovery that keeps failing).
 
 At the end, after the heal (every bookie up, every ledger closed):
 - **LedgersClosed** (liveness): every ledger is CLOSED.
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from bookkeeper_aio.client.quorum import DistributionSchedule
 from metadata import ledger_metadata, log_metadata
+from metadata.errors import InvalidMetadata
 from metadata.keys import ClusterKeys
 from metadata.ledger_metadata import LedgerMetadata, LedgerState
 from metadata.log_metadata import LogMetadata
@@ -67,6 +71,20 @@ def fragment_problems(md: LedgerMetadata) -> list[str]:
     if md.state is LedgerState.CLOSED and md.last_entry_id is not None and firsts[-1] > md.last_entry_id + 1:
         problems.append(f"{where}: closed at {md.last_entry_id} but a fragment starts at {firsts[-1]}")
     return problems
+
+
+def invalid_proposal(error: BaseException, what: str) -> list[str]:
+    """OnlyValidFragments at the source: ``error`` (a failed recovery or add) was caused by metadata
+    the client itself proposed and the model refused (a fragment before the last one, a close
+    below the last fragment: BOOKKEEPER-2615). The store never holds it, but the client built it."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, InvalidMetadata):
+            return [f"OnlyValidFragments: {what} proposed invalid metadata: {cause}"]
+        cause = cause.__cause__ or cause.__context__
+    return []
 
 
 def acked_max(scenario: Scenario, ledger_id: int) -> int:

@@ -202,6 +202,9 @@ class SimTransport(asyncio.Transport):
         data = bytes(data)
         if not data:
             return
+        net = self._conn.net
+        if net.lose and net.lost_here(self._conn, self._endpoint):
+            return
         self._buffered += len(data)
         self._conn.pipe_from(self._endpoint).push(data)
         if not self._writing_paused and self._buffered > self._high:
@@ -347,6 +350,9 @@ class Network:
         self._healed: asyncio.Event | None = None
         self.slow: dict[tuple[str, str], float] = {}
         """Directed links with a high latency: (sender, receiver) -> the maximum, in seconds."""
+        self.lose: set[tuple[str, str]] = set()
+        """Directed links whose next message is lost: the connection carrying it resets instead."""
+        self.trace: Callable[[str], None] = lambda line: None
 
     def latency_s(self, sender: str = "", receiver: str = "") -> float:
         rng = self.rng
@@ -407,14 +413,24 @@ class Network:
             self._healed.set()
             self._healed = None
 
-    def _wake_connects(self) -> None:
-        if self._healed is not None:
-            self._healed.set()
-            self._healed = None
+    def lose_next(self, sender: str, receiver: str) -> None:
+        """The next message ``sender`` writes to ``receiver`` is lost with its connection: a reset
+        races it (both ends see the reset; what was in flight on the connection is lost too)."""
+        self.lose.add((sender, receiver))
+
+    def lost_here(self, conn: Connection, sender: Endpoint) -> bool:
+        """Whether ``sender``'s write on ``conn`` is the one to lose (and if so, lose it)."""
+        receiver = conn.server if sender is conn.client else conn.client
+        link = (sender.node, receiver.node)
+        if link not in self.lose:
+            return False
+        self.lose.discard(link)
+        self.trace(f"lost a message {link[0]} -> {link[1]} (its connection reset)")
+        conn.reset()
+        return True
 
     def unpartition(self, a: str, b: str) -> None:
         self.partitions.discard(frozenset((a, b)))
-        self._wake_connects()
         self._wake_connects()
         for conn in self.connections_of(a):
             if b in conn.nodes():
@@ -427,7 +443,7 @@ class Network:
     def heal(self) -> None:
         self.partitions.clear()
         self.slow.clear()
-        self._wake_connects()
+        self.lose.clear()
         self._wake_connects()
         for conn in sorted(self.connections, key=lambda c: c.ident):
             conn.to_server.kick()

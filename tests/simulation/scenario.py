@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 import structlog
 
 from bookkeeper_aio import BKError
-from bookkeeper_aio.client import recovery
 from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.common import backoff, failpoints
 from bookkeeper_aio.log.reader import open_log_reader
@@ -100,6 +99,10 @@ class Scenario:
         self.stop = asyncio.Event()
         self.handles: dict[int, LedgerHandle] = {}
         self.tail_reads: list[tuple[int, int, list[tuple[int, bytes]]]] = []
+        self.current: dict[str, int] = {}
+        """Writer client -> the ledger it writes now."""
+        self.think_probability = THINK_PROBABILITY
+        self.think_s_max = THINK_S_MAX
 
     def describe(self) -> str:
         return (
@@ -126,6 +129,7 @@ class Scenario:
             lid = handle.id
             self.ledgers.append(lid)
             self.handles[lid] = handle
+            self.current[client.name] = lid
             world.trace(
                 f"{client.name} created ledger {lid} {ensemble}/{wq}/{aq} "
                 f"on {list(handle.metadata.current_ensemble)}"
@@ -142,6 +146,7 @@ class Scenario:
                     future = await handle.append_async(value)
                 except BKError as error:
                     history.failed(op, error)
+                    self.problems += invariants.invalid_proposal(error, f"{client.name}'s add to {lid}")
                     break
                 sent.append(future)
                 future.add_done_callback(functools.partial(self._done, op, lid, sent, len(sent) - 1))
@@ -151,8 +156,8 @@ class Scenario:
                     done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                     if any(not f.cancelled() and f.exception() is not None for f in done):
                         break
-                if rng.random() < THINK_PROBABILITY:  # spread the writes over the fault phase
-                    await asyncio.sleep(rng.uniform(0.0, THINK_S_MAX))
+                if rng.random() < self.think_probability:  # spread the writes over the fault phase
+                    await asyncio.sleep(rng.uniform(0.0, self.think_s_max))
             if pending:
                 await asyncio.wait(pending)
             if rng.random() < 0.5:
@@ -187,6 +192,7 @@ class Scenario:
             history.ok(op, entry_id)
         else:
             history.failed(op, error)
+            self.problems += invariants.invalid_proposal(error, f"{op.writer}'s add to {lid}")
 
     async def recoverer(self, client: SimClient, rng: random.Random) -> None:
         """Opens ledgers with recovery while their writers may still write."""
@@ -199,6 +205,7 @@ class Scenario:
                 handle = await client.bk.open_ledger(lid, password=PASSWORD, recovery=True)
             except BKError as error:
                 self.world.trace(f"{client.name} recovery of {lid} failed: {type(error).__name__}")
+                self.problems += invariants.invalid_proposal(error, f"{client.name}'s recovery of {lid}")
                 continue
             self.world.trace(f"{client.name} recovered ledger {lid} at {handle.last_add_confirmed}")
             self.world.history.recovered_at(lid, handle.last_add_confirmed)
@@ -233,6 +240,7 @@ class Scenario:
                 )
             except BKError as error:
                 self.world.trace(f"{client.name} could not open the log: {type(error).__name__}")
+                self.problems += invariants.invalid_proposal(error, f"{client.name}'s open of the log")
                 await asyncio.sleep(rng.uniform(0.05, 0.3))
                 continue
             self.world.trace(f"{client.name} leads the log (ledger {writer.ledger_id})")
@@ -387,6 +395,7 @@ class Scenario:
                 break
             except BKError as error:
                 self.world.trace(f"{client.name} log takeover failed: {type(error).__name__}: {error}")
+                self.problems += invariants.invalid_proposal(error, f"{client.name}'s log takeover")
                 await asyncio.sleep(0.2)
         else:
             self.problems.append(f"liveness: the log was not writable after {RECOVERY_ATTEMPTS_MAX} attempts")
@@ -407,6 +416,7 @@ class Scenario:
                 handle = await client.bk.open_ledger(lid, password=PASSWORD, recovery=True)
             except BKError as error:
                 self.world.trace(f"{client.name} recovery of {lid} failed: {type(error).__name__}: {error}")
+                self.problems += invariants.invalid_proposal(error, f"{client.name}'s recovery of {lid}")
                 await asyncio.sleep(0.2)
                 continue
             self.world.trace(f"{client.name} recovered ledger {lid} at {handle.last_add_confirmed}")
@@ -465,31 +475,16 @@ class Scenario:
             self.problems.append(f"{what} crashed: {task.exception()!r}")
 
 
-BUG_RECOVERY_READ_WITHOUT_FENCE = "bug.recovery_read_without_fence"
-"""BOOKKEEPER-2614: recovery reads without FENCE_LEDGER (planted by patching a module constant)."""
-BUG_RECOVERY_FROM_FENCED_LAC = "bug.recovery_from_fenced_lac"
-"""BOOKKEEPER-2615: recovery starts at the fenced LAC even below the last fragment's first entry."""
-
-PATCHES: dict[str, tuple[object, str, object]] = {
-    BUG_RECOVERY_READ_WITHOUT_FENCE: (recovery, "RECOVERY_READ_FLAGS", 0),
-    BUG_RECOVERY_FROM_FENCED_LAC: (recovery, "recovery_start", lambda lac, first: lac),
-}
-"""Planted bugs that need no switch in the production code: a patched module attribute each."""
-
-
-def run_seed(seed: int, bugs: tuple[str, ...] = ()) -> Outcome:
+def run_seed(seed: int, bugs: tuple[str, ...] = (), profile: type[Scenario] | None = None) -> Outcome:
     """Run one seed to the end; never raises for what the simulated system did (problems do).
-    ``bugs``: ``bug.*`` failpoint switches to plant (bookkeeper_aio/common/failpoints.py)."""
+    ``bugs``: ``bug.*`` failpoint switches to plant (bookkeeper_aio/common/failpoints.py);
+    ``profile``: the scenario class (default :class:`Scenario`; tests/simulation/race.py)."""
     world = World(seed)
-    scenario = Scenario(world)
+    scenario = (profile or Scenario)(world)
     world.trace(f"seed {seed}: {scenario.describe()}" + (f" bugs={','.join(bugs)}" if bugs else ""))
     saved_logs = capture_logs(world.trace)
     saved_failpoints = ",".join(f"{name}={action}" for name, action in failpoints._active.items())
-    failpoints.configure(",".join(f"{bug}=on" for bug in bugs if bug not in PATCHES))
-    patches = [PATCHES[bug] for bug in bugs if bug in PATCHES]
-    saved_attributes = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
-    for owner, name, value in patches:
-        setattr(owner, name, value)
+    failpoints.configure(",".join(f"{bug}=on" for bug in bugs))
     backoff._SHARED_RNG.seed(f"{seed}/backoff")  # the one process-wide RNG of the production code
     asyncio.set_event_loop(world.loop)
     wall_start = time.perf_counter()
@@ -510,8 +505,6 @@ def run_seed(seed: int, bugs: tuple[str, ...] = ()) -> Outcome:
         cpu_s = time.process_time() - cpu_start
         structlog.configure(**saved_logs)
         failpoints.configure(saved_failpoints)
-        for owner, name, value in saved_attributes:
-            setattr(owner, name, value)
         asyncio.set_event_loop(None)
     problems = scenario.problems + history_problems(world) + [f"loop: {e}" for e in world.loop.errors]
     counts = world.history.counts()

@@ -1,62 +1,89 @@
-"""The seed sweep, the determinism check and the regression seeds (tests/simulation/scenario.py)."""
+"""The seed sweeps (tests/simulation/scenario.py, and its race profile: tests/simulation/race.py), the
+determinism check and the regression seeds."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.simulation.conftest import STATS, replay_command
-from tests.simulation.scenario import run_seed
+from tests.simulation.race import RaceScenario
+from tests.simulation.scenario import Scenario, run_seed
 
-REGRESSION_SEEDS: dict[tuple[int, tuple[str, ...]], str] = {
-    (208, ()): (
+REGRESSION_SEEDS: dict[tuple[str, int, tuple[str, ...]], str] = {
+    ("general", 208, ()): (
         "an add hung forever (no ack, no timeout) after a bookie was replaced and a second ensemble "
         "change of the same fragment put it back: its stale send still counted, so the entry was "
         "never re-sent to it (bookkeeper_aio/client/add_pipeline.py _resend_outstanding)"
     ),
-    (744, ()): (
+    ("general", 744, ()): (
         "the same in recovery write-back: a log writer's open (recovery of the last ledgers) hung "
         "when a given-up bookie was chosen again (bookkeeper_aio/client/recovery_writeback.py _resend)"
     ),
+    ("race", 31, ()): (
+        "a writer's two failed bookies replaced each other in a loop that took no time, one metadata "
+        "CAS per round: the pool failed requests to both at once while they were in reconnect "
+        "backoff (bookkeeper_aio/client/ensemble_change.py _until_reachable)"
+    ),
+    ("race", 33, ()): (
+        "the same in recovery's write-back (no CAS there: a busy loop of local ensemble changes)"
+    ),
 }
-"""Seeds (with the planted bugs they ran with) that found a bug in the real code, and the bug; each
-must stay free of it. A seed replays only while the scenario is unchanged, so a bug is also pinned
-by a unit test of its own: seed 18 (with bug.ack_before_fdatasync, first scenario version) found
-recovery write-back's drain() spinning forever on its finished ensemble-change task, now
-tests/unit/recovery/test_write_back_drain.py."""
+"""Seeds (the profile, the planted bugs they ran with) that found a bug in the real code, and the
+bug; each must stay free of it. A seed replays only while the scenario is unchanged, so a bug is
+also pinned by a unit test of its own: seed 18 (with bug.ack_before_fdatasync, first scenario
+version) found recovery write-back's drain() spinning forever on its finished ensemble-change task,
+now tests/unit/recovery/test_write_back_drain.py; race seeds 31 and 33, the backoff loop, are
+tests/unit/client/test_replication_primitive.py's reconnect-backoff tests."""
+
+PROFILES: dict[str, type[Scenario]] = {"general": Scenario, "race": RaceScenario}
 
 
-def test_seeds_hold_every_invariant(
-    seed_batch: list[int], replaying: bool, capsys: pytest.CaptureFixture[str]
+def sweep(
+    seeds: list[int], profile: type[Scenario], test: str, replaying: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
     failures = []
-    for seed in seed_batch:
-        outcome = run_seed(seed)
+    for seed in seeds:
+        outcome = run_seed(seed, profile=profile)
         STATS.add(outcome)
         if replaying:
             with capsys.disabled():
                 print(f"\n{outcome.trace}")
         if outcome.problems:
             shown = "\n    ".join(outcome.problems[:10])
-            failures.append(f"seed {seed} ({replay_command(seed)}):\n    {shown}")
+            failures.append(f"seed {seed} ({replay_command(seed, test)}):\n    {shown}")
     assert not failures, "\n".join(failures)
+
+
+def test_seeds_hold_every_invariant(
+    seed_batch: list[int], replaying: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep(seed_batch, Scenario, "test_seeds_hold_every_invariant", replaying, capsys)
+
+
+def test_race_seeds_hold_every_invariant(
+    race_batch: list[int], replaying: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The race profile (tests/simulation/race.py): recoveries racing their writers."""
+    sweep(race_batch, RaceScenario, "test_race_seeds_hold_every_invariant", replaying, capsys)
 
 
 def test_same_seed_same_trace(replaying: bool, request: pytest.FixtureRequest) -> None:
     """Byte-identical traces for the same seed, different ones for different seeds."""
     seeds = [request.config.getoption("seed")] if replaying else [3, 7, 11]
     traces = {}
-    for seed in seeds:
-        first, second = run_seed(seed), run_seed(seed)
-        assert first.trace == second.trace, f"seed {seed} is not deterministic"
-        assert "crashed" in first.trace or replaying, "the seed should exercise a fault"
-        traces[seed] = first.trace
-    assert len(set(traces.values())) == len(seeds)
+    for profile in (Scenario, RaceScenario):
+        for seed in seeds:
+            first, second = run_seed(seed, profile=profile), run_seed(seed, profile=profile)
+            assert first.trace == second.trace, f"seed {seed} is not deterministic ({profile.__name__})"
+            assert "crashed" in first.trace or replaying, "the seed should exercise a fault"
+            traces[profile, seed] = first.trace
+    assert len(set(traces.values())) == len(traces)
 
 
-@pytest.mark.parametrize(("seed", "bugs"), sorted(REGRESSION_SEEDS))
-def test_regression_seed(seed: int, bugs: tuple[str, ...]) -> None:
-    outcome = run_seed(seed, bugs)
-    bug = REGRESSION_SEEDS[seed, bugs]
+@pytest.mark.parametrize(("profile", "seed", "bugs"), sorted(REGRESSION_SEEDS))
+def test_regression_seed(profile: str, seed: int, bugs: tuple[str, ...]) -> None:
+    outcome = run_seed(seed, bugs, PROFILES[profile])
+    bug = REGRESSION_SEEDS[profile, seed, bugs]
     assert outcome.ledgers > 0
     # A planted bug may legitimately be found; the real code's bug (a liveness failure) may not.
     liveness = [p for p in outcome.problems if p.startswith("liveness") or not bugs]

@@ -17,7 +17,7 @@ import asyncio
 import contextvars
 import itertools
 import random
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import structlog
@@ -205,7 +205,7 @@ class SimClient(Node):
         return BookKeeper(
             ledgers,
             SimDirectory(world),
-            config=CLIENT_CONFIG,
+            config=world.client_config,
             resolver=SimResolver(),
             placement=RandomPlacement(world.rng_for("placement", self.name)),
             key_executor=_InlineExecutor(),  # no threads in the simulation
@@ -226,6 +226,8 @@ class SimStore(MemoryStore):
         self._world = world
         self._rng = world.rng_for("store")
         self.crash_after_ensemble_change_probability = 0.0
+        self.on_new_fragment: Callable[[str], None] | None = None
+        """Called with the ledger's key when a CAS adds a fragment (before the writer learns it)."""
 
     async def compare_and_set(
         self, key: str, value: bytes, expected_version: int, *, guards: Guards = ()
@@ -233,12 +235,18 @@ class SimStore(MemoryStore):
         old = self._data.get(key)
         version = await super().compare_and_set(key, value, expected_version, guards=guards)
         node = NODE.get()
-        if (
-            node is not None
+        new_fragment = (
+            (self.crash_after_ensemble_change_probability or self.on_new_fragment is not None)
             and old is not None
-            and self.crash_after_ensemble_change_probability
             and key.startswith(KEYS.ledgers_prefix)
             and _fragments(old.value, key) < _fragments(value, key)
+        )
+        if new_fragment and self.on_new_fragment is not None:
+            self.on_new_fragment(key)
+        if (
+            node is not None
+            and new_fragment
+            and self.crash_after_ensemble_change_probability
             and self._rng.random() < self.crash_after_ensemble_change_probability
         ):
             for client in self._world.clients:
@@ -258,7 +266,9 @@ class World:
         self.loop = SimLoop(self.rng_for("schedule"))
         self.network = Network(self.loop, self.rng_for("network"))
         self.trace = Trace(self.loop)
+        self.network.trace = self.trace
         self.store = SimStore(self)
+        self.client_config = CLIENT_CONFIG
         self.bookies: list[SimBookie] = []
         self.clients: list[SimClient] = []
         self._sequence = itertools.count()
