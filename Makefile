@@ -31,13 +31,16 @@ test-slow: $(STAMP)
 chaos: $(STAMP)
 	FAULT_CYCLES=$${FAULT_CYCLES:-200} $(BIN)/python -m pytest -m slow -q --timeout=0 tests/faults
 
-# Deterministic simulation (tests/simulation): SEEDS seeds from FIRST; a failing seed prints the
-# command that replays it (`pytest tests/simulation --seed N`, which prints its trace).
+# Deterministic simulation (tests/simulation): SEEDS seeds of the general scenario and RACE_SEEDS of
+# the race profile, from FIRST; a failing seed prints the command that replays it (`pytest
+# tests/simulation/test_seeds.py::TEST --seed N`, which prints its trace).
 SEEDS ?= 1000
+RACE_SEEDS ?= $(SEEDS)
 FIRST ?= 0
 simulate: $(STAMP)
 	$(BIN)/python -m pytest -q tests/simulation/test_seeds.py::test_seeds_hold_every_invariant \
-	  --sim-seeds $(SEEDS) --sim-first $(FIRST)
+	  tests/simulation/test_seeds.py::test_race_seeds_hold_every_invariant \
+	  --sim-seeds $(SEEDS) --race-seeds $(RACE_SEEDS) --sim-first $(FIRST)
 
 # Safety mutants: one-line breaking edits to safety-critical code, each in a scratch copy, each of
 # which its targeted tests must kill (tests/faults/mutants.py; MUTANTS="name ..." runs some).

@@ -30,7 +30,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--sim-seeds", type=int, default=None, help="how many seeds to run (default 300)")
     group.addoption("--sim-first", type=int, default=0, help="the first seed of the run (default 0)")
     group.addoption(
-        "--race-seeds", type=int, default=None, help="how many seeds of the race profile to run (default 100)"
+        "--race-seeds", type=int, default=None, help="how many seeds of the race profile to run (default 50)"
     )
 
 

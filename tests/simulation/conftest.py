@@ -2,7 +2,7 @@
 
 ``pytest tests/simulation --seed N`` replays seed N alone in each sweep (and prints its traces);
 ``--sim-seeds K --sim-first S`` runs seeds S..S+K-1 of the general scenario (default 0..299),
-``--race-seeds K`` seeds S..S+K-1 of the race profile (default 0..99), in batches of ``BATCH``.
+``--race-seeds K`` seeds S..S+K-1 of the race profile (default 0..49), in batches of ``BATCH``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from tests.simulation.scenario import Outcome
 
 SEEDS_DEFAULT = 300
-RACE_SEEDS_DEFAULT = 100
+RACE_SEEDS_DEFAULT = 50
 BATCH = 25
 
 

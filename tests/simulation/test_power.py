@@ -6,14 +6,14 @@ bug is the bug, not noise. The seeds are tried in order; the first that reports 
 search, and it must report the kind of problem the bug causes. Where each is found today (the
 scenario decides, so a change to it moves these; the bound is what must hold):
 
-- ``bug.ack_before_fdatasync`` (a bookie acks before its fdatasync): general seed 1, a crash loses
+- ``bug.ack_before_fdatasync`` (a bookie acks before its fdatasync): general seed 0, a crash loses
   acked entries (AllCommittedEntriesReachAckQuorum).
 - ``bug.recovery_read_without_fence`` (#2614): race seed 1. A member's fence is lost (its
   connection resets), the writer's add to it is stalled, and the recovery read of that entry is
   answered "no such entry" by the unfenced member before the replica that has it answers: the
   recovery closes below the entry, then the stalled add lands and completes. An acked entry is lost
   (NoDivergenceBetweenClientAndMetaData, the history's "LOST").
-- ``bug.recovery_from_fenced_lac`` (#2615): general seed 2, race seed 4. Recovery starts at the
+- ``bug.recovery_from_fenced_lac`` (#2615): general seed 2, race seed 3. Recovery starts at the
   fenced LAC below the last fragment's first entry, reads earlier entries from the last fragment's
   bookies, and proposes either a close below that fragment or a fragment before it: invalid
   metadata (OnlyValidFragments), refused by the model, so the recovery fails every time it runs

@@ -6,7 +6,6 @@ IN_RECOVERY refusal, and re-replication of a middle fragment of a closed ledger 
 
 from __future__ import annotations
 
-import asyncio
 import random
 
 import pytest
@@ -193,29 +192,22 @@ async def test_replacements_in_reconnect_backoff_are_waited_for_not_sent_to_at_o
     replacer = BookieReplacer(ctx, created.ledger_id)
     replacer.ever_failed.add("d")  # failed before: chosen only because nothing else is writable
     ctx.pool._note_failure("d")  # and its connection is in backoff
-    loop = asyncio.get_running_loop()
-    delay_s = ctx.pool.reconnect_delay_s("d")
-    assert delay_s > 0
-    started = loop.time()
+    assert ctx.pool.reconnect_delay_s("d") > 0
     change = await replacer.choose(BOOKIES, {"a"})
     assert change.ensemble == ("d", "b", "c")
-    assert loop.time() - started >= delay_s * 0.9
-    assert ctx.pool.reconnect_delay_s("d") == 0.0
+    assert ctx.pool.reconnect_delay_s("d") == 0.0  # handed out only once a request to it can go
 
     ctx.pool._note_failure("d")
-    started = loop.time()
     stored = await replacer.replace(created, 0, {"a"}, accept=_open, attempts_max=4)
     assert stored.ensemble == ("d", "b", "c")
-    assert loop.time() - started > 0
     assert ctx.pool.reconnect_delay_s("d") == 0.0
 
 
-async def test_a_replacement_not_in_backoff_is_not_delayed() -> None:
+async def test_a_replacement_not_in_backoff_is_handed_out_at_once() -> None:
     ctx = _context(MemoryStore(), ["a", "b", "c", "d"])
     created = await ctx.ledgers.create(BOOKIES, write_quorum=2, ack_quorum=2)
     ctx.pool._note_failure("a")  # the failed bookie's backoff is no reason to wait
-    loop = asyncio.get_running_loop()
-    started = loop.time()
+    ctx.pool._retry_at_s["a"] += 3600.0  # (long enough that the check below cannot race it)
     change = await BookieReplacer(ctx, created.ledger_id).choose(BOOKIES, {"a"})
     assert change.ensemble == ("d", "b", "c")
-    assert loop.time() - started < 0.01
+    assert ctx.pool.reconnect_delay_s("a") > 0  # returned while the failed bookie's backoff runs
