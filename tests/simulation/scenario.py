@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from bookkeeper_aio import BKError
+from bookkeeper_aio.client import bookkeeper as client_bookkeeper
 from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.common import backoff, failpoints
 from bookkeeper_aio.log.reader import open_log_reader
@@ -39,7 +40,7 @@ from tests.harness.log_history import Outcome as LogOutcome
 from tests.harness.log_history import outcome_of as log_outcome_of
 from tests.simulation import invariants
 from tests.simulation.loop import Deadlock, Livelock
-from tests.simulation.world import PASSWORD, SimBookie, SimClient, World, capture_logs
+from tests.simulation.world import PASSWORD, SimBookie, SimClient, World, capture_logs, ledger_keys_factory
 
 SHAPES = [(3, 2, 2), (3, 3, 2), (3, 3, 3), (4, 3, 2), (4, 2, 2)]
 WINDOW = 8
@@ -485,6 +486,8 @@ def run_seed(seed: int, bugs: tuple[str, ...] = (), profile: type[Scenario] | No
     saved_logs = capture_logs(world.trace)
     saved_failpoints = ",".join(f"{name}={action}" for name, action in failpoints._active.items())
     failpoints.configure(",".join(f"{bug}=on" for bug in bugs))
+    saved_keys = client_bookkeeper.NewLedgerKeys
+    client_bookkeeper.NewLedgerKeys = ledger_keys_factory(world)  # type: ignore[misc,assignment]
     backoff._SHARED_RNG.seed(f"{seed}/backoff")  # the one process-wide RNG of the production code
     asyncio.set_event_loop(world.loop)
     wall_start = time.perf_counter()
@@ -505,6 +508,7 @@ def run_seed(seed: int, bugs: tuple[str, ...] = (), profile: type[Scenario] | No
         cpu_s = time.process_time() - cpu_start
         structlog.configure(**saved_logs)
         failpoints.configure(saved_failpoints)
+        client_bookkeeper.NewLedgerKeys = saved_keys  # type: ignore[misc]
         asyncio.set_event_loop(None)
     problems = scenario.problems + history_problems(world) + [f"loop: {e}" for e in world.loop.errors]
     counts = world.history.counts()
