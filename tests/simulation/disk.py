@@ -10,6 +10,8 @@ Model (one :class:`Disk` per bookie; paths are plain strings, nothing touches th
   pending writes, the last one of which may be torn at a random byte. The next incarnation of the
   bookie opens this image.
 - Preallocated space is sparse: zeros past the written bytes cost no memory.
+- :attr:`SimFileIO.fail_next` makes the next journal write or fdatasync fail with EIO or ENOSPC
+  (the bookie must fail those adds and go read-only, never acknowledge them).
 
 A bookie that acknowledges before fdatasync is caught by exactly this model: the acked bytes were
 pending, and a crash drops them.
@@ -131,6 +133,9 @@ class SimFileIO(FileIO):
         self._next_fd = 3
         self.syncs_lost = False
         """Set by a crash that cuts a write in flight: its fsyncs never reach the disk."""
+        self.fail_next: tuple[str, int] | None = None
+        """(``"write"`` or ``"sync"``, errno): the next journal write or sync raises that error."""
+        self.errors_raised = 0
 
     def _open(self, path: str, create: bool) -> int:
         file = self.disk.files.get(path)
@@ -165,13 +170,22 @@ class SimFileIO(FileIO):
         if offset + length > len(file.data):
             file.resize(offset + length)
 
+    def _fault(self, step: str) -> None:
+        if self.fail_next is not None and self.fail_next[0] == step:
+            code = self.fail_next[1]
+            self.fail_next = None
+            self.errors_raised += 1
+            raise OSError(code, f"{os.strerror(code)} (simulated, journal {step})")
+
     def journal_write(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        self._fault("write")
         self._file(fd).write(offset, bytes(data))
 
     def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
         self._file(fd).write(offset, bytes(data))
 
     def journal_sync(self, fd: int) -> None:
+        self._fault("sync")  # the written bytes stay pending: only a later sync or luck keeps them
         self._sync(fd)
 
     def fsync(self, fd: int) -> None:

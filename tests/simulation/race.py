@@ -14,6 +14,9 @@ written or recovered:
   for the recoverer too: its next message there is lost), crashes of one or two members (ensemble
   changes replacing one or two bookies at once), and the writer dying right after the CAS of an
   ensemble change (a last fragment with nothing in it).
+- **Disk faults**: a member's next journal write or fdatasync fails (EIO, ENOSPC): its journal
+  fails, what it had not acknowledged is refused, and it goes read-only until the heal restarts it
+  from a power-cut image of its disk.
 - **Recovery faults** (armed as each recovery starts, like FoundationDB's buggify): the next
   message from the recoverer to a member of the last fragment is lost with its connection (a
   lost fence), and members answer the recoverer slowly.
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import functools
 import random
 
@@ -48,6 +52,7 @@ RACE_FAULTS = [
     "crash2",
     "kill",
     "kill_writer",
+    "disk_error",
 ]
 CRASH_AFTER_ENSEMBLE_CHANGE_PROBABILITY = 0.8
 LOSE_PROBABILITY = 0.8
@@ -81,6 +86,7 @@ class RaceScenario(Scenario):
         self.speculative_ms = rng.choice([0, 2, 10, 50])
         self.reconnect_s = rng.choice([0.001, 0.005, 0.02])
         self.remote_s = rng.choice([0.002, 0.01, 0.03])
+        world.disk_check_interval_s = rng.uniform(0.05, 0.5)
         world.client_config = dataclasses.replace(
             world.client_config,
             speculative_read_delay_ms=self.speculative_ms,
@@ -254,6 +260,16 @@ class RaceScenario(Scenario):
                     conn = rng.choice(conns)
                     world.trace(f"reset connection {conn.client.node} -> {conn.server.node}")
                     world.network.kill_connection(conn)
+            elif kind == "disk_error":  # a member's next journal write or fdatasync fails
+                up = [b for b in world.bookies if b.up and b.name in members and b.fileio is not None]
+                if up:
+                    bookie = rng.choice(up)
+                    step, code = rng.choice(["write", "sync"]), rng.choice([errno.EIO, errno.ENOSPC])
+                    assert bookie.fileio is not None
+                    bookie.fileio.fail_next = (step, code)
+                    world.trace(
+                        f"disk of {bookie.name}: the next journal {step} fails ({errno.errorcode[code]})"
+                    )
             elif kind == "kill":
                 conns = list(world.network.connections_of_all())
                 if conns:
@@ -262,6 +278,15 @@ class RaceScenario(Scenario):
                     world.network.kill_connection(conn)
             self.check_step()
         await asyncio.gather(*restarts)
+
+    async def heal(self) -> None:
+        """A bookie whose journal failed stays read-only until it restarts: the operator restarts
+        it (from what its disk holds after a power cut: what the failed sync did not make durable
+        may be gone), then the general heal."""
+        for bookie in self.world.bookies:
+            if bookie.up and bookie.fileio is not None and bookie.fileio.errors_raised:
+                bookie.crash()
+        await super().heal()
 
     # ------------------------------------------------------------------ the run
     async def run(self) -> None:

@@ -132,7 +132,7 @@ class SimBookie(Node):
             frame_bytes_max=16 * 1024,
             journal_segment_bytes=64 * 1024,
             checkpoint_interval_s=self.world.rng_for("checkpoint", self.name).uniform(0.2, 2.0),
-            disk_check_interval_s=3600.0,
+            disk_check_interval_s=self.world.disk_check_interval_s,
             gc_interval_s=3600.0,
         )
 
@@ -177,14 +177,19 @@ class SimBookie(Node):
 
 
 class SimDirectory:
-    """Who is writable: the bookies that are up (registration with an instant lease expiry)."""
+    """Who is writable: the bookies that are up and not read-only (registration with an instant
+    lease expiry, and a read-only bookie moved to the read-only set at once)."""
 
     def __init__(self, world: World) -> None:
         self._world = world
 
     async def writable_bookies(self) -> Sequence[str]:
         await asyncio.sleep(0)
-        return [b.name for b in self._world.bookies if b.server is not None and b.server.ready]
+        return [
+            b.name
+            for b in self._world.bookies
+            if b.server is not None and b.server.ready and not b.server.mode.read_only
+        ]
 
 
 class SimResolver:
@@ -291,6 +296,9 @@ class World:
         self.network.trace = self.trace
         self.store = SimStore(self)
         self.client_config = CLIENT_CONFIG
+        self.disk_check_interval_s = 3600.0
+        """How often bookies look at their disk and journal (a failed journal makes a bookie
+        read-only at the next look)."""
         self.bookies: list[SimBookie] = []
         self.clients: list[SimClient] = []
         self._sequence = itertools.count()
