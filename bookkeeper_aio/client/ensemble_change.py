@@ -173,8 +173,8 @@ class BookieReplacer:
     async def _until_reachable(self, ensemble: Ensemble, chosen: Replacement) -> None:
         """Wait out the pool's reconnect backoff of the replacements: the pool fails requests to a
         bookie in backoff at once, so a replacement sent to straight away fails again, and two
-        failed bookies replace each other in a loop that takes no time (the simulation's race
-        seeds 31, the writer, one metadata CAS per round, and 33, recovery's write-back)."""
+        failed bookies replace each other in a loop that takes no time (found by the simulation's
+        race profile: in the writer, one metadata CAS per round, and in recovery's write-back)."""
         pool = self._ctx.pool
         delay_s = max((pool.reconnect_delay_s(b) for b in chosen.ensemble if b not in ensemble), default=0.0)
         if delay_s > 0:

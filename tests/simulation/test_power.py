@@ -8,7 +8,7 @@ scenario decides, so a change to it moves these; the bound is what must hold):
 
 - ``bug.ack_before_fdatasync`` (a bookie acks before its fdatasync): general seed 0, a crash loses
   acked entries (AllCommittedEntriesReachAckQuorum).
-- ``bug.recovery_read_without_fence`` (#2614): race seed 1. A member's fence is lost (its
+- ``bug.recovery_read_without_fence`` (#2614): race seed 3. A member's fence is lost (its
   connection resets), the writer's add to it is stalled, and the recovery read of that entry is
   answered "no such entry" by the unfenced member before the replica that has it answers: the
   recovery closes below the entry, then the stalled add lands and completes. An acked entry is lost
