@@ -30,6 +30,7 @@ import structlog
 
 from bookkeeper_aio import BKError
 from bookkeeper_aio.client import bookkeeper as client_bookkeeper
+from bookkeeper_aio.client import keys as client_keys
 from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.common import backoff, failpoints
 from bookkeeper_aio.log.reader import open_log_reader
@@ -40,7 +41,7 @@ from tests.harness.log_history import Outcome as LogOutcome
 from tests.harness.log_history import outcome_of as log_outcome_of
 from tests.simulation import invariants
 from tests.simulation.loop import Deadlock, Livelock
-from tests.simulation.world import PASSWORD, SimBookie, SimClient, World, capture_logs, ledger_keys_factory
+from tests.simulation.world import PASSWORD, SimBookie, SimClient, SimLedgerKeys, World, capture_logs
 
 SHAPES = [(3, 2, 2), (3, 3, 2), (3, 3, 3), (4, 3, 2), (4, 2, 2)]
 WINDOW = 8
@@ -487,7 +488,8 @@ def run_seed(seed: int, bugs: tuple[str, ...] = (), profile: type[Scenario] | No
     saved_failpoints = ",".join(f"{name}={action}" for name, action in failpoints._active.items())
     failpoints.configure(",".join(f"{bug}=on" for bug in bugs))
     saved_keys = client_bookkeeper.NewLedgerKeys
-    client_bookkeeper.NewLedgerKeys = ledger_keys_factory(world)  # type: ignore[misc,assignment]
+    client_keys._cache.clear()  # process-wide: a derivation cached by an earlier run skips a loop step
+    client_bookkeeper.NewLedgerKeys = SimLedgerKeys(world)  # type: ignore[misc,assignment]
     backoff._SHARED_RNG.seed(f"{seed}/backoff")  # the one process-wide RNG of the production code
     asyncio.set_event_loop(world.loop)
     wall_start = time.perf_counter()

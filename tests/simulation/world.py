@@ -228,19 +228,16 @@ SIM_KEY_ITERATIONS = 1
 per new ledger were 16% of a seed's CPU time."""
 
 
-def ledger_keys_factory(world: World) -> Callable[[bytes], NewLedgerKeys]:
-    """``NewLedgerKeys`` for the world's clients: the salt from the seed (not ``os.urandom``), one
-    round of PBKDF2 (run_seed puts it in place of the client's for the run)."""
-    rng = world.rng_for("key salt")
+class SimLedgerKeys:
+    """What ``bookkeeper_aio.client.bookkeeper`` calls ``NewLedgerKeys`` during a run (run_seed puts
+    it in place): the salt from the seed (not ``os.urandom``), one round of PBKDF2, derived inline."""
 
-    def new_ledger_keys(password: bytes) -> NewLedgerKeys:
-        keys = NewLedgerKeys.__new__(NewLedgerKeys)
-        keys.salt = rng.randbytes(KEY_SALT_BYTES)
-        keys.iterations = SIM_KEY_ITERATIONS
-        keys.keys = ledger_keys(password, keys.salt, SIM_KEY_ITERATIONS)
-        return keys
+    def __init__(self, world: World) -> None:
+        self._rng = world.rng_for("key salt")
 
-    return new_ledger_keys
+    async def make(self, password: bytes, iterations: int = 0, executor: Any = None) -> NewLedgerKeys:
+        salt = self._rng.randbytes(KEY_SALT_BYTES)
+        return NewLedgerKeys(salt, SIM_KEY_ITERATIONS, ledger_keys(password, salt, SIM_KEY_ITERATIONS))
 
 
 class SimStore(MemoryStore):
