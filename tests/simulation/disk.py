@@ -94,6 +94,9 @@ class Disk:
         self.durable_names: dict[str, SimFile] = {}
         self.dirs: set[str] = set()
         self.bytes_synced = 0
+        self.rot: dict[str, set[int]] = {}
+        """Bit rot: path -> byte offsets that ``pread`` returns flipped (a latent sector error that
+        hands back garbage instead of EIO; replay's whole-file reads are not affected)."""
 
     def crash(self, rng: random.Random) -> None:
         """A power cut: only durable names survive, each with its crashed content."""
@@ -202,6 +205,13 @@ class SimFileIO(FileIO):
         data = bytes(self._file(fd).data[offset : offset + length])
         if len(data) != length:
             raise OSError(errno.EIO, f"short read: {len(data)} of {length} bytes at offset {offset}")
+        rotten = self.disk.rot.get(self._fds[fd][0]) if self.disk.rot else None
+        if rotten:
+            flipped = bytearray(data)
+            for at in rotten:
+                if offset <= at < offset + length:
+                    flipped[at - offset] ^= 0x20
+            data = bytes(flipped)
         return data
 
     def pread_nowait(self, fd: int, length: int, offset: int) -> None:

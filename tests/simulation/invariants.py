@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING
 
+from bookie.storage import EntryCorrupt, NoEntry
 from bookkeeper_aio.client.quorum import DistributionSchedule
 from metadata import ledger_metadata, log_metadata
 from metadata.errors import InvalidMetadata
@@ -126,6 +127,7 @@ async def check_final(scenario: Scenario) -> list[str]:
     problems = check_step(scenario)
     world = scenario.world
     servers = {b.name: b.server for b in world.bookies}
+    held_rotten: set[tuple[int, int, str]] = set()
     for lid in sorted(scenario.ledgers):
         md = metadata_of(scenario, lid)
         if md is None:
@@ -147,9 +149,20 @@ async def check_final(scenario: Scenario) -> list[str]:
                 state = server.storage.ledgers.get(lid)
                 if state is None or state.index.get(entry_id) is None:
                     continue
-                _, body = await server.storage.read_entry(lid, entry_id)
+                try:
+                    _, body = await server.storage.read_entry(lid, entry_id)
+                except EntryCorrupt:  # injected bit rot (the race profile): held, unreadable here
+                    held_rotten.add((lid, entry_id, bookie))
+                    continue
+                except NoEntry:
+                    problems.append(
+                        f"CorruptIsNeverAbsent: {bookie} indexes ledger {lid} entry {entry_id} "
+                        "but answers that it is absent"
+                    )
+                    continue
                 bodies[bookie] = body
-            if len(bodies) < md.ack_quorum:
+            rotten = sum(1 for b in ensemble if (lid, entry_id, b) in held_rotten)
+            if len(bodies) + rotten < md.ack_quorum:
                 problems.append(
                     f"AllCommittedEntriesReachAckQuorum: ledger {lid} entry {entry_id} is on "
                     f"{sorted(bodies)} only (Qa={md.ack_quorum}, write set "
@@ -160,6 +173,30 @@ async def check_final(scenario: Scenario) -> list[str]:
                     f"NoDivergentReplicas: ledger {lid} entry {entry_id} differs across {sorted(bodies)}"
                 )
     return problems + stable_read_problems(scenario)
+
+
+async def rot_problems(scenario: Scenario, rotten: dict[tuple[int, int], tuple[str, str, int]]) -> list[str]:
+    """CorruptIsNeverAbsent: a bookie asked for an entry whose stored bytes read back damaged says
+    EIO (EntryCorrupt), never "no such entry" and never the damaged bytes."""
+    problems = []
+    bookies = {b.name: b for b in scenario.world.bookies}
+    for (lid, entry_id), (name, path, at) in sorted(rotten.items()):
+        server = bookies[name].server
+        if server is None or server.storage is None or at not in bookies[name].disk.rot.get(path, ()):
+            continue
+        state = server.storage.ledgers.get(lid)
+        location = state.index.get(entry_id) if state is not None else None
+        if location is None or not location.offset <= at < location.offset + location.length:
+            continue  # the entry lives elsewhere now (written back, compacted)
+        try:
+            await server.storage.read_entry(lid, entry_id)
+        except EntryCorrupt:
+            continue
+        except NoEntry:
+            problems.append(f"CorruptIsNeverAbsent: {name} says ledger {lid} entry {entry_id} is absent")
+            continue
+        problems.append(f"CorruptIsNeverAbsent: {name} served ledger {lid} entry {entry_id} damaged")
+    return problems
 
 
 def stable_read_problems(scenario: Scenario) -> list[str]:

@@ -13,7 +13,7 @@ scenario decides, so a change to it moves these; the bound is what must hold):
   answered "no such entry" by the unfenced member before the replica that has it answers: the
   recovery closes below the entry, then the stalled add lands and completes. An acked entry is lost
   (NoDivergenceBetweenClientAndMetaData, the history's "LOST").
-- ``bug.recovery_from_fenced_lac`` (#2615): general seed 2, race seed 3. Recovery starts at the
+- ``bug.recovery_from_fenced_lac`` (#2615): general seed 2, race seed 21. Recovery starts at the
   fenced LAC below the last fragment's first entry, reads earlier entries from the last fragment's
   bookies, and proposes either a close below that fragment or a fragment before it: invalid
   metadata (OnlyValidFragments), refused by the model, so the recovery fails every time it runs
@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from bookie.journal import Journal
+from bookie.storage import EntryCorrupt, NoEntry, Storage
 from bookkeeper_aio.common import failpoints
 from tests.simulation.race import RaceScenario
 from tests.simulation.scenario import Scenario, run_seed
@@ -56,7 +57,7 @@ PLANTED = [
     pytest.param(
         failpoints.BUG_RECOVERY_FROM_FENCED_LAC,
         RaceScenario,
-        20,
+        40,
         ("OnlyValidFragments",),
         id="2615-recovery-from-fenced-lac-race",
     ),
@@ -104,3 +105,29 @@ def test_a_journal_that_acknowledges_a_failed_write_is_found(
         seed,
         outcome.problems,
     )
+
+
+def test_a_bookie_answering_no_entry_for_a_corrupt_record_is_found(
+    monkeypatch: pytest.MonkeyPatch, replaying: bool
+) -> None:
+    """Bit rot in the race profile has power: a bookie that answers "no such entry" for a record
+    failing its checksum (make mutants' corrupt-record-as-no-entry, patched here) is found at race
+    seed 0 (CorruptIsNeverAbsent; a recovery may then count the damaged replica as absent)."""
+    if replaying:
+        pytest.skip("replaying one seed")
+    original = Storage._read_blocking
+
+    def corrupt_as_absent(self: Storage, ledger_id: int, entry_id: int, location: Any) -> bytes:
+        try:
+            return original(self, ledger_id, entry_id, location)
+        except EntryCorrupt as error:
+            raise NoEntry(str(error)) from error
+
+    monkeypatch.setattr(Storage, "_read_blocking", corrupt_as_absent)
+    for seed in range(20):
+        outcome = run_seed(seed, (), RaceScenario)
+        if outcome.problems:
+            break
+    else:
+        pytest.fail("a bookie answering 'no such entry' for a corrupt record was not found in 20 race seeds")
+    assert any("CorruptIsNeverAbsent" in p for p in outcome.problems), (seed, outcome.problems)

@@ -19,19 +19,19 @@ REGRESSION_SEEDS: dict[tuple[str, int, tuple[str, ...]], str] = {
         "the same in recovery write-back: a log writer's open (recovery of the last ledgers) hung "
         "when a given-up bookie was chosen again (bookkeeper_aio/client/recovery_writeback.py _resend)"
     ),
-    ("race", 59, ()): (
+    ("race", 33, ()): (
         "recovery's write-back replaced two failed bookies with each other in a loop that took no "
         "time: the pool failed requests to both at once while they were in reconnect backoff "
         "(bookkeeper_aio/client/ensemble_change.py _until_reachable; the writer had the same loop, "
         "one metadata CAS per round)"
     ),
-    ("race", 94, ()): "the same loop in recovery's write-back, another way in",
+    ("race", 111, ()): "the same loop in recovery's write-back, another way in",
 }
 """Seeds (the profile, the planted bugs they ran with) that found a bug in the real code, and the
 bug; each must stay free of it. A seed replays only while the scenario is unchanged, so a bug is
 also pinned by a unit test of its own: seed 18 (with bug.ack_before_fdatasync, first scenario
 version) found recovery write-back's drain() spinning forever on its finished ensemble-change task,
-now tests/unit/recovery/test_write_back_drain.py; the backoff loop (race seeds 59 and 94; the
+now tests/unit/recovery/test_write_back_drain.py; the backoff loop (race seeds 33 and 111; the
 writer's variant was race seed 31 of an earlier profile) is pinned by the reconnect-backoff tests
 of tests/unit/client/test_replication_primitive.py."""
 
