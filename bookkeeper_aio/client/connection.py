@@ -27,8 +27,9 @@ Rules (docs/internals.md §6 for the performance choices):
   complete; a refusal fails the connection with :class:`Unauthorized`. Without one, nothing
   changes: HELLO is pipelined ahead of the first requests.
 - Losing the connection fails every pending request with :class:`BookieConnectionLost` whose
-  ``__cause__`` is the trigger. ``close()`` is graceful (sends what is queued), ``abort()`` immediate;
-  both fail pending requests.
+  ``__cause__`` is the trigger. ``close()`` is graceful (sends what is queued, unless the socket still
+  holds bytes the bookie has not taken: then it aborts, as a partitioned bookie may never take
+  them), ``abort()`` immediate; both fail pending requests.
 """
 
 from __future__ import annotations
@@ -253,7 +254,8 @@ class BookieConnection(asyncio.Protocol):
             timer.cancel()
 
     def close(self) -> None:
-        """Graceful: queued frames are written, then the connection closes; pending requests fail."""
+        """Graceful: queued frames are written, then the connection closes (aborts if the bookie has
+        not taken all it was sent: it may be unreachable); pending requests fail."""
         if self.state is ConnectionState.CLOSED:
             return
         self._flush()
@@ -431,7 +433,13 @@ class BookieConnection(asyncio.Protocol):
         self._out_bytes = 0
         transport, self._transport = self._transport, None
         if transport is not None:
-            transport.abort() if abort else transport.close()
+            if abort or transport.get_write_buffer_size():
+                # A graceful close waits until the peer took every byte: one that does not (partitioned,
+                # stopped) would keep the socket open until the kernel gives up, long after its
+                # requests failed below. Abort it instead.
+                transport.abort()
+            else:
+                transport.close()
         pending, self._pending = self._pending, {}
         timers, self._timers = self._timers, {}
         self._marks.clear()

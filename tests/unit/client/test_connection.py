@@ -176,3 +176,35 @@ async def test_connection__many_small_frames_are_written_early_too() -> None:
     assert [len(w) for w in transport.writes] == [40, 40, 20]
     assert b"".join(transport.writes) == b"".join(frames)
     conn.abort()
+
+
+async def test_connection__close_aborts_when_the_bookie_does_not_take_what_was_sent() -> None:
+    """A graceful close of a connection whose bookie stopped reading (partitioned, SIGSTOPped)
+    must not wait for it for ever: the socket would stay open (a ResourceWarning at exit in the
+    fault suite's netns runs) long after the requests failed. It aborts instead."""
+    from bookkeeper_aio.client.connection import BookieConnection
+
+    held: list[asyncio.StreamWriter] = []
+
+    async def never_reads(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(never_reads, "127.0.0.1", 0)
+    async with server:
+        host, port = server.sockets[0].getsockname()[:2]
+        conn = BookieConnection("b", standard_timeout_s=5.0, pending_max=10_000, frame_bytes_max=1 << 24)
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_connection(lambda: conn, host, port)
+        failed: list[object] = []
+        for rid in range(1, 65):  # 64 MiB: far more than both kernel buffers hold
+            conn.request(rid, b"x" * (1 << 20), lambda _c, _b, r: failed.append(r), None, 5.0)
+        await asyncio.sleep(0.05)
+        assert transport.get_write_buffer_size() > 0  # the bookie took only what the kernel held
+        conn.close()
+        await asyncio.sleep(0.05)
+        assert transport.get_write_buffer_size() == 0  # dropped: aborted, not left closing
+        assert transport.get_extra_info("socket").fileno() == -1
+        assert len(failed) == 64
+        assert all(isinstance(r, BookieConnectionLost) for r in failed)
+        for writer in held:
+            writer.close()
