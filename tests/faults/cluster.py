@@ -198,6 +198,14 @@ async def stop_writers(stop: asyncio.Event, writers: list[asyncio.Task[None]]) -
         raise AssertionError(f"{len(stuck)} writers still running {WRITERS_STOP_S} s after stop:\n{stacks}")
 
 
+def abandon_writers(stop: asyncio.Event, writers: list[asyncio.Task[None]]) -> None:
+    """A run that failed midway: its writer tasks must not go on (the package's shared cluster runs
+    later tests on the same event loop)."""
+    stop.set()
+    for task in writers:
+        task.cancel()
+
+
 async def _until_done(make: Callable[[], Awaitable[T]], deadline: float) -> T:
     """``await make()``, again after a timeout or a retriable error until ``deadline`` (the
     liveness bound after heal): the read-back runs many ledgers at once through the proxies of the

@@ -35,18 +35,20 @@ from tests.faults.cluster import (
     CONFIG,
     FaultCluster,
     Workload,
+    abandon_writers,
     fault_cycles,
     fault_seed,
     recover_and_read,
     stop_writers,
 )
+from tests.faults.conftest import ON_SHARED, SHARED_BOOKIE_ARGS
 from tests.faults.history import History
 from tests.integration.bookie.wire import WireClient
 
 pytestmark = pytest.mark.etcd
 
 SHAPES = [(3, 2, 2), (3, 3, 2)]
-BOOKIE_ARGS = ["--checkpoint-interval-s", "0.2"]
+BOOKIE_ARGS = SHARED_BOOKIE_ARGS  # checkpoints often: a bit is flipped only where one covers it
 
 
 def _segments(data_dir: Path) -> list[tuple[int, Path]]:
@@ -98,9 +100,12 @@ def tear_tail(data_dir: Path, rng: random.Random) -> str:
     return kind
 
 
-def flip_bit(data_dir: Path, rng: random.Random, spared: set[tuple[int, int]]) -> tuple[int, int] | None:
-    """Flip one bit in the body of an entry record behind the index checkpoint; its (ledger, entry),
-    or None when the checkpoint covers no entry yet. Entries in ``spared`` are left alone."""
+def flip_bit(
+    data_dir: Path, rng: random.Random, spared: set[tuple[int, int]], ledgers: set[int]
+) -> tuple[int, int] | None:
+    """Flip one bit in the body of an entry record of one of ``ledgers`` behind the index
+    checkpoint; its (ledger, entry), or None when the checkpoint covers no such entry yet. Entries in
+    ``spared`` are left alone."""
     position = _checkpointed(data_dir)
     candidates: list[tuple[Path, fmt.Record, int, int]] = []
     for segment_id, path in _segments(data_dir):
@@ -112,7 +117,7 @@ def flip_bit(data_dir: Path, rng: random.Random, spared: set[tuple[int, int]]) -
             covered = segment_id < position.segment_id or record.offset + record.length <= position.offset
             if record.type == fmt.RecordType.ENTRY and covered:
                 ledger_id, entry_id = fmt.parse_ledger_entry(record.body)
-                if (ledger_id, entry_id) not in spared:
+                if ledger_id in ledgers and (ledger_id, entry_id) not in spared:
                     candidates.append((path, record, ledger_id, entry_id))
     if not candidates:
         return None
@@ -130,7 +135,6 @@ def flip_bit(data_dir: Path, rng: random.Random, spared: set[tuple[int, int]]) -
 async def _run(cluster: FaultCluster, rounds: int, tmp_path: Path) -> None:
     seed = fault_seed()
     rng = random.Random(seed)
-    await cluster.start(4, bookie_args=BOOKIE_ARGS)
     history = History()
     stop = asyncio.Event()
     flipped: dict[tuple[int, int], int] = {}  # (ledger, entry) -> the bookie holding the bad copy
@@ -138,19 +142,25 @@ async def _run(cluster: FaultCluster, rounds: int, tmp_path: Path) -> None:
     async with BookKeeper.connect(cluster.url, config=CONFIG) as bk:
         workload = Workload(bk, history, SHAPES, stop, [])
         writers = [asyncio.create_task(workload.writer(f"w{i}", random.Random(seed + i))) for i in range(3)]
-        for number in range(rounds):
-            await asyncio.sleep(rng.uniform(0.6, 1.2))  # entries written, and checkpointed
-            index = rng.randrange(len(cluster.bookies))
-            await cluster.kill(index)
-            data_dir = cluster.bookies[index].data_dir
-            if number % 2 == 0:
-                await asyncio.to_thread(tear_tail, data_dir, rng)
-                torn += 1
-            else:
-                hit = await asyncio.to_thread(flip_bit, data_dir, rng, set(flipped))
-                if hit is not None:
-                    flipped[hit] = index
-            await cluster.restart(index)  # raises if the bookie refuses to start
+        try:
+            for number in range(rounds):
+                await asyncio.sleep(rng.uniform(0.6, 1.2))  # entries written, and checkpointed
+                index = rng.randrange(len(cluster.bookies))
+                await cluster.kill(index)
+                data_dir = cluster.bookies[index].data_dir
+                if number % 2 == 0:
+                    await asyncio.to_thread(tear_tail, data_dir, rng)
+                    torn += 1
+                else:
+                    hit = await asyncio.to_thread(
+                        flip_bit, data_dir, rng, set(flipped), set(workload.ledgers)
+                    )
+                    if hit is not None:
+                        flipped[hit] = index
+                await cluster.restart(index)  # raises if the bookie refuses to start
+        except BaseException:
+            abandon_writers(stop, writers)
+            raise
         await stop_writers(stop, writers)
         await cluster.heal()
         await recover_and_read(cluster, history, workload.ledgers)
@@ -158,7 +168,10 @@ async def _run(cluster: FaultCluster, rounds: int, tmp_path: Path) -> None:
     row = figures.record("torn tails + bit flips on one replica", history, cycles=rounds, seed=seed)
     if problems:
         history.dump(tmp_path / "history.jsonl")
-        pytest.fail(f"{len(problems)} violations (seed {seed}; kept in {tmp_path}):\n" + "\n".join(problems))
+        pytest.fail(
+            f"{len(problems)} violations (seed {seed}; history kept in {tmp_path}, data dirs and logs in "
+            f"{cluster.base}; replay: FAULT_SEED={seed}):\n" + "\n".join(problems)
+        )
     assert row["ok"], row
     assert flipped, "no bit flipped: the checkpoint covered no entry"
     cut = sum(b.log_path.read_text().count("journal.torn_tail_cut") for b in cluster.bookies)
@@ -177,5 +190,14 @@ async def _run(cluster: FaultCluster, rounds: int, tmp_path: Path) -> None:
         assert status == StatusCode.EIO, f"flipped entry {ledger_id}/{entry_id}: {StatusCode(status).name}"
 
 
-async def test_torn_tails_and_bit_flips_on_one_replica(faults: FaultCluster, tmp_path: Path) -> None:
-    await _run(faults, fault_cycles(4), tmp_path)
+@ON_SHARED
+async def test_torn_tails_and_bit_flips_on_one_replica(shared: FaultCluster, tmp_path: Path) -> None:
+    """`make test`: one torn tail, then one bit flip."""
+    await _run(shared, fault_cycles(2), tmp_path)
+
+
+@pytest.mark.slow
+async def test_torn_tails_and_bit_flips_many_rounds(faults: FaultCluster, tmp_path: Path) -> None:
+    """`make chaos`: FAULT_CYCLES rounds (default 20), torn tails and bit flips in turn."""
+    await faults.start(4, bookie_args=BOOKIE_ARGS)
+    await _run(faults, fault_cycles(20), tmp_path)

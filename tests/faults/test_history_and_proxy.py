@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from bookkeeper_aio.errors import LedgerClosed, with_outcome_unknown
-from tests.faults.history import History, Outcome
+from bookkeeper_aio.errors import LedgerClosed, LogFenced, with_outcome_unknown
+from tests.faults.history import History, LogHistory, Outcome
 from tests.faults.proxy import FaultProxy, Mode
 
 
@@ -128,3 +128,107 @@ async def test_proxy_modes_do_what_they_say() -> None:
         assert await asyncio.wait_for(reader.read(), 2) == b""  # torn after 3 bytes, then closed
         assert proxy.bytes_up - sent_before == 3
         writer.close()
+
+
+# ---------------------------------------------------------------------------------- logs
+def _log_history(
+    acks: list[tuple[str, bytes, tuple[int, int]]],
+    *,
+    versions: list[list[tuple[int, bool, int | None]]] | None = None,
+    read: list[tuple[tuple[int, int], bytes]] | None = None,
+) -> LogHistory:
+    """Writers' acks; the list's versions (default: ledger 1 of writer a, CLOSED at the last ack
+    on it); one read (default: the acks in position order)."""
+    history = LogHistory()
+    for writer, value, position in acks:
+        history.ok(history.invoke(writer, value), position)
+    history.leader("a", 1)
+    last_on_1 = max((entry_id for _, _, (ledger_id, entry_id) in acks if ledger_id == 1), default=-1)
+    for view in versions or [[(1, True, None)], [(1, False, last_on_1)]]:
+        history.list_seen(len(history.versions) + 1, view)
+    for ledger_id, _, last in history.versions[-1][1]:
+        history.ledger_end(ledger_id, last)
+    history.read_back(sorted((p, v) for _, v, p in acks) if read is None else read)
+    history.writable_after_heal = True
+    return history
+
+
+def test_a_consistent_log_history_passes() -> None:
+    history = _log_history([("a", b"a0", (1, 0)), ("a", b"a1", (1, 1))])
+    history.failed(history.invoke("a", b"a2"), LogFenced("l", "x", outcome_unknown=True))  # info
+    history.tailed([((1, 0), b"a0")])
+    assert history.check() == []
+    figures = history.figures()
+    assert (figures["ok"], figures["info"], figures["violations"], figures["takeovers"]) == (2, 1, 0, 1)
+
+
+def test_a_roll_may_list_two_open_ledgers_of_one_writer() -> None:
+    acks = [("a", b"a0", (1, 0)), ("a", b"a1", (2, 0))]
+    versions = [[(1, True, None)], [(1, True, None), (2, True, None)], [(1, False, 0), (2, False, 0)]]
+    history = _log_history(acks, versions=versions)
+    history.owned("a", 2)
+    assert history.check() == []
+    assert history.figures()["two_open"] == 1
+
+
+@pytest.mark.parametrize(
+    ("acks", "versions", "read", "complaint"),
+    [
+        # a takeover by b that left a's ledger OPEN: two leaders' ledgers open at once
+        (
+            [("a", b"a0", (1, 0)), ("b", b"b0", (2, 0))],
+            [[(1, True, None)], [(1, True, None), (2, True, None)], [(1, False, 0), (2, False, 0)]],
+            None,
+            "2 OPEN ledgers",
+        ),
+        # an ack on a ledger the list never held
+        ([("a", b"a0", (1, 0)), ("a", b"a1", (7, 0))], None, [((1, 0), b"a0")], "outside the list"),
+        # an ack above the end the list marks
+        (
+            [("a", b"a0", (1, 0)), ("a", b"a1", (1, 1))],
+            [[(1, False, 0)]],
+            [((1, 0), b"a0")],
+            "above the ledger",
+        ),
+        # an acked append the reader does not find
+        ([("a", b"a0", (1, 0)), ("a", b"a1", (1, 1))], None, [((1, 0), b"a0"), ((1, 1), b"zz")], "LOST"),
+        # a phantom read, and a value read twice
+        ([("a", b"a0", (1, 0))], [[(1, False, 1)]], [((1, 0), b"a0"), ((1, 1), b"a0")], "read twice"),
+        ([("a", b"a0", (1, 0))], [[(1, False, 1)]], [((1, 0), b"a0"), ((1, 1), b"x")], "phantom"),
+        # a gap in a ledger the list marks CLOSED at 1
+        ([("a", b"a0", (1, 0))], [[(1, False, 1)]], [((1, 0), b"a0")], "read as entries"),
+        # one writer's acks out of invoke order
+        ([("a", b"a0", (1, 1)), ("a", b"a1", (1, 0))], None, None, "not in invoke order"),
+    ],
+)
+def test_each_log_violation_is_reported(
+    acks: list[tuple[str, bytes, tuple[int, int]]],
+    versions: list[list[tuple[int, bool, int | None]]] | None,
+    read: list[tuple[tuple[int, int], bytes]] | None,
+    complaint: str,
+) -> None:
+    history = _log_history(acks, versions=versions, read=read)
+    history.owned("b", 2)
+    problems = history.check()
+    assert any(complaint in problem for problem in problems), problems
+    assert history.figures()["violations"] == len(problems)
+
+
+def test_log_readers_tails_marks_and_liveness_are_checked() -> None:
+    history = _log_history([("a", b"a0", (1, 0)), ("a", b"a1", (1, 1))])
+    history.read_back([((1, 0), b"a0")])  # a second reader that disagrees
+    history.tailed([((1, 1), b"a1"), ((1, 0), b"a0")])  # went back
+    history.tailed([((1, 0), b"nope")])  # not what the final read has
+    history.ledger_end(1, 5)  # the ledger's own metadata says otherwise than the list's mark
+    history.list_seen(9, [(1, False, 1), (2, True, None)])  # and one is still OPEN at the end
+    history.writable_after_heal = False
+    problems = "\n".join(history.check())
+    for complaint in (
+        "reader 2 disagrees",
+        "went back",
+        "the final read has",
+        "its metadata at 5",
+        "still OPEN at the end",
+        "not writable again",
+    ):
+        assert complaint in problems, problems

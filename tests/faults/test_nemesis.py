@@ -2,8 +2,9 @@
 
 Each bookie runs as its own process behind its own fault proxy (tests/faults/proxy.py): clients
 reach it only through the proxy, whose address is what the bookie's registration says
-(tests/faults/cluster.py). `make test` runs the kill -9, SIGSTOP and partition scenarios one after
-the other on one cluster, and the etcd member/quorum loss on a 3-member etcd. Writer tasks
+(tests/faults/cluster.py). `make test` runs kill -9, SIGSTOP and partition cycles mixed in one
+scenario on one cluster, and an etcd member loss on a 3-member etcd; the slow set (`make chaos`)
+runs each nemesis for many cycles, one after the other, and the etcd quorum loss. Writer tasks
 pipeline unique values into E3/Qw2/Qa2, E3/Qw3/Qa2 and (with 6 bookies) striped E5/Qw3/Qa2 ledgers,
 starting a new ledger whenever one fails. A seeded nemesis meanwhile kills bookies with SIGKILL and
 restarts them (same data dir and port), pauses them (SIGSTOP/SIGCONT), or partitions them at the
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -32,13 +33,23 @@ from tests.faults.cluster import (
     CONFIG,
     FaultCluster,
     Workload,
+    abandon_writers,
     fault_cycles,
     fault_seed,
     recover_and_read,
     stop_writers,
 )
+from tests.faults.conftest import ON_SHARED
 from tests.faults.history import History
-from tests.faults.proxy import Mode
+from tests.faults.logs import LogFight
+from tests.faults.nemesis import (
+    Nemesis,
+    etcd_member_loss,
+    etcd_quorum_loss,
+    kill_restart,
+    partition,
+    pause_resume,
+)
 
 pytestmark = pytest.mark.etcd
 
@@ -46,116 +57,101 @@ SHAPES = [(3, 2, 2), (3, 3, 2)]
 STRIPED = (5, 3, 2)
 
 
-Nemesis = Callable[[FaultCluster, random.Random], Awaitable[None]]
-
-
-async def kill_restart(cluster: FaultCluster, rng: random.Random) -> None:
-    index = rng.randrange(len(cluster.bookies))
-    await cluster.kill(index)
-    await asyncio.sleep(rng.uniform(0.05, 0.4))
-    await cluster.restart(index)
-
-
-async def pause_resume(cluster: FaultCluster, rng: random.Random) -> None:
-    bookie = rng.choice(cluster.bookies)
-    bookie.pause()
-    await asyncio.sleep(rng.uniform(0.3, 2.0))  # across the add timeout too, sometimes
-    bookie.resume()
-
-
-async def partition(cluster: FaultCluster, rng: random.Random) -> None:
-    proxy = rng.choice(cluster.proxies)
-    proxy.set(rng.choice([Mode.BLACKHOLE, Mode.BLACKHOLE_DOWN, Mode.RESET]))
-    await asyncio.sleep(rng.uniform(0.3, 2.0))
-    proxy.set(Mode.PASS)
-
-
-async def etcd_member_loss(cluster: FaultCluster, rng: random.Random) -> None:
-    """SIGKILL one etcd member of three; while it is down a bookie is killed too (the ensemble
-    change's CAS goes to the two left); then both come back."""
-    assert cluster.etcd is not None
-    member = rng.choice(cluster.etcd.members)
-    member.kill9()
-    await asyncio.sleep(rng.uniform(0.2, 1.0))
-    await kill_restart(cluster, rng)
-    await asyncio.sleep(rng.uniform(0.2, 1.0))
-    member.start()
-    await asyncio.to_thread(member.wait_ready)
-
-
-async def etcd_quorum_loss(cluster: FaultCluster, rng: random.Random) -> None:
-    """SIGKILL two etcd members of three (no quorum: metadata writes fail, typed), then restart them."""
-    assert cluster.etcd is not None
-    members = rng.sample(cluster.etcd.members, 2)
-    for member in members:
-        member.kill9()
-    await asyncio.sleep(rng.uniform(1.0, 2.5))  # below the registrations' 5 s lease
-    for member in members:
-        member.start()
-    await asyncio.gather(*(asyncio.to_thread(member.wait_ready) for member in members))
-
-
 async def _phase(
     cluster: FaultCluster,
     scenario: str,
     shapes: list[tuple[int, int, int]],
-    nemesis: Nemesis,
+    nemesis: Nemesis | Sequence[Nemesis],
     cycles: int,
     tmp_path: Path,
     roll_every: int = 0,
+    log: LogFight | None = None,
 ) -> History:
     """One scenario on a started cluster: writers, ``cycles`` nemesis cycles, heal, recover, read
-    back, check. The cluster is healed afterwards, so the next scenario can share it."""
+    back, check. The cluster is healed afterwards, so the next scenario can share it. Several
+    nemeses: cycle i is the (i mod n)-th, the cycles in a seeded order. ``log``: log writers fight for
+    a log meanwhile (its nemeses may be among ``nemesis``), checked after the heal too."""
     seed = fault_seed()
     rng = random.Random(seed)
+    kinds = [nemesis] if callable(nemesis) else list(nemesis)
+    schedule = [kinds[i % len(kinds)] for i in range(cycles)]
+    if len(kinds) > 1:
+        rng.shuffle(schedule)
     history = History()
     stop = asyncio.Event()
     async with BookKeeper.connect(cluster.url, config=CONFIG) as bk:
         workload = Workload(bk, history, shapes, stop, [], roll_every)
         writers = [asyncio.create_task(workload.writer(f"w{i}", random.Random(seed + i))) for i in range(3)]
-        await asyncio.sleep(0.3)
-        for _ in range(cycles):
-            await nemesis(cluster, rng)
-            await asyncio.sleep(rng.uniform(0.05, 0.3))
+        try:
+            await asyncio.sleep(0.3)
+            for cycle in schedule:
+                await cycle(cluster, rng)
+                await asyncio.sleep(rng.uniform(0.05, 0.3))
+        except BaseException:
+            abandon_writers(stop, writers)
+            raise
         await stop_writers(stop, writers)
+        if log is not None:
+            await log.stop()
         await cluster.heal()
         await recover_and_read(cluster, history, workload.ledgers)
+        log_problems = [] if log is None else await log.finish(f"{scenario}: the log", cycles)
     problems = history.check()
     row = figures.record(scenario, history, cycles=cycles, seed=seed, ledgers=len(workload.ledgers))
-    if problems:
+    if problems or log_problems:
         os.makedirs(tmp_path, exist_ok=True)
         history.dump(tmp_path / "history.jsonl")
-        pytest.fail(
-            f"{scenario}: {len(problems)} violations (seed {seed}; history, data dirs and logs kept in "
-            f"{tmp_path}; replay: FAULT_SEED={seed} "
-            f"pytest {os.environ.get('PYTEST_CURRENT_TEST', '').split(' ')[0]}):\n" + "\n".join(problems)
-        )
+        replay = f"FAULT_SEED={seed} pytest {os.environ.get('PYTEST_CURRENT_TEST', '').split(' ')[0]}"
+        where = f"history kept in {tmp_path}, data dirs and logs in {cluster.base}"
+        ledgers = f"{scenario}: {len(problems)} violations (seed {seed}; {where}; replay: {replay}):"
+        pytest.fail("\n".join([ledgers, *problems, *log_problems]))
     assert row["ok"], row  # the workload made progress through the faults
     return history
 
 
-async def test_kill_pause_partition_on_one_cluster(faults: FaultCluster, tmp_path: Path) -> None:
-    """`make test`'s run: 20 kill -9, 10 SIGSTOP and 5 partition cycles, one scenario after the
-    other on one cluster of 4 bookies (started once: the cycles are the cost, not the set-up), each
-    scenario's history checked on its own."""
-    await faults.start(4)
-    kills = await _phase(faults, "kill -9", SHAPES, kill_restart, fault_cycles(20), tmp_path / "kill")
-    assert kills.counts()["ok"] > 500, kills.counts()
-    await _phase(faults, "SIGSTOP", SHAPES, pause_resume, fault_cycles(10), tmp_path / "pause")
-    await _phase(faults, "partition", SHAPES, partition, fault_cycles(5), tmp_path / "partition")
+@ON_SHARED
+async def test_ledgers_and_logs_under_one_nemesis(shared: FaultCluster, tmp_path: Path) -> None:
+    """`make test`'s run on the shared 4 bookies: ledger writer tasks, and three log writer processes
+    fighting for one log (tests/faults/logs.py), under 7 cycles of one seeded nemesis: 3 bookie
+    kill -9, 1 bookie SIGSTOP, 1 partition, 1 log writer kill -9, 1 log writer SIGSTOP. Both
+    histories are checked. The many cycles of each are `make chaos`'s (the slow tests below, and
+    tests/faults/test_logs.py)."""
+    async with LogFight(shared, tmp_path / "log") as fight:
+        kinds: list[Nemesis] = [kill_restart, pause_resume, fight.kill_writer, kill_restart]
+        kinds += [partition, fight.pause_writer, kill_restart]
+        history = await _phase(
+            shared,
+            "kill -9 + SIGSTOP + partition + log writers",
+            SHAPES,
+            kinds,
+            fault_cycles(len(kinds)),
+            tmp_path / "ledgers",
+            log=fight,
+        )
+    assert history.counts()["ok"] > 500, history.counts()
 
 
-async def test_etcd_member_and_quorum_loss(faults3: FaultCluster, tmp_path: Path) -> None:
+async def test_etcd_member_loss(faults3: FaultCluster, tmp_path: Path) -> None:
     """A 3-member etcd under write load (writers roll to a new ledger every 100 appends, so
-    creates, closes and ensemble changes hit the metadata): one member killed with SIGKILL (and a
-    bookie with it), then two (quorum lost, regained). Writes go on or fail typed, nothing acked
-    is lost."""
+    creates, closes and ensemble changes hit the metadata): one member killed with SIGKILL, and a
+    bookie with it. Writes go on or fail typed, nothing acked is lost. (The quorum loss is
+    `make chaos`'s: test_chaos_etcd.)"""
     await faults3.start(4)
+    await _phase(faults3, "etcd member loss", SHAPES, etcd_member_loss, fault_cycles(1), tmp_path, 100)
+
+
+@pytest.mark.slow
+async def test_kill_pause_partition_one_after_the_other(faults: FaultCluster, tmp_path: Path) -> None:
+    """What `make test` ran before it had to be quick: on 4 bookies, 20 kill -9, then 10 SIGSTOP,
+    then 5 partition cycles (FAULT_CYCLES kill -9, half as many SIGSTOP, a quarter partitions),
+    each scenario's history checked on its own."""
+    await faults.start(4)
+    cycles = fault_cycles(20)
+    kills = await _phase(faults, "kill -9 (4 bookies)", SHAPES, kill_restart, cycles, tmp_path / "kill")
+    assert kills.counts()["ok"] > 500, kills.counts()
+    await _phase(faults, "SIGSTOP (4 bookies)", SHAPES, pause_resume, max(1, cycles // 2), tmp_path / "pause")
     await _phase(
-        faults3, "etcd member loss", SHAPES, etcd_member_loss, fault_cycles(1), tmp_path / "one", 100
-    )
-    await _phase(
-        faults3, "etcd quorum loss", SHAPES, etcd_quorum_loss, fault_cycles(1), tmp_path / "two", 100
+        faults, "partition (4 bookies)", SHAPES, partition, max(1, cycles // 4), tmp_path / "partition"
     )
 
 

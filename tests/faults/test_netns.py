@@ -61,7 +61,7 @@ async def _run(cluster: NetnsFaultCluster, cycles: int, tmp_path: Path) -> None:
         await asyncio.sleep(0.3)
         for cycle in range(cycles):
             index = rng.randrange(BOOKIES)
-            if cycle % 3 == 2:
+            if cycle % 3 == 1:
                 await cluster.kill(index)
                 await asyncio.sleep(rng.uniform(0.05, 0.4))
                 await cluster.restart(index)
@@ -92,6 +92,15 @@ async def _ensemble(cluster: NetnsFaultCluster, ledger_id: int) -> set[str]:
 async def test_bookies_on_separate_hosts_link_down_and_kill(
     hosts_cluster: NetnsFaultCluster, tmp_path: Path
 ) -> None:
-    await _run(hosts_cluster, fault_cycles(3), tmp_path)
+    """`make test`: one link down/up, one kill -9."""
+    await _run(hosts_cluster, fault_cycles(2), tmp_path)
+    for index, bookie in enumerate(hosts_cluster.bookies):
+        assert bookie.address[0] == hosts_cluster.hosts.address(index)  # a real address, not loopback
+
+
+@pytest.mark.slow
+async def test_chaos_bookies_on_separate_hosts(hosts_cluster: NetnsFaultCluster, tmp_path: Path) -> None:
+    """`make chaos`: FAULT_CYCLES cycles (default 30), two link down/up for each kill -9."""
+    await _run(hosts_cluster, fault_cycles(30), tmp_path)
     for index, bookie in enumerate(hosts_cluster.bookies):
         assert bookie.address[0] == hosts_cluster.hosts.address(index)  # a real address, not loopback

@@ -18,10 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -29,25 +27,15 @@ import pytest
 
 from tests.faults import figures
 from tests.faults.cluster import FaultCluster, fault_cycles, fault_seed, recover_and_read
+from tests.faults.conftest import ON_SHARED
 from tests.faults.history import History
-from tests.faults.procs import load_writer_history
+from tests.faults.procs import load_writer_history, spawn
 
 pytestmark = pytest.mark.etcd
 
-REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
 ACKED_TIMEOUT_S = 30.0
 RECOVER_TIMEOUT_S = 90.0
-
-
-async def _spawn(log: Path, *args: str) -> asyncio.subprocess.Process:
-    """``python -m tests.faults.procs ARGS``, its log lines (stderr) appended to ``log``."""
-    with open(log, "ab") as err:  # noqa: ASYNC230 -- a local file, opened once per process
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tests.faults.procs", *args,
-            cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=err, stdin=asyncio.subprocess.DEVNULL,
-            env={**os.environ, "BKAIO_LOG_FORMAT": "json", "BKAIO_LOG_LEVEL": "warning"},
-        )  # fmt: skip
 
 
 def _acked(path: Path) -> int:
@@ -64,7 +52,7 @@ class Writer:
     @classmethod
     async def start(cls, url: str, path: Path, shape: tuple[int, int, int]) -> Writer:
         shape_arg = ",".join(map(str, shape))
-        proc = await _spawn(path.with_suffix(".log"), "writer", url, str(path), "--shape", shape_arg)
+        proc = await spawn(path.with_suffix(".log"), "writer", url, str(path), "--shape", shape_arg)
         assert proc.stdout is not None
         try:
             line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)
@@ -89,7 +77,7 @@ class Writer:
 
 async def _recoverers(url: str, ledger_id: int, count: int, log: Path) -> list[int]:
     """``count`` recoverer processes started at once on ``ledger_id``; the last entry each reports."""
-    procs = [await _spawn(log, "recover", url, str(ledger_id)) for _ in range(count)]
+    procs = [await spawn(log, "recover", url, str(ledger_id)) for _ in range(count)]
     try:
         outputs = await asyncio.wait_for(
             asyncio.gather(*(proc.communicate() for proc in procs)), RECOVER_TIMEOUT_S
@@ -146,7 +134,6 @@ async def _round(
 async def _run(cluster: FaultCluster, rounds: int, tmp_path: Path) -> History:
     seed = fault_seed()
     rng = random.Random(seed)
-    await cluster.start(3)
     history = History()
     ledgers: list[int] = []
     for number in range(rounds):
@@ -157,20 +144,22 @@ async def _run(cluster: FaultCluster, rounds: int, tmp_path: Path) -> History:
     if problems:
         history.dump(tmp_path / "history.jsonl")
         pytest.fail(
-            f"{len(problems)} violations (seed {seed}; files kept in {tmp_path}; "
-            f"replay: FAULT_SEED={seed}):\n" + "\n".join(problems)
+            f"{len(problems)} violations (seed {seed}; files kept in {tmp_path}, data dirs and logs in "
+            f"{cluster.base}; replay: FAULT_SEED={seed}):\n" + "\n".join(problems)
         )
     assert row["ok"], row
     assert all(len(history.recovered[ledger_id]) >= 4 for ledger_id in ledgers)  # racers + 3 after
     return history
 
 
-async def test_writer_processes_killed_and_raced_for(faults: FaultCluster, tmp_path: Path) -> None:
-    await _run(faults, fault_cycles(1), tmp_path)
+@ON_SHARED
+async def test_writer_processes_killed_and_raced_for(shared: FaultCluster, tmp_path: Path) -> None:
+    await _run(shared, fault_cycles(1), tmp_path)
 
 
 @pytest.mark.slow
 async def test_writer_processes_killed_and_raced_for_many_rounds(
     faults: FaultCluster, tmp_path: Path
 ) -> None:
+    await faults.start(3)
     await _run(faults, fault_cycles(10), tmp_path)
