@@ -16,7 +16,7 @@ import io
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -76,6 +76,9 @@ class FaultCluster:
         self.bookies: list[BookieProcess] = []
         self.proxies: list[FaultProxy] = []
         self.registrations: list[BookieRegistration | None] = []
+        self.faulty_max: int | None = None
+        """Bookies a nemesis may hold faulty at once (`claimed`); None: any number."""
+        self._claimed: set[int] = set()
 
     async def start(self, count: int, bookie_args: list[str] | None = None) -> None:
         """Start ``count`` bookies (in parallel), each behind a proxy, and register them."""
@@ -104,6 +107,22 @@ class FaultCluster:
         registration, self.registrations[index] = self.registrations[index], None
         if registration is not None:
             await registration.close()
+
+    @contextlib.asynccontextmanager
+    async def claimed(self, rng: random.Random) -> AsyncIterator[int]:
+        """A bookie for one nemesis cycle (drawn by ``rng``) that no concurrent cycle holds, while at
+        most `faulty_max` are held: nemeses running in parallel lanes never fault one bookie twice."""
+        while True:
+            free = [i for i in range(len(self.bookies)) if i not in self._claimed]
+            if free and (self.faulty_max is None or len(self._claimed) < self.faulty_max):
+                break
+            await asyncio.sleep(0.05)
+        index = rng.choice(free)
+        self._claimed.add(index)
+        try:
+            yield index
+        finally:
+            self._claimed.discard(index)
 
     async def kill(self, index: int) -> None:
         await asyncio.to_thread(self.bookies[index].kill)

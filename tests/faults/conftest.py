@@ -12,7 +12,9 @@ import pytest_asyncio
 from tests.faults.cluster import FaultCluster
 from tests.harness.etcd import EtcdCluster
 
-SHARED_BOOKIES = 4
+SHARED_BOOKIES = 5
+SHARED_FAULTY_MAX = 2
+"""Bookies of the shared cluster a nemesis holds faulty at once: 3 stay up, so E3 ensembles can form."""
 SHARED_BOOKIE_ARGS = ["--checkpoint-interval-s", "0.2"]
 """The shared cluster's bookies checkpoint their index often: test_disk_faults flips bits only in
 records a checkpoint covers."""
@@ -46,13 +48,14 @@ async def _shared_cluster(
     root = f"/bookkeeper/faults-shared-{uuid.uuid4().hex[:12]}"
     cluster = FaultCluster(etcd_server.url(root), root, tmp_path_factory.mktemp("faults-shared"))
     await cluster.start(SHARED_BOOKIES, bookie_args=SHARED_BOOKIE_ARGS)
+    cluster.faulty_max = SHARED_FAULTY_MAX
     yield cluster
     await cluster.close()
 
 
 @pytest_asyncio.fixture(loop_scope="package")
 async def shared(_shared_cluster: FaultCluster) -> FaultCluster:
-    """`make test`'s fault cluster: 4 bookies started once for the package's quick scenarios (each
+    """`make test`'s fault cluster: 5 bookies started once for the package's quick scenarios (each
     test marked `ON_SHARED`), healed before each. Its data dirs and logs are in its ``base``."""
     await _shared_cluster.heal()
     return _shared_cluster

@@ -13,24 +13,25 @@ Nemesis = Callable[[FaultCluster, random.Random], Awaitable[None]]
 
 
 async def kill_restart(cluster: FaultCluster, rng: random.Random) -> None:
-    index = rng.randrange(len(cluster.bookies))
-    await cluster.kill(index)
-    await asyncio.sleep(rng.uniform(0.05, 0.4))
-    await cluster.restart(index)
+    async with cluster.claimed(rng) as index:
+        await cluster.kill(index)
+        await asyncio.sleep(rng.uniform(0.05, 0.4))
+        await cluster.restart(index)
 
 
 async def pause_resume(cluster: FaultCluster, rng: random.Random) -> None:
-    bookie = rng.choice(cluster.bookies)
-    bookie.pause()
-    await asyncio.sleep(rng.uniform(0.3, 2.0))  # across the add timeout too, sometimes
-    bookie.resume()
+    async with cluster.claimed(rng) as index:
+        cluster.bookies[index].pause()
+        await asyncio.sleep(rng.uniform(0.3, 2.0))  # across the add timeout too, sometimes
+        cluster.bookies[index].resume()
 
 
 async def partition(cluster: FaultCluster, rng: random.Random) -> None:
-    proxy = rng.choice(cluster.proxies)
-    proxy.set(rng.choice([Mode.BLACKHOLE, Mode.BLACKHOLE_DOWN, Mode.RESET]))
-    await asyncio.sleep(rng.uniform(0.3, 2.0))
-    proxy.set(Mode.PASS)
+    async with cluster.claimed(rng) as index:
+        proxy = cluster.proxies[index]
+        proxy.set(rng.choice([Mode.BLACKHOLE, Mode.BLACKHOLE_DOWN, Mode.RESET]))
+        await asyncio.sleep(rng.uniform(0.3, 2.0))
+        proxy.set(Mode.PASS)
 
 
 async def etcd_member_loss(cluster: FaultCluster, rng: random.Random) -> None:

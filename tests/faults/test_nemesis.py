@@ -66,11 +66,13 @@ async def _phase(
     tmp_path: Path,
     roll_every: int = 0,
     log: LogFight | None = None,
+    lanes: int = 1,
 ) -> History:
     """One scenario on a started cluster: writers, ``cycles`` nemesis cycles, heal, recover, read
     back, check. The cluster is healed afterwards, so the next scenario can share it. Several
     nemeses: cycle i is the (i mod n)-th, the cycles in a seeded order. ``log``: log writers fight for
-    a log meanwhile (its nemeses may be among ``nemesis``), checked after the heal too."""
+    a log meanwhile (its nemeses may be among ``nemesis``), checked after the heal too. ``lanes``:
+    that many cycles run at once (each on a bookie of its own, `FaultCluster.claimed`)."""
     seed = fault_seed()
     rng = random.Random(seed)
     kinds = [nemesis] if callable(nemesis) else list(nemesis)
@@ -84,9 +86,13 @@ async def _phase(
         writers = [asyncio.create_task(workload.writer(f"w{i}", random.Random(seed + i))) for i in range(3)]
         try:
             await asyncio.sleep(0.3)
-            for cycle in schedule:
-                await cycle(cluster, rng)
-                await asyncio.sleep(rng.uniform(0.05, 0.3))
+
+            async def lane() -> None:
+                while schedule:
+                    await schedule.pop(0)(cluster, rng)
+                    await asyncio.sleep(rng.uniform(0.05, 0.3))
+
+            await asyncio.gather(*(lane() for _ in range(lanes)))
         except BaseException:
             abandon_writers(stop, writers)
             raise
@@ -109,24 +115,30 @@ async def _phase(
     return history
 
 
+LANES = 3
+"""`make test`'s nemesis runs 3 cycles at once, at most 2 of them on bookies (of the shared 5): the
+cycles overlap, the run takes a third of their time."""
+
+
 @ON_SHARED
 async def test_ledgers_and_logs_under_one_nemesis(shared: FaultCluster, tmp_path: Path) -> None:
-    """`make test`'s run on the shared 4 bookies: ledger writer tasks, and three log writer processes
-    fighting for one log (tests/faults/logs.py), under 7 cycles of one seeded nemesis: 3 bookie
-    kill -9, 1 bookie SIGSTOP, 1 partition, 1 log writer kill -9, 1 log writer SIGSTOP. Both
-    histories are checked. The many cycles of each are `make chaos`'s (the slow tests below, and
-    tests/faults/test_logs.py)."""
+    """`make test`'s run on the shared 5 bookies: ledger writer tasks, and three log writer processes
+    fighting for one log (tests/faults/logs.py), under one seeded nemesis of 20 bookie kill -9,
+    10 bookie SIGSTOP, 5 partition, 2 log writer kill -9 and 2 log writer SIGSTOP cycles, in 3
+    parallel lanes. Both histories are checked. More cycles of each are `make chaos`'s (the slow
+    tests below, and tests/faults/test_logs.py)."""
     async with LogFight(shared, tmp_path / "log") as fight:
-        kinds: list[Nemesis] = [kill_restart, pause_resume, fight.kill_writer, kill_restart]
-        kinds += [partition, fight.pause_writer, kill_restart]
+        kinds: list[Nemesis] = [*[kill_restart] * 20, *[pause_resume] * 10, *[partition] * 5]
+        kinds += [fight.kill_writer, fight.pause_writer] * 2
         history = await _phase(
             shared,
             "kill -9 + SIGSTOP + partition + log writers",
             SHAPES,
             kinds,
-            fault_cycles(len(kinds)),
+            len(kinds),
             tmp_path / "ledgers",
             log=fight,
+            lanes=LANES,
         )
     assert history.counts()["ok"] > 500, history.counts()
 
