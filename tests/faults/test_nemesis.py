@@ -2,9 +2,10 @@
 
 Each bookie runs as its own process behind its own fault proxy (tests/faults/proxy.py): clients
 reach it only through the proxy, whose address is what the bookie's registration says
-(tests/faults/cluster.py). `make test` runs kill -9, SIGSTOP and partition cycles mixed in one
-scenario on one cluster, and an etcd member loss on a 3-member etcd; the slow set (`make chaos`)
-runs each nemesis for many cycles, one after the other, and the etcd quorum loss. Writer tasks
+(tests/faults/cluster.py). `make test` runs 20 kill -9, 10 SIGSTOP and 5 partition cycles in one
+scenario on the package's shared cluster, overlapped in 3 lanes, with log writers fighting for a
+log meanwhile (tests/faults/logs.py), and an etcd member loss on a 3-member etcd; the slow set
+(`make chaos`) runs each nemesis for many cycles, and the etcd quorum loss. Writer tasks
 pipeline unique values into E3/Qw2/Qa2, E3/Qw3/Qa2 and (with 6 bookies) striped E5/Qw3/Qa2 ledgers,
 starting a new ledger whenever one fails. A seeded nemesis meanwhile kills bookies with SIGKILL and
 restarts them (same data dir and port), pauses them (SIGSTOP/SIGCONT), or partitions them at the
