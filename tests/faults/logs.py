@@ -157,6 +157,7 @@ class LogFight:
         self.history = LogHistory()
         self.manager = LogManager(cluster.meta.store, cluster.root)
         self.writers: list[LogWriterProc] = []
+        self._started: list[LogWriterProc] = []  # every incarnation: `stop` kills them all
         self.files: list[Path] = []
         self._incarnations = [0] * writers
         self._tail: list[Record] = []
@@ -190,7 +191,11 @@ class LogFight:
         self._incarnations[index] += 1
         path = self.tmp_path / f"lw{index}.{self._incarnations[index]}.jsonl"
         self.files.append(path)
-        return await LogWriterProc.start(self.cluster.url, self.name, path, self.seed * 100 + len(self.files))
+        writer = await LogWriterProc.start(
+            self.cluster.url, self.name, path, self.seed * 100 + len(self.files)
+        )
+        self._started.append(writer)
+        return writer
 
     async def kill_writer(self, _cluster: FaultCluster, rng: random.Random) -> None:
         """Nemesis: SIGKILL a log writer process, then start a new incarnation of it."""
@@ -207,8 +212,10 @@ class LogFight:
         writer.signal(signal.SIGCONT)
 
     async def stop(self) -> None:
-        """SIGKILL every writer process: acks not yet recorded count as indeterminate."""
-        for writer in self.writers:
+        """SIGKILL every writer process: acks not yet recorded count as indeterminate. Every
+        incarnation, not only the current ones: two kill cycles in parallel lanes may replace the
+        same writer twice."""
+        for writer in self._started:
             await writer.kill()
 
     async def finish(self, scenario: str, cycles: int) -> list[str]:
