@@ -130,6 +130,13 @@ class BookieConfig:
         "Client connections from one peer address; beyond it new ones are closed at once, so one "
         "host cannot take every slot of connections_max.",
     )
+    bad_requests_per_address_per_s: float = _key(
+        100.0,
+        "EUA, EBADREQ and ETOOMANYREQUESTS answers one peer address may earn per second (10 s worth "
+        "at once); beyond, each of its connections that earns another stops being read until the "
+        "rate is back under (a client that floods wrong keys or bad requests gets no more of the "
+        "bookie's time); 0 = no limit.",
+    )
     tls_cert_file: str = _key(
         "",
         "PEM certificate (chain) the bookie port presents; with `tls_key_file` it turns TLS on for "
@@ -257,6 +264,8 @@ class BookieConfig:
         _positive(config, "connections_per_address_max")
         if config.idle_timeout_s < 0:
             raise ConfigError("idle_timeout_s must be >= 0")
+        if config.bad_requests_per_address_per_s < 0:
+            raise ConfigError("bad_requests_per_address_per_s must be >= 0")
         if not 2 <= config.registration_ttl_s <= 3600:
             raise ConfigError(f"registration_ttl_s {config.registration_ttl_s} is out of range 2..3600")
         _positive(config, "journal_queue_bytes_max", "checkpoint_interval_s", "frame_read_timeout_s")

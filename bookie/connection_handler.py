@@ -20,7 +20,14 @@ An ``asyncio.Protocol`` (3x cheaper than streams here, docs/internals.md §6). R
 - A connection with nothing in flight and nothing buffered for ``idle_timeout_s`` is closed (one
   timer per connection, re-armed every half timeout: nothing per request); one peer address holds
   at most ``connections_per_address_max`` connections, so it cannot lock others out.
-- Log lines about a connection's bad input are bounded in size and in number per connection.
+- Answers honest clients do not get in numbers (EUA, EBADREQ, ETOOMANYREQUESTS: a wrong key, a
+  bad request, a refused flood) are budgeted per peer address (:class:`ErrorBudget`): while the
+  address is in deficit, each of its connections that errs again, and each new one, stops being
+  read until the deficit is paid back, so a client that only earns refusals gets
+  ``bad_requests_per_address_per_s`` of them and no more of the bookie's time (reconnecting does not
+  help); its connections that do not err, and other addresses, go on.
+- Log lines about a connection's bad input are bounded in size, in number per connection, and in
+  rate over all connections.
 - A bad request gets an error response when its request id can be read, else the connection closes.
   Nothing a peer sends can raise out of ``data_received``.
 - The handshake (HELLO, AUTH) is handled here before the processor sees a frame. With auth
@@ -37,6 +44,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, cast
@@ -78,6 +86,96 @@ class ServerLoad:
                 self.on_change(over)
 
 
+class ErrorBudget:
+    """Per peer address, a token bucket of ``rate`` refusals per second holding up to ``burst``
+    (the module doc); an address may fall ``burst`` deep into deficit, no deeper, so the longest
+    wait is ``burst / rate``. Buckets of addresses without connections are dropped once full. An
+    address falling into deficit is logged (``connection.throttled``), at most every
+    :data:`ERROR_LOG_INTERVAL_S`."""
+
+    __slots__ = ("_buckets", "_clock", "burst", "rate")
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float]) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._clock = clock
+        self._buckets: dict[str, list[float]] = {}  # address -> [tokens, when last charged, when logged]
+
+    def charge(self, address: str) -> float:
+        """Take one refusal from ``address``'s budget: seconds until it is out of deficit (0:
+        not in deficit)."""
+        if self.rate <= 0:
+            return 0.0
+        now = self._clock()
+        bucket = self._buckets.get(address)
+        if bucket is None:
+            bucket = self._buckets[address] = [self.burst, now, -ERROR_LOG_INTERVAL_S]
+        before = min(self.burst, bucket[0] + (now - bucket[1]) * self.rate)
+        tokens = bucket[0] = max(before - 1.0, -self.burst)
+        bucket[1] = now
+        if tokens >= 0:
+            return 0.0
+        if before >= 0 and now - bucket[2] >= ERROR_LOG_INTERVAL_S:
+            bucket[2] = now
+            log.warning(
+                "connection.throttled", address=address, reason="bad_requests_per_address_per_s",
+                rate=self.rate, burst=self.burst,
+            )  # fmt: skip
+        return -tokens / self.rate
+
+    def deficit_s(self, address: str) -> float:
+        """Seconds until ``address`` is out of deficit (0: it is not)."""
+        bucket = self._buckets.get(address)
+        if bucket is None or self.rate <= 0:
+            return 0.0
+        tokens = bucket[0] + (self._clock() - bucket[1]) * self.rate
+        return 0.0 if tokens >= 0 else -tokens / self.rate
+
+    def release(self, address: str) -> None:
+        """``address`` has no connection left: forget its bucket if it is full again."""
+        bucket = self._buckets.get(address)
+        if bucket is not None and bucket[0] + (self._clock() - bucket[1]) * self.rate >= self.burst:
+            del self._buckets[address]
+
+
+class LogLines:
+    """A token bucket of log lines (``rate`` per second, ``burst`` at once) that counts what it
+    drops."""
+
+    __slots__ = ("_clock", "_stamp", "_tokens", "burst", "dropped", "rate")
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float]) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._clock = clock
+        self._tokens = burst
+        self._stamp = clock()
+        self.dropped = 0
+
+    def take(self) -> int | None:
+        """None: drop this line; else log it, and the count dropped since the last one logged."""
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+        if self._tokens < 1:
+            self.dropped += 1
+            return None
+        self._tokens -= 1
+        dropped, self.dropped = self.dropped, 0
+        return dropped
+
+
+LOG_LINES_PER_S = 10.0
+"""Warnings about connections' input, over all connections (burst: :data:`LOG_LINES_BURST`)."""
+LOG_LINES_BURST = 100.0
+ERROR_LOG_INTERVAL_S = 10.0
+ERROR_BURST_S = 10.0
+"""An address's error budget holds this many seconds' worth of refusals (its burst)."""
+BUDGETED_STATUSES = frozenset({StatusCode.EUA, StatusCode.EBADREQ, StatusCode.ETOOMANYREQUESTS})
+"""The answers charged to a peer's error budget: an honest client gets them rarely (a wrong key or
+a bad request is a bug or an attack; ETOOMANYREQUESTS asks it to slow down)."""
+
+
 class ConnectionLimits:
     """Per-connection bounds (validated by :mod:`bookie.config`) and the server-wide load."""
 
@@ -86,11 +184,13 @@ class ConnectionLimits:
         "auth_providers",
         "auth_timeout_s",
         "connections_per_address_max",
+        "errors",
         "frame_bytes_max",
         "frame_read_timeout_s",
         "idle_timeout_s",
         "in_flight_max",
         "load",
+        "log_lines",
         "per_address",
         "reads_in_flight_max",
     )
@@ -108,6 +208,8 @@ class ConnectionLimits:
         connections_per_address_max: int = 1 << 30,
         auth_providers: dict[str, BookieAuthProvider] | None = None,
         auth_timeout_s: float = 10.0,
+        bad_requests_per_address_per_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.frame_bytes_max = frame_bytes_max
         self.in_flight_max = in_flight_max
@@ -123,6 +225,10 @@ class ConnectionLimits:
         """By the name clients send in AUTH; empty: no authentication (AUTH is answered EOK)."""
         self.auth_timeout_s = auth_timeout_s
         """With providers: a connection not authenticated this soon after connecting is closed."""
+        rate = bad_requests_per_address_per_s
+        self.errors = ErrorBudget(rate, rate * ERROR_BURST_S, clock)
+        """Refusals per peer address (rate 0: not budgeted)."""
+        self.log_lines = LogLines(LOG_LINES_PER_S, LOG_LINES_BURST, clock)
 
 
 LOG_LINES_PER_CONNECTION = 5
@@ -150,6 +256,11 @@ class ServerConnection(asyncio.Protocol):
         """HELLO agreed on FEATURE_ADD_ACKS: a journal group's EOK adds are answered in ADD_ACKS."""
         self._paused_by_permits = False
         self._paused_by_server = False
+        self._paused_by_errors = False
+        self._errors_timer: asyncio.TimerHandle | None = None
+        self.halted = False
+        """Closed, or not to be read for now (its address's error budget is in deficit): the
+        processor's frame loop stops at the next frame (one test, as for ``closed`` before)."""
         self._reading_paused = False
         self._deadline: asyncio.TimerHandle | None = None
         self._frames_since_arm = 0
@@ -178,37 +289,75 @@ class ServerConnection(asyncio.Protocol):
     def processor(self) -> Processor:
         return self._processor
 
+    @property
+    def peer_address(self) -> str:
+        """The peer's address (no port): what per-address limits count ("" before it is known)."""
+        return self._address or ""
+
     # ------------------------------------------------------------------ asyncio.Protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peername = transport.get_extra_info("peername")
+    def reserve(self, peername: Any) -> bool:
+        """Count this connection (per peer address, and towards ``connections_max`` through the
+        registry) from the moment it is accepted; False: the address holds its maximum already
+        (the caller closes the socket). A TLS server calls this before the handshake
+        (:meth:`bookie.server.BookieServer`), so sockets in their handshake are bounded like
+        the others; a plaintext one from :meth:`connection_made`."""
         self.peer = str(peername)
         limits = self._limits
         address = str(peername[0]) if isinstance(peername, tuple) and peername else self.peer
         if limits.per_address[address] >= limits.connections_per_address_max:
-            log.warning(
-                "connection.refused", peer=self.peer, reason="connections_per_address_max",
-                limit=limits.connections_per_address_max,
-            )  # fmt: skip
-            self.closed = True
-            self._transport.abort()
-            return
+            dropped = limits.log_lines.take()
+            if dropped is not None:
+                log.warning(
+                    "connection.refused", peer=self.peer, reason="connections_per_address_max",
+                    limit=limits.connections_per_address_max, dropped=dropped,
+                )  # fmt: skip
+            self.closed = self.halted = True
+            return False
         self._address = address
         limits.per_address[address] += 1
-        self._transport.set_write_buffer_limits(high=limits.answer_bytes_buffered_max)
         self._registry.add(self)
+        return True
+
+    def handshake_failed(self, error: BaseException) -> None:
+        """The TLS handshake of a reserved connection failed, timed out or was cut: logged, charged
+        to its address's error budget like a refusal, and the reservation given back."""
+        if self.closed:
+            return
+        if not isinstance(error, asyncio.CancelledError):
+            self.warn("connection.tls_failed", error=f"{type(error).__name__}: {error}")
+            self.charge_error(StatusCode.EUA)
+        self.connection_lost(None)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        stream = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        if self._address is None and not self.reserve(stream.get_extra_info("peername")):
+            stream.abort()
+            return
+        sock = stream.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._established(stream)
+
+    def _established(self, transport: asyncio.Transport) -> None:
+        """The connection is ready for requests (after its TLS handshake, if any)."""
+        if self.closed:  # the server closed it during its handshake
+            transport.abort()
+            return
+        self._transport = transport
+        limits = self._limits
+        transport.set_write_buffer_limits(high=limits.answer_bytes_buffered_max)
         if limits.load.sockets_paused:
             self.pause_by_server(True)
         if limits.idle_timeout_s > 0:
             self._idle_timer = self._loop.call_later(limits.idle_timeout_s / 2, self._on_idle_check)
         if limits.auth_providers:
             self._auth_timer = self._loop.call_later(limits.auth_timeout_s, self._on_auth_timeout)
+        wait_s = limits.errors.deficit_s(self.peer_address)
+        if wait_s > 0:  # its address earns refusals: it waits its turn (a reconnect is no way out)
+            self._throttle(wait_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+        self.closed = self.halted = True
         if self._address is None:
             return  # refused in connection_made
         self._registry.discard(self)
@@ -216,12 +365,13 @@ class ServerConnection(asyncio.Protocol):
         per_address[self._address] -= 1
         if per_address[self._address] <= 0:
             del per_address[self._address]
+            self._limits.errors.release(self._address)
         self._address = None
         self._writable.set()  # wake reads waiting to answer: they see the connection closed
-        for timer in (self._deadline, self._idle_timer, self._auth_timer):
+        for timer in (self._deadline, self._idle_timer, self._auth_timer, self._errors_timer):
             if timer is not None:
                 timer.cancel()
-        self._deadline = self._idle_timer = self._auth_timer = None
+        self._deadline = self._idle_timer = self._auth_timer = self._errors_timer = None
         for task in list(self._tasks):
             task.cancel()
         self._processor.connection_lost(self)
@@ -231,6 +381,11 @@ class ServerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._last_active = self._loop.time()
         self._buf += data
+        if self._reading_paused:  # uvloop starts reading after connection_made, whatever it asked
+            if self._transport is not None:
+                self._transport.pause_reading()
+            self._update_deadline()
+            return  # processed once reading resumes (_update_reading)
         self._process_buffer()
 
     def pause_writing(self) -> None:
@@ -267,15 +422,49 @@ class ServerConnection(asyncio.Protocol):
             return
         self._idle_timer = self._loop.call_later(timeout / 2, self._on_idle_check)
 
+    def charge_error(self, status: int) -> None:
+        """An answer of ``status`` was sent: a budgeted one (:data:`BUDGETED_STATUSES`) is charged
+        to this peer address; in deficit, this connection stops being read until it is paid."""
+        if status not in BUDGETED_STATUSES or self._address is None:
+            return
+        wait_s = self._limits.errors.charge(self._address)
+        if wait_s > 0 and not self._paused_by_errors:
+            self._throttle(wait_s)
+
+    def _throttle(self, wait_s: float) -> None:
+        self._paused_by_errors = self.halted = True
+        self._update_reading()
+        self._errors_timer = self._loop.call_later(wait_s, self._on_errors_paid)
+
+    def _on_errors_paid(self) -> None:
+        self._errors_timer = None
+        if self.closed or self._address is None:
+            return
+        wait_s = self._limits.errors.deficit_s(self._address)  # refusals answered meanwhile
+        if wait_s > 0:
+            self._errors_timer = self._loop.call_later(wait_s, self._on_errors_paid)
+            return
+        self._paused_by_errors = self.halted = False
+        self._update_reading()
+        if self._buf:
+            self._loop.call_soon(self._process_buffer)
+
     def warn(self, event: str, **fields: Any) -> None:
         """A warning about this connection's input: details cut to ``LOG_DETAIL_CHARS_MAX``, at most
-        ``LOG_LINES_PER_CONNECTION`` per connection (one more line says the rest are dropped)."""
+        ``LOG_LINES_PER_CONNECTION`` per connection (one more line says the rest are dropped), and
+        at most :data:`LOG_LINES_PER_S` over all connections (a flood of connections, each with its
+        one bad request, is not a flood of lines: the next line says how many were dropped)."""
         if self._log_budget <= 0:
             return
         self._log_budget -= 1
+        dropped = self._limits.log_lines.take()
+        if dropped is None:
+            return
         bounded = {k: (v[:LOG_DETAIL_CHARS_MAX] if isinstance(v, str) else v) for k, v in fields.items()}
         if self._log_budget == 0:
             bounded["more"] = "further warnings about this connection are not logged"
+        if dropped:
+            bounded["dropped"] = dropped
         log.warning(event, peer=self.peer, **bounded)
 
     def eof_received(self) -> bool | None:
@@ -332,6 +521,7 @@ class ServerConnection(asyncio.Protocol):
             or self._paused_by_permits
             or self._paused_by_server
             or self._paused_by_writes
+            or self._paused_by_errors
         ):
             self._update_deadline()  # progress was made, or we are the slow side: re-arm
             return
@@ -448,7 +638,7 @@ class ServerConnection(asyncio.Protocol):
     def _refuse(self, op: int, request_id: int | None, status: StatusCode, message: str) -> None:
         """End a connection that failed the handshake: the answer (when the request id is known),
         then close."""
-        self._processor.count_error(status)
+        self._processor.count_error(status, self)
         self.warn("connection.auth_refused", reason=message, status=status.name)
         if request_id is not None:
             self.send(m.encode_error(op, request_id, status, message))
@@ -529,7 +719,11 @@ class ServerConnection(asyncio.Protocol):
         if transport is None or self.closed:
             return
         want_paused = (
-            self._paused_by_permits or self._paused_by_server or self._paused_by_writes or self._auth_busy
+            self._paused_by_permits
+            or self._paused_by_server
+            or self._paused_by_writes
+            or self._paused_by_errors
+            or self._auth_busy
         )
         if want_paused != self._reading_paused:
             self._reading_paused = want_paused
@@ -537,6 +731,8 @@ class ServerConnection(asyncio.Protocol):
                 transport.pause_reading()
             else:
                 transport.resume_reading()
+                if self._buf:  # what arrived while paused (data_received) waits for this
+                    self._loop.call_soon(self._process_buffer)
 
     # ------------------------------------------------------------------ ownership
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -550,10 +746,10 @@ class ServerConnection(asyncio.Protocol):
         if self._transport is not None and not self.closed:
             if self._out:
                 self._flush()
-            self.closed = True
+            self.closed = self.halted = True
             self._transport.close()
 
     def abort(self) -> None:
         if self._transport is not None:
-            self.closed = True
+            self.closed = self.halted = True
             self._transport.abort()

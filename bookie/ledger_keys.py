@@ -27,8 +27,11 @@ only when metadata *disproves* the stored key, so it never drops a legitimate fe
 stored under a junk key were never written by the ledger's writer. Bookie GC keeps every ledger
 metadata knows. Without metadata (a standalone bookie) nothing here runs: first key wins, as before.
 
-Bounds: at most :data:`LOOKUPS_MAX` ledgers in lookup at once and :data:`PARKED_ADDS_MAX` adds
-waiting (beyond: ETOOMANYREQUESTS), each lookup bounded by :data:`LOOKUP_TIMEOUT_S` (EIO after).
+Bounds: at most :data:`LOOKUPS_MAX` ledgers in lookup at once, :data:`LOOKUPS_PER_PEER_MAX` of them
+started by one peer address (a flood of unknown ids from one host leaves room for the others), and
+:data:`PARKED_ADDS_MAX` adds waiting (beyond: ETOOMANYREQUESTS), each lookup bounded by
+:data:`LOOKUP_TIMEOUT_S` (EIO after). The peer is the ``peer_address`` of the request's reply
+target (the connection).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ LOOKUPS_MAX = 256
 """Ledgers whose metadata is being read at once (new ledgers arrive one add at a time per writer)."""
 PARKED_ADDS_MAX = 10_000
 """Adds waiting for their ledger's lookup, over all connections (each holds its body in memory)."""
+LOOKUPS_PER_PEER_MAX = 64
+"""Lookups one peer address may have started and not seen answered (of :data:`LOOKUPS_MAX`)."""
 LOOKUP_TIMEOUT_S = 10.0
 
 
@@ -91,6 +96,7 @@ class KeyVerifier:
         self._storage = storage
         self._source = source
         self._lookups: dict[int, asyncio.Task[KeyInfo]] = {}
+        self._lookups_by_peer: dict[str, int] = {}
         self._parked: dict[int, list[_Parked]] = {}
         self._parked_count = 0
         self.rekeyed = 0
@@ -116,7 +122,7 @@ class KeyVerifier:
         lid = request.ledger_id
         if self._parked_count >= PARKED_ADDS_MAX:
             raise KeyCheckBusy(f"ledger {lid}: {PARKED_ADDS_MAX} adds already wait for a key check")
-        self._start_lookup(lid)
+        self._start_lookup(lid, _peer(target))
         self._parked.setdefault(lid, []).append(_Parked(request, target, batch_type, check_add))
         self._parked_count += 1
 
@@ -126,31 +132,41 @@ class KeyVerifier:
         state = self._storage.ledgers.get(ledger_id)
         return state is None or not state.key_verified
 
-    async def verify(self, ledger_id: int, key: bytes) -> None:
+    async def verify(self, ledger_id: int, key: bytes, target: Any = None) -> None:
         """Return once ``key`` may be used on ``ledger_id`` (a squatter's record re-keyed to it if
-        need be; an unknown ledger's record is then created by the caller's handler). Raises
-        :class:`KeyRefused`, :class:`KeyCheckBusy`, or the lookup's error."""
-        info = await asyncio.shield(self._start_lookup(ledger_id))
+        need be; an unknown ledger's record is then created by the caller's handler); ``target``:
+        the requester (its ``peer_address`` counts the lookup). Raises :class:`KeyRefused`,
+        :class:`KeyCheckBusy`, or the lookup's error."""
+        info = await asyncio.shield(self._start_lookup(ledger_id, _peer(target)))
         self._settle(ledger_id, key, info)
 
     # ------------------------------------------------------------------ internals
-    def _start_lookup(self, ledger_id: int) -> asyncio.Task[KeyInfo]:
+    def _start_lookup(self, ledger_id: int, peer: str) -> asyncio.Task[KeyInfo]:
         task = self._lookups.get(ledger_id)
         if task is not None:
             return task
         if len(self._lookups) >= LOOKUPS_MAX:
             raise KeyCheckBusy(f"ledger {ledger_id}: {LOOKUPS_MAX} key checks already under way")
+        by_peer = self._lookups_by_peer
+        if by_peer.get(peer, 0) >= LOOKUPS_PER_PEER_MAX:
+            raise KeyCheckBusy(f"ledger {ledger_id}: {LOOKUPS_PER_PEER_MAX} key checks of {peer} under way")
+        by_peer[peer] = by_peer.get(peer, 0) + 1
         task = asyncio.get_running_loop().create_task(self._lookup(ledger_id), name=f"key-check-{ledger_id}")
         self._lookups[ledger_id] = task
-        task.add_done_callback(lambda done: self._looked_up(ledger_id, done))
+        task.add_done_callback(lambda done: self._looked_up(ledger_id, peer, done))
         return task
 
     async def _lookup(self, ledger_id: int) -> KeyInfo:
         async with asyncio.timeout(LOOKUP_TIMEOUT_S):
             return await self._source.key_info(ledger_id)
 
-    def _looked_up(self, ledger_id: int, task: asyncio.Task[KeyInfo]) -> None:
+    def _looked_up(self, ledger_id: int, peer: str, task: asyncio.Task[KeyInfo]) -> None:
         del self._lookups[ledger_id]
+        left = self._lookups_by_peer[peer] - 1
+        if left:
+            self._lookups_by_peer[peer] = left
+        else:
+            del self._lookups_by_peer[peer]
         parked = self._parked.pop(ledger_id, [])
         self._parked_count -= len(parked)
         error: BaseException | None
@@ -209,6 +225,9 @@ class KeyVerifier:
         if info.check is None:  # key format 1: nothing to check against; first key wins, as before
             if known is None:
                 return
+            if state is not None:
+                state.key_verified = True  # metadata can never disprove it: do not ask again
+            self.refused += 1
             raise KeyRefused(f"ledger {ledger_id}: master key mismatch")
         if state is not None and known is not None and _matches(known, info.check):
             state.key_verified = True
@@ -228,6 +247,11 @@ class KeyVerifier:
             self._storage.rekey(state, key)
         elif state is not None:
             state.key_verified = True
+
+
+def _peer(target: Any) -> str:
+    """The peer address a lookup is counted against ("" when the target does not say)."""
+    return str(getattr(target, "peer_address", ""))
 
 
 def _matches(key: bytes, check: bytes) -> bool:

@@ -212,7 +212,7 @@ class Processor:
         taken = 0
         try:
             while True:
-                if size_total - pos < 4 or in_flight + taken >= limit or conn.closed:
+                if size_total - pos < 4 or in_flight + taken >= limit or conn.halted:
                     if not adds.request_ids:
                         break
                     conn.in_flight += taken
@@ -274,7 +274,7 @@ class Processor:
         rid = request.request_id
         request_ids = conn.request_ids
         if rid in request_ids:
-            self.count_error(StatusCode.EBADREQ)
+            self.count_error(StatusCode.EBADREQ, conn)
             conn.complete(
                 None, m.encode_error(_op_of(request), rid, StatusCode.EBADREQ, "duplicate request id")
             )
@@ -333,7 +333,7 @@ class Processor:
         keys = self.storage.keys
         assert keys is not None
         try:
-            await keys.verify(request.ledger_id, request.master_key)
+            await keys.verify(request.ledger_id, request.master_key, conn)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 (refused, busy, metadata unreachable: answered)
@@ -343,16 +343,19 @@ class Processor:
         if not conn.closed:
             self._handle(conn, request)
 
-    def count_error(self, status: int) -> None:
-        """Count one error response (not on the success path)."""
+    def count_error(self, status: int, conn: ServerConnection | None = None) -> None:
+        """Count one error response (not on the success path); with ``conn``, charge it to the
+        connection's peer address (:meth:`ServerConnection.charge_error`: refusals are budgeted)."""
         self.errors[status] = self.errors.get(status, 0) + 1
+        if conn is not None:
+            conn.charge_error(status)
 
     def long_poll_waiters(self) -> int:
         """Long-poll reads parked on this bookie (at scrape time: O(connections))."""
         return sum(len(waiters) for waiters in self._waiters.values())
 
     def _bad_frame(self, conn: ServerConnection, exc: ProtocolError) -> None:
-        self.count_error(StatusCode.EBADREQ)
+        self.count_error(StatusCode.EBADREQ, conn)
         if exc.request_id is None:
             conn.warn("connection.bad_frame", error=str(exc))
             conn.complete(None, None)
@@ -364,13 +367,13 @@ class Processor:
     def add_error(self, conn: ServerConnection, rid: int, exc: BaseException) -> None:
         """Answer an add refused before the journal (for :class:`_AddReplies`)."""
         status = status_for(exc)
-        self.count_error(status)
+        self.count_error(status, conn)
         conn.complete(rid, m.encode_error(_ADD_OP, rid, status, str(exc) or type(exc).__name__))
 
     def _error(self, conn: ServerConnection, request: Any, exc: BaseException) -> None:
         rid = request.request_id
         status = status_for(exc)
-        self.count_error(status)
+        self.count_error(status, conn)
         conn.complete(rid, m.encode_error(_op_of(request), rid, status, str(exc) or type(exc).__name__))
 
     def connection_lost(self, conn: ServerConnection) -> None:
@@ -468,7 +471,7 @@ class Processor:
                 m.ReadEntryResponse(rid, StatusCode.ENOENTRY, str(exc), lid, req.entry_id, None, lac)
             )
         except Exception as exc:  # noqa: BLE001 (a bug is logged with its trace by _read_failed)
-            frame = self._read_failed(OpCode.READ_ENTRY, rid, lid, req.entry_id, exc)
+            frame = self._read_failed(conn, OpCode.READ_ENTRY, rid, lid, req.entry_id, exc)
         conn.complete(rid, frame)
 
     def _long_poll(self, conn: ServerConnection, req: m.ReadEntryRequest) -> None:
@@ -534,16 +537,18 @@ class Processor:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 (a bug is logged with its trace by _read_failed)
-            frame = self._read_failed(OpCode.BATCH_READ, rid, lid, req.start_entry_id, exc)
+            frame = self._read_failed(conn, OpCode.BATCH_READ, rid, lid, req.start_entry_id, exc)
         conn.complete(rid, frame)
 
-    def _read_failed(self, op: int, rid: int, lid: int, entry_id: int, exc: Exception) -> bytes:
+    def _read_failed(
+        self, conn: ServerConnection, op: int, rid: int, lid: int, entry_id: int, exc: Exception
+    ) -> bytes:
         """The answer to a read that failed; what is not a storage or disk error is a bug, logged
         with its trace (call from the ``except`` block)."""
         if not isinstance(exc, StorageError | OSError):
             log.exception("processor.read_failed", ledger_id=lid, entry_id=entry_id)
         status = status_for(exc)
-        self.count_error(status)
+        self.count_error(status, conn)
         return m.encode_error(op, rid, status, str(exc) or type(exc).__name__)
 
     # ------------------------------------------------------------------ misc

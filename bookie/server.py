@@ -33,8 +33,10 @@ import asyncio
 import contextlib
 import errno
 import os
-from collections.abc import Callable
-from typing import Protocol
+import socket
+import ssl
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 import structlog
 
@@ -135,8 +137,11 @@ class BookieServer:
             connections_per_address_max=config.connections_per_address_max,
             auth_providers=config.auth_providers_loaded(),
             auth_timeout_s=config.auth_timeout_s,
+            bad_requests_per_address_per_s=config.bad_requests_per_address_per_s,
         )
         self._tls = config.tls_context()
+        self._tls_tasks: set[asyncio.Task[None]] = set()
+        """With TLS: the accept loops (one per listening socket) and the handshakes under way."""
         self.address: tuple[str, int] | None = None
         self.ready = False
         """Listening, and registered when there is a registration; False again once closing."""
@@ -214,7 +219,7 @@ class BookieServer:
                 await self.registration.verify(self.config.bookie_id, instance_id, self.config.data_dir)
                 initial_read_only = self.mode.read_only
                 await self.registration.set_read_only(initial_read_only)  # the set start() uses
-            await self._server.start_serving()
+            await self._start_serving(loop)
         except BaseException:
             if self._server is not None:
                 self._server.close()
@@ -268,9 +273,7 @@ class BookieServer:
                 port,
                 backlog=LISTEN_BACKLOG,
                 start_serving=False,
-                ssl=self._tls,
-                ssl_handshake_timeout=self.config.frame_read_timeout_s if self._tls is not None else None,
-            )
+            )  # TLS: each connection starts its handshake once counted (ServerConnection._start_tls)
         except OSError as exc:
             raise ListenError(host, port, exc) from exc
         try:
@@ -283,6 +286,70 @@ class BookieServer:
             server.close()
             raise ListenError(host, port, exc) from exc
         return server
+
+    async def _start_serving(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Accept connections: the server's own accept for plaintext; with TLS, accept loops of
+        ours (:meth:`_accept_tls`), so that a connection is counted before its handshake."""
+        assert self._server is not None
+        if self._tls is None:
+            await self._server.start_serving()
+            return
+        for sock in self._server.sockets:
+            listening = sock.dup()
+            listening.setblocking(False)
+            self._spawn_tls(loop, self._accept_tls(loop, listening, self._tls))
+
+    def _spawn_tls(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) -> None:
+        task = loop.create_task(coro)
+        self._tls_tasks.add(task)
+        task.add_done_callback(self._tls_tasks.discard)
+
+    async def _accept_tls(
+        self, loop: asyncio.AbstractEventLoop, listening: socket.socket, context: ssl.SSLContext
+    ) -> None:
+        """Accept, count the connection (per address, ``connections_max``: over a limit it is
+        closed at once), then hand it to its handshake; until the server closes."""
+        try:
+            while True:
+                try:
+                    sock, peer = await loop.sock_accept(listening)
+                except OSError as exc:  # out of descriptors and the like: retry shortly
+                    log.warning("bookie.accept_failed", error=repr(exc))
+                    await asyncio.sleep(0.1)
+                    continue
+                conn = self._new_connection()
+                if not isinstance(conn, ServerConnection) or not conn.reserve(peer):
+                    sock.close()
+                    continue
+                self._spawn_tls(loop, self._handshake(loop, conn, sock, context))
+        finally:
+            listening.close()
+
+    async def _handshake(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        conn: ServerConnection,
+        sock: socket.socket,
+        context: ssl.SSLContext,
+    ) -> None:
+        """One TLS handshake, within ``frame_read_timeout_s``; it starts once the peer's address is
+        out of error-budget deficit (:class:`~bookie.connection_handler.ErrorBudget`). Then the
+        connection is served (``connection_made``); a failure gives its slot back."""
+        try:
+            wait_s = self._limits.errors.deficit_s(conn.peer_address)
+            if wait_s > 0:
+                try:
+                    await asyncio.sleep(wait_s)
+                except BaseException:
+                    sock.close()
+                    raise
+            await loop.connect_accepted_socket(
+                lambda: conn, sock, ssl=context, ssl_handshake_timeout=self.config.frame_read_timeout_s
+            )  # owns the socket from here: closes it on failure
+        except BaseException as exc:
+            conn.handshake_failed(exc)
+            if not isinstance(exc, Exception):
+                raise
 
     # ------------------------------------------------------------------ garbage collection
     def _gc_copy_refused(self) -> str | None:
@@ -376,6 +443,11 @@ class BookieServer:
             return _Refuse()
         return ServerConnection(self.processor, self._limits, self._connections)
 
+    def _stop_tls_tasks(self) -> None:
+        """Stop accepting, and drop the handshakes under way (their connections were not served)."""
+        for task in list(self._tls_tasks):
+            task.cancel()
+
     def _on_journal_pressure(self, high: bool) -> None:
         log.info("bookie.journal_pressure", high=high, connections=len(self._connections))
         self._journal_high = high
@@ -402,6 +474,7 @@ class BookieServer:
                 await self.registration.close()
         if self._server is not None:
             self._server.close()
+        self._stop_tls_tasks()
         for conn in list(self._connections):
             conn.pause_by_server(True)
         if self.storage is not None:
@@ -429,6 +502,7 @@ class BookieServer:
             self.admin.abort()
         if self._server is not None:
             self._server.close()
+        self._stop_tls_tasks()
         for conn in list(self._connections):
             conn.abort()
         if self.storage is not None:
