@@ -232,6 +232,9 @@ class Storage:
         self._checkpoint_lock = asyncio.Lock()
         self.keys: KeyVerifier | None = None
         """Checks keys against metadata before adopting one (set when the bookie has metadata)."""
+        self._rekeys_unsynced = 0
+        self._rekey_waiters: list[asyncio.Future[None]] = []
+        self._rekey_failed: BaseException | None = None
 
     @classmethod
     async def open(
@@ -432,10 +435,41 @@ class Storage:
 
     def rekey(self, state: LedgerState, key: bytes) -> None:
         """Start ``state``'s record anew under ``key`` (a squatter's record, proven so by metadata:
-        :mod:`bookie.ledger_keys`). Journaled first; what follows of the ledger lies after it."""
-        self.journal.append((fmt.encode_rekey(state.ledger_id, key),), None)
+        :mod:`bookie.ledger_keys`). Journaled first; what follows of the ledger lies after it.
+
+        The state changes in memory at once, before the record is durable; a checkpoint taken
+        meanwhile must not be written until it is (:meth:`write_checkpoint`): replay applies the
+        journal after the checkpoint's position on top of its rows, and the squatter's records
+        that lie there (a fence, entries) would land on the re-keyed row with no REKEY after them
+        to drop them again."""
+        self._rekeys_unsynced += 1
+
+        def durable(error: BaseException | None) -> None:
+            self._rekeys_unsynced -= 1
+            if error is not None:
+                self._rekey_failed = error
+            if not self._rekeys_unsynced:
+                for waiter in self._rekey_waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+                self._rekey_waiters.clear()
+
+        try:
+            self.journal.append((fmt.encode_rekey(state.ledger_id, key),), durable)
+        except BaseException:
+            self._rekeys_unsynced -= 1
+            raise
         state.rekey(key)
         state.key_verified = True
+
+    async def _rekeys_durable(self) -> None:
+        """Return once every REKEY journaled so far is durable; raise when one never will be."""
+        if self._rekeys_unsynced:
+            waiter = self._loop.create_future()
+            self._rekey_waiters.append(waiter)
+            await waiter
+        if self._rekey_failed is not None:
+            raise JournalError("a REKEY record was not made durable") from self._rekey_failed
 
     def force(self, callback: Callback) -> None:
         """``callback`` once everything journaled so far is durable (FORCE_LEDGER)."""
@@ -711,6 +745,7 @@ class Storage:
             position = self.journal.synced_position
             written = (self.journal.records_written, self.journal.bytes_written)
             rows, reencoded = await self._checkpoint_rows()
+            await self._rekeys_durable()  # a re-keyed row is written only once its REKEY is durable
             write = self._write_checkpoint_blocking
             size = await self._loop.run_in_executor(self._cold, write, position, rows)
             self._checkpointed, self._checkpointed_at = position, written
@@ -782,7 +817,7 @@ class Storage:
                 try:
                     await self.write_checkpoint()
                     due = False
-                except OSError as exc:  # the next check retries; replay covers the gap meanwhile
+                except (OSError, JournalError) as exc:  # the next check retries; replay covers the gap
                     log.error("storage.checkpoint_failed", error=repr(exc))  # noqa: TRY400 (expected, no trace)
                 last = self._loop.time()
             await asyncio.sleep(min(CHECKPOINT_POLL_S, config.checkpoint_interval_s))

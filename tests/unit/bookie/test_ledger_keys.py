@@ -5,14 +5,17 @@ record is re-keyed (also across a restart), a verified key's fence is never drop
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
 
+from bookie.journal import JournalError
 from bookie.ledger_keys import KeyInfo, KeyRefused, KeyVerifier
 from bookie.storage import Fenced, NoLedger, Storage, Unauthorized
 from bookkeeper_aio.protocol.digest import key_check
 
+from .fakes import FaultyFileIO
 from .test_storage import add, body, config, durable
 
 REAL = b"R" * 32
@@ -94,4 +97,31 @@ async def test_a_real_keys_fence_is_never_dropped(tmp_path: Path) -> None:
         await add(reopened, 3, 0, key=JUNK)
     with pytest.raises(Fenced):
         await add(reopened, 3, 0, key=REAL)
+    await reopened.close()
+
+
+async def test_a_checkpoint_never_holds_a_rekey_its_journal_lost(tmp_path: Path) -> None:
+    """The crash window after a re-key: the REKEY is in memory at once, durable a group later. A
+    checkpoint taken meanwhile waits for it, so a crash before it is durable cannot leave a
+    checkpoint with the re-keyed row and, after it, the squatter's fence replayed onto that row
+    (a junk fence on the real writer's ledger)."""
+    fileio = FaultyFileIO()
+    storage = await Storage.open(config(tmp_path), fileio)
+    await add(storage, 5, 0, key=JUNK, payload=b"junk")  # a squatter's record (no metadata here)
+    fileio.sync_gate = threading.Event()
+    fence = asyncio.ensure_future(durable(lambda cb: storage.fence(5, JUNK, cb)))  # group 1
+    await asyncio.sleep(0.05)  # group 1 is in its sync, held by the gate
+    storage.rekey(storage.ledger(5), REAL)  # group 2: the REKEY
+    checkpoint = asyncio.ensure_future(storage.write_checkpoint())  # its position: before group 1
+    await asyncio.sleep(0.1)
+    assert not checkpoint.done()  # it waits for the REKEY to be durable
+    fileio.fail_write = True  # group 1 (written) reaches the disk, group 2 never does
+    fileio.sync_gate.set()
+    await fence
+    with pytest.raises(JournalError):
+        await checkpoint
+    storage.abort()
+    reopened = await Storage.open(config(tmp_path))
+    state = reopened.ledger(5)
+    assert (state.master_key, state.fenced) == (JUNK, True)  # the squatter's, whole: no mix
     await reopened.close()
