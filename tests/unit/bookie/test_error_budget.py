@@ -1,0 +1,60 @@
+"""The per-address refusal budget and the log-line bucket of bookie.connection_handler, on a
+scripted clock: the burst, the refill, the deficit's floor, the wait it asks for, and the buckets
+dropped once full."""
+
+from __future__ import annotations
+
+from bookie.connection_handler import ErrorBudget, LogLines
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_burst_then_the_rate_then_waits_bounded_by_the_floor() -> None:
+    clock = Clock()
+    budget = ErrorBudget(rate=10.0, burst=100.0, clock=clock)
+    assert [budget.charge("a") for _ in range(100)] == [0.0] * 100  # the burst
+    assert budget.charge("a") == 0.1  # one in deficit: a tenth of a second at 10/s
+    assert budget.charge("b") == 0.0  # another address has its own budget
+    for _ in range(1000):
+        budget.charge("a")
+    assert budget.deficit_s("a") == 10.0  # never deeper than the burst: at most burst / rate
+    clock.now = 5.0
+    assert budget.deficit_s("a") == 5.0
+    clock.now = 10.0
+    assert budget.deficit_s("a") == 0.0  # paid back, with nothing to spare:
+    assert budget.charge("a") == 0.1  # the next refusal is a deficit again
+    clock.now = 30.0
+    assert budget.charge("a") == 0.0  # refilled: a burst is allowed again
+
+
+def test_buckets_are_dropped_only_when_full_again() -> None:
+    clock = Clock()
+    budget = ErrorBudget(rate=10.0, burst=100.0, clock=clock)
+    for _ in range(150):
+        budget.charge("a")
+    budget.release("a")  # in deficit: kept, so reconnecting does not reset it
+    assert budget.deficit_s("a") > 0
+    clock.now = 100.0
+    budget.release("a")
+    assert budget.deficit_s("a") == 0.0
+    assert "a" not in budget._buckets
+
+
+def test_rate_zero_budgets_nothing() -> None:
+    budget = ErrorBudget(rate=0.0, burst=0.0, clock=Clock())
+    assert all(budget.charge("a") == 0.0 for _ in range(10_000))
+
+
+def test_log_lines_are_rate_limited_and_the_dropped_counted() -> None:
+    clock = Clock()
+    lines = LogLines(rate=10.0, burst=3.0, clock=clock)
+    assert [lines.take() for _ in range(5)] == [0, 0, 0, None, None]
+    clock.now = 0.1
+    assert lines.take() == 2  # the next line says how many were dropped before it
+    assert lines.take() is None
