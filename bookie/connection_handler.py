@@ -257,6 +257,8 @@ class ServerConnection(asyncio.Protocol):
         self._paused_by_permits = False
         self._paused_by_server = False
         self._paused_by_errors = False
+        self._held = False
+        """Bytes arrived while reading was to be paused and were not processed (data_received)."""
         self._errors_timer: asyncio.TimerHandle | None = None
         self.halted = False
         """Closed, or not to be read for now (its address's error budget is in deficit): the
@@ -384,6 +386,7 @@ class ServerConnection(asyncio.Protocol):
         if self._reading_paused:  # uvloop starts reading after connection_made, whatever it asked
             if self._transport is not None:
                 self._transport.pause_reading()
+            self._held = True
             self._update_deadline()
             return  # processed once reading resumes (_update_reading)
         self._process_buffer()
@@ -731,7 +734,8 @@ class ServerConnection(asyncio.Protocol):
                 transport.pause_reading()
             else:
                 transport.resume_reading()
-                if self._buf:  # what arrived while paused (data_received) waits for this
+                if self._held:  # what arrived while paused (data_received) waits for this
+                    self._held = False
                     self._loop.call_soon(self._process_buffer)
 
     # ------------------------------------------------------------------ ownership
