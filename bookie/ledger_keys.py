@@ -87,6 +87,10 @@ class _Parked(NamedTuple):
     target: Any
     batch_type: type[AddBatch]
     check_add: AddGate | None
+    fresh: bool
+    """Its lookup began after it arrived. One that joined a lookup under way may have been created
+    in metadata since that lookup read it (an attacker's fence of the id a client is creating): a
+    refusal of it is decided again by a lookup of its own."""
 
 
 class KeyVerifier:
@@ -115,15 +119,22 @@ class KeyVerifier:
         return known is not None and not state.key_verified and not hmac.compare_digest(known, key)
 
     def park(
-        self, request: m.AddEntryRequest, target: Any, batch_type: type[AddBatch], check_add: AddGate | None
+        self,
+        request: m.AddEntryRequest,
+        target: Any,
+        batch_type: type[AddBatch],
+        check_add: AddGate | None,
+        *,
+        fresh: bool = False,
     ) -> None:
         """Hold an add until its ledger's lookup answers; then it is journaled (in arrival order,
         through :meth:`Storage.add_run`) or refused. Raises :class:`KeyCheckBusy`."""
         lid = request.ledger_id
         if self._parked_count >= PARKED_ADDS_MAX:
             raise KeyCheckBusy(f"ledger {lid}: {PARKED_ADDS_MAX} adds already wait for a key check")
+        fresh = fresh or lid not in self._lookups
         self._start_lookup(lid, _peer(target))
-        self._parked.setdefault(lid, []).append(_Parked(request, target, batch_type, check_add))
+        self._parked.setdefault(lid, []).append(_Parked(request, target, batch_type, check_add, fresh))
         self._parked_count += 1
 
     # ------------------------------------------------------------------ other requests
@@ -137,8 +148,18 @@ class KeyVerifier:
         need be; an unknown ledger's record is then created by the caller's handler); ``target``:
         the requester (its ``peer_address`` counts the lookup). Raises :class:`KeyRefused`,
         :class:`KeyCheckBusy`, or the lookup's error."""
+        joined = ledger_id in self._lookups
         info = await asyncio.shield(self._start_lookup(ledger_id, _peer(target)))
-        self._settle(ledger_id, key, info)
+        try:
+            self._settle(ledger_id, key, info)
+        except KeyRefused:
+            if not joined:
+                raise
+            self.refused -= 1  # not yet: decided again
+            # the lookup joined may have read metadata before the ledger was created: one that
+            # began after this request decides (see _Parked.fresh)
+            info = await asyncio.shield(self._start_lookup(ledger_id, _peer(target)))
+            self._settle(ledger_id, key, info)
 
     # ------------------------------------------------------------------ internals
     def _start_lookup(self, ledger_id: int, peer: str) -> asyncio.Task[KeyInfo]:
@@ -177,6 +198,7 @@ class KeyVerifier:
             if error is not None:
                 log.warning("ledger_keys.lookup_failed", ledger_id=ledger_id, error=repr(error))
         run: list[_Parked] = []
+        again: list[_Parked] = []
         for add in parked:
             refusal = error
             if refusal is None:
@@ -189,8 +211,17 @@ class KeyVerifier:
                 continue
             self._journal(run)
             run = []
+            if isinstance(refusal, KeyRefused) and not add.fresh:
+                self.refused -= 1  # not yet: decided again below
+                again.append(add)
+                continue
             add.batch_type(add.target).on_error(add.request.request_id, refusal)
         self._journal(run)
+        for add in again:  # decided by a lookup that begins now, after each of them arrived
+            try:
+                self.park(add.request, add.target, add.batch_type, add.check_add, fresh=True)
+            except KeyCheckBusy as busy:
+                add.batch_type(add.target).on_error(add.request.request_id, busy)
         state = self._storage.ledgers.get(ledger_id)
         if state is not None and error is None and not state.key_verified:
             info = task.result()
@@ -205,7 +236,7 @@ class KeyVerifier:
             first = run[start]
             requests = m.AddRequests()
             end = start
-            while end < len(run) and run[end][1:] == first[1:]:
+            while end < len(run) and run[end][1:4] == first[1:4]:  # target, batch_type, check_add
                 requests.append(run[end].request)
                 end += 1
             target, batch_type, check_add = first.target, first.batch_type, first.check_add

@@ -125,3 +125,46 @@ async def test_a_checkpoint_never_holds_a_rekey_its_journal_lost(tmp_path: Path)
     state = reopened.ledger(5)
     assert (state.master_key, state.fenced) == (JUNK, True)  # the squatter's, whole: no mix
     await reopened.close()
+
+
+class CreatedMidLookup(Metadata):
+    """Metadata that learns ledger ``lid`` while a lookup of it is under way (a client creating the
+    very id an attacker fences): that lookup read it before, every later one after."""
+
+    def __init__(self, lid: int) -> None:
+        super().__init__({})
+        self.lid = lid
+        self.reading = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def key_info(self, ledger_id: int) -> KeyInfo:
+        before = dict(self.ledgers)
+        self.lookups += 1
+        if self.lookups == 1:
+            self.reading.set()
+            await self.release.wait()
+        if ledger_id not in before:
+            return KeyInfo(exists=False, check=None)
+        return KeyInfo(exists=True, check=before[ledger_id])
+
+
+async def test_a_request_that_joined_an_older_lookup_is_decided_by_a_newer_one(tmp_path: Path) -> None:
+    md = CreatedMidLookup(9)
+    storage = await _open(tmp_path, md)
+    assert storage.keys is not None
+    squat = asyncio.ensure_future(storage.keys.verify(9, JUNK))  # the attacker's fence: a lookup
+    await md.reading.wait()
+    md.ledgers[9] = key_check(REAL)  # the client's create lands meanwhile
+    first_add = asyncio.ensure_future(add(storage, 9, 0, key=REAL))  # joins the lookup under way
+    fence = asyncio.ensure_future(storage.keys.verify(9, REAL))  # so does a fence of the real key
+    await asyncio.sleep(0)
+    md.release.set()
+    with pytest.raises(KeyRefused, match="not in metadata"):
+        await squat  # its own lookup, begun after it arrived: refused
+    await first_add  # decided again by a lookup begun after it arrived: accepted
+    await fence
+    assert md.lookups >= 2
+    assert storage.ledger(9).master_key == REAL
+    assert (await storage.read_entry(9, 0))[1] == body(9, 0, -1)
+    assert storage.keys.refused == 1
+    await storage.close()

@@ -177,7 +177,8 @@ async def test_concurrent_sequenced_producers_keep_log_order_across_rolls() -> N
         positions = [results[s] for s in range(1, 201)]
         assert None not in positions
         assert positions == sorted(positions)  # type: ignore[type-var]
-        assert len(writer.ledger_ids) > 5
+        # rolls run beside the appends (the next ledger's key is derived in a thread meanwhile)
+        assert len(writer.ledger_ids) >= 3
         seen = [r.sequence async for r in await open_log_reader(bk, "sq")]
         assert seen == list(range(1, 201))
 
