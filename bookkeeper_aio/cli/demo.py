@@ -249,7 +249,6 @@ async def run_log_demo(url: str, records: int = 1_000) -> int:
             write_quorum=write_quorum,
             ack_quorum=ack_quorum,
             password=DEMO_PASSWORD,
-            roll_entries_max=max(1, records // 4),
         )
         reader = await open_log_reader(reader_bk, DEMO_LOG, follow=True, password=DEMO_PASSWORD)
         seen: list[LogRecord] = []
@@ -263,10 +262,15 @@ async def run_log_demo(url: str, records: int = 1_000) -> int:
         following = asyncio.create_task(follow())
         try:
             positions = []
+            quarter = max(1, records // 4)
+            next_roll = quarter
             for first in range(0, records, LOG_DEMO_IN_FLIGHT):  # a producer with a bounded window
                 batch = range(first, min(records, first + LOG_DEMO_IN_FLIGHT))
                 futures = [await writer.append_async(order_record(i)) for i in batch]
                 positions += [await future for future in futures]
+                if next_roll <= len(positions) < records:
+                    await writer.roll()  # a new ledger every quarter (the reader follows it)
+                    next_roll += quarter
             await writer.close()
             await asyncio.wait_for(following, 30)
         finally:
@@ -278,7 +282,7 @@ async def run_log_demo(url: str, records: int = 1_000) -> int:
     ]:
         raise RuntimeError(f"demo log reader: what it read is not what was appended to {DEMO_LOG!r}")
     print(
-        f"demo: log {DEMO_LOG!r}: {records:,} JSON orders in {len(info.ledgers)} ledgers (rolled after "
-        f"{max(1, records // 4):,} records each); a following reader saw each once, in order, across rolls"
+        f"demo: log {DEMO_LOG!r}: {records:,} JSON orders in {len(info.ledgers)} ledgers (rolled every "
+        f"{max(1, records // 4):,} records); a following reader saw each once, in order, across rolls"
     )
     return len(info.ledgers)
