@@ -116,6 +116,22 @@ async def _live_entries(
     return found
 
 
+def _durable_future(
+    loop: asyncio.AbstractEventLoop,
+) -> tuple[asyncio.Future[None], Callable[[BaseException | None], None]]:
+    """A future and the journal callback (``error`` or None once durable) that resolves it."""
+    durable: asyncio.Future[None] = loop.create_future()
+
+    def done(error: BaseException | None) -> None:
+        if not durable.done():
+            if error is None:
+                durable.set_result(None)
+            else:
+                durable.set_exception(error)
+
+    return durable, done
+
+
 class Compactor:
     """One pass of compaction over one storage (see the module docstring)."""
 
@@ -212,14 +228,7 @@ class Compactor:
             return False  # its live entries could not be copied now: rolling would gain nothing
         segment_id = synced.segment_id
         deadline = self._loop.time() + ROLL_READY_WAIT_S
-        durable: asyncio.Future[None] = self._loop.create_future()
-
-        def done(error: BaseException | None) -> None:
-            if not durable.done():
-                if error is None:
-                    durable.set_result(None)
-                else:
-                    durable.set_exception(error)
+        durable, done = _durable_future(self._loop)
 
         while not journal.roll(done):
             if journal.segment_id != segment_id or self._loop.time() >= deadline:
@@ -320,14 +329,7 @@ class Compactor:
             copied += location.length
         if not moves:
             return 0
-        durable: asyncio.Future[None] = self._loop.create_future()
-
-        def done(error: BaseException | None) -> None:
-            if not durable.done():
-                if error is None:
-                    durable.set_result(None)
-                else:
-                    durable.set_exception(error)
+        durable, done = _durable_future(self._loop)
 
         journal.sync(done)
         await durable  # JournalError: the pass ends, the index still points at the originals
