@@ -72,20 +72,24 @@ class LedgerState:
 
     def __init__(self, ledger_id: int) -> None:
         self.ledger_id = ledger_id
-        self.master_key: bytes | None = None
+        self.waiters: set[Waiter] = set()
+        self.key_verified = False
+        """The key was found to be the one metadata checks (in memory only): a mismatching key is
+        then refused at once, without asking metadata again (bookie/ledger_keys.py)."""
+        self._start(None)
+
+    def _start(self, key: bytes | None) -> None:
+        """The record of a ledger that holds nothing yet but its ``key``."""
+        self.master_key = key
         self.fenced = False
         self.fence_durable = False
         self.piggyback_lac = -1
         self.explicit_lac = -1
         self.lac_body = b""
         self.index = LedgerIndex()
-        self.waiters: set[Waiter] = set()
-        self.key_verified = False
         self.row: bytes | None = None
         """This ledger's checkpoint row as last encoded (bookie/checkpoint.py), None once anything
         in it changed: every change below, and whoever changes the index, resets it."""
-        """The key was found to be the one metadata checks (in memory only): a mismatching key is
-        then refused at once, without asking metadata again (bookie/ledger_keys.py)."""
 
     @property
     def lac(self) -> int:
@@ -110,14 +114,7 @@ class LedgerState:
         """Start the ledger's record anew under ``key``: what it held (a fence, entries, LACs) was
         recorded under a key metadata proves wrong, so no legitimate client wrote it. Waiters are
         answered (as at a timeout)."""
-        self.master_key = key
-        self.fenced = False
-        self.fence_durable = False
-        self.piggyback_lac = -1
-        self.explicit_lac = -1
-        self.lac_body = b""
-        self.index = LedgerIndex()
-        self.row = None
+        self._start(key)
         for waiter in list(self.waiters):
             waiter.fire(WakeReason.TIMEOUT)
 
