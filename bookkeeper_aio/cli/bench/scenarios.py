@@ -48,6 +48,7 @@ from bookkeeper_aio.client.bookie_client import StaticResolver
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.client.context import StaticDirectory
+from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.log.admin import delete_log
 from bookkeeper_aio.log.writer import open_log_writer
 from metadata.keys import ClusterKeys
@@ -58,6 +59,13 @@ RESTART_TIMEOUT_S = 600.0
 
 def _marked(opts: BenchOptions) -> dict[str, bytes]:
     return {BENCH_MARK: opts.scenario.encode()}
+
+
+async def _bench_ledger(bk: BookKeeper, opts: BenchOptions) -> LedgerHandle:
+    """A new ledger of the run's shape, marked as the benchmark's (so a cleanup finds it)."""
+    return await bk.create_ledger(
+        opts.ensemble, opts.write_quorum, opts.ack_quorum, password=PASSWORD, custom_metadata=_marked(opts)
+    )
 
 
 async def _with_etcd(opts: BenchOptions, report: Report, live: LiveLine, reps: Any) -> None:
@@ -91,13 +99,7 @@ async def run_read(opts: BenchOptions, url: str, report: Report, live: LiveLine)
     endpoints = await bookies.discover(url)
     report.cluster = {"metadata_url": url, "bookies": [e.bookie_id for e in endpoints]}
     async with BookKeeper.connect(url) as writer:
-        handle = await writer.create_ledger(
-            opts.ensemble,
-            opts.write_quorum,
-            opts.ack_quorum,
-            password=PASSWORD,
-            custom_metadata=_marked(opts),
-        )
+        handle = await _bench_ledger(writer, opts)
         try:
             await _fill(handle, opts.entries, opts.size, live, "read: writing the ledger")
             await handle.close()
@@ -151,13 +153,7 @@ async def run_tail(opts: BenchOptions, url: str, report: Report, live: LiveLine)
     async def one(rep: int) -> Run:
         live.show(f"tail rep {rep}: {opts.duration_s:g} s ...")
         async with BookKeeper.connect(url) as writer, BookKeeper.connect(url) as reader:
-            lh = await writer.create_ledger(
-                opts.ensemble,
-                opts.write_quorum,
-                opts.ack_quorum,
-                password=PASSWORD,
-                custom_metadata=_marked(opts),
-            )
+            lh = await _bench_ledger(writer, opts)
             try:
                 metrics, tail_hist = await tail_once(
                     lh, reader, size=opts.size, rate=opts.rate, duration_s=opts.duration_s
@@ -224,13 +220,7 @@ async def run_recovery(opts: BenchOptions, url: str, report: Report, live: LiveL
         live.show(f"recovery rep {rep}: writing, then the writer dies with {opts.in_flight} in flight ...")
         config = ClientConfig(add_window_max=acked_count + opts.in_flight + 10)
         async with BookKeeper.connect(url, config=config) as writer, BookKeeper.connect(url) as recoverer:
-            lh = await writer.create_ledger(
-                opts.ensemble,
-                opts.write_quorum,
-                opts.ack_quorum,
-                password=PASSWORD,
-                custom_metadata=_marked(opts),
-            )
+            lh = await _bench_ledger(writer, opts)
             try:
                 metrics = await recover_once(
                     recoverer, lh, size=opts.size, acked=acked_count, in_flight=opts.in_flight
@@ -294,13 +284,7 @@ async def run_log(opts: BenchOptions, url: str, report: Report, live: LiveLine) 
         config = ClientConfig.load(add_window_max=opts.window)
         async with BookKeeper.connect(url, config=config) as bk:
             if which == "ledger":
-                target: Any = await bk.create_ledger(
-                    opts.ensemble,
-                    opts.write_quorum,
-                    opts.ack_quorum,
-                    password=PASSWORD,
-                    custom_metadata=_marked(opts),
-                )
+                target: Any = await _bench_ledger(bk, opts)
             else:
                 name = f"bkaio-bench-{uuid.uuid4().hex[:8]}"
                 target = await open_log_writer(
