@@ -50,6 +50,14 @@ _cache: OrderedDict[tuple[bytes, bytes, int], LedgerKeys] = OrderedDict()
 _executor: Executor | None = None
 
 
+def _cached(key: tuple[bytes, bytes, int]) -> LedgerKeys | None:
+    """A derivation made before (least recently used ones go first when the cache is full)."""
+    keys = _cache.get(key)
+    if keys is not None:
+        _cache.move_to_end(key)
+    return keys
+
+
 def _remember(key: tuple[bytes, bytes, int], keys: LedgerKeys) -> LedgerKeys:
     _cache[key] = keys
     if len(_cache) > KEY_CACHE_SIZE:
@@ -60,7 +68,7 @@ def _remember(key: tuple[bytes, bytes, int], keys: LedgerKeys) -> LedgerKeys:
 def _derive(password: bytes, salt: bytes, iterations: int) -> LedgerKeys:
     """The keys of ``(password, salt, iterations)``, computed here (blocking) unless cached."""
     key = (password, salt, iterations)
-    keys = _cache.get(key)
+    keys = _cached(key)
     return keys if keys is not None else _remember(key, ledger_keys(password, salt, iterations))
 
 
@@ -70,7 +78,7 @@ async def derive_keys(
     """:func:`_derive` with the PBKDF2 run in ``executor`` (default: one shared worker thread), so
     the event loop goes on meanwhile."""
     key = (password, salt, iterations)
-    keys = _cache.get(key)
+    keys = _cached(key)
     if keys is None:
         global _executor  # one pool per process, made on first use
         if executor is None:
