@@ -26,7 +26,7 @@ from metadata.keys import validate_name
 FORMAT_VERSION = 2
 """1: ledgers as ``[id, state]``. 2: ledgers as ``[id, state, first_offset, last_entry_id, length,
 closed_ms]`` plus ``truncated_before``, ``sequenced`` and ``commits`` (a version-1 value decodes with
-the new fields unknown or empty)."""
+the new fields unknown or empty); ``truncated_sequence`` and ``spare`` are optional (absent: None)."""
 MAGIC = b"BKLG"
 LEDGER_ID_MAX = 2**63 - 1
 LEDGERS_MAX = 100_000
@@ -65,7 +65,9 @@ class LogMetadata:
     ``sequenced``: appends carry a writer-supplied sequence number (docs/api.md "Logs").
     ``commits``: per importer id, the last batch id committed with its ledgers (exactly-once
     imports). ``truncated_sequence``: sequenced logs, the highest sequence number truncation
-    removed (a new writer's duplicate check starts there when no record is left)."""
+    removed (a new writer's duplicate check starts there when no record is left). ``spare``: a
+    ledger the leader created for its next roll, not part of the log (its id is above every listed
+    one); whoever takes the log over deletes it."""
 
     name: str
     ledgers: tuple[LogLedger, ...] = ()
@@ -75,6 +77,7 @@ class LogMetadata:
     sequenced: bool = False
     commits: Mapping[str, int] = field(default_factory=dict)
     truncated_sequence: int | None = None
+    spare: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "commits", types.MappingProxyType(dict(self.commits)))
@@ -104,11 +107,16 @@ class LogMetadata:
         return None
 
     def with_ledger_appended(self, ledger_id: int) -> LogMetadata:
-        """The list with ``ledger_id`` appended as OPEN. Raises `InvalidMetadata` unless its id is
+        """The list with ``ledger_id`` appended as OPEN and no spare recorded (it was this ledger,
+        or it is not above the list's end any more). Raises `InvalidMetadata` unless its id is
         larger than every listed one."""
-        return _with_offsets(
-            replace(self, ledgers=(*self.ledgers, LogLedger(ledger_id, LogLedgerState.OPEN)))
-        )
+        ledgers = (*self.ledgers, LogLedger(ledger_id, LogLedgerState.OPEN))
+        return _with_offsets(replace(self, ledgers=ledgers, spare=None))
+
+    def with_spare(self, ledger_id: int | None) -> LogMetadata:
+        """The list recording ``ledger_id`` as the leader's spare (None: no spare). Raises
+        `InvalidMetadata` unless its id is larger than every listed one."""
+        return replace(self, spare=ledger_id)
 
     def with_closed(
         self,
@@ -158,6 +166,7 @@ def _comparable(md: LogMetadata) -> tuple[object, ...]:
         md.sequenced,
         tuple(sorted(md.commits.items())),
         md.truncated_sequence,
+        md.spare,
     )
 
 
@@ -211,6 +220,8 @@ def _first_problem(md: LogMetadata) -> str | None:
         and 0 <= md.truncated_sequence < 2**64
     ):
         return f"truncated_sequence must be None or an int in [0, 2^64), got {md.truncated_sequence!r}"
+    if md.spare is not None and not (_is_int(md.spare, 0) and md.spare > md.last_ledger_id):
+        return f"spare ledger {md.spare!r} is not above the last listed ledger {md.last_ledger_id}"
     if len(md.commits) > COMMITS_MAX:
         return f"{len(md.commits)} commit tokens > {COMMITS_MAX}"
     for importer, batch in md.commits.items():
@@ -262,6 +273,7 @@ def encode(md: LogMetadata) -> bytes:
         "sequenced": md.sequenced,
         "commits": dict(md.commits),
         "truncated_sequence": md.truncated_sequence,
+        "spare": md.spare,
     }
     data = MAGIC + msgpack.packb(body, use_bin_type=True)
     if len(data) > ENCODED_BYTES_MAX:
@@ -296,6 +308,7 @@ def decode(data: bytes, *, key: str, name: str) -> LogMetadata:
             sequenced=body.get("sequenced", False),
             commits=commits,
             truncated_sequence=body.get("truncated_sequence"),
+            spare=body.get("spare"),
         )
     except (InvalidMetadata, TypeError, ValueError) as error:
         raise MetadataFormatError(key, f"{who}: {error}") from error

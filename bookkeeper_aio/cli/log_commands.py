@@ -91,6 +91,7 @@ def _info_json(info: LogInfo) -> dict[str, Any]:
         "commits": dict(info.commits),
         "cursors": {name: list(position) for name, position in info.cursors.items()},
         "version": info.version,
+        "spare": info.spare,
     }
 
 
@@ -127,7 +128,8 @@ async def cmd_log_show(args: argparse.Namespace) -> int:
         return 0
     print(f"log {info.name!r}: created {_when(info.ctime_ms)} UTC, {len(info.ledgers)} ledgers", end="")
     print(", sequenced" if info.sequenced else "", end="")
-    print(f", truncated before ledger {info.truncated_before}" if info.truncated_before else "")
+    print(f", truncated before ledger {info.truncated_before}" if info.truncated_before else "", end="")
+    print(f", spare ledger {info.spare} (the writer's next)" if info.spare is not None else "")
     output.print_table(
         [
             {

@@ -1,10 +1,13 @@
 """Shared by the log writer, reader and operations: the `LogManager` of a client, the one CAS of a
-list (with a lost answer resolved), recovery of listed ledgers, discarding an unlisted ledger."""
+list (with a lost answer resolved), recovery of listed ledgers, what a takeover writes, discarding
+an unlisted ledger and deleting ledgers that left the list."""
 
 from __future__ import annotations
 
 import contextlib
 import time
+
+import structlog
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.client.ledger import LedgerHandle
@@ -12,6 +15,8 @@ from bookkeeper_aio.errors import BKError, NoSuchLog
 from metadata.errors import BadVersion, CasResultUnknown, MetadataError, NodeExists
 from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogLedgerState, LogMetadata
+
+log = structlog.get_logger("bookkeeper_aio.log")
 
 
 def log_manager(bk: BookKeeper) -> LogManager:
@@ -87,9 +92,11 @@ async def discard_ledger(bk: BookKeeper, handle: LedgerHandle, password: bytes) 
         await bk.delete_ledger(handle.id, password=password)
 
 
-def with_recovered(md: LogMetadata, ends: dict[int, tuple[int, int]]) -> LogMetadata:
-    """``md`` with the recovered ledgers marked CLOSED at their ends (a close time for those the
-    list still had OPEN)."""
+def taken_over(md: LogMetadata, ends: dict[int, tuple[int, int]]) -> LogMetadata:
+    """``md`` as a takeover writes it: the recovered ledgers marked CLOSED at their ends (a close
+    time for those the list still had OPEN), and the previous leader's spare no longer recorded
+    (the taker deletes it once its CAS applied: `delete_ledgers`)."""
+    md = md.with_spare(None)
     for ledger_id, (last_entry_id, length) in ends.items():
         index = md.index_of(ledger_id)
         was_open = index is not None and md.ledgers[index].state is LogLedgerState.OPEN
@@ -97,3 +104,25 @@ def with_recovered(md: LogMetadata, ends: dict[int, tuple[int, int]]) -> LogMeta
             ledger_id, last_entry_id=last_entry_id, length=length, closed_ms=now_ms() if was_open else None
         )
     return md
+
+
+async def delete_ledgers(
+    bk: BookKeeper, name: str, ledger_ids: list[int], password: bytes, *, why: str
+) -> None:
+    """Delete ledgers that left the log (truncated, a deleted log's, a previous leader's spare) with
+    the log's ``password``; a failure is logged, not raised: the ledger is then an orphan for
+    `bkaio ledger delete`."""
+    for ledger_id in ledger_ids:
+        try:
+            await bk.delete_ledger(ledger_id, password=password)
+        except BKError as error:
+            log.warning("log.ledger_not_deleted", log=name, ledger_id=ledger_id, why=why, error=repr(error))
+        else:
+            log.info("log.ledger_deleted", log=name, ledger_id=ledger_id, why=why)
+
+
+async def delete_spare(bk: BookKeeper, md: LogMetadata, password: bytes) -> None:
+    """Delete the spare ledger ``md`` records, once a CAS dropped it (a takeover, a deleted log):
+    nobody ever wrote to it, nobody will."""
+    if md.spare is not None:
+        await delete_ledgers(bk, md.name, [md.spare], password, why="spare of the previous writer")

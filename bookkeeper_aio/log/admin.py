@@ -18,14 +18,15 @@ from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.errors import BKInterfaceError, LogTruncated, MetadataConflict, NoSuchLog
 from bookkeeper_aio.log._common import (
     cas_log,
+    delete_ledgers,
+    delete_spare,
     log_manager,
     now_ms,
     read_or_create,
     recover_ledgers,
-    with_recovered,
+    taken_over,
 )
 from bookkeeper_aio.log.position import LogPosition
-from bookkeeper_aio.log.truncation import delete_ledgers
 from metadata.errors import BadVersion, InvalidMetadata
 
 log = structlog.get_logger("bookkeeper_aio.log.admin")
@@ -56,6 +57,8 @@ class LogInfo:
     commits: Mapping[str, int]
     cursors: Mapping[str, LogPosition]
     version: int
+    spare: int | None = None
+    """The ledger the writer created ahead for its next roll (not part of the log)."""
 
 
 async def describe_log(bk: BookKeeper, name: str) -> LogInfo:
@@ -73,6 +76,7 @@ async def describe_log(bk: BookKeeper, name: str) -> LogInfo:
         types.MappingProxyType(dict(md.commits)),
         types.MappingProxyType(cursors),
         versioned.version,
+        md.spare,
     )
 
 
@@ -99,7 +103,8 @@ async def delete_log(bk: BookKeeper, name: str, *, password: bytes = b"") -> Non
         raise MetadataConflict(
             f"log {name!r}: the list kept changing ({DELETE_ATTEMPTS_MAX} attempts to delete it)"
         )
-    await delete_ledgers(bk, name, list(versioned.metadata.ledger_ids), password)
+    await delete_ledgers(bk, name, list(versioned.metadata.ledger_ids), password, why="log deleted")
+    await delete_spare(bk, versioned.metadata, password)
     await manager.delete_cursors(name)
     log.info("log.deleted", log=name, ledgers=len(versioned.metadata.ledgers))
 
@@ -195,7 +200,7 @@ async def append_ledgers(
                 "(create ledgers for a log with after_ledger_id=its last ledger, and write them again)"
             )
         recovered = await recover_ledgers(bk, current.metadata.ledger_ids[-2:], password)
-        proposed = with_recovered(current.metadata, recovered)
+        proposed = taken_over(current.metadata, recovered)
         for ledger_id, (last_entry_id, length) in sorted(ends.items()):
             proposed = proposed.with_ledger_appended(ledger_id).with_closed(
                 ledger_id, last_entry_id=last_entry_id, length=length, closed_ms=now_ms()
@@ -207,6 +212,7 @@ async def append_ledgers(
         except BadVersion:
             continue
         log.info("log.imported", log=name, ledgers=sorted(ends), commit=commit)
+        await delete_spare(bk, current.metadata, password)
         return True
     raise MetadataConflict(f"log {name!r}: could not append ledgers after {IMPORT_ATTEMPTS_MAX} attempts")
 

@@ -10,17 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import structlog
-
 from bookkeeper_aio.client.bookkeeper import BookKeeper
-from bookkeeper_aio.errors import BKError
 from bookkeeper_aio.log import records
-from bookkeeper_aio.log._common import log_manager
+from bookkeeper_aio.log._common import delete_ledgers, log_manager
 from bookkeeper_aio.log.position import LogPosition
 from metadata.log_manager import LogManager
 from metadata.log_metadata import LogLedgerState, LogMetadata
-
-log = structlog.get_logger("bookkeeper_aio.log.truncation")
 
 
 def truncate_list(
@@ -83,7 +78,7 @@ async def truncate_log(
     current = await manager.read(name)
     change, dropped = await plan_truncation(bk, manager, current.metadata, before.ledger_id, password)
     versioned = await manager.update(name, change, current=current)
-    await delete_ledgers(bk, name, dropped, password)
+    await delete_ledgers(bk, name, dropped, password, why="truncated")
     ledgers = versioned.metadata.ledgers
     return LogPosition(ledgers[0].ledger_id, 0) if ledgers else None
 
@@ -109,15 +104,3 @@ async def plan_truncation(
         return proposed
 
     return change, dropped
-
-
-async def delete_ledgers(bk: BookKeeper, name: str, ledger_ids: list[int], password: bytes) -> None:
-    """Delete truncated ledgers (they already left the list) with the log's ``password``; a
-    failure is logged, not raised: the ledger is then an orphan for `bkaio ledger delete`."""
-    for ledger_id in ledger_ids:
-        try:
-            await bk.delete_ledger(ledger_id, password=password)
-        except BKError as error:
-            log.warning("log.truncated_ledger_not_deleted", log=name, ledger_id=ledger_id, error=repr(error))
-        else:
-            log.info("log.truncated_ledger_deleted", log=name, ledger_id=ledger_id)

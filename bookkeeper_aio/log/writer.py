@@ -10,6 +10,14 @@ Rolling (by entry count, payload bytes or age, or ``roll()``): create a new ledg
 list, switch appends to it, then close the previous one and mark it CLOSED in the list. Until the
 first CAS succeeded appends go to the old ledger. Retention runs after each roll.
 
+With automatic rolls the next ledger is created ahead, once the current one is half way to a limit
+(`SPARE_AT`), and recorded in the list as its ``spare`` (one CAS): the roll itself is then the CAS
+that lists it, the switch and the close, and the creation (an etcd write and the key derivation)
+happens away from it. A spare whose bookie the client cannot reach is deleted and the roll creates
+a fresh ledger. Whoever takes the log over (a new writer, an import, a delete) drops the spare from
+the list in its CAS and deletes it; this writer's close deletes its own. DistributedLog's ledger
+allocator does the same.
+
 The writer's later CASes (roll, close, truncation) survive changes by others that leave it leader —
 a truncation, a cursor-driven retention — by re-reading the list and applying their change again.
 It is still leader while the list's last ledger is its own and OPEN: a takeover (or an import,
@@ -25,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import cast
 
 import structlog
@@ -45,15 +53,17 @@ from bookkeeper_aio.errors import (
 from bookkeeper_aio.log import records
 from bookkeeper_aio.log._common import (
     cas_log,
+    delete_ledgers,
+    delete_spare,
     discard_ledger,
     log_manager,
     now_ms,
     read_or_create,
     recover_ledgers,
-    with_recovered,
+    taken_over,
 )
 from bookkeeper_aio.log.position import LogPosition
-from bookkeeper_aio.log.truncation import delete_ledgers, plan_truncation, retention_cut
+from bookkeeper_aio.log.truncation import plan_truncation, retention_cut
 from metadata.errors import BadVersion
 from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogLedgerState, LogMetadata
@@ -63,7 +73,9 @@ log = structlog.get_logger("bookkeeper_aio.log.writer")
 OPEN_ATTEMPTS_MAX = 50
 CHANGE_ATTEMPTS_MAX = 100
 ROLL_RETRY_S = 1.0
-"""After a failed automatic roll, appends do not start another one for this long."""
+"""After a failed automatic roll (or spare), appends do not start another one for this long."""
+SPARE_AT = 0.5
+"""The spare ledger is created once the current one reached this fraction of a roll limit."""
 _FENCING_ERRORS = (LedgerFenced, LedgerClosed, MetadataConflict)
 _new_tuple = tuple.__new__
 
@@ -90,7 +102,8 @@ class LogWriter:
         self._handle = self._adopt(handle)
         self._ensemble = ensemble
         self._password = password
-        self._roll_entries_max, self._roll_bytes_max, self._roll_age_s = rolls
+        self._roll_at = rolls
+        self._spare_at = tuple(None if limit is None else limit * SPARE_AT for limit in rolls)
         self._roll_limits_set = any(limit is not None for limit in rolls)
         self._retention = retention
         self._entries_in_ledger = 0
@@ -102,6 +115,9 @@ class LogWriter:
         self._append_lock = asyncio.Lock()
         self._queued = 0  # appends in the slow path (waiting for their turn or a window slot)
         self._roll_retry_at = 0.0
+        self._spare: LedgerHandle | None = None  # created ahead, recorded in the list as its spare
+        self._spare_task: asyncio.Task[None] | None = None
+        self._spare_retry_at = 0.0
         self._unmarked: dict[int, tuple[int, int]] = {}  # closed by us, not yet CLOSED in the list
         self._close_done = False
         self._fenced: LogFenced | None = None
@@ -279,12 +295,16 @@ class LogWriter:
 
     # ------------------------------------------------------------------ roll
     def _maybe_roll(self) -> None:
-        if self._roll_task is not None or not self._roll_due() or self._loop.time() < self._roll_retry_at:
+        if self._roll_task is not None or self._loop.time() < self._roll_retry_at:
             return
-        self._roll_task = asyncio.create_task(self._auto_roll())
+        spare_wanted = self._spare is None and self._spare_task is None and self._due(self._spare_at)
+        if spare_wanted and self._loop.time() >= self._spare_retry_at:
+            self._spare_task = asyncio.create_task(self._prepare_spare())
+        if self._due(self._roll_at):
+            self._roll_task = asyncio.create_task(self._auto_roll())
 
-    def _roll_due(self) -> bool:
-        entries, size, age = self._roll_entries_max, self._roll_bytes_max, self._roll_age_s
+    def _due(self, limits: tuple[float | None, ...]) -> bool:
+        entries, size, age = limits
         return (
             (entries is not None and self._entries_in_ledger >= entries)
             or (size is not None and self._bytes_in_ledger >= size)
@@ -300,21 +320,63 @@ class LogWriter:
         finally:
             self._roll_task = None
 
+    async def _prepare_spare(self) -> None:
+        """Create the next roll's ledger and record it in the list as the spare. A failure is
+        logged: the roll then creates its ledger itself."""
+        try:
+            spare = await self._create_ledger()
+            try:
+                async with self._roll_lock:
+                    self._check_writable()
+                    if spare.id <= self._versioned.metadata.last_ledger_id:  # a roll() overtook it
+                        raise BKInterfaceError(f"ledger {spare.id} is below the list's last one")
+                    await self._change(lambda md: md.with_spare(spare.id), self._handle.id)
+                    self._spare = spare
+            except BKError:
+                await discard_ledger(self._bk, spare, self._password)
+                raise
+        except BKError as error:
+            self._spare_retry_at = self._loop.time() + ROLL_RETRY_S  # not on every append meanwhile
+            log.warning("log.spare_failed", log=self.name, error=repr(error), retry_in_s=ROLL_RETRY_S)
+        finally:
+            self._spare_task = None
+
+    def _create_ledger(self) -> Awaitable[LedgerHandle]:
+        ensemble, wq, aq = self._ensemble
+        return self._bk.create_ledger(
+            ensemble, wq, aq, password=self._password, after_ledger_id=self._versioned.metadata.last_ledger_id
+        )
+
+    def _take_spare(self) -> LedgerHandle | None:
+        """The spare, unless the client cannot reach one of its bookies now (reconnect backoff):
+        then None, and it is left for `_drop_spare`."""
+        spare = self._spare
+        if spare is None:
+            return None
+        pool = self._bk.context.pool
+        if any(pool.reconnect_delay_s(bookie) > 0 for bookie in spare.metadata.ensemble_for(0)):
+            log.info("log.spare_unreachable", log=self.name, ledger_id=spare.id)
+            return None
+        self._spare = None
+        return spare
+
+    async def _drop_spare(self) -> None:
+        """Delete a spare the list no longer records (`_take_spare` refused it, or the writer
+        closes)."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            await discard_ledger(self._bk, spare, self._password)
+
     async def roll(self) -> int:
-        """Move appends to a new ledger (create it, CAS it into the list, then close the previous
-        one), then apply retention. Returns the new ledger's id. Raises `LogFenced` when another
-        writer took the log over."""
+        """Move appends to a new ledger (the spare, or a new one: CAS it into the list, then close
+        the previous one), then apply retention. Returns the new ledger's id. Raises `LogFenced`
+        when another writer took the log over."""
+        if self._spare_task is not None:
+            await asyncio.wait([self._spare_task])  # the ledger it makes is this roll's
         async with self._roll_lock:
             self._check_writable()
-            ensemble, wq, aq = self._ensemble
             old = self._handle
-            new = await self._bk.create_ledger(
-                ensemble,
-                wq,
-                aq,
-                password=self._password,
-                after_ledger_id=self._versioned.metadata.last_ledger_id,
-            )
+            new = self._take_spare() or await self._create_ledger()
             try:
                 await self._change(lambda md: md.with_ledger_appended(new.id), old.id)
             except (BadVersion, LogFenced):
@@ -328,6 +390,7 @@ class LogWriter:
             self._entries_in_ledger = self._bytes_in_ledger = 0
             self._ledger_started = self._loop.time()
             log.info("log.rolled", log=self.name, old_ledger=old.id, new_ledger=new.id)
+            await self._drop_spare()  # one _take_spare refused
             await self._close_old(old)
         await self._apply_retention()
         return new.id
@@ -335,16 +398,22 @@ class LogWriter:
     async def _close_old(self, old: LedgerHandle) -> None:
         await self._close_and_mark(old, self._handle.id)
 
-    async def _close_and_mark(self, handle: LedgerHandle, leader_ledger: int) -> None:
-        """Close ``handle`` (waiting for its pending adds), then mark it CLOSED in the list; if that
-        CAS fails, the mark rides along with the writer's next change of the list."""
+    async def _close_and_mark(
+        self,
+        handle: LedgerHandle,
+        leader_ledger: int,
+        change: Callable[[LogMetadata], LogMetadata] = lambda current: current,
+    ) -> None:
+        """Close ``handle`` (waiting for its pending adds), then mark it CLOSED in the list (with
+        ``change``); if that CAS fails, the mark rides along with the writer's next change of the
+        list."""
         try:
             await handle.close()
         except _FENCING_ERRORS as error:
             raise self._fence(error) from error
         md = handle.metadata
         self._unmarked[handle.id] = (-1 if md.last_entry_id is None else md.last_entry_id, md.length)
-        await self._change(lambda current: current, leader_ledger)
+        await self._change(change, leader_ledger)
 
     # ------------------------------------------------------------------ truncation
     async def truncate_before(self, position: LogPosition) -> LogPosition | None:
@@ -372,7 +441,7 @@ class LogWriter:
             self._bk, self._manager, self._versioned.metadata, before_ledger_id, self._password
         )
         versioned = await self._change(change, self._handle.id)
-        await delete_ledgers(self._bk, self.name, dropped, self._password)
+        await delete_ledgers(self._bk, self.name, dropped, self._password, why="truncated")
         return LogPosition(versioned.metadata.ledgers[0].ledger_id, 0)
 
     # ------------------------------------------------------------------ close
@@ -386,11 +455,12 @@ class LogWriter:
         if self._roll_task is not None:
             with contextlib.suppress(BKError):
                 await self._roll_task
-        if self._fenced is not None:
-            self._close_done = True
-            return
-        async with self._roll_lock:
-            await self._close_and_mark(self._handle, self._handle.id)
+        if self._spare_task is not None:
+            await asyncio.wait([self._spare_task])
+        if self._fenced is None:
+            async with self._roll_lock:
+                await self._close_and_mark(self._handle, self._handle.id, lambda md: md.with_spare(None))
+        await self._drop_spare()  # fenced: the new leader deletes it too (the list records it)
         self._close_done = True
 
     async def __aenter__(self) -> LogWriter:
@@ -467,7 +537,7 @@ async def open_log_writer(
             password=password,
             after_ledger_id=current.metadata.last_ledger_id,
         )
-        proposed = with_recovered(current.metadata, recovered).with_ledger_appended(handle.id)
+        proposed = taken_over(current.metadata, recovered).with_ledger_appended(handle.id)
         try:
             versioned = await cas_log(manager, proposed, current.version)
         except BadVersion:
@@ -477,6 +547,7 @@ async def open_log_writer(
         except BaseException:
             handle.abort()  # it may be in the list (outcome unknown, cancelled): a later writer fences it
             raise
+        await delete_spare(bk, current.metadata, password)
         last_sequence = await _last_sequence(bk, manager, versioned, password)
         log.info("log.writer_opened", log=name, ledger_id=handle.id, fenced=list(fencing))
         writer = LogWriter(

@@ -104,9 +104,12 @@ class AppendRecord:
 
 def latest_rows(text: str) -> list[AppendRecord]:
     """`AppendRecord` JSON lines where an append may appear more than once (written when it starts,
-    again when it completes): the last row of each (writer, sequence) counts."""
+    again when it completes): the last row of each (writer, sequence) counts. A last line without
+    its newline is the row a SIGKILL cut short: left out (the append's earlier row, if any, counts;
+    one with no row was never sent)."""
     latest: dict[tuple[str, int], AppendRecord] = {}
-    for line in text.splitlines():
+    lines = text.split("\n")  # the last item: a cut row, or "" after a complete one
+    for line in lines[:-1]:
         if line.strip():
             record = AppendRecord.from_json(line)
             latest[(record.writer, record.sequence)] = record

@@ -45,7 +45,7 @@ from bookkeeper_aio import (
 from bookkeeper_aio.errors import BKError
 from bookkeeper_aio.log.writer import LogWriter
 from metadata import log_metadata as log_serde
-from metadata.log_manager import LogManager, VersionedLog
+from metadata.log_manager import LogManager
 from metadata.log_metadata import LogLedgerState, LogMetadata
 from metadata.store import EventKind, MetadataStore
 from tests.harness.log_history import (
@@ -587,27 +587,16 @@ async def test_takeovers_from_writers_killed_mid_append(
 
 # ---------------------------------------------------------------------------- 2. roll under load
 class Timings:
-    """Start/end (monotonic s) of every ledger-list CAS and every ledger creation."""
+    """Start/end (monotonic s) of every roll, ledger-list CAS and ledger creation."""
 
     def __init__(self) -> None:
-        self.cas: list[tuple[float, float, int, int]] = []  # start, end, ledgers, open ledgers
-        self.creates: list[tuple[float, float]] = []
+        self.spans: dict[str, list[tuple[float, float]]] = {"roll": [], "cas": [], "create": []}
 
-    def wrap_cas(self, write: Callable[..., Awaitable[VersionedLog]]) -> Callable[..., Awaitable[Any]]:
-        async def timed(manager: LogManager, metadata: LogMetadata, *args: Any, **kwargs: Any) -> Any:
-            started = time.monotonic()
-            result = await write(manager, metadata, *args, **kwargs)
-            opened = sum(1 for e in metadata.ledgers if e.state is LogLedgerState.OPEN)
-            self.cas.append((started, time.monotonic(), len(metadata.ledgers), opened))
-            return result
-
-        return timed
-
-    def wrap_create(self, create: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    def wrap(self, what: str, call: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def timed(*args: Any, **kwargs: Any) -> Any:
             started = time.monotonic()
-            result = await create(*args, **kwargs)
-            self.creates.append((started, time.monotonic()))
+            result = await call(*args, **kwargs)
+            self.spans[what].append((started, time.monotonic()))
             return result
 
         return timed
@@ -619,8 +608,9 @@ async def _roll_under_load(
     await cluster.start(3)
     name = "rolling"
     timings = Timings()
-    monkeypatch.setattr(LogManager, "write", timings.wrap_cas(LogManager.write))
-    monkeypatch.setattr(bk, "create_ledger", timings.wrap_create(bk.create_ledger))
+    monkeypatch.setattr(LogManager, "write", timings.wrap("cas", LogManager.write))
+    monkeypatch.setattr(LogWriter, "roll", timings.wrap("roll", LogWriter.roll))
+    monkeypatch.setattr(bk, "create_ledger", timings.wrap("create", bk.create_ledger))
     await LogManager(cluster.meta.store, cluster.root).create(name)
     history = LogHistory()
     sampler = ListSampler(cluster.meta.store, cluster.root, name, history)
@@ -677,9 +667,9 @@ async def _roll_under_load(
     assert len(ledgers) >= 2
     # a roll starts once roll_every appends went to the ledger; appends go on to it until the CAS
     assert all(per_ledger[ledger_id] >= roll_every for ledger_id in ledgers[:-1]), per_ledger
-    # the pauses: per roll, the window from its create to its close CAS
-    rolls = _roll_windows(timings, first_create=1)
-    report = _pause_report(records, rolls)
+    # the pauses: per roll, the window from its start to its close CAS
+    rolls, spares = _roll_windows(timings)
+    report = _pause_report(records, rolls, spares)
     in_roll = [lag for t, lag in lags if any(w["start"] <= t <= w["end"] + 0.001 for w in rolls)]
     report["loop_lag_ms_max_in_roll"] = round(max(in_roll, default=0) * 1e3, 2)
     report["loop_lag_ms_max"] = round(max((lag for _, lag in lags), default=0) * 1e3, 2)
@@ -689,28 +679,58 @@ async def _roll_under_load(
     print(f"\nroll under load, {appends} appends, roll every {roll_every}: {report}")
 
 
-def _roll_windows(timings: Timings, first_create: int) -> list[dict[str, float]]:
-    """One dict per roll: its create, the CAS that listed the new ledger, the close CAS."""
-    creates = timings.creates[first_create:]  # the open's own create is not a roll
-    appends_cas = [c for c in timings.cas if c[3] == 2]  # a roll's first CAS: new + old OPEN
-    closes_cas = [c for c in timings.cas if c[3] == 1 and c[2] > 1]
-    return [
-        {"start": create[0], "create_end": create[1], "cas_start": cas[0], "cas_end": cas[1], "end": close[1]}
-        for create, cas, close in zip(creates, appends_cas, closes_cas, strict=False)
-    ]
+def _roll_windows(timings: Timings) -> tuple[list[dict[str, float]], list[tuple[float, float]]]:
+    """One dict per roll: its start, the end of a create within it (a roll without a spare), the
+    CAS that listed the new ledger, its end (after the close CAS). And the spares' preparations:
+    from each create outside a roll (not the open's) to the end of the CAS that followed it."""
+    spans = timings.spans
+    rolls, spares = [], []
+    for start, end in spans["roll"]:
+        creates = [c for c in spans["create"] if start <= c[0] <= end]
+        cas = [c for c in spans["cas"] if start <= c[0] <= end]
+        create_end = creates[0][1] if creates else start
+        rolls.append(
+            {
+                "start": start,
+                "create_end": create_end,
+                "cas_start": cas[0][0],
+                "cas_end": cas[0][1],
+                "end": end,
+            }
+        )
+    for start, end in spans["create"][1:]:
+        if not any(w["start"] <= start <= w["end"] for w in rolls):
+            spare_cas = [c for c in spans["cas"] if c[0] >= end]
+            spares.append((start, spare_cas[0][1] if spare_cas else end))
+    return rolls, spares
 
 
-def _pause_report(records: list[AppendRecord], rolls: list[dict[str, float]]) -> dict[str, Any]:
+def _longest_gap(gaps: list[tuple[float, float]], start: float, end: float) -> float:
+    return max((b - a for a, b in gaps if start <= b and a <= end), default=0.0)
+
+
+def _pause_report(
+    records: list[AppendRecord], rolls: list[dict[str, float]], spares: list[tuple[float, float]]
+) -> dict[str, Any]:
     """Per roll: the longest gap between consecutive completions that overlaps the roll (and the
     phase it overlaps most: create, CAS, close), the longest latency of an append in flight during
-    it, and the roll's CAS time. Then the same gaps and latencies outside every roll."""
+    it, and the roll's CAS time; the longest gap in a window as long as the roll just before it
+    (the journals' own rhythm: completions come in group commits). Then the same gaps and
+    latencies outside every roll, and the longest gap during each spare's preparation (its create
+    and the CAS recording it) against as long a window before it."""
     done = sorted((r for r in records if r.outcome is Outcome.OK), key=lambda r: r.completed_s)
     completions = [r.completed_s for r in done]
     gaps = list(itertools.pairwise(completions))
     per_roll = []
+    before: list[float] = []  # per roll: the longest gap in as long a window just before it
     inside: set[int] = set()
+    previous_end = float("-inf")
     for w in rolls:
         touching = [i for i, (a, b) in enumerate(gaps) if w["start"] <= b and a <= w["end"]]
+        quiet_from = w["start"] - (w["end"] - w["start"])
+        if quiet_from > previous_end:
+            before.append(_longest_gap(gaps, quiet_from, w["start"]))
+        previous_end = w["end"]
         inside.update(touching)
         gap_index = max(touching, key=lambda i: gaps[i][1] - gaps[i][0], default=None)
         phase = "-"
@@ -743,6 +763,8 @@ def _pause_report(records: list[AppendRecord], rolls: list[dict[str, float]]) ->
     def ms(values: list[float], how: Callable[[list[float]], float]) -> float | None:
         return round(how(values) * 1e3, 2) if values else None
 
+    spare_gap = [_longest_gap(gaps, a, b) for a, b in spares]
+    before_spare = [_longest_gap(gaps, a - (b - a), a) for a, b in spares]
     gap_in = [g for g, _, _, _ in per_roll]
     lat_in = [lat for _, lat, _, _ in per_roll]
     cas = [c for _, _, c, _ in per_roll]
@@ -754,7 +776,12 @@ def _pause_report(records: list[AppendRecord], rolls: list[dict[str, float]]) ->
         "roll_gap_ms_median": ms(gap_in, statistics.median),
         "roll_gap_ms_max": ms(gap_in, max),
         "rolls_gap_longer_than_cas": sum(g > c for g, _, c, _ in per_roll),
+        "before_roll_gap_ms_median": ms(before, statistics.median),
         "roll_gap_phase": dict(Counter(p for _, _, _, p in per_roll)),
+        "spares": len(spares),
+        "spare_ms_median": ms([b - a for a, b in spares], statistics.median),
+        "spare_gap_ms_median": ms(spare_gap, statistics.median),
+        "before_spare_gap_ms_median": ms(before_spare, statistics.median),
         "roll_latency_ms_median": ms(lat_in, statistics.median),
         "roll_latency_ms_max": ms(lat_in, max),
         "outside_gap_ms_p99": ms(outside_gaps, lambda v: statistics.quantiles(v, n=100)[98]),

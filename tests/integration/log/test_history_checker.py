@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from bookkeeper_aio.log.position import LogPosition, LogRecord
 from metadata.log_metadata import LogLedger, LogLedgerState, LogMetadata
 from tests.harness.log_history import AppendRecord, LogHistory, Outcome, latest_rows, value_of
@@ -111,3 +113,12 @@ def test_latest_rows_keeps_the_last_row_of_each_append() -> None:
     other = AppendRecord("k", 8, Outcome.INDETERMINATE)
     rows = latest_rows("\n".join(r.to_json() for r in (started, other, done)) + "\n")
     assert rows == [done, other]
+
+
+def test_latest_rows_leaves_out_a_last_row_cut_short() -> None:
+    started = AppendRecord("k", 7, Outcome.INDETERMINATE)
+    done = AppendRecord("k", 7, Outcome.OK, LogPosition(4, 2))
+    cut = done.to_json()[:20]  # read while the worker wrote it, or killed mid-write
+    assert latest_rows(started.to_json() + "\n" + cut) == [started]
+    with pytest.raises(ValueError):  # a damaged row before the last is the checker's business
+        latest_rows(cut + "\n" + started.to_json() + "\n")

@@ -46,6 +46,22 @@ def test_version_1_values_decode_with_the_new_fields_unknown() -> None:
     assert (md.truncated_before, md.sequenced, dict(md.commits)) == (0, False, {})
 
 
+def test_the_spare_is_recorded_above_the_list_and_gone_once_a_ledger_is_appended() -> None:
+    md = LogMetadata("orders").with_ledger_appended(3).with_spare(5)
+    assert decode(encode(md), key=KEY, name="orders").spare == 5
+    assert md.ledger_ids == (3,)  # not part of the log
+    assert md.with_ledger_appended(5).spare is None  # the roll listed it
+    assert md.with_ledger_appended(7).spare is None  # a fresh ledger went in instead
+    assert md.with_spare(None).spare is None
+    with pytest.raises(InvalidMetadata, match="spare ledger 3 is not above"):
+        md.with_spare(3)
+    with pytest.raises(InvalidMetadata, match="spare ledger 2 is not above"):
+        LogMetadata("orders", truncated_before=3).with_spare(2)
+    with pytest.raises(MetadataFormatError, match="spare"):
+        decode(_body(ledgers=[[4, "open"]], spare=4), key=KEY, name="orders")
+    assert decode(_body(ledgers=[[4, "open"]]), key=KEY, name="orders").spare is None  # absent
+
+
 def test_truncation_keeps_the_offsets_and_new_ledgers_must_sort_after_truncated_ones() -> None:
     md = LogMetadata("orders").with_ledger_appended(3).with_closed(3, last_entry_id=9).with_ledger_appended(4)
     md = md.with_closed(4, last_entry_id=9).with_truncated_before(4)
