@@ -23,7 +23,7 @@ import enum
 import json
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -196,16 +196,7 @@ class History:
                 problems.append(
                     f"{where}: writer {writer}'s acked entries are not in invoke order: {ids[:10]}"
                 )
-        seen: set[bytes] = set()
-        for entry_id, value in first:
-            op = invoked.get(value)
-            if op is None:
-                problems.append(f"{where}: phantom value {value!r} at {entry_id}")
-            elif op.outcome is Outcome.FAIL:
-                problems.append(f"{where}: {value!r} failed (nothing sent) yet was read at {entry_id}")
-            if value in seen:
-                problems.append(f"{where}: value {value!r} read twice")
-            seen.add(value)
+        problems += _value_problems(where, first, invoked)
         lacs = self.lacs.get(ledger_id, [])
         if lacs != sorted(lacs):
             problems.append(f"{where}: observed LACs went back: {lacs[:20]}")
@@ -214,6 +205,25 @@ class History:
                 f"{where}: an observed LAC {max(lacs)} is beyond the final last entry {final_last}"
             )
         return problems
+
+
+def _value_problems(
+    where: str, read: Iterable[tuple[object, bytes]], invoked: Mapping[bytes, AddOp | LogAppend]
+) -> list[str]:
+    """Each value read (at its place): one that was invoked, not failed before it was sent, read
+    once."""
+    problems: list[str] = []
+    seen: set[bytes] = set()
+    for place, value in read:
+        op = invoked.get(value)
+        if op is None:
+            problems.append(f"{where}: phantom value {value!r} at {place}")
+        elif op.outcome is Outcome.FAIL:
+            problems.append(f"{where}: {value!r} failed (nothing sent) yet was read at {place}")
+        if value in seen:
+            problems.append(f"{where}: value {value!r} read twice")
+        seen.add(value)
+    return problems
 
 
 def _diff(a: Sequence[object], b: Sequence[object]) -> str:
@@ -468,14 +478,4 @@ class LogHistory:
         problems += [
             f"log: read entries of ledger {ledger_id}, which is not in the list" for ledger_id in per_ledger
         ]
-        seen: set[bytes] = set()
-        for position, value in read:
-            op = invoked.get(value)
-            if op is None:
-                problems.append(f"log: phantom value {value!r} at {position}")
-            elif op.outcome is Outcome.FAIL:
-                problems.append(f"log: {value!r} failed (nothing sent) yet was read at {position}")
-            if value in seen:
-                problems.append(f"log: value {value!r} read twice")
-            seen.add(value)
-        return problems
+        return problems + _value_problems("log", read, invoked)
