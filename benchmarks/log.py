@@ -52,6 +52,7 @@ from benchmarks import _cluster
 from bookkeeper_aio import BookKeeper, ClientConfig, open_log_reader, open_log_writer
 from bookkeeper_aio.client.bookie_client import StaticResolver
 from bookkeeper_aio.client.context import StaticDirectory
+from bookkeeper_aio.client.ledger import LedgerHandle
 from metadata.cluster import connect as metadata_connect
 from metadata.cluster import ensure_cluster
 from metadata.ledger_manager import LedgerManager
@@ -130,10 +131,10 @@ async def _switch_pauses(
     which: str, procs: list[BookieProcess], args: argparse.Namespace, ledgers: LedgerManager
 ) -> dict[str, Any]:
     """``--pause-entries`` appends (``--window`` in flight) moving to a new ledger every
-    ``--roll-every``: ``ledger`` switches to a ledger created beforehand and closes the old one in
-    the background (the bare cost of a switch); ``log`` is a log writer's own roll (create, CAS,
-    close, CAS). Per switch: the longest gap between consecutive completions within 50 ms of the
-    first completion in the new ledger."""
+    ``--roll-every``: ``ledger`` switches to a ledger created beforehand (the next one is created
+    right after) and closes the old one in the background (the bare cost of a switch); ``log`` is a
+    log writer's own roll (CAS of its spare, close, CAS). Per switch: the longest gap between
+    consecutive completions within 50 ms of the first completion in the new ledger."""
     payload = os.urandom(args.size)
     quorum = {"ensemble": args.ensemble, "write_quorum": args.qw, "ack_quorum": args.qa}
     slots = asyncio.Semaphore(args.window)
@@ -148,9 +149,12 @@ async def _switch_pauses(
             )
 
     async with _client(procs, ledgers, max(args.window, 1)) as bk:
-        handles = [
-            await bk.create_ledger(args.ensemble, args.qw, args.qa, password=PASSWORD) for _ in range(2)
-        ]
+
+        def create() -> asyncio.Task[LedgerHandle]:
+            return asyncio.ensure_future(bk.create_ledger(args.ensemble, args.qw, args.qa, password=PASSWORD))
+
+        current = await create()
+        upcoming = create()  # the next ledger is made ahead, as a log writer's spare
         writer = None
         if which == "log":
             name = f"pause-{uuid.uuid4().hex[:8]}"
@@ -167,17 +171,17 @@ async def _switch_pauses(
                 future.add_done_callback(functools.partial(done, None))
             else:
                 if index and index % args.roll_every == 0:
-                    closes.append(asyncio.ensure_future(handles.pop(0).close()))
-                    handles.append(await bk.create_ledger(args.ensemble, args.qw, args.qa, password=PASSWORD))
-                future = await handles[0].append_async(payload)
-                future.add_done_callback(functools.partial(done, handles[0].id))
+                    closes.append(asyncio.ensure_future(current.close()))
+                    current, upcoming = await upcoming, create()
+                future = await current.append_async(payload)
+                future.add_done_callback(functools.partial(done, current.id))
             futures.append(future)
             if index % 16 == 15:
                 await asyncio.sleep(0)  # the loop never waits while slots are free: no long bursts
         await asyncio.gather(*futures, *closes)
         if writer is not None:
             await writer.close()
-        for handle in handles:
+        for handle in (current, await upcoming):
             await handle.close()
     first_at: dict[int, float] = {}  # each ledger's first completion (an old ledger's last ones come later)
     for when, ledger_id in completions:
