@@ -4,7 +4,6 @@ list (with a lost answer resolved), recovery of listed ledgers, discarding an un
 from __future__ import annotations
 
 import contextlib
-import time
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.client.ledger import LedgerHandle
@@ -19,10 +18,6 @@ def log_manager(bk: BookKeeper) -> LogManager:
     ledgers = bk.context.ledgers
     # The store and clock the client already uses.
     return LogManager(ledgers.store, ledgers.keys.root, now_ms=ledgers.now_ms)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 async def read_or_create(
@@ -87,13 +82,13 @@ async def discard_ledger(bk: BookKeeper, handle: LedgerHandle, password: bytes) 
         await bk.delete_ledger(handle.id, password=password)
 
 
-def with_recovered(md: LogMetadata, ends: dict[int, tuple[int, int]]) -> LogMetadata:
-    """``md`` with the recovered ledgers marked CLOSED at their ends (a close time for those the
-    list still had OPEN)."""
+def with_recovered(md: LogMetadata, ends: dict[int, tuple[int, int]], now_ms: int) -> LogMetadata:
+    """``md`` with the recovered ledgers marked CLOSED at their ends (close time ``now_ms``, from
+    the `LogManager`'s clock, for those the list still had OPEN)."""
     for ledger_id, (last_entry_id, length) in ends.items():
         index = md.index_of(ledger_id)
         was_open = index is not None and md.ledgers[index].state is LogLedgerState.OPEN
         md = md.with_closed(
-            ledger_id, last_entry_id=last_entry_id, length=length, closed_ms=now_ms() if was_open else None
+            ledger_id, last_entry_id=last_entry_id, length=length, closed_ms=now_ms if was_open else None
         )
     return md

@@ -47,7 +47,6 @@ from bookkeeper_aio.log._common import (
     cas_log,
     discard_ledger,
     log_manager,
-    now_ms,
     read_or_create,
     recover_ledgers,
     with_recovered,
@@ -273,8 +272,9 @@ class LogWriter:
     def _with_unmarked(self, md: LogMetadata) -> LogMetadata:
         """``md`` with the ledgers this writer closed but could not yet mark CLOSED (a failed CAS
         after the close) marked now: every later change of the list carries them."""
+        closed_ms = self._manager.now_ms()
         for ledger_id, (last_entry_id, length) in self._unmarked.items():
-            md = md.with_closed(ledger_id, last_entry_id=last_entry_id, length=length, closed_ms=now_ms())
+            md = md.with_closed(ledger_id, last_entry_id=last_entry_id, length=length, closed_ms=closed_ms)
         return md
 
     # ------------------------------------------------------------------ roll
@@ -359,7 +359,7 @@ class LogWriter:
         age_s, size = self._retention
         if age_s is None and size is None:
             return
-        cut = retention_cut(self._versioned.metadata, age_s, size, now_ms())
+        cut = retention_cut(self._versioned.metadata, age_s, size, self._manager.now_ms())
         if cut is not None:
             try:
                 async with self._roll_lock:
@@ -467,7 +467,8 @@ async def open_log_writer(
             password=password,
             after_ledger_id=current.metadata.last_ledger_id,
         )
-        proposed = with_recovered(current.metadata, recovered).with_ledger_appended(handle.id)
+        proposed = with_recovered(current.metadata, recovered, manager.now_ms())
+        proposed = proposed.with_ledger_appended(handle.id)
         try:
             versioned = await cas_log(manager, proposed, current.version)
         except BadVersion:

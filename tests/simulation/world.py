@@ -67,6 +67,9 @@ class LoopClock:
     def monotonic(self) -> float:
         return self._loop.time()
 
+    def wall(self) -> float:
+        return self._loop.time()
+
 
 class Trace:
     """The run's story, one line per event, stamped with virtual time (byte-identical per seed)."""
