@@ -156,49 +156,61 @@ class SimLoop(asyncio.BaseEventLoop):
 
     # ------------------------------------------------------------------ the scheduler
     def _run_once(self) -> None:
+        """Iterations until the loop is told to stop (``run_forever`` calls this once per
+        ``_stopping`` check; looping here saves that call per iteration, nothing else changes)."""
         scheduled = self._scheduled
-        ready = self._ready
-        if not ready:
-            while scheduled and scheduled[0]._cancelled:
-                self._pop_timer()
-            if not scheduled:
-                if self._stopping:
-                    return
-                raise Deadlock("nothing is ready and no timer is set, but the awaited operation is pending")
-            if scheduled[0]._when > self._now_s:
-                self._now_s = scheduled[0]._when
-                self._iterations_now = 0
-        self._iterations_now += 1
-        if self._iterations_now > ITERATIONS_AT_ONE_INSTANT_MAX:
-            raise Livelock(f"{ITERATIONS_AT_ONE_INSTANT_MAX} loop iterations at t={self._now_s:.6f} s")
-        now = self._now_s
-        while scheduled and scheduled[0]._when <= now:
-            handle = self._pop_timer()
-            if not handle._cancelled:
-                ready.append(handle)
-        batch = list(ready)
-        ready.clear()
-        if self._shuffle and len(batch) > 1:
-            self._rng.shuffle(batch)
-        for handle in batch:
-            if handle._cancelled:
-                continue
-            context = handle._context
-            node = context.get(NODE) if context is not None else None
-            if node is not None and node.dead:
-                self.callbacks_dropped += 1
-                self.dropped.append(handle)
-                continue
-            self.callbacks_run += 1
-            try:  # Handle._run, inline
-                context.run(handle._callback, *handle._args)
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                callback = format_helpers._format_callback_source(handle._callback, handle._args)
-                self.call_exception_handler(
-                    {"message": f"Exception in callback {callback}", "exception": exc, "handle": handle}
-                )
+        heappop = heapq.heappop
+        shuffle = self._rng.shuffle if self._shuffle else None
+        while True:
+            ready = self._ready
+            if not ready:
+                while scheduled and scheduled[0]._cancelled:
+                    self._pop_timer()
+                if not scheduled:
+                    if self._stopping:
+                        return
+                    raise Deadlock(
+                        "nothing is ready and no timer is set, but the awaited operation is pending"
+                    )
+                if scheduled[0]._when > self._now_s:
+                    self._now_s = scheduled[0]._when
+                    self._iterations_now = 0
+            self._iterations_now += 1
+            if self._iterations_now > ITERATIONS_AT_ONE_INSTANT_MAX:
+                raise Livelock(f"{ITERATIONS_AT_ONE_INSTANT_MAX} loop iterations at t={self._now_s:.6f} s")
+            now = self._now_s
+            while scheduled and scheduled[0]._when <= now:
+                handle = heappop(scheduled)
+                handle._scheduled = False
+                if handle._cancelled:
+                    self._timer_cancelled_count = max(0, self._timer_cancelled_count - 1)
+                else:
+                    ready.append(handle)
+            batch = list(ready)
+            ready.clear()
+            if shuffle is not None and len(batch) > 1:
+                shuffle(batch)
+            for handle in batch:
+                if handle._cancelled:
+                    continue
+                context = handle._context
+                node = context.get(NODE) if context is not None else None
+                if node is not None and node.dead:
+                    self.callbacks_dropped += 1
+                    self.dropped.append(handle)
+                    continue
+                self.callbacks_run += 1
+                try:  # Handle._run, inline
+                    context.run(handle._callback, *handle._args)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    callback = format_helpers._format_callback_source(handle._callback, handle._args)
+                    self.call_exception_handler(
+                        {"message": f"Exception in callback {callback}", "exception": exc, "handle": handle}
+                    )
+            if self._stopping:
+                return
 
     def _pop_timer(self) -> asyncio.TimerHandle:
         handle = heapq.heappop(self._scheduled)
