@@ -194,7 +194,8 @@ class GcReport:
     """What one pass did (the admin endpoint shows the last one, and the running one's progress)."""
 
     trigger: str
-    started_at: float = field(default_factory=time.time)
+    started_at: float
+    """Wall-clock seconds (the collector's ``wall_clock``: the bookie's clock seam)."""
     finished_at: float | None = None
     phase: str = "starting"
     error: str | None = None
@@ -240,8 +241,10 @@ class GarbageCollector:
         copy_refused: Callable[[], str | None] = lambda: None,
         replicas: ReplicaCatalog | None = None,
         bookie_id: str = "",
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.storage = storage
+        self._wall_clock = wall_clock
         self.replicas = replicas
         self.bookie_id = bookie_id
         self._over_replicated_since: dict[int, float] = {}
@@ -318,7 +321,7 @@ class GarbageCollector:
     async def run_once(self, trigger: str = "manual") -> GcReport:
         """One whole pass. A step that fails is logged and named in the report (the next pass
         retries); a failed metadata listing still lets compaction run. Never raises but on cancel."""
-        report = GcReport(trigger)
+        report = GcReport(trigger, self._wall_clock())
         self.running = report
         log.info("gc.started", trigger=trigger)
         errors: list[str] = []
@@ -336,7 +339,7 @@ class GarbageCollector:
             report.error = "; ".join(errors) or None
         finally:
             report.phase = "done" if report.error is None else "failed"
-            report.finished_at = time.time()
+            report.finished_at = self._wall_clock()
             self.running = None
             self.last = report
             self.passes += 1

@@ -57,6 +57,7 @@ from bookkeeper_aio.common.failpoints import (
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import (
     FEATURE_ADD_ACKS,
+    LAST_ENTRY,
     PROTOCOL_VERSION,
     OpCode,
     ReadFlag,
@@ -470,9 +471,29 @@ class Processor:
             frame = m.encode(
                 m.ReadEntryResponse(rid, StatusCode.ENOENTRY, str(exc), lid, req.entry_id, None, lac)
             )
+        except (EntryCorrupt, OSError) as exc:
+            if req.entry_id == LAST_ENTRY and req.flags & ReadFlag.FENCE_LEDGER:
+                frame = self._fenced_last_unreadable(conn, rid, lid, state, exc)
+            else:
+                frame = self._read_failed(conn, OpCode.READ_ENTRY, rid, lid, req.entry_id, exc)
         except Exception as exc:  # noqa: BLE001 (a bug is logged with its trace by _read_failed)
             frame = self._read_failed(conn, OpCode.READ_ENTRY, rid, lid, req.entry_id, exc)
         conn.complete(rid, frame)
+
+    def _fenced_last_unreadable(
+        self, conn: ServerConnection, rid: int, lid: int, state: LedgerState, exc: Exception
+    ) -> bytes:
+        """The answer to a fencing read of entry -1 whose last entry cannot be read (docs/protocol.md
+        §7.2): the fence is durable, so it is EOK and counts toward the recoverer's coverage (an
+        EIO would not: two such bookies of a 3-bookie ensemble left the ledger unfenceable for
+        good), with no body and ``unreadable`` set. The entry is not absent: the recoverer reads it
+        from another replica, and this bookie keeps answering EIO for it."""
+        self.count_error(StatusCode.EIO)  # not the peer's doing: no charge to its refusal budget
+        entry_id = state.index.last_entry_id
+        log.warning(
+            "processor.fenced_last_entry_unreadable", ledger_id=lid, entry_id=entry_id, error=str(exc)
+        )
+        return m.encode(m.ReadEntryResponse(rid, StatusCode.EOK, None, lid, entry_id, None, state.lac, True))
 
     def _long_poll(self, conn: ServerConnection, req: m.ReadEntryRequest) -> None:
         state = self.storage.ledger_for_read(req.ledger_id, req.master_key)

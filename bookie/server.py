@@ -259,6 +259,7 @@ class BookieServer:
             copy_refused=self._gc_copy_refused,
             replicas=self.replicas,
             bookie_id=self.config.bookie_id,
+            wall_clock=self.clock.wall,
         )
         self.gc.start()
         self.ready = True

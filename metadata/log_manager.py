@@ -67,6 +67,12 @@ class LogManager:
         self._now_ms = now_ms
         self._rng = rng or random.Random()
 
+    def now_ms(self) -> int:
+        """Wall-clock milliseconds for what a log's list records (ctime, a ledger's ``closed_ms``,
+        the retention cut's "now"): the clock this manager was given, so a simulation keeps wall
+        time out of its metadata."""
+        return self._now_ms()
+
     async def create(self, name: str, *, sequenced: bool = False) -> VersionedLog:
         """A new empty log. Raises `NodeExists`, `InvalidMetadata` (bad name), `CasResultUnknown`."""
         metadata = LogMetadata(name, (), self._now_ms(), sequenced=sequenced)

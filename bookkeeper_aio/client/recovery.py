@@ -9,10 +9,14 @@ The steps, exactly as docs/replication.md §4 and BookKeeper's two TLA+-found bu
    EOK / ENOENTRY / ENOLEDGER prove the fence; anything else (EUA, EIO, EUNKNOWNLEDGERSTATE, a
    timeout, a lost connection) does not. Done once the proven bookies cover every write set with
    ``Qw - Qa + 1`` of its members (ensemble coverage): then no write set has ``Qa`` unfenced bookies
-   left, so the old writer can complete nothing new. A reply whose last-entry body fails its digest
-   is unknown too. The LAC is the highest header LAC of the digest-verified last entries (as
-   BookKeeper's ReadLastConfirmedOp; the response's ``lac`` field is covered by no digest), -1 for a
-   reply without a body. Start at ``max(that LAC, first entry of the last fragment - 1)``
+   left, so the old writer can complete nothing new. The LAC is the highest header LAC of the
+   digest-verified last entries (as BookKeeper's ReadLastConfirmedOp; the response's ``lac`` field
+   is covered by no digest), -1 for a reply without one. A bookie whose last entry is unreadable
+   (EOK with ``unreadable`` set, no body) or comes back failing its digest is fenced all the same
+   (the status proves the fence; the body has nothing to do with it): it counts toward coverage,
+   contributes -1, and its copy of that entry stays *unknown* in step 3, never absent (without
+   this, two such bookies of a 3-bookie ensemble made the ledger unfenceable forever).
+   Start at ``max(that LAC, first entry of the last fragment - 1)``
    (BOOKKEEPER-2615: a fragment is created at the writer's LAC + 1, so everything before it is
    settled; never read or rewrite earlier ones).
 3. **Recovery reads** of ``start + 1, start + 2, ...`` to the whole write set, **with FENCE_LEDGER**
@@ -255,9 +259,7 @@ class LedgerRecovery:
                 if isinstance(response, BKError) or not fence_reply_counts(response.status):
                     failures.append(f"{bookie_id}: {describe(response)}")
                     continue
-                if not self._note_fence_reply(fenced, bookie_id, response):
-                    failures.append(f"{bookie_id}: its last entry fails the digest check")
-                    continue
+                self._note_fence_reply(fenced, bookie_id, response)
                 answered.add(position)
                 if schedule.covers_ensemble(answered):
                     break
@@ -278,18 +280,28 @@ class LedgerRecovery:
         )
         return fenced
 
-    def _note_fence_reply(self, fenced: _Fenced, bookie_id: str, response: m.Response) -> bool:
-        """Take a proven fence's evidence; False when its body fails the digest (unknown reply).
+    def _note_fence_reply(self, fenced: _Fenced, bookie_id: str, response: m.Response) -> None:
+        """Take a proven fence's evidence.
 
         The LAC is the header ``lac`` of the digest-verified last entry, never the response's
         ``lac`` field: no digest covers that (the bookie keeps the maximum of unverified header
-        LACs and WRITE_LAC values), and an inflated one would start the reads past entries that
-        still need writing back. A reply without a body (no entry, no ledger) contributes -1; a
-        lower start is always safe, it only reads more.
+        LACs and WRITE_LAC values; bit rot above the bookie's record check or a bogus WRITE_LAC
+        inflates it), and an inflated one would start the reads past entries that still need
+        writing back, or close the ledger at an entry that does not exist. A reply without a
+        verified body (no entry, no ledger, a last entry the bookie cannot read, one failing the
+        digest) contributes -1; a lower start is always safe, it only reads more. Its last entry
+        is not taken as stored either (the hint stays): reads of it go to every replica.
         """
         body = getattr(response, "body", None)
         if body is None:
-            return True
+            if getattr(response, "unreadable", False):
+                log.warning(
+                    "recovery.fenced_last_entry_unreadable",
+                    ledger_id=self._ledger_id,
+                    bookie=bookie_id,
+                    entry_id=getattr(response, "entry_id", NO_ENTRY),
+                )
+            return
         entry_id = getattr(response, "entry_id", NO_ENTRY)
         try:
             entry = self._codec.decode(body, self._ledger_id, entry_id)
@@ -300,12 +312,11 @@ class LedgerRecovery:
                 bookie=bookie_id,
                 error=str(mismatch),
             )
-            return False
+            return
         fenced.lac = max(fenced.lac, entry.lac)
         fenced.last_entry_hint = max(fenced.last_entry_hint, entry_id)
         fenced.lengths[entry_id] = entry.length
         fenced.last_stored[bookie_id] = entry_id
-        return True
 
     # ------------------------------------------------------------------ step 5: close
     async def _length_at(self, md: LedgerMetadata, entry_id: int, fenced: _Fenced) -> int:
@@ -380,6 +391,7 @@ class _EntryRead:
 
     __slots__ = (
         "body",
+        "corrupt",
         "decision",
         "entry",
         "entry_id",
@@ -406,6 +418,9 @@ class _EntryRead:
         self.positives = 0
         self.negatives = 0
         self.unknowns = 0
+        self.corrupt = 0
+        """Unknowns that were a copy the replica holds but cannot give intact (EIO, a body
+        failing the digest): never absent; only named in the error when the entry stays undecided."""
         self.decision = Decision.PENDING
         self.entry: Entry | None = None
         self.body = b""
@@ -435,6 +450,8 @@ def _on_recovery_read(op: _EntryRead, bookie_id: str, result: Result) -> None:
                     error=str(mismatch),
                 )
         reply = classify_read(result.status, valid)
+        if reply is Reply.UNKNOWN and (result.status == StatusCode.EIO or body is not None):
+            op.corrupt += 1
     if reply is Reply.POSITIVE:
         op.positives += 1
     elif reply is Reply.NEGATIVE:
@@ -530,11 +547,7 @@ class _ReadAndReplicate:
             if head.decision is Decision.ABSENT:
                 break
             if head.decision is Decision.UNDECIDED:
-                raise LedgerRecoveryError(
-                    f"ledger {self.ledger_id} entry {head.entry_id}: {head.positives} present, "
-                    f"{head.negatives} absent, {head.unknowns} unknown of {self.write_quorum}: "
-                    "cannot decide (retry the recovery)"
-                )
+                raise LedgerRecoveryError(self._undecided(head))
             assert head.decision is Decision.EXISTS
             assert head.entry is not None
             last, length = head.entry_id, head.entry.length
@@ -542,6 +555,21 @@ class _ReadAndReplicate:
         await writer.drain()
         assert last_entry_of(decided, self.start) == last  # the loop is the pure rule, incrementally
         return last, length
+
+    def _undecided(self, op: _EntryRead) -> str:
+        what = (
+            f"ledger {self.ledger_id} entry {op.entry_id}: {op.positives} present, {op.negatives} "
+            f"absent, {op.unknowns} unknown of {self.write_quorum}: cannot decide"
+        )
+        if not op.corrupt:
+            return f"{what} (retry the recovery)"
+        return (
+            f"{what}: {op.corrupt} replica(s) could not give an intact copy (EIO: corrupt on disk "
+            "or an I/O error; or a body failing its digest). A copy that cannot be read is never "
+            "taken as absent, so the ledger is not closed before this entry: retry once a replica "
+            "holding a good copy is back; if there is none, the entry is damaged on every replica "
+            "(the bookies' logs name the records) and must be restored before the ledger can close"
+        )
 
     def abort(self) -> None:
         for op in self._reads:

@@ -18,11 +18,17 @@ class Clock(Protocol):
         """Seconds on a clock that never goes backwards (only differences are meaningful)."""
         ...
 
+    def wall(self) -> float:
+        """Seconds since the epoch, for times that are shown or recorded (a report's start and
+        end), never for measuring intervals."""
+        ...
+
 
 class _SystemClock:
     __slots__ = ()
 
     monotonic = staticmethod(time.monotonic)
+    wall = staticmethod(time.time)
 
 
 SYSTEM_CLOCK: Clock = _SystemClock()
@@ -31,13 +37,18 @@ SYSTEM_CLOCK: Clock = _SystemClock()
 class ManualClock:
     """A clock that moves only when told to: for tests and the simulator."""
 
-    __slots__ = ("_now_s",)
+    __slots__ = ("_now_s", "_wall_offset_s")
 
-    def __init__(self, start_s: float = 0.0) -> None:
+    def __init__(self, start_s: float = 0.0, wall_start_s: float = 0.0) -> None:
         self._now_s = start_s
+        self._wall_offset_s = wall_start_s - start_s
 
     def monotonic(self) -> float:
         return self._now_s
+
+    def wall(self) -> float:
+        """``wall_start_s`` plus the time advanced since."""
+        return self._now_s + self._wall_offset_s
 
     def advance(self, seconds: float) -> None:
         if seconds < 0:

@@ -5,7 +5,6 @@ an unlisted ledger and deleting ledgers that left the list."""
 from __future__ import annotations
 
 import contextlib
-import time
 
 import structlog
 
@@ -24,10 +23,6 @@ def log_manager(bk: BookKeeper) -> LogManager:
     ledgers = bk.context.ledgers
     # The store and clock the client already uses.
     return LogManager(ledgers.store, ledgers.keys.root, now_ms=ledgers.now_ms)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 async def read_or_create(
@@ -92,16 +87,17 @@ async def discard_ledger(bk: BookKeeper, handle: LedgerHandle, password: bytes) 
         await bk.delete_ledger(handle.id, password=password)
 
 
-def taken_over(md: LogMetadata, ends: dict[int, tuple[int, int]]) -> LogMetadata:
-    """``md`` as a takeover writes it: the recovered ledgers marked CLOSED at their ends (a close
-    time for those the list still had OPEN), and the previous leader's spare no longer recorded
-    (the taker deletes it once its CAS applied: `delete_ledgers`)."""
+def taken_over(md: LogMetadata, ends: dict[int, tuple[int, int]], now_ms: int) -> LogMetadata:
+    """``md`` as a takeover writes it: the recovered ledgers marked CLOSED at their ends (close
+    time ``now_ms``, from the `LogManager`'s clock, for those the list still had OPEN), and the
+    previous leader's spare no longer recorded (the taker deletes it once its CAS applied:
+    `delete_spare`)."""
     md = md.with_spare(None)
     for ledger_id, (last_entry_id, length) in ends.items():
         index = md.index_of(ledger_id)
         was_open = index is not None and md.ledgers[index].state is LogLedgerState.OPEN
         md = md.with_closed(
-            ledger_id, last_entry_id=last_entry_id, length=length, closed_ms=now_ms() if was_open else None
+            ledger_id, last_entry_id=last_entry_id, length=length, closed_ms=now_ms if was_open else None
         )
     return md
 

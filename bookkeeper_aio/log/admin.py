@@ -21,7 +21,6 @@ from bookkeeper_aio.log._common import (
     delete_ledgers,
     delete_spare,
     log_manager,
-    now_ms,
     read_or_create,
     recover_ledgers,
     taken_over,
@@ -200,10 +199,10 @@ async def append_ledgers(
                 "(create ledgers for a log with after_ledger_id=its last ledger, and write them again)"
             )
         recovered = await recover_ledgers(bk, current.metadata.ledger_ids[-2:], password)
-        proposed = taken_over(current.metadata, recovered)
+        proposed = taken_over(current.metadata, recovered, manager.now_ms())
         for ledger_id, (last_entry_id, length) in sorted(ends.items()):
             proposed = proposed.with_ledger_appended(ledger_id).with_closed(
-                ledger_id, last_entry_id=last_entry_id, length=length, closed_ms=now_ms()
+                ledger_id, last_entry_id=last_entry_id, length=length, closed_ms=manager.now_ms()
             )
         if commit is not None:
             proposed = proposed.with_commit(*commit)

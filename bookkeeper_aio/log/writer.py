@@ -57,7 +57,6 @@ from bookkeeper_aio.log._common import (
     delete_spare,
     discard_ledger,
     log_manager,
-    now_ms,
     read_or_create,
     recover_ledgers,
     taken_over,
@@ -289,8 +288,9 @@ class LogWriter:
     def _with_unmarked(self, md: LogMetadata) -> LogMetadata:
         """``md`` with the ledgers this writer closed but could not yet mark CLOSED (a failed CAS
         after the close) marked now: every later change of the list carries them."""
+        closed_ms = self._manager.now_ms()
         for ledger_id, (last_entry_id, length) in self._unmarked.items():
-            md = md.with_closed(ledger_id, last_entry_id=last_entry_id, length=length, closed_ms=now_ms())
+            md = md.with_closed(ledger_id, last_entry_id=last_entry_id, length=length, closed_ms=closed_ms)
         return md
 
     # ------------------------------------------------------------------ roll
@@ -428,7 +428,7 @@ class LogWriter:
         age_s, size = self._retention
         if age_s is None and size is None:
             return
-        cut = retention_cut(self._versioned.metadata, age_s, size, now_ms())
+        cut = retention_cut(self._versioned.metadata, age_s, size, self._manager.now_ms())
         if cut is not None:
             try:
                 async with self._roll_lock:
@@ -537,7 +537,8 @@ async def open_log_writer(
             password=password,
             after_ledger_id=current.metadata.last_ledger_id,
         )
-        proposed = taken_over(current.metadata, recovered).with_ledger_appended(handle.id)
+        proposed = taken_over(current.metadata, recovered, manager.now_ms())
+        proposed = proposed.with_ledger_appended(handle.id)
         try:
             versioned = await cas_log(manager, proposed, current.version)
         except BadVersion:

@@ -108,6 +108,7 @@ _status: Check = lambda v: type(v) is int and v in STATUS_VALUES  # noqa: E731
 _features = _int_in(0, FEATURES_MAX)
 _auth_payload = _bytes_max(AUTH_PAYLOAD_BYTES_MAX)
 _complete = _int_in(0, 1)
+_bool: Check = lambda v: type(v) is bool  # noqa: E731
 
 
 def _request_ids(v: Any) -> bool:
@@ -256,7 +257,12 @@ class AddEntryResponse(NamedTuple):
 
 class ReadEntryResponse(NamedTuple):
     """``body`` is the entry asked for (for entry -1: the last entry; ``entry_id`` says which),
-    or nil (no such entry, or a long poll that timed out). ``lac`` is the bookie's LAC."""
+    or nil (no such entry, or a long poll that timed out). ``lac`` is the bookie's LAC.
+
+    ``unreadable`` (a trailing field added after version 1): only in the EOK answer to a fencing
+    read of entry -1 whose last entry (``entry_id``) the bookie stores but cannot read (corrupt, or
+    an I/O error): the fence is durable, ``body`` is nil, and the entry is *not* absent
+    (docs/protocol.md §7.2)."""
 
     request_id: int
     status: int
@@ -265,6 +271,7 @@ class ReadEntryResponse(NamedTuple):
     entry_id: int = NO_ENTRY
     body: bytes | None = None
     lac: int = NO_ENTRY
+    unreadable: bool = False
 
 
 class ReadLacResponse(NamedTuple):
@@ -375,7 +382,7 @@ _RESPONSES: dict[int, tuple[type[Any], tuple[Check, ...]]] = {
     OpCode.ADD_ENTRY: (AddEntryResponse, (*_RESPONSE_HEAD, _ledger_id, _entry_id)),
     OpCode.READ_ENTRY: (
         ReadEntryResponse,
-        (*_RESPONSE_HEAD, _ledger_id, _read_entry_id, _or_none(_body), _lac),
+        (*_RESPONSE_HEAD, _ledger_id, _read_entry_id, _or_none(_body), _lac, _bool),
     ),
     OpCode.READ_LAC: (ReadLacResponse, (*_RESPONSE_HEAD, _ledger_id, _lac)),
     OpCode.WRITE_LAC: (WriteLacResponse, (*_RESPONSE_HEAD, _ledger_id)),
@@ -396,6 +403,7 @@ _OPTIONAL_FIELDS: dict[type[Any], int] = {
     BatchReadResponse: 1,
     ReadLacRequest: 1,
     GetListOfEntriesRequest: 1,
+    ReadEntryResponse: 1,
 }
 """Trailing fields added after version 1 shipped (docs/protocol.md §8): a peer may omit them."""
 

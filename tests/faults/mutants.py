@@ -117,8 +117,8 @@ MUTANTS = (
     Mutant(
         "log-open-leaves-old-ledgers-open",
         "bookkeeper_aio/log/writer.py",
-        "        proposed = with_recovered(current.metadata, recovered).with_ledger_appended(handle.id)\n",
-        "        proposed = current.metadata.with_ledger_appended(handle.id)\n",
+        "        proposed = taken_over(current.metadata, recovered, manager.now_ms())\n",
+        "        proposed = current.metadata\n",
         (LOG_FIGHT,),
         "a new log writer fences the last ledgers but lists its own without marking them CLOSED",
     ),

@@ -13,6 +13,9 @@ answers, hold every answer (a SIGSTOP twin), die and come back, serve a corrupt 
 Storage is a dict; the fenced bit, master key and LAC are kept per ledger like a real bookie
 (recovery adds pass a fence; a wrong master key gets EUA). ``requests`` records every request.
 ``corrupt_reads`` serves chosen entries with a flipped byte (READ_ENTRY and BATCH_READ);
+``unreadable_reads`` makes chosen entries fail the bookie's own record check, as the real bookie
+answers then: EIO for a read of them, and a fencing read of entry -1 whose last entry is one of them
+is EOK with no body and ``unreadable`` set (docs/protocol.md §7.2);
 ``batch_read_limit`` makes BATCH_READ answers short; ``batch_step = False`` makes it ignore a
 BATCH_READ's ``step`` (consecutive entries, no echo), as a bookie older than the field does.
 Long polls (LONG_POLL + ENTRY_PIGGYBACK) wait for the LAC like docs/protocol.md §7.3 says.
@@ -149,6 +152,7 @@ class FakeBookie:
         self.script: Script | None = None
         self.requests: list[m.Request] = []
         self.corrupt_reads: set[tuple[int, int]] = set()
+        self.unreadable_reads: set[tuple[int, int]] = set()
         self.add_acks = add_acks
         """Agree to FEATURE_ADD_ACKS when a client asks: EOK add answers of a tick go out as one
         ADD_ACKS response (as the real bookie does per journal group)."""
@@ -383,6 +387,14 @@ class FakeBookie:
         body = state.entries.get(entry_id)
         if body is None:
             return m.encode_error(OpCode.READ_ENTRY, req.request_id, StatusCode.ENOENTRY, "no entry")
+        if (req.ledger_id, entry_id) in self.unreadable_reads:
+            if req.entry_id == LAST_ENTRY and req.flags & ReadFlag.FENCE_LEDGER:
+                return m.encode(
+                    m.ReadEntryResponse(
+                        req.request_id, StatusCode.EOK, None, req.ledger_id, entry_id, None, state.lac, True
+                    )
+                )
+            return m.encode_error(OpCode.READ_ENTRY, req.request_id, StatusCode.EIO, "record corrupt")
         if (req.ledger_id, entry_id) in self.corrupt_reads:
             body = body[:-1] + bytes([body[-1] ^ 0xFF])
         return m.encode(
@@ -437,6 +449,10 @@ class FakeBookie:
         while len(bodies) < count_max:
             body = state.entries.get(entry_id)
             if body is None or (bodies and size + len(body) > req.max_bytes):
+                break
+            if (req.ledger_id, entry_id) in self.unreadable_reads:
+                if not bodies:
+                    return m.encode_error(OpCode.BATCH_READ, req.request_id, StatusCode.EIO, "record corrupt")
                 break
             if (req.ledger_id, entry_id) in self.corrupt_reads:
                 body = body[:-1] + bytes([body[-1] ^ 0xFF])

@@ -22,10 +22,11 @@ from __future__ import annotations
 import errno
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from bookie.fileio import FileIO
 from bookie.metrics import DiskStatus
+from bookkeeper_aio.common import failpoints
 
 DISK_BYTES = 1 << 40
 
@@ -266,15 +267,22 @@ class SimFileIO(FileIO):
         if not self.syncs_lost:
             self.disk.fsync_dir(path)
 
-    def write_file_atomic(self, path: str, data: bytes, failpoint: str | None = None) -> None:
+    def write_file_atomic(
+        self, path: str, data: bytes | Sequence[bytes], failpoint: str | None = None
+    ) -> None:
+        """As ``FileIO.write_file_atomic``: ``data`` is bytes or consecutive parts (the index
+        checkpoint's; until the twin took parts, every checkpoint task of the simulation died on
+        its first write, unseen: the end-of-seed collection now reports such a task)."""
         tmp = path + ".tmp"
         self.disk.files.pop(tmp, None)
         fd = self._open(tmp, create=True)
         try:
-            self.pwrite(fd, data, 0)
+            self.pwrite(fd, data if isinstance(data, bytes) else b"".join(data), 0)
             self.fsync(fd)
         finally:
             self.close(fd)
+        if failpoint is not None:
+            failpoints.hit(failpoint)
         self.rename(tmp, path)
         self.fsync_dir(os.path.dirname(path) or ".")
 

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 
 from bookie.storage import EntryCorrupt, NoEntry
 from bookkeeper_aio.client.quorum import DistributionSchedule
-from metadata import ledger_metadata, log_metadata
-from metadata.errors import InvalidMetadata
+from metadata import log_metadata
+from metadata.errors import InvalidMetadata, MetadataFormatError
 from metadata.keys import ClusterKeys
 from metadata.ledger_metadata import LedgerMetadata, LedgerState
 from metadata.log_metadata import LogMetadata
@@ -47,7 +47,12 @@ KEYS = ClusterKeys(ROOT)
 def metadata_of(scenario: Scenario, ledger_id: int) -> LedgerMetadata | None:
     key = KEYS.ledger(ledger_id)
     kv = scenario.world.store._data.get(key)
-    return None if kv is None else ledger_metadata.decode(kv.value, key=key, ledger_id=ledger_id)
+    if kv is None:
+        return None
+    md = scenario.world.store.ledger(key, kv.value)
+    if md.ledger_id != ledger_id:  # as decode(..., ledger_id=) checks
+        raise MetadataFormatError(key, f"ledger {ledger_id}: value names ledger {md.ledger_id}")
+    return md
 
 
 def log_metadata_of(scenario: Scenario) -> LogMetadata | None:

@@ -18,7 +18,8 @@ written or recovered:
   fails, what it had not acknowledged is refused, and it goes read-only until the heal restarts it
   from a power-cut image of its disk.
 - **Bit rot**: a byte of one stored entry on one member reads back flipped (at most one replica
-  of an entry): the bookie must answer EIO, never "no such entry", and readers use another one.
+  of an entry; often a member's last entry of the ledger, which a fence then meets): the bookie
+  must answer EIO, never "no such entry", and readers use another one; its fence still counts.
 - **Recovery faults** (armed as each recovery starts, like FoundationDB's buggify): the next
   message from the recoverer to a member of the last fragment is lost with its connection (a
   lost fence), and members answer the recoverer slowly.
@@ -101,7 +102,6 @@ class RaceScenario(Scenario):
         self.failover_client: SimClient | None = None
         self.rotten_entries: dict[tuple[int, int], tuple[str, str, int]] = {}
         """(ledger, entry) -> (bookie, journal segment path, offset) of its one rotten replica."""
-        self.rotten_ledgers: dict[int, str] = {}
         self.failover_rng = world.rng_for("new fragment")
 
     def describe(self) -> str:
@@ -290,11 +290,15 @@ class RaceScenario(Scenario):
         await asyncio.gather(*restarts)
 
     def rot_one(self, rng: random.Random, members: list[str]) -> None:
-        """Flip a byte of one stored entry on one member, as its reads see it; one bookie per
-        ledger at most: the other replicas must stay readable, and a fencing read whose last entry
-        is damaged answers EIO, which proves no fence (two such bookies of a 3-bookie ensemble
-        leave a ledger that no recovery can fence: seen at race seed 22 of the first version)."""
+        """Flip a byte of one stored entry on one member, as its reads see it; one replica of an
+        entry at most (another must stay readable), any number of entries and bookies per ledger.
+        Half the time the entry is the member's last one of the ledger: a fence then finds that
+        bookie's last entry unreadable. Before docs/protocol.md §7.2's fenced-but-unreadable
+        answer such a bookie answered the fence EIO, proving nothing, and two of them in a
+        3-bookie ensemble left a ledger no recovery could fence (race seed 22 of the first
+        version; the profile kept one rotten bookie per ledger until the fix)."""
         candidates = []
+        last_entries = []
         for bookie in self.world.bookies:
             server = bookie.server
             if not bookie.up or bookie.name not in members or server is None or server.storage is None:
@@ -303,12 +307,17 @@ class RaceScenario(Scenario):
                 if lid not in self.handles:
                     continue
                 index = server.storage.ledgers[lid].index
-                for entry_id in range(max(index.last_entry_id, -1) + 1):
+                last = index.last_entry_id
+                for entry_id in range(max(last, -1) + 1):
                     location = index.get(entry_id)
-                    if location is not None and self.rotten_ledgers.get(lid, bookie.name) == bookie.name:
+                    if location is not None and (lid, entry_id) not in self.rotten_entries:
                         candidates.append((bookie, lid, entry_id, location))
+                        if entry_id == last:
+                            last_entries.append(candidates[-1])
         if not candidates:
             return
+        if last_entries and rng.random() < 0.5:
+            candidates = last_entries
         bookie, lid, entry_id, location = rng.choice(candidates)
         assert bookie.server is not None
         assert bookie.server.storage is not None
@@ -316,14 +325,17 @@ class RaceScenario(Scenario):
         at = location.offset + rng.randrange(location.length)
         bookie.disk.rot.setdefault(path, set()).add(at)
         self.rotten_entries[lid, entry_id] = (bookie.name, path, at)
-        self.rotten_ledgers[lid] = bookie.name
         self.world.trace(f"bit rot: {bookie.name} ledger {lid} entry {entry_id} (byte {at} of {path})")
 
     async def heal(self) -> None:
         """A bookie whose journal failed stays read-only until it restarts: the operator restarts
         it (from what its disk holds after a power cut: what the failed sync did not make durable
-        may be gone), then the general heal."""
+        may be gone), then the general heal. A disk fault armed in the fault phase that has not
+        fired yet is disarmed first: the heal injects nothing (race seed 67: an EIO armed on b0
+        fired on the heal's fence, after the restarts, and b0 stayed unfenceable for good)."""
         for bookie in self.world.bookies:
+            if bookie.fileio is not None:
+                bookie.fileio.fail_next = None
             if bookie.up and bookie.fileio is not None and bookie.fileio.errors_raised:
                 bookie.crash()
         await super().heal()

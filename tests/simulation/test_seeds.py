@@ -26,6 +26,16 @@ REGRESSION_SEEDS: dict[tuple[str, int, tuple[str, ...]], str] = {
         "one metadata CAS per round)"
     ),
     ("race", 111, ()): "the same loop in recovery's write-back, another way in",
+    ("race", 32, ()): (
+        "a ledger no recovery could fence: two bookies of its 3-bookie ensemble had a rotten last "
+        "entry and answered the fence EIO, which proves nothing (bookie/processor.py "
+        "_fenced_last_entry_unreadable: EOK + unreadable now, docs/protocol.md §7.2; 12 of the "
+        "first 500 race seeds of this profile)"
+    ),
+    ("race", 67, ()): (
+        "the simulator's heal let a disk fault armed in the fault phase fire on its own fence, after "
+        "the restarts of failed journals: a bookie unfenceable for good (race.py heal disarms them)"
+    ),
 }
 """Seeds (the profile, the planted bugs they ran with) that found a bug in the real code, and the
 bug; each must stay free of it. A seed replays only while the scenario is unchanged, so a bug is
@@ -33,7 +43,8 @@ also pinned by a unit test of its own: seed 18 (with bug.ack_before_fdatasync, f
 version) found recovery write-back's drain() spinning forever on its finished ensemble-change task,
 now tests/unit/recovery/test_write_back_drain.py; the backoff loop (race seeds 33 and 111; the
 writer's variant was race seed 31 of an earlier profile) is pinned by the reconnect-backoff tests
-of tests/unit/client/test_replication_primitive.py."""
+of tests/unit/client/test_replication_primitive.py; the unfenceable ledger (race seed 32) by
+tests/unit/recovery/test_fence_lac.py and tests/integration/recovery/test_corrupt_last_entry.py."""
 
 PROFILES: dict[str, type[Scenario]] = {"general": Scenario, "race": RaceScenario}
 

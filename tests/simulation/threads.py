@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
+from asyncio.futures import _convert_future_exc  # type: ignore[attr-defined]
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -34,6 +36,36 @@ class _InlineExecutor(Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         pass
+
+    @staticmethod
+    def run_inline(loop: SimLoop, fn: Callable[..., Any], args: tuple[Any, ...]) -> asyncio.Future[Any]:
+        """``loop.run_in_executor(self, fn, *args)`` without the concurrent future in between, and
+        with the same loop steps as asyncio's chaining of one: the result lands one callback later,
+        and completing the future schedules a no-op first (where ``_chain_future``'s cancel check
+        was), so every seed keeps its trace."""
+        future = loop.create_future()
+        future.add_done_callback(_no_cancel_to_forward)
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = fn(*args)
+        except BaseException as exc:
+            error = exc
+        loop.call_soon(_settle, future, result, error)
+        return future
+
+
+def _no_cancel_to_forward(future: asyncio.Future[Any]) -> None:
+    """The call already ran: a cancelled awaiter has nothing to cancel."""
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(_convert_future_exc(error))
+    else:
+        future.set_result(result)
 
 
 class _SimWorker:

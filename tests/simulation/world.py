@@ -30,6 +30,7 @@ from bookkeeper_aio.protocol.digest import KEY_SALT_BYTES, ledger_keys
 from metadata import ledger_metadata
 from metadata.keys import ClusterKeys
 from metadata.ledger_manager import LedgerManager
+from metadata.ledger_metadata import LedgerMetadata
 from metadata.memory import MemoryStore
 from metadata.store import Guards
 from tests.faults.history import History
@@ -65,6 +66,9 @@ class LoopClock:
         self._loop = loop
 
     def monotonic(self) -> float:
+        return self._loop.time()
+
+    def wall(self) -> float:
         return self._loop.time()
 
 
@@ -252,6 +256,15 @@ class SimStore(MemoryStore):
         self.crash_after_ensemble_change_probability = 0.0
         self.on_new_fragment: Callable[[str], None] | None = None
         """Called with the ledger's key when a CAS adds a fragment (before the writer learns it)."""
+        self._decoded: dict[tuple[str, bytes], LedgerMetadata] = {}
+
+    def ledger(self, key: str, value: bytes) -> LedgerMetadata:
+        """``value`` (stored under ``key``) decoded, once per distinct value: the checks decode
+        every ledger after every step, and most have not changed (metadata is immutable)."""
+        md = self._decoded.get((key, value))
+        if md is None:
+            md = self._decoded[key, value] = ledger_metadata.decode(value, key=key)
+        return md
 
     async def compare_and_set(
         self, key: str, value: bytes, expected_version: int, *, guards: Guards = ()
@@ -263,7 +276,7 @@ class SimStore(MemoryStore):
             (self.crash_after_ensemble_change_probability or self.on_new_fragment is not None)
             and old is not None
             and key.startswith(KEYS.ledgers_prefix)
-            and _fragments(old.value, key) < _fragments(value, key)
+            and len(self.ledger(key, old.value).ensembles) < len(self.ledger(key, value).ensembles)
         )
         if new_fragment and self.on_new_fragment is not None:
             self.on_new_fragment(key)
@@ -278,10 +291,6 @@ class SimStore(MemoryStore):
                     client.crash()
                     self._world.trace(f"client {client.name} crashed right after an ensemble change of {key}")
         return version
-
-
-def _fragments(value: bytes, key: str) -> int:
-    return len(ledger_metadata.decode(value, key=key).ensembles)
 
 
 class World:

@@ -89,6 +89,18 @@ async def test_collects_only_ledgers_missing_from_metadata_for_the_grace_period(
     await storage.close()
 
 
+async def test_a_report_takes_its_times_from_the_wall_clock_seam(tmp_path: Path) -> None:
+    """A pass's ``started_at`` / ``finished_at`` come from the collector's ``wall_clock`` (the
+    bookie's clock seam), never ``time.time()``: a simulation's reports stay deterministic."""
+    storage = await filled(tmp_path, range(1, 3))
+    wall = iter([1_000.0, 1_002.5])
+    catalog = Catalog({1, 2}, counter=3)
+    gc = GarbageCollector(storage, GcConfig(), catalog, Clock(), wall_clock=lambda: next(wall))
+    report = await gc.run_once()
+    assert (report.started_at, report.finished_at) == (1_000.0, 1_002.5)
+    await storage.close()
+
+
 async def test_metadata_catalog_on_the_in_memory_store() -> None:
     """The etcd catalog's rules, on the metadata twin: no cluster or no id counter -> refuse (a
     pass then collects nothing); else every ledger id and the counter."""

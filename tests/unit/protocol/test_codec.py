@@ -221,6 +221,17 @@ def test_trailing_fields_are_ignored_for_evolution() -> None:
     assert m.decode_request(older) == m.ReadLacRequest(3, 10, None)
 
 
+def test_read_entry_response__unreadable_is_an_optional_bool() -> None:
+    """``unreadable`` came after version 1 (§7.2's fenced answer for a last entry the bookie cannot
+    read): a peer may omit it (False), it is never an int, and it round-trips."""
+    older = msgpack.packb([int(OpCode.READ_ENTRY), 4, 0, None, 9, 3, b"body", 2])
+    assert m.decode_response(older) == m.ReadEntryResponse(4, 0, None, 9, 3, b"body", 2, False)
+    marker = m.ReadEntryResponse(4, 0, None, 9, 3, None, 2, True)
+    assert m.decode_response(m.encode(marker)[4:]) == marker
+    with pytest.raises(ProtocolError, match="unreadable"):
+        m.decode_response(msgpack.packb([int(OpCode.READ_ENTRY), 4, 0, None, 9, 3, None, 2, 1]))
+
+
 def test_fast_path_and_generic_path_agree_on_rejections() -> None:
     # rejected by the fast path (wrong arity) but fine for the generic one: trailing field
     raw = msgpack.packb([1, 1, 2, 3, 0, b"k", b"body", "extra"])

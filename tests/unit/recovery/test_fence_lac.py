@@ -2,8 +2,9 @@
 
 A bookie's ``lac`` (READ_ENTRY response field) is the maximum of header LACs it never verified and
 of WRITE_LAC values: no digest covers it. Recovery takes the header LAC of the verified last entry
-each fenced bookie returns (BookKeeper's ReadLastConfirmedOp), -1 for a reply without a body; a
-body failing its digest makes the reply unknown (it does not count toward coverage).
+each fenced bookie returns (BookKeeper's ReadLastConfirmedOp), -1 for a reply without a verified
+body. A last entry the bookie cannot read (EOK + ``unreadable``) or that fails the digest still
+proves the fence; that copy is unknown in the reads that follow, never absent.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from bookkeeper_aio import LedgerRecoveryError
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import AddFlag, ReadFlag
 from metadata.ledger_metadata import LedgerState
-from tests.harness.fake_bookie import Reply
+from tests.harness.fake_bookie import FakeBookie, Reply
 from tests.unit.recovery.conftest import PASSWORD, World, payload
 
 
@@ -70,23 +71,61 @@ async def test_fence_lac__reply_without_a_body_contributes_minus_one(world: Worl
     assert sorted(world.cluster.bookies[2].ledgers[v.ledger_id].entries) == [2, 3]
 
 
-async def test_fence_lac__corrupt_last_entry_makes_the_fence_reply_unknown(world: World) -> None:
-    """E=Qw=3 Qa=2 needs 2 proven fences. b0 returns its last entry corrupt and b1 is down: only
-    b2's reply counts, so fencing does not cover the ensemble and recovery aborts (retriable)
-    before reading anything. With b1 back, b0's corrupt reply is still skipped and b1, b2 cover."""
+async def test_fence_lac__a_corrupt_last_entry_still_proves_the_fence(world: World) -> None:
+    """E=Qw=3 Qa=2 needs 2 proven fences. b0 returns its last entry failing the digest and b1 is
+    down. b0's EOK still proves its fence (the body has nothing to do with it; it contributes no
+    LAC), so b0 and b2 cover; entry 4 is unknown on b0 and b1, present on b2: close at 4."""
     v = await world.ledger([(0, [0, 1, 2])], 3, 2, {i: range(5) for i in range(3)}, in_flight_from=3)
-    b0, b1, _ = world.cluster.bookies[:3]
+    b0, b1, b2 = world.cluster.bookies[:3]
     b0.corrupt_reads.add((v.ledger_id, 4))
     await b1.kill()
-    with pytest.raises(LedgerRecoveryError, match=r"did not cover.*digest"):
+    rh = await world.client().open_ledger(v.ledger_id, password=PASSWORD, recovery=True)
+    assert rh.last_add_confirmed == 4
+    assert b0.ledgers[v.ledger_id].fenced
+    assert b2.ledgers[v.ledger_id].fenced
+    assert [e.payload async for e in rh.read()] == [payload(i) for i in range(5)]
+
+
+def _fence_reads(bookie: FakeBookie) -> list[m.ReadEntryRequest]:
+    reads = [r for r in bookie.requests if isinstance(r, m.ReadEntryRequest)]
+    return [r for r in reads if r.flags & ReadFlag.FENCE_LEDGER]
+
+
+async def test_fence_lac__two_unreadable_last_entries_fence_and_close_at_the_good_copy(world: World) -> None:
+    """E=Qw=3 Qa=2: entry 4 fails the record check on b0 and b1 (their last entry). Their fence
+    answers are EOK + ``unreadable`` (no body): they count, so the ledger is fenced even with b2
+    answering late (before, two such bookies left it unfenceable forever). Entry 4 is unknown on
+    b0 and b1, never absent: it is read from b2 and recovery closes at 4, written back."""
+    v = await world.ledger([(0, [0, 1, 2])], 3, 2, {i: range(5) for i in range(3)}, in_flight_from=3)
+    b0, b1, b2 = world.cluster.bookies[:3]
+    b0.unreadable_reads.add((v.ledger_id, 4))
+    b1.unreadable_reads.add((v.ledger_id, 4))
+    b2.script = _late_fence_answer
+    rh = await world.client().open_ledger(v.ledger_id, password=PASSWORD, recovery=True)
+    assert rh.last_add_confirmed == 4
+    assert rh.metadata.state is LedgerState.CLOSED
+    assert all(bookie.ledgers[v.ledger_id].fenced for bookie in (b0, b1, b2))
+    assert [r.entry_id for r in _fence_reads(b0) if r.entry_id >= 0][:1] == [0]  # read from the floor
+    assert 4 in _recovery_adds(world, 0)
+    assert 4 in _recovery_adds(world, 1)
+    assert [e.payload async for e in rh.read()] == [payload(i) for i in range(5)]
+
+
+@pytest.mark.parametrize("down", [False, True], ids=["all-three-unreadable", "third-down"])
+async def test_fence_lac__no_good_copy_of_the_last_entry_fails_never_closes_short(
+    world: World, down: bool
+) -> None:
+    """Entry 4 (acknowledged: b0 and b1 have it) is unreadable on b0 and b1, and b2 either cannot
+    read it either or is down. Fencing succeeds, but entry 4 has no good copy anywhere reachable:
+    the open fails with an error naming it, the ledger stays IN_RECOVERY (never CLOSED at 3)."""
+    v = await world.ledger([(0, [0, 1, 2])], 3, 2, {i: range(5) for i in range(3)}, in_flight_from=3)
+    b0, b1, b2 = world.cluster.bookies[:3]
+    for bookie in (b0, b1) if down else (b0, b1, b2):
+        bookie.unreadable_reads.add((v.ledger_id, 4))
+    if down:
+        await b2.kill()
+    with pytest.raises(LedgerRecoveryError, match=r"entry 4: .*could not give an intact copy"):
         await world.client().open_ledger(v.ledger_id, password=PASSWORD, recovery=True)
     assert (await world.ledgers.read(v.ledger_id)).metadata.state is LedgerState.IN_RECOVERY
-    for bookie in world.cluster.bookies[:3]:
-        assert not [
-            r
-            for r in bookie.requests
-            if isinstance(r, m.ReadEntryRequest) and r.flags & ReadFlag.FENCE_LEDGER and r.entry_id >= 0
-        ]
-    await b1.restart()
-    rh = await world.client(seed=8).open_ledger(v.ledger_id, password=PASSWORD, recovery=True)
-    assert rh.last_add_confirmed == 4
+    assert b0.ledgers[v.ledger_id].fenced
+    assert b1.ledgers[v.ledger_id].fenced
