@@ -24,7 +24,8 @@ from tests.integration.log.conftest import CONFIG, Cluster
 pytestmark = pytest.mark.etcd
 
 QUORUM = {"ensemble": 3, "write_quorum": 2, "ack_quorum": 2, "password": b"pw"}
-ROLL = 10
+ROLL = 200
+"""Larger than the appends of any test but the last: no automatic roll runs by surprise."""
 
 
 async def _list(cluster: Cluster, name: str) -> LogMetadata:
@@ -46,12 +47,18 @@ async def _append_until_failure(writer: LogWriter) -> None:
         await writer.append(f"late-{i}".encode())
 
 
+async def _append(writer: LogWriter, first: int, count: int) -> int:
+    """Appends ``first`` .. ``first + count - 1`` (pipelined); the next number."""
+    futures = [await writer.append_async(f"{i}".encode()) for i in range(first, first + count)]
+    await asyncio.gather(*futures)
+    return first + count
+
+
 async def _writer_with_spare(bk: BookKeeper, cluster: Cluster, name: str) -> tuple[LogWriter, int]:
     """A writer that made half a ledger of appends (the spare's trigger), and its spare's id."""
     writer = await open_log_writer(bk, name, roll_entries_max=ROLL, **QUORUM)  # type: ignore[arg-type]
     assert (await _list(cluster, name)).spare is None  # nothing ahead of time at the open
-    for i in range(ROLL // 2):
-        await writer.append(f"{i}".encode())
+    await _append(writer, 0, ROLL // 2)
     return writer, await _spare_recorded(cluster, name)
 
 
@@ -65,22 +72,13 @@ async def test_the_roll_moves_to_the_spare_and_close_deletes_the_next_one(
     assert await bk.context.ledgers.exists(spare)
     assert spare not in (await _list(cluster, "spare-roll")).ledger_ids  # not part of the log
     assert (await describe_log(bk, "spare-roll")).spare == spare
-    # the roll starts at ROLL appends and goes on in the background: append until it switched
-    count = ROLL // 2
-    while writer.ledger_id == first:
-        await writer.append(f"{count}".encode())
-        count += 1
-        assert count < 1000
+    assert await writer.roll() == spare  # the automatic roll takes it the same way
     assert writer.ledger_id == spare
     md = await _list(cluster, "spare-roll")
     assert md.ledger_ids == (first, spare)
-    assert md.spare is None or md.spare > spare  # the next spare, or none yet
-    while (await _list(cluster, "spare-roll")).spare is None:  # the next one, half way again
-        await writer.append(f"{count}".encode())
-        count += 1
-        assert count < 1000
-    next_spare = (await _list(cluster, "spare-roll")).spare
-    assert next_spare is not None
+    assert md.spare is None
+    count = await _append(writer, ROLL // 2, ROLL // 2)  # half way again: the next spare
+    next_spare = await _spare_recorded(cluster, "spare-roll")
     assert next_spare > spare
     await writer.close()
     md = await _list(cluster, "spare-roll")
@@ -158,8 +156,7 @@ async def test_a_failed_spare_is_retried_after_a_pause_and_the_roll_makes_its_ow
         raise MetadataUnavailable("etcd is down (test)")
 
     monkeypatch.setattr(bk, "create_ledger", unavailable)
-    for i in range(90):  # past half way: every one of these appends finds no spare
-        await writer.append(f"{i}".encode())
+    await _append(writer, 0, 90)  # past half way: every one of these appends finds no spare
     await asyncio.sleep(0.05)
     assert len(attempts) == 1  # then one per ROLL_RETRY_S, not one per append
     assert (await _list(cluster, "spare-fails")).spare is None
