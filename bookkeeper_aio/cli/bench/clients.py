@@ -76,7 +76,9 @@ async def run_clients(
             await client.proc.stdin.drain()
         readers = [asyncio.create_task(_read_until_result(c)) for c in procs]
         samples = await _sample_and_show(span, procs, live, label, at_span_ends)
-        await asyncio.wait_for(asyncio.gather(*readers), spec["duration_s"] + DRAIN_TIMEOUT_S)
+        # the result comes once the process closed and deleted its ledgers: that takes time too
+        ledgers_s = READY_S_PER_LEDGER * spec.get("ledgers", 1)
+        await asyncio.wait_for(asyncio.gather(*readers), spec["duration_s"] + DRAIN_TIMEOUT_S + ledgers_s)
         for client in procs:
             if client.result is None:
                 raise BenchFailed(

@@ -6,9 +6,11 @@ point through the same client processes and load loop as ``bench write``
 
 - **entry size** (``--sizes``, default 100 B .. 1 MiB): one client, one ledger; the window is
   ``--window`` but at most :data:`BYTES_IN_FLIGHT_MAX` of payload (1 MiB entries: 64 in flight);
-- **open ledgers** (``--ledger-counts``, default 1 .. 100,000): one client, ``--size`` entries,
+- **open ledgers** (``--ledger-counts``, default 1 .. 10,000): one client, ``--size`` entries,
   the adds spread round robin over that many ledgers, the window ``max(--window, ledgers)`` (each
-  ledger keeps one add in flight at least);
+  ledger keeps one add in flight at least). Creating a ledger costs the client a PBKDF2 key
+  derivation (20,000 rounds, ~5-10 ms of CPU, by design): 100,000 ledgers take ~10 minutes to
+  create, so they are not in the default sweep;
 - **journal size**: one run of ``--journal-s`` seconds at ``--size``, one ledger; its throughput
   over time, against the journal each bookie had written by then (estimated from the entries
   acknowledged: ``entries x (size + record overhead) x Qw / bookies``, the bookies' journals at
