@@ -12,9 +12,10 @@ point through the same client processes and load loop as ``bench write``
   derivation (20,000 rounds, ~5-10 ms of CPU, by design): 100,000 ledgers take ~10 minutes to
   create, so they are not in the default sweep;
 - **journal size**: one run of ``--journal-s`` seconds at ``--size``, one ledger; its throughput
-  over time, against the journal each bookie had written by then (estimated from the entries
-  acknowledged: ``entries x (size + record overhead) x Qw / bookies``, the bookies' journals at
-  the start added, from their ``/metrics``).
+  over time, against the journal each bookie had written by then: the bookies' own count
+  (``bookie_journal_written_bytes_total`` on their ``/metrics``) before and after the run, spread
+  over the timeline as the entries were acknowledged (the sweeps before it wrote to the same
+  journals: its first point is where they left it).
 
 Every point is also given as a ratio to the first point of its sweep: on a shared machine the
 absolute numbers drift, the shape of a curve taken in one run less so. ``--reps`` repeats the two
@@ -130,19 +131,27 @@ async def _journal_curve(
     run.system = "journal run"
     report.add(run)
     assert run.timeline is not None
+    after = await bookies.sample(endpoints)
     interval = run.timeline_interval_s
     per_entry = (opts.size + RECORD_OVERHEAD_BYTES) * opts.write_quorum / max(1, bookie_count)
     # the warm-up's entries are in the journal too (estimated at the measured span's first rate)
-    written = journal_start + (run.timeline[0] if run.timeline else 0) * opts.warmup_s * per_entry
+    warmup = (run.timeline[0] if run.timeline else 0) * opts.warmup_s * per_entry
+    estimated = [rate * interval * per_entry for rate in run.timeline]
+    # the bookies' own count over the run, spread over the timeline as the entries were
+    real = (_journal_bytes(after) - _journal_bytes(before)) / max(1, len(endpoints))
+    scale = real / (warmup + sum(estimated)) if real > 0 and warmup + sum(estimated) > 0 else 1.0
+    written = journal_start + warmup * scale
     rows: list[dict[str, Any]] = []
-    for rate in run.timeline:
-        written += rate * interval * per_entry
+    for rate, grown in zip(run.timeline, estimated, strict=True):
+        written += grown * scale
         rows.append({"x": round(written / 2**30, 4), "entries_per_s": rate})
     first = statistics.mean(r["entries_per_s"] for r in rows[: max(1, len(rows) // 10)]) if rows else 0
     for row in rows:
         row["ratio_to_first"] = round(row["entries_per_s"] / first, 3) if first else None
     return {
-        "x_label": "journal written per bookie (GiB, estimated)",
+        "x_label": "journal written per bookie (GiB)"
+        if scale != 1.0
+        else "journal per bookie (GiB, estimated)",
         "points": rows,
         "journal_start_gib": round(journal_start / 2**30, 4),
     }
@@ -150,4 +159,4 @@ async def _journal_curve(
 
 def _journal_bytes(samples: dict[str, bookies.BookieSample]) -> float:
     """The bookies' journal bytes written so far (their ``/metrics``; 0 where unknown)."""
-    return sum(sample.metrics.get("bookie_journal_written_bytes", 0.0) for sample in samples.values())
+    return sum(sample.metrics.get("bookie_journal_written_bytes_total", 0.0) for sample in samples.values())

@@ -182,6 +182,7 @@ def test_bench_curves_and_the_fan_in_pair__points_ratios_plot_and_clean_up(
     journal = curves["curves"]["journal_size"]["points"]
     assert len(journal) >= 10
     assert journal[-1]["x"] > journal[0]["x"] > 0  # the journal grew during the run
+    assert curves["curves"]["journal_size"]["x_label"] == "journal written per bookie (GiB)"  # measured
     assert (tmp_path / "curves" / "curves.png").read_bytes().startswith(PNG_MAGIC)
 
     fan_in = _bench(
