@@ -180,7 +180,7 @@ def add_arguments(parser: argparse.ArgumentParser, scenario: str) -> None:
         "--ledger-counts",
         default="1,10,100,1000,10000",
         help="curves: open ledgers of the ledger curve, comma-separated (default 1 .. 10000; each "
-        "ledger created costs the client a key derivation, ~5-10 ms: 100000 takes ~10 minutes)",
+        "ledger created costs the client a key derivation, ~5-10 ms: 100000 take tens of minutes)",
     )
     parser.add_argument(
         "--journal-s",
