@@ -31,6 +31,9 @@ class FakeTransport:
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         pass
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # everything written was taken at once
+
 
 def frame_bodies(data: bytes) -> Iterator[tuple[int, int]]:
     """``(start, end)`` of each frame body in ``data`` (whole frames, as the harnesses write them)."""

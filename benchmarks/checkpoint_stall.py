@@ -8,12 +8,16 @@ late it wakes up: the loop stall. Between checkpoints ``--dirty`` of the ledgers
 so an incremental checkpoint has something to re-encode. Before the checkpoints the probe runs as
 long on the idle loop: the baseline in the same run (this machine is shared; only ratios and the
 max against the 50 ms target mean anything). Only these checkpoints are written (the storage's own
-policy is set out of reach). Then the storage is closed and opened again, as a restart from the
-final checkpoint: how long the open takes, the longest stall meanwhile, and the process's RSS per
-ledger record (after the fill, against before it).
+policy is set out of reach). Then the storage is closed and opened again in a fresh process, as a
+restart from the final checkpoint: how long the open takes, the longest stall meanwhile (the probe
+runs on the loop while the recovery thread decodes the checkpoint: its GIL holds count), the RSS per
+ledger record of the restarted process, and its first checkpoint. The RSS per ledger record is also
+given for the filling process (after the fill, against before it: those records also cache their
+checkpoint rows).
 
     python -m benchmarks.checkpoint_stall                     # 200k ledgers, 3 checkpoints
     python -m benchmarks.checkpoint_stall --ledgers 1000000
+    python -m benchmarks.checkpoint_stall --reopen DATA_DIR   # the restart alone (what the above runs)
 
 Prints one JSON line per checkpoint and a summary line.
 """
@@ -29,6 +33,7 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from typing import Any
@@ -169,14 +174,8 @@ async def run(args: argparse.Namespace) -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
         await storage.close()
-        probe.start()
-        t0 = time.perf_counter()
-        storage = await Storage.open(config)  # a restart from the final checkpoint
-        open_s = time.perf_counter() - t0
-        await asyncio.sleep(args.probe_ms * 3 / 1000)
-        restart = await probe.stop()
-        print(json.dumps({"phase": "restart", "open_s": round(open_s, 3), **restart}), flush=True)
-        await storage.close()
+        restart = await _restart_elsewhere(config.data_dir, args)
+        print(json.dumps({"phase": "restart", **restart}), flush=True)
         summary: dict[str, Any] = {
             "summary": True,
             "ledgers": args.ledgers,
@@ -191,14 +190,67 @@ async def run(args: argparse.Namespace) -> None:
                 statistics.median(r["stall_ms_max"] for r in rows) / max(baseline["stall_ms_max"], 0.01), 1
             ),
             "rss_bytes_per_ledger": round(rss_per_ledger),
-            "restart_open_s": round(open_s, 3),
+            "restart_open_s": restart["open_s"],
             "restart_stall_ms_max": restart["stall_ms_max"],
+            "restart_rss_bytes_per_ledger": restart["rss_bytes_per_ledger"],
+            "restart_first_checkpoint_s": restart["first_checkpoint_s"],
+            "restart_first_checkpoint_stall_ms_max": restart["first_checkpoint"]["stall_ms_max"],
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
         }
         print(json.dumps(summary), flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+async def _restart_elsewhere(data_dir: str, args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`reopen` in a fresh process (its RSS is the restarted bookie's, nothing else's)."""
+    command = [sys.executable, "-m", "benchmarks.checkpoint_stall", "--reopen", data_dir]
+    command += ["--probe-ms", str(args.probe_ms)]
+    child = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE)
+    out, _ = await child.communicate()
+    if child.returncode:
+        raise RuntimeError(f"the restart exited {child.returncode}")
+    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return result
+
+
+async def reopen(data_dir: str, probe_ms: float) -> dict[str, Any]:
+    """Open the storage at ``data_dir`` (a restart) with the probe on: open time, stalls, RSS per
+    ledger record, then one checkpoint (the first after a start)."""
+    config = StorageConfig(
+        data_dir=data_dir,
+        bookie_id="b0",
+        checkpoint_interval_s=3600,
+        checkpoint_journal_bytes=1 << 62,
+        checkpoint_journal_records=1 << 62,
+    )
+    probe = _Probe(probe_ms / 1000)
+    await asyncio.sleep(0.2)  # the loop idle, everything imported
+    rss_before = _rss_bytes()
+    probe.start()
+    t0 = time.perf_counter()
+    storage = await Storage.open(config)
+    open_s = time.perf_counter() - t0
+    await asyncio.sleep(probe_ms * 3 / 1000)
+    opened = await probe.stop()
+    ledgers = len(storage.ledgers)
+    rss_per_ledger = (_rss_bytes() - rss_before) / max(ledgers, 1)
+    probe.start()
+    t0 = time.perf_counter()
+    await storage.write_checkpoint()
+    first_checkpoint_s = time.perf_counter() - t0
+    await asyncio.sleep(probe_ms * 3 / 1000)
+    first_checkpoint = await probe.stop()
+    await storage.close()
+    return {
+        "ledgers": ledgers,
+        "open_s": round(open_s, 3),
+        **opened,
+        "rss_bytes_per_ledger": round(rss_per_ledger),
+        "first_checkpoint_s": round(first_checkpoint_s, 3),
+        "first_checkpoint": first_checkpoint,
+    }
 
 
 def _rss_bytes() -> int:
@@ -218,7 +270,11 @@ def main() -> None:
     parser.add_argument("--probe-ms", type=float, default=5.0)
     parser.add_argument("--idle-s", type=float, default=2.0)
     parser.add_argument("--dir", default=None, help="where the temp data dir goes (default: the system's)")
+    parser.add_argument("--reopen", metavar="DATA_DIR", help="only open this bookie data dir (a restart)")
     args = parser.parse_args()
+    if args.reopen:
+        print(json.dumps(uvloop.run(reopen(args.reopen, args.probe_ms))), flush=True)
+        return
     uvloop.run(run(args))
 
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 from bookie.index import LedgerIndex
 
+_NO_WAITERS: frozenset[Waiter] = frozenset()
+"""The waiters of a ledger nobody waits on (most of them): shared, 216 bytes saved on each."""
 LONG_POLL_WAITERS_PER_LEDGER_MAX = 1024
 """Tailing readers per ledger per bookie; BookKeeper deployments see a handful, 1024 is generous."""
 
@@ -48,7 +50,9 @@ class Waiter:
 
     def _detach(self) -> None:
         if self._ledger is not None:
-            self._ledger.waiters.discard(self)
+            waiters = self._ledger.waiters
+            if isinstance(waiters, set):  # always, while attached (add_waiter made it)
+                waiters.discard(self)
             self._ledger = None
         if self._timer is not None:
             self._timer.cancel()
@@ -72,7 +76,7 @@ class LedgerState:
 
     def __init__(self, ledger_id: int) -> None:
         self.ledger_id = ledger_id
-        self.waiters: set[Waiter] = set()
+        self.waiters: set[Waiter] | frozenset[Waiter] = _NO_WAITERS
         self.key_verified = False
         """The key was found to be the one metadata checks (in memory only): a mismatching key is
         then refused at once, without asking metadata again (bookie/ledger_keys.py)."""
@@ -90,6 +94,31 @@ class LedgerState:
         self.row: bytes | None = None
         """This ledger's checkpoint row as last encoded (bookie/checkpoint.py), None once anything
         in it changed: every change below, and whoever changes the index, resets it."""
+
+    @classmethod
+    def restored(
+        cls,
+        ledger_id: int,
+        key: bytes | None,
+        fenced: bool,
+        piggyback_lac: int,
+        explicit_lac: int,
+        lac_body: bytes,
+        index: LedgerIndex,
+    ) -> LedgerState:
+        """The record as a checkpoint holds it (a fence there is durable)."""
+        state = cls.__new__(cls)
+        state.ledger_id = ledger_id
+        state.waiters = _NO_WAITERS
+        state.key_verified = False
+        state.master_key = key
+        state.fenced = state.fence_durable = fenced
+        state.piggyback_lac = piggyback_lac
+        state.explicit_lac = explicit_lac
+        state.lac_body = lac_body
+        state.index = index
+        state.row = None
+        return state
 
     @property
     def lac(self) -> int:
@@ -143,5 +172,7 @@ class LedgerState:
             return None
         waiter = Waiter(self, previous_lac, callback)
         waiter._timer = loop.call_later(timeout_s, waiter.fire, WakeReason.TIMEOUT)
+        if not isinstance(self.waiters, set):
+            self.waiters = set()
         self.waiters.add(waiter)
         return waiter

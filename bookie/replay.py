@@ -22,6 +22,7 @@ from bookie import journal_format as fmt
 from bookie.fileio import FileIO
 from bookie.journal_format import Position
 from bookie.ledger_state import LedgerState
+from bookie.threads import GilShare
 
 log = structlog.get_logger(__name__)
 
@@ -49,6 +50,7 @@ def apply_record(ledgers: dict[int, LedgerState], segment_id: int, record: fmt.R
     state = ledgers.get(ledger_id)
     if state is None:
         state = ledgers[ledger_id] = LedgerState(ledger_id)
+    state.row = None  # the checkpoint row kept from the file no longer says it all
     if record.type == fmt.RecordType.ENTRY:
         _, entry_id = fmt.parse_ledger_entry(body)
         state.index.put(entry_id, segment_id, record.offset, record.length)
@@ -90,10 +92,12 @@ def _check_indexed_segments(ledgers: dict[int, LedgerState], ids: list[int]) -> 
     """Every segment the checkpoint's index points into must exist (GC deletes a segment only once
     a durable checkpoint no longer points into it): otherwise entries would read as EIO."""
     present = set(ids)
+    tick = GilShare().tick
     for state in ledgers.values():
-        counts: dict[int, int] = {}
-        state.index.segment_bytes(counts)
-        missing = sorted(set(counts) - present)
+        tick()
+        if not state.index.count:
+            continue
+        missing = sorted(state.index.segment_ids() - present)
         if missing:
             raise fmt.JournalCorrupt(
                 f"the index checkpoint points ledger {state.ledger_id} into journal segment "
@@ -102,20 +106,24 @@ def _check_indexed_segments(ledgers: dict[int, LedgerState], ids: list[int]) -> 
             )
 
 
-def load_checkpoint(fileio: FileIO, data_dir: str) -> tuple[Position | None, dict[int, LedgerState]]:
+def load_checkpoint(
+    fileio: FileIO, data_dir: str, row_cache_bytes_max: int = 0
+) -> tuple[Position | None, dict[int, LedgerState]]:
     path = os.path.join(data_dir, INDEX_DIR, CHECKPOINT_FILE)
     if not fileio.exists(path):
         return None, {}
-    position, ledgers = checkpoint.decode(fileio.read_file(path))
+    position, ledgers = checkpoint.decode(fileio.read_file(path), row_cache_bytes_max)
     return position, ledgers
 
 
-def recover(fileio: FileIO, data_dir: str) -> Recovered:
-    """Rebuild in-memory state from checkpoint + journal. Raises JournalCorrupt / CheckpointCorrupt."""
+def recover(fileio: FileIO, data_dir: str, row_cache_bytes_max: int = 0) -> Recovered:
+    """Rebuild in-memory state from checkpoint + journal. Raises JournalCorrupt / CheckpointCorrupt.
+    Checkpoint rows up to ``row_cache_bytes_max`` are kept for the next checkpoint
+    (:func:`bookie.checkpoint.decode`); replay drops the row of every ledger it changes."""
     journal_dir = os.path.join(data_dir, JOURNAL_DIR)
     fileio.makedirs(journal_dir)
     fileio.makedirs(os.path.join(data_dir, INDEX_DIR))
-    position, ledgers = load_checkpoint(fileio, data_dir)
+    position, ledgers = load_checkpoint(fileio, data_dir, row_cache_bytes_max)
     ids = segment_ids(fileio, journal_dir)
     if position is None:
         _check_consecutive(ids)
@@ -146,7 +154,9 @@ def recover(fileio: FileIO, data_dir: str) -> Recovered:
                     f"journal segment {bad_id:016x} is damaged at offset {bad_at} but later segment "
                     f"{segment_id:016x} holds data: refusing to start (no silent truncation)"
                 )
+            tick = GilShare().tick
             for record in scan.records:
+                tick()
                 apply_record(ledgers, segment_id, record)
             result.records_replayed += len(scan.records)
             if scan.groups or segment_id == position.segment_id:

@@ -1,4 +1,4 @@
-"""``bkaio bench write|read|tail|recovery|restart|log``: how fast is the cluster, against what, and
+"""``bkaio bench write|read|tail|recovery|restart|log|curves``: how fast is the cluster, against what, and
 where does the time go, in one command (BookKeeper's ``bin/benchmark``).
 
 Runs against the sandbox by default (its state file says where it is), any cluster
@@ -7,7 +7,7 @@ Runs against the sandbox by default (its state file says where it is), any clust
 ``$BKAIO_HOME/bench/<time>-<scenario>``) and prints the summary. The pieces:
 :mod:`.options` (the command line), :mod:`.load` (the load loop), :mod:`.worker` / :mod:`.clients`
 (client processes), :mod:`.bookies` (the bookie side), :mod:`.peers` (``--compare``),
-:mod:`.writes` and :mod:`.scenarios` (what each scenario runs), :mod:`.report` (the folder).
+:mod:`.writes`, :mod:`.curves` and :mod:`.scenarios` (what each scenario runs), :mod:`.report` (the folder).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ HELP = {
     "recovery": "fence + recover a ledger whose writer died with adds in flight",
     "restart": "a bookie killed with -9 and restarted: time to serve, to register, to /ready",
     "log": "log appends against plain ledger appends, through a roll",
+    "curves": "write throughput against entry size, open ledgers and journal size, plotted",
 }
 
 Scenario = Callable[[BenchOptions, str, "Report", LiveLine], Awaitable[None]]
@@ -51,7 +52,7 @@ Scenario = Callable[[BenchOptions, str, "Report", LiveLine], Awaitable[None]]
 def add_commands(sub: Any) -> None:
     bench = sub.add_parser(
         "bench",
-        help="benchmark the cluster (write, read, tail, recovery, restart, log)",
+        help="benchmark the cluster (write, read, tail, recovery, restart, log, curves)",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     scenarios = bench.add_subparsers(dest="bench_command", required=True, metavar="SCENARIO")
@@ -138,6 +139,10 @@ def _scenario(name: str) -> Scenario:
         from bookkeeper_aio.cli.bench.writes import run_write
 
         return run_write
+    if name == "curves":
+        from bookkeeper_aio.cli.bench.curves import run_curves
+
+        return run_curves
     from bookkeeper_aio.cli.bench.scenarios import run_log, run_read, run_recovery, run_restart, run_tail
 
     table: dict[str, Scenario] = {

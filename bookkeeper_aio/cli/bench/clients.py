@@ -24,7 +24,9 @@ from bookkeeper_aio.cli.bench.load import Span, clock
 from bookkeeper_aio.cli.bench.stats import latency_ms, merge
 
 READY_TIMEOUT_S = 60.0
-"""Connecting, creating the ledgers and writing one entry each: minutes would mean a sick cluster."""
+"""Connecting, creating the ledgers and writing one entry each: minutes would mean a sick cluster
+(plus :data:`READY_S_PER_LEDGER` for each ledger of a process)."""
+READY_S_PER_LEDGER = 0.01
 START_DELAY_S = 0.3
 """The shared start is this far ahead of the go line, so every process is waiting when it comes."""
 DRAIN_TIMEOUT_S = 60.0
@@ -64,7 +66,8 @@ async def run_clients(
         for index in range(clients):
             log_path = out / f"{label}-client-{index}.log"
             procs.append(await _start(index, {**spec, "index": index}, log_path))
-        await asyncio.wait_for(asyncio.gather(*(_wait_ready(c) for c in procs)), READY_TIMEOUT_S)
+        ready_s = READY_TIMEOUT_S + READY_S_PER_LEDGER * spec.get("ledgers", 1)
+        await asyncio.wait_for(asyncio.gather(*(_wait_ready(c) for c in procs)), ready_s)
         start = clock() + START_DELAY_S
         span = Span(start, spec["warmup_s"], spec["duration_s"], spec["interval_s"])
         for client in procs:
@@ -73,7 +76,9 @@ async def run_clients(
             await client.proc.stdin.drain()
         readers = [asyncio.create_task(_read_until_result(c)) for c in procs]
         samples = await _sample_and_show(span, procs, live, label, at_span_ends)
-        await asyncio.wait_for(asyncio.gather(*readers), spec["duration_s"] + DRAIN_TIMEOUT_S)
+        # the result comes once the process closed and deleted its ledgers: that takes time too
+        ledgers_s = READY_S_PER_LEDGER * spec.get("ledgers", 1)
+        await asyncio.wait_for(asyncio.gather(*readers), spec["duration_s"] + DRAIN_TIMEOUT_S + ledgers_s)
         for client in procs:
             if client.result is None:
                 raise BenchFailed(

@@ -20,19 +20,22 @@ from bookkeeper_aio.cli.bench.errors import BenchUsageError
 from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.client.discovery import home
 
-SCENARIOS = ("write", "read", "tail", "recovery", "restart", "log")
-PEERS = ("bound", "nats", "etcd", "single-reads")
+SCENARIOS = ("write", "read", "tail", "recovery", "restart", "log", "curves")
+PEERS = ("bound", "nats", "etcd", "single-reads", "one-client")
 PEERS_BY_SCENARIO: dict[str, tuple[str, ...]] = {
-    "write": ("bound", "nats", "etcd"),
+    "write": ("bound", "nats", "etcd", "one-client"),
     "read": ("etcd", "single-reads"),
     "tail": ("etcd",),
     "recovery": ("etcd",),
     "restart": ("etcd",),
     "log": ("etcd",),
+    "curves": (),
 }
 """``--compare`` peers each scenario can run: the bound and NATS take the write shape only; etcd is
 the metadata path, beside any scenario; ``single-reads`` is our own read with batch reads turned off
-(one request per entry: the read path before batching, in the same run)."""
+(one request per entry: the read path before batching, in the same run); ``one-client`` is our own
+write from one client process with one ledger (the same window), beside a fan-in shape
+(``--clients 4 --ledgers 25``): the aggregate against the one-client figure in the same run."""
 
 BOUND_ENV = "BKAIO_BENCH_BOUND"
 """Where ``--compare bound`` finds ``replication_bound.py`` when ``--bound-script`` is not given."""
@@ -72,6 +75,9 @@ class BenchOptions:
     journal_mib: int
     roll_every: int
     in_flight: int
+    sizes: tuple[int, ...] = (100, 1024, 10 * 1024, 100 * 1024, 1024 * 1024)
+    ledger_counts: tuple[int, ...] = (1, 10, 100, 1000, 10_000)
+    journal_s: float = 30.0
 
     @property
     def closed_loop(self) -> bool:
@@ -165,6 +171,23 @@ def add_arguments(parser: argparse.ArgumentParser, scenario: str) -> None:
     parser.add_argument(
         "--in-flight", type=int, default=1000, help="recovery: adds in flight when the writer dies"
     )
+    parser.add_argument(
+        "--sizes",
+        default="100,1024,10240,102400,1048576",
+        help="curves: entry sizes in bytes, comma-separated (default 100 B .. 1 MiB)",
+    )
+    parser.add_argument(
+        "--ledger-counts",
+        default="1,10,100,1000,10000",
+        help="curves: open ledgers of the ledger curve, comma-separated (default 1 .. 10000; each "
+        "ledger created costs the client a key derivation, ~5-10 ms: 100000 take tens of minutes)",
+    )
+    parser.add_argument(
+        "--journal-s",
+        type=float,
+        default=30.0,
+        help="curves: seconds of the journal curve's run (throughput as the journal grows; default 30)",
+    )
 
 
 def build(args: argparse.Namespace, scenario: str) -> BenchOptions:
@@ -202,6 +225,10 @@ def build(args: argparse.Namespace, scenario: str) -> BenchOptions:
     _check_range("--journal-mib", args.journal_mib, 1, 64 * 1024)
     _check_range("--roll-every", args.roll_every, 1, 1_000_000_000)
     _check_range("--in-flight", args.in_flight, 1, WINDOW_MAX)
+    sizes = _int_list("--sizes", args.sizes, 1, ENTRY_BYTES_MAX)
+    ledger_counts = _int_list("--ledger-counts", args.ledger_counts, 1, LEDGERS_MAX)
+    if not 0 < args.journal_s <= 24 * 3600:
+        raise BenchUsageError(f"--journal-s must be > 0 and at most a day, in seconds, got {args.journal_s}")
     compare = _peers(args.compare, scenario)
     bound_script = None
     if "bound" in compare:
@@ -232,12 +259,29 @@ def build(args: argparse.Namespace, scenario: str) -> BenchOptions:
         journal_mib=args.journal_mib,
         roll_every=args.roll_every,
         in_flight=args.in_flight,
+        sizes=sizes,
+        ledger_counts=ledger_counts,
+        journal_s=float(args.journal_s),
     )
 
 
 def _check_range(name: str, value: int, low: int, high: int) -> None:
     if not low <= value <= high:
         raise BenchUsageError(f"{name} must be in [{low}, {high}], got {value}")
+
+
+def _int_list(name: str, text: str, low: int, high: int) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise BenchUsageError(
+            f"{name} takes integers separated by commas (e.g. 1,10,100), not {text!r}"
+        ) from None
+    if not values:
+        raise BenchUsageError(f"{name} needs at least one value (e.g. 1,10,100)")
+    for value in values:
+        _check_range(name, value, low, high)
+    return values
 
 
 def _peers(given: list[str], scenario: str) -> tuple[str, ...]:

@@ -1,6 +1,7 @@
 """The results folder of one ``bkaio bench`` run: ``result.json`` (everything, for scripts),
 ``summary.md`` (the table a person reads, with the command that made it), and PNG plots
-(``latency.png``: latency by percentile, ``throughput.png``: entries/s over time), drawn with
+(``latency.png``: latency by percentile, ``throughput.png``: entries/s over time, ``curves.png``:
+the cost curves of ``bench curves``), drawn with
 matplotlib (the ``bench`` extra; without it the plots are skipped with a note).
 
 Runs are kept per system (``bookkeeper`` and each ``--compare`` peer) and rep; the summary gives
@@ -50,6 +51,8 @@ class Report:
     cluster: dict[str, Any] = field(default_factory=dict)
     runs: list[Run] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    curves: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """``bench curves``: name -> ``{"x_label", "points": [{"x", "entries_per_s", ...}]}``."""
     started: str = field(
         default_factory=lambda: datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     )
@@ -126,6 +129,7 @@ class Report:
             ],
             "summary": self.summary(),
             "ratios": self.ratios(),
+            "curves": self.curves,
             "notes": self.notes,
         }
 
@@ -192,6 +196,32 @@ class Report:
             fig.savefig(out / "throughput.png", dpi=100)
             plt.close(fig)
             written.append("throughput.png")
+        if self.curves:
+            fig, axes = plt.subplots(1, len(self.curves), figsize=(5 * len(self.curves), 4.5), squeeze=False)
+            for ax, (name, curve) in zip(axes[0], self.curves.items(), strict=True):
+                points = curve["points"]
+                xs = [p["x"] for p in points]
+                ax.plot(xs, [p["entries_per_s"] for p in points], marker="o", label="entries/s")
+                if name != "journal_size":
+                    ax.set_xscale("log")
+                if name == "entry_size":  # 100 B .. 1 MiB: entries/s span decades
+                    ax.set_yscale("log")
+                else:
+                    ax.set_ylim(bottom=0)
+                if name == "entry_size":
+                    twin = ax.twinx()
+                    twin.plot(xs, [p["mib_per_s"] for p in points], marker="s", color="tab:orange")
+                    twin.set_ylabel("MiB/s", color="tab:orange")
+                    twin.set_ylim(bottom=0)
+                ax.set_xlabel(curve["x_label"])
+                ax.set_ylabel("entries/s")
+                ax.set_title(name.replace("_", " "), fontsize=9)
+                ax.grid(True, alpha=0.3)
+            fig.suptitle(f"bkaio bench curves ({self.options.shape})", fontsize=9)
+            fig.tight_layout()
+            fig.savefig(out / "curves.png", dpi=100)
+            plt.close(fig)
+            written.append("curves.png")
         return written
 
 
@@ -251,6 +281,23 @@ def markdown(data: dict[str, Any]) -> str:
                 row.get("p99_ms_median_of_reps"),
             ]
             lines.append(f"| {name} | {rate} | {p50} | {p99} | {' / '.join(_fmt(v) for v in reps)} |")
+        lines.append("")
+    for name, curve in data.get("curves", {}).items():
+        points = curve["points"]
+        if name == "journal_size" and len(points) > 10:  # the timeline: every tenth point
+            points = points[:: len(points) // 10] + points[-1:]
+        lines += [
+            f"Curve {name.replace('_', ' ')}: {curve['x_label']} | entries/s | ratio to the first | "
+            "MiB/s | p50 ms | p99 ms",
+            "",
+            "| x | entries/s | ratio | MiB/s | p50 ms | p99 ms |",
+            "|---|---|---|---|---|---|",
+        ]
+        for p in points:
+            lines.append(
+                f"| {_fmt(p['x'])} | {_fmt(p['entries_per_s'])} | {_fmt(p.get('ratio_to_first'))} | "
+                f"{_fmt(p.get('mib_per_s'))} | {_fmt(p.get('p50_ms'))} | {_fmt(p.get('p99_ms'))} |"
+            )
         lines.append("")
     breakdowns = [run for run in data["runs"] if run.get("bookie_side")]
     if breakdowns:

@@ -9,6 +9,7 @@ Ours: ``--clients`` processes, each with ``--ledgers`` ledgers and a window of `
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 from bookkeeper_aio.cli.bench import bookies, peers
@@ -108,6 +109,11 @@ async def run_write(opts: BenchOptions, url: str, report: Report, live: LiveLine
             for system in order:
                 if system == OURS:
                     report.add(await run_ours(opts, url, rep, live))
+                elif system == "one-client":  # the fan-in's baseline: one process, one ledger
+                    one = dataclasses.replace(opts, clients=1, ledgers=1)
+                    run = await run_ours(one, url, rep, live)
+                    run.system = "one-client"
+                    report.add(run)
                 elif system == "bound":
                     live.show(f"bound rep {rep}: {opts.warmup_s + opts.duration_s:.0f} s ...")
                     report.add(await peers.run_bound(opts, rep))

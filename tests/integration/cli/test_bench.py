@@ -158,3 +158,40 @@ def test_bench_scenarios__read_tail_recovery_restart_log_each_report_and_clean_u
     assert any(note.startswith("log / ledger throughput") for note in log["notes"])
 
     assert asyncio.run(_ledgers(cluster)) == []  # nothing the benchmarks made is left behind
+
+
+@pytest.mark.slow
+def test_bench_curves_and_the_fan_in_pair__points_ratios_plot_and_clean_up(
+    cluster: str, tmp_path: Path
+) -> None:
+    curves = _bench(
+        cluster,
+        tmp_path / "curves",
+        "curves",
+        "--duration", "1", "--warmup", "0.2", "--sizes", "100,65536", "--ledger-counts", "1,300",
+        "--journal-s", "2",
+    )  # fmt: skip
+    sizes = curves["curves"]["entry_size"]["points"]
+    assert [p["x"] for p in sizes] == [100, 65536]
+    assert sizes[0]["ratio_to_first"] == 1.0
+    assert all(p["entries_per_s"] > 0 for p in sizes)
+    assert sizes[1]["mib_per_s"] > sizes[1]["entries_per_s"] * 65536 / 2**20 * 0.99
+    counts = {r["system"]: r for r in curves["runs"]}
+    assert counts["ledgers 300"]["window"] == 1000
+    assert counts["ledgers 300"]["fairness_min_over_max"] is not None  # 300 ledgers written
+    journal = curves["curves"]["journal_size"]["points"]
+    assert len(journal) >= 10
+    assert journal[-1]["x"] > journal[0]["x"] > 0  # the journal grew during the run
+    assert curves["curves"]["journal_size"]["x_label"] == "journal written per bookie (GiB)"  # measured
+    assert (tmp_path / "curves" / "curves.png").read_bytes().startswith(PNG_MAGIC)
+
+    fan_in = _bench(
+        cluster, tmp_path / "fan-in", "write", "--clients", "2", "--ledgers", "5", "--duration", "1",
+        "--warmup", "0.2", "--compare", "one-client",
+    )  # fmt: skip
+    by_system = {run["system"]: run for run in fan_in["runs"]}
+    assert len(by_system["bookkeeper"]["clients"]) == 2
+    assert len(by_system["one-client"]["clients"]) == 1
+    assert by_system["bookkeeper"]["fairness_min_over_max"] > 0
+    assert fan_in["ratios"]["bookkeeper/one-client"]["entries_per_s"] > 0
+    assert asyncio.run(_ledgers(cluster)) == []  # nothing the benchmarks made is left behind

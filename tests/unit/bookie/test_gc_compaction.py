@@ -422,3 +422,36 @@ async def test_a_crash_at_each_step_of_compacting_a_rolled_segment_loses_nothing
     await assert_kept_read_back(final)
     assert (await final.read_entry(3, ENTRIES))[1] == entry(3, ENTRIES)
     await final.close()
+
+
+async def test_walks_skip_ledgers_without_entries_and_count_every_entry() -> None:
+    """The index walks of a pass (live bytes per segment, the entries in judged segments) step over
+    empty ledgers, share loop turns between small ones, and still see every entry: dense, in the
+    overflow only, and in a ledger bigger than one step."""
+    from bookie.index import DENSE_GAP_MAX
+    from bookie.ledger_state import LedgerState
+
+    ledgers: dict[int, LedgerState] = {i: LedgerState(i) for i in range(1, 2001)}  # empty
+    ledgers[7].index.put(3, 2, 100, 50)
+    ledgers[8].index.put(DENSE_GAP_MAX * 5, 3, 16, 70)
+    ledgers[8].index.put(0, 4, 16, 30)  # far below the base: the overflow
+    for entry_id in range(compaction.WALK_SLOTS_PER_STEP * 2 + 5):
+        ledgers[9].index.put(entry_id, 2 + entry_id % 2, 200 + entry_id, 10)
+    storage = type("S", (), {"ledgers": ledgers})()
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    counter = asyncio.get_running_loop().create_task(count_turns())
+    usage = await compaction.segment_usage(storage)  # type: ignore[arg-type]
+    live = await compaction._live_entries(storage, frozenset({3, 4}))  # type: ignore[arg-type]
+    counter.cancel()
+    steps = 2 * compaction.WALK_SLOTS_PER_STEP + 5
+    assert usage == {2: 50 + (steps + 1) // 2 * 10, 3: 70 + steps // 2 * 10, 4: 30}
+    assert [(lid, eid) for _, lid, eid, _ in live[4]] == [(8, 0)]
+    assert len(live[3]) == 1 + steps // 2
+    assert 2 <= turns < 20  # the big ledger yields; 2000 empty ledgers cost no turn each

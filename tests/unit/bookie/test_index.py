@@ -106,7 +106,9 @@ def test_put_run_matches_put(puts: list[tuple[int, int]], cuts: list[int]) -> No
     assert in_runs.items() == one_by_one.items()
     assert len(in_runs) == len(one_by_one)
     assert in_runs.last_entry_id == one_by_one.last_entry_id
-    assert in_runs.to_wire() == one_by_one.to_wire()
+    assert [list(part) if not isinstance(part, int) else part for part in in_runs.snapshot()] == [
+        list(part) if not isinstance(part, int) else part for part in one_by_one.snapshot()
+    ]
 
 
 @given(
@@ -135,3 +137,14 @@ def test_run_is_get_up_to_the_first_absent(
     got = [Location(*split_position(p), length) for p, length in zip(positions, lengths, strict=True)]
     assert got == expected
     assert all(segment_position(*split_position(p)) == p for p in positions)
+
+
+def test_empty_indexes_share_nothing_they_change_and_know_their_segments() -> None:
+    first, second = LedgerIndex(), LedgerIndex()
+    first.put(5, 3, 16, 40)
+    first.put(10 * DENSE_GAP_MAX, 9, 16, 40)  # the overflow
+    assert (len(second), second.get(5), second.get(10 * DENSE_GAP_MAX)) == (0, None, None)
+    second.put(7, 4, 16, 40)
+    assert first.segment_ids() == {3, 9}
+    assert second.segment_ids() == {4}
+    assert LedgerIndex().segment_ids() == set()

@@ -19,11 +19,17 @@ from bookkeeper_aio.cli.main import main
         (["write", "--rate", "-1"], "--rate must be >= 0"),
         (["write", "--duration", "0"], "--duration must be > 0"),
         (["write", "--warmup", "-1"], "--warmup must be in [0, 3600]"),
-        (["write", "--compare", "kafka"], "unknown peer; choose from bound, nats, etcd, single-reads"),
+        (["write", "--compare", "kafka"], "choose from bound, nats, etcd, single-reads, one-client"),
         (["read", "--compare", "nats"], "does not apply to `bench read`; it takes etcd, single-reads"),
         (["write", "--compare", "bound"], "pass --bound-script PATH or set $BKAIO_BENCH_BOUND"),
         (["write", "--compare", "bound", "--bound-script", "/nonexistent/bound.py"], "is not a file"),
         (["write", "--sandbox"], "--sandbox starts a cluster of its own: drop --metadata"),
+        (["curves", "--sizes", "100,1k"], "--sizes takes integers separated by commas"),
+        (["curves", "--sizes", "0"], "--sizes must be in [1,"),
+        (["curves", "--ledger-counts", ","], "--ledger-counts needs at least one value"),
+        (["curves", "--ledger-counts", "1,1000000"], "--ledger-counts must be in [1, 100000]"),
+        (["curves", "--journal-s", "0"], "--journal-s must be > 0"),
+        (["curves", "--compare", "bound"], "does not apply to `bench curves`"),
     ],
 )
 def test_bench_options__refused_with_what_to_do(

@@ -46,3 +46,26 @@ def test_report__medians_ratios_and_files(tmp_path: Path) -> None:
     assert "| bookkeeper/nats | 2 | 2 | - | 1 / 2 / - |" in summary
     assert data["files"] == ["result.json", "summary.md", "latency.png", "throughput.png"]
     assert (out / "latency.png").stat().st_size > 1000
+
+
+def test_report__curves_go_to_the_summary_the_json_and_a_plot(tmp_path: Path) -> None:
+    report = Report(_options(tmp_path / "out"), "bkaio bench curves")
+    report.add(Run("size 100 B", 0, {"entries_per_s": 1000.0}))
+    report.curves["entry_size"] = {
+        "x_label": "entry size (bytes)",
+        "points": [
+            {"x": 100, "entries_per_s": 1000.0, "ratio_to_first": 1.0, "mib_per_s": 0.1},
+            {"x": 1024, "entries_per_s": 800.0, "ratio_to_first": 0.8, "mib_per_s": 0.78},
+        ],
+    }
+    report.curves["journal_size"] = {
+        "x_label": "journal (GiB)",
+        "points": [{"x": i / 100, "entries_per_s": 500.0 + i, "ratio_to_first": 1.0} for i in range(30)],
+    }
+    data = report.write()
+    assert data["curves"]["entry_size"]["points"][1]["ratio_to_first"] == 0.8
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| 1024 | 800 | 0.8 | 0.78 | - | - |" in summary
+    assert summary.count("| 0.") < 20  # the journal timeline is thinned to about ten rows
+    assert "curves.png" in data["files"]
+    assert (tmp_path / "out" / "curves.png").stat().st_size > 1000
