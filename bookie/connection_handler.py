@@ -257,12 +257,14 @@ class ServerConnection(asyncio.Protocol):
         self._paused_by_permits = False
         self._paused_by_server = False
         self._paused_by_errors = False
+        self._paused_by_keys = False
         self._held = False
         """Bytes arrived while reading was to be paused and were not processed (data_received)."""
         self._errors_timer: asyncio.TimerHandle | None = None
         self.halted = False
-        """Closed, or not to be read for now (its address's error budget is in deficit): the
-        processor's frame loop stops at the next frame (one test, as for ``closed`` before)."""
+        """Closed, or not to be read for now (its address's error budget is in deficit, or its
+        address has too many requests waiting for key checks): the processor's frame loop stops at
+        the next frame (one test, as for ``closed`` before)."""
         self._reading_paused = False
         self._deadline: asyncio.TimerHandle | None = None
         self._frames_since_arm = 0
@@ -447,9 +449,21 @@ class ServerConnection(asyncio.Protocol):
         if wait_s > 0:
             self._errors_timer = self._loop.call_later(wait_s, self._on_errors_paid)
             return
-        self._paused_by_errors = self.halted = False
+        self._paused_by_errors = False
+        self.halted = self._paused_by_keys
         self._update_reading()
         if self._buf:
+            self._loop.call_soon(self._process_buffer)
+
+    def pause_by_keys(self, paused: bool) -> None:
+        """Stop (or resume) reading: this peer address has too many requests waiting for key
+        checks against metadata (:mod:`bookie.ledger_keys`), which is backpressure, not a refusal."""
+        if self.closed:
+            return
+        self._paused_by_keys = paused
+        self.halted = paused or self._paused_by_errors
+        self._update_reading()
+        if not paused and not self.halted and self._buf:
             self._loop.call_soon(self._process_buffer)
 
     def warn(self, event: str, **fields: Any) -> None:
@@ -525,6 +539,7 @@ class ServerConnection(asyncio.Protocol):
             or self._paused_by_server
             or self._paused_by_writes
             or self._paused_by_errors
+            or self._paused_by_keys
         ):
             self._update_deadline()  # progress was made, or we are the slow side: re-arm
             return
@@ -726,6 +741,7 @@ class ServerConnection(asyncio.Protocol):
             or self._paused_by_server
             or self._paused_by_writes
             or self._paused_by_errors
+            or self._paused_by_keys
             or self._auth_busy
         )
         if want_paused != self._reading_paused:
