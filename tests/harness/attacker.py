@@ -19,8 +19,9 @@ Kinds (each connection keeps ``--window`` requests in flight, new ones as answer
 - ``trailing`` / ``bad-utf8``: requests with bytes after the request, and HELLOs whose client
   name is not UTF-8 (docs/protocol.md §1: EBADREQ, the connection goes on)
 
-The summary: ``sent``, ``answers`` (by status name), ``connections`` opened, ``closed`` (by the
-bookie), ``refused`` (connections that failed at once or were closed before any answer).
+The summary: ``sent``, ``answers`` (by status name), ``connections`` opened, ``attempts``
+(tls-stall: connections tried), ``closed`` (by the bookie), ``refused`` (connections that failed at
+once or were closed before any answer).
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ class Tally:
         self.sent = 0
         self.answers: collections.Counter[str] = collections.Counter()
         self.connections = 0
+        self.attempts = 0
+        """Connections tried (tls-stall): opened, or failed at once."""
         self.closed = 0
         self.refused = 0
 
@@ -116,6 +119,7 @@ class Tally:
             "sent": self.sent,
             "answers": dict(self.answers),
             "connections": self.connections,
+            "attempts": self.attempts,
             "closed": self.closed,
             "refused": self.refused,
         }
@@ -247,6 +251,7 @@ async def _tls_stall(
     One the bookie closes within ``REFUSED_WITHIN_S`` counts as refused."""
     loop = asyncio.get_running_loop()
     while loop.time() < deadline:
+        tally.attempts += 1
         try:
             reader, writer = await asyncio.open_connection(*target, **_source(args))
         except OSError:
