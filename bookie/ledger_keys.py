@@ -37,8 +37,9 @@ counted per peer address: once a peer has :data:`WAITING_PER_PEER_MAX` of them, 
 together :data:`WAITING_MAX`, the connection that added one stops being read (after the frames of
 the read in hand) until that count halves. Each lookup is bounded by :data:`LOOKUP_TIMEOUT_S` once
 started (EIO after). An attacker's unknown ids still cost it refusals (EUA), charged to its
-address's error budget (bookie/connection_handler.py). The peer is the ``peer_address`` of the
-request's reply target (the connection).
+address's error budget (bookie/connection_handler.py), and a queued lookup whose requests' connections
+all closed is dropped unread. The peer is the ``peer_address`` of the request's reply target (the
+connection).
 """
 
 from __future__ import annotations
@@ -104,13 +105,15 @@ class _Parked(NamedTuple):
 class _Lookup:
     """One ledger's metadata read: queued in its peer's turn, then under way."""
 
-    __slots__ = ("future", "peer", "started")
+    __slots__ = ("future", "peer", "started", "verifiers")
 
     def __init__(self, future: asyncio.Future[KeyInfo], peer: str) -> None:
         self.future = future
         self.peer = peer
         """The peer address whose request asked for it (its read slot is counted there)."""
         self.started = False
+        self.verifiers = 0
+        """Requests other than adds awaiting it (:meth:`KeyVerifier.verify`)."""
 
 
 class KeyVerifier:
@@ -182,7 +185,7 @@ class KeyVerifier:
         self._wait(peer, target)
         try:
             joined = self._under_way(ledger_id)
-            info = await asyncio.shield(self._start_lookup(ledger_id, peer).future)
+            info = await self._await_lookup(ledger_id, peer)
             try:
                 self._settle(ledger_id, key, info)
             except KeyRefused:
@@ -191,10 +194,18 @@ class KeyVerifier:
                 self.refused -= 1  # not yet: decided again
                 # the lookup joined may have read metadata before the ledger was created: one that
                 # began after this request decides (see _Parked.fresh)
-                info = await asyncio.shield(self._start_lookup(ledger_id, peer).future)
+                info = await self._await_lookup(ledger_id, peer)
                 self._settle(ledger_id, key, info)
         finally:
             self._unwait(peer, 1)
+
+    async def _await_lookup(self, ledger_id: int, peer: str) -> KeyInfo:
+        lookup = self._start_lookup(ledger_id, peer)
+        lookup.verifiers += 1
+        try:
+            return await asyncio.shield(lookup.future)
+        finally:  # cancelled too (its connection closed): a queued lookup nobody awaits is dropped
+            lookup.verifiers -= 1
 
     # ------------------------------------------------------------------ lookups and their slots
     def _under_way(self, ledger_id: int) -> bool:
@@ -241,7 +252,31 @@ class KeyVerifier:
             ledger_id = queue.popleft()
             if queue:
                 queued[peer] = queue  # to the end: the next turn is another peer's
-            self._run(ledger_id, self._lookups[ledger_id])
+            lookup = self._lookups[ledger_id]
+            if self._awaited(ledger_id, lookup):
+                self._run(ledger_id, lookup)
+            else:
+                self._drop(ledger_id, lookup)
+
+    def _awaited(self, ledger_id: int, lookup: _Lookup) -> bool:
+        """Whether a queued lookup still has a request on an open connection waiting for it (an
+        attacker that sends many unknown ids and closes its connections leaves only the reads
+        under way behind, not its queue)."""
+        if lookup.verifiers:
+            return True
+        return any(not getattr(add.target, "closed", False) for add in self._parked.get(ledger_id, ()))
+
+    def _drop(self, ledger_id: int, lookup: _Lookup) -> None:
+        """Forget a queued lookup nobody waits for any more (:meth:`_awaited`)."""
+        del self._lookups[ledger_id]
+        error = ConnectionError(f"ledger {ledger_id}: the connection closed before its key check")
+        lookup.future.set_exception(error)
+        lookup.future.exception()  # retrieved: nobody waits on it
+        parked = self._parked.pop(ledger_id, [])
+        for add in parked:
+            add.batch_type(add.target).on_error(add.request.request_id, error)
+        for peer_of, count in collections.Counter(_peer(add.target) for add in parked).items():
+            self._unwait(peer_of, count)
 
     async def _lookup(self, ledger_id: int) -> KeyInfo:
         async with asyncio.timeout(LOOKUP_TIMEOUT_S):

@@ -199,6 +199,7 @@ class Client:
 
     def __init__(self, address: str) -> None:
         self.peer_address = address
+        self.closed = False
         self.pauses: list[bool] = []
         self.answers: dict[int, asyncio.Future[None]] = {}
 
@@ -265,4 +266,20 @@ async def test_a_peer_with_too_many_requests_waiting_is_not_read_until_half_are_
     md.open.set()
     await asyncio.gather(*adds)
     assert broker.pauses == [True, False]
+    await storage.close()
+
+
+async def test_the_queue_of_a_peer_whose_connections_closed_is_dropped_unread(tmp_path: Path) -> None:
+    md = Gated()
+    storage = await _open(tmp_path, md)
+    attacker, client = Client("10.0.0.9"), Client("10.0.0.1")
+    flood = [attacker.add(storage, lid) for lid in range(1, 201)]  # 64 read, 136 queued
+    await asyncio.sleep(0.01)
+    attacker.closed = True  # it goes away
+    honest = client.add(storage, 500)
+    md.open.set()
+    await honest  # its own turn, unaffected
+    results = await asyncio.gather(*flood, return_exceptions=True)  # every one answered
+    assert sorted(md.order) == [*range(1, ledger_keys.LOOKUPS_PER_PEER_MAX + 1), 500]  # the queue: unread
+    assert all(isinstance(r, ConnectionError) for r in results[ledger_keys.LOOKUPS_PER_PEER_MAX :])
     await storage.close()
