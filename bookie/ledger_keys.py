@@ -100,6 +100,8 @@ class _Parked(NamedTuple):
     """Its lookup began after it arrived. One that joined a lookup under way may have been created
     in metadata since that lookup read it (an attacker's fence of the id a client is creating): a
     refusal of it is decided again by a lookup of its own."""
+    peer: str
+    """The peer address it is counted against (a closed connection no longer says it)."""
 
 
 class _Lookup:
@@ -167,7 +169,7 @@ class KeyVerifier:
         peer = _peer(target)
         fresh = fresh or not self._under_way(lid)
         self._start_lookup(lid, peer)
-        self._parked.setdefault(lid, []).append(_Parked(request, target, batch_type, check_add, fresh))
+        self._parked.setdefault(lid, []).append(_Parked(request, target, batch_type, check_add, fresh, peer))
         self._wait(peer, target)
 
     # ------------------------------------------------------------------ other requests
@@ -275,7 +277,7 @@ class KeyVerifier:
         parked = self._parked.pop(ledger_id, [])
         for add in parked:
             add.batch_type(add.target).on_error(add.request.request_id, error)
-        for peer_of, count in collections.Counter(_peer(add.target) for add in parked).items():
+        for peer_of, count in collections.Counter(add.peer for add in parked).items():
             self._unwait(peer_of, count)
 
     async def _lookup(self, ledger_id: int) -> KeyInfo:
@@ -332,7 +334,7 @@ class KeyVerifier:
             lookup.future.exception()  # retrieved: the requests that wait on it answer it
         parked = self._parked.pop(ledger_id, [])
         self._settle_parked(ledger_id, parked, task, error)
-        for peer_of, count in collections.Counter(_peer(add.target) for add in parked).items():
+        for peer_of, count in collections.Counter(add.peer for add in parked).items():
             self._unwait(peer_of, count)
         state = self._storage.ledgers.get(ledger_id)
         if state is not None and error is None and not state.key_verified:

@@ -206,6 +206,10 @@ class Client:
     def pause_by_keys(self, paused: bool) -> None:
         self.pauses.append(paused)
 
+    def close(self) -> None:
+        self.closed = True
+        self.peer_address = ""  # as a ServerConnection's once closed
+
     def add(self, storage: Storage, ledger_id: int, entry_id: int = 0) -> asyncio.Future[None]:
         rid = ledger_id * 1000 + entry_id
         future = self.answers[rid] = asyncio.get_running_loop().create_future()
@@ -275,11 +279,15 @@ async def test_the_queue_of_a_peer_whose_connections_closed_is_dropped_unread(tm
     attacker, client = Client("10.0.0.9"), Client("10.0.0.1")
     flood = [attacker.add(storage, lid) for lid in range(1, 201)]  # 64 read, 136 queued
     await asyncio.sleep(0.01)
-    attacker.closed = True  # it goes away
+    attacker.close()  # it goes away, its reads under way and its queue waiting
     honest = client.add(storage, 500)
     md.open.set()
-    await honest  # its own turn, unaffected
-    results = await asyncio.gather(*flood, return_exceptions=True)  # every one answered
+    async with asyncio.timeout(10):  # a lost count would leave the queue unserved: fail, not hang
+        await honest  # its own turn, unaffected
+        results = await asyncio.gather(*flood, return_exceptions=True)  # every one answered
     assert sorted(md.order) == [*range(1, ledger_keys.LOOKUPS_PER_PEER_MAX + 1), 500]  # the queue: unread
     assert all(isinstance(r, ConnectionError) for r in results[ledger_keys.LOOKUPS_PER_PEER_MAX :])
+    again = Client("10.0.0.9")  # the same address, later: its count was given back, it is served
+    await asyncio.wait_for(asyncio.gather(*(again.add(storage, lid) for lid in range(1000, 1100))), 10)
+    assert again.pauses == []
     await storage.close()
