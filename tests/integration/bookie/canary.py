@@ -295,6 +295,23 @@ async def _measured(canary: Canary, seconds: float, bookie_pid: int, attacker_pi
     return phase
 
 
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` catches ``signum`` (its SigCgt mask in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+async def _handles(pid: int, signum: int, timeout_s: float = 30.0) -> None:
+    """Wait until process ``pid`` catches ``signum``."""
+    async with asyncio.timeout(timeout_s):
+        while True:  # a poll: nothing tells when another process installs a handler
+            if catches(pid, signum):
+                return
+            await asyncio.sleep(0.02)
+
+
 async def attack(
     bookies: list[BookieProcess],
     canary: Canary,
@@ -303,8 +320,9 @@ async def attack(
     rounds: int,
     slice_s: float,
 ) -> Figures:
-    """``rounds`` times: the canary alone for ``slice_s`` (the attacker process stopped: SIGSTOP),
-    then beside the attacker for ``slice_s`` (SIGCONT, after a moment to ramp up) — interleaved, so
+    """``rounds`` times: the canary alone for ``slice_s`` (the attacker's connections dropped,
+    SIGUSR1, and its process stopped, SIGSTOP: none of its requests wait at the bookie), then beside
+    the attacker for ``slice_s`` (SIGCONT and SIGUSR2, after a moment to ramp up) — interleaved, so
     that what else the machine does weighs on the baseline and the attacked phase alike. The RSS of
     the canary's bookie (``bookies[0]``) is sampled every 50 ms throughout; at the end the attacker
     is stopped (SIGTERM: it reports) and the canary reads everything back."""
@@ -328,12 +346,16 @@ async def attack(
     sampler = asyncio.get_running_loop().create_task(sample())
     baseline, attacked = Phase(), Phase()
     try:
-        await asyncio.sleep(1.0)  # the attacker starts (imports) and opens its connections
+        await _handles(proc.pid, signal.SIGUSR2)  # started (imports done): SIGUSR1 would kill it before
+        await asyncio.sleep(1.0)  # it opens its connections
         for _ in range(rounds):
+            proc.send_signal(signal.SIGUSR1)  # it drops its connections: nothing of it stays queued
+            await asyncio.sleep(0.05)
             proc.send_signal(signal.SIGSTOP)
-            await asyncio.sleep(ramp_s)  # what it sent before the stop is answered
+            await asyncio.sleep(ramp_s)  # what it sent before the stop is answered or dropped
             baseline.add(await _measured(canary, slice_s, main.proc.pid, proc.pid))
             proc.send_signal(signal.SIGCONT)
+            proc.send_signal(signal.SIGUSR2)  # it connects again and attacks
             await asyncio.sleep(ramp_s)
             attacked.add(await _measured(canary, slice_s, main.proc.pid, proc.pid))
         proc.send_signal(signal.SIGTERM)
