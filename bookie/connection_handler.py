@@ -165,6 +165,37 @@ class LogLines:
         return dropped
 
 
+class Refusals:
+    """Connections closed at accept (over ``connections_max`` or ``connections_per_address_max``):
+    counted, the first of a quiet spell logged at once and the rest as one line a second with their
+    count by reason, so a flood of connections costs one count each, not a log line (nor a clock
+    read) each."""
+
+    __slots__ = ("_pending", "_timer", "total")
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._pending: Counter[str] = Counter()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def note(self, reason: str, limit: int, peer: str) -> None:
+        self.total += 1
+        if self._timer is not None:
+            self._pending[reason] += 1
+            return
+        log.warning("connection.refused", peer=peer, reason=reason, limit=limit)
+        self._timer = asyncio.get_running_loop().call_later(REFUSALS_LOG_INTERVAL_S, self._flush)
+
+    def _flush(self) -> None:
+        self._timer = None
+        if not self._pending:
+            return  # a quiet spell: the next refusal is logged at once
+        log.warning("connection.refused", refused=dict(self._pending), interval_s=REFUSALS_LOG_INTERVAL_S)
+        self._pending.clear()
+        self._timer = asyncio.get_running_loop().call_later(REFUSALS_LOG_INTERVAL_S, self._flush)
+
+
+REFUSALS_LOG_INTERVAL_S = 1.0
 LOG_LINES_PER_S = 10.0
 """Warnings about connections' input, over all connections (burst: :data:`LOG_LINES_BURST`)."""
 LOG_LINES_BURST = 100.0
@@ -193,6 +224,7 @@ class ConnectionLimits:
         "log_lines",
         "per_address",
         "reads_in_flight_max",
+        "refusals",
     )
 
     def __init__(
@@ -229,6 +261,15 @@ class ConnectionLimits:
         self.errors = ErrorBudget(rate, rate * ERROR_BURST_S, clock)
         """Refusals per peer address (rate 0: not budgeted)."""
         self.log_lines = LogLines(LOG_LINES_PER_S, LOG_LINES_BURST, clock)
+        self.refusals = Refusals()
+
+    def admits(self, address: str) -> bool:
+        """Whether ``address`` may have one more connection (``connections_per_address_max``);
+        else the refusal is noted (:class:`Refusals`) and the caller closes the socket."""
+        if self.per_address.get(address, 0) < self.connections_per_address_max:
+            return True
+        self.refusals.note("connections_per_address_max", self.connections_per_address_max, address)
+        return False
 
 
 LOG_LINES_PER_CONNECTION = 5
@@ -257,12 +298,14 @@ class ServerConnection(asyncio.Protocol):
         self._paused_by_permits = False
         self._paused_by_server = False
         self._paused_by_errors = False
+        self._paused_by_keys = False
         self._held = False
         """Bytes arrived while reading was to be paused and were not processed (data_received)."""
         self._errors_timer: asyncio.TimerHandle | None = None
         self.halted = False
-        """Closed, or not to be read for now (its address's error budget is in deficit): the
-        processor's frame loop stops at the next frame (one test, as for ``closed`` before)."""
+        """Closed, or not to be read for now (its address's error budget is in deficit, or its
+        address has too many requests waiting for key checks): the processor's frame loop stops at
+        the next frame (one test, as for ``closed`` before)."""
         self._reading_paused = False
         self._deadline: asyncio.TimerHandle | None = None
         self._frames_since_arm = 0
@@ -306,13 +349,7 @@ class ServerConnection(asyncio.Protocol):
         self.peer = str(peername)
         limits = self._limits
         address = str(peername[0]) if isinstance(peername, tuple) and peername else self.peer
-        if limits.per_address[address] >= limits.connections_per_address_max:
-            dropped = limits.log_lines.take()
-            if dropped is not None:
-                log.warning(
-                    "connection.refused", peer=self.peer, reason="connections_per_address_max",
-                    limit=limits.connections_per_address_max, dropped=dropped,
-                )  # fmt: skip
+        if not limits.admits(address):
             self.closed = self.halted = True
             return False
         self._address = address
@@ -447,9 +484,21 @@ class ServerConnection(asyncio.Protocol):
         if wait_s > 0:
             self._errors_timer = self._loop.call_later(wait_s, self._on_errors_paid)
             return
-        self._paused_by_errors = self.halted = False
+        self._paused_by_errors = False
+        self.halted = self._paused_by_keys
         self._update_reading()
         if self._buf:
+            self._loop.call_soon(self._process_buffer)
+
+    def pause_by_keys(self, paused: bool) -> None:
+        """Stop (or resume) reading: this peer address has too many requests waiting for key
+        checks against metadata (:mod:`bookie.ledger_keys`), which is backpressure, not a refusal."""
+        if self.closed:
+            return
+        self._paused_by_keys = paused
+        self.halted = paused or self._paused_by_errors
+        self._update_reading()
+        if not paused and not self.halted and self._buf:
             self._loop.call_soon(self._process_buffer)
 
     def warn(self, event: str, **fields: Any) -> None:
@@ -525,6 +574,7 @@ class ServerConnection(asyncio.Protocol):
             or self._paused_by_server
             or self._paused_by_writes
             or self._paused_by_errors
+            or self._paused_by_keys
         ):
             self._update_deadline()  # progress was made, or we are the slow side: re-arm
             return
@@ -726,6 +776,7 @@ class ServerConnection(asyncio.Protocol):
             or self._paused_by_server
             or self._paused_by_writes
             or self._paused_by_errors
+            or self._paused_by_keys
             or self._auth_busy
         )
         if want_paused != self._reading_paused:

@@ -27,16 +27,25 @@ only when metadata *disproves* the stored key, so it never drops a legitimate fe
 stored under a junk key were never written by the ledger's writer. Bookie GC keeps every ledger
 metadata knows. Without metadata (a standalone bookie) nothing here runs: first key wins, as before.
 
-Bounds: at most :data:`LOOKUPS_MAX` ledgers in lookup at once, :data:`LOOKUPS_PER_PEER_MAX` of them
-started by one peer address (a flood of unknown ids from one host leaves room for the others), and
-:data:`PARKED_ADDS_MAX` adds waiting (beyond: ETOOMANYREQUESTS), each lookup bounded by
-:data:`LOOKUP_TIMEOUT_S` (EIO after). The peer is the ``peer_address`` of the request's reply
-target (the connection).
+Bounds, by backpressure, never by refusal (a broker opening hundreds of topics from one host
+starts hundreds of ledgers at once; it must be slowed down, not failed): at most
+:data:`LOOKUPS_MAX` metadata reads at once, :data:`LOOKUPS_PER_PEER_MAX` of them for one peer
+address; further lookups queue per peer address and start in turn, one peer after the other (a
+flood of unknown ids from one host leaves room for the others). Requests waiting for a lookup
+(parked adds, fences, WRITE_LACs: each holds one of its connection's in-flight permits anyway) are
+counted per peer address: once a peer has :data:`WAITING_PER_PEER_MAX` of them, or all peers
+together :data:`WAITING_MAX`, the connection that added one stops being read (after the frames of
+the read in hand) until that count halves. Each lookup is bounded by :data:`LOOKUP_TIMEOUT_S` once
+started (EIO after). An attacker's unknown ids still cost it refusals (EUA), charged to its
+address's error budget (bookie/connection_handler.py), and a queued lookup whose requests' connections
+all closed is dropped unread. The peer is the ``peer_address`` of the request's reply target (the
+connection).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
@@ -51,11 +60,15 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 LOOKUPS_MAX = 256
-"""Ledgers whose metadata is being read at once (new ledgers arrive one add at a time per writer)."""
-PARKED_ADDS_MAX = 10_000
-"""Adds waiting for their ledger's lookup, over all connections (each holds its body in memory)."""
+"""Metadata reads under way at once (beyond, lookups queue: :data:`LOOKUPS_PER_PEER_MAX`)."""
 LOOKUPS_PER_PEER_MAX = 64
-"""Lookups one peer address may have started and not seen answered (of :data:`LOOKUPS_MAX`)."""
+"""Metadata reads under way at once for one peer address (of :data:`LOOKUPS_MAX`): its further
+lookups wait in its queue, so one host's many new ledgers never take every read slot."""
+WAITING_PER_PEER_MAX = 4096
+"""Requests of one peer address waiting for a key check before the connection adding one stops
+being read (each holds a permit and its body: about ``frame`` bytes each)."""
+WAITING_MAX = 10_000
+"""Requests waiting for a key check over all peers before a connection adding one stops being read."""
 LOOKUP_TIMEOUT_S = 10.0
 
 
@@ -78,10 +91,6 @@ class KeyRefused(Exception):
     """The presented key is not the ledger's (-> EUA)."""
 
 
-class KeyCheckBusy(Exception):
-    """Too many lookups or parked adds (-> ETOOMANYREQUESTS)."""
-
-
 class _Parked(NamedTuple):
     request: m.AddEntryRequest
     target: Any
@@ -91,6 +100,22 @@ class _Parked(NamedTuple):
     """Its lookup began after it arrived. One that joined a lookup under way may have been created
     in metadata since that lookup read it (an attacker's fence of the id a client is creating): a
     refusal of it is decided again by a lookup of its own."""
+    peer: str
+    """The peer address it is counted against (a closed connection no longer says it)."""
+
+
+class _Lookup:
+    """One ledger's metadata read: queued in its peer's turn, then under way."""
+
+    __slots__ = ("future", "peer", "started", "verifiers")
+
+    def __init__(self, future: asyncio.Future[KeyInfo], peer: str) -> None:
+        self.future = future
+        self.peer = peer
+        """The peer address whose request asked for it (its read slot is counted there)."""
+        self.started = False
+        self.verifiers = 0
+        """Requests other than adds awaiting it (:meth:`KeyVerifier.verify`)."""
 
 
 class KeyVerifier:
@@ -99,10 +124,20 @@ class KeyVerifier:
     def __init__(self, storage: Storage, source: KeySource) -> None:
         self._storage = storage
         self._source = source
-        self._lookups: dict[int, asyncio.Task[KeyInfo]] = {}
-        self._lookups_by_peer: dict[str, int] = {}
+        self._lookups: dict[int, _Lookup] = {}
+        """Queued or under way, by ledger id: a request of a ledger in lookup joins it."""
+        self._running = 0
+        self._running_by_peer: dict[str, int] = {}
+        self._queued: dict[str, collections.deque[int]] = {}
+        """Ledger ids waiting for a read slot, per peer address; peers served in this order, a
+        peer moving to the end once served (round robin)."""
+        self._tasks: set[asyncio.Task[KeyInfo]] = set()
+        """The lookups under way (the loop keeps only weak references to tasks)."""
         self._parked: dict[int, list[_Parked]] = {}
-        self._parked_count = 0
+        self._waiting = 0
+        self._waiting_by_peer: dict[str, int] = {}
+        self._paused: dict[Any, str] = {}
+        """Connections not read because their peer (or everyone) has too many requests waiting."""
         self.rekeyed = 0
         self.refused = 0
 
@@ -128,14 +163,14 @@ class KeyVerifier:
         fresh: bool = False,
     ) -> None:
         """Hold an add until its ledger's lookup answers; then it is journaled (in arrival order,
-        through :meth:`Storage.add_run`) or refused. Raises :class:`KeyCheckBusy`."""
+        through :meth:`Storage.add_run`) or refused. Never refused for want of room: ``target``
+        stops being read instead (module doc)."""
         lid = request.ledger_id
-        if self._parked_count >= PARKED_ADDS_MAX:
-            raise KeyCheckBusy(f"ledger {lid}: {PARKED_ADDS_MAX} adds already wait for a key check")
-        fresh = fresh or lid not in self._lookups
-        self._start_lookup(lid, _peer(target))
-        self._parked.setdefault(lid, []).append(_Parked(request, target, batch_type, check_add, fresh))
-        self._parked_count += 1
+        peer = _peer(target)
+        fresh = fresh or not self._under_way(lid)
+        self._start_lookup(lid, peer)
+        self._parked.setdefault(lid, []).append(_Parked(request, target, batch_type, check_add, fresh, peer))
+        self._wait(peer, target)
 
     # ------------------------------------------------------------------ other requests
     def may_verify(self, ledger_id: int) -> bool:
@@ -146,50 +181,145 @@ class KeyVerifier:
     async def verify(self, ledger_id: int, key: bytes, target: Any = None) -> None:
         """Return once ``key`` may be used on ``ledger_id`` (a squatter's record re-keyed to it if
         need be; an unknown ledger's record is then created by the caller's handler); ``target``:
-        the requester (its ``peer_address`` counts the lookup). Raises :class:`KeyRefused`,
-        :class:`KeyCheckBusy`, or the lookup's error."""
-        joined = ledger_id in self._lookups
-        info = await asyncio.shield(self._start_lookup(ledger_id, _peer(target)))
+        the requester (its ``peer_address`` counts the lookup; it stops being read while its peer
+        has too many requests waiting). Raises :class:`KeyRefused`, or the lookup's error."""
+        peer = _peer(target)
+        self._wait(peer, target)
         try:
-            self._settle(ledger_id, key, info)
-        except KeyRefused:
-            if not joined:
-                raise
-            self.refused -= 1  # not yet: decided again
-            # the lookup joined may have read metadata before the ledger was created: one that
-            # began after this request decides (see _Parked.fresh)
-            info = await asyncio.shield(self._start_lookup(ledger_id, _peer(target)))
-            self._settle(ledger_id, key, info)
+            joined = self._under_way(ledger_id)
+            info = await self._await_lookup(ledger_id, peer)
+            try:
+                self._settle(ledger_id, key, info)
+            except KeyRefused:
+                if not joined:
+                    raise
+                self.refused -= 1  # not yet: decided again
+                # the lookup joined may have read metadata before the ledger was created: one that
+                # began after this request decides (see _Parked.fresh)
+                info = await self._await_lookup(ledger_id, peer)
+                self._settle(ledger_id, key, info)
+        finally:
+            self._unwait(peer, 1)
 
-    # ------------------------------------------------------------------ internals
-    def _start_lookup(self, ledger_id: int, peer: str) -> asyncio.Task[KeyInfo]:
-        task = self._lookups.get(ledger_id)
-        if task is not None:
-            return task
-        if len(self._lookups) >= LOOKUPS_MAX:
-            raise KeyCheckBusy(f"ledger {ledger_id}: {LOOKUPS_MAX} key checks already under way")
-        by_peer = self._lookups_by_peer
-        if by_peer.get(peer, 0) >= LOOKUPS_PER_PEER_MAX:
-            raise KeyCheckBusy(f"ledger {ledger_id}: {LOOKUPS_PER_PEER_MAX} key checks of {peer} under way")
-        by_peer[peer] = by_peer.get(peer, 0) + 1
+    async def _await_lookup(self, ledger_id: int, peer: str) -> KeyInfo:
+        lookup = self._start_lookup(ledger_id, peer)
+        lookup.verifiers += 1
+        try:
+            return await asyncio.shield(lookup.future)
+        finally:  # cancelled too (its connection closed): a queued lookup nobody awaits is dropped
+            lookup.verifiers -= 1
+
+    # ------------------------------------------------------------------ lookups and their slots
+    def _under_way(self, ledger_id: int) -> bool:
+        """Whether a lookup of ``ledger_id`` has started (a request joining it arrived after it
+        may have read metadata; one joining a queued lookup did not)."""
+        lookup = self._lookups.get(ledger_id)
+        return lookup is not None and lookup.started
+
+    def _start_lookup(self, ledger_id: int, peer: str) -> _Lookup:
+        """The ledger's lookup (joined if queued or under way); a new one starts at once if a read
+        slot is free for ``peer``, else it queues in ``peer``'s turn."""
+        lookup = self._lookups.get(ledger_id)
+        if lookup is not None:
+            return lookup
+        lookup = self._lookups[ledger_id] = _Lookup(asyncio.get_running_loop().create_future(), peer)
+        if self._running < LOOKUPS_MAX and self._running_by_peer.get(peer, 0) < LOOKUPS_PER_PEER_MAX:
+            self._run(ledger_id, lookup)
+        else:
+            queue = self._queued.get(peer)
+            if queue is None:
+                queue = self._queued[peer] = collections.deque()
+            queue.append(ledger_id)
+        return lookup
+
+    def _run(self, ledger_id: int, lookup: _Lookup) -> None:
+        lookup.started = True
+        self._running += 1
+        peer = lookup.peer
+        self._running_by_peer[peer] = self._running_by_peer.get(peer, 0) + 1
         task = asyncio.get_running_loop().create_task(self._lookup(ledger_id), name=f"key-check-{ledger_id}")
-        self._lookups[ledger_id] = task
-        task.add_done_callback(lambda done: self._looked_up(ledger_id, peer, done))
-        return task
+        self._tasks.add(task)
+        task.add_done_callback(lambda done: self._looked_up(ledger_id, lookup, done))
+
+    def _run_queued(self) -> None:
+        """Start queued lookups while read slots are free, one peer after the other."""
+        queued = self._queued
+        while queued and self._running < LOOKUPS_MAX:
+            for peer in queued:
+                if self._running_by_peer.get(peer, 0) < LOOKUPS_PER_PEER_MAX:
+                    break
+            else:
+                return  # every peer with a queue has its own slots full
+            queue = queued.pop(peer)
+            ledger_id = queue.popleft()
+            if queue:
+                queued[peer] = queue  # to the end: the next turn is another peer's
+            lookup = self._lookups[ledger_id]
+            if self._awaited(ledger_id, lookup):
+                self._run(ledger_id, lookup)
+            else:
+                self._drop(ledger_id, lookup)
+
+    def _awaited(self, ledger_id: int, lookup: _Lookup) -> bool:
+        """Whether a queued lookup still has a request on an open connection waiting for it (an
+        attacker that sends many unknown ids and closes its connections leaves only the reads
+        under way behind, not its queue)."""
+        if lookup.verifiers:
+            return True
+        return any(not getattr(add.target, "closed", False) for add in self._parked.get(ledger_id, ()))
+
+    def _drop(self, ledger_id: int, lookup: _Lookup) -> None:
+        """Forget a queued lookup nobody waits for any more (:meth:`_awaited`)."""
+        del self._lookups[ledger_id]
+        error = ConnectionError(f"ledger {ledger_id}: the connection closed before its key check")
+        lookup.future.set_exception(error)
+        lookup.future.exception()  # retrieved: nobody waits on it
+        parked = self._parked.pop(ledger_id, [])
+        for add in parked:
+            add.batch_type(add.target).on_error(add.request.request_id, error)
+        for peer_of, count in collections.Counter(add.peer for add in parked).items():
+            self._unwait(peer_of, count)
 
     async def _lookup(self, ledger_id: int) -> KeyInfo:
         async with asyncio.timeout(LOOKUP_TIMEOUT_S):
             return await self._source.key_info(ledger_id)
 
-    def _looked_up(self, ledger_id: int, peer: str, task: asyncio.Task[KeyInfo]) -> None:
-        del self._lookups[ledger_id]
-        left = self._lookups_by_peer[peer] - 1
+    def _wait(self, peer: str, target: Any) -> None:
+        """Count one request of ``peer`` waiting for a key check; stop reading ``target`` when its
+        peer (or everyone) has too many."""
+        waiting = self._waiting_by_peer[peer] = self._waiting_by_peer.get(peer, 0) + 1
+        self._waiting += 1
+        if (waiting >= WAITING_PER_PEER_MAX or self._waiting >= WAITING_MAX) and target not in self._paused:
+            pause = getattr(target, "pause_by_keys", None)
+            if pause is not None:
+                self._paused[target] = peer
+                pause(True)
+
+    def _unwait(self, peer: str, count: int) -> None:
+        left = self._waiting_by_peer[peer] - count
         if left:
-            self._lookups_by_peer[peer] = left
+            self._waiting_by_peer[peer] = left
         else:
-            del self._lookups_by_peer[peer]
-        parked = self._parked.pop(ledger_id, [])
-        self._parked_count -= len(parked)
+            del self._waiting_by_peer[peer]
+        self._waiting -= count
+        if self._paused and self._waiting <= WAITING_MAX // 2:
+            by_peer = self._waiting_by_peer
+            for conn, conn_peer in list(self._paused.items()):
+                if by_peer.get(conn_peer, 0) <= WAITING_PER_PEER_MAX // 2:
+                    del self._paused[conn]
+                    conn.pause_by_keys(False)
+
+    def _looked_up(self, ledger_id: int, lookup: _Lookup, task: asyncio.Task[KeyInfo]) -> None:
+        self._tasks.discard(task)
+        del self._lookups[ledger_id]
+        peer = lookup.peer
+        self._running -= 1
+        left = self._running_by_peer[peer] - 1
+        if left:
+            self._running_by_peer[peer] = left
+        else:
+            del self._running_by_peer[peer]
+        self._run_queued()
         error: BaseException | None
         if task.cancelled():
             error = ConnectionError("the key check was cancelled (the bookie is closing)")
@@ -197,6 +327,27 @@ class KeyVerifier:
             error = task.exception()
             if error is not None:
                 log.warning("ledger_keys.lookup_failed", ledger_id=ledger_id, error=repr(error))
+        if error is None:
+            lookup.future.set_result(task.result())
+        else:
+            lookup.future.set_exception(error)
+            lookup.future.exception()  # retrieved: the requests that wait on it answer it
+        parked = self._parked.pop(ledger_id, [])
+        self._settle_parked(ledger_id, parked, task, error)
+        for peer_of, count in collections.Counter(add.peer for add in parked).items():
+            self._unwait(peer_of, count)
+        state = self._storage.ledgers.get(ledger_id)
+        if state is not None and error is None and not state.key_verified:
+            info = task.result()
+            known = state.master_key
+            if info.check is not None and known is not None and _matches(known, info.check):
+                state.key_verified = True  # adopted just now, checked: mismatches are refused at once
+
+    def _settle_parked(
+        self, ledger_id: int, parked: list[_Parked], task: asyncio.Task[KeyInfo], error: BaseException | None
+    ) -> None:
+        """Journal the parked adds the lookup accepts (in order), answer the refused ones; one that
+        joined the lookup under way and is refused waits for a lookup of its own (_Parked.fresh)."""
         run: list[_Parked] = []
         again: list[_Parked] = []
         for add in parked:
@@ -218,16 +369,7 @@ class KeyVerifier:
             add.batch_type(add.target).on_error(add.request.request_id, refusal)
         self._journal(run)
         for add in again:  # decided by a lookup that begins now, after each of them arrived
-            try:
-                self.park(add.request, add.target, add.batch_type, add.check_add, fresh=True)
-            except KeyCheckBusy as busy:
-                add.batch_type(add.target).on_error(add.request.request_id, busy)
-        state = self._storage.ledgers.get(ledger_id)
-        if state is not None and error is None and not state.key_verified:
-            info = task.result()
-            known = state.master_key
-            if info.check is not None and known is not None and _matches(known, info.check):
-                state.key_verified = True  # adopted just now, checked: mismatches are refused at once
+            self.park(add.request, add.target, add.batch_type, add.check_add, fresh=True)
 
     def _journal(self, run: list[_Parked]) -> None:
         """Hand accepted adds back to the add path, consecutive ones of one target together."""

@@ -428,7 +428,7 @@ def _network_families(snap: Snapshot) -> Iterator[Metric]:
     yield _gauge("bookie_connections_max", "Client connection limit", snap.connections_max)
     yield _counter(
         "bookie_connections_refused",
-        "Connections closed at accept (over the limit)",
+        "Connections closed at accept (over connections_max or connections_per_address_max)",
         snap.connections_refused,
     )
     yield _gauge("bookie_in_flight_requests", "Requests received and not yet answered", snap.in_flight)

@@ -36,7 +36,7 @@ import structlog
 
 from bookie.connection_handler import ServerConnection, ServerLoad
 from bookie.journal import JournalError
-from bookie.ledger_keys import KeyCheckBusy, KeyRefused
+from bookie.ledger_keys import KeyRefused
 from bookie.ledger_state import LedgerState, Waiter, WakeReason
 from bookie.mode import ModeMachine, ReadOnly
 from bookie.storage import (
@@ -88,7 +88,6 @@ STATUS_FOR: dict[type[BaseException], StatusCode] = {
     TooManyRequests: StatusCode.ETOOMANYREQUESTS,
     ReadOnly: StatusCode.EREADONLY,
     KeyRefused: StatusCode.EUA,
-    KeyCheckBusy: StatusCode.ETOOMANYREQUESTS,
 }
 
 
@@ -310,7 +309,7 @@ class Processor:
                 conn.spawn(self._verify_then_handle(conn, request))
             else:
                 self._error(conn, request, exc)
-        except (StorageError, JournalError, OSError, KeyRefused, KeyCheckBusy) as exc:
+        except (StorageError, JournalError, OSError, KeyRefused) as exc:
             self._error(conn, request, exc)
         except Exception as exc:  # a handler bug: answer EIO, keep serving (logged with trace)
             log.exception("processor.handler_failed", op=_op_of(request))

@@ -35,6 +35,7 @@ import errno
 import os
 import socket
 import ssl
+import struct
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
@@ -74,6 +75,9 @@ class Registration(Protocol):
 
 REGISTRATION_RETRY_S_MAX = 5.0
 LISTEN_BACKLOG = 1024
+ACCEPTS_PER_WAKEUP = 64
+"""Connections accepted per readiness of a TLS listening socket before other callbacks run (a flood
+of connections takes turns with the clients' requests)."""
 
 
 class ListenError(OSError):
@@ -141,12 +145,13 @@ class BookieServer:
         )
         self._tls = config.tls_context()
         self._tls_tasks: set[asyncio.Task[None]] = set()
-        """With TLS: the accept loops (one per listening socket) and the handshakes under way."""
+        """With TLS: the handshakes under way."""
+        self._listening: list[socket.socket] = []
+        """With TLS: the listening sockets our accept reads (:meth:`_accept_tls`)."""
         self.address: tuple[str, int] | None = None
         self.ready = False
         """Listening, and registered when there is a registration; False again once closing."""
         self.closing = False
-        self.connections_refused = 0
         self.started_s = clock.monotonic()
         self._disk_probe = threads.executor("disk-probe")  # its thread starts with the first probe
         self.mode = ModeMachine(config.disk_thresholds(), self._on_mode_change)
@@ -289,8 +294,8 @@ class BookieServer:
         return server
 
     async def _start_serving(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Accept connections: the server's own accept for plaintext; with TLS, accept loops of
-        ours (:meth:`_accept_tls`), so that a connection is counted before its handshake."""
+        """Accept connections: the server's own accept for plaintext; with TLS, an accept of ours
+        (:meth:`_accept_tls`), so that a connection is counted before its handshake."""
         assert self._server is not None
         if self._tls is None:
             await self._server.start_serving()
@@ -298,33 +303,50 @@ class BookieServer:
         for sock in self._server.sockets:
             listening = sock.dup()
             listening.setblocking(False)
-            self._spawn_tls(loop, self._accept_tls(loop, listening, self._tls))
+            self._listening.append(listening)
+            loop.add_reader(listening.fileno(), self._accept_tls, loop, listening, self._tls)
+
+    def _accept_tls(
+        self, loop: asyncio.AbstractEventLoop, listening: socket.socket, context: ssl.SSLContext
+    ) -> None:
+        """Accept what waits on ``listening`` (at most :data:`ACCEPTS_PER_WAKEUP`), count each
+        connection (per address, ``connections_max``), then hand it to its handshake. One over a
+        limit is reset at once, before any TLS work or any object of ours: a flood of refused
+        connections costs an accept and a close each (docs/benchmarks.md, *Refused connections*)."""
+        limits, processor = self._limits, self.processor
+        assert processor is not None
+        for _ in range(ACCEPTS_PER_WAKEUP):
+            try:
+                sock, peer = listening.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors and the like: stop accepting shortly
+                log.warning("bookie.accept_failed", error=repr(exc))
+                fd = listening.fileno()
+                loop.remove_reader(fd)
+                loop.call_later(0.1, self._resume_accept, loop, listening, context)
+                return
+            if len(self._connections) >= self.config.connections_max:
+                limits.refusals.note("connections_max", self.config.connections_max, peer[0])
+                _reset(sock)
+                continue
+            if not limits.admits(peer[0]):
+                _reset(sock)
+                continue
+            conn = ServerConnection(processor, limits, self._connections)
+            conn.reserve(peer)
+            self._spawn_tls(loop, self._handshake(loop, conn, sock, context))
+
+    def _resume_accept(
+        self, loop: asyncio.AbstractEventLoop, listening: socket.socket, context: ssl.SSLContext
+    ) -> None:
+        if listening in self._listening:  # not closed meanwhile
+            loop.add_reader(listening.fileno(), self._accept_tls, loop, listening, context)
 
     def _spawn_tls(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) -> None:
         task = loop.create_task(coro)
         self._tls_tasks.add(task)
         task.add_done_callback(self._tls_tasks.discard)
-
-    async def _accept_tls(
-        self, loop: asyncio.AbstractEventLoop, listening: socket.socket, context: ssl.SSLContext
-    ) -> None:
-        """Accept, count the connection (per address, ``connections_max``: over a limit it is
-        closed at once), then hand it to its handshake; until the server closes."""
-        try:
-            while True:
-                try:
-                    sock, peer = await loop.sock_accept(listening)
-                except OSError as exc:  # out of descriptors and the like: retry shortly
-                    log.warning("bookie.accept_failed", error=repr(exc))
-                    await asyncio.sleep(0.1)
-                    continue
-                conn = self._new_connection()
-                if not isinstance(conn, ServerConnection) or not conn.reserve(peer):
-                    sock.close()
-                    continue
-                self._spawn_tls(loop, self._handshake(loop, conn, sock, context))
-        finally:
-            listening.close()
 
     async def _handshake(
         self,
@@ -437,15 +459,22 @@ class BookieServer:
     def _new_connection(self) -> asyncio.Protocol:
         assert self.processor is not None
         if len(self._connections) >= self.config.connections_max:
-            log.warning(
-                "bookie.connection_refused", reason="connections_max", limit=self.config.connections_max
-            )
-            self.connections_refused += 1
+            self._limits.refusals.note("connections_max", self.config.connections_max, "?")
             return _Refuse()
         return ServerConnection(self.processor, self._limits, self._connections)
 
+    @property
+    def connections_refused(self) -> int:
+        """Connections closed at accept, over ``connections_max`` or ``connections_per_address_max``."""
+        return self._limits.refusals.total
+
     def _stop_tls_tasks(self) -> None:
         """Stop accepting, and drop the handshakes under way (their connections were not served)."""
+        listening, self._listening = self._listening, []
+        for sock in listening:
+            with contextlib.suppress(Exception):  # the loop may be closing
+                asyncio.get_running_loop().remove_reader(sock.fileno())
+            sock.close()
         for task in list(self._tls_tasks):
             task.cancel()
 
@@ -517,6 +546,17 @@ def _disk_mode_problem(disk: DiskStatus) -> str | None:
     if disk.read_only:
         return "data dir is read-only (filesystem mounted read-only or directory not writable)"
     return None
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close an accepted socket with a reset (SO_LINGER 0): no FIN exchange, no TIME_WAIT left
+    behind for the bookie to hold, whatever the peer does."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+    sock.close()
+
+
+_LINGER_RESET = struct.pack("ii", 1, 0)
 
 
 class _Refuse(asyncio.Protocol):

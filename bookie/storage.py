@@ -52,7 +52,7 @@ from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.index import Location, segment_position, split_position
 from bookie.journal import Callback, Journal, JournalConfig, JournalError, RecordBatch
 from bookie.journal_format import Position
-from bookie.ledger_keys import KeyCheckBusy, KeyRefused, KeyVerifier
+from bookie.ledger_keys import KeyRefused, KeyVerifier
 from bookie.ledger_state import LedgerState, WakeReason
 from bookie.threads import OS_THREADS, Threads
 from bookkeeper_aio.common import failpoints
@@ -383,7 +383,7 @@ class Storage:
                         lac_max = lac
                     offset += size
                     count += 1
-                except (StorageError, JournalError, OSError, KeyRefused, KeyCheckBusy) as exc:
+                except (StorageError, JournalError, OSError, KeyRefused) as exc:
                     batch.on_error(rid, exc)
                 except Exception as exc:  # a bug: answer (EIO), keep serving
                     log.exception("storage.add_failed", ledger_id=lid, entry_id=eid)

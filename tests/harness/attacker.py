@@ -5,8 +5,9 @@ measurements pinned the attacker to its own core the same way).
 
     python -m tests.harness.attacker KIND --target HOST:PORT [--target ...] --seconds S [options]
 
-SIGTERM stops it early (it still prints its summary); SIGSTOP / SIGCONT pause and resume the attack
-(the canary measures its baseline in the pauses).
+SIGTERM stops it early (it still prints its summary); SIGUSR1 drops every connection and stops
+attacking, SIGUSR2 starts again (the canary measures its baseline in between: a pause by SIGSTOP
+alone would leave the requests already sent queued at the bookie, which goes on refusing them).
 
 Kinds (each connection keeps ``--window`` requests in flight, new ones as answers arrive):
 
@@ -19,8 +20,9 @@ Kinds (each connection keeps ``--window`` requests in flight, new ones as answer
 - ``trailing`` / ``bad-utf8``: requests with bytes after the request, and HELLOs whose client
   name is not UTF-8 (docs/protocol.md §1: EBADREQ, the connection goes on)
 
-The summary: ``sent``, ``answers`` (by status name), ``connections`` opened, ``closed`` (by the
-bookie), ``refused`` (connections that failed at once or were closed before any answer).
+The summary: ``sent``, ``answers`` (by status name), ``connections`` opened, ``attempts``
+(tls-stall: connections tried), ``closed`` (by the bookie), ``refused`` (connections that failed at
+once or were closed before any answer).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import itertools
 import json
 import os
@@ -108,6 +111,8 @@ class Tally:
         self.sent = 0
         self.answers: collections.Counter[str] = collections.Counter()
         self.connections = 0
+        self.attempts = 0
+        """Connections tried (tls-stall): opened, or failed at once."""
         self.closed = 0
         self.refused = 0
 
@@ -116,6 +121,7 @@ class Tally:
             "sent": self.sent,
             "answers": dict(self.answers),
             "connections": self.connections,
+            "attempts": self.attempts,
             "closed": self.closed,
             "refused": self.refused,
         }
@@ -247,6 +253,7 @@ async def _tls_stall(
     One the bookie closes within ``REFUSED_WITHIN_S`` counts as refused."""
     loop = asyncio.get_running_loop()
     while loop.time() < deadline:
+        tally.attempts += 1
         try:
             reader, writer = await asyncio.open_connection(*target, **_source(args))
         except OSError:
@@ -290,14 +297,39 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     tally = Tally()
     worker = {"no-auth": _no_auth, "tls-stall": _tls_stall}.get(args.kind, _flood)
     targets = [(host, int(port)) for host, port in (t.rsplit(":", 1) for t in args.target)]
-    tasks = [
-        loop.create_task(worker(target, args, tally, deadline))
-        for target in targets
-        for _ in range(args.connections)
-    ]
-    loop.add_signal_handler(signal.SIGTERM, lambda: [task.cancel() for task in tasks])  # stop, report
+    tasks: list[asyncio.Task[None]] = []
+    stopped = asyncio.Event()
+
+    def start() -> None:
+        if not tasks and not stopped.is_set():
+            tasks.extend(
+                loop.create_task(worker(target, args, tally, deadline))
+                for target in targets
+                for _ in range(args.connections)
+            )
+
+    def pause() -> None:  # every worker drops its connection (a cancelled worker closes it)
+        for task in tasks:
+            task.cancel()
+        tasks.clear()
+
+    def stop() -> None:
+        stopped.set()
+        pause()
+
+    loop.add_signal_handler(signal.SIGTERM, stop)  # stop, report
+    loop.add_signal_handler(signal.SIGUSR1, pause)
+    loop.add_signal_handler(signal.SIGUSR2, start)
     started = time.perf_counter()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    start()
+    while not stopped.is_set() and loop.time() < deadline:
+        running = list(tasks)
+        if running and all(task.done() for task in running):
+            break  # every worker finished on its own (its deadline)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopped.wait(), 0.1)
+    pause()
+    await asyncio.sleep(0)  # the cancelled workers close their connections
     return {"kind": args.kind, "seconds": round(time.perf_counter() - started, 3), **tally.as_json()}
 
 

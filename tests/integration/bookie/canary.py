@@ -11,6 +11,7 @@ interleaved, sampling the bookie's RSS meanwhile; it returns the figures, the te
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import os
 import signal
@@ -35,6 +36,15 @@ refused attack costs it next to nothing (measured: +0-3 %), an unbounded one all
 noisy than the canary's p99 on a busy machine, so it is checked in the fast variants too."""
 CANARY_RATE = 200.0
 """Canary adds per second (one every 5 ms, each awaited on its own: an open loop)."""
+STALL_S = 0.005
+"""A wake-up of the canary's own event loop this much later than asked: its process was not
+running (the machine descheduled it, or it collected garbage). An add in flight meanwhile measured
+the canary's stall, not the bookie's answer: it is left out of the latencies, in both phases alike
+(counted in ``stalled``). Measured on the 2-core machine these tests share, at load 5-10: two
+phases of the canary beside an attacker that does nothing (one idle connection, with or without
+SIGSTOP/SIGCONT) had p99 ratios from 0.3x to 3x, and most of the adds over the p99 had been in
+flight across a stall of the canary itself — the p99 measured the machine, not the attack."""
+STALL_TICK_S = 0.002
 
 
 def rss_bytes(pid: int) -> int:
@@ -55,9 +65,34 @@ def p99(latencies: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
+class Stalls:
+    """The canary process's own stalls (:data:`STALL_S`), watched by a ticker while a phase runs."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    async def watch(self) -> None:
+        while True:
+            before = time.perf_counter()
+            await asyncio.sleep(STALL_TICK_S)
+            after = time.perf_counter()
+            if after - before - STALL_TICK_S > STALL_S:
+                self.starts.append(before)
+                self.ends.append(after)
+
+    def overlaps(self, start: float, end: float) -> bool:
+        """Whether [start, end] overlaps a stall (stalls come in time order, one after another)."""
+        first = bisect.bisect_right(self.ends, start)  # the first stall ending after ``start``
+        return first < len(self.starts) and self.starts[first] < end
+
+
 @dataclass
 class Phase:
     latencies_ms: list[float] = field(default_factory=list)
+    """Of the adds not in flight across a stall of the canary's own process (:data:`STALL_S`)."""
+    stalled: int = 0
+    """Adds left out of ``latencies_ms``: in flight across a stall of the canary's process."""
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
     bookie_cpu_s: float = 0.0
@@ -66,6 +101,7 @@ class Phase:
 
     def add(self, other: Phase) -> None:
         self.latencies_ms += other.latencies_ms
+        self.stalled += other.stalled
         self.failures += other.failures
         self.seconds += other.seconds
         self.bookie_cpu_s += other.bookie_cpu_s
@@ -108,11 +144,15 @@ class Canary:
 
     async def run(self, seconds: float) -> Phase:
         """Adds every ``interval_s`` for ``seconds`` (each on its own: a slow answer does not
-        delay the next add), then waits for every answer."""
+        delay the next add), then waits for every answer. The latencies of adds in flight across a
+        stall of this process are left out (:data:`STALL_S`)."""
         assert self.wire is not None
         phase = Phase()
         loop = asyncio.get_running_loop()
         pending: list[asyncio.Task[None]] = []
+        stalls = Stalls()
+        watcher = loop.create_task(stalls.watch())
+        timed: list[tuple[float, float]] = []
 
         async def one(entry_id: int) -> None:
             assert self.wire is not None
@@ -124,7 +164,7 @@ class Canary:
             except (TimeoutError, ConnectionError) as exc:
                 phase.failures.append(f"entry {entry_id}: {exc!r}")
                 return
-            phase.latencies_ms.append((time.perf_counter() - started) * 1e3)
+            timed.append((started, time.perf_counter()))
             if answer.status != StatusCode.EOK:
                 phase.failures.append(f"entry {entry_id}: status {answer.status} {answer.message}")
 
@@ -134,7 +174,15 @@ class Canary:
             await asyncio.sleep(max(0.0, start + i * self.interval_s - loop.time()))
             pending.append(loop.create_task(one(self.next_entry)))
             self.next_entry += 1
-        await asyncio.gather(*pending)
+        try:
+            await asyncio.gather(*pending)
+        finally:
+            watcher.cancel()
+        for started, ended in timed:
+            if stalls.overlaps(started, ended):
+                phase.stalled += 1
+            else:
+                phase.latencies_ms.append((ended - started) * 1e3)
         return phase
 
     async def verify(self) -> list[str]:
@@ -207,7 +255,8 @@ class Figures:
             "attacker_cpu_attacked": round(
                 self.attacked.attacker_cpu_s / max(self.attacked.seconds, 1e-9), 3
             ),
-            "canary_adds": len(self.baseline.latencies_ms) + len(self.attacked.latencies_ms),
+            "canary_adds_stalled": [self.baseline.stalled, self.attacked.stalled],
+            "canary_adds": sum(len(p.latencies_ms) + p.stalled for p in (self.baseline, self.attacked)),
             "canary_failures": len(self.baseline.failures) + len(self.attacked.failures),
             "rss_before_mib": round(self.rss_before / MIB, 1),
             "rss_peak_mib": round(self.rss_peak / MIB, 1),
@@ -246,6 +295,23 @@ async def _measured(canary: Canary, seconds: float, bookie_pid: int, attacker_pi
     return phase
 
 
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` catches ``signum`` (its SigCgt mask in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+async def _handles(pid: int, signum: int, timeout_s: float = 30.0) -> None:
+    """Wait until process ``pid`` catches ``signum``."""
+    async with asyncio.timeout(timeout_s):
+        while True:  # a poll: nothing tells when another process installs a handler
+            if catches(pid, signum):
+                return
+            await asyncio.sleep(0.02)
+
+
 async def attack(
     bookies: list[BookieProcess],
     canary: Canary,
@@ -254,8 +320,9 @@ async def attack(
     rounds: int,
     slice_s: float,
 ) -> Figures:
-    """``rounds`` times: the canary alone for ``slice_s`` (the attacker process stopped: SIGSTOP),
-    then beside the attacker for ``slice_s`` (SIGCONT, after a moment to ramp up) — interleaved, so
+    """``rounds`` times: the canary alone for ``slice_s`` (the attacker's connections dropped,
+    SIGUSR1, and its process stopped, SIGSTOP: none of its requests wait at the bookie), then beside
+    the attacker for ``slice_s`` (SIGCONT and SIGUSR2, after a moment to ramp up) — interleaved, so
     that what else the machine does weighs on the baseline and the attacked phase alike. The RSS of
     the canary's bookie (``bookies[0]``) is sampled every 50 ms throughout; at the end the attacker
     is stopped (SIGTERM: it reports) and the canary reads everything back."""
@@ -279,12 +346,16 @@ async def attack(
     sampler = asyncio.get_running_loop().create_task(sample())
     baseline, attacked = Phase(), Phase()
     try:
-        await asyncio.sleep(1.0)  # the attacker starts (imports) and opens its connections
+        await _handles(proc.pid, signal.SIGUSR2)  # started (imports done): SIGUSR1 would kill it before
+        await asyncio.sleep(1.0)  # it opens its connections
         for _ in range(rounds):
+            proc.send_signal(signal.SIGUSR1)  # it drops its connections: nothing of it stays queued
+            await asyncio.sleep(0.05)
             proc.send_signal(signal.SIGSTOP)
-            await asyncio.sleep(ramp_s)  # what it sent before the stop is answered
+            await asyncio.sleep(ramp_s)  # what it sent before the stop is answered or dropped
             baseline.add(await _measured(canary, slice_s, main.proc.pid, proc.pid))
             proc.send_signal(signal.SIGCONT)
+            proc.send_signal(signal.SIGUSR2)  # it connects again and attacks
             await asyncio.sleep(ramp_s)
             attacked.add(await _measured(canary, slice_s, main.proc.pid, proc.pid))
         proc.send_signal(signal.SIGTERM)

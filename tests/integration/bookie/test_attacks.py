@@ -121,9 +121,10 @@ async def test_item2_fences_and_adds_of_unknown_ledgers_create_no_record(
     etcd_server: EtcdCluster, tmp_path: Path, bookies: list[BookieProcess], kind: str, timing: Timing
 ) -> None:
     """Fences (or adds) of ledger ids nobody created, with a junk key, 4 connections x 256 in
-    flight: each is refused (EUA, or ETOOMANYREQUESTS while the key checks the attacker may have
-    under way are all busy), no ledger record is made of them; the canary writes on, and a new
-    client's new ledgers (each needs a key check of its own on the bookie) are all written."""
+    flight: each is refused (EUA: the key checks beyond the attacker's read slots wait in its
+    queue, none is refused for want of room), no ledger record is made of them; the canary writes
+    on, and a new client's new ledgers (each needs a key check of its own on the bookie, from its
+    own queue) are all written."""
     url = await _cluster(etcd_server)
     await known_ledgers(url, CANARY_LEDGER)
     bookies.append(_start(tmp_path / "b0", "b0", "--metadata", url))
@@ -140,8 +141,7 @@ async def test_item2_fences_and_adds_of_unknown_ledgers_create_no_record(
     done.set()
     await asyncio.wait_for(clients, 60)
     answers = figures.attacker["answers"]
-    assert answers.get("EUA", 0) > 0, figures.attacker
-    assert set(answers) <= {"EUA", "ETOOMANYREQUESTS"}, figures.attacker
+    assert set(answers) == {"EUA"}, figures.attacker
     assert await _ledger_count(bookies[0]) == 1 + len(made)  # nothing of the attacker's
     _refusals_bounded(figures, in_flight=4 * 256)
     figures.check(rss_growth_max=RSS_GROWTH_MAX, latency=timing.latency)
@@ -178,8 +178,7 @@ async def test_item3_squatting_the_next_ids_does_not_stop_new_ledgers(
     await asyncio.wait_for(clients, 60)
     assert made[:6] == list(range(first, first + 6)), made  # the squatted ids themselves
     answers = figures.attacker["answers"]
-    assert answers.get("EUA", 0) > 0, figures.attacker
-    assert set(answers) <= {"EUA", "ETOOMANYREQUESTS"}, figures.attacker
+    assert set(answers) == {"EUA"}, figures.attacker
     _refusals_bounded(figures, bookies=3, in_flight=2 * 64)
     figures.check(rss_growth_max=RSS_GROWTH_MAX, latency=timing.latency)
 

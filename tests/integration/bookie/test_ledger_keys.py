@@ -164,3 +164,32 @@ async def test_a_recovery_fence_on_a_bookie_without_entries_is_kept(
     finally:
         for proc in procs:
             proc.cleanup()
+
+
+async def test_a_bulk_creator_is_never_refused(etcd_server: EtcdCluster, tmp_path: Path) -> None:
+    """One client host starts 300 ledgers at once (a broker opening its topics): every bookie
+    checks 300 new keys against metadata for one peer address, more than its read slots for one
+    peer (64) and for everyone (256); the lookups queue, no add is refused (issue 20: they were
+    answered ETOOMANYREQUESTS, and with three bookies the ledgers failed)."""
+    url = etcd_server.url(f"/bookkeeper/keys-{uuid.uuid4().hex[:8]}")
+    await _next_ids(url)
+    procs = _bookies(tmp_path, url)
+    try:
+        for proc in procs:
+            proc.start()
+        config = ClientConfig(add_timeout_s=30.0, read_timeout_s=10.0)
+        async with BookKeeper.connect(url, config=config) as bk:
+            creates = (bk.create_ledger(3, 3, 2, password=PASSWORD) for _ in range(300))
+            handles = await asyncio.gather(*creates)
+            await asyncio.gather(*(h.append(b"first of %d" % h.id) for h in handles))  # all at once
+            await asyncio.gather(*(h.append(b"second of %d" % h.id) for h in handles))
+            await asyncio.gather(*(h.close() for h in handles))
+            for handle in (handles[0], handles[-1]):
+                reader = await bk.open_ledger(handle.id, password=PASSWORD)
+                payloads = [e.payload async for e in reader.read()]
+                assert payloads == [b"first of %d" % handle.id, b"second of %d" % handle.id]
+        for proc in procs:
+            assert await _ledger_count(proc) == 300
+    finally:
+        for proc in procs:
+            proc.cleanup()

@@ -1,10 +1,16 @@
 """The per-address refusal budget and the log-line bucket of bookie.connection_handler, on a
 scripted clock: the burst, the refill, the deficit's floor, the wait it asks for, and the buckets
-dropped once full."""
+dropped once full; refused connections counted and logged once a second."""
 
 from __future__ import annotations
 
-from bookie.connection_handler import ErrorBudget, LogLines
+import asyncio
+
+import pytest
+from structlog.testing import capture_logs
+
+from bookie import connection_handler
+from bookie.connection_handler import ErrorBudget, LogLines, Refusals
 
 
 class Clock:
@@ -58,3 +64,22 @@ def test_log_lines_are_rate_limited_and_the_dropped_counted() -> None:
     clock.now = 0.1
     assert lines.take() == 2  # the next line says how many were dropped before it
     assert lines.take() is None
+
+
+async def test_refused_connections_are_counted_each_and_logged_once_per_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(connection_handler, "REFUSALS_LOG_INTERVAL_S", 0.01)
+    refusals = Refusals()
+    with capture_logs() as logs:
+        for _ in range(1000):  # a flood at accept: one line now, the rest as one count
+            refusals.note("connections_per_address_max", 32, "10.0.0.9")
+        refusals.note("connections_max", 1024, "10.0.0.8")
+        await asyncio.sleep(0.05)  # the interval passes twice: the second has nothing to say
+        refusals.note("connections_max", 1024, "10.0.0.8")  # after a quiet spell: logged at once
+    assert refusals.total == 1002
+    assert [line.get("refused", line.get("reason")) for line in logs] == [
+        "connections_per_address_max",
+        {"connections_per_address_max": 999, "connections_max": 1},
+        "connections_max",
+    ]

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from bookie import ledger_keys
 from bookie.journal import JournalError
 from bookie.ledger_keys import KeyInfo, KeyRefused, KeyVerifier
-from bookie.storage import Fenced, NoLedger, Storage, Unauthorized
+from bookie.storage import AddBatch, Fenced, NoLedger, Storage, Unauthorized
+from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.digest import key_check
 
 from .fakes import FaultyFileIO
@@ -167,4 +169,125 @@ async def test_a_request_that_joined_an_older_lookup_is_decided_by_a_newer_one(t
     assert storage.ledger(9).master_key == REAL
     assert (await storage.read_entry(9, 0))[1] == body(9, 0, -1)
     assert storage.keys.refused == 1
+    await storage.close()
+
+
+class Gated(Metadata):
+    """Every ledger exists with the real key; lookups wait for ``open`` and are recorded in the
+    order they begin, with the most under way at once."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.open = asyncio.Event()
+        self.order: list[int] = []
+        self.running = self.running_max = 0
+
+    async def key_info(self, ledger_id: int) -> KeyInfo:
+        self.order.append(ledger_id)
+        self.running += 1
+        self.running_max = max(self.running_max, self.running)
+        try:
+            await self.open.wait()
+            await asyncio.sleep(0)
+        finally:
+            self.running -= 1
+        return KeyInfo(exists=True, check=key_check(REAL))
+
+
+class Client:
+    """A reply target with a peer address that can be paused (as a ServerConnection)."""
+
+    def __init__(self, address: str) -> None:
+        self.peer_address = address
+        self.closed = False
+        self.pauses: list[bool] = []
+        self.answers: dict[int, asyncio.Future[None]] = {}
+
+    def pause_by_keys(self, paused: bool) -> None:
+        self.pauses.append(paused)
+
+    def close(self) -> None:
+        self.closed = True
+        self.peer_address = ""  # as a ServerConnection's once closed
+
+    def add(self, storage: Storage, ledger_id: int, entry_id: int = 0) -> asyncio.Future[None]:
+        rid = ledger_id * 1000 + entry_id
+        future = self.answers[rid] = asyncio.get_running_loop().create_future()
+        requests = m.AddRequests()
+        requests.append(m.AddEntryRequest(rid, ledger_id, entry_id, 0, REAL, body(ledger_id, entry_id, -1)))
+        storage.add_run(requests, self, ClientDone)
+        return future
+
+
+class ClientDone(AddBatch):
+    __slots__ = ()
+
+    def on_error(self, request_id: int, error: BaseException) -> None:
+        self.target.answers[request_id].set_exception(error)
+
+    def on_durable(self, error: BaseException | None) -> None:
+        for run in self.runs:
+            for rid in run.request_ids:
+                answer = self.target.answers[rid]
+                answer.set_result(None) if error is None else answer.set_exception(error)
+
+
+async def test_a_bulk_creator_waits_its_turn_and_is_never_refused(tmp_path: Path) -> None:
+    md = Gated()
+    storage = await _open(tmp_path, md)
+    broker, other = Client("10.0.0.1"), Client("10.0.0.2")
+    count = ledger_keys.LOOKUPS_MAX + 44  # more than one peer's read slots, and than everyone's
+    first_adds = [broker.add(storage, lid) for lid in range(1, count + 1)]
+    first_adds += [broker.add(storage, lid, 1) for lid in range(1, count + 1)]  # pipelined: park too
+    other_add = other.add(storage, 5000)
+    await asyncio.sleep(0.01)
+    assert md.running == ledger_keys.LOOKUPS_PER_PEER_MAX + 1  # the broker's slots full, the other's own
+    md.open.set()
+    await asyncio.gather(*first_adds, other_add)  # every one accepted: none refused for want of room
+    assert md.running_max <= ledger_keys.LOOKUPS_PER_PEER_MAX + 1
+    assert md.order.index(5000) < ledger_keys.LOOKUPS_PER_PEER_MAX + 1  # not behind the broker's queue
+    assert sorted(md.order) == [*range(1, count + 1), 5000]  # one lookup per ledger
+    assert broker.pauses == []  # well under WAITING_PER_PEER_MAX: never paused
+    for lid in (1, count):
+        assert (await storage.read_entry(lid, 1))[1] == body(lid, 1, -1)
+    await storage.close()
+
+
+async def test_a_peer_with_too_many_requests_waiting_is_not_read_until_half_are_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ledger_keys, "WAITING_PER_PEER_MAX", 8)
+    md = Gated()
+    storage = await _open(tmp_path, md)
+    broker, other = Client("10.0.0.1"), Client("10.0.0.2")
+    adds = [broker.add(storage, lid) for lid in range(1, 8)]
+    assert broker.pauses == []
+    adds.append(broker.add(storage, 8))  # the 8th waiting: this connection stops being read
+    assert broker.pauses == [True]
+    adds.append(broker.add(storage, 9))  # the rest of the read in hand is still taken, not refused
+    adds.append(other.add(storage, 100))  # other peers are not paused
+    assert other.pauses == []
+    md.open.set()
+    await asyncio.gather(*adds)
+    assert broker.pauses == [True, False]
+    await storage.close()
+
+
+async def test_the_queue_of_a_peer_whose_connections_closed_is_dropped_unread(tmp_path: Path) -> None:
+    md = Gated()
+    storage = await _open(tmp_path, md)
+    attacker, client = Client("10.0.0.9"), Client("10.0.0.1")
+    flood = [attacker.add(storage, lid) for lid in range(1, 201)]  # 64 read, 136 queued
+    await asyncio.sleep(0.01)
+    attacker.close()  # it goes away, its reads under way and its queue waiting
+    honest = client.add(storage, 500)
+    md.open.set()
+    async with asyncio.timeout(10):  # a lost count would leave the queue unserved: fail, not hang
+        await honest  # its own turn, unaffected
+        results = await asyncio.gather(*flood, return_exceptions=True)  # every one answered
+    assert sorted(md.order) == [*range(1, ledger_keys.LOOKUPS_PER_PEER_MAX + 1), 500]  # the queue: unread
+    assert all(isinstance(r, ConnectionError) for r in results[ledger_keys.LOOKUPS_PER_PEER_MAX :])
+    again = Client("10.0.0.9")  # the same address, later: its count was given back, it is served
+    await asyncio.wait_for(asyncio.gather(*(again.add(storage, lid) for lid in range(1000, 1100))), 10)
+    assert again.pauses == []
     await storage.close()
