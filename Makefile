@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 # Where `make run` keeps the sandbox's etcd and bookie data (bkaio honours $BKAIO_HOME too).
 BKAIO_HOME ?= $(HOME)/.bkaio
 
-.PHONY: setup test test-slow chaos simulate mutants run bench lint fmt clean clean-sandbox
+.PHONY: setup test test-slow chaos simulate simulate-exhaustive mutants run bench lint fmt clean clean-sandbox
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,13 @@ simulate: $(STAMP)
 	$(BIN)/python -m pytest -q tests/simulation/test_seeds.py::test_seeds_hold_every_invariant \
 	  tests/simulation/test_seeds.py::test_race_seeds_hold_every_invariant \
 	  --sim-seeds $(SEEDS) --race-seeds $(RACE_SEEDS) --sim-first $(FIRST)
+
+# Exhaustive mode (tests/simulation/exhaustive.py): every schedule of the tiny world within
+# DEVIATIONS choices off the default one, per fault plan, with state hashing; BUGS plants bug.* switches.
+DEVIATIONS ?= 2
+BUGS ?=
+simulate-exhaustive: $(STAMP)
+	$(BIN)/python -m tests.simulation.exhaustive --deviations $(DEVIATIONS) --bugs "$(BUGS)"
 
 # Safety mutants: one-line breaking edits to safety-critical code, each in a scratch copy, each of
 # which its targeted tests must kill (tests/faults/mutants.py; MUTANTS="name ..." runs some).

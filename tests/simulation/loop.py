@@ -45,6 +45,10 @@ class Livelock(RuntimeError):
     """Callbacks keep running but virtual time does not move (a busy loop in the code under test)."""
 
 
+class Cut(Exception):
+    """Raised by an exhaustive explorer at a state already explored: the run ends there."""
+
+
 ITERATIONS_AT_ONE_INSTANT_MAX = 100_000
 """More iterations than this without time moving is a busy loop, not progress."""
 
@@ -120,6 +124,9 @@ class SimLoop(asyncio.BaseEventLoop):
         self.callbacks_dropped = 0
         self.errors: list[str] = []
         self._iterations_now = 0
+        self.explorer: Any = None
+        """Exhaustive mode (tests/simulation/exhaustive.py): orders each ready batch instead of
+        the RNG (``explorer.order(loop, batch)``)."""
         self.dropped: list[asyncio.Handle] = []
         """A crashed node's callbacks, kept so that its tasks are not collected (and their
         ``finally`` blocks run) at a moment the garbage collector picks."""
@@ -188,8 +195,11 @@ class SimLoop(asyncio.BaseEventLoop):
                     ready.append(handle)
             batch = list(ready)
             ready.clear()
-            if shuffle is not None and len(batch) > 1:
-                shuffle(batch)
+            if len(batch) > 1:
+                if self.explorer is not None:
+                    batch = self.explorer.order(self, batch)
+                elif shuffle is not None:
+                    shuffle(batch)
             for handle in batch:
                 if handle._cancelled:
                     continue

@@ -41,7 +41,7 @@ from tests.harness.log_history import AppendRecord, LogHistory
 from tests.harness.log_history import Outcome as LogOutcome
 from tests.harness.log_history import outcome_of as log_outcome_of
 from tests.simulation import invariants
-from tests.simulation.loop import Deadlock, Livelock
+from tests.simulation.loop import Cut, Deadlock, Livelock
 from tests.simulation.world import PASSWORD, SimBookie, SimClient, SimLedgerKeys, World, capture_logs
 
 SHAPES = [(3, 2, 2), (3, 3, 2), (3, 3, 3), (4, 3, 2), (4, 2, 2)]
@@ -83,6 +83,8 @@ class Outcome:
     callbacks: int = 0
     cpu_s: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)
+    cut: bool = False
+    """Exhaustive mode: the run ended at a state already explored (no final checks)."""
 
 
 class Scenario:
@@ -507,10 +509,13 @@ def run_seed(seed: int, bugs: tuple[str, ...] = (), profile: type[Scenario] | No
     gc.disable()
     wall_start = time.perf_counter()
     cpu_start = time.process_time()
+    cut = False
     try:
         main = world.loop.create_task(scenario.run(), name="scenario")
         try:
             world.loop.run_until_complete(asyncio.wait_for(main, RUN_S_MAX))
+        except Cut:
+            cut = True
         except (Deadlock, Livelock) as error:
             scenario.problems.append(f"liveness: {type(error).__name__.lower()} ({error})")
         except TimeoutError:
@@ -528,7 +533,9 @@ def run_seed(seed: int, bugs: tuple[str, ...] = (), profile: type[Scenario] | No
         failpoints.configure(saved_failpoints)
         client_bookkeeper.NewLedgerKeys = saved_keys  # type: ignore[misc]
         asyncio.set_event_loop(None)
-    problems = scenario.problems + history_problems(world) + [f"loop: {e}" for e in world.loop.errors]
+    problems = scenario.problems + [f"loop: {e}" for e in world.loop.errors]
+    if not cut:  # a cut run stopped mid-way: its adds are not over, nothing to judge
+        problems += history_problems(world)
     counts = world.history.counts()
     world.trace(f"end: {counts} problems={len(problems)}")
     for problem in problems:
@@ -544,6 +551,7 @@ def run_seed(seed: int, bugs: tuple[str, ...] = (), profile: type[Scenario] | No
         callbacks=world.loop.callbacks_run,
         counts=counts,
         cpu_s=cpu_s,
+        cut=cut,
     )
 
 
