@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
+# Every child process of the tests is fork + exec (bookies, etcd, Spark's JVM): gRPC's fork handlers
+# are not needed, and a fork while the etcd client's gRPC threads run skips them ("Other threads
+# are currently calling into gRPC") and could leave Spark's JVM gateway dead before its first word.
+# Read by gRPC when it loads: set before anything imports it.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 from collections.abc import Iterator
 from typing import Any
 
