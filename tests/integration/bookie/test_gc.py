@@ -242,6 +242,35 @@ KILL_POINTS = [
 ]
 
 
+async def _write_and_delete_nine_in_ten(url: str, bookie: BookieProcess) -> tuple[list[int], list[int]]:
+    """20 ledgers of 60 interleaved 1,500-byte entries; all but every tenth deleted from metadata.
+    (The ledgers, those kept.)"""
+    ledgers = await create_ledgers(url, 20)
+    await write_interleaved(bookie, ledgers, 60, 1500)
+    kept = ledgers[::10]
+    await delete_ledgers(url, [i for i in ledgers if i not in kept])
+    return ledgers, kept
+
+
+async def _killed_mid_pass_then_finished(bookie: BookieProcess, failpoint: str, kept: list[int]) -> None:
+    """Restart ``bookie`` with ``failpoint``, start a GC pass: the failpoint kills it (kill -9)
+    mid-pass. Then it restarts, has lost none of ``kept``, and its next pass finishes the work."""
+    assert bookie.stop() == 0
+    bookie.env = {"BKAIO_FAILPOINTS": failpoint}
+    bookie.start()
+    host, port = bookie.admin_address()
+    assert (await post_json(host, port, "/gc", bookie.admin_token()))[1]["started"]
+    assert await asyncio.to_thread(bookie.wait, 60.0) == 137  # the failpoint killed it mid-pass
+    assert "gc.started" in bookie.log_path.read_text()
+
+    bookie.env = {}
+    bookie.start()  # restarts after kill -9 at that step ...
+    await read_back(bookie, kept, 60, 1500)  # ... and lost nothing
+    report = await run_gc(bookie)  # the next pass finishes the work
+    assert report["error"] is None
+    await read_back(bookie, kept, 60, 1500)
+
+
 @pytest.mark.parametrize("failpoint", KILL_POINTS)
 async def test_kill_at_a_compaction_step_loses_nothing(
     etcd_server: EtcdCluster, tmp_path: Path, failpoint: str
@@ -251,25 +280,9 @@ async def test_kill_at_a_compaction_step_loses_nothing(
     bookie = gc_bookie(tmp_path, url, *SMALL_SEGMENTS)
     bookie.start()
     try:
-        ledgers = await create_ledgers(url, 20)
-        await write_interleaved(bookie, ledgers, 60, 1500)
-        kept = ledgers[::10]
-        await delete_ledgers(url, [i for i in ledgers if i not in kept])
+        ledgers, kept = await _write_and_delete_nine_in_ten(url, bookie)
         before = journal_bytes(bookie)
-        assert bookie.stop() == 0
-        bookie.env = {"BKAIO_FAILPOINTS": failpoint}
-        bookie.start()
-        host, port = bookie.admin_address()
-        assert (await post_json(host, port, "/gc", bookie.admin_token()))[1]["started"]
-        assert await asyncio.to_thread(bookie.wait, 60.0) == 137  # the failpoint killed it mid-pass
-        assert "gc.started" in bookie.log_path.read_text()
-
-        bookie.env = {}
-        bookie.start()  # restarts after kill -9 at that step ...
-        await read_back(bookie, kept, 60, 1500)  # ... and lost nothing
-        report = await run_gc(bookie)  # the next pass finishes the work
-        assert report["error"] is None
-        await read_back(bookie, kept, 60, 1500)
+        await _killed_mid_pass_then_finished(bookie, failpoint, kept)
         assert journal_bytes(bookie) < before / 2
         bookie.kill()
         bookie.start()
@@ -312,26 +325,10 @@ async def test_kill_at_each_step_of_compacting_the_current_segment_loses_nothing
     bookie = gc_bookie(tmp_path, url, *ONE_BIG_SEGMENT, *roll)
     bookie.start()
     try:
-        ledgers = await create_ledgers(url, 20)
-        await write_interleaved(bookie, ledgers, 60, 1500)
-        kept = ledgers[::10]
-        await delete_ledgers(url, [i for i in ledgers if i not in kept])
+        ledgers, kept = await _write_and_delete_nine_in_ten(url, bookie)
         segments = sorted(p.name for p in (bookie.data_dir / "journal").iterdir())
         assert len(segments) <= 2  # the current one and the one created ahead
-        assert bookie.stop() == 0
-        bookie.env = {"BKAIO_FAILPOINTS": failpoint}
-        bookie.start()
-        host, port = bookie.admin_address()
-        assert (await post_json(host, port, "/gc", bookie.admin_token()))[1]["started"]
-        assert await asyncio.to_thread(bookie.wait, 60.0) == 137  # the failpoint killed it mid-pass
-        assert "gc.started" in bookie.log_path.read_text()
-
-        bookie.env = {}
-        bookie.start()  # restarts after kill -9 at that step ...
-        await read_back(bookie, kept, 60, 1500)  # ... and lost nothing
-        report = await run_gc(bookie)  # the next pass finishes the work
-        assert report["error"] is None
-        await read_back(bookie, kept, 60, 1500)
+        await _killed_mid_pass_then_finished(bookie, failpoint, kept)
         assert segments[0] not in {p.name for p in (bookie.data_dir / "journal").iterdir()}
         bookie.kill()
         bookie.start()
