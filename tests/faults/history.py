@@ -89,10 +89,7 @@ class History:
 
     def counts(self) -> dict[str, int]:
         """Jepsen-style figures: ops by outcome (pending ones count as info)."""
-        result = {"ok": 0, "fail": 0, "info": 0}
-        for op in self.adds:
-            result[(op.outcome or Outcome.INFO).value] += 1
-        return result
+        return _outcome_counts(self.adds)
 
     def figures(self) -> dict[str, int]:
         """Jepsen-style figures of the whole history: ops by outcome, ``acked`` (ok adds), and the
@@ -108,16 +105,7 @@ class History:
             for ledger_id in sorted(set(by_ledger) | set(self.reads))
             for problem in self._check_ledger(ledger_id, by_ledger.get(ledger_id, []))
         ]
-        lost = sum("LOST" in p or "never read back" in p for p in problems)
-        duplicated = sum("twice" in p for p in problems)
-        return {
-            **counts,
-            "acked": counts["ok"],
-            "lost": lost,
-            "duplicated": duplicated,
-            "inconsistent": len(problems) - lost - duplicated,
-            "violations": len(problems),
-        }
+        return _tally(counts, problems, lost=sum("LOST" in p or "never read back" in p for p in problems))
 
     def dump(self, path: Path) -> None:
         """The history as JSON lines, kept with the data dirs when a check fails."""
@@ -205,6 +193,27 @@ class History:
                 f"{where}: an observed LAC {max(lacs)} is beyond the final last entry {final_last}"
             )
         return problems
+
+
+def _outcome_counts(ops: Iterable[AddOp | LogAppend]) -> dict[str, int]:
+    """Ops by outcome (pending ones count as info)."""
+    result = {"ok": 0, "fail": 0, "info": 0}
+    for op in ops:
+        result[(op.outcome or Outcome.INFO).value] += 1
+    return result
+
+
+def _tally(counts: dict[str, int], problems: list[str], *, lost: int) -> dict[str, int]:
+    """A history's figures: its outcome counts, and its problems as lost, duplicated and the rest."""
+    duplicated = sum("twice" in p for p in problems)
+    return {
+        **counts,
+        "acked": counts["ok"],
+        "lost": lost,
+        "duplicated": duplicated,
+        "inconsistent": len(problems) - lost - duplicated,
+        "violations": len(problems),
+    }
 
 
 def _value_problems(
@@ -325,25 +334,15 @@ class LogHistory:
         self.ledger_ends[ledger_id] = last_entry_id
 
     def counts(self) -> dict[str, int]:
-        result = {"ok": 0, "fail": 0, "info": 0}
-        for op in self.appends:
-            result[(op.outcome or Outcome.INFO).value] += 1
-        return result
+        return _outcome_counts(self.appends)
 
     def figures(self) -> dict[str, int]:
         """As `History.figures`, plus ``takeovers`` (leader tenures), ``versions`` (of the list
         observed) and ``two_open`` (versions inside a roll: two OPEN ledgers of one writer)."""
         counts = self.counts()
         problems = self._problems()
-        lost = sum("LOST" in p for p in problems)
-        duplicated = sum("twice" in p for p in problems)
         return {
-            **counts,
-            "acked": counts["ok"],
-            "lost": lost,
-            "duplicated": duplicated,
-            "inconsistent": len(problems) - lost - duplicated,
-            "violations": len(problems),
+            **_tally(counts, problems, lost=sum("LOST" in p for p in problems)),
             "takeovers": self.tenures,
             "versions": len(self.versions),
             "two_open": sum(sum(is_open for _, is_open, _ in view) == 2 for _, view in self.versions),
