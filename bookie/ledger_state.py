@@ -142,8 +142,13 @@ class LedgerState:
     def rekey(self, key: bytes) -> None:
         """Start the ledger's record anew under ``key``: what it held (a fence, entries, LACs) was
         recorded under a key metadata proves wrong, so no legitimate client wrote it. Waiters are
-        answered (as at a timeout)."""
+        answered (as at a timeout). Replay's way; a live bookie puts a new record in its place
+        (:meth:`bookie.storage.Storage.rekey`)."""
         self._start(key)
+        self.release_waiters()
+
+    def release_waiters(self) -> None:
+        """Answer every waiter as at a timeout (it reads the LAC again, from the current record)."""
         for waiter in list(self.waiters):
             waiter.fire(WakeReason.TIMEOUT)
 

@@ -468,8 +468,14 @@ class Storage:
         except BaseException:
             self._rekeys_unsynced -= 1
             raise
-        state.rekey(key)
-        state.key_verified = True
+        # A new record, not the old one started anew: the squatter's requests journaled before the
+        # REKEY and not durable yet complete on the record they hold (an add run's index entries
+        # and LAC, a WRITE_LAC's LAC, a fence's durability). Replay drops them with the REKEY;
+        # they must not land on the real ledger's record in memory either.
+        fresh = self.ledgers[state.ledger_id] = LedgerState(state.ledger_id)
+        fresh.master_key = key
+        fresh.key_verified = True
+        state.release_waiters()
 
     async def _rekeys_durable(self) -> None:
         """Return once every REKEY journaled so far is durable; raise when one never will be."""

@@ -18,7 +18,7 @@ from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.digest import key_check
 
 from .fakes import FaultyFileIO
-from .test_storage import add, body, config, durable
+from .test_storage import add, body, config, durable, start_add
 
 REAL = b"R" * 32
 JUNK = b"J" * 32
@@ -83,6 +83,37 @@ async def test_a_squatters_record_is_rekeyed_and_stays_so_after_a_restart(tmp_pa
     state = reopened.ledger(5)
     assert (state.master_key, state.fenced, len(state.index)) == (REAL, False, 2)
     assert (await reopened.read_entry(5, 0))[1] == body(5, 0, -1)
+    await reopened.close()
+
+
+async def test_a_squatters_requests_in_flight_at_the_rekey_never_land_on_the_real_record(
+    tmp_path: Path,
+) -> None:
+    """The squatter keeps writing with its key (which matches the record: no lookup) while the
+    real writer's first add re-keys the record: its add and WRITE_LAC journaled before the REKEY
+    but durable after it complete on the old record. Replay drops them with the REKEY; memory must
+    not hold them either (an entry past the real LAC, an inflated LAC readers trust)."""
+    fileio = FaultyFileIO()
+    plain = await Storage.open(config(tmp_path), fileio)
+    await add(plain, 5, 0, key=JUNK, payload=b"junk")  # no metadata: the squatter's record lands
+    await plain.close()
+    storage = await Storage.open(config(tmp_path), fileio)
+    storage.keys = KeyVerifier(storage, Metadata({5: key_check(REAL)}))
+    fileio.sync_gate = threading.Event()
+    evil = start_add(storage, 5, 1000, body(5, 1000, 999_999, b"evil"), key=JUNK)
+    lac = asyncio.ensure_future(durable(lambda cb: storage.write_lac(5, JUNK, 2_000_000, b"x", cb)))
+    real = asyncio.ensure_future(add(storage, 5, 0, key=REAL))
+    for _ in range(10):  # the lookup answers (the scripted metadata takes one loop turn)
+        await asyncio.sleep(0)
+    assert storage.keys.rekeyed == 1
+    fileio.sync_gate.set()
+    await asyncio.gather(evil, lac, real)
+    state = storage.ledger(5)
+    assert (state.master_key, sorted(state.index.entry_ids()), state.lac) == (REAL, [0], -1)
+    storage.abort()
+    reopened = await Storage.open(config(tmp_path))
+    state = reopened.ledger(5)
+    assert (state.master_key, sorted(state.index.entry_ids()), state.lac) == (REAL, [0], -1)
     await reopened.close()
 
 
