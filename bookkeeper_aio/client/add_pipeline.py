@@ -12,7 +12,11 @@ Rules (docs/replication.md §2):
   sent to (:meth:`AddPipeline._resend_outstanding`).
 - Backpressure: at most ``add_window_max`` adds in flight; ``append`` waits for a slot.
 - Explicit LAC: after ``explicit_lac_interval_ms`` without an add carrying the latest LAC, the LAC is
-  sent to the ensemble with WRITE_LAC so readers see the last entry.
+  sent to the ensemble with WRITE_LAC so readers see the last entry. A writer that is slow rather
+  than idle (its next add comes within a few intervals of a WRITE_LAC) has its interval doubled, up
+  to ``explicit_lac_interval_max_ms``: a steady stream slower than the interval otherwise pays E
+  WRITE_LACs per add (thousands of slowly written ledgers: half the throughput). A longer pause
+  brings the interval back to the base.
 
 What to do about a failing bookie is the subclass's business (:meth:`AddPipeline._bookie_failed`:
 the ledger handle replaces it). Hot path: one small :class:`PendingAdd` per entry completed by
@@ -60,6 +64,9 @@ class HandleState(enum.Enum):
 EventListener = Callable[[str, int], None]
 """``listener(event, entry_id)``: ``add.completed`` (entry id), ``ensemble_change.started`` (the
 LAC), ``ensemble_change.finished`` (first entry of the new fragment). Observability and tests."""
+
+LAC_SLOW_WRITER_INTERVALS = 4
+"""An add this many explicit-LAC intervals or sooner after a WRITE_LAC doubles the interval."""
 
 _WRITABLE = HandleState.WRITABLE
 _CLOSED = ConnectionState.CLOSED
@@ -153,7 +160,9 @@ class AddPipeline:
         self._entry_bytes_max = self._config.entry_bytes_max
         self._add_timeout_s = self._config.add_timeout_s
         self._lac_timer: asyncio.TimerHandle | None = None
-        self._lac_interval_s = self._config.explicit_lac_interval_ms / 1000
+        self._lac_base_s = self._lac_interval_s = self._config.explicit_lac_interval_ms / 1000
+        self._lac_max_s = max(self._lac_base_s, self._config.explicit_lac_interval_max_ms / 1000)
+        self._explicit_lac_at: float | None = None  # when the last WRITE_LAC went out, until an add
         self._metrics: ClientMetrics | None = ctx.metrics
         self._on_add = self._on_add_result
         self._listener: EventListener | None = None
@@ -354,6 +363,8 @@ class AddPipeline:
         if not pending and self._drained is not None:
             self._drained.set()
         if self._lac_interval_s > 0 and self._lac_timer is None:
+            if self._explicit_lac_at is not None:
+                self._adapt_lac_interval()
             self._sends_at_lac_check = self._sends
             self._lac_timer = self._loop.call_later(self._lac_interval_s, self._explicit_lac)
 
@@ -388,12 +399,27 @@ class AddPipeline:
             return
         lac = self._lac_sent = self._lac
         ledger_id, key = self._id, self._master_key
+        self._explicit_lac_at = self._loop.time()
+        if self._metrics is not None:
+            self._metrics.explicit_lac_sent(ledger_id)
 
         def make(rid: int) -> m.Request:
             return m.WriteLacRequest(rid, ledger_id, key, lac)
 
         for bookie_id in self._ensemble:
             self._pool.request_with_callback(bookie_id, make, _ignore_result, None, self._add_timeout_s)
+
+    def _adapt_lac_interval(self) -> None:
+        """An add completed after a WRITE_LAC: soon after it (within ``LAC_SLOW_WRITER_INTERVALS``
+        intervals), the writer is slow, not idle, so the next WRITE_LAC waits twice as long (up to
+        the maximum); after a longer pause, the base interval again."""
+        assert self._explicit_lac_at is not None
+        since = self._loop.time() - self._explicit_lac_at
+        self._explicit_lac_at = None
+        if since < LAC_SLOW_WRITER_INTERVALS * self._lac_interval_s:
+            self._lac_interval_s = min(2 * self._lac_interval_s, self._lac_max_s)
+        else:
+            self._lac_interval_s = self._lac_base_s
 
     def _stop_lac_timer(self) -> None:
         if self._lac_timer is not None:

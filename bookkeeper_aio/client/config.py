@@ -65,6 +65,11 @@ class ClientConfig:
     explicit_lac_interval_ms: int = 100
     """After this long without a new add carrying it, the LAC is sent with WRITE_LAC so readers see
     the last entry without waiting for a next write. 0 disables explicit LAC."""
+    explicit_lac_interval_max_ms: int = 800
+    """A writer whose next add follows a WRITE_LAC within four intervals is slow, not idle: its
+    interval doubles, up to this, so a steady stream slower than the interval does not pay a
+    WRITE_LAC to every bookie per add. A longer pause brings it back to ``explicit_lac_interval_ms``.
+    Equal to it (or lower): no adaptation."""
     ensemble_change_attempts_max: int = 16
     """Metadata CAS conflicts an ensemble change or close tolerates before failing the handle."""
 

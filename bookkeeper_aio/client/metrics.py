@@ -14,7 +14,8 @@ Rules:
   be quick and must not raise (an exception would surface in the code completing the add).
 - Once per *operation*, never per bookie answer: ``add_completed`` once per add when it completes
   (Qa acks and every lower entry done), ``add_failed`` once per add that fails,
-  ``ensemble_changed`` once per ensemble change stored in metadata, ``read_completed`` /
+  ``ensemble_changed`` once per ensemble change stored in metadata, ``explicit_lac_sent`` once per
+  WRITE_LAC (sent to the whole ensemble), ``read_completed`` /
   ``read_failed`` once per entry read (whatever the replicas and speculative retries behind it),
   ``recovery_finished`` once per successful recovery run.
 - Latencies are seconds of the loop's monotonic clock, from the call that started the operation
@@ -56,6 +57,10 @@ class ClientMetrics:
 
     def read_failed(self, error: BaseException) -> None:
         """Reading one entry failed with ``error`` after every replica was tried."""
+
+    def explicit_lac_sent(self, ledger_id: int) -> None:
+        """A write handle of ``ledger_id`` sent its LAC to the ensemble with WRITE_LAC (it was idle
+        for its explicit-LAC interval)."""
 
     def recovery_finished(self, ledger_id: int, seconds: float, entries: int) -> None:
         """Recovery of ``ledger_id`` closed it (or adopted someone else's close) after ``seconds``,
@@ -122,6 +127,8 @@ class PrometheusClientMetrics(ClientMetrics, Collector):
     - ``bookkeeper_client_add_latency_seconds`` (histogram): completed adds.
     - ``bookkeeper_client_add_failures_total{error}``: failed adds by exception class.
     - ``bookkeeper_client_ensemble_changes_total``: ensemble changes by this client's writers.
+    - ``bookkeeper_client_explicit_lacs_total``: WRITE_LACs sent by this client's writers (once per
+      idle ledger, to its whole ensemble).
     - ``bookkeeper_client_read_latency_seconds`` (histogram): entries read.
     - ``bookkeeper_client_read_failures_total{error}``: entry reads that failed, by exception class.
     - ``bookkeeper_client_recovery_duration_seconds`` (histogram): successful recoveries.
@@ -140,6 +147,7 @@ class PrometheusClientMetrics(ClientMetrics, Collector):
         self._add_failures: dict[str, int] = {}
         self._read_failures: dict[str, int] = {}
         self._ensemble_changes = 0
+        self._explicit_lacs = 0
         self._recovered_entries = 0
         self.registry = REGISTRY if registry is None else registry
         self.registry.register(self)
@@ -157,6 +165,9 @@ class PrometheusClientMetrics(ClientMetrics, Collector):
 
     def ensemble_changed(self, ledger_id: int) -> None:
         self._ensemble_changes += 1
+
+    def explicit_lac_sent(self, ledger_id: int) -> None:
+        self._explicit_lacs += 1
 
     def read_failed(self, error: BaseException) -> None:
         name = _error_name(error)
@@ -187,6 +198,11 @@ class PrometheusClientMetrics(ClientMetrics, Collector):
             "bookkeeper_client_ensemble_changes",
             "Ensemble changes (failed bookies replaced) by this client's write handles.",
             value=self._ensemble_changes,
+        )
+        yield CounterMetricFamily(
+            "bookkeeper_client_explicit_lacs",
+            "WRITE_LACs sent by this client's write handles (a ledger idle for its explicit-LAC interval).",
+            value=self._explicit_lacs,
         )
         yield self._read_latency.family(
             "bookkeeper_client_read_latency_seconds", "Time to read and verify one entry."

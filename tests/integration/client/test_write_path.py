@@ -11,6 +11,7 @@ from bookkeeper_aio import (
     BKInterfaceError,
     BookKeeper,
     ClientConfig,
+    ClientMetrics,
     LedgerHandle,
     NotEnoughBookies,
     Unauthorized,
@@ -214,4 +215,41 @@ async def test_explicit_lac__reader_sees_last_entry_without_next_write(cluster: 
         rh = await bk.open_ledger(lh.id, password=b"pw")
         assert rh.last_add_confirmed == 4
         assert (await rh.read_entry(4)).payload == b"4"
+        await lh.close()
+
+
+class _CountedLacs(ClientMetrics):
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def explicit_lac_sent(self, ledger_id: int) -> None:
+        self.sent += 1
+
+
+async def test_explicit_lac__slow_steady_writer_backs_off_and_an_idle_one_is_still_seen(
+    cluster: Cluster,
+) -> None:
+    """A writer slower than the interval, but steady, is not idle: without the back-off every
+    add (30 here) would be followed by a WRITE_LAC to each bookie. Its last entry is still seen
+    without a next write, and a long pause brings the base interval back."""
+    await cluster.start(3)
+    config = ClientConfig(explicit_lac_interval_ms=50, explicit_lac_interval_max_ms=400)
+    lacs = _CountedLacs()
+    async with BookKeeper.connect(cluster.url, config=config, metrics=lacs) as bk:
+        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
+        for i in range(30):
+            await lh.append(b"%d" % i)
+            await asyncio.sleep(0.08)  # slower than the 50 ms interval
+        assert lacs.sent <= 10, lacs.sent
+        slowed = lh._lac_interval_s
+        assert slowed > 0.05
+        await asyncio.sleep(slowed + 0.5)  # idle: the WRITE_LAC goes out after the slowed interval
+        rh = await bk.open_ledger(lh.id, password=b"pw")
+        assert rh.last_add_confirmed == 29
+        assert (await rh.read_entry(29)).payload == b"29"
+        await asyncio.sleep(5 * slowed)  # a pause: back to the base interval with the next add
+        await lh.append(b"30")
+        assert lh._lac_interval_s == 0.05
         await lh.close()

@@ -203,6 +203,7 @@ NAMES = [
     "bookkeeper_client_add_latency_seconds",
     "bookkeeper_client_add_failures_total",
     "bookkeeper_client_ensemble_changes_total",
+    "bookkeeper_client_explicit_lacs_total",
     "bookkeeper_client_read_latency_seconds",
     "bookkeeper_client_read_failures_total",
     "bookkeeper_client_recovery_duration_seconds",
