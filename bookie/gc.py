@@ -136,7 +136,11 @@ class MetadataCatalog:
         except metadata.NoSuchLedger:
             return KeyInfo(exists=False, check=None)
         md = versioned.metadata
-        return KeyInfo(exists=True, check=md.password_hash if md.key_salt else None)
+        return KeyInfo(
+            exists=True,
+            check=md.password_hash if md.key_salt else None,
+            writable=md.state is metadata.LedgerState.OPEN,
+        )
 
     async def view(self) -> MetadataView:
         conn = self._connected()

@@ -12,7 +12,12 @@ tell a real key from a junk one without learning anything that lets it forge eit
   stranger cannot make permanent records, and a legitimate recovery always reads the ledger's
   metadata before fencing, so it never meets this); a wrong key -> EUA; a format-1 ledger (no check
   value) -> adopted as before. Adds of the ledger wait (in order) for the answer: one metadata read
-  per ledger per bookie, on its first add only; the add path of a known ledger is untouched.
+  per ledger per bookie, on its first add only; the add path of a known ledger is untouched. A
+  writer's add (not a recovery add) or WRITE_LAC of a ledger metadata shows in recovery or closed
+  -> EFENCED, and no record (:class:`NotOpen`): the bookie may be one whose record GC dropped, fence
+  included (its copy re-replicated elsewhere while it was away), or one recovery's fences never
+  reached; a writer that lost the ledger gets no ack from it. Recovery adds (write-back,
+  re-replication) still create the record.
 - **A key mismatch on a record the bookie holds** (a squatter's, made while the bookie ran without
   metadata, or before this check existed): if metadata's check value matches the *presented* key
   and not the stored one, the stored record is a squatter's and is started anew under the real key
@@ -52,6 +57,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 import structlog
 
 from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import AddFlag
 from bookkeeper_aio.protocol.digest import key_check
 
 if TYPE_CHECKING:
@@ -71,6 +77,8 @@ WAITING_MAX = 10_000
 """Requests waiting for a key check over all peers before a connection adding one stops being read."""
 LOOKUP_TIMEOUT_S = 10.0
 
+_RECOVERY_ADD = int(AddFlag.RECOVERY_ADD)
+
 
 class KeyInfo(NamedTuple):
     """What metadata says about a ledger's key."""
@@ -78,6 +86,9 @@ class KeyInfo(NamedTuple):
     exists: bool
     check: bytes | None
     """The key check value (key format 2); None for a format-1 ledger (nothing to check against)."""
+    writable: bool = True
+    """The ledger is OPEN: not in recovery, not closed. A ledger that is not takes no new record
+    from a writer's add or WRITE_LAC (:class:`NotOpen`)."""
 
 
 @runtime_checkable
@@ -89,6 +100,14 @@ class KeySource(Protocol):
 
 class KeyRefused(Exception):
     """The presented key is not the ledger's (-> EUA)."""
+
+
+class NotOpen(Exception):
+    """A writer's add or WRITE_LAC of a ledger this bookie holds no record of, which metadata shows
+    in recovery or closed (-> EFENCED, and no record is created). Such a bookie may be one that GC
+    made forget the ledger (its copy re-replicated elsewhere while it was away: its fence went with
+    the record), or one the recovery's fences never reached: a writer that lost the ledger must not
+    get acks from it."""
 
 
 class _Parked(NamedTuple):
@@ -178,11 +197,13 @@ class KeyVerifier:
         state = self._storage.ledgers.get(ledger_id)
         return state is None or not state.key_verified
 
-    async def verify(self, ledger_id: int, key: bytes, target: Any = None) -> None:
+    async def verify(self, ledger_id: int, key: bytes, target: Any = None, *, writes: bool = False) -> None:
         """Return once ``key`` may be used on ``ledger_id`` (a squatter's record re-keyed to it if
         need be; an unknown ledger's record is then created by the caller's handler); ``target``:
         the requester (its ``peer_address`` counts the lookup; it stops being read while its peer
-        has too many requests waiting). Raises :class:`KeyRefused`, or the lookup's error."""
+        has too many requests waiting); ``writes``: a writer's request (WRITE_LAC), refused for a
+        ledger held nowhere here that is not OPEN. Raises :class:`KeyRefused`, :class:`NotOpen`, or
+        the lookup's error."""
         peer = _peer(target)
         self._wait(peer, target)
         try:
@@ -198,6 +219,8 @@ class KeyVerifier:
                 # began after this request decides (see _Parked.fresh)
                 info = await self._await_lookup(ledger_id, peer)
                 self._settle(ledger_id, key, info)
+            if writes and ledger_id not in self._storage.ledgers:
+                self._check_open(ledger_id, info)
         finally:
             self._unwait(peer, 1)
 
@@ -350,12 +373,15 @@ class KeyVerifier:
         joined the lookup under way and is refused waits for a lookup of its own (_Parked.fresh)."""
         run: list[_Parked] = []
         again: list[_Parked] = []
+        held = ledger_id in self._storage.ledgers  # before any of these adds makes the record
         for add in parked:
             refusal = error
             if refusal is None:
                 try:
                     self._settle(ledger_id, add.request.master_key, task.result())
-                except KeyRefused as refused:
+                    if not held and not add.request.flags & _RECOVERY_ADD:
+                        self._check_open(ledger_id, task.result())
+                except (KeyRefused, NotOpen) as refused:
                     refusal = refused
             if refusal is None:
                 run.append(add)
@@ -420,6 +446,16 @@ class KeyVerifier:
             self._storage.rekey(state, key)
         elif state is not None:
             state.key_verified = True
+
+    @staticmethod
+    def _check_open(ledger_id: int, info: KeyInfo) -> None:
+        """Refuse a writer's request that would create the record of a ledger metadata shows not
+        OPEN (:class:`NotOpen`; the caller knows the bookie holds no record: one it holds keeps its
+        own fence)."""
+        if not info.writable:
+            raise NotOpen(
+                f"ledger {ledger_id} is in recovery or closed in metadata: no new record for a writer"
+            )
 
 
 def _peer(target: Any) -> str:

@@ -12,8 +12,9 @@ duplicate request id) is decoded by the generic codec at its place in the stream
 them goes to the same ``add_run``. Handlers that read the disk run as tasks owned by the connection.
 
 Status table (:data:`STATUS_FOR`): NoLedger -> ENOLEDGER, NoEntry -> ENOENTRY, Fenced -> EFENCED,
-Unauthorized -> EUA, EntryCorrupt / JournalError / OSError -> EIO, BadRequest -> EBADREQ,
-TooManyRequests -> ETOOMANYREQUESTS, ReadOnly -> EREADONLY. Anything unexpected is logged and
+Unauthorized / KeyRefused -> EUA, NotOpen (bookie/ledger_keys.py) -> EFENCED, EntryCorrupt /
+JournalError / OSError -> EIO, BadRequest -> EBADREQ, TooManyRequests -> ETOOMANYREQUESTS,
+ReadOnly -> EREADONLY. Anything unexpected is logged and
 answered EIO: a bug in one handler must not take the connection, let alone the server, down.
 
 Read-only mode (:mod:`bookie.mode`): while ``read_only`` is set (by the server, on a mode
@@ -36,7 +37,7 @@ import structlog
 
 from bookie.connection_handler import ServerConnection, ServerLoad
 from bookie.journal import JournalError
-from bookie.ledger_keys import KeyRefused
+from bookie.ledger_keys import KeyRefused, NotOpen
 from bookie.ledger_state import LedgerState, Waiter, WakeReason
 from bookie.mode import ModeMachine, ReadOnly
 from bookie.storage import (
@@ -88,6 +89,7 @@ STATUS_FOR: dict[type[BaseException], StatusCode] = {
     TooManyRequests: StatusCode.ETOOMANYREQUESTS,
     ReadOnly: StatusCode.EREADONLY,
     KeyRefused: StatusCode.EUA,
+    NotOpen: StatusCode.EFENCED,
 }
 
 
@@ -333,7 +335,9 @@ class Processor:
         keys = self.storage.keys
         assert keys is not None
         try:
-            await keys.verify(request.ledger_id, request.master_key, conn)
+            await keys.verify(
+                request.ledger_id, request.master_key, conn, writes=type(request) is m.WriteLacRequest
+            )
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 (refused, busy, metadata unreachable: answered)

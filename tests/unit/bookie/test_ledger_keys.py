@@ -27,8 +27,9 @@ JUNK = b"J" * 32
 class Metadata:
     """What metadata says per ledger id; counts lookups."""
 
-    def __init__(self, ledgers: dict[int, bytes | None]) -> None:
+    def __init__(self, ledgers: dict[int, bytes | None], closed: frozenset[int] = frozenset()) -> None:
         self.ledgers = ledgers
+        self.closed = closed
         self.lookups = 0
 
     async def key_info(self, ledger_id: int) -> KeyInfo:
@@ -36,7 +37,7 @@ class Metadata:
         await asyncio.sleep(0)
         if ledger_id not in self.ledgers:
             return KeyInfo(exists=False, check=None)
-        return KeyInfo(exists=True, check=self.ledgers[ledger_id])
+        return KeyInfo(exists=True, check=self.ledgers[ledger_id], writable=ledger_id not in self.closed)
 
 
 async def _open(path: Path, md: Metadata) -> Storage:
@@ -131,6 +132,31 @@ async def test_a_real_keys_fence_is_never_dropped(tmp_path: Path) -> None:
     with pytest.raises(Fenced):
         await add(reopened, 3, 0, key=REAL)
     await reopened.close()
+
+
+async def test_a_writer_gets_no_new_record_of_a_ledger_metadata_shows_closed(tmp_path: Path) -> None:
+    """A bookie with no record of a closed ledger (GC forgot it, fence included, after its copy was
+    re-replicated elsewhere; or recovery's fences never reached it) refuses a writer's add and
+    WRITE_LAC with EFENCED and creates nothing: a writer that lost the ledger gets no ack here.
+    Recovery adds (write-back, re-replication) still make the record; a record the bookie holds
+    keeps deciding by its own fence."""
+    md = Metadata({4: key_check(REAL), 6: key_check(REAL), 8: key_check(REAL)}, closed=frozenset({4, 6, 8}))
+    storage = await _open(tmp_path, md)
+    assert storage.keys is not None
+    with pytest.raises(ledger_keys.NotOpen):
+        await add(storage, 4, 7, key=REAL)
+    with pytest.raises(ledger_keys.NotOpen):
+        await storage.keys.verify(4, REAL, writes=True)  # a WRITE_LAC
+    assert 4 not in storage.ledgers
+    await storage.keys.verify(4, REAL)  # a fence still creates its (fenced) record
+    await add(storage, 6, 0, key=REAL, recovery=True)  # re-replication of a closed ledger
+    await add(storage, 6, 1, key=REAL)  # its record is held now: decided by its own fence, as before
+    assert sorted(storage.ledger(6).index.entry_ids()) == [0, 1]
+    mixed = [start_add(storage, 8, 0, body(8, 0, -1), recovery=True, key=REAL)]
+    mixed.append(start_add(storage, 8, 1, body(8, 1, 0), key=REAL))  # parked with the recovery add
+    outcomes = await asyncio.gather(*mixed, return_exceptions=True)
+    assert outcomes[0] is None and isinstance(outcomes[1], ledger_keys.NotOpen)
+    await storage.close()
 
 
 async def test_a_checkpoint_never_holds_a_rekey_its_journal_lost(tmp_path: Path) -> None:
