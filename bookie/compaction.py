@@ -46,7 +46,7 @@ import structlog
 from bookie.index import Location
 from bookie.journal_format import SEGMENT_HEADER_BYTES, Position
 from bookie.ledger_state import LedgerState
-from bookie.storage import Storage
+from bookie.storage import Storage, durable_future
 from bookkeeper_aio.common import failpoints
 
 log = structlog.get_logger(__name__)
@@ -129,22 +129,6 @@ async def _live_entries(
     for entries in found.values():
         entries.sort(key=lambda item: item[3].offset)
     return found
-
-
-def _durable_future(
-    loop: asyncio.AbstractEventLoop,
-) -> tuple[asyncio.Future[None], Callable[[BaseException | None], None]]:
-    """A future and the journal callback (``error`` or None once durable) that resolves it."""
-    durable: asyncio.Future[None] = loop.create_future()
-
-    def done(error: BaseException | None) -> None:
-        if not durable.done():
-            if error is None:
-                durable.set_result(None)
-            else:
-                durable.set_exception(error)
-
-    return durable, done
 
 
 class Compactor:
@@ -243,7 +227,7 @@ class Compactor:
             return False  # its live entries could not be copied now: rolling would gain nothing
         segment_id = synced.segment_id
         deadline = self._loop.time() + ROLL_READY_WAIT_S
-        durable, done = _durable_future(self._loop)
+        durable, done = durable_future(self._loop)
 
         while not journal.roll(done):
             if journal.segment_id != segment_id or self._loop.time() >= deadline:
@@ -344,7 +328,7 @@ class Compactor:
             copied += location.length
         if not moves:
             return 0
-        durable, done = _durable_future(self._loop)
+        durable, done = durable_future(self._loop)
 
         journal.sync(done)
         await durable  # JournalError: the pass ends, the index still points at the originals

@@ -14,6 +14,7 @@ never on the event loop (the exceptions: startup, before the server accepts anyt
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import mmap
@@ -165,6 +166,12 @@ class FileIO:
                 self._pwrite_all(fd, part, offset)
                 offset += len(part)
             os.fsync(fd)
+        except BaseException:
+            # a half-written copy (ENOSPC, EIO) must not keep its space: on a full disk it would eat
+            # the reserve the journal needs, and it is retried whole anyway
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         finally:
             os.close(fd)
         if failpoint is not None:

@@ -170,7 +170,9 @@ class KeyVerifier:
         if state is None:
             return True
         known = state.master_key
-        return known is not None and not state.key_verified and not hmac.compare_digest(known, key)
+        # a record without a key (a keyless fence's; replayed from records after a lost forget)
+        # is as good as none: its first key is checked too
+        return known is None or (not state.key_verified and not hmac.compare_digest(known, key))
 
     def park(
         self,
@@ -219,7 +221,7 @@ class KeyVerifier:
                 # began after this request decides (see _Parked.fresh)
                 info = await self._await_lookup(ledger_id, peer)
                 self._settle(ledger_id, key, info)
-            if writes and ledger_id not in self._storage.ledgers:
+            if writes and not self._holds(ledger_id):
                 self._check_open(ledger_id, info)
         finally:
             self._unwait(peer, 1)
@@ -373,7 +375,7 @@ class KeyVerifier:
         joined the lookup under way and is refused waits for a lookup of its own (_Parked.fresh)."""
         run: list[_Parked] = []
         again: list[_Parked] = []
-        held = ledger_id in self._storage.ledgers  # before any of these adds makes the record
+        held = self._holds(ledger_id)  # before any of these adds makes the record
         for add in parked:
             refusal = error
             if refusal is None:
@@ -446,6 +448,11 @@ class KeyVerifier:
             self._storage.rekey(state, key)
         elif state is not None:
             state.key_verified = True
+
+    def _holds(self, ledger_id: int) -> bool:
+        """Whether the bookie holds a record of ``ledger_id`` with a key (one without is as none)."""
+        state = self._storage.ledgers.get(ledger_id)
+        return state is not None and state.master_key is not None
 
     @staticmethod
     def _check_open(ledger_id: int, info: KeyInfo) -> None:

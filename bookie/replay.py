@@ -121,11 +121,21 @@ def recover(fileio: FileIO, data_dir: str, row_cache_bytes_max: int = 0) -> Reco
     Checkpoint rows up to ``row_cache_bytes_max`` are kept for the next checkpoint
     (:func:`bookie.checkpoint.decode`); replay drops the row of every ledger it changes."""
     journal_dir = os.path.join(data_dir, JOURNAL_DIR)
-    fileio.makedirs(journal_dir)
-    fileio.makedirs(os.path.join(data_dir, INDEX_DIR))
+    index_dir = os.path.join(data_dir, INDEX_DIR)
+    if not (fileio.exists(journal_dir) and fileio.exists(index_dir)):
+        fileio.makedirs(journal_dir)
+        fileio.makedirs(index_dir)
+        fileio.fsync_dir(data_dir)  # the directories outlive a power cut, as the files in them
     position, ledgers = load_checkpoint(fileio, data_dir, row_cache_bytes_max)
     ids = segment_ids(fileio, journal_dir)
     if position is None:
+        if ids and ids[0] != 1:
+            raise fmt.JournalCorrupt(
+                f"no index checkpoint, and the journal starts at segment {ids[0]:016x}: segments "
+                "before it were deleted (bookie GC deletes one only once a checkpoint covers it), so "
+                "the checkpoint was lost: refusing to start (ledgers would be missing). Restore "
+                f"{INDEX_DIR}/{CHECKPOINT_FILE}, or wipe the bookie and let re-replication rebuild it."
+            )
         _check_consecutive(ids)
         position = Position(ids[0] if ids else 1, fmt.SEGMENT_HEADER_BYTES)
     elif position.segment_id not in ids:
@@ -148,7 +158,9 @@ def recover(fileio: FileIO, data_dir: str, row_cache_bytes_max: int = 0) -> Reco
             scan = _scan_segment(data, segment_id, position)
             if scan is None:
                 continue  # created ahead of time, never written
-            if damaged is not None and (scan.records or scan.garbage_end > scan.end):
+            if damaged is not None:
+                # any byte of a later segment, its header alone included (a roll: bookie GC), was
+                # written after the damaged one's last group was synced: the damage is to synced data
                 bad_id, bad_at = damaged
                 raise fmt.JournalCorrupt(
                     f"journal segment {bad_id:016x} is damaged at offset {bad_at} but later segment "
@@ -159,8 +171,9 @@ def recover(fileio: FileIO, data_dir: str, row_cache_bytes_max: int = 0) -> Reco
                 tick()
                 apply_record(ledgers, segment_id, record)
             result.records_replayed += len(scan.records)
-            if scan.groups or segment_id == position.segment_id:
-                # a cut from offset 0 (torn segment header) appends just past the header to come
+            if scan.groups or segment_id == position.segment_id or scan.end > 0:
+                # a segment with its header alone (a roll) is where the journal went on; a cut from
+                # offset 0 (torn segment header) appends just past the header to come
                 result.start = Position(segment_id, max(scan.end, fmt.SEGMENT_HEADER_BYTES))
             if scan.tail is not fmt.Tail.CLEAN:
                 damaged = (segment_id, scan.bad)

@@ -155,7 +155,8 @@ async def test_a_writer_gets_no_new_record_of_a_ledger_metadata_shows_closed(tmp
     mixed = [start_add(storage, 8, 0, body(8, 0, -1), recovery=True, key=REAL)]
     mixed.append(start_add(storage, 8, 1, body(8, 1, 0), key=REAL))  # parked with the recovery add
     outcomes = await asyncio.gather(*mixed, return_exceptions=True)
-    assert outcomes[0] is None and isinstance(outcomes[1], ledger_keys.NotOpen)
+    assert outcomes[0] is None
+    assert isinstance(outcomes[1], ledger_keys.NotOpen)
     await storage.close()
 
 

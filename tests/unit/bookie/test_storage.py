@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import os
 import shutil
 import struct
@@ -26,6 +27,7 @@ from bookie.storage import (
     Storage,
     StorageConfig,
     Unauthorized,
+    durable_future,
 )
 from bookkeeper_aio.protocol import messages as m
 
@@ -254,6 +256,32 @@ async def test_a_checkpoint_is_due_after_so_many_journal_records_or_bytes(tmp_pa
     await storage.close()
 
 
+async def test_a_failed_checkpoint_leaves_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a full disk a half-written checkpoint copy would keep its space (a whole checkpoint,
+    ~100 MB at a million ledgers) and eat the reserve the journal needs."""
+    storage = await Storage.open(config(tmp_path))
+    for i in range(50):
+        await add(storage, 1, i)
+    await storage.write_checkpoint()
+    await add(storage, 1, 50)
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp"):
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match="No space"):
+        await storage.write_checkpoint()
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert sorted(p.name for p in (tmp_path / "index").iterdir()) == ["checkpoint"]
+    await storage.write_checkpoint()
+    await storage.close()
+
+
 async def test_corrupt_checkpoint_refuses(tmp_path: Path) -> None:
     storage = await Storage.open(config(tmp_path))
     await add(storage, 1, 0)
@@ -328,6 +356,79 @@ async def test_corrupt_middle_record_refuses_to_start(tmp_path: Path) -> None:
     patch(_journal_file(tmp_path), location.offset + 30, b"\xff\xfe")
     with pytest.raises(fmt.JournalCorrupt, match="refusing to start"):
         await Storage.open(config(tmp_path))
+
+
+async def _roll(storage: Storage) -> None:
+    """GC's roll of the current segment (once the next one is created ahead of time)."""
+    rolled, done = durable_future(asyncio.get_running_loop())
+    deadline = asyncio.get_running_loop().time() + 5
+    while not storage.journal.roll(done):
+        assert asyncio.get_running_loop().time() < deadline, "the next segment never became ready"
+        await asyncio.sleep(0.01)
+    await rolled
+
+
+async def test_damage_in_the_last_group_before_a_roll_refuses_to_start(tmp_path: Path) -> None:
+    """After a roll the next segment holds its header alone, written once the rolled segment's
+    last group was synced: damage there is damage to acknowledged data, never a torn tail to cut."""
+    storage = await Storage.open(config(tmp_path))
+    for i in range(5):
+        await add(storage, 1, i)
+    await _roll(storage)
+    location = storage.ledger(1).index.get(4)
+    assert location is not None
+    assert location.segment_id == 1
+    storage.abort()
+    patch(_journal_file(tmp_path), location.offset + location.length - 3, b"\xff")
+    with pytest.raises(fmt.JournalCorrupt, match="refusing to start"):
+        await Storage.open(config(tmp_path))
+
+
+async def test_after_a_roll_and_a_restart_the_journal_goes_on_in_the_next_segment(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    await add(storage, 1, 0)
+    await _roll(storage)
+    await storage.close()
+    storage = await Storage.open(config(tmp_path))
+    await add(storage, 1, 1)
+    location = storage.ledger(1).index.get(1)
+    assert location is not None
+    assert location.segment_id == 2  # not back in the rolled segment (GC rolled it to reclaim it)
+    await storage.close()
+
+
+async def test_no_checkpoint_with_segments_already_deleted_refuses_to_start(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    await add(storage, 1, 0)
+    await _roll(storage)
+    await add(storage, 3, 0)
+    await storage.close()
+    os.remove(_journal_file(tmp_path))  # as GC deletes a covered segment; then the checkpoint is lost
+    os.remove(tmp_path / "index" / "checkpoint")
+    with pytest.raises(fmt.JournalCorrupt, match="no index checkpoint"):
+        await Storage.open(config(tmp_path))
+
+
+async def test_a_forgotten_ledger_with_records_in_flight_stays_forgotten_after_a_crash(
+    tmp_path: Path,
+) -> None:
+    """GC forgets a fenced ledger while one of its records is journaled but not durable, then
+    checkpoints: that checkpoint must cover the record, or replay brings the ledger back from it
+    alone, with no key and no fence."""
+    storage = await Storage.open(config(tmp_path))
+    for i in range(5):
+        await add(storage, 7, i)
+    await durable(lambda cb: storage.fence(7, KEY, cb))
+    await storage.write_checkpoint()
+    in_flight, done = durable_future(asyncio.get_running_loop())
+    storage.write_lac(7, KEY, 3, b"", done)  # journaled, not durable yet
+    assert storage.forget_ledger(7)
+    await storage.write_checkpoint()
+    await in_flight
+    storage.abort()  # kill -9
+    storage = await Storage.open(config(tmp_path))
+    assert 7 not in storage.ledgers
+    await storage.close()
 
 
 async def test_corrupt_record_read_is_eio_not_no_entry(tmp_path: Path) -> None:
