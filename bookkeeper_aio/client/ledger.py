@@ -43,6 +43,7 @@ from bookkeeper_aio.errors import (
     LedgerClosed,
     LedgerFenced,
     NotEnoughBookies,
+    with_outcome_unknown,
 )
 from metadata.ledger_manager import VersionedLedger
 from metadata.ledger_metadata import LedgerMetadata, LedgerState
@@ -93,6 +94,13 @@ class LedgerHandle(AddPipeline):
     @property
     def pending_adds(self) -> int:
         return len(self._pending)
+
+    async def wait_for_adds(self) -> None:
+        """Return once every add sent so far completed; raise the handle's error if one failed
+        (the handle is then FAILED, every add after it failed too)."""
+        await self._wait_drained()
+        if self._error is not None:
+            raise with_outcome_unknown(self._error, True)
 
     def set_event_listener(self, listener: EventListener | None) -> None:
         self._listener = listener

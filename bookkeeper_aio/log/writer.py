@@ -251,11 +251,19 @@ class LogWriter:
         """Stop the writer; the `LogFenced` for the failed operation (``outcome_unknown`` copied)."""
         detail = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         unknown = isinstance(error, BKError) and error.outcome_unknown
+        self._stop(detail)
+        return LogFenced(self.name, str(detail), outcome_unknown=unknown)
+
+    def _stop(self, error: BaseException | str) -> None:
+        """Stop the writer for good (later appends raise `LogFenced`: open a new writer, which
+        recovers the ledgers and learns where the log ends). Also after an append
+        that failed once sent (NotEnoughBookies, a timeout): a later record must never follow a
+        record that may be missing (`_switch`)."""
         if self._fenced is None:
+            detail = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
             log.warning("log.writer_fenced", log=self.name, ledger_id=self._handle.id, detail=detail)
             self._fenced = LogFenced(self.name, str(detail))
             self._handle.abort()
-        return LogFenced(self.name, str(detail), outcome_unknown=unknown)
 
     # ------------------------------------------------------------------ list changes
     async def _change(self, change: Callable[[LogMetadata], LogMetadata], leader_ledger: int) -> VersionedLog:
@@ -386,14 +394,34 @@ class LogWriter:
             except BaseException:
                 new.abort()  # it may be in the list (outcome unknown, cancelled): a takeover recovers it
                 raise
-            self._handle = self._adopt(new)
-            self._entries_in_ledger = self._bytes_in_ledger = 0
-            self._ledger_started = self._loop.time()
+            await self._switch(old, new)
             log.info("log.rolled", log=self.name, old_ledger=old.id, new_ledger=new.id)
             await self._drop_spare()  # one _take_spare refused
             await self._close_old(old)
         await self._apply_retention()
         return new.id
+
+    async def _switch(self, old: LedgerHandle, new: LedgerHandle) -> None:
+        """Send appends to ``new`` once every append sent to ``old`` is acknowledged (appends wait
+        meanwhile, in order, on the slow path). A record acknowledged in the new ledger while an
+        earlier one could still fail would leave a hole before it, and a crash then would keep the
+        later record and lose the earlier (recovery closes the old ledger where its data ends):
+        a log is a prefix of what its writer sent, as a ledger is, and a sequenced log's dedup,
+        which trusts its last sequence, relies on it. If an append to ``old`` failed, the writer
+        stops (`_stop`); ``new`` stays empty in the list, for the next writer to close."""
+        self._queued += 1  # keeps appends off the fast path until the switch is done
+        try:
+            async with self._append_lock:
+                try:
+                    await old.wait_for_adds()
+                except BKError as error:
+                    self._stop(error)
+                    raise
+                self._handle = self._adopt(new)
+                self._entries_in_ledger = self._bytes_in_ledger = 0
+                self._ledger_started = self._loop.time()
+        finally:
+            self._queued -= 1
 
     async def _close_old(self, old: LedgerHandle) -> None:
         await self._close_and_mark(old, self._handle.id)
@@ -491,6 +519,7 @@ class _Results:
 
     def failed(self, error: BKError) -> BKError:
         if not isinstance(error, _FENCING_ERRORS):
+            self._writer._stop(error)  # the record may be missing: nothing may follow it
             return error
         fenced = self._writer._fence(error)
         fenced.__cause__ = error
