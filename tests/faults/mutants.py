@@ -141,6 +141,30 @@ MUTANTS = (
         (LOG_FIGHT, "tests/integration/log/test_logs.py::test_concurrent_opens_leave_one_consistent_list"),
         "a log writer's list change (a roll) applies after another writer took the log over",
     ),
+    Mutant(
+        "log-roll-switches-before-drain",
+        "bookkeeper_aio/log/writer.py",
+        "                    await old.wait_for_adds()\n",
+        "                    pass\n",
+        ("tests/unit/log/test_writer_roll_order.py",),
+        "a roll sends appends to the new ledger while the old one's may still fail (a hole in the log)",
+    ),
+    Mutant(
+        "bookie-adopts-closed-ledger",
+        "bookie/ledger_keys.py",
+        "        if not info.writable:\n",
+        "        if False:\n",
+        ("tests/unit/bookie/test_ledger_keys.py",),
+        "a bookie without a record of a closed ledger makes one for a zombie writer's add",
+    ),
+    Mutant(
+        "checkpoint-after-forget-unsynced",
+        "bookie/storage.py",
+        "            if self._forgotten:\n",
+        "            if False:\n",
+        ("tests/unit/bookie/test_storage.py",),
+        "a checkpoint after GC forgot a ledger leaves its in-flight records past its position",
+    ),
 )
 
 
