@@ -256,9 +256,9 @@ class LogWriter:
 
     def _stop(self, error: BaseException | str) -> None:
         """Stop the writer for good (later appends raise `LogFenced`: open a new writer, which
-        recovers the ledgers and learns where the log ends). Also after an append
-        that failed once sent (NotEnoughBookies, a timeout): a later record must never follow a
-        record that may be missing (`_switch`)."""
+        recovers the ledgers and learns where the log ends). Also after an append that failed once
+        sent (NotEnoughBookies, a timeout): a later record must never follow a record that may be
+        missing (`_switch`)."""
         if self._fenced is None:
             detail = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
             log.warning("log.writer_fenced", log=self.name, ledger_id=self._handle.id, detail=detail)
@@ -394,7 +394,7 @@ class LogWriter:
             except BaseException:
                 new.abort()  # it may be in the list (outcome unknown, cancelled): a takeover recovers it
                 raise
-            await self._switch(old, new)
+            await asyncio.shield(self._switch(old, new))  # listed: a cancelled roll still switches
             log.info("log.rolled", log=self.name, old_ledger=old.id, new_ledger=new.id)
             await self._drop_spare()  # one _take_spare refused
             await self._close_old(old)
@@ -416,6 +416,7 @@ class LogWriter:
                     await old.wait_for_adds()
                 except BKError as error:
                     self._stop(error)
+                    new.abort()  # listed, never written: the next writer closes it empty
                     raise
                 self._handle = self._adopt(new)
                 self._entries_in_ledger = self._bytes_in_ledger = 0
