@@ -253,16 +253,19 @@ class UnderReplicationManager:
 
     async def acquire(self, ledger_id: int, owner: str, lease_id: int) -> ReplicationLock | None:
         """Take the ledger's replication lock for ``owner``, bound to ``lease_id``: the lock held,
-        or None when another worker holds it. Raises `LeaseExpired` if the lease is gone."""
+        or None when another worker holds it. Raises `LeaseExpired` if the lease is gone.
+
+        A lock ``owner`` already holds under ``lease_id`` is taken up again (same version): its
+        release failed (metadata down at that moment), and the lease that holds it is kept alive,
+        so nobody else could ever take it; a worker heals one ledger at a time, so no heal of its
+        own still uses it (autorecovery seed 92 of the simulation: a mark healed by nobody)."""
         if lease_id <= 0:
             raise InvalidMetadata("a replication lock must be bound to a lease")
         key = self.keys.replication_lock(ledger_id)
         value = validate_name(owner, "worker id").encode()
         try:
             version = await self._store.create(key, value, lease_id=lease_id)
-        except NodeExists:
-            return None
-        except CasResultUnknown:
+        except (NodeExists, CasResultUnknown):
             current = await self._store.get(key)
             if current is None or current.lease_id != lease_id or current.value != value:
                 return None

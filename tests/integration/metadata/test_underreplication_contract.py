@@ -104,6 +104,26 @@ async def test_one_lock_holder_released_only_by_its_lease(store: MetadataStore, 
         await store.revoke_lease(lease_b)
 
 
+async def test_a_lock_whose_release_failed_is_taken_up_again_by_its_owner(
+    store: MetadataStore, root: str
+) -> None:
+    """A release lost to a metadata outage leaves the lock under a live lease: its owner takes it
+    up again (same holding), nobody else can, and it is released normally afterwards."""
+    urm = UnderReplicationManager(store, root)
+    lease = await store.grant_lease(5)
+    try:
+        lock = await urm.acquire(14, "w-a", lease)
+        assert lock is not None
+        assert await urm.acquire(14, "w-b", lease) is None  # another worker of the daemon
+        again = await urm.acquire(14, "w-a", lease)  # its unlock never reached the store
+        assert again == lock
+        assert await urm.holds(again)
+        await urm.unlock(14, lease)
+        assert await urm.lock_holder(14) is None
+    finally:
+        await store.revoke_lease(lease)
+
+
 async def test_a_dead_workers_lock_goes_with_its_lease(store: MetadataStore, root: str) -> None:
     urm = UnderReplicationManager(store, root)
     lease = await store.grant_lease(2)
