@@ -52,6 +52,12 @@ from metadata.underreplication import UnderReplicationManager
 
 log = structlog.get_logger("bookkeeper_aio.autorecovery.auditor")
 
+DUE_SLACK_S = 0.001
+"""A missing bookie whose delay runs out within this is due now: the round that its timer starts
+must find it due (``since + delay - now`` and ``now - since`` differ in their last bit, and asyncio
+runs timers up to its clock resolution early), or the next round's timeout is ~0 and the leader
+spins without time moving until it is (a simulated clock never moves: autorecovery seed 0)."""
+
 SCAN_WINDOW = 32
 """Ledger metadata reads in flight while scanning every ledger."""
 
@@ -378,10 +384,9 @@ class Auditor:
                     lost_after_s=self._config.lost_bookie_recovery_delay_s,
                 )
                 self._missing_since[bookie_id] = now
+        delay = self._config.lost_bookie_recovery_delay_s - DUE_SLACK_S
         due = {
-            b
-            for b, since in self._missing_since.items()
-            if b not in self._marked and now - since >= self._config.lost_bookie_recovery_delay_s
+            b for b, since in self._missing_since.items() if b not in self._marked and now - since >= delay
         }
         if not due:
             return replaced
