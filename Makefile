@@ -31,16 +31,19 @@ test-slow: $(STAMP)
 chaos: $(STAMP)
 	FAULT_CYCLES=$${FAULT_CYCLES:-200} $(BIN)/python -m pytest -m slow -q --timeout=0 tests/faults
 
-# Deterministic simulation (tests/simulation): SEEDS seeds of the general scenario and RACE_SEEDS of
-# the race profile, from FIRST; a failing seed prints the command that replays it (`pytest
-# tests/simulation/test_seeds.py::TEST --seed N`, which prints its trace).
+# Deterministic simulation (tests/simulation): SEEDS seeds of the general scenario, RACE_SEEDS of
+# the race profile and AR_SEEDS of the autorecovery one, from FIRST; a failing seed prints the
+# command that replays it (`pytest tests/simulation/test_seeds.py::TEST --seed N`, which prints
+# its trace).
 SEEDS ?= 1000
 RACE_SEEDS ?= $(SEEDS)
+AR_SEEDS ?= $(SEEDS)
 FIRST ?= 0
 simulate: $(STAMP)
 	$(BIN)/python -m pytest -q tests/simulation/test_seeds.py::test_seeds_hold_every_invariant \
 	  tests/simulation/test_seeds.py::test_race_seeds_hold_every_invariant \
-	  --sim-seeds $(SEEDS) --race-seeds $(RACE_SEEDS) --sim-first $(FIRST)
+	  tests/simulation/test_seeds.py::test_autorecovery_seeds_hold_every_invariant \
+	  --sim-seeds $(SEEDS) --race-seeds $(RACE_SEEDS) --autorecovery-seeds $(AR_SEEDS) --sim-first $(FIRST)
 
 # Exhaustive mode (tests/simulation/exhaustive.py): every schedule of the tiny world within
 # DEVIATIONS choices off the default one, per fault plan, with state hashing; BUGS plants bug.* switches.

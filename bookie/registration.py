@@ -64,12 +64,18 @@ class BookieIdInUse(RuntimeError):
 
 class MetadataRegistration:
     def __init__(
-        self, url: str, ttl_s: int = metadata.bookies.REGISTRATION_TTL_S_DEFAULT, fileio: FileIO = OS_FILE_IO
+        self,
+        url: str,
+        ttl_s: int = metadata.bookies.REGISTRATION_TTL_S_DEFAULT,
+        fileio: FileIO = OS_FILE_IO,
+        connection: metadata.MetadataConnection | None = None,
     ) -> None:
+        """``connection``: an open connection for ``url`` to use instead of connecting (the
+        deterministic simulation's in-memory store); ``close()`` closes it all the same."""
         self._url = url
         self._fileio = fileio
         self._ttl_s = ttl_s
-        self._connection: metadata.MetadataConnection | None = None
+        self._connection: metadata.MetadataConnection | None = connection
         self._registration: metadata.BookieRegistration | None = None
         self._read_only = False
         self._instance_id = ""

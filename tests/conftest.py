@@ -40,6 +40,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--race-seeds", type=int, default=None, help="how many seeds of the race profile to run (default 50)"
     )
+    group.addoption(
+        "--autorecovery-seeds",
+        type=int,
+        default=None,
+        help="how many seeds of the autorecovery profile to run (default 50)",
+    )
 
 
 _SHARED_GROUPS = {

@@ -10,6 +10,10 @@ auditor candidate, ``workers`` replication workers and one lease.
   (:class:`ReplacementDirectory`).
 - Every ``status_interval_s`` the daemon counts the marks and publishes its metrics
   (``R/replication/daemons/<id>``) for ``bkaio autorecovery status``.
+- Seams for the deterministic simulation (tests/simulation/autorecovery.py), defaults for
+  production: ``clock`` (what marks and the status record as wall-clock time, and the open-ledger
+  grace), ``placement`` (the replacements' policy) and ``key_executor`` (where ledger keys are
+  derived).
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ import asyncio
 import contextlib
 import os
 import socket
-import time
 from collections.abc import Coroutine, Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 import structlog
@@ -31,6 +35,8 @@ from bookkeeper_aio.autorecovery.metrics import AutorecoveryMetrics
 from bookkeeper_aio.autorecovery.worker import ReplicationWorker
 from bookkeeper_aio.client.bookkeeper import BookKeeper, RegistryDirectory
 from bookkeeper_aio.client.config import ClientConfig
+from bookkeeper_aio.client.placement import PlacementPolicy
+from bookkeeper_aio.common.clock import SYSTEM_CLOCK, Clock
 from metadata.cluster import MetadataConnection
 from metadata.errors import LeaseExpired, MetadataError
 from metadata.keys import validate_name
@@ -67,18 +73,24 @@ class AutorecoveryDaemon:
         *,
         daemon_id: str | None = None,
         client_config: ClientConfig | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        placement: PlacementPolicy | None = None,
+        key_executor: Executor | None = None,
     ) -> None:
         self.meta = meta
         self.config = config
         self.daemon_id = validate_name(daemon_id or default_daemon_id(), "daemon id")
         self.metrics = AutorecoveryMetrics()
-        self.urm = UnderReplicationManager(meta.store, meta.root)
+        self._clock = clock
+        self.urm = UnderReplicationManager(meta.store, meta.root, now_ms=self._now_ms)
         registry = RegistryDirectory(meta.store, meta.root)
         self.bk = BookKeeper(
             meta.ledger_manager(),
             ReplacementDirectory(registry, self.urm),
             config=client_config,
             resolver=registry,
+            placement=placement,
+            key_executor=key_executor,
         )
         self.auditor = Auditor(
             self.bk.context, self.urm, config, candidate_id=self.daemon_id, metrics=self.metrics
@@ -91,13 +103,17 @@ class AutorecoveryDaemon:
                 config,
                 worker_id=f"{self.daemon_id}-w{i}",
                 metrics=self.metrics,
+                now_ms=self._now_ms,
                 limiter=limiter,
             )
             for i in range(config.workers)
         ]
         self._lease_id = 0
         self._tasks: list[asyncio.Task[None]] = []
-        self._started_ms = time.time_ns() // 1_000_000
+        self._started_ms = self._now_ms()
+
+    def _now_ms(self) -> int:
+        return int(self._clock.wall() * 1000)
 
     def lease_id(self) -> int:
         return self._lease_id
@@ -147,7 +163,7 @@ class AutorecoveryDaemon:
                     **self.metrics.snapshot(),
                     "workers": len(self.workers),
                     "started_ms": self._started_ms,
-                    "updated_ms": time.time_ns() // 1_000_000,
+                    "updated_ms": self._now_ms(),
                     "missing_bookies": sorted(self.auditor.missing) if self.metrics.is_auditor else [],
                 }
                 await self.urm.publish_status(self.daemon_id, self._lease_id, status)

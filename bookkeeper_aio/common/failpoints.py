@@ -60,6 +60,8 @@ METADATA_CAS_AFTER = CAS_AFTER
 BUG_ACK_BEFORE_SYNC = "bug.ack_before_fdatasync"  # a bookie acks adds before their fdatasync
 BUG_RECOVERY_READ_WITHOUT_FENCE = "bug.recovery_read_without_fence"  # BOOKKEEPER #2614
 BUG_RECOVERY_FROM_FENCED_LAC = "bug.recovery_from_fenced_lac"  # BOOKKEEPER #2615
+# rereplication trusts a survivor's short batch read: the entries it lacked are not copied
+BUG_COPY_TRUSTS_SHORT_BATCH = "bug.copy_trusts_short_batch"
 
 ErrorFactory = Callable[[str, str], BaseException]
 """``(failpoint name, key) -> exception`` for an action a higher floor defines the error of."""

@@ -2,7 +2,8 @@
 
 ``pytest tests/simulation --seed N`` replays seed N alone in each sweep (and prints its traces);
 ``--sim-seeds K --sim-first S`` runs seeds S..S+K-1 of the general scenario (default 0..299),
-``--race-seeds K`` seeds S..S+K-1 of the race profile (default 0..49), in batches of ``BATCH``.
+``--race-seeds K`` seeds S..S+K-1 of the race profile (default 0..49), ``--autorecovery-seeds K``
+those of the autorecovery profile (default 0..49), in batches of ``BATCH``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from tests.simulation.scenario import Outcome
 
 SEEDS_DEFAULT = 300
 RACE_SEEDS_DEFAULT = 50
+AUTORECOVERY_SEEDS_DEFAULT = 50
 BATCH = 25
 
 
@@ -46,6 +48,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for name, option, default in (
         ("seed_batch", "sim_seeds", SEEDS_DEFAULT),
         ("race_batch", "race_seeds", RACE_SEEDS_DEFAULT),
+        ("autorecovery_batch", "autorecovery_seeds", AUTORECOVERY_SEEDS_DEFAULT),
     ):
         if name not in metafunc.fixturenames:
             continue

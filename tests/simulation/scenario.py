@@ -108,6 +108,9 @@ class Scenario:
         """Writer client -> the ledger it writes now."""
         self.think_probability = THINK_PROBABILITY
         self.think_s_max = THINK_S_MAX
+        self.faults = FAULTS
+        self.gone: set[str] = set()
+        """Bookies lost for good: never restarted."""
 
     def describe(self) -> str:
         return (
@@ -277,7 +280,7 @@ class Scenario:
         for _ in range(self.fault_steps):
             await asyncio.sleep(rng.uniform(0.05, FAULT_S / self.fault_steps))
             up = [b for b in world.bookies if b.up]
-            kind = rng.choice(FAULTS)
+            kind = rng.choice(self.faults)
             if kind == "crash_syncing":  # the durability window: a bookie with a group in flight
                 for _ in range(SYNC_WAIT_POLLS_MAX):
                     syncing = [b for b in world.bookies if b.syncing]
@@ -329,8 +332,14 @@ class Scenario:
                 world.trace(
                     f"metadata: the next write's answer is lost ({'applied' if applied else 'not applied'})"
                 )
+            else:
+                self.other_fault(kind, rng, restarts)
             self.check_step()
         await asyncio.gather(*restarts)
+
+    def other_fault(self, kind: str, rng: random.Random, restarts: list[asyncio.Task[None]]) -> None:
+        """A fault kind of a profile's own (``self.faults``); its undoing goes to ``restarts``."""
+        raise ValueError(f"unknown fault kind {kind!r}")
 
     async def _restart_later(self, bookie: SimBookie, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
@@ -338,6 +347,8 @@ class Scenario:
             await self._restart(bookie)
 
     async def _restart(self, bookie: SimBookie) -> None:
+        if bookie.name in self.gone:
+            return
         try:
             await bookie.restart()
         except Exception as error:
@@ -444,8 +455,7 @@ class Scenario:
     async def run(self) -> None:
         world = self.world
         self.closed_by_writer = {}
-        for _ in range(self.bookie_count):
-            await world.add_bookie().start()
+        await self.start_world()
         writers = [world.add_client(f"w{i}") for i in range(self.writer_count)]
         recoverer = world.add_client("rec")
         tasks = [(w, w.spawn(self.writer(w, world.rng_for("writer", w.name)), "writer")) for w in writers]
@@ -471,6 +481,10 @@ class Scenario:
                 await self._finish(task, f"log writer {writer.name}")
         await self.heal()
         self.problems.extend(await invariants.check_final(self))
+
+    async def start_world(self) -> None:
+        for _ in range(self.bookie_count):
+            await self.world.add_bookie().start()
 
     async def _finish(self, task: asyncio.Task[None], what: str) -> None:
         done, _ = await asyncio.wait([task], timeout=WORKLOAD_END_S_MAX)

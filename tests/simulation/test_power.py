@@ -18,6 +18,10 @@ scenario decides, so a change to it moves these; the bound is what must hold):
   bookies, and proposes either a close below that fragment or a fragment before it: invalid
   metadata (OnlyValidFragments), refused by the model, so the recovery fails every time it runs
   into it (BookKeeper's symptom: a ledger that cannot be recovered).
+- ``bug.copy_trusts_short_batch`` (rereplication copies a fragment from a survivor that lacks some
+  of its entries, and skips what the survivor's batch read did not return): autorecovery seed 31.
+  The replacement is published without those entries (RereplicatedCopiesComplete), and with the
+  lost bookie gone they are below their ack quorum (AllCommittedEntriesReachAckQuorum).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import pytest
 from bookie.journal import Journal
 from bookie.storage import EntryCorrupt, NoEntry, Storage
 from bookkeeper_aio.common import failpoints
+from tests.simulation.autorecovery import AutorecoveryScenario
 from tests.simulation.race import RaceScenario
 from tests.simulation.scenario import Scenario, run_seed
 
@@ -61,6 +66,13 @@ PLANTED = [
         40,
         ("OnlyValidFragments",),
         id="2615-recovery-from-fenced-lac-race",
+    ),
+    pytest.param(
+        failpoints.BUG_COPY_TRUSTS_SHORT_BATCH,
+        AutorecoveryScenario,
+        40,
+        ("RereplicatedCopiesComplete",),
+        id="rereplication-copy-trusts-short-batch",
     ),
 ]
 

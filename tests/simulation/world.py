@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import itertools
+import json
+import os
 import random
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
@@ -23,11 +25,14 @@ from typing import Any, TypeVar
 import structlog
 
 from bookie.config import BookieConfig
+from bookie.cookie import COOKIE_FILE, LAYOUT_VERSION
+from bookie.registration import MetadataRegistration
 from bookie.server import BookieServer
 from bookkeeper_aio import BookKeeper, ClientConfig, RandomPlacement
 from bookkeeper_aio.client.keys import NewLedgerKeys
 from bookkeeper_aio.protocol.digest import KEY_SALT_BYTES, ledger_keys
 from metadata import ledger_metadata
+from metadata.cluster import MetadataConnection
 from metadata.keys import ClusterKeys
 from metadata.ledger_manager import LedgerManager
 from metadata.ledger_metadata import LedgerMetadata
@@ -55,6 +60,11 @@ CLIENT_CONFIG = ClientConfig(
     speculative_read_delay_ms=50,
     metadata_timeout_s=2.0,
 )
+
+
+REGISTRATION_TTL_S = 2
+"""The bookies' registration leases where bookies register (the autorecovery profile): the
+shortest the store allows, so a crashed bookie is seen gone soon."""
 
 
 class LoopClock:
@@ -94,6 +104,7 @@ class Node:
         self.name = name
         self.incarnation = Incarnation(name)
         self.context = self._new_context()
+        self._ended: list[asyncio.Future[None]] = []
 
     def _new_context(self) -> contextvars.Context:
         context = contextvars.copy_context()
@@ -104,6 +115,28 @@ class Node:
         """Run ``coro`` as this node's code."""
         return self.world.loop.create_task(coro, name=f"{self.name}:{name}", context=self.context)
 
+    async def run_alive(self, coro: Coroutine[Any, Any, None], name: str) -> bool:
+        """Run ``coro`` as this node's code and wait for it, or for the node's crash (a task of a
+        crashed node never ends: awaiting it alone would hang the caller, and its cancellation with
+        it). True when it finished (its exception raised here), False when the node crashed."""
+        task = self.spawn(coro, name)
+        ended = self.world.loop.create_future()
+        self._ended.append(ended)
+
+        def finished(_: object) -> None:
+            if not ended.done():
+                ended.set_result(None)
+
+        task.add_done_callback(finished)
+        try:
+            await ended
+        finally:
+            self._ended.remove(ended)
+        if not task.done():
+            return False
+        task.result()
+        return True
+
     @property
     def up(self) -> bool:
         return not self.incarnation.dead
@@ -111,6 +144,9 @@ class Node:
     def _die(self) -> None:
         self.incarnation.dead = True
         self.world.network.crash_node(self.name)
+        for ended in self._ended:
+            if not ended.done():
+                ended.set_result(None)
 
     def _reincarnate(self) -> None:
         self.incarnation = Incarnation(self.name)
@@ -149,14 +185,38 @@ class SimBookie(Node):
         server = self.context.run(
             BookieServer,
             self.config(),
+            self._registration() if world.bookies_register else None,
             threads=self.threads,
             clock=LoopClock(world.loop),
             fileio=self.fileio,
             disk_probe=healthy_disk,
         )
-        await self.spawn(server.start(), "start")
+        if world.bookies_register:  # registering may wait a lease out: a crash may come first
+            if not await self.run_alive(server.start(), "start"):
+                world.trace(f"bookie {self.name} crashed while starting (start {self.starts})")
+                return
+        else:
+            await self.spawn(server.start(), "start")
         self.server = server
         world.trace(f"bookie {self.name} started (start {self.starts})")
+
+    def _registration(self) -> MetadataRegistration:
+        """The production registration (cookie check, lease-bound key) on the world's store. A
+        fresh disk is formatted first with a cookie naming a deterministic instance id (the
+        bookie's own would be a random uuid, which its log line would print into the trace)."""
+        assert self.fileio is not None
+        data_dir = f"/{self.name}"
+        cookie = os.path.join(data_dir, COOKIE_FILE)
+        if not self.fileio.exists(cookie):
+            self.fileio.makedirs(data_dir)
+            body = {"bookie_id": self.name, "instance_id": f"{self.name}-1", "layout_version": LAYOUT_VERSION}
+            self.fileio.write_file_atomic(cookie, json.dumps(body, sort_keys=True).encode())
+        return MetadataRegistration(
+            f"memory://{ROOT}",
+            ttl_s=REGISTRATION_TTL_S,
+            fileio=self.fileio,
+            connection=SimMetadata(self.world, self.name),
+        )
 
     @property
     def syncing(self) -> bool:
@@ -194,6 +254,21 @@ class SimDirectory:
             for b in self._world.bookies
             if b.server is not None and b.server.ready and not b.server.mode.read_only
         ]
+
+
+class SimMetadata(MetadataConnection):
+    """A connection to the world's metadata store for a node's production code (a bookie's
+    registration, an autorecovery daemon), whose ledger manager reads the virtual clock and
+    draws from a seeded RNG."""
+
+    def __init__(self, world: World, node: str) -> None:
+        super().__init__(world.store, ROOT)
+        self.world = world
+        self.node = node
+
+    def ledger_manager(self) -> LedgerManager:
+        world = self.world
+        return LedgerManager(self.store, ROOT, now_ms=world.now_ms, rng=world.rng_for("ids", self.node))
 
 
 class SimResolver:
@@ -256,6 +331,8 @@ class SimStore(MemoryStore):
         self.crash_after_ensemble_change_probability = 0.0
         self.on_new_fragment: Callable[[str], None] | None = None
         """Called with the ledger's key when a CAS adds a fragment (before the writer learns it)."""
+        self.on_ledger_cas: Callable[[str, bytes, bytes], None] | None = None
+        """Called with (key, old value, new value) after every applied CAS of a ledger."""
         self._decoded: dict[tuple[str, bytes], LedgerMetadata] = {}
 
     def ledger(self, key: str, value: bytes) -> LedgerMetadata:
@@ -278,6 +355,8 @@ class SimStore(MemoryStore):
             and key.startswith(KEYS.ledgers_prefix)
             and len(self.ledger(key, old.value).ensembles) < len(self.ledger(key, value).ensembles)
         )
+        if self.on_ledger_cas is not None and old is not None and key.startswith(KEYS.ledgers_prefix):
+            self.on_ledger_cas(key, old.value, value)
         if new_fragment and self.on_new_fragment is not None:
             self.on_new_fragment(key)
         if (
@@ -302,6 +381,9 @@ class World:
         self.network.trace = self.trace
         self.store = SimStore(self)
         self.client_config = CLIENT_CONFIG
+        self.bookies_register = False
+        """Bookies register in the store with the production registration (the autorecovery
+        profile: the auditor watches registrations); otherwise :class:`SimDirectory` stands in."""
         self.disk_check_interval_s = 3600.0
         """How often bookies look at their disk and journal (a failed journal makes a bookie
         read-only at the next look)."""
