@@ -44,7 +44,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--autorecovery-seeds",
         type=int,
         default=None,
-        help="how many seeds of the autorecovery profile to run (default 50)",
+        help="how many seeds of the autorecovery profile to run (default 40)",
     )
 
 

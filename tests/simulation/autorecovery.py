@@ -20,6 +20,12 @@ metadata unavailability and lost CAS answers), plus:
 - **Daemon faults**: a daemon crashes (its lease, locks and auditor role expire with it; it comes
   back later), or is paused past its lease (the lease is expired at once and its links stall for
   a while: a zombie whose commits its lock guard must refuse).
+- **Bit rot on read** (``rot_disk``): a byte of a bookie's index checkpoint or of a journal
+  record that a later synced group follows reads back flipped everywhere (replay too); the bookie
+  loses power. Its restart must refuse the damaged disk (the operator retires it: it leaves, and
+  autorecovery heals it), or start when the damage lies before its replay start and answer EIO
+  for that record, never "no such entry" (check_final's CorruptIsNeverAbsent). At most one disk
+  is lost per seed: a rot or the departure, whichever comes first.
 
 The heal phase brings everything back but the lost bookie, recovers every ledger (the general
 heal) and then demands liveness of autorecovery: within ``AR_HEAL_S`` no ledger lists the bookie
@@ -31,8 +37,11 @@ same as the other replicas (RereplicatedCopiesComplete; NoDivergentReplicas).
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 
+from bookie import journal_format, replay
+from bookie.checkpoint import CheckpointCorrupt
 from bookie.storage import EntryCorrupt, NoEntry
 from bookkeeper_aio import RandomPlacement
 from bookkeeper_aio.autorecovery.auditor import mark_ledgers_on
@@ -64,7 +73,7 @@ AR_CONFIG = AutorecoveryConfig(
     passwords=(PASSWORD,),
     status_interval_s=1.0,
 )
-AR_FAULTS = [*FAULTS, "kill_daemon", "pause_daemon", "pause_daemon"]
+AR_FAULTS = [*FAULTS, "kill_daemon", "pause_daemon", "pause_daemon", "rot_disk"]
 AR_HEAL_S = 30.0
 AR_POLL_S = 0.2
 RESTART_ATTEMPTS_MAX = 20
@@ -125,6 +134,8 @@ class AutorecoveryScenario(Scenario):
         self.faults = AR_FAULTS
         self.daemons: list[SimDaemon] = []
         self.leaving: str | None = None
+        self.rotten: str | None = None
+        """The bookie whose disk rotted (``rot_disk``): it leaves only if it refuses to start."""
         self.placed: dict[int, set[tuple[int, int, str]]] = {}
         """Ledger -> (fragment's first entry, position, bookie) of every bookie a daemon's CAS put
         in place of another within an existing fragment (a worker's copy, published)."""
@@ -173,6 +184,8 @@ class AutorecoveryScenario(Scenario):
     async def _depart_later(self, rng: random.Random) -> None:
         await asyncio.sleep(self.departure_s)
         world = self.world
+        if self.rotten is not None:  # a rotten disk may depart: the seed's one loss at most
+            return
         up = [b for b in world.bookies if b.up]
         if not up:
             up = list(world.bookies)
@@ -209,6 +222,9 @@ class AutorecoveryScenario(Scenario):
 
     def other_fault(self, kind: str, rng: random.Random, restarts: list[asyncio.Task[None]]) -> None:
         world = self.world
+        if kind == "rot_disk":
+            self.rot_disk(rng, restarts)
+            return
         live = [d for d in self.daemons if d.up]
         if not live:
             return
@@ -228,6 +244,50 @@ class AutorecoveryScenario(Scenario):
             restarts.append(asyncio.create_task(self._resume_later(daemon.name, pause_s)))
         else:
             super().other_fault(kind, rng, restarts)
+
+    def rot_disk(self, rng: random.Random, restarts: list[asyncio.Task[None]]) -> None:
+        """Bit rot that every read returns: a byte of an up bookie's index checkpoint, or of a
+        journal record that a later synced group follows (damage replay can tell from a torn
+        write; the final group's cannot be told, docs/bookie.md). The bookie is then cut off
+        (a power cut) and restarted: it must refuse to start (JournalCorrupt, CheckpointCorrupt),
+        never serve without the damaged record; until then its reads of that record say EIO."""
+        world = self.world
+        if self.rotten is not None or self.leaving is not None:  # one disk lost at most
+            return
+        candidates: list[tuple[SimBookie, str, int, int]] = []  # bookie, path, first, end
+        for bookie in world.bookies:
+            server = bookie.server
+            if not bookie.up or server is None or server.storage is None or bookie.name == self.leaving:
+                continue
+            data_dir = server.config.data_dir
+            checkpoint = os.path.join(data_dir, replay.INDEX_DIR, replay.CHECKPOINT_FILE)
+            synced = bookie.disk.durable_names.get(checkpoint)
+            if synced is not None and synced.synced:
+                candidates.append((bookie, checkpoint, 0, len(synced.synced)))
+            journal_dir = os.path.join(data_dir, replay.JOURNAL_DIR)
+            for path in sorted(p for p in bookie.disk.durable_names if os.path.dirname(p) == journal_dir):
+                segment_id = journal_format.parse_segment_name(os.path.basename(path))
+                if segment_id is None:
+                    continue
+                data = bytes(bookie.disk.durable_names[path].synced)
+                scanned = journal_format.scan(data, journal_format.SEGMENT_HEADER_BYTES, segment_id)
+                records = scanned.records
+                firsts = [
+                    r
+                    for a, r in zip([None, *records], records, strict=False)
+                    if a is None or a.offset + a.length != r.offset
+                ]
+                if len(firsts) >= 2:  # damage before the final group's first record is detectable
+                    candidates.append((bookie, path, journal_format.SEGMENT_HEADER_BYTES, firsts[-1].offset))
+        if not candidates:
+            return
+        bookie, path, first, end = rng.choice(candidates)
+        at = rng.randrange(first, end)
+        bookie.disk.rot_everywhere.setdefault(path, set()).add(at)
+        self.rotten = bookie.name
+        world.trace(f"bit rot: {bookie.name} byte {at} of {path}, then a power cut")
+        bookie.crash()
+        restarts.append(asyncio.create_task(self._restart_later(bookie, rng.uniform(0.05, 0.5))))
 
     async def _restart_daemon_later(self, daemon: SimDaemon, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
@@ -262,6 +322,13 @@ class AutorecoveryScenario(Scenario):
             try:
                 await bookie.restart()
                 return
+            except (journal_format.JournalCorrupt, CheckpointCorrupt) as error:
+                # its own checks refuse the damaged disk: the operator retires it, autorecovery heals
+                self.world.trace(f"bookie {bookie.name} refuses its damaged disk: {error}; retired")
+                bookie.crash()
+                self.gone.add(bookie.name)
+                self.leaving, self.departure = bookie.name, "rotten disk"
+                return
             except MetadataError as error:
                 self.world.trace(f"bookie {bookie.name} failed to start: {type(error).__name__}; again soon")
                 bookie.crash()  # what the failed process held goes with it
@@ -280,25 +347,26 @@ class AutorecoveryScenario(Scenario):
     async def _autorecovery_done(self) -> None:
         """Liveness: within AR_HEAL_S no ledger lists the bookie that left and no mark is left."""
         world = self.world
-        if self.leaving is None:
+        departed = sorted(self.gone | ({self.leaving} if self.leaving else set()))
+        if not departed:
             return
         deadline = world.loop.time() + AR_HEAL_S
         listing: list[int] = []
         marks: list[int] = []
         while world.loop.time() < deadline:
             scanned = True
-            if self.departure == "decommission":
+            if self.departure == "decommission" and self.leaving is not None:
                 scanned = await self._decommission_round()
-            listing = self._listing(self.leaving)
+            listing = sorted({lid for bookie in departed for lid in self._listing(bookie)})
             marks = self._marks()
             if scanned and not listing and not marks:
-                if self.departure == "decommission":
+                if self.departure == "decommission" and self.leaving is not None:
                     await self.urm.end_decommission(self.leaving)
-                world.trace(f"autorecovery done: no ledger lists {self.leaving}")
+                world.trace(f"autorecovery done: no ledger lists {departed}")
                 return
             await asyncio.sleep(AR_POLL_S)
         self.problems.append(
-            f"liveness: {AR_HEAL_S} s after the heal, ledgers {listing} still list {self.leaving} "
+            f"liveness: {AR_HEAL_S} s after the heal, ledgers {listing} still list one of {departed} "
             f"({self.departure}), marks left: {marks}"
         )
 

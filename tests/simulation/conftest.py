@@ -3,7 +3,7 @@
 ``pytest tests/simulation --seed N`` replays seed N alone in each sweep (and prints its traces);
 ``--sim-seeds K --sim-first S`` runs seeds S..S+K-1 of the general scenario (default 0..299),
 ``--race-seeds K`` seeds S..S+K-1 of the race profile (default 0..49), ``--autorecovery-seeds K``
-those of the autorecovery profile (default 0..49), in batches of ``BATCH``.
+those of the autorecovery profile (default 0..39), in batches of ``BATCH``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tests.simulation.scenario import Outcome
 
 SEEDS_DEFAULT = 300
 RACE_SEEDS_DEFAULT = 50
-AUTORECOVERY_SEEDS_DEFAULT = 50
+AUTORECOVERY_SEEDS_DEFAULT = 40
 BATCH = 25
 
 

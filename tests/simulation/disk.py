@@ -98,6 +98,9 @@ class Disk:
         self.rot: dict[str, set[int]] = {}
         """Bit rot: path -> byte offsets that ``pread`` returns flipped (a latent sector error that
         hands back garbage instead of EIO; replay's whole-file reads are not affected)."""
+        self.rot_everywhere: dict[str, set[int]] = {}
+        """Bit rot that every read returns flipped: ``pread`` and the whole-file reads of a
+        restart (journal replay's ``map_read``, the index checkpoint's ``read_file``)."""
 
     def crash(self, rng: random.Random) -> None:
         """A power cut: only durable names survive, each with its crashed content."""
@@ -206,13 +209,10 @@ class SimFileIO(FileIO):
         data = bytes(self._file(fd).data[offset : offset + length])
         if len(data) != length:
             raise OSError(errno.EIO, f"short read: {len(data)} of {length} bytes at offset {offset}")
-        rotten = self.disk.rot.get(self._fds[fd][0]) if self.disk.rot else None
-        if rotten:
-            flipped = bytearray(data)
-            for at in rotten:
-                if offset <= at < offset + length:
-                    flipped[at - offset] ^= 0x20
-            data = bytes(flipped)
+        disk = self.disk
+        if disk.rot or disk.rot_everywhere:
+            path = self._fds[fd][0]
+            data = _flip(data, offset, disk.rot.get(path, set()) | disk.rot_everywhere.get(path, set()))
         return data
 
     def pread_nowait(self, fd: int, length: int, offset: int) -> None:
@@ -224,7 +224,10 @@ class SimFileIO(FileIO):
         file = self.disk.files.get(path)
         if file is None:
             raise FileNotFoundError(errno.ENOENT, "no such file (simulated)", path)
-        return _Mapped(file.data) if file.data else None
+        if not file.data:
+            return None
+        rotten = self.disk.rot_everywhere.get(path)
+        return _Mapped(_flip(bytes(file.data), 0, rotten) if rotten else file.data)
 
     def size(self, fd: int) -> int:
         return len(self._file(fd).data)
@@ -236,7 +239,8 @@ class SimFileIO(FileIO):
         file = self.disk.files.get(path)
         if file is None:
             raise FileNotFoundError(errno.ENOENT, "no such file (simulated)", path)
-        return bytes(file.data)
+        rotten = self.disk.rot_everywhere.get(path)
+        return _flip(bytes(file.data), 0, rotten) if rotten else bytes(file.data)
 
     def listdir(self, path: str) -> list[str]:
         if path.rstrip("/") not in self.disk.dirs:
@@ -296,6 +300,17 @@ class SimFileIO(FileIO):
 
     def open_files(self) -> Iterable[str]:
         return sorted(path for path, _ in self._fds.values())
+
+
+def _flip(data: bytes, offset: int, rotten: set[int]) -> bytes:
+    """``data`` (read at ``offset``) with the bytes at the ``rotten`` offsets flipped."""
+    inside = [at - offset for at in rotten if offset <= at < offset + len(data)]
+    if not inside:
+        return data
+    flipped = bytearray(data)
+    for at in inside:
+        flipped[at] ^= 0x20
+    return bytes(flipped)
 
 
 def healthy_disk(path: str) -> DiskStatus:

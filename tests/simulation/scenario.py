@@ -332,7 +332,7 @@ class Scenario:
                 world.trace(
                     f"metadata: the next write's answer is lost ({'applied' if applied else 'not applied'})"
                 )
-            else:
+            elif kind not in FAULTS:
                 self.other_fault(kind, rng, restarts)
             self.check_step()
         await asyncio.gather(*restarts)
