@@ -1,0 +1,59 @@
+"""The Spark source and sink against races of the log, on fake bookies and MemoryStore (no Spark
+session: the executor- and driver-side coroutines are called directly)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+
+from bookkeeper_aio import BookKeeper, RandomPlacement, open_log_writer
+from bookkeeper_aio.client.context import StaticDirectory
+from bookkeeper_aio.spark.plan import EntryRange
+from bookkeeper_aio.spark.reader import ReadSpec, _entries
+from metadata.ledger_manager import LedgerManager
+from metadata.memory import MemoryStore
+from tests.harness.fake_bookie import FakeCluster
+from tests.unit.client.conftest import FAST, ROOT
+
+
+@contextlib.asynccontextmanager
+async def client() -> AsyncIterator[BookKeeper]:
+    async with FakeCluster(4, add_acks=True) as cluster:
+        bk = BookKeeper(
+            LedgerManager(MemoryStore(), ROOT, rng=random.Random(0)),
+            StaticDirectory(cluster.ids),
+            config=FAST,
+            placement=RandomPlacement(random.Random(7)),
+        )
+        try:
+            yield bk
+        finally:
+            with contextlib.suppress(Exception):
+                await bk.close()
+
+
+async def _read(bk: BookKeeper, entries: EntryRange, sequenced: bool) -> list[tuple[int, bytes]]:
+    return [item async for item in _entries(bk, ReadSpec("unused", "s", b""), entries, sequenced)]
+
+
+async def test_a_sequenced_range_is_read_to_its_planned_end_though_the_task_sees_a_lower_lac() -> None:
+    """The driver planned entries 0..4 (it saw LAC 4); the task's first LAC read answers 2. It must
+    read 0..4, not stop at 2 (a streaming query would commit past the missing records)."""
+    async with client() as bk:
+        writer = await open_log_writer(bk, "s", sequenced=True)
+        for seq in range(1, 4):
+            await writer.append(b"r%d" % seq, sequence=seq)
+        await asyncio.sleep(0.3)  # the explicit LAC tells the bookies 2
+        planned = EntryRange(writer.ledger_id, 0, 4, 0)
+        task = asyncio.create_task(_read(bk, planned, True))
+        await asyncio.sleep(0.3)
+        for seq in range(4, 6):  # entries 3 and 4, acknowledged while the task reads
+            await writer.append(b"r%d" % seq, sequence=seq)
+        got = await asyncio.wait_for(task, 10)
+        assert got == [(i, b"r%d" % (i + 1)) for i in range(5)]
+        # the same range once the LAC is there, and a range ending before the LAC
+        assert await _read(bk, planned, True) == got
+        assert await _read(bk, EntryRange(writer.ledger_id, 1, 2, 1), True) == got[1:3]
+        await writer.close()
