@@ -35,7 +35,7 @@ from bookkeeper_aio import (
 from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark import runtime
 from bookkeeper_aio.spark.catalog import connect, log_extents, open_checked
-from bookkeeper_aio.spark.plan import EntryRange, LedgerExtent, plan_ranges
+from bookkeeper_aio.spark.plan import EntryRange, LedgerExtent, in_log_order, plan_ranges
 
 if TYPE_CHECKING:
     from pyarrow import RecordBatch
@@ -133,6 +133,8 @@ class BookKeeperBatchReader(DataSourceReader):
             raise opt.SparkOptionError(
                 opt.ENDING_POSITION, f"{tuple(self.end)} is before the startingPosition {tuple(self.start)}"
             )
+        if self.spec.log is not None:  # a log's ledgers in order, up to its first open one
+            extents = in_log_order(extents)
         ranges = plan_ranges(extents, self.start, self.end, self.max_entries)
         return [RangePartition(i, entries, sequenced) for i, entries in enumerate(ranges)]
 
