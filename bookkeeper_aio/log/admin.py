@@ -26,7 +26,8 @@ from bookkeeper_aio.log._common import (
     taken_over,
 )
 from bookkeeper_aio.log.position import LogPosition
-from metadata.errors import BadVersion, InvalidMetadata
+from metadata.errors import BadVersion, CasResultUnknown, InvalidMetadata
+from metadata.log_metadata import LogMetadata
 
 log = structlog.get_logger("bookkeeper_aio.log.admin")
 
@@ -179,6 +180,7 @@ async def append_ledgers(
         md = handle.metadata
         ends[ledger_id] = (-1 if md.last_entry_id is None else md.last_entry_id, md.length)
     manager = log_manager(bk)
+    lost_from: list[LogMetadata] = []  # the lists our CASes whose answers were lost started from
     for _ in range(IMPORT_ATTEMPTS_MAX):
         current = await read_or_create(manager, name, create=create)
         if current.metadata.sequenced:
@@ -188,7 +190,16 @@ async def append_ledgers(
             )
         listed = set(current.metadata.ledger_ids)
         if ends and all(ledger_id in listed for ledger_id in ends):
-            return True  # these very ledgers are in: our CAS applied (a lost answer, retried)
+            # these very ledgers are in: a CAS of ours applied (its answer was lost)
+            log.info("log.imported", log=name, ledgers=sorted(ends), commit=commit, answer_lost=True)
+            for earlier in lost_from:
+                if (
+                    earlier.spare is not None
+                    and earlier.spare not in listed
+                    and earlier.spare != current.metadata.spare
+                ):
+                    await delete_spare(bk, earlier, password)
+            return True
         if commit is not None and current.metadata.commits.get(commit[0], -1) >= commit[1]:
             log.info("log.import_replayed", log=name, importer=commit[0], batch=commit[1])
             return False
@@ -209,6 +220,12 @@ async def append_ledgers(
         try:
             await cas_log(manager, proposed, current.version)
         except BadVersion:
+            continue
+        except CasResultUnknown as error:
+            # Applied or not: the list read again settles it (these ledgers listed, or not and
+            # never will be, since the list moved past the version that CAS expected).
+            log.info("log.import_answer_lost", log=name, ledgers=sorted(ends), error=repr(error))
+            lost_from.append(current.metadata)
             continue
         log.info("log.imported", log=name, ledgers=sorted(ends), commit=commit)
         await delete_spare(bk, current.metadata, password)

@@ -8,10 +8,15 @@ import contextlib
 import random
 from collections.abc import AsyncIterator
 
-from bookkeeper_aio import BookKeeper, RandomPlacement, open_log_writer
+import pytest
+
+from bookkeeper_aio import BookKeeper, RandomPlacement, describe_log, open_log_writer
 from bookkeeper_aio.client.context import StaticDirectory
+from bookkeeper_aio.spark import writer as spark_writer
 from bookkeeper_aio.spark.plan import EntryRange
 from bookkeeper_aio.spark.reader import ReadSpec, _entries
+from bookkeeper_aio.spark.writer import WriteSpec
+from metadata.errors import MetadataUnavailable
 from metadata.ledger_manager import LedgerManager
 from metadata.memory import MemoryStore
 from tests.harness.fake_bookie import FakeCluster
@@ -57,3 +62,25 @@ async def test_a_sequenced_range_is_read_to_its_planned_end_though_the_task_sees
         assert await _read(bk, planned, True) == got
         assert await _read(bk, EntryRange(writer.ledger_id, 1, 2, 1), True) == got[1:3]
         await writer.close()
+
+
+async def test_a_committed_batch_write_is_reported_committed_though_its_sweep_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once the CAS listed the job's ledgers the job is committed: a failing look for leftovers
+    afterwards must not fail it (a rerun would write every row twice)."""
+
+    async def unreachable(bk: BookKeeper, spec: WriteSpec) -> list[int]:
+        raise MetadataUnavailable("ledgers/", "etcd did not answer")
+
+    monkeypatch.setattr(spark_writer, "_ledgers_of_job", unreachable)
+    async with client() as bk:
+        writer = await open_log_writer(bk, "out")
+        await writer.append(b"x")
+        await writer.close()
+        spec = WriteSpec("unused", "out", b"", "payload", 3, 2, 2, "job-1", writer.ledger_id)
+        handle = await bk.create_ledger(3, 2, 2, after_ledger_id=writer.ledger_id)
+        await handle.append(b"row")
+        await handle.close()
+        assert await spark_writer.commit_with(bk, spec, [handle.id], None, sweep=True) is True
+        assert handle.id in [ledger.ledger_id for ledger in (await describe_log(bk, "out")).ledgers]

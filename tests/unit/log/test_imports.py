@@ -1,0 +1,72 @@
+"""Imports of written ledgers (`append_ledgers`) against lost CAS answers and reused commit tokens,
+on fake bookies and MemoryStore."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bookkeeper_aio import BookKeeper, append_ledgers, describe_log, open_log_writer
+from bookkeeper_aio.log import admin
+from metadata.errors import CasResultUnknown
+from metadata.log_manager import LogManager, VersionedLog
+from metadata.log_metadata import LogMetadata
+from tests.unit.client.conftest import ROOT
+from tests.unit.log.test_writer_races import world
+
+
+async def _ledger(bk: BookKeeper, after: int, payload: bytes) -> int:
+    handle = await bk.create_ledger(3, 2, 2, after_ledger_id=after)
+    await handle.append(payload)
+    await handle.close()
+    return handle.id
+
+
+async def _last(bk: BookKeeper, name: str) -> int:
+    return (await describe_log(bk, name)).ledgers[-1].ledger_id
+
+
+async def test_an_import_whose_cas_answer_was_lost_after_the_list_moved_on_reports_success(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CAS applied, its answer was lost and someone else changed the list before it was read
+    back: the import is committed (its ledgers are listed), so it must say so, not raise (a job
+    reported failed is rerun and writes every row twice)."""
+
+    class LostThenMoved(LogManager):
+        armed = True
+
+        async def write(self, metadata: LogMetadata, expected_version: int) -> VersionedLog:
+            written = await super().write(metadata, expected_version)
+            if self.armed:
+                self.armed = False  # another importer commits right after ours
+                await super().write(written.metadata.with_commit("other", 1), written.version)
+                raise CasResultUnknown(self.keys.log(metadata.name), "deadline exceeded")
+            return written
+
+    async with world(clients=1) as w:
+        (bk,) = w.clients
+        writer = await open_log_writer(bk, "out", roll_entries_max=4)
+        await writer.append(b"x")
+        await writer.append(b"y")  # half way to the roll: the writer records a spare
+        spare = await _spare(bk, "out")
+        manager = LostThenMoved(w.store, ROOT)
+        monkeypatch.setattr(admin, "log_manager", lambda _bk: manager)
+        imported = await _ledger(bk, await _last(bk, "out"), b"job-row")
+        assert await append_ledgers(bk, "out", [imported], commit=("job", 0)) is True
+        assert not manager.armed
+        info = await describe_log(bk, "out")
+        assert imported in [ledger.ledger_id for ledger in info.ledgers]
+        assert dict(info.commits) == {"job": 0, "other": 1}
+        assert info.spare is None
+        assert not await bk.context.ledgers.exists(spare)  # the taken-over writer's spare is gone
+
+
+async def _spare(bk: BookKeeper, name: str) -> int:
+    for _ in range(200):
+        spare = (await describe_log(bk, name)).spare
+        if spare is not None:
+            return spare
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"log {name!r}: no spare recorded")
