@@ -15,7 +15,13 @@ from typing import NamedTuple
 import structlog
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
-from bookkeeper_aio.errors import BKInterfaceError, LogTruncated, MetadataConflict, NoSuchLog
+from bookkeeper_aio.errors import (
+    BKInterfaceError,
+    CommitTokenReused,
+    LogTruncated,
+    MetadataConflict,
+    NoSuchLog,
+)
 from bookkeeper_aio.log._common import (
     cas_log,
     delete_ledgers,
@@ -160,13 +166,14 @@ async def append_ledgers(
     writer does (its last two ledgers are fenced and recovered: a live writer gets `LogFenced`).
 
     ``commit=(importer, batch_id)`` is stored in the same CAS; when that importer already committed
-    a batch id at or above ``batch_id`` nothing changes and the result is False (a replay: none of
-    these ledgers is in the list, the caller deletes them) — unless these very ledgers are listed
-    (the same call's CAS applied and only its answer was lost): True.
+    ``batch_id`` nothing changes and the result is False (a replay: none of these ledgers is in the
+    list, the caller deletes them) — unless these very ledgers are listed (the same call's CAS
+    applied and only its answer was lost): True. A token below the importer's committed batch id
+    is not a replay but a reused importer id: `CommitTokenReused`, nothing changed.
 
-    Raises BKInterfaceError (a ledger not closed, bad token, a sequenced log), MetadataConflict (a
-    ledger id not above every listed one: the log got a newer ledger since these were created),
-    NoSuchLog (``create=False``), the ledger API's errors.
+    Raises BKInterfaceError (a ledger not closed, bad token, a sequenced log; `CommitTokenReused`),
+    MetadataConflict (a ledger id not above every listed one: the log got a newer ledger since these
+    were created), NoSuchLog (``create=False``), the ledger API's errors.
     """
     if commit is not None and (not isinstance(commit[0], str) or not commit[0] or commit[1] < 0):
         raise BKInterfaceError(f"commit must be (non-empty importer id, batch id >= 0), got {commit!r}")
@@ -200,9 +207,12 @@ async def append_ledgers(
                 ):
                     await delete_spare(bk, earlier, password)
             return True
-        if commit is not None and current.metadata.commits.get(commit[0], -1) >= commit[1]:
+        committed = -1 if commit is None else current.metadata.commits.get(commit[0], -1)
+        if commit is not None and committed == commit[1]:
             log.info("log.import_replayed", log=name, importer=commit[0], batch=commit[1])
             return False
+        if commit is not None and committed > commit[1]:
+            raise CommitTokenReused(name, commit[0], commit[1], committed)
         last = current.metadata.last_ledger_id
         if ends and min(ends) <= last:
             raise MetadataConflict(

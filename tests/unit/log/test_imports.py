@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from bookkeeper_aio import BookKeeper, append_ledgers, describe_log, open_log_writer
+from bookkeeper_aio import BookKeeper, CommitTokenReused, append_ledgers, describe_log, open_log_writer
 from bookkeeper_aio.log import admin
 from metadata.errors import CasResultUnknown
 from metadata.log_manager import LogManager, VersionedLog
@@ -70,3 +70,27 @@ async def _spare(bk: BookKeeper, name: str) -> int:
             return spare
         await asyncio.sleep(0.01)
     raise AssertionError(f"log {name!r}: no spare recorded")
+
+
+async def test_a_batch_id_below_the_committed_one_is_refused_not_dropped_as_a_replay() -> None:
+    """An importer id reused from batch 0 again (a new Spark checkpoint with the same writerId):
+    returning False made the caller delete the batch's ledgers, its rows gone without an error."""
+    async with world(clients=1) as w:
+        (bk,) = w.clients
+        for batch in range(3):
+            after = await _last(bk, "out") if batch else 0
+            made = await _ledger(bk, after, b"q1-%d" % batch)
+            assert await append_ledgers(bk, "out", [made], commit=("enricher", batch)) is True
+        version = (await describe_log(bk, "out")).version
+        fresh = await _ledger(bk, await _last(bk, "out"), b"q2-0")
+        with pytest.raises(
+            CommitTokenReused, match=r"'enricher' already committed batch 2, above this batch 0"
+        ) as caught:
+            await append_ledgers(bk, "out", [fresh], commit=("enricher", 0))
+        assert (caught.value.importer, caught.value.batch_id, caught.value.committed) == ("enricher", 0, 2)
+        info = await describe_log(bk, "out")
+        assert info.version == version
+        assert fresh not in [ledger.ledger_id for ledger in info.ledgers]
+        # the same batch id again is a replay: False, nothing changes
+        assert await append_ledgers(bk, "out", [fresh], commit=("enricher", 2)) is False
+        assert (await describe_log(bk, "out")).version == version

@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bookkeeper_aio import BookKeeper, RandomPlacement, describe_log, open_log_writer
+from bookkeeper_aio import BookKeeper, CommitTokenReused, RandomPlacement, describe_log, open_log_writer
 from bookkeeper_aio.client.context import StaticDirectory
+from bookkeeper_aio.spark import stream_writer
 from bookkeeper_aio.spark import writer as spark_writer
+from bookkeeper_aio.spark.options import SparkOptionError
 from bookkeeper_aio.spark.plan import EntryRange
 from bookkeeper_aio.spark.reader import ReadSpec, _entries
 from bookkeeper_aio.spark.writer import WriteSpec
@@ -84,3 +86,22 @@ async def test_a_committed_batch_write_is_reported_committed_though_its_sweep_fa
         await handle.close()
         assert await spark_writer.commit_with(bk, spec, [handle.id], None, sweep=True) is True
         assert handle.id in [ledger.ledger_id for ledger in (await describe_log(bk, "out")).ledgers]
+
+
+def test_a_streaming_batch_below_its_writer_ids_committed_one_fails_naming_writer_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def reused(spec: WriteSpec, ledger_ids: list[int], token: tuple[str, int], *, sweep: bool) -> bool:
+        raise CommitTokenReused(spec.log, token[0], token[1], 2)
+
+    monkeypatch.setattr(stream_writer, "commit_ledgers", reused)
+    sink = stream_writer.BookKeeperStreamWriter.__new__(stream_writer.BookKeeperStreamWriter)
+    sink.spec = WriteSpec("unused", "out", b"", "payload", 3, 2, 2, "job-1")
+    sink.writer_id = "enricher"
+    written = stream_writer.BatchLedgerWritten(spark_writer.LedgerWritten(12, 1, 3), "enricher")
+    with pytest.raises(
+        SparkOptionError, match=r"writer id 'enricher' already committed batch 2 into log 'out'.*new writerId"
+    ) as caught:
+        sink.commit([written], 0)
+    assert caught.value.option == "writerId"
+    assert isinstance(caught.value.__cause__, CommitTokenReused)
