@@ -11,7 +11,13 @@ one ``append_ledgers`` (a CAS on the log's list: readers see all of the job's ro
 never deleted: after an error whose outcome is not known (the metadata store did not answer), the
 log's list is read back first.
 
-Order: each task's rows stay in order in its ledger; a job's ledgers go into the log in id order.
+Order: each task's rows stay in order in its ledger; a job's ledgers go into the log in ledger id
+order, which is the order the tasks created them (when each got its first row), not partition order:
+a DataFrame's ``orderBy`` holds within each task's ledger only.
+
+A task learns only its own attempt number (PySpark's ``TaskContext`` has no stage attempt number):
+a task of an abandoned stage attempt (a stage retried after a fetch failure) whose worker was killed
+leaves its ledger unless the job aborts (docs/spark.md "Known limits").
 """
 
 from __future__ import annotations
