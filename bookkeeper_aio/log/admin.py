@@ -118,8 +118,10 @@ async def delete_log(bk: BookKeeper, name: str, *, password: bytes = b"") -> Non
 # ---------------------------------------------------------------------- cursors
 async def commit_cursor(bk: BookKeeper, name: str, cursor: str, position: LogPosition) -> None:
     """Record that ``cursor`` consumed the log up to ``position`` (inclusive); last commit wins.
-    Truncation reads the cursors before it cuts: a commit that raced a truncation which removed
-    ``position``'s ledger raises `LogTruncated` (the cursor is stored, but what follows it is gone).
+    Truncation reads the cursors when it plans its cut: a commit into a ledger a truncation already
+    removed raises `LogTruncated` (the cursor is stored, but what follows it is gone); one between a
+    truncation's plan and its CAS returns, and the truncation still removes its ledger (a reader
+    resuming after it then gets `LogTruncated`, never a silent gap).
     Raises NoSuchLog, BKInterfaceError (bad cursor name or position)."""
     manager = log_manager(bk)
     await manager.read(name)  # the log must exist

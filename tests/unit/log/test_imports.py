@@ -1,5 +1,5 @@
 """Imports of written ledgers (`append_ledgers`) against lost CAS answers and reused commit tokens,
-on fake bookies and MemoryStore."""
+and a cursor against a concurrent truncation, on fake bookies and MemoryStore."""
 
 from __future__ import annotations
 
@@ -7,8 +7,20 @@ import asyncio
 
 import pytest
 
-from bookkeeper_aio import BookKeeper, CommitTokenReused, append_ledgers, describe_log, open_log_writer
+from bookkeeper_aio import (
+    BookKeeper,
+    CommitTokenReused,
+    LogPosition,
+    LogTruncated,
+    append_ledgers,
+    commit_cursor,
+    describe_log,
+    open_log_reader,
+    open_log_writer,
+)
 from bookkeeper_aio.log import admin
+from bookkeeper_aio.log._common import log_manager
+from bookkeeper_aio.log.truncation import plan_truncation
 from metadata.errors import CasResultUnknown
 from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogMetadata
@@ -94,3 +106,27 @@ async def test_a_batch_id_below_the_committed_one_is_refused_not_dropped_as_a_re
         # the same batch id again is a replay: False, nothing changes
         assert await append_ledgers(bk, "out", [fresh], commit=("enricher", 2)) is False
         assert (await describe_log(bk, "out")).version == version
+
+
+async def test_a_cursor_committed_between_a_truncations_plan_and_its_cas_is_cut_and_readers_say_so() -> None:
+    """What docs/api.md says: the cursor is stored and its ledger still removed; a reader resuming
+    after it gets LogTruncated, not the records after a gap."""
+    async with world(clients=1) as w:
+        (bk,) = w.clients
+        writer = await open_log_writer(bk, "lg")
+        await writer.append(b"a")
+        await writer.roll()
+        await writer.append(b"b")
+        await writer.roll()
+        first, _, last = writer.ledger_ids
+        manager = log_manager(bk)
+        current = await manager.read("lg")
+        change, _ = await plan_truncation(bk, manager, current.metadata, last, b"")  # no cursor yet
+        await commit_cursor(bk, "lg", "c", LogPosition(first, 0))  # returns: nothing truncated yet
+        await manager.update("lg", change, current=current)
+        assert (await manager.read("lg")).metadata.truncated_before > first
+        with pytest.raises(LogTruncated):
+            await open_log_reader(bk, "lg", start=LogPosition(first, 1))
+        with pytest.raises(LogTruncated):
+            await commit_cursor(bk, "lg", "c", LogPosition(first, 0))
+        await writer.close()
