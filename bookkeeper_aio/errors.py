@@ -200,6 +200,24 @@ class LogTruncated(BKError):
         self.first_position = first_position
 
 
+class CommitTokenReused(BKInterfaceError):
+    """An import's commit token ``(importer, batch_id)`` is below the batch id that importer already
+    committed into the log. Only the same batch id is a replay; a lower one is another producer
+    reusing the importer id (or one whose batch ids started over): nothing was changed, and none of
+    the batch's ledgers is listed. Use a new importer id."""
+
+    def __init__(self, name: str, importer: str, batch_id: int, committed: int) -> None:
+        super().__init__(
+            f"log {name!r}: importer {importer!r} already committed batch {committed}, above this "
+            f"batch {batch_id}: its batch ids started over (a reused importer id); nothing was "
+            "appended: use a new importer id"
+        )
+        self.name = name
+        self.importer = importer
+        self.batch_id = batch_id
+        self.committed = committed
+
+
 def with_outcome_unknown(error: BKError, unknown: bool) -> BKError:
     """A copy of ``error`` (same class, message, attributes and cause) whose ``outcome_unknown`` is
     ``unknown``; ``__init__`` is not called, so classes with their own signature copy too."""

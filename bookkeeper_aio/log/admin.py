@@ -15,7 +15,13 @@ from typing import NamedTuple
 import structlog
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
-from bookkeeper_aio.errors import BKInterfaceError, LogTruncated, MetadataConflict, NoSuchLog
+from bookkeeper_aio.errors import (
+    BKInterfaceError,
+    CommitTokenReused,
+    LogTruncated,
+    MetadataConflict,
+    NoSuchLog,
+)
 from bookkeeper_aio.log._common import (
     cas_log,
     delete_ledgers,
@@ -26,7 +32,8 @@ from bookkeeper_aio.log._common import (
     taken_over,
 )
 from bookkeeper_aio.log.position import LogPosition
-from metadata.errors import BadVersion, InvalidMetadata
+from metadata.errors import BadVersion, CasResultUnknown, InvalidMetadata
+from metadata.log_metadata import LogMetadata
 
 log = structlog.get_logger("bookkeeper_aio.log.admin")
 
@@ -111,8 +118,10 @@ async def delete_log(bk: BookKeeper, name: str, *, password: bytes = b"") -> Non
 # ---------------------------------------------------------------------- cursors
 async def commit_cursor(bk: BookKeeper, name: str, cursor: str, position: LogPosition) -> None:
     """Record that ``cursor`` consumed the log up to ``position`` (inclusive); last commit wins.
-    Truncation reads the cursors before it cuts: a commit that raced a truncation which removed
-    ``position``'s ledger raises `LogTruncated` (the cursor is stored, but what follows it is gone).
+    Truncation reads the cursors when it plans its cut: a commit into a ledger a truncation already
+    removed raises `LogTruncated` (the cursor is stored, but what follows it is gone); one between a
+    truncation's plan and its CAS returns, and the truncation still removes its ledger (a reader
+    resuming after it then gets `LogTruncated`, never a silent gap).
     Raises NoSuchLog, BKInterfaceError (bad cursor name or position)."""
     manager = log_manager(bk)
     await manager.read(name)  # the log must exist
@@ -159,13 +168,14 @@ async def append_ledgers(
     writer does (its last two ledgers are fenced and recovered: a live writer gets `LogFenced`).
 
     ``commit=(importer, batch_id)`` is stored in the same CAS; when that importer already committed
-    a batch id at or above ``batch_id`` nothing changes and the result is False (a replay: none of
-    these ledgers is in the list, the caller deletes them) — unless these very ledgers are listed
-    (the same call's CAS applied and only its answer was lost): True.
+    ``batch_id`` nothing changes and the result is False (a replay: none of these ledgers is in the
+    list, the caller deletes them) — unless these very ledgers are listed (the same call's CAS
+    applied and only its answer was lost): True. A token below the importer's committed batch id
+    is not a replay but a reused importer id: `CommitTokenReused`, nothing changed.
 
-    Raises BKInterfaceError (a ledger not closed, bad token, a sequenced log), MetadataConflict (a
-    ledger id not above every listed one: the log got a newer ledger since these were created),
-    NoSuchLog (``create=False``), the ledger API's errors.
+    Raises BKInterfaceError (a ledger not closed, bad token, a sequenced log; `CommitTokenReused`),
+    MetadataConflict (a ledger id not above every listed one: the log got a newer ledger since these
+    were created), NoSuchLog (``create=False``), the ledger API's errors.
     """
     if commit is not None and (not isinstance(commit[0], str) or not commit[0] or commit[1] < 0):
         raise BKInterfaceError(f"commit must be (non-empty importer id, batch id >= 0), got {commit!r}")
@@ -179,6 +189,7 @@ async def append_ledgers(
         md = handle.metadata
         ends[ledger_id] = (-1 if md.last_entry_id is None else md.last_entry_id, md.length)
     manager = log_manager(bk)
+    lost_from: list[LogMetadata] = []  # the lists our CASes whose answers were lost started from
     for _ in range(IMPORT_ATTEMPTS_MAX):
         current = await read_or_create(manager, name, create=create)
         if current.metadata.sequenced:
@@ -188,10 +199,22 @@ async def append_ledgers(
             )
         listed = set(current.metadata.ledger_ids)
         if ends and all(ledger_id in listed for ledger_id in ends):
-            return True  # these very ledgers are in: our CAS applied (a lost answer, retried)
-        if commit is not None and current.metadata.commits.get(commit[0], -1) >= commit[1]:
+            # these very ledgers are in: a CAS of ours applied (its answer was lost)
+            log.info("log.imported", log=name, ledgers=sorted(ends), commit=commit, answer_lost=True)
+            for earlier in lost_from:
+                if (
+                    earlier.spare is not None
+                    and earlier.spare not in listed
+                    and earlier.spare != current.metadata.spare
+                ):
+                    await delete_spare(bk, earlier, password)
+            return True
+        committed = -1 if commit is None else current.metadata.commits.get(commit[0], -1)
+        if commit is not None and committed == commit[1]:
             log.info("log.import_replayed", log=name, importer=commit[0], batch=commit[1])
             return False
+        if commit is not None and committed > commit[1]:
+            raise CommitTokenReused(name, commit[0], commit[1], committed)
         last = current.metadata.last_ledger_id
         if ends and min(ends) <= last:
             raise MetadataConflict(
@@ -209,6 +232,12 @@ async def append_ledgers(
         try:
             await cas_log(manager, proposed, current.version)
         except BadVersion:
+            continue
+        except CasResultUnknown as error:
+            # Applied or not: the list read again settles it (these ledgers listed, or not and
+            # never will be, since the list moved past the version that CAS expected).
+            log.info("log.import_answer_lost", log=name, ledgers=sorted(ends), error=repr(error))
+            lost_from.append(current.metadata)
             continue
         log.info("log.imported", log=name, ledgers=sorted(ends), commit=commit)
         await delete_spare(bk, current.metadata, password)

@@ -163,10 +163,10 @@ class _Walk:
                 handle = await self._open(ledger_id)
                 entries = handle.tail(next_entry)
                 async with contextlib.aclosing(entries):
-                    async for record in self._records(ledger_id, entries):
-                        if self._past_end(ledger_id, record.position.entry_id):
-                            return
+                    async for record in self._records(ledger_id, self._before_end(ledger_id, entries)):
                         yield record
+                if self._end is not None and ledger_id >= self._end.ledger_id:
+                    return  # read up to ``end`` (or this ledger closed before it): nothing later
                 done, next_entry = ledger_id, 0  # closed and read to its last entry
                 count = handle.last_add_confirmed + 1
                 done_end = None if start_offset is None else start_offset + count
@@ -174,6 +174,18 @@ class _Walk:
 
     def _past_end(self, ledger_id: int, entry_id: int) -> bool:
         return self._end is not None and LogPosition(ledger_id, entry_id) >= self._end
+
+    async def _before_end(
+        self, ledger_id: int, entries: AsyncIterator[LedgerEntry]
+    ) -> AsyncGenerator[LedgerEntry, None]:
+        """``entries`` up to the one just before ``end``, then stop: a tail does not wait for an
+        entry past the end (nor does a duplicate dropped at the end keep it waiting)."""
+        async for entry in entries:
+            if self._past_end(ledger_id, entry.entry_id):
+                return
+            yield entry
+            if self._past_end(ledger_id, entry.entry_id + 1):
+                return
 
     async def _records(
         self, ledger_id: int, entries: AsyncIterator[LedgerEntry]

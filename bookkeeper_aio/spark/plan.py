@@ -71,6 +71,20 @@ def plan_ranges(
     return ranges
 
 
+def in_log_order(extents: Sequence[LedgerExtent]) -> list[LedgerExtent]:
+    """The ledgers of a log a read may take, in log order: up to the first one that is not closed
+    (included, to its last add confirmed). The ledgers after it wait until it is closed: a roll
+    lists the next ledger before it closes the previous one, whose acknowledged appends may still
+    lie beyond its LAC; reading on would hand out later records and skip those for good (as the log
+    reader and ``stream.stable_end`` do)."""
+    taken: list[LedgerExtent] = []
+    for extent in extents:
+        taken.append(extent)
+        if not extent.closed:
+            break
+    return taken
+
+
 def end_of(extents: Sequence[LedgerExtent]) -> LogPosition | None:
     """The position just past the last readable entry (exclusive end), None for no ledgers."""
     if not extents:

@@ -24,11 +24,18 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
-from bookkeeper_aio import BookKeeper, LogPosition, NoSuchLedger, ReadHandle, open_log_reader
+from bookkeeper_aio import (
+    BKInterfaceError,
+    BookKeeper,
+    LogPosition,
+    NoSuchLedger,
+    ReadHandle,
+    open_log_reader,
+)
 from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark import runtime
 from bookkeeper_aio.spark.catalog import connect, log_extents, open_checked
-from bookkeeper_aio.spark.plan import EntryRange, LedgerExtent, plan_ranges
+from bookkeeper_aio.spark.plan import EntryRange, LedgerExtent, in_log_order, plan_ranges
 
 if TYPE_CHECKING:
     from pyarrow import RecordBatch
@@ -126,6 +133,8 @@ class BookKeeperBatchReader(DataSourceReader):
             raise opt.SparkOptionError(
                 opt.ENDING_POSITION, f"{tuple(self.end)} is before the startingPosition {tuple(self.start)}"
             )
+        if self.spec.log is not None:  # a log's ledgers in order, up to its first open one
+            extents = in_log_order(extents)
         ranges = plan_ranges(extents, self.start, self.end, self.max_entries)
         return [RangePartition(i, entries, sequenced) for i, entries in enumerate(ranges)]
 
@@ -188,20 +197,29 @@ async def _batches(spec: ReadSpec, entries: EntryRange, sequenced: bool) -> Asyn
 async def _entries(
     bk: BookKeeper, spec: ReadSpec, entries: EntryRange, sequenced: bool
 ) -> AsyncIterator[tuple[int, bytes]]:
-    """(entry id, payload) of the range. A sequenced log's through the log reader (headers
-    stripped, duplicates dropped, a truncated range ``LogTruncated``); any other straight from the
-    ledger, every entry of the range (the driver saw them confirmed, so they are there)."""
+    """(entry id, payload) of the range: every entry of it (the driver saw them confirmed, so they
+    are there), never fewer. A sequenced log's through the log reader (headers stripped, duplicates
+    dropped, a truncated range ``LogTruncated``), following the ledger up to the range's end: this
+    task's LAC may lag the driver's, and stopping at it would skip records silently; any other
+    log's straight from the ledger."""
+    handle = await bk.open_ledger(entries.ledger_id, password=spec.password)
+    await _catch_up(handle, entries.last)
     if sequenced:
         assert spec.log is not None
+        if handle.last_add_confirmed < entries.last:  # as handle.read refuses it: Spark retries
+            raise BKInterfaceError(
+                f"ledger {entries.ledger_id}: entry {entries.last} is beyond the last add confirmed "
+                f"{handle.last_add_confirmed} (the driver saw it confirmed)"
+            )
         start = LogPosition(entries.ledger_id, entries.first)
         end = LogPosition(entries.ledger_id, entries.last + 1)
-        records = await open_log_reader(bk, spec.log, start=start, end=end, password=spec.password)
+        records = await open_log_reader(
+            bk, spec.log, start=start, end=end, password=spec.password, follow=True
+        )
         async with contextlib.aclosing(records):
             async for record in records:
                 yield record.position.entry_id, record.payload
         return
-    handle = await bk.open_ledger(entries.ledger_id, password=spec.password)
-    await _catch_up(handle, entries.last)
     async for entry in handle.read(entries.first, entries.last):
         yield entry.entry_id, entry.payload
 

@@ -77,10 +77,11 @@ def check_not_truncated(
 ) -> None:
     """Raise LogTruncated when truncation removed records at or after ``start`` before the query
     read them (never skip them silently). A start in a removed ledger is fine only when its log
-    offset shows every record before the log's first remaining one was read."""
+    offset shows every record before the log's first remaining one was read. Truncation removes
+    only ledgers below ``truncated_before``: a start below the first listed ledger but not below
+    that (a query started on an empty log, at ``(truncated_before, 0)``) missed nothing."""
     first = extents[0] if extents else None
-    removed = start.ledger_id < truncated_before or (first is not None and start.ledger_id < first.ledger_id)
-    if not removed:
+    if start.ledger_id >= truncated_before:
         return
     if first is None:
         return  # an empty log: nothing left to miss, nothing to read

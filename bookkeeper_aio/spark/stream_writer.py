@@ -10,7 +10,9 @@ every row is in the log once, where the Kafka and Pulsar sinks would hold it twi
 
 The writer id is the ``writerId`` option, else ``spark-query-<id>`` from the streaming query's
 id, which Spark keeps in the checkpoint (stable across restarts; a new checkpoint is a new query,
-with batch ids from 0 again). Two queries writing one log need distinct writer ids.
+with batch ids from 0 again). Two queries writing one log need distinct writer ids: a batch id
+below the one its writer id already committed is refused (``SparkOptionError`` naming ``writerId``),
+never dropped as a replay.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from bookkeeper_aio import CommitTokenReused
 from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark import runtime
 from bookkeeper_aio.spark.writer import (
@@ -65,11 +68,28 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
         if writer_id is None:
             return  # no task wrote anything
         retried = any(isinstance(m, BatchLedgerWritten) and m.written.attempt > 0 for m in messages)
-        runtime.run(lambda: commit_ledgers(self.spec, ledger_ids, (writer_id, batchId), sweep=retried))
+        try:
+            runtime.run(lambda: commit_ledgers(self.spec, ledger_ids, (writer_id, batchId), sweep=retried))
+        except CommitTokenReused as error:
+            raise writer_id_reused(self.spec.log, error) from error
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         ledger_ids, _ = _batch(messages)
         runtime.run(lambda: discard_unlisted(self.spec, ledger_ids))
+
+
+def writer_id_reused(log: str, error: CommitTokenReused) -> opt.SparkOptionError:
+    """What to tell when a batch id is below the one this writer id already committed: the writer id
+    is another query's (or this query's, started again from a new checkpoint, whose batch ids start
+    at 0 again). Its rows would be dropped as a replay; the query stops instead."""
+    return opt.SparkOptionError(
+        opt.WRITER_ID,
+        f"writer id {error.importer!r} already committed batch {error.committed} into log {log!r}, "
+        f"above this batch {error.batch_id}: another query, or this one from a new checkpoint (batch "
+        "ids start at 0 again), used this writerId. Nothing of this batch was written: give the query "
+        "a new writerId (or leave it out: the default is per checkpoint), or restart it from the "
+        "checkpoint that committed those batches",
+    )
 
 
 def _query_writer_id() -> str:

@@ -11,7 +11,13 @@ one ``append_ledgers`` (a CAS on the log's list: readers see all of the job's ro
 never deleted: after an error whose outcome is not known (the metadata store did not answer), the
 log's list is read back first.
 
-Order: each task's rows stay in order in its ledger; a job's ledgers go into the log in id order.
+Order: each task's rows stay in order in its ledger; a job's ledgers go into the log in ledger id
+order, which is the order the tasks created them (when each got its first row), not partition order:
+a DataFrame's ``orderBy`` holds within each task's ledger only.
+
+A task learns only its own attempt number (PySpark's ``TaskContext`` has no stage attempt number):
+a task of an abandoned stage attempt (a stage retried after a fetch failure) whose worker was killed
+leaves its ledger unless the job aborts (docs/spark.md "Known limits").
 """
 
 from __future__ import annotations
@@ -232,22 +238,33 @@ async def commit_ledgers(
     log does not list are deleted and the error is raised. ``sweep`` (some task ran more than
     once): afterwards, delete the job's ledgers the log does not list, which failed attempts
     whose Python worker Spark killed before it could delete them left behind."""
-    async with connect(spec.metadata) as bk:
-        if not ledger_ids and token is None:
-            return True
-        try:
-            appended = await append_ledgers(bk, spec.log, ledger_ids, password=spec.password, commit=token)
-        except BaseException:
-            await _discard_unlisted(bk, spec, ledger_ids)
-            raise
-        if not appended:
-            log.info("spark.commit_replayed", log=spec.log, token=token, ledgers=ledger_ids)
-            await _discard_unlisted(bk, spec, ledger_ids)
-            return False
-        log.info("spark.committed", log=spec.log, token=token, ledgers=ledger_ids, job=spec.job_id)
-        if sweep:
-            await _discard_unlisted(bk, spec, await _ledgers_of_job(bk, spec))
+    if not ledger_ids and token is None:
         return True
+    async with connect(spec.metadata) as bk:
+        return await commit_with(bk, spec, ledger_ids, token, sweep=sweep)
+
+
+async def commit_with(
+    bk: BookKeeper, spec: WriteSpec, ledger_ids: list[int], token: tuple[str, int] | None, *, sweep: bool
+) -> bool:
+    """`commit_ledgers` with the client ``bk``. Once the CAS applied the job is committed whatever
+    happens next: the sweep is best effort (a failure is logged; the leftovers keep their job tag)."""
+    try:
+        appended = await append_ledgers(bk, spec.log, ledger_ids, password=spec.password, commit=token)
+    except BaseException:
+        await _discard_unlisted(bk, spec, ledger_ids)
+        raise
+    if not appended:
+        log.info("spark.commit_replayed", log=spec.log, token=token, ledgers=ledger_ids)
+        await _discard_unlisted(bk, spec, ledger_ids)
+        return False
+    log.info("spark.committed", log=spec.log, token=token, ledgers=ledger_ids, job=spec.job_id)
+    if sweep:
+        try:
+            await _discard_unlisted(bk, spec, await _ledgers_of_job(bk, spec))
+        except BKError as error:
+            log.warning("spark.sweep_failed", log=spec.log, job=spec.job_id, error=repr(error))
+    return True
 
 
 async def discard_unlisted(spec: WriteSpec, ledger_ids: list[int]) -> None:

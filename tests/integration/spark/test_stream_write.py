@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from bookkeeper_aio import BookKeeper, describe_log, open_log_reader, open_log_writer
@@ -14,7 +15,7 @@ from tests.integration.spark.conftest import Cluster, blocking
 pytestmark = pytest.mark.etcd
 
 
-def pipe(spark: SparkSession, cluster: Cluster, checkpoint: Path):  # type: ignore[no-untyped-def]
+def pipe(spark: SparkSession, cluster: Cluster, checkpoint: Path, **options: str):  # type: ignore[no-untyped-def]
     """src -> dst, 60 entries a batch, until the end of src seen at start (AvailableNow)."""
     source = (
         spark.readStream.format("bookkeeper")
@@ -30,13 +31,16 @@ def pipe(spark: SparkSession, cluster: Cluster, checkpoint: Path):  # type: igno
         .option("metadata", cluster.url)
         .option("password", "pw")
         .option("checkpointLocation", str(checkpoint))
+        .options(**options)
         .trigger(availableNow=True)
     )
 
 
-async def run(spark: SparkSession, cluster: Cluster, checkpoint: Path) -> list[tuple[int, int]]:
+async def run(
+    spark: SparkSession, cluster: Cluster, checkpoint: Path, **options: str
+) -> list[tuple[int, int]]:
     """(batch id, input rows) of each batch the query ran."""
-    query = await blocking(spark, lambda: pipe(spark, cluster, checkpoint).start("dst"))
+    query = await blocking(spark, lambda: pipe(spark, cluster, checkpoint, **options).start("dst"))
     await blocking(spark, query.awaitTermination)
     return [(p["batchId"], p["numInputRows"]) for p in query.recentProgress if p["numInputRows"]]
 
@@ -70,3 +74,10 @@ async def test_a_replayed_batch_is_skipped(
     source = await describe_log(bk, "src")
     listed = {x.ledger_id for x in after.ledgers} | {x.ledger_id for x in source.ledgers}
     assert {ledger_id async for ledger_id in bk.list_ledgers()} == listed  # the replay's ledgers: gone
+
+    # the same writer id from a new checkpoint: batch ids start at 0 again, below the committed 2;
+    # dropping them as replays would lose every row: the query fails, naming the option
+    with pytest.raises(StreamingQueryException, match=r"option 'writerId'.*already committed batch 2"):
+        await run(spark, cluster, tmp_path / "new-checkpoint", writerId=writer_id)
+    assert (await describe_log(bk, "dst")).ledgers == first.ledgers
+    assert {ledger_id async for ledger_id in bk.list_ledgers()} == listed  # its ledgers: deleted

@@ -281,3 +281,24 @@ async def test_ledgers_cannot_be_imported_into_a_sequenced_log() -> None:
         await raw.close()
         with pytest.raises(BKInterfaceError, match="sequenced"):
             await append_ledgers(bk, "sq", [raw.id])
+
+
+async def test_a_following_reader_stops_at_its_end_without_waiting_for_a_later_record() -> None:
+    """``end`` in an open ledger whose last record is just before it, and in the last ledger once
+    closed: the reader ends there instead of waiting for a record or a ledger that may never come."""
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg")
+        positions = [await writer.append(b"a%d" % i) for i in range(3)]
+        end = LogPosition(writer.ledger_id, 2)
+        reader = await open_log_reader(other, "lg", start="earliest", end=end, follow=True)
+        got = await asyncio.wait_for(_positions(reader), 10)
+        assert got == positions[:2]
+        await writer.close()
+        end = LogPosition(writer.ledger_id, 5)  # past the closed last ledger's end
+        reader = await open_log_reader(other, "lg", start="earliest", end=end, follow=True)
+        assert await asyncio.wait_for(_positions(reader), 10) == positions
+
+
+async def _positions(reader: AsyncIterator[object]) -> list[LogPosition]:
+    return [record.position async for record in reader]  # type: ignore[attr-defined]

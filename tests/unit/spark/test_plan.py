@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from bookkeeper_aio import LogPosition
-from bookkeeper_aio.spark.plan import EntryRange, LedgerExtent, end_of, plan_ranges
+from bookkeeper_aio.spark.plan import EntryRange, LedgerExtent, end_of, in_log_order, plan_ranges
+from bookkeeper_aio.spark.reader import BookKeeperBatchReader
 
 EXTENTS = [LedgerExtent(3, 9, 0), LedgerExtent(5, -1, 10), LedgerExtent(8, 4, 10)]
 
@@ -63,3 +65,29 @@ def test_every_entry_in_the_interval_once(
     ]
     assert planned == expected
     assert all(1 <= r.count <= size for r in ranges)
+
+
+MID_ROLL = [LedgerExtent(1, 5, 0, closed=False), LedgerExtent(2, 3, None, closed=False)]
+"""A roll in progress: ledger 1 still open (appends acknowledged on it may lie past its LAC 5),
+ledger 2 already listed and written to."""
+
+
+def _partitions(monkeypatch: pytest.MonkeyPatch, options: dict[str, str]) -> list[tuple[int, int, int]]:
+    async def extents(self: BookKeeperBatchReader) -> tuple[int, bool, list[LedgerExtent]]:
+        return 0, False, MID_ROLL
+
+    monkeypatch.setattr(BookKeeperBatchReader, "_extents", extents)
+    reader = BookKeeperBatchReader({"metadata": "etcd://127.0.0.1:2379/x", **options})
+    return [(p.entries.ledger_id, p.entries.first, p.entries.last) for p in reader.partitions()]  # type: ignore[attr-defined]
+
+
+def test_a_batch_read_of_a_log_stops_at_its_first_open_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planning past ledger 1 would hand out (2, 0..3) and leave out ledger 1's acknowledged tail:
+    a consumer resuming after its highest position would lose it for good."""
+    assert in_log_order(MID_ROLL) == MID_ROLL[:1]
+    assert in_log_order(EXTENTS) == EXTENTS
+    assert _partitions(monkeypatch, {"path": "lg"}) == [(1, 0, 5)]
+    ending = '{"ledger_id": 2, "entry_id": 2}'
+    assert _partitions(monkeypatch, {"path": "lg", "endingposition": ending}) == [(1, 0, 5)]
+    # explicit ledgers are not a log: each is read to its LAC
+    assert _partitions(monkeypatch, {"ledgers": "1,2"}) == [(1, 0, 5), (2, 0, 3)]

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bookkeeper_aio import LogPosition, LogTruncated
-from bookkeeper_aio.spark.plan import LedgerExtent, plan_ranges
+from bookkeeper_aio.spark.plan import EntryRange, LedgerExtent, plan_ranges
 from bookkeeper_aio.spark.stream import check_not_truncated, from_offset, last_before, stable_end, to_offset
 
 P = LogPosition
@@ -52,6 +52,22 @@ def test_a_truncation_under_unread_records_is_an_error() -> None:
     assert caught.value.first_position == (9, 0)
     with pytest.raises(LogTruncated):
         check_not_truncated("l", remaining, 9, P(7, 5), None)  # cannot tell: refuse to skip
+
+
+def test_a_query_started_on_an_empty_log_reads_its_first_ledger() -> None:
+    """On an empty, never-truncated log a query starts at (0, 0) without a log offset; the first
+    ledger listed later (id 5) is above it but nothing was truncated: read it, do not fail for good
+    (as on every restart)."""
+    start = P(0, 0)
+    assert "offset" not in to_offset(start)
+    extents = [LedgerExtent(5, 3, first_offset=0, closed=False)]
+    check_not_truncated("l", extents, 0, start, None)
+    assert stable_end(extents, start, None) == P(5, 4)
+    assert plan_ranges(extents, start, P(5, 4), 100) == [EntryRange(5, 0, 3, 0)]
+    # after a truncation to ledger 4 the empty log's query starts at (4, 0): still nothing missed
+    check_not_truncated("l", extents, 4, P(4, 0), None)
+    with pytest.raises(LogTruncated):  # but a start in a truncated ledger still fails
+        check_not_truncated("l", extents, 4, P(3, 0), None)
 
 
 @st.composite

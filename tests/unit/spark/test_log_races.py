@@ -1,0 +1,107 @@
+"""The Spark source and sink against races of the log, on fake bookies and MemoryStore (no Spark
+session: the executor- and driver-side coroutines are called directly)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bookkeeper_aio import BookKeeper, CommitTokenReused, RandomPlacement, describe_log, open_log_writer
+from bookkeeper_aio.client.context import StaticDirectory
+from bookkeeper_aio.spark import stream_writer
+from bookkeeper_aio.spark import writer as spark_writer
+from bookkeeper_aio.spark.options import SparkOptionError
+from bookkeeper_aio.spark.plan import EntryRange
+from bookkeeper_aio.spark.reader import ReadSpec, _entries
+from bookkeeper_aio.spark.writer import WriteSpec
+from metadata.errors import MetadataUnavailable
+from metadata.ledger_manager import LedgerManager
+from metadata.memory import MemoryStore
+from tests.harness.fake_bookie import FakeCluster
+from tests.unit.client.conftest import FAST, ROOT
+
+
+@contextlib.asynccontextmanager
+async def client() -> AsyncIterator[BookKeeper]:
+    async with FakeCluster(4, add_acks=True) as cluster:
+        bk = BookKeeper(
+            LedgerManager(MemoryStore(), ROOT, rng=random.Random(0)),
+            StaticDirectory(cluster.ids),
+            config=FAST,
+            placement=RandomPlacement(random.Random(7)),
+        )
+        try:
+            yield bk
+        finally:
+            with contextlib.suppress(Exception):
+                await bk.close()
+
+
+async def _read(bk: BookKeeper, entries: EntryRange, sequenced: bool) -> list[tuple[int, bytes]]:
+    return [item async for item in _entries(bk, ReadSpec("unused", "s", b""), entries, sequenced)]
+
+
+async def test_a_sequenced_range_is_read_to_its_planned_end_though_the_task_sees_a_lower_lac() -> None:
+    """The driver planned entries 0..4 (it saw LAC 4); the task's first LAC read answers 2. It must
+    read 0..4, not stop at 2 (a streaming query would commit past the missing records)."""
+    async with client() as bk:
+        writer = await open_log_writer(bk, "s", sequenced=True)
+        for seq in range(1, 4):
+            await writer.append(b"r%d" % seq, sequence=seq)
+        await asyncio.sleep(0.3)  # the explicit LAC tells the bookies 2
+        planned = EntryRange(writer.ledger_id, 0, 4, 0)
+        task = asyncio.create_task(_read(bk, planned, True))
+        await asyncio.sleep(0.3)
+        for seq in range(4, 6):  # entries 3 and 4, acknowledged while the task reads
+            await writer.append(b"r%d" % seq, sequence=seq)
+        got = await asyncio.wait_for(task, 10)
+        assert got == [(i, b"r%d" % (i + 1)) for i in range(5)]
+        # the same range once the LAC is there, and a range ending before the LAC
+        assert await _read(bk, planned, True) == got
+        assert await _read(bk, EntryRange(writer.ledger_id, 1, 2, 1), True) == got[1:3]
+        await writer.close()
+
+
+async def test_a_committed_batch_write_is_reported_committed_though_its_sweep_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once the CAS listed the job's ledgers the job is committed: a failing look for leftovers
+    afterwards must not fail it (a rerun would write every row twice)."""
+
+    async def unreachable(bk: BookKeeper, spec: WriteSpec) -> list[int]:
+        raise MetadataUnavailable("ledgers/", "etcd did not answer")
+
+    monkeypatch.setattr(spark_writer, "_ledgers_of_job", unreachable)
+    async with client() as bk:
+        writer = await open_log_writer(bk, "out")
+        await writer.append(b"x")
+        await writer.close()
+        spec = WriteSpec("unused", "out", b"", "payload", 3, 2, 2, "job-1", writer.ledger_id)
+        handle = await bk.create_ledger(3, 2, 2, after_ledger_id=writer.ledger_id)
+        await handle.append(b"row")
+        await handle.close()
+        assert await spark_writer.commit_with(bk, spec, [handle.id], None, sweep=True) is True
+        assert handle.id in [ledger.ledger_id for ledger in (await describe_log(bk, "out")).ledgers]
+
+
+def test_a_streaming_batch_below_its_writer_ids_committed_one_fails_naming_writer_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def reused(spec: WriteSpec, ledger_ids: list[int], token: tuple[str, int], *, sweep: bool) -> bool:
+        raise CommitTokenReused(spec.log, token[0], token[1], 2)
+
+    monkeypatch.setattr(stream_writer, "commit_ledgers", reused)
+    sink = stream_writer.BookKeeperStreamWriter.__new__(stream_writer.BookKeeperStreamWriter)
+    sink.spec = WriteSpec("unused", "out", b"", "payload", 3, 2, 2, "job-1")
+    sink.writer_id = "enricher"
+    written = stream_writer.BatchLedgerWritten(spark_writer.LedgerWritten(12, 1, 3), "enricher")
+    with pytest.raises(
+        SparkOptionError, match=r"writer id 'enricher' already committed batch 2 into log 'out'.*new writerId"
+    ) as caught:
+        sink.commit([written], 0)
+    assert caught.value.option == "writerId"
+    assert isinstance(caught.value.__cause__, CommitTokenReused)
