@@ -26,9 +26,11 @@ Without metadata (a standalone bookie) step 1 is skipped: nothing says which led
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -49,6 +51,11 @@ REPLICATION_LOCK_TTL_S = 30
 ledger is forgotten only within the first half of it (from before the lease was asked for)."""
 REPLICA_CHECK_RETRY_S = 600.0
 """A check that could not read some ledgers runs again this soon (not a whole interval later)."""
+METADATA_PAGE = 1000
+"""Ledgers per metadata listing of a pass (each page is decoded in one go on the event loop)."""
+LOOP_SLICE = 20_000
+"""Ledgers a pass handles between two turns of the event loop: with a million ledgers, a set
+built or walked in one go holds the loop for a tenth of a second or more."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,7 @@ class GcConfig:
 class MetadataView(NamedTuple):
     """What metadata says, as read by one pass."""
 
-    ledger_ids: frozenset[int]
+    ledger_ids: AbstractSet[int]
     id_counter: int
     """The id generator's next unallocated id: ledger ids at or above it were never handed out."""
 
@@ -109,6 +116,15 @@ class ReplicaCatalog(Protocol):
 
     async def replica_state(self, ledger_id: int, bookie_id: str) -> ReplicaState | None:
         """None: metadata does not hold the ledger (the deleted-ledger step judges it)."""
+        ...
+
+    def replica_states(
+        self, ledger_ids: Sequence[int], bookie_id: str
+    ) -> AsyncGenerator[list[tuple[int, ReplicaState]], None]:
+        """The first look at many ledgers (``ledger_ids`` in increasing order), a page at a time:
+        the states of those whose metadata records ``bookie_id`` replaced; the others (no such
+        record, or no metadata) cannot be over-replicated and are left out. The judgement of a
+        ledger found so is made again from :meth:`replica_state` under its lock."""
         ...
 
     def replication_lock(self, ledger_id: int, owner: str) -> contextlib.AbstractAsyncContextManager[bool]:
@@ -153,8 +169,14 @@ class MetadataCatalog:
         if not counter.value.isdigit():
             raise MetadataUnusable(f"id counter {manager.keys.idgen} holds {counter.value[:32]!r}")
         id_counter = int(counter.value)
-        ids = frozenset([ledger_id async for ledger_id in manager.iter_ledger_ids()])
-        return MetadataView(ids, id_counter)
+        ids: set[int] = set()  # page by page: one set of a million ids built at once holds the loop
+        start_after: int | None = None
+        while True:
+            page = await manager.list_page(start_after=start_after, limit=METADATA_PAGE)
+            ids.update(page.ledger_ids)
+            if not page.more or not page.ledger_ids:
+                return MetadataView(ids, id_counter)
+            start_after = page.ledger_ids[-1]
 
     async def replica_state(self, ledger_id: int, bookie_id: str) -> ReplicaState | None:
         conn = self._connected()
@@ -166,10 +188,34 @@ class MetadataCatalog:
             current = await metadata.LedgerManager(conn.store, conn.root).read(ledger_id)
         except metadata.NoSuchLedger:
             return None
-        md = current.metadata
-        listed = any(bookie_id in ensemble for _, ensemble in md.ensembles)
-        replaced = any(record.bookie == bookie_id for record in md.replaced_bookies)
-        return ReplicaState(md.state is metadata.LedgerState.CLOSED, listed, marked, replaced)
+        return _replica_state(current.metadata, bookie_id, marked)
+
+    async def replica_states(
+        self, ledger_ids: Sequence[int], bookie_id: str
+    ) -> AsyncGenerator[list[tuple[int, ReplicaState]], None]:
+        conn = self._connected()
+        urm = UnderReplicationManager(conn.store, conn.root)
+        # Every mark before any metadata, as replica_state reads them (and they are few).
+        marked = {mark.ledger_id async for mark in urm.iter_marks()}
+        manager = metadata.LedgerManager(conn.store, conn.root)
+        i, count = 0, len(ledger_ids)
+        while i < count:
+            # A listing from the next ledger held here: where they are dense (they mostly are),
+            # one listing covers a page of them; where sparse, one per ledger at worst.
+            first = ledger_ids[i]
+            page = await manager.read_page(
+                start_after=first - 1 if first > 0 else None, limit=METADATA_PAGE, replaced=bookie_id
+            )
+            states = [
+                (ledger_id, _replica_state(versioned.metadata, bookie_id, ledger_id in marked))
+                for ledger_id, versioned in page.ledgers.items()
+                if _holds(ledger_ids, ledger_id)
+            ]
+            if states:
+                yield states
+            if not page.more or not page.ledger_ids:
+                return  # the ledgers held after the last one listed have no metadata
+            i = bisect.bisect_right(ledger_ids, page.ledger_ids[-1], lo=i)
 
     @contextlib.asynccontextmanager
     async def replication_lock(self, ledger_id: int, owner: str) -> AsyncIterator[bool]:
@@ -380,20 +426,32 @@ class GarbageCollector:
         now = self._clock()
         grace = self.config.deleted_ledger_grace_s
         future_grace = max(grace, self.config.future_ledger_grace_s)
-        missing = {ledger_id for ledger_id in local if ledger_id not in view.ledger_ids}
-        for ledger_id in [i for i in self._missing_since if i not in missing]:
-            del self._missing_since[ledger_id]  # back in metadata, or gone from the bookie
+        # In slices, a loop turn between them (LOOP_SLICE): these sets may hold a million ids.
+        listed = view.ledger_ids
+        missing: set[int] = set()
+        for start in range(0, len(local), LOOP_SLICE):
+            missing.update([i for i in local[start : start + LOOP_SLICE] if i not in listed])
+            await asyncio.sleep(0)
+        since = self._missing_since
+        back = list(since)
+        for start in range(0, len(back), LOOP_SLICE):
+            for ledger_id in back[start : start + LOOP_SLICE]:
+                if ledger_id not in missing:
+                    del since[ledger_id]  # back in metadata, or gone from the bookie
+            await asyncio.sleep(0)
         collected = []
-        for ledger_id in sorted(missing):
-            first_seen = self._missing_since.setdefault(ledger_id, now)
+        for n, ledger_id in enumerate(sorted(missing), 1):
+            first_seen = since.setdefault(ledger_id, now)
             unallocated = ledger_id >= view.id_counter
             report.ledgers_unallocated += unallocated
             if now - first_seen >= (future_grace if unallocated else grace):
                 if storage.forget_ledger(ledger_id):
                     collected.append(ledger_id)
-                del self._missing_since[ledger_id]
+                del since[ledger_id]
             else:
                 report.ledgers_waiting_grace += 1
+            if n % LOOP_SLICE == 0:
+                await asyncio.sleep(0)
         report.ledgers_collected = len(collected)
         if collected:
             log.info("gc.ledgers_collected", count=len(collected), first=collected[:10])
@@ -407,7 +465,9 @@ class GarbageCollector:
         fresh read still does: its history records this bookie replaced, no under-replication mark
         (a worker's copy to a bookie happens while the mark exists; the mark goes only after the
         CAS that lists the copy), CLOSED (only re-replication changes a closed ledger's ensembles),
-        and this bookie in none of its ensembles. Why that is safe: docs/bookie.md (step 1b)."""
+        and this bookie in none of its ensembles. Why that is safe: docs/bookie.md (step 1b). The
+        first look at every ledger is one scan of the metadata in pages (``replica_states``), not
+        a read per ledger: with a million ledgers those took a round trip each."""
         replicas, interval = self.replicas, self.config.over_replicated_interval_s
         if replicas is None or interval <= 0 or not self.bookie_id:
             return
@@ -417,12 +477,32 @@ class GarbageCollector:
         self._replicas_due = now + interval
         report.phase = "checking replicas"
         suspects = self._over_replicated_since
-        for ledger_id in [i for i in suspects if i not in self.storage.ledgers]:
-            del suspects[ledger_id]
+        held = sorted(self.storage.ledgers)
+        found: dict[int, ReplicaState] = {}  # held here, recorded replaced: the first look
+        pages = replicas.replica_states(held, self.bookie_id)
+        scanned = False
+        try:
+            while True:
+                async with asyncio.timeout(self.config.metadata_timeout_s):
+                    page = await anext(pages, None)
+                if page is None:
+                    break
+                found.update(page)
+            scanned = True
+        except (metadata.MetadataError, TimeoutError) as exc:  # judge what was read; again sooner
+            report.replica_errors += 1
+            log.warning("gc.replica_scan_failed", error=repr(exc))
+        finally:
+            await pages.aclose()
+        if scanned:
+            # a ledger the whole scan did not find so is needed (or gone): its grace ends
+            report.replicas_checked = len(held)
+            for ledger_id in [i for i in suspects if not _over_replicated(found.get(i))]:
+                del suspects[ledger_id]
         collected: list[int] = []
-        for ledger_id in sorted(self.storage.ledgers):
+        for ledger_id, state in sorted(found.items()):
             try:
-                if await self._judge_replica(replicas, ledger_id, now, report):
+                if await self._judge_replica(replicas, ledger_id, state, now, report):
                     collected.append(ledger_id)
             except (metadata.MetadataError, TimeoutError) as exc:  # this ledger only: the rest go on
                 report.replica_errors += 1
@@ -437,13 +517,11 @@ class GarbageCollector:
             await self.storage.write_checkpoint()
 
     async def _judge_replica(
-        self, replicas: ReplicaCatalog, ledger_id: int, now: float, report: GcReport
+        self, replicas: ReplicaCatalog, ledger_id: int, state: ReplicaState, now: float, report: GcReport
     ) -> bool:
-        """One ledger of :meth:`_collect_over_replicated`: True when it was forgotten."""
+        """One ledger of :meth:`_collect_over_replicated` (``state``: the scan's first look at it):
+        True when it was forgotten."""
         suspects = self._over_replicated_since
-        async with asyncio.timeout(self.config.metadata_timeout_s):
-            state = await replicas.replica_state(ledger_id, self.bookie_id)
-        report.replicas_checked += 1
         if not _over_replicated(state):
             suspects.pop(ledger_id, None)
             return False
@@ -457,11 +535,11 @@ class GarbageCollector:
         ):
             if not locked:  # a worker heals it right now: judged again next time
                 return False
-            state = await replicas.replica_state(ledger_id, self.bookie_id)
+            fresh = await replicas.replica_state(ledger_id, self.bookie_id)
             del suspects[ledger_id]  # collected, or needed again (a heal began): judged anew
             in_time = self._loop.time() - started < REPLICATION_LOCK_TTL_S / 2
             # nothing awaits between this check and the forget: the lock still holds
-            return in_time and _over_replicated(state) and self.storage.forget_ledger(ledger_id)
+            return in_time and _over_replicated(fresh) and self.storage.forget_ledger(ledger_id)
 
     async def _compact(self, report: GcReport) -> None:
         compactor = Compactor(
@@ -485,6 +563,18 @@ class GarbageCollector:
             report.entries_corrupt = progress.entries_corrupt
         report.phase = "deleting dead segments"
         report.segments_deleted, report.bytes_freed = await compactor.delete_dead()
+
+
+def _replica_state(md: metadata.LedgerMetadata, bookie_id: str, marked: bool) -> ReplicaState:
+    listed = any(bookie_id in ensemble for _, ensemble in md.ensembles)
+    replaced = any(record.bookie == bookie_id for record in md.replaced_bookies)
+    return ReplicaState(md.state is metadata.LedgerState.CLOSED, listed, marked, replaced)
+
+
+def _holds(ledger_ids: Sequence[int], ledger_id: int) -> bool:
+    """``ledger_id`` is in ``ledger_ids`` (increasing)."""
+    i = bisect.bisect_left(ledger_ids, ledger_id)
+    return i < len(ledger_ids) and ledger_ids[i] == ledger_id
 
 
 def _over_replicated(state: ReplicaState | None) -> bool:

@@ -322,6 +322,17 @@ def encode(md: LedgerMetadata) -> bytes:
     return data
 
 
+_REPLACED_FIELD = msgpack.packb("replaced_bookies")
+
+
+def may_record_replaced(data: bytes, bookie_id: str) -> bool:
+    """False only when the stored metadata ``data`` (as :func:`encode` makes it) cannot record
+    ``bookie_id`` replaced: its history is absent (no ensemble change ever), or the id's bytes
+    appear nowhere in it (msgpack stores strings as their UTF-8 bytes). A filter before
+    :func:`decode` when scanning many ledgers for one bookie; True says nothing yet."""
+    return _REPLACED_FIELD in data and bookie_id.encode() in data
+
+
 _FIELD_TYPES: Mapping[str, type | tuple[type, ...]] = types.MappingProxyType(
     {
         "format_version": int,

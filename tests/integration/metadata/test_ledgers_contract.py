@@ -10,7 +10,7 @@ import pytest
 from metadata.errors import BadVersion, MetadataFormatError, NodeExists, NoSuchLedger
 from metadata.idgen import IdGenerator
 from metadata.ledger_manager import UNCHANGED, LedgerManager, VersionedLedger
-from metadata.ledger_metadata import LedgerMetadata, LedgerState
+from metadata.ledger_metadata import LedgerMetadata, LedgerState, ReplacedBookie
 from metadata.memory import MemoryStore
 from metadata.store import MetadataStore
 
@@ -121,6 +121,26 @@ async def test_list_pages_through_all_ledgers_in_id_order(store: MetadataStore, 
     assert page.ledger_ids == tuple(sorted(ids)[:3])
     assert page.more
     assert [i async for i in manager.iter_ledger_ids(page_size=3)] == sorted(ids)
+
+
+async def test_read_page_lists_ledgers_with_their_metadata(store: MetadataStore, root: str) -> None:
+    manager = LedgerManager(store, root)
+    created = [await create(manager) for _ in range(5)]
+    ids = sorted(v.ledger_id for v in created)
+    page = await manager.read_page(start_after=ids[0], limit=3)
+    assert (page.ledger_ids, page.more) == (tuple(ids[1:4]), True)
+    assert {i: v.metadata for i, v in page.ledgers.items()} == {
+        v.ledger_id: v.metadata for v in created if v.ledger_id in ids[1:4]
+    }
+    assert page.ledgers[ids[1]].version == (await manager.read(ids[1])).version
+    # a scan for one bookie's moved copies decodes only what may record it replaced
+    moved = created[2].metadata.with_ensemble_change(0, ["b9", *created[2].metadata.ensembles[0][1][1:]])
+    bookie = created[2].metadata.ensembles[0][1][0]
+    await manager.write(moved.with_replaced_bookies([ReplacedBookie(0, bookie, "b9", 1)]), created[2].version)
+    page = await manager.read_page(limit=10, replaced=bookie)
+    assert page.ledger_ids == tuple(ids)
+    assert not page.more
+    assert list(page.ledgers) == [created[2].ledger_id]
 
 
 async def test_garbage_in_a_ledger_key_gives_a_decode_error_naming_the_ledger(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -36,11 +36,26 @@ class Replicas:
         self.on_lock: dict[int, ReplicaState | None] = {}
         """A state a ledger takes once its lock is held (what changed since the first read)."""
         self.reads = 0
+        self.scans = 0
+        self.scan_error: Exception | None = None
 
     async def replica_state(self, ledger_id: int, bookie_id: str) -> ReplicaState | None:
         assert bookie_id == ME
         self.reads += 1
         return self.states.get(ledger_id)
+
+    async def replica_states(
+        self, ledger_ids: Sequence[int], bookie_id: str
+    ) -> AsyncIterator[list[tuple[int, ReplicaState]]]:
+        assert bookie_id == ME
+        assert list(ledger_ids) == sorted(ledger_ids)
+        self.scans += 1
+        if self.scan_error is not None:
+            raise self.scan_error
+        for ledger_id in ledger_ids:  # a page per ledger: the collector must gather them all
+            state = self.states.get(ledger_id)
+            if state is not None and state.replaced:
+                yield [(ledger_id, state)]
 
     @contextlib.asynccontextmanager
     async def replication_lock(self, ledger_id: int, owner: str) -> AsyncIterator[bool]:
@@ -157,9 +172,69 @@ async def test_a_metadata_error_skips_that_ledger_and_the_check_comes_back_soone
     assert (report.replica_errors, report.over_replicated_collected) == (1, 2)
     assert sorted(storage.ledgers) == [2]
     clock.now += 600.0  # REPLICA_CHECK_RETRY_S, not a day
-    again = await gc.run_once()  # the check ran again (ledger 2 still cannot be read)
-    assert (again.replicas_checked, again.replica_errors) == (0, 1)
+    again = await gc.run_once()  # the check ran again (ledger 2 still cannot be read under its lock)
+    assert (again.replicas_checked, again.replica_errors) == (1, 1)
     await storage.close()
+
+
+async def test_a_failed_scan_keeps_the_suspects_and_the_check_comes_back_sooner(tmp_path: Path) -> None:
+    storage = await filled(tmp_path, range(1, 4))
+    replicas = Replicas({1: GONE, 2: GONE, 3: GONE})
+    clock = Clock()
+    gc = _gc(storage, replicas, clock, interval=86400.0)
+    first = await gc.run_once()
+    assert (first.replicas_checked, first.over_replicated_waiting) == (3, 3)
+    replicas.scan_error = metadata.MetadataUnavailable("etcd is down")
+    clock.now += 86400.0
+    failed = await gc.run_once()
+    assert failed.error is None
+    assert (failed.replicas_checked, failed.replica_errors, failed.over_replicated_collected) == (0, 1, 0)
+    replicas.scan_error = None
+    clock.now += 600.0  # REPLICA_CHECK_RETRY_S: the grace they began in the first pass still counts
+    again = await gc.run_once()
+    assert (again.replicas_checked, again.over_replicated_collected) == (3, 3)
+    assert not storage.ledgers
+    await storage.close()
+
+
+async def test_metadata_catalog_scans_in_pages_and_decodes_only_possible_replacements() -> None:
+    """The scan of a bookie's ledgers: listings from the next ledger held (dense and sparse ids,
+    past one page), the states of the held ledgers that record it replaced only, marks included."""
+    store = metadata.MemoryStore()
+    await metadata.init_cluster(store, "/test")
+    catalog = MetadataCatalog("memory:///test", connect=lambda url: _Connection(store, "/test"))
+    manager = metadata.LedgerManager(store, "/test")
+    moved: set[int] = set()
+    for _ in range(2600):
+        created = await manager.create([ME, "b2"], write_quorum=2, ack_quorum=2)
+        md = created.metadata
+        if md.ledger_id % 7 == 0:  # re-replicated away from ME and closed
+            md = dataclasses.replace(
+                md,
+                state=metadata.LedgerState.CLOSED,
+                last_entry_id=-1,
+                ensembles=((0, ("b3", "b2")),),
+                replaced_bookies=(ReplacedBookie(0, ME, "b3", 1),),
+            )
+            await manager.write(md, created.version)
+            moved.add(md.ledger_id)
+    ids = sorted(moved)
+    urm = UnderReplicationManager(store, "/test")
+    await urm.mark(ids[1], ["b2"], reason="lost")
+    # held here: every ledger up to 1,500, then one in 97, and ids metadata never had
+    held = sorted({*range(1, 1500), *range(1500, 2700, 97), 10_000, 10_001})
+    states = {}
+    pages = 0
+    async for page in catalog.replica_states(held, ME):
+        pages += 1
+        states.update(page)
+    assert set(states) == {i for i in moved if i in set(held)}
+    assert all(state == GONE for i, state in states.items() if i != ids[1])
+    assert states[ids[1]] == ReplicaState(True, False, True, True)  # marked: a worker may copy here
+    assert 2 <= pages <= 15
+    assert await catalog.replica_state(ids[0], ME) == states[ids[0]]  # the same judgement, one by one
+    assert [s async for s in catalog.replica_states([], ME)] == []
+    await catalog.close()
 
 
 async def test_a_lock_held_too_long_forgets_nothing(tmp_path: Path) -> None:

@@ -167,3 +167,15 @@ def test_model_and_serde_import_no_io_modules() -> None:
         for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
     }
     assert not imported & {"asyncio", "socket", "aetcd", "grpc", "bookkeeper_aio", "bookie"}
+
+
+def test_may_record_replaced_leaves_out_no_ledger_that_records_the_bookie_replaced() -> None:
+    plain = LedgerMetadata.new(7, ["b-1", "b-2"], write_quorum=2, ack_quorum=2)
+    assert not serde.may_record_replaced(serde.encode(plain), "b-1")  # no history at all
+    changed = plain.with_ensemble_change(5, ["b-3", "b-2"])
+    for name in ("b-1", "bøokie-ü"):  # any UTF-8 id
+        md = changed.with_replaced_bookies([serde.ReplacedBookie(5, name, "b-3", 1)])
+        data = serde.encode(md)
+        assert serde.may_record_replaced(data, name)
+        assert any(record.bookie == name for record in serde.decode(data, key="k").replaced_bookies)
+        assert not serde.may_record_replaced(data, "b-9")  # named nowhere
