@@ -9,8 +9,10 @@ The other ledgers are closed ledgers on this bookie and two others. The in-memor
 the loop on every call, as a network client does, but costs no round trip: what is measured is the
 pass's own work on the event loop. Then one GC pass runs (grace periods 0, so both steps collect in
 it; compaction off) while a probe task sleeps ``--probe-ms`` in a loop and records how late it
-wakes: the longest stall is the longest hold of the loop. The probe first runs as long on the idle
-loop: the baseline of the same run (a shared machine: read the max against the idle max).
+wakes: the longest stall is the longest hold of the loop. On a shared machine a stall may also be
+the process waiting for a core, so the probe also records the event-loop thread's own CPU time
+between two wake-ups (``cpu_hold_ms``: what the loop itself ran meanwhile, whoever else ran). The
+probe first runs as long on the idle loop: the baseline of the same run.
 
     python -m benchmarks.gc_stall                       # 200k ledgers
     python -m benchmarks.gc_stall --ledgers 1000000 --dir /dev/shm
@@ -42,6 +44,27 @@ from metadata.ledger_metadata import encode as encode_metadata
 ME = "bookie-gc-bench-0"
 OTHERS = ("bookie-gc-bench-1", "bookie-gc-bench-2", "bookie-gc-bench-3")
 ROOT = "/gc-bench"
+
+
+class _CpuProbe(_Probe):
+    """:class:`_Probe`, plus the loop thread's CPU time between two wake-ups."""
+
+    async def _run(self) -> None:
+        self.cpu_ms: list[float] = []
+        while True:
+            started, cpu = time.perf_counter(), time.thread_time()
+            await asyncio.sleep(self.period_s)
+            self.lags_ms.append((time.perf_counter() - started - self.period_s) * 1000)
+            self.cpu_ms.append((time.thread_time() - cpu) * 1000)
+
+    async def stop(self) -> dict[str, float]:
+        out = await super().stop()
+        cpu = sorted(self.cpu_ms) or [0.0]
+        return {
+            **out,
+            "cpu_hold_ms_max": round(cpu[-1], 2),
+            "cpu_hold_ms_p99": round(cpu[int(len(cpu) * 0.99)], 2),
+        }
 
 
 class _Connection:
@@ -122,7 +145,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             replicas=catalog,
             bookie_id=ME,
         )
-        probe = _Probe(args.probe_ms / 1000)
+        probe = _CpuProbe(args.probe_ms / 1000)
         probe.start()
         await asyncio.sleep(args.idle_s)
         idle = await probe.stop()
@@ -151,6 +174,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "idle_stall_ms_max": idle["stall_ms_max"],
             "pass_stall_ms_max": stalls["stall_ms_max"],
             "pass_stall_ms_p99": stalls["stall_ms_p99"],
+            "pass_cpu_hold_ms_max": stalls["cpu_hold_ms_max"],
+            "pass_cpu_hold_ms_p99": stalls["cpu_hold_ms_p99"],
+            "idle_cpu_hold_ms_max": idle["cpu_hold_ms_max"],
             "gc_pause_ms_max": stalls["gc_pause_ms_max"],
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
