@@ -30,7 +30,6 @@ import bisect
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -84,7 +83,9 @@ class GcConfig:
 class MetadataView(NamedTuple):
     """What metadata says, as read by one pass."""
 
-    ledger_ids: AbstractSet[int]
+    ledger_ids: Sequence[int]
+    """In increasing order (a listing's order: a million ids in a set would be rehashed on the
+    event loop as it grows)."""
     id_counter: int
     """The id generator's next unallocated id: ledger ids at or above it were never handed out."""
 
@@ -171,11 +172,11 @@ class MetadataCatalog:
         if not counter.value.isdigit():
             raise MetadataUnusable(f"id counter {manager.keys.idgen} holds {counter.value[:32]!r}")
         id_counter = int(counter.value)
-        ids: set[int] = set()  # page by page: one set of a million ids built at once holds the loop
+        ids: list[int] = []
         start_after: int | None = None
         while True:
             page = await manager.list_page(start_after=start_after, limit=METADATA_PAGE)
-            ids.update(page.ledger_ids)
+            ids.extend(page.ledger_ids)
             if not page.more or not page.ledger_ids:
                 return MetadataView(ids, id_counter)
             start_after = page.ledger_ids[-1]
@@ -416,7 +417,7 @@ class GarbageCollector:
 
     async def _collect_deleted(self, report: GcReport) -> None:
         storage = self.storage
-        local = list(storage.ledgers)  # before the listing: a ledger made later is not judged now
+        local = sorted(storage.ledgers)  # before the listing: a ledger made later is not judged now
         report.ledgers_local = len(local)
         if self.catalog is None:
             return
@@ -428,21 +429,28 @@ class GarbageCollector:
         now = self._clock()
         grace = self.config.deleted_ledger_grace_s
         future_grace = max(grace, self.config.future_ledger_grace_s)
-        # In slices, a loop turn between them (LOOP_SLICE): these sets may hold a million ids.
+        # Both lists in increasing order, walked together in slices with a loop turn between them
+        # (LOOP_SLICE): they may hold a million ids each.
         listed = view.ledger_ids
-        missing: set[int] = set()
+        found_at, listed_count = 0, len(listed)
+        missing: list[int] = []
         for start in range(0, len(local), LOOP_SLICE):
-            missing.update([i for i in local[start : start + LOOP_SLICE] if i not in listed])
+            for ledger_id in local[start : start + LOOP_SLICE]:
+                while found_at < listed_count and listed[found_at] < ledger_id:
+                    found_at += 1
+                if found_at == listed_count or listed[found_at] != ledger_id:
+                    missing.append(ledger_id)
             await asyncio.sleep(0)
         since = self._missing_since
+        missing_set = set(missing)
         back = list(since)
         for start in range(0, len(back), LOOP_SLICE):
             for ledger_id in back[start : start + LOOP_SLICE]:
-                if ledger_id not in missing:
+                if ledger_id not in missing_set:
                     del since[ledger_id]  # back in metadata, or gone from the bookie
             await asyncio.sleep(0)
         collected = []
-        for n, ledger_id in enumerate(sorted(missing), 1):
+        for n, ledger_id in enumerate(missing, 1):
             first_seen = since.setdefault(ledger_id, now)
             unallocated = ledger_id >= view.id_counter
             report.ledgers_unallocated += unallocated

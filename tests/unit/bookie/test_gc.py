@@ -32,7 +32,7 @@ class Catalog:
         self.views += 1
         if self.error is not None:
             raise self.error
-        return MetadataView(frozenset(self.ids), self.counter)
+        return MetadataView(sorted(self.ids), self.counter)
 
     async def close(self) -> None:
         pass
@@ -115,7 +115,7 @@ async def test_metadata_catalog_on_the_in_memory_store() -> None:
     ids = [(await manager.create(["b0"], write_quorum=1, ack_quorum=1)).ledger_id for _ in range(3)]
     await manager.delete(ids[1])
     view = await catalog.view()
-    assert view == MetadataView(frozenset({ids[0], ids[2]}), ids[0] + 10)
+    assert view == MetadataView([ids[0], ids[2]], ids[0] + 10)
     await catalog.close()
 
 
