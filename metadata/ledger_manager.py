@@ -134,6 +134,7 @@ class LedgerManager:
         after_ledger_id: int = 0,
         key_salt: bytes = b"",
         key_iterations: int = 0,
+        key_ledger_salt: bytes = b"",
     ) -> VersionedLedger:
         """A new OPEN ledger with a fresh unique id larger than ``after_ledger_id``. Raises
         `InvalidMetadata`, `MetadataUnavailable`."""
@@ -149,6 +150,7 @@ class LedgerManager:
             ctime_ms=self._now_ms(),
             key_salt=key_salt,
             key_iterations=key_iterations,
+            key_ledger_salt=key_ledger_salt,
         )
         return await self.create_metadata(metadata)
 

@@ -10,8 +10,11 @@ Pure: no I/O, no asyncio. The rules come from the BookKeeper replication protoco
 - The client stores a *check value* of the ledger's key, never the password nor the key. Key format
   2 (``key_salt`` set): ``password_hash`` is ``SHA-256(prefix + master_key)`` where the master key
   comes from the password and the random ``key_salt`` through ``key_iterations`` rounds of PBKDF2
-  (bookkeeper_aio/protocol/digest.py); a bookie can check a presented key against it. Format 1
-  (no ``key_salt``, metadata written before): an unsalted hash of the password, checked by clients.
+  (bookkeeper_aio/protocol/digest.py); a bookie can check a presented key against it. Format 3
+  (``key_ledger_salt`` set as well): the same check value, of a master key derived from the PBKDF2
+  of the password with ``key_salt`` (then the creating client's, shared by its ledgers) and the
+  ledger's own random ``key_ledger_salt``. Format 1 (no ``key_salt``, metadata written before): an
+  unsalted hash of the password, checked by clients.
 - ``replaced_bookies``: the history of ensemble changes, one `ReplacedBookie` per bookie replaced
   (the latest `REPLACED_BOOKIES_MAX` kept). A change at a fragment's first entry replaces that
   fragment in place, so without it the metadata would keep no trace of the replaced bookie.
@@ -19,9 +22,9 @@ Pure: no I/O, no asyncio. The rules come from the BookKeeper replication protoco
 Wire format: ``MAGIC`` + one msgpack map (maps, not arrays: here evolution matters more than speed).
 The map carries ``format_version``; a decoder rejects versions newer than `FORMAT_VERSION` and any value
 that is not our format with a `MetadataFormatError` naming the key and the ledger id. Optional keys
-(``replaced_bookies``, ``key_salt`` and ``key_iterations``) are written only when non-empty and read
-as empty when missing, so metadata written before them decodes, and older decoders ignore them (same
-``format_version``).
+(``replaced_bookies``, ``key_salt``, ``key_iterations``, ``key_ledger_salt``) are written only when
+non-empty and read as empty when missing, so metadata written before them decodes, and older
+decoders ignore them (same ``format_version``).
 """
 
 from __future__ import annotations
@@ -108,6 +111,8 @@ class LedgerMetadata:
     """Key format 2: the per-ledger salt of the master key derivation (empty: format 1)."""
     key_iterations: int = 0
     """Key format 2: PBKDF2 rounds of the derivation."""
+    key_ledger_salt: bytes = b""
+    """Key format 3: the ledger's own salt, besides ``key_salt`` (then the creating client's)."""
 
     def __post_init__(self) -> None:
         ensembles = tuple((int(first), tuple(bookies)) for first, bookies in self.ensembles)
@@ -130,6 +135,7 @@ class LedgerMetadata:
         ctime_ms: int = 0,
         key_salt: bytes = b"",
         key_iterations: int = 0,
+        key_ledger_salt: bytes = b"",
     ) -> LedgerMetadata:
         """An OPEN ledger whose first ensemble starts at entry 0; E is ``len(ensemble)``."""
         return cls(
@@ -145,6 +151,7 @@ class LedgerMetadata:
             ctime_ms=ctime_ms,
             key_salt=key_salt,
             key_iterations=key_iterations,
+            key_ledger_salt=key_ledger_salt,
         )
 
     # ---- queries ---------------------------------------------------------------------------------
@@ -242,6 +249,8 @@ def _first_problem(md: LedgerMetadata) -> str | None:
         return f"key salt over {KEY_SALT_BYTES_MAX} bytes or key iterations outside [0, {KEY_ITERATIONS_MAX}]"
     if bool(md.key_salt) != (md.key_iterations > 0):
         return "key_salt and key_iterations are set together (key format 2) or not at all"
+    if md.key_ledger_salt and (not md.key_salt or len(md.key_ledger_salt) > KEY_SALT_BYTES_MAX):
+        return f"key_ledger_salt needs key_salt (key format 3) and at most {KEY_SALT_BYTES_MAX} bytes"
     if len(md.custom_metadata) > CUSTOM_METADATA_KEYS_MAX:
         return f"more than {CUSTOM_METADATA_KEYS_MAX} custom metadata keys"
     for name, value in md.custom_metadata.items():
@@ -314,6 +323,8 @@ def encode(md: LedgerMetadata) -> bytes:
     if md.key_salt:  # optional likewise: key format 2
         body["key_salt"] = md.key_salt
         body["key_iterations"] = md.key_iterations
+    if md.key_ledger_salt:  # and key format 3
+        body["key_ledger_salt"] = md.key_ledger_salt
     data = MAGIC + msgpack.packb(body, use_bin_type=True)
     if len(data) > ENCODED_BYTES_MAX:
         raise InvalidMetadata(
@@ -376,6 +387,9 @@ def decode(data: bytes, *, key: str, ledger_id: int | None = None) -> LedgerMeta
     key_iterations = body.get("key_iterations", 0)
     if type(key_salt) is not bytes or type(key_iterations) is not int:
         raise MetadataFormatError(key, f"{who}: field 'key_salt' or 'key_iterations' of wrong type")
+    key_ledger_salt = body.get("key_ledger_salt", b"")  # optional: key format 3 only
+    if type(key_ledger_salt) is not bytes:
+        raise MetadataFormatError(key, f"{who}: field 'key_ledger_salt' of wrong type")
     try:
         return LedgerMetadata(
             ledger_id=body["ledger_id"],
@@ -394,6 +408,7 @@ def decode(data: bytes, *, key: str, ledger_id: int | None = None) -> LedgerMeta
             replaced_bookies=tuple(ReplacedBookie(*record) for record in replaced),
             key_salt=key_salt,
             key_iterations=key_iterations,
+            key_ledger_salt=key_ledger_salt,
         )
     except (InvalidMetadata, ValueError, TypeError) as error:
         raise MetadataFormatError(key, f"{who}: {error}") from error

@@ -184,6 +184,7 @@ class BookKeeper:
                 after_ledger_id=after_ledger_id,
                 key_salt=keys.salt,
                 key_iterations=keys.iterations,
+                key_ledger_salt=keys.ledger_salt,
             )
         except md_errors.InvalidMetadata as error:
             raise BKInterfaceError(str(error)) from error

@@ -15,13 +15,17 @@ Keys derive from the ledger password with domain separation: the *master key* (s
 request that touches a ledger's data, checked by bookies) and the *MAC key* (HMAC digests) differ,
 so knowing one does not give the other.
 
-Ledgers created since key format 2 (:func:`ledger_keys`) derive their master key from the password
-*and a random per-ledger salt* through PBKDF2-HMAC-SHA256, and the metadata stores only
+Ledgers of key format 2 (:func:`ledger_keys`) derive their master key from the password *and a
+random per-ledger salt* through PBKDF2-HMAC-SHA256, and the metadata stores only
 ``key_check = SHA-256(prefix + master_key)``: reading metadata gives neither the password nor a key
 a bookie accepts, a guess of the password costs a PBKDF2 run per ledger (no table serves two
 ledgers), and a bookie can check a presented key against the metadata (how a squatted ledger record
-is re-keyed, :mod:`bookie.ledger_keys`). Ledgers of format 1 (no salt in their metadata) keep the
-unsalted :func:`master_key` their bookies already hold.
+is re-keyed, :mod:`bookie.ledger_keys`). Key format 3 (every ledger created now,
+:func:`salted_ledger_keys`) runs the PBKDF2 once per client and password: the salt of that run is
+the client's (random, kept for the password in the client's memory), and each ledger's key is an
+HMAC of its result with a random per-ledger salt; docs/security.md, *Key format 3*, says why that
+keeps the same promises. Ledgers of format 1 (no salt in their metadata) keep the unsalted
+:func:`master_key` their bookies already hold.
 """
 
 from __future__ import annotations
@@ -78,9 +82,11 @@ def master_key(password: bytes) -> bytes:
 
 KEY_SALT_BYTES = 16
 KEY_ITERATIONS = 20_000
-"""PBKDF2 rounds for new ledgers (~5 ms on this machine kind, once per open: clients cache the
-result per password and salt). Stored in each ledger's metadata, so it can be raised later."""
+"""PBKDF2 rounds for new ledgers (~5 ms on this machine kind, once per client and password:
+clients cache the result per password and salt). Stored in each ledger's metadata, so it can be
+raised later."""
 _KEY_CHECK_PREFIX = b"bookkeeper-aio/key-check\x00"
+_LEDGER_SECRET_LABEL = b"bookkeeper-aio/ledger-key\x00"
 
 
 class LedgerKeys(NamedTuple):
@@ -95,12 +101,31 @@ def key_check(master_key: bytes) -> bytes:
     return hashlib.sha256(_KEY_CHECK_PREFIX + master_key).digest()
 
 
-def ledger_keys(password: bytes, salt: bytes, iterations: int) -> LedgerKeys:
-    """The keys of a format-2 ledger: PBKDF2-HMAC-SHA256 of the password with the ledger's salt,
-    then an HMAC for the master key (domain separated from the check value and the MAC key)."""
-    secret = hashlib.pbkdf2_hmac("sha256", password, salt, iterations)
+def password_secret(password: bytes, salt: bytes, iterations: int) -> bytes:
+    """PBKDF2-HMAC-SHA256 of the password: the slow step, one per (password, salt, rounds)."""
+    return hashlib.pbkdf2_hmac("sha256", password, salt, iterations)
+
+
+def keys_of_secret(secret: bytes) -> LedgerKeys:
+    """The master key (an HMAC of a ledger's secret, domain separated from the check value and the
+    MAC key) and its check value."""
     key = hmac.new(secret, b"bookkeeper-aio/master-key", hashlib.sha256).digest()
     return LedgerKeys(key, key_check(key))
+
+
+def ledger_keys(password: bytes, salt: bytes, iterations: int) -> LedgerKeys:
+    """The keys of a format-2 ledger: its secret is the PBKDF2 of the password with the ledger's
+    own salt."""
+    return keys_of_secret(password_secret(password, salt, iterations))
+
+
+def salted_ledger_keys(secret: bytes, ledger_salt: bytes) -> LedgerKeys:
+    """The keys of a format-3 ledger from ``secret`` (:func:`password_secret` of the password with
+    the creating client's salt) and the ledger's own random salt: its secret is
+    ``HMAC-SHA256(secret, label + ledger_salt)``, distinct per ledger, and neither it nor the
+    master key gives ``secret`` or another ledger's key."""
+    ledger_secret = hmac.new(secret, _LEDGER_SECRET_LABEL + ledger_salt, hashlib.sha256).digest()
+    return keys_of_secret(ledger_secret)
 
 
 def _mac_key(password: bytes) -> bytes:

@@ -13,7 +13,7 @@ from bookkeeper_aio import BookKeeper, LedgerFenced, LedgerRecoveryError, NoSuch
 from bookkeeper_aio.client.keys import codec_for, password_hash
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import LAST_ENTRY, AddFlag, ReadFlag, StatusCode
-from bookkeeper_aio.protocol.digest import EntryCodec, key_check, master_key
+from bookkeeper_aio.protocol.digest import EntryCodec, key_check, ledger_keys, master_key
 from tests.integration.client.conftest import CONFIG, Cluster
 
 pytestmark = pytest.mark.etcd
@@ -61,6 +61,7 @@ async def test_a_wrong_key_can_neither_read_fence_write_recover_nor_delete(
     md = writer.metadata
     # The metadata holds a salt and a check value: neither the key, nor the old unsalted hashes.
     assert len(md.key_salt) == 16
+    assert len(md.key_ledger_salt) == 16  # key format 3: the client's salt, and the ledger's own
     assert md.key_iterations > 0
     assert md.password_hash not in (master_key(RIGHT), password_hash(RIGHT), key_check(master_key(RIGHT)))
 
@@ -73,10 +74,12 @@ async def test_a_wrong_key_can_neither_read_fence_write_recover_nor_delete(
         assert (await other.context.ledgers.read(writer.id)).metadata.ledger_id == writer.id
 
         # On the wire, to a bookie holding the ledger: a junk key, the format-1 key of the right
-        # password (what the bookies checked before salting), and no key at all.
+        # password (what the bookies checked before salting), the format-2 key of the client's
+        # salt (its PBKDF2 alone, without the ledger's salt), and no key at all.
         body = EntryCodec(md.digest_type, RIGHT).encode(writer.id, 1, 0, 0, b"forged")
         bookie = md.ensembles[0][1][0]
-        for key in (b"J" * 32, master_key(RIGHT), None):
+        client_key = ledger_keys(RIGHT, md.key_salt, md.key_iterations).master_key
+        for key in (b"J" * 32, master_key(RIGHT), client_key, None):
             for name, make in _raw_requests(writer.id, key, body).items():
                 response = await other.context.pool.request(bookie, make, CONFIG.read_timeout_s)
                 assert response.status == StatusCode.EUA, (name, key, response)

@@ -3,6 +3,8 @@ in flight, e.g. a log writer's while its roll creates the next ledger (docs/benc
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import random
 import threading
 from collections.abc import Callable
@@ -14,7 +16,9 @@ import pytest
 from bookkeeper_aio import BookKeeper, RandomPlacement, Unauthorized
 from bookkeeper_aio.client import keys
 from bookkeeper_aio.client.context import StaticDirectory
+from bookkeeper_aio.protocol.digest import ledger_keys, master_key, password_secret, salted_ledger_keys
 from metadata.ledger_manager import LedgerManager
+from metadata.ledger_metadata import LedgerMetadata
 from tests.unit.client.conftest import FAST
 
 
@@ -43,13 +47,14 @@ async def test_derive_keys_runs_pbkdf2_in_the_executor_once_per_salt() -> None:
     assert first == again != other
     assert len(executor.threads) == 2  # the second derivation of the same triple is cached
     assert threading.current_thread().name not in executor.threads
-    assert first == keys.ledger_keys(b"pw", salt, 1000)
+    assert first == ledger_keys(b"pw", salt, 1000)
 
 
 async def test_create_and_open_derive_in_the_clients_executor(
     ledgers: LedgerManager, directory: StaticDirectory
 ) -> None:
     executor = RecordingExecutor()
+    keys.clear_cache()  # a fresh process
     bk = BookKeeper(
         ledgers,
         directory,
@@ -61,7 +66,7 @@ async def test_create_and_open_derive_in_the_clients_executor(
         lh = await bk.create_ledger(3, 2, 2, password=b"secret")
         await lh.append(b"x")
         await lh.close()
-        keys._cache.clear()  # as in another process: the open derives again
+        keys.clear_cache()  # as in another process: the open derives again
         rh = await bk.open_ledger(lh.id, password=b"secret")
         assert [e.payload async for e in rh.read(0, 0)] == [b"x"]
         with pytest.raises(Unauthorized):
@@ -71,3 +76,67 @@ async def test_create_and_open_derive_in_the_clients_executor(
         executor.shutdown()
     assert len(executor.threads) == 3  # create, open, the wrong password's open
     assert threading.current_thread().name not in executor.threads
+
+
+async def test_key_format_3_runs_pbkdf2_once_per_client_and_password_with_keys_per_ledger(
+    ledgers: LedgerManager, directory: StaticDirectory
+) -> None:
+    """Many creates with one password: one PBKDF2 run (the client's salt), yet each ledger has its
+    own salt, master key and check value, and a reader in another process opens them with one
+    PBKDF2 run too; a wrong password is refused; another password gets a salt of its own."""
+    executor = RecordingExecutor()
+    keys.clear_cache()
+    bk = BookKeeper(ledgers, directory, config=FAST, key_executor=executor)
+    try:
+        handles = list(
+            await asyncio.gather(*(bk.create_ledger(3, 2, 2, password=b"secret") for _ in range(4)))
+        )
+        assert len(executor.threads) == 1  # at once: they wait for the one run under way
+        stored = [(await ledgers.read(lh.id)).metadata for lh in handles]
+        assert len({md.key_salt for md in stored}) == 1  # the client's, for this password
+        assert len({md.key_ledger_salt for md in stored}) == 4
+        assert len({md.password_hash for md in stored}) == 4
+        assert len({lh._master_key for lh in handles}) == 4  # distinct keys at the bookies
+        for lh in handles:
+            await lh.append(lh.id.to_bytes(8, "big"))
+            await lh.close()
+        other = await bk.create_ledger(3, 2, 2, password=b"other")
+        assert (await ledgers.read(other.id)).metadata.key_salt != stored[0].key_salt
+        await other.close()
+        assert len(executor.threads) == 2
+        keys.clear_cache()  # a reader in another process
+        for lh in handles:
+            rh = await bk.open_ledger(lh.id, password=b"secret")
+            assert [e.payload async for e in rh.read(0, 0)] == [lh.id.to_bytes(8, "big")]
+        assert len(executor.threads) == 3
+        with pytest.raises(Unauthorized):
+            await bk.open_ledger(handles[0].id, password=b"wrong")
+    finally:
+        await bk.close()
+        executor.shutdown()
+
+
+def test_key_formats_2_and_1_still_check_out() -> None:
+    salt = random.randbytes(16)
+    format2 = ledger_keys(b"pw", salt, 10)
+    md = LedgerMetadata.new(
+        1,
+        ["a", "b"],
+        write_quorum=2,
+        ack_quorum=2,
+        password_hash=format2.key_check,
+        key_salt=salt,
+        key_iterations=10,
+    )
+    assert keys.check_password(md, b"pw") == format2.master_key
+    with pytest.raises(Unauthorized):
+        keys.check_password(md, b"pW")
+    format3 = dataclasses.replace(md, key_ledger_salt=b"L" * 16)  # the same salts read as format 3
+    with pytest.raises(Unauthorized):  # another derivation: format 2's check value does not match
+        keys.check_password(format3, b"pw")
+    secret = password_secret(b"pw", salt, 10)
+    assert salted_ledger_keys(secret, b"L" * 16).master_key != format2.master_key
+    format1 = LedgerMetadata.new(
+        2, ["a", "b"], write_quorum=2, ack_quorum=2, password_hash=keys.password_hash(b"pw")
+    )
+    assert keys.check_password(format1, b"pw") == master_key(b"pw")
