@@ -83,9 +83,9 @@ class GcConfig:
 class MetadataView(NamedTuple):
     """What metadata says, as read by one pass."""
 
-    ledger_ids: Sequence[int]
-    """In increasing order (a listing's order: a million ids in a set would be rehashed on the
-    event loop as it grows)."""
+    ledger_pages: AsyncIterator[Sequence[int]]
+    """The ledger ids, page by page in increasing order (a listing's order), read as the pass walks
+    them: a million ids held at once would be built, and freed, on the event loop in one go."""
     id_counter: int
     """The id generator's next unallocated id: ledger ids at or above it were never handed out."""
 
@@ -94,7 +94,8 @@ class LedgerCatalog(Protocol):
     """The ledgers metadata knows (the etcd one is :class:`MetadataCatalog`; tests pass twins)."""
 
     async def view(self) -> MetadataView:
-        """Raise when the listing cannot be trusted whole (store down, no cluster at the root)."""
+        """Raise (here or from the pages) when the listing cannot be trusted whole (store down, no
+        cluster at the root)."""
         ...
 
     async def close(self) -> None: ...
@@ -171,14 +172,16 @@ class MetadataCatalog:
             raise MetadataUnusable(f"no id counter at {manager.keys.idgen}: collecting nothing")
         if not counter.value.isdigit():
             raise MetadataUnusable(f"id counter {manager.keys.idgen} holds {counter.value[:32]!r}")
-        id_counter = int(counter.value)
-        ids: list[int] = []
+        return MetadataView(self._ledger_pages(manager), int(counter.value))
+
+    @staticmethod
+    async def _ledger_pages(manager: metadata.LedgerManager) -> AsyncIterator[Sequence[int]]:
         start_after: int | None = None
         while True:
             page = await manager.list_page(start_after=start_after, limit=METADATA_PAGE)
-            ids.extend(page.ledger_ids)
+            yield page.ledger_ids
             if not page.more or not page.ledger_ids:
-                return MetadataView(ids, id_counter)
+                return
             start_after = page.ledger_ids[-1]
 
     async def replica_state(self, ledger_id: int, bookie_id: str) -> ReplicaState | None:
@@ -424,23 +427,11 @@ class GarbageCollector:
         report.phase = "listing metadata"
         async with asyncio.timeout(self.config.metadata_timeout_s):
             view = await self.catalog.view()
-        report.ledgers_in_metadata = len(view.ledger_ids)
+            missing = await self._missing(local, view.ledger_pages, report)
         report.phase = "collecting deleted ledgers"
         now = self._clock()
         grace = self.config.deleted_ledger_grace_s
         future_grace = max(grace, self.config.future_ledger_grace_s)
-        # Both lists in increasing order, walked together in slices with a loop turn between them
-        # (LOOP_SLICE): they may hold a million ids each.
-        listed = view.ledger_ids
-        found_at, listed_count = 0, len(listed)
-        missing: list[int] = []
-        for start in range(0, len(local), LOOP_SLICE):
-            for ledger_id in local[start : start + LOOP_SLICE]:
-                while found_at < listed_count and listed[found_at] < ledger_id:
-                    found_at += 1
-                if found_at == listed_count or listed[found_at] != ledger_id:
-                    missing.append(ledger_id)
-            await asyncio.sleep(0)
         since = self._missing_since
         missing_set = set(missing)
         back = list(since)
@@ -467,6 +458,32 @@ class GarbageCollector:
             log.info("gc.ledgers_collected", count=len(collected), first=collected[:10])
             report.phase = "checkpoint"
             await storage.write_checkpoint()  # a restart must not bring them back
+
+    @staticmethod
+    async def _missing(local: list[int], pages: AsyncIterator[Sequence[int]], report: GcReport) -> list[int]:
+        """The ids of ``local`` (increasing) absent from the listing's ``pages`` (increasing): both
+        walked together, a loop turn every LOOP_SLICE local ids (a million of them, or a page that
+        spans them all, must not hold the loop)."""
+        missing: list[int] = []
+        i, count, listed, walked = 0, len(local), 0, 0
+        async for page in pages:
+            listed += len(page)
+            if not page:
+                continue
+            last, found_at = page[-1], 0
+            while i < count and local[i] <= last:
+                ledger_id = local[i]
+                while page[found_at] < ledger_id:  # stops at ``last`` at the latest
+                    found_at += 1
+                if page[found_at] != ledger_id:
+                    missing.append(ledger_id)
+                i += 1
+                walked += 1
+                if walked % LOOP_SLICE == 0:
+                    await asyncio.sleep(0)
+        missing.extend(local[i:])  # above the last id listed
+        report.ledgers_in_metadata = listed
+        return missing
 
     async def _collect_over_replicated(self, report: GcReport) -> None:
         """Forget CLOSED ledgers whose metadata moved this bookie's copy elsewhere (re-replicated

@@ -8,9 +8,9 @@ point through the same client processes and load loop as ``bench write``
   ``--window`` but at most :data:`BYTES_IN_FLIGHT_MAX` of payload (1 MiB entries: 64 in flight);
 - **open ledgers** (``--ledger-counts``, default 1 .. 10,000): one client, ``--size`` entries,
   the adds spread round robin over that many ledgers, the window ``max(--window, ledgers)`` (each
-  ledger keeps one add in flight at least). Creating a ledger costs the client a PBKDF2 key
-  derivation (20,000 rounds, ~5-10 ms of CPU, by design): 100,000 ledgers take tens of minutes
-  to create, so they are not in the default sweep;
+  ledger keeps one add in flight at least). 100,000 ledgers take about a minute to create (an
+  etcd create each; the key derivation is paid once per client and password since key format 3)
+  and as long to delete, so they are not in the default sweep;
 - **journal size**: one run of ``--journal-s`` seconds at ``--size``, one ledger; its throughput
   over time, against the journal each bookie had written by then: the bookies' own count
   (``bookie_journal_written_bytes_total`` on their ``/metrics``) before and after the run, spread

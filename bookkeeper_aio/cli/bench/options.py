@@ -179,8 +179,8 @@ def add_arguments(parser: argparse.ArgumentParser, scenario: str) -> None:
     parser.add_argument(
         "--ledger-counts",
         default="1,10,100,1000,10000",
-        help="curves: open ledgers of the ledger curve, comma-separated (default 1 .. 10000; each "
-        "ledger created costs the client a key derivation, ~5-10 ms: 100000 take tens of minutes)",
+        help="curves: open ledgers of the ledger curve, comma-separated (default 1 .. 10000; "
+        "100000 take about a minute to create, and as long to delete)",
     )
     parser.add_argument(
         "--journal-s",

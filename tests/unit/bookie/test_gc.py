@@ -4,13 +4,16 @@ they leave the index at once and stay gone after a restart, and the admin ``/gc`
 from __future__ import annotations
 
 import asyncio
+import random
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 import metadata
+from bookie import gc as bookie_gc
 from bookie.admin import AdminServer
-from bookie.gc import GarbageCollector, GcConfig, MetadataCatalog, MetadataUnusable, MetadataView
+from bookie.gc import GarbageCollector, GcConfig, GcReport, MetadataCatalog, MetadataUnusable, MetadataView
 from bookie.ledger_state import WakeReason
 from bookie.storage import NoLedger, Storage
 from tests.harness.admin_http import get_json, http_get
@@ -32,7 +35,12 @@ class Catalog:
         self.views += 1
         if self.error is not None:
             raise self.error
-        return MetadataView(sorted(self.ids), self.counter)
+        return MetadataView(self._pages(sorted(self.ids)), self.counter)
+
+    @staticmethod
+    async def _pages(ids: list[int]) -> AsyncIterator[list[int]]:
+        for start in range(0, len(ids), 3):  # pages of 3: the collector must walk them all
+            yield ids[start : start + 3]
 
     async def close(self) -> None:
         pass
@@ -115,7 +123,8 @@ async def test_metadata_catalog_on_the_in_memory_store() -> None:
     ids = [(await manager.create(["b0"], write_quorum=1, ack_quorum=1)).ledger_id for _ in range(3)]
     await manager.delete(ids[1])
     view = await catalog.view()
-    assert view == MetadataView([ids[0], ids[2]], ids[0] + 10)
+    assert view.id_counter == ids[0] + 10
+    assert [i async for page in view.ledger_pages for i in page] == [ids[0], ids[2]]
     await catalog.close()
 
 
@@ -250,3 +259,27 @@ async def test_admin_gc_route() -> None:
     assert status == 405
     assert calls == [False, True]
     await server.close()
+
+
+async def test_missing_walks_the_listing_pages_beside_the_local_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Local ids below, between and above the listed ones, empty pages, and a page spanning many
+    local ids (the loop gets turns within it): exactly the local ids not listed."""
+    monkeypatch.setattr(bookie_gc, "LOOP_SLICE", 7)
+    rng = random.Random(5)
+    for _ in range(50):
+        listed = sorted(rng.sample(range(1, 400), rng.randrange(0, 120)))
+        local = sorted(rng.sample(range(1, 450), rng.randrange(0, 200)))
+        sizes = [rng.choice((0, 1, 3, 50, 1000)) for _ in range(len(listed) + 1)]
+
+        async def pages(ids: list[int] = listed, sizes: list[int] = sizes) -> AsyncIterator[list[int]]:
+            start = 0
+            for size in sizes:
+                yield ids[start : start + size]
+                start += size
+                if start >= len(ids):
+                    return
+
+        report = GcReport("test", 0.0)
+        missing = await GarbageCollector._missing(local, pages(), report)
+        assert missing == [i for i in local if i not in set(listed)]
+        assert report.ledgers_in_metadata == len(listed)
