@@ -105,6 +105,11 @@ async def _stop(procs: list[_Client]) -> None:
             await proc.wait()
 
 
+RESULT_LINE_BYTES_MAX = 64 * 1024 * 1024
+"""Longest line a client process may print: its result holds a count per ledger (100,000 ledgers
+took past asyncio's default of 64 KiB)."""
+
+
 async def _start(index: int, spec: dict[str, Any], log_path: Path) -> _Client:
     with log_path.open("ab") as log:
         proc = await asyncio.create_subprocess_exec(
@@ -115,6 +120,7 @@ async def _start(index: int, spec: dict[str, Any], log_path: Path) -> _Client:
             stdout=asyncio.subprocess.PIPE,
             stderr=log,
             env={**os.environ, "BKAIO_LOG_FORMAT": "json"},
+            limit=RESULT_LINE_BYTES_MAX,
         )
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(spec).encode() + b"\n")
