@@ -102,7 +102,10 @@ async def derive_secret(
     loop = asyncio.get_running_loop()
     running = _running.get((loop, key))
     if running is not None:  # e.g. many creates at once with one password: one PBKDF2 run
-        return await asyncio.shield(running)
+        await asyncio.wait((running,))  # a cancelled wait leaves the run to the others
+        if not running.cancelled():
+            return running.result()
+        return await derive_secret(password, salt, iterations, executor)  # its first caller gave up
     global _executor  # one pool per process, made on first use
     if executor is None:
         if _executor is None:
@@ -111,7 +114,7 @@ async def derive_secret(
     run = loop.run_in_executor(executor, password_secret, password, salt, iterations)
     _running[loop, key] = run
     try:
-        secret = await asyncio.shield(run)
+        secret = await run
     finally:
         if _running.get((loop, key)) is run:
             del _running[loop, key]
