@@ -140,3 +140,23 @@ def test_key_formats_2_and_1_still_check_out() -> None:
         2, ["a", "b"], write_quorum=2, ack_quorum=2, password_hash=keys.password_hash(b"pw")
     )
     assert keys.check_password(format1, b"pw") == master_key(b"pw")
+
+
+async def test_a_derivation_waiting_for_another_survives_its_cancellation() -> None:
+    """Derivations of one triple at once share one PBKDF2 run; the first caller cancelled, the
+    others still get the secret (a run of their own)."""
+    executor = RecordingExecutor()
+    keys.clear_cache()
+    salt = random.randbytes(16)
+    first = asyncio.ensure_future(keys.derive_secret(b"pw", salt, 200_000, executor))
+    await asyncio.sleep(0)
+    second = asyncio.ensure_future(keys.derive_secret(b"pw", salt, 200_000, executor))
+    third = asyncio.ensure_future(keys.derive_secret(b"pw", salt, 200_000, executor))
+    await asyncio.sleep(0)
+    first.cancel()
+    secrets = await asyncio.gather(second, third)
+    executor.shutdown()
+    assert first.cancelled()
+    assert secrets == [password_secret(b"pw", salt, 200_000)] * 2
+    # one run for both waiters, after the cancelled one (which the thread may not have started)
+    assert 1 <= len(executor.threads) <= 2
