@@ -72,6 +72,13 @@ def tear_tail(data_dir: Path, rng: random.Random) -> str:
         for segment_id, path in _segments(data_dir)
         if fmt.check_segment_header(data := path.read_bytes(), segment_id) is fmt.SegmentHeader.VALID
     ]
+    if not written:  # no entry reached this bookie yet (a loaded machine): tear its first group,
+        # segment header included, over the segment created ahead and never written
+        path = _segments(data_dir)[0][1]
+        torn = os.urandom(rng.randrange(1, 4096))
+        with path.open("r+b") as out:
+            out.write(torn)
+        return f"{len(torn)} garbage bytes over a never-written segment"
     segment_id, path, data = written[-1]  # later ones are preallocated, never written
     # from the checkpoint, as replay does: a bit flipped behind it in an earlier round ends a scan
     # from the segment's start there, and the torn group would overwrite synced records

@@ -47,7 +47,7 @@ def test_sandbox_on_hosts_runs_the_demo_across_them(tmp_path: Path) -> None:
     assert "tailing reader saw 600 entries, in order and byte-identical" in result.stdout
     assert "a following reader saw each once, in order, across rolls" in result.stdout
     assert not any(alive(pid) for pid in child_pids(result.stdout.splitlines()))
-    assert _namespaces() == before  # the hosts are gone with the sandbox
+    assert _namespaces() <= before  # the hosts are gone with the sandbox (another run's may go too)
     assert not (tmp_path / "sandbox" / "sandbox.netns").exists()
 
 
