@@ -74,7 +74,10 @@ def tear_tail(data_dir: Path, rng: random.Random) -> str:
     ]
     if not written:  # no entry reached this bookie yet (a loaded machine): tear its first group,
         # segment header included, over the segment created ahead and never written
-        path = _segments(data_dir)[0][1]
+        segments = _segments(data_dir)
+        if not segments:
+            return "no journal segment yet: nothing to tear"
+        path = segments[0][1]
         torn = os.urandom(rng.randrange(1, 4096))
         with path.open("r+b") as out:
             out.write(torn)
