@@ -146,6 +146,8 @@ class Snapshot:
     connections: int = 0
     connections_max: int = 0
     connections_refused: int = 0
+    connections_tarpitted: int = 0
+    connections_held: int = 0
     in_flight: int = 0
     in_flight_max: int = 0
     sockets_paused: bool = False
@@ -194,6 +196,8 @@ def snapshot(server: BookieServer, disk: DiskStatus | None = None) -> Snapshot:
         "connections": server.connection_count,
         "connections_max": config.connections_max,
         "connections_refused": server.connections_refused,
+        "connections_tarpitted": server.tarpit.held_total,
+        "connections_held": server.tarpit.held,
         "in_flight": server.load.in_flight,
         "in_flight_max": config.in_flight_total_max,
         "sockets_paused": server.load.sockets_paused,
@@ -431,6 +435,14 @@ def _network_families(snap: Snapshot) -> Iterator[Metric]:
         "Connections closed at accept (over connections_max or connections_per_address_max)",
         snap.connections_refused,
     )
+    yield _counter(
+        "bookie_connections_tarpitted",
+        "Refused connections held unread before their reset instead of reset at once (bookie.tarpit)",
+        snap.connections_tarpitted,
+    )
+    yield _gauge(
+        "bookie_connections_held", "Refused connections held in the tarpit now", snap.connections_held
+    )
     yield _gauge("bookie_in_flight_requests", "Requests received and not yet answered", snap.in_flight)
     yield _gauge("bookie_in_flight_requests_max", "In-flight limit across connections", snap.in_flight_max)
     yield _gauge(
@@ -488,6 +500,8 @@ def state_json(snap: Snapshot) -> dict[str, Any]:
         },
         "connections": snap.connections,
         "connections_refused": snap.connections_refused,
+        "connections_tarpitted": snap.connections_tarpitted,
+        "connections_held": snap.connections_held,
         "in_flight": snap.in_flight,
         "sockets_paused": snap.sockets_paused,
         "long_poll_waiters": snap.long_poll_waiters,

@@ -35,7 +35,6 @@ import errno
 import os
 import socket
 import ssl
-import struct
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
@@ -52,6 +51,7 @@ from bookie.metrics import DiskStatus, Snapshot, probe_disk, snapshot
 from bookie.mode import Mode, ModeMachine
 from bookie.processor import Processor
 from bookie.storage import Storage
+from bookie.tarpit import Tarpit, reset
 from bookie.threads import OS_THREADS, Threads
 from bookkeeper_aio.common.clock import SYSTEM_CLOCK, Clock
 
@@ -147,6 +147,8 @@ class BookieServer:
         self._tls_tasks: set[asyncio.Task[None]] = set()
         """With TLS: the handshakes under way."""
         self._listening: list[socket.socket] = []
+        self.tarpit = Tarpit()
+        """With TLS: connections over ``connections_per_address_max``, held unread, then reset."""
         """With TLS: the listening sockets our accept reads (:meth:`_accept_tls`)."""
         self.address: tuple[str, int] | None = None
         self.ready = False
@@ -328,10 +330,11 @@ class BookieServer:
                 return
             if len(self._connections) >= self.config.connections_max:
                 limits.refusals.note("connections_max", self.config.connections_max, peer[0])
-                _reset(sock)
+                reset(sock)
                 continue
             if not limits.admits(peer[0]):
-                _reset(sock)
+                if not self.tarpit.hold(sock, peer[0]):  # its reconnect loop at the tarpit's pace
+                    reset(sock)
                 continue
             conn = ServerConnection(processor, limits, self._connections)
             conn.reserve(peer)
@@ -359,13 +362,11 @@ class BookieServer:
         out of error-budget deficit (:class:`~bookie.connection_handler.ErrorBudget`). Then the
         connection is served (``connection_made``); a failure gives its slot back."""
         try:
-            wait_s = self._limits.errors.deficit_s(conn.peer_address)
-            if wait_s > 0:
-                try:
-                    await asyncio.sleep(wait_s)
-                except BaseException:
-                    sock.close()
-                    raise
+            try:
+                await self._limits.errors.turn(conn.peer_address)
+            except BaseException:
+                sock.close()
+                raise
             await loop.connect_accepted_socket(
                 lambda: conn, sock, ssl=context, ssl_handshake_timeout=self.config.frame_read_timeout_s
             )  # owns the socket from here: closes it on failure
@@ -477,6 +478,7 @@ class BookieServer:
             sock.close()
         for task in list(self._tls_tasks):
             task.cancel()
+        self.tarpit.close()
 
     def _on_journal_pressure(self, high: bool) -> None:
         log.info("bookie.journal_pressure", high=high, connections=len(self._connections))
@@ -546,17 +548,6 @@ def _disk_mode_problem(disk: DiskStatus) -> str | None:
     if disk.read_only:
         return "data dir is read-only (filesystem mounted read-only or directory not writable)"
     return None
-
-
-def _reset(sock: socket.socket) -> None:
-    """Close an accepted socket with a reset (SO_LINGER 0): no FIN exchange, no TIME_WAIT left
-    behind for the bookie to hold, whatever the peer does."""
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
-    sock.close()
-
-
-_LINGER_RESET = struct.pack("ii", 1, 0)
 
 
 class _Refuse(asyncio.Protocol):

@@ -21,8 +21,9 @@ Kinds (each connection keeps ``--window`` requests in flight, new ones as answer
   name is not UTF-8 (docs/protocol.md §1: EBADREQ, the connection goes on)
 
 The summary: ``sent``, ``answers`` (by status name), ``connections`` opened, ``attempts``
-(tls-stall: connections tried), ``closed`` (by the bookie), ``refused`` (connections that failed at
-once or were closed before any answer).
+(tls-stall: connections tried), ``closed`` (by the bookie), ``reset`` (tls-stall: of those closed,
+the ones closed by a reset), ``refused`` (connections that failed at once, or were closed before any
+answer; tls-stall: within ``REFUSED_WITHIN_S``).
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ class Tally:
         self.attempts = 0
         """Connections tried (tls-stall): opened, or failed at once."""
         self.closed = 0
+        self.reset = 0
+        """Closed by a reset (tls-stall: held by the bookie's tarpit, then reset)."""
         self.refused = 0
 
     def as_json(self) -> dict[str, Any]:
@@ -123,6 +126,7 @@ class Tally:
             "connections": self.connections,
             "attempts": self.attempts,
             "closed": self.closed,
+            "reset": self.reset,
             "refused": self.refused,
         }
 
@@ -268,8 +272,10 @@ async def _tls_stall(
             tally.closed += 1
         except TimeoutError:
             pass
-        except ConnectionError:
+        except ConnectionError as exc:
             tally.closed += 1
+            if isinstance(exc, ConnectionResetError):
+                tally.reset += 1
         except asyncio.CancelledError:
             writer.close()
             return

@@ -22,13 +22,15 @@ import trustme
 import metadata
 from bookkeeper_aio import BookKeeper, ClientConfig
 from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import StatusCode
 from metadata.idgen import FIRST_ID
+from tests.harness.admin_http import http_get
 from tests.harness.bookie_proc import BookieProcess
 from tests.harness.etcd import EtcdCluster
 from tests.harness.tls import issue
 
 from .canary import MIB, Canary, Figures, attack
-from .wire import WireClient, known_ledgers
+from .wire import WireClient, entry_body, known_ledgers
 
 RSS_GROWTH_MAX = 64 * MIB
 """The bound on the bookie's RSS growth during any of these attacks (docs/security.md)."""
@@ -111,6 +113,33 @@ async def _new_ledgers(url: str, ensemble: int, made: list[int], done: asyncio.E
             assert [e.payload async for e in reader.read()] == [b"entry %d" % i for i in range(5)]
             made.append(handle.id)
             await asyncio.sleep(0.2)
+
+
+NEWCOMER_LEDGER = CANARY_LEDGER + 1_000_000
+"""The newcomers' ledgers: one each, above the canary's."""
+
+
+async def _newcomers(canary: Canary, made: list[int], done: asyncio.Event) -> None:
+    """Well-behaved clients from another address than the attacker's (the canary's), connecting
+    all along (alone and beside the attack alike), one every 200 ms at most, at least 6: each
+    connects as the canary does (TLS, AUTH), adds an entry to a ledger of its own, reads it back
+    and closes (an error fails the test): whatever the attack does to its own address, it never
+    locks others out."""
+    await asyncio.sleep(1.5)  # the attacker is at it
+    while not done.is_set() or len(made) < 6:
+        ledger_id = NEWCOMER_LEDGER + len(made)
+        newcomer = Canary(canary.address, ledger_id, key=canary.key, tls=canary.tls, token=canary.token)
+        await asyncio.wait_for(newcomer.connect(), 10)
+        assert newcomer.wire is not None
+        try:
+            added = await asyncio.wait_for(newcomer.wire.add(ledger_id, 0, b"newcomer", key=canary.key), 10)
+            assert added.status == StatusCode.EOK, added
+            read = await asyncio.wait_for(newcomer.wire.read(ledger_id, 0, key=canary.key), 10)
+            assert (read.status, read.body) == (StatusCode.EOK, entry_body(ledger_id, 0, b"newcomer"))
+        finally:
+            newcomer.close()
+        made.append(ledger_id)
+        await asyncio.sleep(0.2)
 
 
 # ------------------------------------------------------------------------------------------- item 2
@@ -209,18 +238,21 @@ async def test_item6_unauthenticated_clients_get_eua_and_are_closed(
     tmp_path: Path, bookies: list[BookieProcess], timing: Timing
 ) -> None:
     """A bookie with token authentication; 16 connections that ask for data without AUTH, again as
-    soon as they are closed: each gets EUA and is closed; the canary, authenticated, writes on."""
+    soon as they are closed: each gets EUA and is closed; the canary, authenticated, writes on,
+    and new clients (authenticated, from another address) connect and write all along."""
     tokens = tmp_path / "tokens"
     tokens.write_text("canary:canary-token\n")
     auth = ("--auth-providers", "token", "--auth-token-file", str(tokens))
     bookies.append(_start(tmp_path / "b0", "b0", *auth))
+    canary = Canary(bookies[0].address, CANARY_LEDGER, token="canary-token")
+    made: list[int] = []
+    done = asyncio.Event()
+    newcomers = asyncio.get_running_loop().create_task(_newcomers(canary, made, done))
     figures = await attack(
-        bookies,
-        Canary(bookies[0].address, CANARY_LEDGER, token="canary-token"),
-        "no-auth",
-        "--connections", "16",
-        rounds=timing.rounds, slice_s=timing.slice_s,
-    )  # fmt: skip
+        bookies, canary, "no-auth", "--connections", "16", rounds=timing.rounds, slice_s=timing.slice_s
+    )
+    done.set()
+    await asyncio.wait_for(newcomers, 60)
     attacker = figures.attacker
     assert set(attacker["answers"]) == {"EUA"}, attacker
     assert attacker["answers"]["EUA"] > 0, attacker
@@ -234,31 +266,47 @@ async def test_item6_a_tls_handshake_flood_from_one_address_does_not_lock_others
     tmp_path: Path, bookies: list[BookieProcess], timing: Timing
 ) -> None:
     """A TLS bookie allowing 32 connections per address; 96 TCP connections from one other
-    address that never start their handshake, again when closed: at most 32 of them are held at
-    once (handshakes count towards the per-address limit from the moment they are accepted; the
-    rest are closed at once), each is closed when the handshake times out, and the canary — from
-    another address, over TLS — connects and writes on."""
+    address that never start their handshake, again when closed: at most 32 of them are in their
+    handshake at once (handshakes count towards the per-address limit from the moment they are
+    accepted), each is closed when the handshake times out; the rest are held unread in the
+    tarpit, with no TLS work, and reset (bookie/tarpit.py), so their loops reconnect at the
+    tarpit's pace; the canary — from another address, over TLS — writes on, and new clients from
+    its address connect over TLS and write all along."""
     ca = trustme.CA()
     files = issue(ca, tmp_path / "certs", "bookie", "127.0.0.1", "localhost")
     bookies.append(
         _start(
             tmp_path / "b0", "b0",
             "--tls-cert-file", files.cert, "--tls-key-file", files.key,
-            "--connections-per-address-max", "32", "--frame-read-timeout-s", "1",
+            "--connections-per-address-max", "32", "--frame-read-timeout-s", "1", "--admin-port", "0",
         )
     )  # fmt: skip
     tls = ssl.create_default_context(cafile=files.ca)
+    canary = Canary(bookies[0].address, CANARY_LEDGER, tls=tls)
+    made: list[int] = []
+    done = asyncio.Event()
+    newcomers = asyncio.get_running_loop().create_task(_newcomers(canary, made, done))
     figures = await attack(
-        bookies,
-        Canary(bookies[0].address, CANARY_LEDGER, tls=tls),
-        "tls-stall",
-        "--connections", "96",
-        rounds=timing.rounds, slice_s=timing.slice_s,
-    )  # fmt: skip
+        bookies, canary, "tls-stall", "--connections", "96", rounds=timing.rounds, slice_s=timing.slice_s
+    )
+    done.set()
+    await asyncio.wait_for(newcomers, 60)
     attacker = figures.attacker
-    assert attacker["refused"] >= 64 - 8, attacker  # the ones over the limit, closed at once
-    assert attacker["closed"] >= 96, attacker  # the others too, at the handshake timeout
+    assert attacker["closed"] >= 32 - 8, attacker  # the handshakes, at their timeout
+    # The loops over the limit are held in the tarpit (as long as an attack phase lasts: they are
+    # dropped by the attacker's pause before their reset), not refused at once and back 50 ms later.
+    _, _, metrics = await http_get(*bookies[0].admin_address(), "/metrics")
+    tarpitted = _metric(metrics, "bookie_connections_tarpitted_total")
+    assert tarpitted >= 64 - 8, (tarpitted, attacker)
+    assert attacker["refused"] * 10 <= attacker["attempts"], attacker  # without the tarpit: 95 %
     figures.check(rss_growth_max=RSS_GROWTH_MAX, latency=timing.latency)
+
+
+def _metric(text: bytes, name: str) -> float:
+    for line in text.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name} in the metrics")
 
 
 # ------------------------------------------------------------------------------------------- item 7

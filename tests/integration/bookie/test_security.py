@@ -125,9 +125,10 @@ async def test_tls__client_with_the_ca_works__without_it_cannot_connect(
 async def test_tls__a_connection_over_the_per_address_limit_is_reset_before_any_tls(
     tmp_path: Path, server_files: CertFiles
 ) -> None:
-    """One connection per address: a second one from the same address is reset at accept (no TLS
-    alert, no handshake: a TLS client sees the reset), counted in the refusals metric, while the
-    first still completes its handshake and works."""
+    """One connection per address: a second one from the same address is refused at accept, held
+    unread in the tarpit, then reset (no TLS alert, no handshake: a TLS client sees the reset),
+    counted in the refusals and tarpit metrics, while the first still completes its handshake and
+    works."""
     tls = ("--tls-cert-file", server_files.cert, "--tls-key-file", server_files.key)
     proc = _start(tmp_path, *tls, "--connections-per-address-max", "1", "--admin-port", "0")
     try:
@@ -135,10 +136,12 @@ async def test_tls__a_connection_over_the_per_address_limit_is_reset_before_any_
         holder_reader, holder = await asyncio.open_connection(host, port)  # holds the one slot
         await asyncio.sleep(0.2)  # accepted and counted
         context = ssl.create_default_context(cafile=server_files.ca)
-        with pytest.raises(ConnectionError):  # reset at accept: never an SSL error of a handshake
-            await asyncio.wait_for(asyncio.open_connection(host, port, ssl=context), 5)
+        with pytest.raises(ConnectionResetError):  # held, then reset: never an SSL error
+            await asyncio.wait_for(asyncio.open_connection(host, port, ssl=context), 10)
         _, _, metrics = await http_get(*proc.admin_address(), "/metrics")
         assert b"bookie_connections_refused_total 1.0" in metrics, metrics
+        assert b"bookie_connections_tarpitted_total 1.0" in metrics, metrics
+        assert b"bookie_connections_held 0.0" in metrics, metrics  # reset: none held any more
         holder.close()
         await asyncio.sleep(0.2)  # its slot is given back
         await _add_and_read(ClientConfig(tls_enabled=True, tls_ca_file=server_files.ca), proc, 2)

@@ -5,6 +5,7 @@ dropped once full; refused connections counted and logged once a second."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from structlog.testing import capture_logs
@@ -83,3 +84,39 @@ async def test_refused_connections_are_counted_each_and_logged_once_per_interval
         {"connections_per_address_max": 999, "connections_max": 1},
         "connections_max",
     ]
+
+
+class Waiter:
+    def __init__(
+        self, name: str, budget: ErrorBudget, released: list[tuple[str, int]], done: asyncio.Event
+    ) -> None:
+        self.name = name
+        self.budget = budget
+        self.released = released
+        self.budget_done = done
+
+    def errors_paid(self) -> None:
+        self.released.append((self.name, self.budget.waiting(self.name[0])))
+        if len(self.released) == 4:
+            self.budget_done.set()
+
+
+async def test_waiting_connections_go_one_at_a_time_in_arrival_order() -> None:
+    """An address's connections waiting for its deficit are let go in the order they came, one per
+    turn of the budget's pacing, never together (together they came back as a burst: each is let
+    go while the ones behind it still wait); one that closes meanwhile leaves the queue; another
+    address has a queue of its own."""
+    budget = ErrorBudget(rate=200.0, burst=2.0, clock=time.monotonic)
+    for _ in range(4):
+        budget.charge("a")  # 2 in deficit: 10 ms to pay
+    released: list[tuple[str, int]] = []
+    done = asyncio.Event()
+    waiters = {name: Waiter(name, budget, released, done) for name in ("a1", "a2", "a3", "a4")}
+    for waiter in waiters.values():
+        budget.wait("a", waiter)
+    budget.wait("b", Waiter("b1", budget, released, done))  # not in deficit: let go at once
+    budget.unwait("a", waiters["a3"])
+    assert budget.waiting("a") == 3
+    await asyncio.wait_for(done.wait(), 10)
+    assert released == [("b1", 0), ("a1", 2), ("a2", 1), ("a4", 0)]
+    assert not budget._timers
