@@ -56,19 +56,27 @@ async def test_answers_a_client_does_not_read_are_bounded(tmp_path: Path) -> Non
         writer.close()
         assert bookie.proc is not None
         baseline = _rss_bytes(bookie.proc.pid)
-        attacker = await WireClient.connect(*bookie.address)
-        assert attacker.transport is not None
-        attacker.transport.pause_reading()  # asks for 300 MiB of answers and reads none
-        answers = [attacker.read(1, 0) for _ in range(300)]
+        # Two connections: reads of an entry in the page cache answer without yielding, so many
+        # could queue their answers within one turn of the loop, before the transport can say it
+        # is over its limit (two connections of 1,024 such reads once queued a GiB on one).
+        attackers = [await WireClient.connect(*bookie.address) for _ in range(2)]
+        answers = []
+        for attacker in attackers:
+            assert attacker.transport is not None
+            attacker.transport.pause_reading()  # asks for 300 MiB of answers and reads none
+            answers += [attacker.read(1, 0) for _ in range(300)]
         await asyncio.sleep(3)
         grown = _rss_bytes(bookie.proc.pid) - baseline
         assert grown < 64 * MIB, f"bookie RSS grew {grown / MIB:.0f} MiB for unread answers"
         await _canary(bookie, 2)
-        attacker.transport.resume_reading()  # once it reads, it gets every answer
+        for attacker in attackers:
+            assert attacker.transport is not None
+            attacker.transport.resume_reading()  # once it reads, it gets every answer
         done = await asyncio.wait_for(asyncio.gather(*answers), 60)
         assert {r.status for r in done} == {StatusCode.EOK}
         assert all(r.body == entry_body(1, 0, big) for r in done)
-        attacker.close()
+        for attacker in attackers:
+            attacker.close()
     finally:
         bookie.cleanup()
 
