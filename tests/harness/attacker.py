@@ -17,6 +17,10 @@ Kinds (each connection keeps ``--window`` requests in flight, new ones as answer
   with a junk key
 - ``no-auth``: connections that send a read without authenticating, again as soon as closed
 - ``tls-stall``: TCP connections to a TLS port that never start their handshake, again when closed
+- ``unread-reads``: reads of entry 0 of ``--ledger`` with the right key (``--key-hex``), whose
+  answers are never read (the connection's reading is paused from the start)
+- ``idle``: TCP connections that send nothing, again when closed (the ``tls-stall`` loop, plaintext)
+- ``garbage``: frames of ``--frame-kib`` KiB that are not msgpack (the bookie closes), again when closed
 - ``trailing`` / ``bad-utf8``: requests with bytes after the request, and HELLOs whose client
   name is not UTF-8 (docs/protocol.md §1: EBADREQ, the connection goes on)
 
@@ -99,6 +103,12 @@ def _requests(args: argparse.Namespace) -> Callable[[], Frame]:
         ]
         cycle = itertools.cycle(makes)
         return lambda: next(cycle)
+    if kind == "unread-reads":
+        lid, key = args.ledger, bytes.fromhex(args.key_hex)
+        return lambda: lambda rid: m.encode(m.ReadEntryRequest(rid, lid, 0, 0, key))
+    if kind == "garbage":
+        garbage = _frame(b"\xc1" * (args.frame_kib * 1024))  # not msgpack: no request id to answer
+        return lambda: lambda rid: garbage
     if kind == "trailing":
         return lambda: lambda rid: _frame(msgpack.packb([4, rid, 1]) + b"\x00" * 64)
     if kind == "bad-utf8":
@@ -141,7 +151,11 @@ def _status_name(status: int) -> str:
 class Flood(asyncio.Protocol):
     """One connection keeping ``window`` requests in flight."""
 
-    def __init__(self, next_request: Callable[[], Frame], window: int, tally: Tally) -> None:
+    def __init__(
+        self, next_request: Callable[[], Frame], window: int, tally: Tally, *, unread: bool = False
+    ) -> None:
+        self.unread = unread
+        """Never read the answers: the window is sent once, and left unanswered."""
         self.next_request = next_request
         self.window = window
         self.tally = tally
@@ -154,6 +168,8 @@ class Flood(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if self.unread:
+            transport.pause_reading()  # type: ignore[attr-defined]
         self._send(self.window)
 
     def _send(self, count: int) -> None:
@@ -164,6 +180,10 @@ class Flood(asyncio.Protocol):
         self.transport.write(b"".join(frames))
 
     def data_received(self, data: bytes) -> None:
+        if self.unread:  # uvloop reads once after connection_made, paused or not: ignore, pause again
+            assert self.transport is not None
+            self.transport.pause_reading()
+            return
         self.buf += data
         pos = 0
         got = 0
@@ -203,7 +223,7 @@ async def _flood(target: tuple[str, int], args: argparse.Namespace, tally: Tally
     while loop.time() < deadline:
         try:
             _, flood = await loop.create_connection(
-                lambda: Flood(next_request, args.window, tally),
+                lambda: Flood(next_request, args.window, tally, unread=args.kind == "unread-reads"),
                 *target,
                 ssl=_client_tls(args),
                 **_source(args),
@@ -301,7 +321,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + args.seconds
     tally = Tally()
-    worker = {"no-auth": _no_auth, "tls-stall": _tls_stall}.get(args.kind, _flood)
+    worker = {"no-auth": _no_auth, "tls-stall": _tls_stall, "idle": _tls_stall}.get(args.kind, _flood)
     targets = [(host, int(port)) for host, port in (t.rsplit(":", 1) for t in args.target)]
     tasks: list[asyncio.Task[None]] = []
     stopped = asyncio.Event()
@@ -348,6 +368,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--window", type=int, default=256, help="requests in flight per connection")
     ap.add_argument("--ids", default="1:100", help="squat: FIRST:COUNT")
     ap.add_argument("--ledger", type=int, default=1, help="wrong-key: the ledger attacked")
+    ap.add_argument("--key-hex", default="", help="unread-reads: the ledger's key, in hex")
+    ap.add_argument("--frame-kib", type=int, default=1024, help="garbage: the size of each frame")
     ap.add_argument("--tls-ca", default="", help="connect over TLS trusting this CA")
     ap.add_argument(
         "--source-host", default="", help="connect from this local address (127.0.0.2: another peer)"

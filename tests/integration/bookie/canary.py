@@ -126,6 +126,7 @@ class Canary:
         tls: ssl.SSLContext | None = None,
         token: str | None = None,
         rate: float = CANARY_RATE,
+        keepalive_s: float = 0.0,
     ) -> None:
         self.address = address
         self.ledger_id = ledger_id
@@ -135,12 +136,23 @@ class Canary:
         self.interval_s = 1.0 / rate
         self.next_entry = 0
         self.wire: WireClient | None = None
+        self.keepalive_s = keepalive_s
+        """Non-zero: a READ_LAC this often while connected, so that a bookie with a short
+        ``idle_timeout_s`` does not close the canary between its phases."""
+        self._keepalive: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         self.wire = await WireClient.connect(*self.address, tls=self.tls)
         if self.token is not None:
             answer = await asyncio.wait_for(self.wire.request(m.AuthRequest, "token", self.token.encode()), 5)
             assert (answer.status, answer.complete) == (StatusCode.EOK, 1), answer
+        if self.keepalive_s:
+            self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
+
+    async def _keep_alive(self) -> None:
+        while self.wire is not None and not self.wire.closed.done():
+            await asyncio.wait_for(self.wire.read_lac(self.ledger_id, key=self.key), 10)
+            await asyncio.sleep(self.keepalive_s)
 
     async def run(self, seconds: float) -> Phase:
         """Adds every ``interval_s`` for ``seconds`` (each on its own: a slow answer does not
@@ -197,6 +209,8 @@ class Canary:
         return problems
 
     def close(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
         if self.wire is not None:
             self.wire.close()
 

@@ -1,10 +1,10 @@
-"""Issue 20's attacks 2, 3, 6 and 7, each beside a canary (tests/integration/bookie/canary.py):
+"""Issue 20's attacks 1 to 7, each beside a canary (tests/integration/bookie/canary.py):
 the attack is refused or bounded, the bookie's RSS grows by at most :data:`RSS_GROWTH_MAX`, the
 canary's ledger never fails, and — in the ``p99`` variants, marked ``slow`` (timing on a loaded
 2-core machine must not make ``make test`` flaky) — the canary's p99 beside the attack is within
 2x of its own baseline measured just before. The attacker is a process of its own
-(tests/harness/attacker.py). Attacks 1, 4 and 5: test_resource_limits.py; their figures and these:
-docs/security.md, *Attacks measured*.
+(tests/harness/attacker.py). Attacks 1, 4 and 5 are also tested one step at a time in
+test_resource_limits.py. The figures: docs/security.md, *Attacks measured*.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from tests.harness.etcd import EtcdCluster
 from tests.harness.tls import issue
 
 from .canary import MIB, Canary, Figures, attack
-from .wire import WireClient, entry_body, known_ledgers
+from .wire import KEY, WireClient, entry_body, known_ledgers
 
 RSS_GROWTH_MAX = 64 * MIB
 """The bound on the bookie's RSS growth during any of these attacks (docs/security.md)."""
@@ -142,6 +142,40 @@ async def _newcomers(canary: Canary, made: list[int], done: asyncio.Event) -> No
         await asyncio.sleep(0.2)
 
 
+# ------------------------------------------------------------------------------------------- item 1
+BIG_LEDGER = CANARY_LEDGER + 1
+
+
+@pytest.mark.parametrize("timing", TIMINGS)
+async def test_item1_answers_never_read_are_bounded(
+    tmp_path: Path, bookies: list[BookieProcess], timing: Timing
+) -> None:
+    """2 connections x 1,024 reads of a 1 MiB entry (with its key: reads are allowed), answers never
+    read, on a bookie holding 2 MiB of unread answers per connection with 4 reads of each holding
+    an entry: a connection's unread answers cost at most about twice the first plus the second
+    (docs/bookie.md, *Bounded resources*), so the bookie's RSS grows by less than
+    :data:`RSS_GROWTH_MAX` (the issue: 57 MB -> 5.8 GB in 10 s); the canary writes on."""
+    limits = ("--answer-bytes-buffered-max", str(2 * MIB), "--reads-in-flight-per-connection-max", "4")
+    bookies.append(_start(tmp_path / "b0", "b0", *limits))
+    wire = await WireClient.connect(*bookies[0].address)
+    try:
+        added = await asyncio.wait_for(wire.add(BIG_LEDGER, 0, b"B" * MIB), 10)
+        assert added.status == StatusCode.EOK, added
+    finally:
+        wire.close()
+    figures = await attack(
+        bookies,
+        Canary(bookies[0].address, CANARY_LEDGER),
+        "unread-reads",
+        "--ledger", str(BIG_LEDGER), "--key-hex", KEY.hex(), "--connections", "2", "--window", "1024",
+        rounds=timing.rounds, slice_s=timing.slice_s,
+    )  # fmt: skip
+    attacker = figures.attacker
+    assert attacker["sent"] >= 2 * 1024, attacker  # every attack phase sends its whole window again
+    assert attacker["closed"] == 0, attacker  # not a refusal: held, not read
+    figures.check(rss_growth_max=RSS_GROWTH_MAX, latency=timing.latency)
+
+
 # ------------------------------------------------------------------------------------------- item 2
 @pytest.mark.etcd
 @pytest.mark.parametrize("timing", TIMINGS)
@@ -209,6 +243,59 @@ async def test_item3_squatting_the_next_ids_does_not_stop_new_ledgers(
     answers = figures.attacker["answers"]
     assert set(answers) == {"EUA"}, figures.attacker
     _refusals_bounded(figures, bookies=3, in_flight=2 * 64)
+    figures.check(rss_growth_max=RSS_GROWTH_MAX, latency=timing.latency)
+
+
+# ------------------------------------------------------------------------------------------- item 4
+@pytest.mark.parametrize("timing", TIMINGS)
+async def test_item4_idle_connections_are_closed_and_lock_nobody_out(
+    tmp_path: Path, bookies: list[BookieProcess], timing: Timing
+) -> None:
+    """A bookie closing connections idle for 1 s and allowing 48 per address; 64 connections from
+    one other address that send nothing, again when closed: each is closed when idle (the 48 the
+    address may hold) or refused at accept (the other 16, again every 50 ms); the canary (kept
+    alive between its phases by a LAC read every 0.3 s) writes on, and new clients from its
+    address connect and write all along."""
+    bookies.append(
+        _start(tmp_path / "b0", "b0", "--idle-timeout-s", "1", "--connections-per-address-max", "48")
+    )
+    canary = Canary(bookies[0].address, CANARY_LEDGER, keepalive_s=0.3)
+    made: list[int] = []
+    done = asyncio.Event()
+    newcomers = asyncio.get_running_loop().create_task(_newcomers(canary, made, done))
+    figures = await attack(
+        bookies, canary, "idle", "--connections", "64", rounds=timing.rounds, slice_s=timing.slice_s
+    )
+    done.set()
+    await asyncio.wait_for(newcomers, 60)
+    attacker = figures.attacker
+    assert attacker["closed"] >= 48 - 8, attacker  # the idle ones, at the timeout (8: cut by a pause)
+    figures.check(rss_growth_max=RSS_GROWTH_MAX, latency=timing.latency)
+
+
+# ------------------------------------------------------------------------------------------- item 5
+@pytest.mark.parametrize("timing", TIMINGS)
+async def test_item5_bad_frames_do_not_flood_the_log(
+    tmp_path: Path, bookies: list[BookieProcess], timing: Timing
+) -> None:
+    """2 connections sending 1 MiB frames that are not msgpack (no request id: the bookie closes),
+    again as soon as closed: the bookie's log grows by less than 64 KiB (the issue: one 5 MiB
+    frame made a 26 MB line, 40 of them 393 MB in 3.6 s), the refusals are budgeted (a closed
+    connection's bad frame is charged like an answer), the canary writes on."""
+    bookies.append(_start(tmp_path / "b0", "b0"))
+    log_before = bookies[0].log_path.stat().st_size
+    figures = await attack(
+        bookies,
+        Canary(bookies[0].address, CANARY_LEDGER),
+        "garbage",
+        "--connections", "2", "--window", "1", "--frame-kib", "1024",
+        rounds=timing.rounds, slice_s=timing.slice_s,
+    )  # fmt: skip
+    attacker = figures.attacker
+    assert attacker["closed"] >= 10, attacker
+    bound = REFUSALS_PER_S * (10 + attacker["seconds"]) + 2
+    assert attacker["closed"] <= bound, attacker  # one refusal each: within the address's budget
+    assert bookies[0].log_path.stat().st_size - log_before < 64 * 1024
     figures.check(rss_growth_max=RSS_GROWTH_MAX, latency=timing.latency)
 
 
