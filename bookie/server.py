@@ -147,9 +147,9 @@ class BookieServer:
         self._tls_tasks: set[asyncio.Task[None]] = set()
         """With TLS: the handshakes under way."""
         self._listening: list[socket.socket] = []
+        """With TLS: the listening sockets our accept reads (:meth:`_accept_tls`)."""
         self.tarpit = Tarpit()
         """With TLS: connections over ``connections_per_address_max``, held unread, then reset."""
-        """With TLS: the listening sockets our accept reads (:meth:`_accept_tls`)."""
         self.address: tuple[str, int] | None = None
         self.ready = False
         """Listening, and registered when there is a registration; False again once closing."""
@@ -313,8 +313,10 @@ class BookieServer:
     ) -> None:
         """Accept what waits on ``listening`` (at most :data:`ACCEPTS_PER_WAKEUP`), count each
         connection (per address, ``connections_max``), then hand it to its handshake. One over a
-        limit is reset at once, before any TLS work or any object of ours: a flood of refused
-        connections costs an accept and a close each (docs/benchmarks.md, *Refused connections*)."""
+        limit gets no TLS work nor any object of ours: over ``connections_per_address_max`` it is
+        held in the :class:`~bookie.tarpit.Tarpit` (a peer reconnecting as soon as it is refused
+        does so at the tarpit's pace), else, or when the tarpit is full, reset at once (an accept
+        and a close: docs/benchmarks.md, *Refused connections*)."""
         limits, processor = self._limits, self.processor
         assert processor is not None
         for _ in range(ACCEPTS_PER_WAKEUP):
@@ -359,7 +361,8 @@ class BookieServer:
         context: ssl.SSLContext,
     ) -> None:
         """One TLS handshake, within ``frame_read_timeout_s``; it starts once the peer's address is
-        out of error-budget deficit (:class:`~bookie.connection_handler.ErrorBudget`). Then the
+        out of error-budget deficit and its turn comes (:meth:`ErrorBudget.turn
+        <bookie.budgets.ErrorBudget.turn>`: one at a time). Then the
         connection is served (``connection_made``); a failure gives its slot back."""
         try:
             try:

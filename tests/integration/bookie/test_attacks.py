@@ -20,7 +20,7 @@ import pytest
 import trustme
 
 import metadata
-from bookie.connection_handler import LOG_LINES_BURST, LOG_LINES_PER_S
+from bookie.budgets import LOG_LINES_BURST, LOG_LINES_PER_S
 from bookkeeper_aio import BookKeeper, ClientConfig
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode

@@ -10,8 +10,8 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
-from bookie import connection_handler
-from bookie.connection_handler import ErrorBudget, LogLines, Refusals
+from bookie import budgets
+from bookie.budgets import ErrorBudget, LogLines, Refusals
 
 
 class Clock:
@@ -70,7 +70,7 @@ def test_log_lines_are_rate_limited_and_the_dropped_counted() -> None:
 async def test_refused_connections_are_counted_each_and_logged_once_per_interval(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(connection_handler, "REFUSALS_LOG_INTERVAL_S", 0.01)
+    monkeypatch.setattr(budgets, "REFUSALS_LOG_INTERVAL_S", 0.01)
     refusals = Refusals()
     with capture_logs() as logs:
         for _ in range(1000):  # a flood at accept: one line now, the rest as one count
