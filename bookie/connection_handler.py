@@ -61,6 +61,7 @@ from bookie.budgets import (
     LogLines,
     Refusals,
 )
+from bookie.tarpit import Tarpit
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import OpCode, StatusCode
 from bookkeeper_aio.protocol.errors import ProtocolError
@@ -114,6 +115,7 @@ class ConnectionLimits:
         "per_address",
         "reads_in_flight_max",
         "refusals",
+        "tarpit",
     )
 
     def __init__(
@@ -151,6 +153,8 @@ class ConnectionLimits:
         """Refusals per peer address (rate 0: not budgeted)."""
         self.log_lines = LogLines(LOG_LINES_PER_S, LOG_LINES_BURST, clock)
         self.refusals = Refusals()
+        self.tarpit = Tarpit()
+        """Connections over ``connections_per_address_max``, held unread, then reset."""
 
     def admits(self, address: str) -> bool:
         """Whether ``address`` may have one more connection (``connections_per_address_max``);
@@ -239,7 +243,7 @@ class ServerConnection(asyncio.Protocol):
         the others; a plaintext one from :meth:`connection_made`."""
         self.peer = str(peername)
         limits = self._limits
-        address = str(peername[0]) if isinstance(peername, tuple) and peername else self.peer
+        address = _address_of(peername, self.peer)
         if not limits.admits(address):
             self.closed = self.halted = True
             return False
@@ -260,8 +264,10 @@ class ServerConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         stream = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        if self._address is None and not self.reserve(stream.get_extra_info("peername")):
-            stream.abort()
+        if self._address is None and not self.reserve(peername := stream.get_extra_info("peername")):
+            stream.pause_reading()  # held unread in the tarpit, so a reconnect loop runs at its pace
+            if not self._limits.tarpit.hold(_address_of(peername, self.peer), stream.abort):
+                stream.abort()
             return
         sock = stream.get_extra_info("socket")
         if sock is not None:
@@ -717,3 +723,8 @@ class ServerConnection(asyncio.Protocol):
         if self._transport is not None:
             self.closed = self.halted = True
             self._transport.abort()
+
+
+def _address_of(peername: Any, peer: str) -> str:
+    """The address part of a peer name (what per-address limits count)."""
+    return str(peername[0]) if isinstance(peername, tuple) and peername else peer

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import os
 import socket
 import ssl
@@ -51,7 +52,7 @@ from bookie.metrics import DiskStatus, Snapshot, probe_disk, snapshot
 from bookie.mode import Mode, ModeMachine
 from bookie.processor import Processor
 from bookie.storage import Storage
-from bookie.tarpit import Tarpit, reset
+from bookie.tarpit import reset
 from bookie.threads import OS_THREADS, Threads
 from bookkeeper_aio.common.clock import SYSTEM_CLOCK, Clock
 
@@ -148,8 +149,8 @@ class BookieServer:
         """With TLS: the handshakes under way."""
         self._listening: list[socket.socket] = []
         """With TLS: the listening sockets our accept reads (:meth:`_accept_tls`)."""
-        self.tarpit = Tarpit()
-        """With TLS: connections over ``connections_per_address_max``, held unread, then reset."""
+        self.tarpit = self._limits.tarpit
+        """Connections over ``connections_per_address_max``, held unread, then reset."""
         self.address: tuple[str, int] | None = None
         self.ready = False
         """Listening, and registered when there is a registration; False again once closing."""
@@ -335,7 +336,7 @@ class BookieServer:
                 reset(sock)
                 continue
             if not limits.admits(peer[0]):
-                if not self.tarpit.hold(sock, peer[0]):  # its reconnect loop at the tarpit's pace
+                if not self.tarpit.hold(peer[0], functools.partial(reset, sock)):  # at the tarpit's pace
                     reset(sock)
                 continue
             conn = ServerConnection(processor, limits, self._connections)

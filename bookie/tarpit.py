@@ -29,6 +29,7 @@ import contextlib
 import socket
 import struct
 from collections import Counter, deque
+from collections.abc import Callable
 
 HOLD_S = 2.0
 """How long a refused connection is held before its reset. Longer holds slow a reconnect loop
@@ -52,7 +53,7 @@ _LINGER_RESET = struct.pack("ii", 1, 0)
 
 
 class Tarpit:
-    """Refused sockets held unread for ``hold_s``, then reset (the module doc)."""
+    """Refused connections held unread for ``hold_s``, then reset (the module doc)."""
 
     __slots__ = ("_held", "_per_address", "_timer", "held_total", "hold_s", "per_address_max", "total_max")
 
@@ -62,7 +63,7 @@ class Tarpit:
         self.hold_s = hold_s
         self.per_address_max = per_address_max
         self.total_max = total_max
-        self._held: deque[tuple[float, socket.socket, str]] = deque()  # (reset at, socket, address)
+        self._held: deque[tuple[float, Callable[[], None], str]] = deque()  # (reset at, reset, address)
         self._per_address: Counter[str] = Counter()
         self._timer: asyncio.Handle | None = None
         self.held_total = 0
@@ -73,13 +74,14 @@ class Tarpit:
         """Connections held now."""
         return len(self._held)
 
-    def hold(self, sock: socket.socket, address: str) -> bool:
-        """Hold ``sock`` (accepted from ``address`` and refused) until its reset; False: the tarpit
-        is full for that address or in total, and the caller resets it at once."""
+    def hold(self, address: str, reset_now: Callable[[], None]) -> bool:
+        """Hold a connection accepted from ``address`` and refused, until ``reset_now`` is called
+        (a raw socket's :func:`reset`, a transport's ``abort``); False: the tarpit is full for that
+        address or in total, and the caller resets it at once."""
         if len(self._held) >= self.total_max or self._per_address[address] >= self.per_address_max:
             return False
         loop = asyncio.get_running_loop()
-        self._held.append((loop.time() + self.hold_s, sock, address))
+        self._held.append((loop.time() + self.hold_s, reset_now, address))
         self._per_address[address] += 1
         self.held_total += 1
         if self._timer is None:
@@ -96,9 +98,9 @@ class Tarpit:
         for _ in range(RESETS_PER_TURN):
             if not held or held[0][0] > now:
                 break
-            _, sock, address = held.popleft()
+            _, reset_now, address = held.popleft()
             self._release(address)
-            reset(sock)
+            reset_now()
         if not held:
             return
         if held[0][0] <= now:
@@ -120,5 +122,5 @@ class Tarpit:
             self._timer = None
         held, self._held = self._held, deque()
         self._per_address.clear()
-        for _, sock, _address in held:
-            reset(sock)
+        for _, reset_now, _address in held:
+            reset_now()

@@ -112,7 +112,10 @@ async def test_one_address_cannot_take_every_connection(tmp_path: Path) -> None:
                 StatusCode.ENOLEDGER,
             }
         third = await WireClient.connect(*bookie.address)
-        await asyncio.wait_for(asyncio.shield(third.closed), 3)  # refused at once
+        unanswered = third.read_lac(1)  # refused: held unread in the tarpit, then closed
+        await asyncio.wait_for(asyncio.shield(third.closed), 10)
+        with pytest.raises(ConnectionError):
+            await unanswered
         first.close()
         await asyncio.sleep(0.2)
         await _canary(bookie, 4)  # a slot is free again

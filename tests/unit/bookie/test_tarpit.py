@@ -5,12 +5,13 @@ caller resets at once), and closing the tarpit resets everything held at once.""
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 from collections.abc import Iterator
 
 import pytest
 
-from bookie.tarpit import Tarpit
+from bookie.tarpit import Tarpit, reset
 
 
 @pytest.fixture
@@ -46,7 +47,7 @@ async def test_held_connections_are_reset_after_the_hold_in_order(listener: sock
     tarpit = Tarpit(hold_s=0.2, per_address_max=8, total_max=8)
     pairs = [_pair(listener) for _ in range(3)]
     for _, server in pairs:
-        assert tarpit.hold(server, "10.0.0.1")
+        assert tarpit.hold("10.0.0.1", functools.partial(reset, server))
     assert tarpit.held == tarpit.held_total == 3
     assert await _outcome(pairs[0][0], timeout_s=0.05) == "open"  # held, unread, not closed yet
     assert [await _outcome(client) for client, _ in pairs] == ["reset"] * 3
@@ -59,13 +60,16 @@ async def test_held_connections_are_reset_after_the_hold_in_order(listener: sock
 async def test_bounds_per_address_and_in_total(listener: socket.socket) -> None:
     tarpit = Tarpit(hold_s=10.0, per_address_max=2, total_max=3)
     pairs = [_pair(listener) for _ in range(5)]
-    held = [tarpit.hold(server, address) for (_, server), address in zip(pairs, "aaabb", strict=True)]
+    held = [
+        tarpit.hold(address, functools.partial(reset, server))
+        for (_, server), address in zip(pairs, "aaabb", strict=True)
+    ]
     assert held == [True, True, False, True, False]  # a's third: its bound; b's second: the total
     assert tarpit.held == 3
     tarpit.close()  # the server stops: everything held is reset at once
     assert [await _outcome(pairs[i][0]) for i in (0, 1, 3)] == ["reset"] * 3
     assert tarpit.held == 0
-    assert tarpit.hold(pairs[2][1], "a")  # room again
+    assert tarpit.hold("a", functools.partial(reset, pairs[2][1]))  # room again
     tarpit.close()
     for client, server in pairs:
         client.close()
