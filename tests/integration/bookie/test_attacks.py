@@ -143,6 +143,21 @@ async def _newcomers(canary: Canary, made: list[int], done: asyncio.Event) -> No
         await asyncio.sleep(0.2)
 
 
+async def _attack_beside_newcomers(
+    bookies: list[BookieProcess], canary: Canary, kind: str, connections: int, timing: Timing
+) -> Figures:
+    """``attack(...)`` with `_newcomers` connecting from the canary's address all along."""
+    made: list[int] = []
+    done = asyncio.Event()
+    newcomers = asyncio.get_running_loop().create_task(_newcomers(canary, made, done))
+    figures = await attack(
+        bookies, canary, kind, "--connections", str(connections), rounds=timing.rounds, slice_s=timing.slice_s
+    )
+    done.set()
+    await asyncio.wait_for(newcomers, 60)
+    return figures
+
+
 # ------------------------------------------------------------------------------------------- item 1
 BIG_LEDGER = CANARY_LEDGER + 1
 
@@ -261,14 +276,7 @@ async def test_item4_idle_connections_are_closed_and_lock_nobody_out(
         _start(tmp_path / "b0", "b0", "--idle-timeout-s", "1", "--connections-per-address-max", "48")
     )
     canary = Canary(bookies[0].address, CANARY_LEDGER, keepalive_s=0.3)
-    made: list[int] = []
-    done = asyncio.Event()
-    newcomers = asyncio.get_running_loop().create_task(_newcomers(canary, made, done))
-    figures = await attack(
-        bookies, canary, "idle", "--connections", "64", rounds=timing.rounds, slice_s=timing.slice_s
-    )
-    done.set()
-    await asyncio.wait_for(newcomers, 60)
+    figures = await _attack_beside_newcomers(bookies, canary, "idle", 64, timing)
     attacker = figures.attacker
     assert attacker["closed"] >= 48 - 8, attacker  # the idle ones, at the timeout (8: cut by a pause)
     # The 16 over the limit are held in the tarpit, not refused at once and back 50 ms later
@@ -343,14 +351,7 @@ async def test_item6_unauthenticated_clients_get_eua_and_are_closed(
     auth = ("--auth-providers", "token", "--auth-token-file", str(tokens))
     bookies.append(_start(tmp_path / "b0", "b0", *auth))
     canary = Canary(bookies[0].address, CANARY_LEDGER, token="canary-token")
-    made: list[int] = []
-    done = asyncio.Event()
-    newcomers = asyncio.get_running_loop().create_task(_newcomers(canary, made, done))
-    figures = await attack(
-        bookies, canary, "no-auth", "--connections", "16", rounds=timing.rounds, slice_s=timing.slice_s
-    )
-    done.set()
-    await asyncio.wait_for(newcomers, 60)
+    figures = await _attack_beside_newcomers(bookies, canary, "no-auth", 16, timing)
     attacker = figures.attacker
     assert set(attacker["answers"]) == {"EUA"}, attacker
     assert attacker["answers"]["EUA"] > 0, attacker
@@ -381,14 +382,7 @@ async def test_item6_a_tls_handshake_flood_from_one_address_does_not_lock_others
     )  # fmt: skip
     tls = ssl.create_default_context(cafile=files.ca)
     canary = Canary(bookies[0].address, CANARY_LEDGER, tls=tls)
-    made: list[int] = []
-    done = asyncio.Event()
-    newcomers = asyncio.get_running_loop().create_task(_newcomers(canary, made, done))
-    figures = await attack(
-        bookies, canary, "tls-stall", "--connections", "96", rounds=timing.rounds, slice_s=timing.slice_s
-    )
-    done.set()
-    await asyncio.wait_for(newcomers, 60)
+    figures = await _attack_beside_newcomers(bookies, canary, "tls-stall", 96, timing)
     attacker = figures.attacker
     assert attacker["closed"] >= 32 - 8, attacker  # the handshakes, at their timeout
     # The loops over the limit are held in the tarpit (as long as an attack phase lasts: they are
