@@ -378,12 +378,13 @@ class ServerConnection(asyncio.Protocol):
             return
         self._idle_timer = self._loop.call_later(timeout / 2, self._on_idle_check)
 
-    def charge_error(self, status: int) -> None:
+    def charge_error(self, status: int, cost: float = 1.0) -> None:
         """An answer of ``status`` was sent: a budgeted one (:data:`BUDGETED_STATUSES`) is charged
-        to this peer address; in deficit, this connection stops being read until it is paid."""
+        (``cost`` refusals) to this peer address; in deficit, this connection stops being read
+        until it is paid."""
         if status not in BUDGETED_STATUSES or self._address is None:
             return
-        wait_s = self._limits.errors.charge(self._address)
+        wait_s = self._limits.errors.charge(self._address, cost)
         if wait_s > 0 and not self._paused_by_errors:
             self._throttle()
 

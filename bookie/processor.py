@@ -35,6 +35,7 @@ from typing import Any
 
 import structlog
 
+from bookie.budgets import REFUSED_BYTES_PER_CHARGE
 from bookie.connection_handler import ServerConnection, ServerLoad
 from bookie.journal import JournalError
 from bookie.ledger_keys import KeyRefused, NotOpen
@@ -269,7 +270,7 @@ class Processor:
         try:
             request = m.decode_request(body)
         except ProtocolError as exc:
-            self._bad_frame(conn, exc)
+            self._bad_frame(conn, exc, len(body))
             return
         finally:
             body.release()
@@ -347,19 +348,21 @@ class Processor:
         if not conn.closed:
             self._handle(conn, request)
 
-    def count_error(self, status: int, conn: ServerConnection | None = None) -> None:
-        """Count one error response (not on the success path); with ``conn``, charge it to the
-        connection's peer address (:meth:`ServerConnection.charge_error`: refusals are budgeted)."""
+    def count_error(self, status: int, conn: ServerConnection | None = None, cost: float = 1.0) -> None:
+        """Count one error response (not on the success path); with ``conn``, charge it (``cost``
+        refusals) to the connection's peer address (:meth:`ServerConnection.charge_error`: refusals
+        are budgeted)."""
         self.errors[status] = self.errors.get(status, 0) + 1
         if conn is not None:
-            conn.charge_error(status)
+            conn.charge_error(status, cost)
 
     def long_poll_waiters(self) -> int:
         """Long-poll reads parked on this bookie (at scrape time: O(connections))."""
         return sum(len(waiters) for waiters in self._waiters.values())
 
-    def _bad_frame(self, conn: ServerConnection, exc: ProtocolError) -> None:
-        self.count_error(StatusCode.EBADREQ, conn)
+    def _bad_frame(self, conn: ServerConnection, exc: ProtocolError, size: int = 0) -> None:
+        """Answer (or close on) a frame that does not decode, charged by its ``size``."""
+        self.count_error(StatusCode.EBADREQ, conn, max(1.0, size / REFUSED_BYTES_PER_CHARGE))
         if exc.request_id is None:
             conn.warn("connection.bad_frame", error=str(exc))
             conn.complete(None, None)

@@ -40,6 +40,14 @@ def test_a_burst_then_the_rate_then_waits_bounded_by_the_floor() -> None:
     assert budget.charge("a") == 0.0  # refilled: a burst is allowed again
 
 
+def test_a_large_refused_frame_costs_one_refusal_per_64_kib() -> None:
+    clock = Clock()
+    budget = ErrorBudget(rate=10.0, burst=100.0, clock=clock)
+    cost = (1024 * 1024) / budgets.REFUSED_BYTES_PER_CHARGE  # a 1 MiB frame of garbage: 16
+    assert [budget.charge("a", cost) for _ in range(6)] == [0.0] * 6  # 96 of the burst
+    assert budget.charge("a", cost) == pytest.approx(1.2)  # 12 in deficit at 10/s
+
+
 def test_buckets_are_dropped_only_when_full_again() -> None:
     clock = Clock()
     budget = ErrorBudget(rate=10.0, burst=100.0, clock=clock)
