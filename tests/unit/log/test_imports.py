@@ -25,7 +25,7 @@ from metadata.errors import CasResultUnknown
 from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogMetadata
 from tests.unit.client.conftest import ROOT
-from tests.unit.log.test_writer_races import world
+from tests.unit.log.fakes import world
 
 
 async def _ledger(bk: BookKeeper, after: int, payload: bytes) -> int:

@@ -5,9 +5,7 @@ a following reader, repairs of lost CLOSED marks, delete_log against a rolling w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import random
 from collections.abc import AsyncIterator
 
 import pytest
@@ -15,10 +13,8 @@ import pytest
 from bookkeeper_aio import (
     BKInterfaceError,
     BookKeeper,
-    ClientConfig,
     LogPosition,
     LogTruncated,
-    RandomPlacement,
     append_ledgers,
     delete_log,
     describe_log,
@@ -27,43 +23,13 @@ from bookkeeper_aio import (
     open_log_writer,
     truncate_log,
 )
-from bookkeeper_aio.client.context import StaticDirectory
 from bookkeeper_aio.log import admin
 from bookkeeper_aio.log import writer as writer_module
 from metadata.errors import CasResultUnknown, MetadataUnavailable
-from metadata.ledger_manager import LedgerManager
 from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogMetadata
-from metadata.memory import MemoryStore
-from tests.harness.fake_bookie import FakeCluster
 from tests.unit.client.conftest import FAST, ROOT
-
-
-@dataclasses.dataclass
-class World:
-    store: MemoryStore
-    clients: list[BookKeeper]
-
-
-@contextlib.asynccontextmanager
-async def world(config: ClientConfig = FAST, clients: int = 2) -> AsyncIterator[World]:
-    async with FakeCluster(4, add_acks=True) as cluster:
-        store = MemoryStore()
-        made = [
-            BookKeeper(
-                LedgerManager(store, ROOT, rng=random.Random(i)),
-                StaticDirectory(cluster.ids),
-                config=config,
-                placement=RandomPlacement(random.Random(7 + i)),
-            )
-            for i in range(clients)
-        ]
-        try:
-            yield World(store, made)
-        finally:
-            for client in made:
-                with contextlib.suppress(Exception):
-                    await client.close()
+from tests.unit.log.fakes import world
 
 
 async def _exists(bk: BookKeeper, ledger_id: int) -> bool:

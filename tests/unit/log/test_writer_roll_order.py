@@ -5,47 +5,21 @@ once sent stops the writer, so no record ever follows one that may be missing.""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import random
-from collections.abc import AsyncIterator
 
 import pytest
 
 from bookkeeper_aio import (
     BKError,
-    BookKeeper,
     LogFenced,
     LogPosition,
-    RandomPlacement,
     open_log_reader,
     open_log_writer,
 )
 from bookkeeper_aio.client.context import StaticDirectory
 from bookkeeper_aio.log.writer import LogWriter
 from bookkeeper_aio.protocol import messages as m
-from metadata.ledger_manager import LedgerManager
-from metadata.memory import MemoryStore
 from tests.harness.fake_bookie import FakeCluster, Reply
-from tests.unit.client.conftest import FAST, ROOT
-
-
-@contextlib.asynccontextmanager
-async def clients(cluster: FakeCluster, store: MemoryStore) -> AsyncIterator[tuple[BookKeeper, BookKeeper]]:
-    made = [
-        BookKeeper(
-            LedgerManager(store, ROOT, rng=random.Random(i)),
-            StaticDirectory(cluster.ids),
-            config=FAST,
-            placement=RandomPlacement(random.Random(7 + i)),
-        )
-        for i in range(2)
-    ]
-    try:
-        yield made[0], made[1]
-    finally:
-        for bk in made:
-            with contextlib.suppress(Exception):
-                await bk.close()
+from tests.unit.log.fakes import world
 
 
 def _script(cluster: FakeCluster, ledger_id: int, entry_id: int, reply: Reply) -> None:
@@ -71,7 +45,8 @@ async def _listed(writer: LogWriter, old: int) -> None:
 
 
 async def test_the_new_ledger_is_written_only_once_the_old_one_drained() -> None:
-    async with FakeCluster(4, add_acks=True) as cluster, clients(cluster, MemoryStore()) as (bk, _):
+    async with world(clients=1) as w:
+        cluster, (bk,) = w.cluster, w.clients
         writer = await open_log_writer(bk, "ordered")
         for i in range(4):
             await writer.append(b"a%d" % i)
@@ -106,7 +81,8 @@ async def test_the_new_ledger_is_written_only_once_the_old_one_drained() -> None
 async def test_an_append_that_failed_before_the_switch_stops_the_writer() -> None:
     """Sequence 5 is lost in the old ledger (its bookies time out, none can replace them): the
     writer stops, sequence 6 is never written after it, and a new writer takes the retry of 5."""
-    async with FakeCluster(4, add_acks=True) as cluster, clients(cluster, MemoryStore()) as (bk, other):
+    async with world() as w:
+        cluster, (bk, other) = w.cluster, w.clients
         writer = await open_log_writer(bk, "sequenced", sequenced=True)
         for sequence in range(1, 5):
             await writer.append(b"r%d" % sequence, sequence=sequence)

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import AsyncIterator
 
 import pytest
 
-from bookkeeper_aio import BookKeeper, CommitTokenReused, RandomPlacement, describe_log, open_log_writer
-from bookkeeper_aio.client.context import StaticDirectory
+from bookkeeper_aio import BookKeeper, CommitTokenReused, describe_log, open_log_writer
 from bookkeeper_aio.spark import stream_writer
 from bookkeeper_aio.spark import writer as spark_writer
 from bookkeeper_aio.spark.options import SparkOptionError
@@ -19,26 +17,13 @@ from bookkeeper_aio.spark.plan import EntryRange
 from bookkeeper_aio.spark.reader import ReadSpec, _entries
 from bookkeeper_aio.spark.writer import WriteSpec
 from metadata.errors import MetadataUnavailable
-from metadata.ledger_manager import LedgerManager
-from metadata.memory import MemoryStore
-from tests.harness.fake_bookie import FakeCluster
-from tests.unit.client.conftest import FAST, ROOT
+from tests.unit.log.fakes import world
 
 
 @contextlib.asynccontextmanager
 async def client() -> AsyncIterator[BookKeeper]:
-    async with FakeCluster(4, add_acks=True) as cluster:
-        bk = BookKeeper(
-            LedgerManager(MemoryStore(), ROOT, rng=random.Random(0)),
-            StaticDirectory(cluster.ids),
-            config=FAST,
-            placement=RandomPlacement(random.Random(7)),
-        )
-        try:
-            yield bk
-        finally:
-            with contextlib.suppress(Exception):
-                await bk.close()
+    async with world(clients=1) as w:
+        yield w.clients[0]
 
 
 async def _read(bk: BookKeeper, entries: EntryRange, sequenced: bool) -> list[tuple[int, bytes]]:
