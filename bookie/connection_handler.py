@@ -18,7 +18,9 @@ An ``asyncio.Protocol`` (3x cheaper than streams here, docs/internals.md §6). R
   that asks for large entries and never reads the answers holds at most that buffer plus that many
   entries, not one entry per request.
 - A connection with nothing in flight and nothing buffered for ``idle_timeout_s`` is closed (one
-  timer per connection, re-armed every half timeout: nothing per request); one peer address holds
+  timer per connection, re-armed every half timeout: nothing per request; each connection's first
+  check is spread over that half, so connections made together are not closed — and their clients
+  do not reconnect — all in one loop turn); one peer address holds
   at most ``connections_per_address_max`` connections, so it cannot lock others out.
 - Answers honest clients do not get in numbers (EUA, EBADREQ, ETOOMANYREQUESTS: a wrong key, a
   bad request, a refused flood) are budgeted per peer address (:class:`ErrorBudget`): while the
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import socket
 import struct
 import time
@@ -108,6 +111,7 @@ class ConnectionLimits:
         "errors",
         "frame_bytes_max",
         "frame_read_timeout_s",
+        "idle_spread",
         "idle_timeout_s",
         "in_flight_max",
         "load",
@@ -142,6 +146,9 @@ class ConnectionLimits:
         self.reads_in_flight_max = reads_in_flight_max
         self.idle_timeout_s = idle_timeout_s
         """0: never close an idle connection."""
+        self.idle_spread = itertools.count()
+        """Connections established so far: the n-th's first idle check comes after ``timeout / 2 *
+        (1 + frac(n * golden ratio))``, evenly spread whatever the order, the same run after run."""
         self.connections_per_address_max = connections_per_address_max
         self.per_address: Counter[str] = Counter()
         self.auth_providers: dict[str, BookieAuthProvider] = dict(auth_providers or {})
@@ -164,6 +171,8 @@ class ConnectionLimits:
         self.refusals.note("connections_per_address_max", self.connections_per_address_max, address)
         return False
 
+
+_GOLDEN = 0.6180339887498949
 
 LOG_LINES_PER_CONNECTION = 5
 """Warnings about one connection's bad input; beyond, they are only counted (and said once)."""
@@ -285,7 +294,10 @@ class ServerConnection(asyncio.Protocol):
         if limits.load.sockets_paused:
             self.pause_by_server(True)
         if limits.idle_timeout_s > 0:
-            self._idle_timer = self._loop.call_later(limits.idle_timeout_s / 2, self._on_idle_check)
+            spread = (next(limits.idle_spread) * _GOLDEN) % 1.0
+            self._idle_timer = self._loop.call_later(
+                limits.idle_timeout_s / 2 * (1 + spread), self._on_idle_check
+            )
         if limits.auth_providers:
             self._auth_timer = self._loop.call_later(limits.auth_timeout_s, self._on_auth_timeout)
         wait_s = limits.errors.deficit_s(self.peer_address)
