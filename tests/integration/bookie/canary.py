@@ -45,6 +45,7 @@ phases of the canary beside an attacker that does nothing (one idle connection, 
 SIGSTOP/SIGCONT) had p99 ratios from 0.3x to 3x, and most of the adds over the p99 had been in
 flight across a stall of the canary itself — the p99 measured the machine, not the attack."""
 STALL_TICK_S = 0.002
+SLOWEST_KEPT = 12
 
 
 def rss_bytes(pid: int) -> int:
@@ -91,6 +92,9 @@ class Stalls:
 class Phase:
     latencies_ms: list[float] = field(default_factory=list)
     """Of the adds not in flight across a stall of the canary's own process (:data:`STALL_S`)."""
+    slowest: list[tuple[float, float]] = field(default_factory=list)
+    """The slowest of those adds: (latency ms, seconds since the run's start), for a failure's
+    report (one stall of the bookie, or many spread out?)."""
     stalled: int = 0
     """Adds left out of ``latencies_ms``: in flight across a stall of the canary's process."""
     failures: list[str] = field(default_factory=list)
@@ -101,6 +105,9 @@ class Phase:
 
     def add(self, other: Phase) -> None:
         self.latencies_ms += other.latencies_ms
+        offset = self.seconds
+        self.slowest = sorted(self.slowest + [(ms, offset + at) for ms, at in other.slowest], reverse=True)
+        del self.slowest[SLOWEST_KEPT:]
         self.stalled += other.stalled
         self.failures += other.failures
         self.seconds += other.seconds
@@ -190,11 +197,15 @@ class Canary:
             await asyncio.gather(*pending)
         finally:
             watcher.cancel()
+        origin = time.perf_counter() - (loop.time() - start)
         for started, ended in timed:
             if stalls.overlaps(started, ended):
                 phase.stalled += 1
             else:
                 phase.latencies_ms.append((ended - started) * 1e3)
+                phase.slowest.append(((ended - started) * 1e3, started - origin))
+        phase.slowest.sort(reverse=True)
+        del phase.slowest[SLOWEST_KEPT:]
         return phase
 
     async def verify(self) -> list[str]:
@@ -270,6 +281,10 @@ class Figures:
                 self.attacked.attacker_cpu_s / max(self.attacked.seconds, 1e-9), 3
             ),
             "canary_adds_stalled": [self.baseline.stalled, self.attacked.stalled],
+            "canary_slowest_ms_at_s": [
+                [[round(ms, 1), round(at, 2)] for ms, at in phase.slowest]
+                for phase in (self.baseline, self.attacked)
+            ],
             "canary_adds": sum(len(p.latencies_ms) + p.stalled for p in (self.baseline, self.attacked)),
             "canary_failures": len(self.baseline.failures) + len(self.attacked.failures),
             "rss_before_mib": round(self.rss_before / MIB, 1),
