@@ -201,8 +201,11 @@ class MetadataCatalog:
     ) -> AsyncGenerator[list[tuple[int, ReplicaState]], None]:
         conn = self._connected()
         urm = UnderReplicationManager(conn.store, conn.root)
-        # Every mark before any metadata, as replica_state reads them (and they are few).
-        marked = {mark.ledger_id async for mark in urm.iter_marks()}
+        # Every mark before any metadata, as replica_state reads them (and they are few); one that
+        # cannot be decoded counts as a mark (its ledger keeps its replicas here).
+        marked: set[int] = set()
+        async for mark in urm.iter_marks(on_undecodable=lambda ledger_id, _: marked.add(ledger_id)):
+            marked.add(mark.ledger_id)
         manager = metadata.LedgerManager(conn.store, conn.root)
         i, count = 0, len(ledger_ids)
         while i < count:

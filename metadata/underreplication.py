@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,8 @@ UNDERREPLICATED_FORMAT_VERSION = 1
 VALUE_BYTES_MAX = 64 * 1024
 MISSING_BOOKIES_MAX = 64  # an ensemble has at most 64 bookies: a ledger cannot miss more
 REASONS = frozenset({"lost", "replaced", "check", "decommission", "operator"})
+Undecodable = Callable[[int, MetadataFormatError], None]
+"""``on_undecodable(ledger_id, error)``: a mark :meth:`UnderReplicationManager.iter_marks` skipped."""
 UPDATE_ATTEMPTS_MAX = 100
 PAGE_SIZE_DEFAULT = 1000
 
@@ -222,32 +224,51 @@ class UnderReplicationManager:
         self, *, start_after: int | None = None, limit: int = PAGE_SIZE_DEFAULT
     ) -> tuple[list[UnderReplicated], bool]:
         """Up to ``limit`` marks of ledgers after ``start_after``, in ledger id order, and whether
-        more follow."""
+        more follow. Raises MetadataFormatError for a mark that cannot be decoded."""
+        marks, more, _ = await self._page(start_after, limit, None)
+        return marks, more
+
+    async def _page(
+        self, start_after: int | None, limit: int, on_undecodable: Undecodable | None
+    ) -> tuple[list[UnderReplicated], bool, int | None]:
+        """A page of marks, whether more follow, and the last ledger id listed (decoded or not)."""
         after = None if start_after is None else self.keys.underreplicated(start_after)
         page = await self._store.list(self.keys.underreplicated_prefix, start_after=after, limit=limit)
-        marks = [
-            UnderReplicated.decode(kv.key, self.keys.underreplicated_id_of(kv.key), kv.value, kv.version)
-            for kv in page.items
-        ]
-        return marks, page.more
+        marks: list[UnderReplicated] = []
+        last: int | None = None
+        for kv in page.items:
+            last = self.keys.underreplicated_id_of(kv.key)
+            try:
+                marks.append(UnderReplicated.decode(kv.key, last, kv.value, kv.version))
+            except MetadataFormatError as error:
+                if on_undecodable is None:
+                    raise
+                on_undecodable(last, error)
+        return marks, page.more, last
 
-    async def iter_marks(self, *, page_size: int = PAGE_SIZE_DEFAULT) -> AsyncIterator[UnderReplicated]:
-        """Every mark, page by page (not a snapshot)."""
+    async def iter_marks(
+        self, *, page_size: int = PAGE_SIZE_DEFAULT, on_undecodable: Undecodable | None = None
+    ) -> AsyncIterator[UnderReplicated]:
+        """Every mark, page by page (not a snapshot). A mark that cannot be decoded (a newer
+        daemon's format, a damaged value) raises MetadataFormatError, or with ``on_undecodable``
+        is passed to it (ledger id, error) and skipped: one bad mark must not stop every heal, nor
+        may a caller that needs every marked ledger (the bookie's GC) take it for no mark."""
         start_after: int | None = None
         while True:
-            marks, more = await self.list_page(start_after=start_after, limit=page_size)
+            marks, more, last = await self._page(start_after, page_size, on_undecodable)
             for mark in marks:
                 yield mark
-            if not more or not marks:
+            if not more or last is None:
                 return
-            start_after = marks[-1].ledger_id
+            start_after = last
 
     async def count(self) -> int:
-        """How many ledgers are marked now."""
+        """How many ledgers are marked now (those whose mark cannot be decoded included)."""
+        undecodable: list[int] = []
         total = 0
-        async for _ in self.iter_marks():
+        async for _ in self.iter_marks(on_undecodable=lambda ledger_id, _: undecodable.append(ledger_id)):
             total += 1
-        return total
+        return total + len(undecodable)
 
     # ---- locks ------------------------------------------------------------------------------------
 

@@ -13,8 +13,11 @@ Healing one ledger (:meth:`ReplicationWorker.heal`), for the bookies its mark li
    changed during the copy (another worker, a writer) is refused and looked at again.
 4. The last fragment of an OPEN (or IN_RECOVERY) ledger belongs to its writer, whose next add
    replaces a dead bookie itself (an ensemble change). It is touched only after
-   ``open_ledger_grace_s`` from the first mark, and only after the ledger was fenced and recovered
-   (``open_ledger(recovery=True)``: from then on it is CLOSED and its last fragment fixed).
+   ``open_ledger_grace_s`` from the first mark, only while a marked bookie of it is still gone
+   (not registered) or being decommissioned — a bookie that came back serves its writer, which is
+   not fenced for a restart that outlasted the lost-bookie delay — and only after the ledger was
+   fenced and recovered (``open_ledger(recovery=True)``: from then on it is CLOSED and its last
+   fragment fixed).
 5. The mark loses the bookies no fragment lists any more (by CAS: a bookie marked meanwhile
    stays). Time to heal is counted from the first mark.
 
@@ -50,6 +53,7 @@ from bookkeeper_aio.client.ensemble_change import BookieReplacer, Replacement
 from bookkeeper_aio.client.keys import codec_for, password_matches
 from bookkeeper_aio.errors import BKError, MetadataConflict
 from bookkeeper_aio.protocol.digest import EntryCodec
+from metadata.bookies import list_bookies
 from metadata.errors import GuardFailed, MetadataError, NoSuchLedger
 from metadata.ledger_manager import VersionedLedger
 from metadata.ledger_metadata import LedgerMetadata, LedgerState
@@ -60,6 +64,10 @@ log = structlog.get_logger("bookkeeper_aio.autorecovery.worker")
 
 NOT_RETRIABLE_FACTOR = 12
 """A ledger failing with a non-retriable error waits this many ``ledger_retry_s`` before a retry."""
+BACKOFF_FACTOR_MAX = 64
+"""A ledger failing again and again waits ``ledger_retry_s`` doubled for each failure in a row, up
+to this many times it: a fragment no replica can complete is not copied (in part, to a new
+replacement each time) every few seconds for ever."""
 FRAGMENT_ATTEMPTS_MAX = 8
 """Times one fragment is looked at again after it changed during its copy."""
 
@@ -78,6 +86,8 @@ class HealResult:
     fenced: bool = False
     deleted: bool = False
     resolved: bool = False
+    wait_s: float = 0.0
+    """With ``left``: when to look again (the grace's end; or its length, the bookie being back)."""
 
 
 def fragment_ranges(md: LedgerMetadata) -> list[tuple[int, int, tuple[str, ...]]]:
@@ -132,25 +142,32 @@ class ReplicationWorker:
         self.metrics = metrics or AutorecoveryMetrics()
         self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
         self._retry_at: dict[int, float] = {}
+        self._failures: dict[int, int] = {}
+        """Heals of a ledger that failed in a row (backoff); gone once one succeeds."""
+        self._undecodable: set[int] = set()
+        """Ledgers whose mark could not be decoded (said once each)."""
         self.limiter = limiter or RateLimiter(config.copy_bytes_per_s)
 
     # ------------------------------------------------------------------ the loop
     async def run(self, lease_id: Callable[[], int], wakeup: asyncio.Event | None = None) -> None:
-        """Take marked ledgers under a lock bound to ``lease_id()`` and heal them, forever."""
+        """Take marked ledgers under a lock bound to ``lease_id()`` and heal them, forever: no error
+        ends the loop (a worker that stopped would leave its daemon healing nothing, unseen)."""
         loop = asyncio.get_running_loop()
         while True:
             worked = False
             try:
                 if await self._urm.is_enabled():
                     worked = await self._one_pass(lease_id, loop)
-            except MetadataError as error:
+            except (MetadataError, TimeoutError) as error:
                 log.warning("autorecovery.worker_metadata_error", worker=self.worker_id, error=repr(error))
+            except Exception:
+                log.exception("autorecovery.worker_pass_failed", worker=self.worker_id)
             if not worked:
                 await _wait(wakeup, self._config.worker_idle_poll_s)
 
     async def _one_pass(self, lease_id: Callable[[], int], loop: asyncio.AbstractEventLoop) -> bool:
         worked = False
-        async for mark in self._urm.iter_marks():
+        async for mark in self._urm.iter_marks(on_undecodable=self._undecodable_mark):
             if self._retry_at.get(mark.ledger_id, 0.0) > loop.time():
                 continue
             if not await self._urm.is_enabled():
@@ -166,14 +183,18 @@ class ReplicationWorker:
                 fresh = await self._urm.get(mark.ledger_id)  # the mark may be gone or grown meanwhile
                 if fresh is not None:
                     result = await self.heal(fresh, lock)
+                    self._failures.pop(mark.ledger_id, None)
                     if result.left:
-                        self._retry_at[mark.ledger_id] = loop.time() + self._config.worker_idle_poll_s
+                        self._retry_at[mark.ledger_id] = loop.time() + result.wait_s
                     else:
                         self._retry_at.pop(mark.ledger_id, None)
-            except (BKError, MetadataError) as error:
+            except (BKError, MetadataError, TimeoutError) as error:
                 self.metrics.heal_failures += 1
                 # what retrying cannot fix (a missing password) is retried less often: no log flood
-                retry_s = self._config.ledger_retry_s * (1 if error.retriable else NOT_RETRIABLE_FACTOR)
+                retriable = isinstance(error, TimeoutError) or error.retriable
+                failures = self._failures[mark.ledger_id] = self._failures.get(mark.ledger_id, 0) + 1
+                backoff = min(BACKOFF_FACTOR_MAX, 2 ** (failures - 1))
+                retry_s = self._config.ledger_retry_s * (backoff if retriable else NOT_RETRIABLE_FACTOR)
                 self._retry_at[mark.ledger_id] = loop.time() + retry_s
                 log.warning(
                     "autorecovery.heal_failed",
@@ -186,6 +207,19 @@ class ReplicationWorker:
                 with contextlib.suppress(MetadataError):
                     await self._urm.unlock(mark.ledger_id, lease)
         return worked
+
+    def _undecodable_mark(self, ledger_id: int, error: MetadataError) -> None:
+        """A mark this daemon cannot read (a newer format, a damaged value) is skipped, not
+        healed — the others are (said once per ledger)."""
+        if ledger_id not in self._undecodable:
+            self._undecodable.add(ledger_id)
+            log.warning(
+                "autorecovery.mark_undecodable",
+                ledger_id=ledger_id,
+                worker=self.worker_id,
+                error=repr(error),
+                hint="a daemon of a newer version wrote it, or it is damaged: left alone",
+            )
 
     # ------------------------------------------------------------------ one ledger
     async def heal(self, mark: UnderReplicated, lock: ReplicationLock | None = None) -> HealResult:
@@ -235,10 +269,21 @@ class ReplicationWorker:
         fenced = False
         md = current.metadata
         in_last = missing & set(md.current_ensemble)
+        wait_s = 0.0
         if md.state is not LedgerState.CLOSED and in_last:
             # the grace counts from the latest first-mark of a bookie of the writer's fragment
+            grace_s = self._config.open_ledger_grace_s
             age_s = (self._now_ms() - max(mark.since_ms(b) for b in in_last)) / 1000
-            if age_s >= self._config.open_ledger_grace_s:
+            wait_s = max(grace_s - age_s, self._config.worker_idle_poll_s)
+            if age_s >= grace_s and not await self._any_gone(in_last):
+                wait_s = max(grace_s, self._config.worker_idle_poll_s)  # back: its writer goes on
+                log.info(
+                    "autorecovery.open_ledger_bookies_back",
+                    ledger_id=ledger_id,
+                    marked=sorted(in_last),
+                    hint="not fenced: its writer still writes to them; looked at again later",
+                )
+            elif age_s >= grace_s:
                 log.info(
                     "autorecovery.fencing_open_ledger",
                     ledger_id=ledger_id,
@@ -298,7 +343,17 @@ class ReplicationWorker:
         )
         if unavailable:  # the other fragments are healed; these keep their mark, as before
             raise next(iter(unavailable.values()))
-        return HealResult(ledger_id, healed, left, fragments, stats, fenced=fenced, resolved=resolved)
+        return HealResult(
+            ledger_id, healed, left, fragments, stats, fenced=fenced, resolved=resolved, wait_s=wait_s
+        )
+
+    async def _any_gone(self, bookies: Collection[str]) -> bool:
+        """Whether one of ``bookies`` is not registered (neither writable nor read-only) or is
+        being decommissioned: a reason to take an idle writer's ledger from it."""
+        registered = await list_bookies(self._urm.store, self._urm.keys.root)
+        leaving = await self._urm.decommissioning()
+        present = (set(registered.writable) | set(registered.readonly)) - leaving
+        return not set(bookies) <= present
 
     async def _replace(
         self,

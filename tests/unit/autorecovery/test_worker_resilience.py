@@ -1,0 +1,133 @@
+"""A replication worker survives what metadata and peers throw at it, and does not fence a writer
+whose bookie came back (tests against the in-memory metadata twin)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import msgpack
+
+from bookkeeper_aio import BookKeeper
+from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
+from bookkeeper_aio.autorecovery.worker import ReplicationWorker
+from bookkeeper_aio.client.config import ClientConfig
+from bookkeeper_aio.client.context import StaticDirectory
+from metadata.bookies import BookieInfo, BookieRegistration
+from metadata.ledger_manager import LedgerManager
+from metadata.ledger_metadata import LedgerState
+from metadata.memory import MemoryStore
+from metadata.underreplication import UnderReplicationManager
+
+ROOT = "/bookkeeper/resilience"
+
+
+async def test_a_metadata_timeout_does_not_end_the_worker() -> None:
+    """A ledger CAS slower than ``metadata_timeout_s`` (an etcd election) fails that heal with a
+    TimeoutError; the worker retries it and heals the ledger once metadata is quick again."""
+    store = MemoryStore()
+    urm = UnderReplicationManager(store, ROOT)
+    ledgers = LedgerManager(store, ROOT)
+    bk = BookKeeper(
+        ledgers, StaticDirectory(["a", "b", "c", "d"]), config=ClientConfig(metadata_timeout_s=0.05)
+    )
+    created = await ledgers.create(("a", "b", "c"), write_quorum=2, ack_quorum=2)
+    await ledgers.update(created.ledger_id, lambda md: md.closed(-1, 0))  # closed and empty
+    await urm.mark(created.ledger_id, ["b"], reason="lost")
+    slow = True
+    cas = store.compare_and_set
+
+    async def slow_cas(*args: Any, **kwargs: Any) -> Any:
+        if slow and "/ledgers/" in args[0]:
+            await asyncio.sleep(0.3)
+        return await cas(*args, **kwargs)
+
+    store.compare_and_set = slow_cas  # type: ignore[method-assign]
+    lease = await store.grant_lease(30)
+    config = AutorecoveryConfig(worker_idle_poll_s=0.05, ledger_retry_s=0.05)
+    worker = ReplicationWorker(bk, urm, config, worker_id="w0")
+    task = asyncio.get_running_loop().create_task(worker.run(lambda: lease))
+    try:
+        for _ in range(100):
+            if worker.metrics.heal_failures:
+                break
+            await asyncio.sleep(0.05)
+        assert worker.metrics.heal_failures >= 1  # the timeout was met
+        slow = False
+        for _ in range(200):
+            if await urm.get(created.ledger_id) is None:
+                break
+            await asyncio.sleep(0.05)
+        assert not task.done()
+        assert await urm.get(created.ledger_id) is None  # healed after all
+        healed = await ledgers.read(created.ledger_id)
+        assert "b" not in healed.metadata.ensembles[0][1]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await bk.close()
+
+
+async def test_an_open_ledger_whose_bookie_is_back_is_not_fenced() -> None:
+    """Past the grace, an idle writer's ledger is fenced only while a marked bookie of its last
+    fragment is still not registered: one that came back (a restart longer than the lost-bookie
+    delay) serves its writer, which must not be fenced for it."""
+    store = MemoryStore()
+    now = [1_000_000]
+    urm = UnderReplicationManager(store, ROOT, now_ms=lambda: now[0])
+    ledgers = LedgerManager(store, ROOT)
+    bk = BookKeeper(ledgers, StaticDirectory(["a", "b", "c", "d"]))
+    fenced: list[int] = []
+
+    async def open_ledger(ledger_id: int, **_: Any) -> None:
+        fenced.append(ledger_id)
+        raise RuntimeError("fenced")
+
+    bk.open_ledger = open_ledger  # type: ignore[method-assign,assignment]
+    registrations = [
+        BookieRegistration(store, ROOT, BookieInfo(name, "127.0.0.1", 4000 + i), stale_wait_s=0)
+        for i, name in enumerate("abc")
+    ]
+    try:
+        for registration in registrations:
+            await registration.start()
+        created = await ledgers.create(("a", "b", "c"), write_quorum=2, ack_quorum=2)
+        await urm.mark(created.ledger_id, ["b"], reason="lost")
+        now[0] += 31_000  # the grace (30 s) is over
+        config = AutorecoveryConfig(open_ledger_grace_s=30)
+        worker = ReplicationWorker(bk, urm, config, worker_id="w", now_ms=lambda: now[0])
+        mark = await urm.get(created.ledger_id)
+        assert mark is not None
+        result = await worker.heal(mark)
+        assert not fenced
+        assert not result.fenced
+        assert result.left == ("b",)
+        assert result.wait_s >= 30  # looked at again later
+        assert (await ledgers.read(created.ledger_id)).metadata.state is LedgerState.OPEN
+        await registrations[1].close()  # b is gone after all: now the idle writer is fenced
+        with contextlib.suppress(RuntimeError):
+            await worker.heal(mark)
+        assert fenced == [created.ledger_id]
+    finally:
+        for registration in registrations:
+            await registration.close()
+        await bk.close()
+
+
+async def test_an_undecodable_mark_is_skipped_not_a_stop() -> None:
+    """A mark a newer daemon wrote (or a damaged one) is passed to ``on_undecodable`` and skipped:
+    the marks after it, on the same page and the next, are still listed and counted."""
+    store = MemoryStore()
+    urm = UnderReplicationManager(store, ROOT)
+    for ledger_id in (5, 7, 9):
+        await urm.mark(ledger_id, ["b"], reason="lost")
+    await store.put(urm.keys.underreplicated(1), msgpack.packb({"format_version": 99, "missing": ["b"]}))
+    await store.put(urm.keys.underreplicated(8), b"\xff not msgpack")
+    skipped: list[int] = []
+    listed = [
+        m.ledger_id async for m in urm.iter_marks(page_size=2, on_undecodable=lambda i, _: skipped.append(i))
+    ]
+    assert listed == [5, 7, 9]
+    assert skipped == [1, 8]
+    assert await urm.count() == 5
