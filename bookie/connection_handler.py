@@ -313,6 +313,12 @@ class ServerConnection(asyncio.Protocol):
         if self._paused_by_errors:  # it left while it waited its turn: the refusal it came for is
             errors.unwait(self._address, self)  # owed (else a loop that connects, sends and
             errors.charge(self._address)  # closes at once would cost the bookie without a charge)
+        if self.in_flight:  # requests whose answers are dropped with it (a read cancelled, a long
+            load = self._limits.load  # poll, a fence) give their permits back here, all at once
+            load.in_flight -= self.in_flight
+            self.in_flight = 0
+            if load.over and load.in_flight <= load.limit // 2:
+                load.check()
         per_address = self._limits.per_address
         per_address[self._address] -= 1
         if per_address[self._address] <= 0:
@@ -679,7 +685,10 @@ class ServerConnection(asyncio.Protocol):
 
     def _release(self, count: int) -> None:
         """Give back ``count`` permits (this connection's and the server's); resume reading once
-        half of either limit is free again."""
+        half of either limit is free again. Once closed, nothing: ``connection_lost`` gave back
+        every permit the connection held, answered or not."""
+        if self.closed:
+            return
         self.in_flight -= count
         load = self._limits.load
         load.in_flight -= count

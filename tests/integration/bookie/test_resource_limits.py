@@ -147,3 +147,28 @@ def test_bad_limits_are_refused_at_start(tmp_path: Path, value: str) -> None:
     proc = BookieProcess(tmp_path / "bookie", "b", extra_args=["--reads-in-flight-per-connection-max", value])
     assert proc.start_expect_failure() == 2
     assert "reads_in_flight_per_connection_max must be > 0" in proc.log_tail()
+
+
+async def test_requests_of_a_closed_connection_give_their_permits_back(tmp_path: Path) -> None:
+    """Long polls (never answered once their connection is gone) of connections that close hold no
+    permit of the bookie-wide count: before, 3 x 100 of them left it at 300 of 256 for good and the
+    bookie stopped reading every socket, a new client's request unanswered."""
+    bookie = _bookie(tmp_path, "--in-flight-total-max", "256")
+    try:
+        writer = await WireClient.connect(*bookie.address)
+        assert (await writer.add(5, 0, b"x")).status == StatusCode.EOK
+        writer.close()
+        for _ in range(3):
+            poller = await WireClient.connect(*bookie.address)
+            polls = [
+                poller.read(5, 1, flags=ReadFlag.LONG_POLL, previous_lac=0, timeout_ms=60_000)
+                for _ in range(100)
+            ]
+            await asyncio.sleep(0.5)  # parked at the bookie
+            assert poller.transport is not None
+            poller.transport.abort()
+            await asyncio.gather(*polls, return_exceptions=True)
+            await asyncio.sleep(0.2)
+        await _canary(bookie, 6)
+    finally:
+        bookie.cleanup()
