@@ -10,7 +10,10 @@ so locations live in two flat arrays indexed by ``entry_id - base``: ``segment_i
 of tuples, and, more important, arrays hold no Python objects: the cyclic GC never walks them (a
 dict of tuples made full collections take 25-65 ms at 500k entries, which was the add path's p99).
 An entry id far from the dense range (more than :data:`DENSE_GAP_MAX` past its end, or below
-``base``) goes to a small overflow dict, so a hostile id cannot make us allocate a huge array.
+``base``), or one that would leave the arrays sparser than one entry in :data:`DENSITY_MIN` slots
+(past :data:`SPARSE_SLOTS_MAX`), goes to a small overflow dict, so hostile ids cannot make us
+allocate huge arrays: ids each 65,535 past the last made them grow by half at every add (25 adds of
+100 bytes: 16 GiB, kept by checkpoints and replay); now they hold at most 16 slots per entry.
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ from typing import NamedTuple
 
 DENSE_GAP_MAX = 1 << 16
 """How far past the dense range an entry id may land and still grow the arrays (holes cost 12 B)."""
+DENSITY_MIN = 16
+"""The arrays hold at most this many slots per entry held (a bookie of a striped ledger holds one
+entry in E/Qw: 16 admits E = 16 with Qw = 1)."""
+SPARSE_SLOTS_MAX = 1024
+"""Below this many slots the arrays may be as sparse as they like (12 KiB)."""
 _OFFSET_BITS = 32
 _OFFSET_MASK = (1 << _OFFSET_BITS) - 1
 SEGMENT_OFFSET_MAX = _OFFSET_MASK
@@ -127,10 +135,12 @@ class LedgerIndex:
         slot = entry_id - self._base
         size = len(self._positions)
         gap = slot - size
-        if 0 <= gap <= DENSE_GAP_MAX:
+        dense_max = max(SPARSE_SLOTS_MAX, (self.count + 1) * DENSITY_MIN)
+        if 0 <= gap <= DENSE_GAP_MAX and slot < dense_max:
             if not size:  # the shared empty arrays: this index gets its own
                 self._positions, self._lengths = array("q"), array("i")
-            grow = max(gap + 1, size // 2, 16)  # amortised (it grows by half): appends land on the fast path
+            # amortised (it grows by half, within the density bound): appends land on the fast path
+            grow = max(gap + 1, min(size // 2, dense_max - size), 16)
             self._positions.extend(_ABSENT * (grow // len(_ABSENT) + 1))
             del self._positions[size + grow :]
             self._lengths.extend(array("i", bytes(4 * grow)))

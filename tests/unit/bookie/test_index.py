@@ -8,7 +8,15 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bookie.index import DENSE_GAP_MAX, LedgerIndex, Location, segment_position, split_position
+from bookie.index import (
+    DENSE_GAP_MAX,
+    DENSITY_MIN,
+    SPARSE_SLOTS_MAX,
+    LedgerIndex,
+    Location,
+    segment_position,
+    split_position,
+)
 
 
 def test_an_overflow_entry_moves_into_the_arrays_when_they_grow_over_it() -> None:
@@ -148,3 +156,28 @@ def test_empty_indexes_share_nothing_they_change_and_know_their_segments() -> No
     assert first.segment_ids() == {3, 9}
     assert second.segment_ids() == {4}
     assert LedgerIndex().segment_ids() == set()
+
+
+def test_ids_each_just_past_the_reach_of_the_arrays_do_not_grow_them_without_bound() -> None:
+    """Ids each DENSE_GAP_MAX - 1 past the arrays' end made them grow by half at every put (25 adds
+    of 100 bytes: 16 GiB, kept by checkpoints and replay); they now hold at most DENSITY_MIN slots
+    per entry (past SPARSE_SLOTS_MAX), the rest going to the overflow — and stay correct."""
+    index = LedgerIndex()
+    entry_id = 0
+    put: list[int] = []
+    for i in range(40):
+        index.put(entry_id, 1, i, 100)
+        put.append(entry_id)
+        entry_id = max(index._base + len(index._positions), entry_id + 1) + DENSE_GAP_MAX - 1
+    assert len(index._positions) <= max(SPARSE_SLOTS_MAX, (len(put) + 1) * DENSITY_MIN)
+    assert index.entry_ids() == put
+    assert all(index.get(e) == Location(1, i, 100) for i, e in enumerate(put))
+
+
+def test_a_striped_ledger_stays_in_the_arrays() -> None:
+    """One entry in DENSITY_MIN (a bookie of E = 16, Qw = 1) is dense enough: no overflow."""
+    index = LedgerIndex()
+    for entry_id in range(3, 100_000, DENSITY_MIN):
+        index.put(entry_id, 1, entry_id, 10)
+    assert not index._overflow
+    assert len(index) == len(range(3, 100_000, DENSITY_MIN))
