@@ -140,9 +140,13 @@ class _Lookup:
 class KeyVerifier:
     """Owned by :class:`~bookie.storage.Storage` when the bookie has metadata (module doc)."""
 
-    def __init__(self, storage: Storage, source: KeySource) -> None:
+    def __init__(self, storage: Storage, source: KeySource, *, add_gate: AddGate | None = None) -> None:
         self._storage = storage
         self._source = source
+        self._add_gate = add_gate
+        """The read-only gate (``ModeMachine.check_add``: it reads the mode when called), applied
+        to parked adds as they are journaled: one that arrived while the bookie was writable
+        carries no gate, and the bookie may have turned read-only while its lookup ran."""
         self._lookups: dict[int, _Lookup] = {}
         """Queued or under way, by ledger id: a request of a ledger in lookup joins it."""
         self._running = 0
@@ -409,7 +413,7 @@ class KeyVerifier:
             while end < len(run) and run[end][1:4] == first[1:4]:  # target, batch_type, check_add
                 requests.append(run[end].request)
                 end += 1
-            target, batch_type, check_add = first.target, first.batch_type, first.check_add
+            target, batch_type, check_add = first.target, first.batch_type, first.check_add or self._add_gate
             self._storage.add_run(requests, target, batch_type, check_add, keys_checked=True)
             start = end
 

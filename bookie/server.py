@@ -209,7 +209,7 @@ class BookieServer:
         self.storage.journal.on_pressure = self._on_journal_pressure
         catalog: object = self.catalog
         if isinstance(catalog, KeySource):  # metadata checks keys before records are created
-            self.storage.keys = KeyVerifier(self.storage, catalog)
+            self.storage.keys = KeyVerifier(self.storage, catalog, add_gate=self.mode.check_add)
         self.processor = Processor(
             self.storage, self.config.bookie_id, self.config.frame_bytes_max, mode=self.mode
         )

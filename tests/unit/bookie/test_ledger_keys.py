@@ -13,6 +13,7 @@ import pytest
 from bookie import ledger_keys
 from bookie.journal import JournalError
 from bookie.ledger_keys import KeyInfo, KeyRefused, KeyVerifier
+from bookie.mode import DiskThresholds, ModeMachine, ReadOnly
 from bookie.storage import AddBatch, Fenced, NoLedger, Storage, Unauthorized
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.digest import key_check
@@ -348,4 +349,24 @@ async def test_the_queue_of_a_peer_whose_connections_closed_is_dropped_unread(tm
     again = Client("10.0.0.9")  # the same address, later: its count was given back, it is served
     await asyncio.wait_for(asyncio.gather(*(again.add(storage, lid) for lid in range(1000, 1100))), 10)
     assert again.pauses == []
+    await storage.close()
+
+
+async def test_an_add_parked_while_writable_is_refused_if_the_bookie_turned_read_only(tmp_path: Path) -> None:
+    """An add waiting for its key check when the bookie turns read-only (disk low, an operator's
+    drain) is refused like one arriving then (EREADONLY), not journaled with the gate it arrived
+    with (none: the bookie was writable); a recovery add is still taken."""
+    storage = await Storage.open(config(tmp_path))
+    mode = ModeMachine(DiskThresholds(100, 200, 50))
+    mode.free_bytes = 10_000  # above the reserve: recovery adds are allowed while read-only
+    storage.keys = KeyVerifier(storage, Metadata({9: key_check(REAL)}), add_gate=mode.check_add)
+    writer = start_add(storage, 9, 0, body(9, 0, -1), key=REAL)  # parked: the ledger is not held yet
+    recovery = start_add(storage, 9, 1, body(9, 1, 0), key=REAL, recovery=True)
+    mode.set_manual(True)  # before the lookup answers
+    assert mode.read_only
+    with pytest.raises(ReadOnly):
+        await writer
+    await recovery
+    assert 1 in storage.ledger(9).index
+    assert 0 not in storage.ledger(9).index
     await storage.close()
