@@ -80,6 +80,8 @@ class ModeMachine:
         self.mode = Mode.WRITABLE
         self.free_bytes: int | None = None
         """Free bytes at the last disk observation (None before the first, or when it failed)."""
+        self.total_bytes: int | None = None
+        """The filesystem's size at the last disk observation (None as ``free_bytes``)."""
         self.disk_low = False
         self.disk_problem: str | None = None
         self.journal_failed: str | None = None
@@ -88,9 +90,13 @@ class ModeMachine:
         self._reason: str | None = None
 
     # ------------------------------------------------------------------ inputs
-    def observe_disk(self, free_bytes: int | None, problem: str | None = None) -> None:
-        """One disk check: free bytes (None when unknown) and a problem (unusable / read-only fs)."""
+    def observe_disk(
+        self, free_bytes: int | None, problem: str | None = None, total_bytes: int | None = None
+    ) -> None:
+        """One disk check: free bytes (None when unknown), a problem (unusable / read-only fs), and
+        the filesystem's size."""
         self.free_bytes = free_bytes
+        self.total_bytes = total_bytes if free_bytes is not None else None
         self.disk_problem = problem
         if free_bytes is not None:
             if not self.disk_low and free_bytes < self.thresholds.free_bytes_min:

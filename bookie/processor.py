@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import os
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -599,17 +598,20 @@ class Processor:
         raise BadRequest("AUTH is only accepted before any other request but HELLO")
 
     def _bookie_info(self, conn: ServerConnection, req: m.GetBookieInfoRequest) -> None:
-        stat = os.statvfs(self.storage.config.data_dir)
+        # The disk figures of the mode's last check (a worker thread's statvfs, every
+        # disk_check_interval_s): a statvfs here would stall the loop on a hung filesystem.
+        mode = self.mode
         info: dict[str, int | str] = {
-            "free_disk_bytes": stat.f_bavail * stat.f_frsize,
-            "total_disk_bytes": stat.f_blocks * stat.f_frsize,
             "ledgers": len(self.storage.ledgers),
             "state": "readonly" if self._is_read_only() else "writable",
             "journal_groups": self.storage.journal.groups_written,
             "journal_records": self.storage.journal.records_written,
         }
-        if self.mode is not None and self.mode.reason is not None:
-            info["read_only_reason"] = self.mode.reason[: m.TEXT_CHARS_MAX]
+        if mode is not None and mode.free_bytes is not None and mode.total_bytes is not None:
+            info["free_disk_bytes"] = mode.free_bytes
+            info["total_disk_bytes"] = mode.total_bytes
+        if mode is not None and mode.reason is not None:
+            info["read_only_reason"] = mode.reason[: m.TEXT_CHARS_MAX]
         conn.complete(req.request_id, m.encode(m.GetBookieInfoResponse(req.request_id, 0, None, info)))
 
     def _is_read_only(self) -> bool:

@@ -414,7 +414,8 @@ class BookieServer:
         """One disk + journal observation (the periodic task calls this; tests may too)."""
         loop = asyncio.get_running_loop()
         disk = await loop.run_in_executor(self._disk_probe, self._probe_disk, self.config.data_dir)
-        self.mode.observe_disk(None if disk.error else disk.free_bytes, _disk_mode_problem(disk))
+        free = None if disk.error else disk.free_bytes
+        self.mode.observe_disk(free, _disk_mode_problem(disk), disk.total_bytes)
         if self.storage is not None:
             self.mode.observe_journal(self.storage.journal.failed)
 

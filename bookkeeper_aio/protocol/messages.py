@@ -310,8 +310,9 @@ class BatchReadResponse(NamedTuple):
 
 
 class GetBookieInfoResponse(NamedTuple):
-    """``info``: ``free_disk_bytes``, ``total_disk_bytes``, ``journal_bytes``, ``ledgers``, ``state``
-    ("writable" | "readonly"), more keys may be added."""
+    """``info``: ``free_disk_bytes``, ``total_disk_bytes`` (of the bookie's last disk check; absent
+    before the first, or when it failed), ``journal_bytes``, ``ledgers``, ``state`` ("writable" |
+    "readonly"), more keys may be added."""
 
     request_id: int
     status: int
