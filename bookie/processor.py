@@ -471,11 +471,16 @@ class Processor:
         except asyncio.CancelledError:
             raise
         except NoEntry as exc:
-            self.count_error(StatusCode.ENOENTRY)
-            lac = state.lac
-            frame = m.encode(
-                m.ReadEntryResponse(rid, StatusCode.ENOENTRY, str(exc), lid, req.entry_id, None, lac)
-            )
+            if req.flags & ReadFlag.LONG_POLL:
+                # a long poll's piggybacked entry is a bonus: one gone since it was judged present
+                # (its ledger re-keyed or forgotten meanwhile) leaves the LAC answer, never ENOENTRY
+                frame = m.encode(m.ReadEntryResponse(rid, 0, None, lid, req.entry_id, None, state.lac))
+            else:
+                self.count_error(StatusCode.ENOENTRY)
+                lac = state.lac
+                frame = m.encode(
+                    m.ReadEntryResponse(rid, StatusCode.ENOENTRY, str(exc), lid, req.entry_id, None, lac)
+                )
         except (EntryCorrupt, OSError) as exc:
             if req.entry_id == LAST_ENTRY and req.flags & ReadFlag.FENCE_LEDGER:
                 frame = self._fenced_last_unreadable(conn, rid, lid, state, exc)

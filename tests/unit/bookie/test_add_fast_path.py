@@ -17,9 +17,9 @@ from bookie.connection_handler import ConnectionLimits, ServerConnection
 from bookie.journal import JournalConfig
 from bookie.mode import ReadOnly
 from bookie.processor import Processor
-from bookie.storage import Storage, StorageConfig
+from bookie.storage import NoEntry, Storage, StorageConfig
 from bookkeeper_aio.protocol import messages as m
-from bookkeeper_aio.protocol.codes import StatusCode
+from bookkeeper_aio.protocol.codes import ReadFlag, StatusCode
 from bookkeeper_aio.protocol.framing import LENGTH
 
 KEY = b"k" * 32
@@ -356,4 +356,39 @@ async def test_pressure_is_raised_by_the_read_that_crosses_it(tmp_path: Path) ->
         await asyncio.sleep(0.005)
     assert conn.in_flight == 0
     assert storage.ledgers[1].index.entry_ids() == list(range(30))
+    await storage.close()
+
+
+async def test_a_long_polls_entry_gone_since_it_was_judged_present_leaves_the_lac_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long poll's piggybacked entry, present when the poll woke but gone by the read (its record
+    re-keyed or forgotten meanwhile), is answered EOK with the LAC and no body, never ENOENTRY."""
+    storage = await Storage.open(StorageConfig(str(tmp_path), "b", checkpoint_interval_s=3600))
+    processor = Processor(storage, "b", 5 << 20)
+    conn = ServerConnection(processor, ConnectionLimits(5 << 20, 64, 30.0), set())
+    transport = Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    conn.data_received(b"".join(frame(1, rid, 1, rid, 0, KEY, entry(1, rid, rid - 1)) for rid in range(3)))
+    for _ in range(200):
+        if len(transport.data) >= 3 * 8:
+            break
+        await asyncio.sleep(0.01)
+    transport.data.clear()
+
+    async def gone(ledger_id: int, entry_id: int) -> Any:
+        raise NoEntry(f"ledger {ledger_id} has no entry {entry_id}")
+
+    monkeypatch.setattr(storage, "read_entry", gone)
+    flags = ReadFlag.LONG_POLL | ReadFlag.ENTRY_PIGGYBACK
+    poll = m.encode(m.ReadEntryRequest(50, 1, 1, flags, KEY, previous_lac=0, timeout_ms=1000))
+    conn.data_received(poll)  # encode() frames it
+    for _ in range(200):
+        if transport.data:
+            break
+        await asyncio.sleep(0.01)
+    (size,) = LENGTH.unpack_from(transport.data, 0)
+    answer = m.decode_response(bytes(transport.data[4 : 4 + size]))
+    assert isinstance(answer, m.ReadEntryResponse)
+    assert (answer.request_id, answer.status, answer.body, answer.lac) == (50, StatusCode.EOK, None, 1)
     await storage.close()
