@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import enum
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -246,8 +247,9 @@ class AddPipeline:
             if waiter.done() and not waiter.cancelled():
                 self._slots_reserved -= 1  # woken, then cancelled: pass the slot on
                 self._wake_slot_waiters()
-            else:
-                self._slot_waiters.remove(waiter)
+            else:  # still queued, unless a wake-up or a release popped it in the meantime
+                with contextlib.suppress(ValueError):
+                    self._slot_waiters.remove(waiter)
             raise
 
     def _wake_slot_waiters(self) -> None:
