@@ -12,6 +12,9 @@ Rules (docs/replication.md §6):
 - ENOLEDGER (the bookie has not received this ledger's first entry yet), errors, and answers that
   come back at once without progress (the ledger is fenced) mean "nothing yet": back off (bounded,
   exponential) and try again. They never end the tail.
+- A read up to the LAC that fails re-reads the metadata once before the error is raised: the LAC
+  may have come (from a long poll) from a fragment the watch has not delivered yet, and then the
+  entries are read again from the fragment that holds them.
 - The ledger metadata is watched for the whole iteration: a new fragment moves the LAC to at least
   its first entry - 1 (the writer made it at LAC + 1) and redirects reads and polls; CLOSED bounds
   the reader by the metadata's last entry (never a bookie's LAC), and the iteration ends once that
@@ -116,9 +119,14 @@ class Tail:
                 self._check()
                 lac = handle.last_add_confirmed
                 if self._next <= lac:
-                    async for entry in handle._reader.read_range(self._next, lac):
-                        yield entry
-                        self._next = entry.entry_id + 1
+                    try:
+                        async for entry in handle._reader.read_range(self._next, lac):
+                            yield entry
+                            self._next = entry.entry_id + 1
+                    except BKError:
+                        if await self._refreshed():
+                            continue  # the LAC came from a fragment it did not know: read again
+                        raise
                     backoff_s = BACKOFF_S_INITIAL
                     continue
                 if handle.is_closed:
@@ -151,6 +159,18 @@ class Tail:
                     task = asyncio.current_task()
                     if task is not None and task.cancelling():
                         raise  # our caller's cancel, not only the watch's: pass it on
+
+    async def _refreshed(self) -> bool:
+        """Read the metadata now (the watch may lag, or be down and retrying): whether it changed.
+        A LAC from a long poll may lie in a fragment the handle has not seen yet, whose entries the
+        old fragment's bookies do not hold (NoSuchEntry, or all of them gone): read with the
+        fragment that holds them, they are there."""
+        handle = self._handle
+        try:
+            return self._apply(await handle._ctx.ledgers.read(handle.id))
+        except MetadataError as error:
+            log.info("tail.metadata_read_failed", ledger_id=handle.id, error=repr(error))
+            return False
 
     def _check(self) -> None:
         if self._error is not None:
