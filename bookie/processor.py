@@ -318,8 +318,10 @@ class Processor:
             self._error(conn, request, exc)
 
     def _creates_record(self, request: Any) -> bool:
-        """Whether ``request`` would create the record of a ledger this bookie does not hold (a
-        fence, a WRITE_LAC) while a key check against metadata is configured."""
+        """Whether ``request`` would create the record of a ledger this bookie does not hold, or
+        give its key to a record that holds none (a fence, a WRITE_LAC), while a key check against
+        metadata is configured: a keyless record (a keyless fence's, one replayed after a lost
+        forget) takes the first key it is shown, so that key is checked first."""
         if self.storage.keys is None:
             return False
         kind = type(request)
@@ -329,7 +331,10 @@ class Processor:
             creates = bool(request.flags & ReadFlag.FENCE_LEDGER) and request.master_key is not None
         else:
             return False
-        return creates and request.ledger_id not in self.storage.ledgers
+        if not creates:
+            return False
+        state = self.storage.ledgers.get(request.ledger_id)
+        return state is None or state.master_key is None
 
     async def _verify_then_handle(self, conn: ServerConnection, request: Any) -> None:
         keys = self.storage.keys

@@ -15,12 +15,15 @@ import pytest
 
 from bookie.connection_handler import ConnectionLimits, ServerConnection
 from bookie.journal import JournalConfig
+from bookie.ledger_keys import KeyVerifier
 from bookie.mode import ReadOnly
 from bookie.processor import Processor
 from bookie.storage import NoEntry, Storage, StorageConfig
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import ReadFlag, StatusCode
+from bookkeeper_aio.protocol.digest import key_check
 from bookkeeper_aio.protocol.framing import LENGTH
+from tests.unit.bookie.test_ledger_keys import Metadata
 
 KEY = b"k" * 32
 
@@ -391,4 +394,39 @@ async def test_a_long_polls_entry_gone_since_it_was_judged_present_leaves_the_la
     answer = m.decode_response(bytes(transport.data[4 : 4 + size]))
     assert isinstance(answer, m.ReadEntryResponse)
     assert (answer.request_id, answer.status, answer.body, answer.lac) == (50, StatusCode.EOK, None, 1)
+    await storage.close()
+
+
+async def test_a_keyless_record_takes_no_key_metadata_refutes(tmp_path: Path) -> None:
+    """A record that holds no key (a keyless fence's) would adopt the first key a fence or a
+    WRITE_LAC shows it: that key is checked against metadata first, and a wrong one gets EUA and
+    leaves the record keyless; the ledger's real key is then taken."""
+    real, junk = b"R" * 32, b"J" * 32
+    storage = await Storage.open(StorageConfig(str(tmp_path), "b", checkpoint_interval_s=3600))
+    storage.keys = KeyVerifier(storage, Metadata({9: key_check(real)}))
+    fenced: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    storage.fence(9, None, lambda error: fenced.set_result(None))
+    await fenced
+    assert storage.ledger(9).master_key is None
+    processor = Processor(storage, "b", 5 << 20)
+    conn = ServerConnection(processor, ConnectionLimits(5 << 20, 64, 30.0), set())
+    transport = Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+
+    async def answer(request: Any) -> Any:
+        transport.data.clear()
+        conn.data_received(m.encode(request))
+        for _ in range(500):
+            if transport.data:
+                break
+            await asyncio.sleep(0.01)
+        (size,) = LENGTH.unpack_from(transport.data, 0)
+        return m.decode_response(bytes(transport.data[4 : 4 + size]))
+
+    refused = await answer(m.ReadEntryRequest(1, 9, -1, ReadFlag.FENCE_LEDGER, junk))
+    assert refused.status == StatusCode.EUA
+    assert storage.ledger(9).master_key is None
+    taken = await answer(m.ReadEntryRequest(2, 9, -1, ReadFlag.FENCE_LEDGER, real))
+    assert taken.status in (StatusCode.EOK, StatusCode.ENOENTRY)
+    assert storage.ledger(9).master_key == real
     await storage.close()
