@@ -341,7 +341,10 @@ class LedgerRecovery:
                 return UNCHANGED
             if current.state is not LedgerState.IN_RECOVERY:
                 raise BKInternalError(f"ledger {self._ledger_id} went back to {current.state.name}")
-            if current.ensembles != md.ensembles:
+            # What recovery judged lies in the last fragment (it read from its first entry - 1 on):
+            # a change there voids its decisions. An earlier fragment healed meanwhile (an
+            # autorecovery worker re-replicating a lost bookie's copies) does not: it is kept.
+            if len(current.ensembles) != len(md.ensembles) or current.ensembles[-1] != md.ensembles[-1]:
                 raise LedgerRecoveryError(f"ledger {self._ledger_id}: fragments changed during recovery")
             proposed = current
             for first, ensemble in fragments:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from typing import Any
 
 import pytest
 
@@ -99,3 +101,32 @@ async def test_recovery__concurrent_recoverers_converge(world: World) -> None:
     assert {h.last_add_confirmed for h in handles} == {29}
     stored = await world.ledgers.read(v.ledger_id)
     assert stored.metadata.last_entry_id == 29
+
+
+async def test_recovery__an_earlier_fragment_healed_meanwhile_does_not_void_it(world: World) -> None:
+    """An autorecovery worker re-replicating an earlier fragment while a recovery runs (its CAS
+    lands before the recovery's close) leaves the recovery's decisions standing — they are all in
+    the last fragment — and the close keeps the healed fragment."""
+    ids = world.cluster.ids
+    v = await world.ledger(
+        [(0, [0, 1, 2]), (5, [0, 1, 3])], 2, 2, {0: range(9), 1: range(9), 2: range(5), 3: range(5, 9)}
+    )
+    healed = (ids[0], ids[1], ids[4])
+    update = world.ledgers.update
+    calls = 0
+
+    async def worker_first(ledger_id: int, transform: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # after IN_RECOVERY: the worker's CAS (bookie 2 -> 4) lands before the close
+            await update(
+                ledger_id, lambda md: dataclasses.replace(md, ensembles=((0, healed), *md.ensembles[1:]))
+            )
+        return await update(ledger_id, transform, *args, **kwargs)
+
+    world.ledgers.update = worker_first  # type: ignore[method-assign]
+    rh = await world.client().open_ledger(v.ledger_id, password=PASSWORD, recovery=True)
+    assert rh.last_add_confirmed == 8
+    stored = (await world.ledgers.read(v.ledger_id)).metadata
+    assert stored.state is LedgerState.CLOSED
+    assert stored.ensembles == ((0, healed), (5, (ids[0], ids[1], ids[3])))
