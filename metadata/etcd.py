@@ -73,6 +73,10 @@ class EtcdConfig:
     op_timeout_s: float = 5.0
     # How long to wait for one endpoint's channel to connect before trying the next.
     connect_timeout_s: float = 1.0
+    # The first attempt of a read on one endpoint may take this long before the read moves to the
+    # next endpoint (each later attempt twice as long, all within ``op_timeout_s``): a member that
+    # is stuck (SIGSTOP, disk stall) keeps its TCP connection "ready" but never answers.
+    attempt_timeout_s: float = 1.5
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 1.0
     # gRPC keepalive detects a dead peer on an idle watch; etcd rejects pings more often than 5 s.
@@ -97,7 +101,7 @@ class EtcdConfig:
             raise ValueError("an etcd client certificate needs both cert_file and key_file")
         if bool(self.user) != bool(self.password_file):
             raise ValueError("etcd credentials need both user and password_file")
-        if self.op_timeout_s <= 0 or self.connect_timeout_s <= 0:
+        if self.op_timeout_s <= 0 or self.connect_timeout_s <= 0 or self.attempt_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
 
     @property
@@ -289,25 +293,42 @@ class EtcdStore(MetadataStore):
     async def _call(
         self, op: Callable[[_Endpoint, float], Awaitable[T]], *, mutation_key: str | None = None
     ) -> T:
-        """Run ``op(endpoint, timeout_s)`` within the operation budget, retrying where it is safe."""
+        """Run ``op(endpoint, timeout_s)`` within the operation budget, retrying where it is safe.
+
+        A read's attempt on one endpoint is capped (``attempt_timeout_s``, doubling per attempt), so
+        a member that holds its connection but never answers costs one attempt, not the budget: the
+        read times out there, the store moves to the next endpoint and retries. A mutation gets the
+        whole remaining budget (it cannot be retried once sent); when its answer is lost the store
+        still moves on, so the next call goes elsewhere, and the mutation raises `CasResultUnknown`.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._config.op_timeout_s
         backoff = Backoff(self._config.backoff_initial_s, self._config.backoff_max_s)
+        attempt_cap_s = self._config.attempt_timeout_s
         while True:
             index, endpoint = await self._ready(deadline)
             remaining_s = deadline - loop.time()
             if remaining_s <= 0:
                 raise MetadataUnavailable(f"etcd operation timed out after {self._config.op_timeout_s} s")
+            capped = mutation_key is None and attempt_cap_s < remaining_s
             try:
-                return await op(endpoint, remaining_s)
+                return await op(endpoint, min(remaining_s, attempt_cap_s) if capped else remaining_s)
             except rpc.AioRpcError as error:
+                details = str(error.details() or "")
                 if self._config.user and _auth_expired(error):
                     endpoint.authenticated = False  # refused before it ran: safe to retry, even a CAS
-                    continue
-                if not _retriable(error, mutation=mutation_key is not None):
-                    raise self._translate(error, mutation_key) from error
-                details = str(error.details() or "")
-                self._rotate(index, details)
+                elif capped and _code_name(error) == "DEADLINE_EXCEEDED":
+                    # Our own cap ran out on this endpoint (stuck or slow): a read tries the next,
+                    # with a longer cap in case etcd is merely slow everywhere.
+                    self._rotate(index, f"no answer within {attempt_cap_s:.2f} s")
+                    attempt_cap_s *= 2
+                elif not _retriable(error, mutation=mutation_key is not None):
+                    translated = self._translate(error, mutation_key)
+                    if isinstance(translated, (CasResultUnknown, MetadataUnavailable)):
+                        self._rotate(index, details)  # this member may be stuck: the next call goes elsewhere
+                    raise translated from error
+                else:
+                    self._rotate(index, details)
                 if deadline - loop.time() <= 0:
                     raise MetadataUnavailable(f"etcd unavailable: {details}") from error
             await self._sleep_within(backoff.next_delay_s(), deadline)

@@ -116,3 +116,37 @@ async def test_memory_watch_reports_compaction_and_ledger_watch_rereads() -> Non
         closed = await manager.update(created.ledger_id, lambda md: md.closed(-1, 0))
         store.compact()  # the history the watch would resume from is gone: it must re-read
         assert await anext(updates) == closed
+
+
+async def test_a_stuck_member_costs_reads_and_lease_keepalives_one_attempt_not_the_budget(
+    etcd_cluster3: EtcdCluster, root: str
+) -> None:
+    # A SIGSTOPped member keeps its TCP connection (the channel stays READY) but never answers: each
+    # read must give up on it after one capped attempt and go on to a healthy member within its
+    # budget, so a lease kept alive through the same store outlives the stall.
+    store = EtcdStore(
+        EtcdConfig(
+            etcd_cluster3.endpoints,
+            op_timeout_s=5.0,
+        )
+    )
+    stuck = etcd_cluster3.members[0]  # the endpoint the store talks to first
+    try:
+        await store.put(f"{root}/k", b"v")
+        lease = await store.grant_lease(2)
+        await store.create(f"{root}/held", b"x", lease_id=lease)
+        stuck.pause()
+        try:
+            for _ in range(4):  # > one lease TTL of keepalives, all through the store
+                got = await store.get(f"{root}/k")
+                assert got is not None
+                assert got.value == b"v"
+                assert await store.keepalive(lease) > 0
+                await asyncio.sleep(0.6)
+            held = await store.get(f"{root}/held")
+            assert held is not None
+            assert held.lease_id == lease
+        finally:
+            stuck.resume()
+    finally:
+        await store.close()
