@@ -80,10 +80,12 @@ class Election:
     async def _wait_vacant(self) -> None:
         # Keep our own lease alive while waiting: campaigns can last longer than one TTL.
         await self._store.keepalive(self._lease_id)
-        current = await self._store.get(self._key)
-        if current is None:
+        # The page's revision, not the key's version: a key last written before a compaction would
+        # make a watch from its version + 1 fail at once, every time (a hot loop of create + watch).
+        page = await self._store.list(self._key, limit=1)
+        if not any(kv.key == self._key for kv in page.items):
             return
-        events = self._store.watch(self._key, start_revision=current.version + 1)
+        events = self._store.watch(self._key, start_revision=page.revision + 1)
         try:
             async with contextlib.aclosing(events), asyncio.timeout(self._ttl_s / 3):
                 async for event in events:

@@ -481,6 +481,21 @@ class EtcdStore(MetadataStore):
 
         return int((await self._call(op)).header.revision)
 
+    async def compact(self, revision: int) -> None:
+        """Drop the history before ``revision`` (etcd's compaction; operators usually let etcd's
+        ``--auto-compaction-retention`` do it). Watches that need older revisions get
+        `WatchCompacted`. Compacting again at or below an earlier compaction is not an error."""
+
+        async def op(endpoint: _Endpoint, timeout_s: float) -> None:
+            request = rpc.CompactionRequest(revision=revision, physical=True)
+            await endpoint.kv.Compact(request, timeout=timeout_s, metadata=endpoint.metadata)
+
+        try:
+            await self._call(op)
+        except MetadataError as error:
+            if "compacted" not in str(error):
+                raise
+
     # ---- leases ----------------------------------------------------------------------------------
 
     async def grant_lease(self, ttl_s: int) -> int:

@@ -220,20 +220,29 @@ async def watch_value(
     """What ``read()`` returns now, then every change of ``key`` decoded by ``decode(value,
     revision)``; ``None`` once the key is deleted (then it ends). Survives reconnects; after a
     compaction it calls ``read()`` again and goes on from the fresh state (``gone``: what ``read``
-    raises for a missing key). The ledger and log managers' ``watch``."""
+    raises for a missing key). The ledger and log managers' ``watch``.
+
+    After a compaction the watch resumes from the store revision taken just before that re-read,
+    not from the key's own version: a key last written before the compaction would otherwise be
+    refused again at once, forever (a hot loop of read + watch). Events the re-read already
+    reflects (revision <= its version) are skipped."""
     current = await read()
     yield current
+    start = current.version + 1
     while True:
-        events = store.watch(key, start_revision=current.version + 1)
+        events = store.watch(key, start_revision=start)
         try:
             async with contextlib.aclosing(events):
                 async for event in events:
+                    if event.revision <= current.version:
+                        continue  # already read
                     if event.kind is EventKind.DELETE or event.value is None:
                         yield None
                         return
                     current = decode(event.value, event.revision)
                     yield current
         except WatchCompacted:
+            start = await store.current_revision() + 1  # before the read: nothing slips between
             try:
                 fresh = await read()
             except gone:

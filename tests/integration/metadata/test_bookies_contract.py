@@ -22,6 +22,7 @@ from metadata.election import Election
 from metadata.errors import BadVersion, MetadataFormatError, NodeExists
 from metadata.keys import ClusterKeys
 from metadata.store import MetadataStore
+from tests.integration.metadata.conftest import WatchCounter, compact
 
 
 def info(n: int) -> BookieInfo:
@@ -164,3 +165,29 @@ async def test_election_leader_learns_it_lost_the_lease(store: MetadataStore, ro
     await asyncio.wait_for(election.lost.wait(), 5)
     assert not election.is_leader
     await election.close()
+
+
+async def test_election_standby_waits_quietly_behind_a_leader_key_older_than_a_compaction(
+    store: MetadataStore, root: str
+) -> None:
+    key = ClusterKeys(root).auditor
+    leader, standby = Election(store, key, "auditor-a", ttl_s=10), Election(store, key, "auditor-b", ttl_s=10)
+    await leader.campaign()
+    for i in range(3):
+        await store.put(f"{root}/other/{i}", b"x")  # the leader's key is now below the compaction
+    await compact(store)
+    watches = WatchCounter(store)
+    waiting = asyncio.create_task(standby.campaign())
+    try:
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        assert watches.starts <= 1  # one watch from the current revision, not one per refused watch
+        await leader.resign()
+        await asyncio.wait_for(waiting, 5)
+        assert standby.is_leader
+    finally:
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        await standby.close()
+        await leader.close()

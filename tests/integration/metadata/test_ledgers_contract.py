@@ -13,6 +13,7 @@ from metadata.ledger_manager import UNCHANGED, LedgerManager, VersionedLedger
 from metadata.ledger_metadata import LedgerMetadata, LedgerState, ReplacedBookie
 from metadata.memory import MemoryStore
 from metadata.store import MetadataStore
+from tests.integration.metadata.conftest import WatchCounter, compact
 
 BOOKIES = ("127.0.0.1:3181", "127.0.0.1:3182", "127.0.0.1:3183")
 
@@ -245,3 +246,23 @@ async def test_update_with_lost_cas_result_raises_cas_result_unknown() -> None:
     with pytest.raises(CasResultUnknown):
         await manager.update(created.ledger_id, lambda md: md.in_recovery())
     assert (await manager.read(created.ledger_id)).metadata.state is LedgerState.IN_RECOVERY
+
+
+async def test_watch_of_a_ledger_last_written_before_a_compaction_waits_quietly(
+    store: MetadataStore, root: str
+) -> None:
+    manager = LedgerManager(store, root)
+    created = await create(manager)
+    for i in range(3):
+        await store.put(f"{root}/other/{i}", b"x")  # the ledger's version is now below the compaction
+    await compact(store)
+    watches = WatchCounter(store)
+    updates = manager.watch(created.ledger_id)
+    async with contextlib.aclosing(updates):
+        assert await anext(updates) == created
+        pending = asyncio.ensure_future(anext(updates))
+        await asyncio.sleep(0.5)
+        assert not pending.done()
+        assert watches.starts <= 2  # one refused (compacted), one from the current revision: no spin
+        closed = await manager.update(created.ledger_id, lambda md: md.closed(-1, 0))
+        assert await asyncio.wait_for(pending, 5) == closed
