@@ -43,8 +43,10 @@ def open_envelope(
             key, f"{who}: unsupported format_version {version!r} (max {format_version_max})"
         )
     for name, expected in field_types.items():
-        if not isinstance(body.get(name), expected):
-            raise MetadataFormatError(key, f"{who}: field {name!r} missing or of wrong type")
+        if name not in body:  # before the type: a field that may be nil is still required
+            raise MetadataFormatError(key, f"{who}: field {name!r} missing")
+        if not isinstance(body[name], expected):
+            raise MetadataFormatError(key, f"{who}: field {name!r} of wrong type")
     return body
 
 

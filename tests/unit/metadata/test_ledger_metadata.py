@@ -137,6 +137,15 @@ def test_invariant_violation_in_stored_value_is_a_format_error() -> None:
         serde.decode(serde.MAGIC + msgpack.packb(body), key="k", ledger_id=7)
 
 
+@pytest.mark.parametrize("field", sorted(set(serde._FIELD_TYPES) - {"format_version"}))
+def test_a_missing_required_field_is_a_format_error_naming_it(field: str) -> None:
+    # last_entry_id may be nil (an open ledger) but must be there: a missing one is no KeyError
+    body = msgpack.unpackb(serde.encode(make())[4:])
+    del body[field]
+    with pytest.raises(MetadataFormatError, match=f"field '{field}' missing"):
+        serde.decode(serde.MAGIC + msgpack.packb(body), key="k", ledger_id=7)
+
+
 @given(st.binary(max_size=300))
 def test_decoding_random_bytes_raises_only_format_errors(data: bytes) -> None:
     for candidate in (data, serde.MAGIC + data):
