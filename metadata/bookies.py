@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import time
 import types
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -138,25 +139,69 @@ def _field(key: str, body: dict[str, Any], name: str, kind: type[FieldT]) -> Fie
 
 @dataclass(frozen=True, slots=True)
 class BookieSet:
-    """The registered bookies at one store revision."""
+    """The registered bookies at one store revision.
+
+    ``writable`` / ``readonly``: the registrations we can read. ``undecodable``: the ids of bookies
+    registered with a value we cannot decode (garbage, or a newer bookie's format during a rolling
+    upgrade): no client can use them, but they are alive (their key is bound to a live lease), so
+    whoever judges a bookie lost must count them as present (`registered`)."""
 
     writable: Mapping[str, BookieInfo]
     readonly: Mapping[str, BookieInfo]
     revision: int
+    undecodable: frozenset[str] = frozenset()
+
+    @property
+    def registered(self) -> frozenset[str]:
+        """Every bookie id with a registration, decodable or not: the ones not lost."""
+        return frozenset(self.writable) | frozenset(self.readonly) | self.undecodable
+
+
+# An undecodable registration is logged at most this often (per key): a bookie watch re-reads the
+# whole set on every change.
+UNDECODABLE_LOG_INTERVAL_S = 60.0
+_undecodable_logged: dict[str, float] = {}
+
+
+def _log_undecodable(key: str, error: MetadataFormatError) -> None:
+    now = time.monotonic()
+    if now - _undecodable_logged.get(key, -UNDECODABLE_LOG_INTERVAL_S) < UNDECODABLE_LOG_INTERVAL_S:
+        return
+    if len(_undecodable_logged) >= 1024:
+        _undecodable_logged.clear()
+    _undecodable_logged[key] = now
+    log.warning(
+        "bookies.registration_undecodable",
+        key=key,
+        error=str(error),
+        hint="skipped by clients, still counted as registered; a newer bookie? upgrade this client",
+    )
 
 
 def _bookie_set(keys: ClusterKeys, items: list[KeyValue], revision: int) -> BookieSet:
     found: dict[BookieState, dict[str, BookieInfo]] = {state: {} for state in BookieState}
+    undecodable: set[str] = set()
     for kv in items:
         for state in BookieState:
             prefix = keys.bookies_state_prefix(state.value)
             if kv.key.startswith(prefix):
-                found[state][kv.key[len(prefix) :]] = BookieInfo.decode(kv.key, kv.value)
-    return BookieSet(found[BookieState.WRITABLE], found[BookieState.READONLY], revision)
+                bookie_id = kv.key[len(prefix) :]
+                try:
+                    found[state][bookie_id] = BookieInfo.decode(kv.key, kv.value)
+                except MetadataFormatError as error:
+                    _log_undecodable(kv.key, error)
+                    undecodable.add(bookie_id)
+    return BookieSet(
+        found[BookieState.WRITABLE],
+        found[BookieState.READONLY],
+        revision,
+        frozenset(undecodable - found[BookieState.WRITABLE].keys() - found[BookieState.READONLY].keys()),
+    )
 
 
 async def list_bookies(store: MetadataStore, root: str) -> BookieSet:
-    """The registered bookies now. Raises `MetadataFormatError` for a garbage registration."""
+    """The registered bookies now. A registration that cannot be decoded is left out of
+    ``writable`` / ``readonly`` (logged, rate-limited) and named in ``undecodable``."""
     keys = ClusterKeys(root)
     items, revision = await list_all(store, keys.bookies_prefix)
     return _bookie_set(keys, items, revision)

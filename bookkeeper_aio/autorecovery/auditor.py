@@ -351,7 +351,7 @@ class Auditor:
             try:
                 async with contextlib.aclosing(watch_bookies(store, root)) as updates:
                     async for bookies in updates:
-                        self._registered = set(bookies.writable) | set(bookies.readonly)
+                        self._registered = set(bookies.registered)
                         self._registered_instances = _instances(bookies)
                         changed.set()
             except MetadataError as error:
@@ -366,7 +366,7 @@ class Auditor:
         instances = self._registered_instances
         if registered is None:
             bookies = await list_bookies(store, root)
-            registered = set(bookies.writable) | set(bookies.readonly)
+            registered = set(bookies.registered)
             instances = _instances(bookies)
         replaced = await self._mark_replaced(instances)
         cookies, _ = await list_all(store, f"{root}/cookies/")
@@ -436,7 +436,7 @@ class Auditor:
     async def check_all(self) -> list[int]:
         """The periodic check of every ledger (module doc); returns the ledgers it marked."""
         bookies = await list_bookies(self._urm.store, self._urm.keys.root)
-        registered = set(bookies.writable) | set(bookies.readonly)
+        registered = set(bookies.registered)
         slots = asyncio.Semaphore(self._config.check_window)
         marked: list[int] = []
 

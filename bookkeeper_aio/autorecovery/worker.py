@@ -352,7 +352,7 @@ class ReplicationWorker:
         being decommissioned: a reason to take an idle writer's ledger from it."""
         registered = await list_bookies(self._urm.store, self._urm.keys.root)
         leaving = await self._urm.decommissioning()
-        present = (set(registered.writable) | set(registered.readonly)) - leaving
+        present = registered.registered - leaving
         return not set(bookies) <= present
 
     async def _replace(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import msgpack
 import pytest
 
 from metadata.bookies import (
@@ -19,7 +20,7 @@ from metadata.bookies import (
     write_cookie,
 )
 from metadata.election import Election
-from metadata.errors import BadVersion, MetadataFormatError, NodeExists
+from metadata.errors import BadVersion, NodeExists
 from metadata.keys import ClusterKeys
 from metadata.store import MetadataStore
 from tests.integration.metadata.conftest import WatchCounter, compact
@@ -108,10 +109,29 @@ async def test_watch_bookies_sees_joins_state_changes_and_leaves(store: Metadata
     assert done.is_set()
 
 
-async def test_garbage_registration_is_a_format_error(store: MetadataStore, root: str) -> None:
-    await store.put(ClusterKeys(root).bookie("writable", "bad"), b"\xc1\xc1")
-    with pytest.raises(MetadataFormatError, match="bad"):
-        await list_bookies(store, root)
+async def test_an_undecodable_registration_is_skipped_but_counted_as_registered(
+    store: MetadataStore, root: str
+) -> None:
+    good = BookieRegistration(store, root, BookieInfo("good", "127.0.0.1", 3181), ttl_s=5)
+    await good.start()
+    try:
+        await store.put(ClusterKeys(root).bookie("writable", "garbage"), b"\xc1\xc1")
+        newer = msgpack.packb({"format_version": 2, "bookie_id": "newer", "host": "h", "port": 1})
+        await store.put(ClusterKeys(root).bookie("readonly", "newer"), newer)
+        found = await list_bookies(store, root)
+        assert set(found.writable) == {"good"}
+        assert not found.readonly
+        assert found.undecodable == {"garbage", "newer"}
+        assert found.registered == {"good", "garbage", "newer"}
+        updates = watch_bookies(store, root)
+        async with contextlib.aclosing(updates):
+            assert (await anext(updates)).undecodable == {"garbage", "newer"}
+            await store.delete(ClusterKeys(root).bookie("writable", "garbage"))
+            after = await anext(updates)
+            assert after.undecodable == {"newer"}
+            assert set(after.writable) == {"good"}
+    finally:
+        await good.close()
 
 
 async def test_cookie_create_cas_and_read(store: MetadataStore, root: str) -> None:

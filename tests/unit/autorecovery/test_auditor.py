@@ -220,3 +220,29 @@ async def test_a_bookie_back_with_another_data_dir_is_marked_at_once() -> None:
     finally:
         await reg.close()
         await ctx.pool.close()
+
+
+async def test_a_bookie_with_an_undecodable_registration_is_not_taken_for_lost() -> None:
+    # A live bookie whose registration this auditor cannot read (a newer format during a rolling
+    # upgrade) holds its key under a live lease: re-replicating its ledgers away would be wrong.
+    store = MemoryStore()
+    ctx = _ctx(store)
+    urm = UnderReplicationManager(store, ROOT)
+    reg = await _register(store, "b0", 4200)
+    newer = await store.grant_lease(5)
+    await store.put(f"{ROOT}/bookies/writable/b1", b"\xc1 a newer format", lease_id=newer)
+    on_b1 = (await ctx.ledgers.create(("b0", "b1"), write_quorum=2, ack_quorum=2)).ledger_id
+    auditor = Auditor(ctx, urm, AutorecoveryConfig(lost_bookie_recovery_delay_s=0.1), candidate_id="a1")
+    try:
+        assert await auditor.audit_once() == []
+        await asyncio.sleep(0.15)
+        assert await auditor.audit_once() == []
+        assert "b1" not in auditor.missing
+        assert await urm.get(on_b1) is None
+        await store.revoke_lease(newer)  # now it is gone: lost after the delay as usual
+        assert await auditor.audit_once() == []
+        await asyncio.sleep(0.15)
+        assert await auditor.audit_once() == [on_b1]
+    finally:
+        await reg.close()
+        await ctx.pool.close()
