@@ -260,6 +260,7 @@ class BookieRegistration:
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self.registrations = 0  # how many times the key was (re)created: 1 + re-registrations
+        self._stray_key: str | None = None  # left in the other state by a half-done set_state
         self.failure: BaseException | None = None
 
     @property
@@ -293,6 +294,7 @@ class BookieRegistration:
 
     async def _register(self, *, wait_stale_s: float) -> None:
         async with self._lock:
+            self._stray_key = None  # bound to the lease being replaced: it goes with it
             self._lease_id = await self._store.grant_lease(self._ttl_s)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait_stale_s
@@ -386,6 +388,9 @@ class BookieRegistration:
                 await self._store.keepalive(self._lease_id)
                 if not await self._is_ours():
                     raise LeaseExpired(self._lease_id)  # noqa: TRY301 -- key lost: same remedy
+                if self._stray_key is not None:
+                    async with self._lock:
+                        await self._drop_stray_key()
                 backoff.reset()
             except LeaseExpired:
                 log.warning("bookie.lease_lost", key=self.key, lease_id=self._lease_id)
@@ -406,25 +411,48 @@ class BookieRegistration:
                 await asyncio.sleep(backoff.next_delay_s())
 
     async def set_state(self, state: BookieState) -> None:
-        """Move the registration between writable/ and readonly/ (same lease)."""
-        if state is self._info.state:
-            return
-        if state not in BOOKIE_TRANSITIONS[self._info.state]:
+        """Move the registration between writable/ and readonly/ (same lease).
+
+        Two steps (no multi-key transaction): put the new key, then delete the old one. If the
+        store fails in between, the key left in the other state is remembered: a retry of
+        ``set_state`` and the keepalive task delete it (only while it is still bound to our lease),
+        so the bookie is never listed in both states for good. Raises `MetadataError` (retry).
+        """
+        if state not in BOOKIE_TRANSITIONS[self._info.state] and state is not self._info.state:
             raise InvalidMetadata(
                 f"bookie {self._info.bookie_id}: illegal {self._info.state.name} -> {state.name}"
             )
         async with self._lock:
+            if state is self._info.state:
+                await self._drop_stray_key()  # a retry after a half-done move finishes it
+                return
             old_key = self.key
+            new_key = self._keys.bookie(state.value, self._info.bookie_id)
             new_info = BookieInfo(
                 self._info.bookie_id, self._info.host, self._info.port, state, self._info.attributes
             )
-            await self._store.put(
-                self._keys.bookie(state.value, new_info.bookie_id), new_info.encode(), lease_id=self._lease_id
-            )
+            try:
+                await self._store.put(new_key, new_info.encode(), lease_id=self._lease_id)
+            except MetadataError:
+                self._stray_key = new_key  # maybe written (answer lost): not to stay beside old_key
+                raise
             self._info = new_info
-            with contextlib.suppress(NoNode):
-                await self._store.delete(old_key)
+            self._stray_key = old_key
+            await self._drop_stray_key()
             log.info("bookie.state_changed", bookie_id=new_info.bookie_id, state=state.value)
+
+    async def _drop_stray_key(self) -> None:
+        """Delete the key a half-done `set_state` left in the other state, if still bound to our
+        lease (another lease's key is not ours to delete). Caller holds ``_lock``."""
+        key = self._stray_key
+        if key is None or key == self.key:
+            self._stray_key = None
+            return
+        current = await self._store.get(key)
+        if current is not None and current.lease_id == self._lease_id and self._lease_id:
+            with contextlib.suppress(NoNode, BadVersion):
+                await self._store.delete(key, expected_version=current.version)
+        self._stray_key = None
 
     async def _stop_task(self) -> None:
         task, self._task = self._task, None

@@ -20,9 +20,9 @@ from metadata.bookies import (
     write_cookie,
 )
 from metadata.election import Election
-from metadata.errors import BadVersion, NodeExists
+from metadata.errors import BadVersion, MetadataUnavailable, NodeExists
 from metadata.keys import ClusterKeys
-from metadata.store import MetadataStore
+from metadata.store import Guards, MetadataStore
 from tests.integration.metadata.conftest import WatchCounter, compact
 
 
@@ -211,3 +211,39 @@ async def test_election_standby_waits_quietly_behind_a_leader_key_older_than_a_c
             await waiting
         await standby.close()
         await leader.close()
+
+
+async def test_a_half_done_state_change_never_leaves_the_bookie_in_both_states(
+    store: MetadataStore, root: str
+) -> None:
+    registration = BookieRegistration(store, root, BookieInfo("b1", "127.0.0.1", 3181), ttl_s=3)
+    await registration.start()
+    real_delete = store.delete
+    failures = [MetadataUnavailable("injected: the store failed between the two steps")]
+
+    async def flaky_delete(key: str, expected_version: int | None = None, *, guards: Guards = ()) -> None:
+        if failures:
+            raise failures.pop()
+        await real_delete(key, expected_version, guards=guards)
+
+    store.delete = flaky_delete  # type: ignore[method-assign]
+    try:
+        with pytest.raises(MetadataUnavailable):
+            await registration.set_state(BookieState.READONLY)
+        await registration.set_state(BookieState.READONLY)  # the caller's retry finishes the move
+        found = await list_bookies(store, root)
+        assert (set(found.writable), set(found.readonly)) == (set(), {"b1"})
+
+        failures.append(MetadataUnavailable("injected again"))
+        with pytest.raises(MetadataUnavailable):
+            await registration.set_state(BookieState.WRITABLE)
+        # no retry this time: the keepalive task (every ttl / 3) removes the stray key itself
+        for _ in range(40):
+            found = await list_bookies(store, root)
+            if not found.readonly:
+                break
+            await asyncio.sleep(0.1)
+        assert (set(found.writable), set(found.readonly)) == ({"b1"}, set())
+    finally:
+        store.delete = real_delete  # type: ignore[method-assign]
+        await registration.close()
