@@ -22,6 +22,11 @@ from metadata.store import EventKind, MetadataStore
 log = structlog.get_logger("metadata.election")
 
 ELECTION_TTL_S_DEFAULT = 10
+# The leader gives up this long before its lease may expire: max(MIN, ttl * FRACTION).
+LOST_MARGIN_S_MIN = 0.5
+LOST_MARGIN_TTL_FRACTION = 0.1
+# After a failed keepalive the leader tries again this soon (well within its remaining lease).
+KEEPALIVE_RETRY_S = 0.5
 
 
 class Election:
@@ -35,12 +40,35 @@ class Election:
         self._candidate_id = validate_name(candidate_id, "candidate id")
         self._ttl_s = ttl_s
         self._lease_id = 0
+        # When our lease may expire at the earliest: the send time of the last grant or keepalive
+        # that succeeded, plus the TTL it gave (the store counts from when it received the call).
+        self._expires_at = 0.0
         self._task: asyncio.Task[None] | None = None
         self.lost = asyncio.Event()
 
     @property
     def is_leader(self) -> bool:
-        return self._task is not None and not self.lost.is_set()
+        return (
+            self._task is not None
+            and not self.lost.is_set()
+            and asyncio.get_running_loop().time() < self._lost_at
+        )
+
+    @property
+    def _lost_at(self) -> float:
+        """When to stop acting as leader: a margin before the lease can expire, so `lost` is set
+        before another candidate can be elected (clock rates and loop delays differ a little)."""
+        return self._expires_at - max(LOST_MARGIN_S_MIN, self._ttl_s * LOST_MARGIN_TTL_FRACTION)
+
+    async def _grant(self) -> None:
+        sent = asyncio.get_running_loop().time()
+        self._lease_id = await self._store.grant_lease(self._ttl_s)
+        self._expires_at = sent + self._ttl_s
+
+    async def _keepalive(self) -> None:
+        sent = asyncio.get_running_loop().time()
+        ttl_s = await self._store.keepalive(self._lease_id)
+        self._expires_at = sent + ttl_s
 
     async def leader(self) -> str | None:
         """The current leader's candidate id, or None."""
@@ -50,13 +78,13 @@ class Election:
     async def campaign(self) -> None:
         """Block until this candidate leads. Cancel it to give up. Raises `MetadataUnavailable`."""
         assert self._task is None, "already leading"
-        self._lease_id = await self._store.grant_lease(self._ttl_s)
+        await self._grant()
         try:
             while not await self._try_acquire():
                 try:
                     await self._wait_vacant()
                 except LeaseExpired:  # our candidacy outlived its lease (e.g. a long pause): renew
-                    self._lease_id = await self._store.grant_lease(self._ttl_s)
+                    await self._grant()
         except BaseException:
             with contextlib.suppress(MetadataError):
                 await self._store.revoke_lease(self._lease_id)
@@ -71,15 +99,15 @@ class Election:
         try:
             await self._store.create(self._key, self._candidate_id.encode(), lease_id=self._lease_id)
             return True
-        except NodeExists:
-            return False
-        except CasResultUnknown:
+        except (NodeExists, CasResultUnknown):
+            # The key may be our own: a create whose answer was lost may have applied, even after
+            # the read-back of an earlier try (still in flight then). Bound to our lease, it is ours.
             current = await self._store.get(self._key)
             return current is not None and current.lease_id == self._lease_id
 
     async def _wait_vacant(self) -> None:
         # Keep our own lease alive while waiting: campaigns can last longer than one TTL.
-        await self._store.keepalive(self._lease_id)
+        await self._keepalive()
         # The page's revision, not the key's version: a key last written before a compaction would
         # make a watch from its version + 1 fail at once, every time (a hot loop of create + watch).
         page = await self._store.list(self._key, limit=1)
@@ -95,23 +123,32 @@ class Election:
             return
 
     async def _keepalive_loop(self) -> None:
+        """Refresh the lease every ttl / 3 (sooner after a failure); set `lost` at `_lost_at`, even
+        while a keepalive is still waiting for its answer: a margin before the lease may expire,
+        so before anyone else can be elected."""
         loop = asyncio.get_running_loop()
-        last_ok = loop.time()
-        while True:
-            await asyncio.sleep(self._ttl_s / 3)
-            try:
-                await self._store.keepalive(self._lease_id)
-                last_ok = loop.time()
-                continue
-            except LeaseExpired:
-                pass
-            except MetadataError as error:
-                log.warning("election.keepalive_failed", key=self._key, error=str(error))
-                if loop.time() - last_ok < self._ttl_s:
-                    continue  # the lease may still be valid: keep trying until one TTL has passed
-            log.warning("election.lost", key=self._key, candidate=self._candidate_id)
-            self.lost.set()
-            return
+        delay_s = self._ttl_s / 3
+        try:
+            while True:
+                async with asyncio.timeout_at(self._lost_at):
+                    await asyncio.sleep(delay_s)
+                    try:
+                        await self._keepalive()
+                        delay_s = self._ttl_s / 3
+                    except LeaseExpired:
+                        break
+                    except MetadataError as error:
+                        log.warning(
+                            "election.keepalive_failed",
+                            key=self._key,
+                            error=str(error),
+                            lease_left_s=round(self._lost_at - loop.time(), 2),
+                        )
+                        delay_s = min(KEEPALIVE_RETRY_S, self._ttl_s / 3)
+        except TimeoutError:
+            pass  # no keepalive succeeded in time: the lease may be gone by now
+        log.warning("election.lost", key=self._key, candidate=self._candidate_id)
+        self.lost.set()
 
     async def resign(self) -> None:
         """Give up leadership (or the candidacy): the key disappears, others may win."""

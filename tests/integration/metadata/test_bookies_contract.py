@@ -20,9 +20,9 @@ from metadata.bookies import (
     write_cookie,
 )
 from metadata.election import Election
-from metadata.errors import BadVersion, MetadataUnavailable, NodeExists
+from metadata.errors import BadVersion, CasResultUnknown, MetadataUnavailable, NodeExists
 from metadata.keys import ClusterKeys
-from metadata.store import Guards, MetadataStore
+from metadata.store import Guards, KeyValue, MetadataStore
 from tests.integration.metadata.conftest import WatchCounter, compact
 
 
@@ -247,3 +247,76 @@ async def test_a_half_done_state_change_never_leaves_the_bookie_in_both_states(
     finally:
         store.delete = real_delete  # type: ignore[method-assign]
         await registration.close()
+
+
+async def test_election_leader_knows_it_lost_before_another_is_elected(
+    store: MetadataStore, root: str
+) -> None:
+    # The leader's keepalives stop getting through (each hangs, then fails, like a call to a stuck
+    # etcd member); its lease then expires in the store and the standby wins. The old leader must
+    # have stopped (`lost`) before that, not a failed call or a TTL later.
+    key = ClusterKeys(root).auditor
+    leader, standby = Election(store, key, "auditor-a", ttl_s=3), Election(store, key, "auditor-b", ttl_s=3)
+    await leader.campaign()
+    cut_off = leader._lease_id  # test-only peek: whose keepalives to fail
+    real_keepalive = store.keepalive
+
+    async def keepalive(lease_id: int) -> int:
+        if lease_id == cut_off:
+            await asyncio.sleep(2.5)
+            raise MetadataUnavailable("injected: no answer within the budget")
+        return await real_keepalive(lease_id)
+
+    store.keepalive = keepalive  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+    lost_at: list[float] = []
+
+    async def note_lost() -> None:
+        await leader.lost.wait()
+        lost_at.append(loop.time())
+
+    watcher = asyncio.create_task(note_lost())
+    try:
+        await asyncio.wait_for(standby.campaign(), 15)
+        won_at = loop.time()
+        assert lost_at, "the old leader still thinks it leads while another was elected"
+        assert lost_at[0] < won_at
+        assert not leader.is_leader
+    finally:
+        watcher.cancel()
+        store.keepalive = real_keepalive  # type: ignore[method-assign]
+        await standby.close()
+        await leader.close()
+
+
+async def test_election_candidate_takes_its_own_key_after_a_lost_create_answer(
+    store: MetadataStore, root: str
+) -> None:
+    # The create's answer is lost and it applies only after the candidate read the key back (the
+    # proposal was still in flight): the next create meets the candidate's own key, bound to its
+    # own lease, which it keeps alive. It must take it, not wait for it to go away.
+    key = ClusterKeys(root).auditor
+    election = Election(store, key, "auditor-a", ttl_s=3)
+    real_create, real_get = store.create, store.get
+    late: list[tuple[str, bytes, int]] = []
+
+    async def create(k: str, value: bytes, *, lease_id: int = 0) -> int:
+        if k == key and not late:
+            late.append((k, value, lease_id))
+            raise CasResultUnknown(k, "injected: answer lost, proposal still in flight")
+        return await real_create(k, value, lease_id=lease_id)
+
+    async def get(k: str) -> KeyValue | None:
+        found = await real_get(k)
+        if k == key and late and found is None:
+            await real_create(*late[0][:2], lease_id=late[0][2])  # applies just after the read-back
+        return found
+
+    store.create, store.get = create, get  # type: ignore[method-assign]
+    try:
+        await asyncio.wait_for(election.campaign(), 5)
+        assert election.is_leader
+        assert await election.leader() == "auditor-a"
+    finally:
+        store.create, store.get = real_create, real_get  # type: ignore[method-assign]
+        await election.close()
