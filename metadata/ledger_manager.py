@@ -158,12 +158,21 @@ class LedgerManager:
         """Store metadata under its own id. Raises `NodeExists` if the ledger exists."""
         key = self.keys.ledger(metadata.ledger_id)
         data = serde.encode(metadata)
-        for _ in range(2):
+        for attempt in range(2):
             try:
                 failpoints.hit(failpoints.CAS_BEFORE, key=key)
                 version = await self._store.create(key, data)
                 failpoints.hit(failpoints.CAS_AFTER, key=key)
                 return VersionedLedger(metadata, version)
+            except NodeExists:
+                if attempt == 0:
+                    raise
+                # Our first create's answer was lost and it applied after the read-back (it was
+                # still in flight): the key holding our very value is ours, not someone else's.
+                current = await self._store.get(key)
+                if current is not None and current.value == data:
+                    return VersionedLedger(metadata, current.version)
+                raise
             except CasResultUnknown as unknown:
                 try:
                     current = await self._store.get(key)

@@ -7,12 +7,12 @@ import contextlib
 
 import pytest
 
-from metadata.errors import BadVersion, MetadataFormatError, NodeExists, NoSuchLedger
+from metadata.errors import BadVersion, CasResultUnknown, MetadataFormatError, NodeExists, NoSuchLedger
 from metadata.idgen import IdGenerator
 from metadata.ledger_manager import UNCHANGED, LedgerManager, VersionedLedger
 from metadata.ledger_metadata import LedgerMetadata, LedgerState, ReplacedBookie
 from metadata.memory import MemoryStore
-from metadata.store import MetadataStore
+from metadata.store import KeyValue, MetadataStore
 from tests.integration.metadata.conftest import WatchCounter, compact
 
 BOOKIES = ("127.0.0.1:3181", "127.0.0.1:3182", "127.0.0.1:3183")
@@ -266,3 +266,33 @@ async def test_watch_of_a_ledger_last_written_before_a_compaction_waits_quietly(
         assert watches.starts <= 2  # one refused (compacted), one from the current revision: no spin
         closed = await manager.update(created.ledger_id, lambda md: md.closed(-1, 0))
         assert await asyncio.wait_for(pending, 5) == closed
+
+
+async def test_create_whose_lost_answer_applies_after_the_read_back_returns_the_ledger(
+    store: MetadataStore, root: str
+) -> None:
+    manager = LedgerManager(store, root)
+    real_create, real_get = store.create, store.get
+    late: list[tuple[str, bytes]] = []
+
+    async def lossy_create(key: str, value: bytes, *, lease_id: int = 0) -> int:
+        if "/ledgers/" in key and not late:
+            late.append((key, value))
+            raise CasResultUnknown(key, "injected: answer lost, proposal still in flight")
+        return await real_create(key, value, lease_id=lease_id)
+
+    async def late_get(key: str) -> KeyValue | None:
+        found = await real_get(key)
+        if late and key == late[0][0] and found is None:
+            await real_create(*late[0])  # the lost create applies just after the read-back
+        return found
+
+    store.create, store.get = lossy_create, late_get  # type: ignore[method-assign]
+    try:
+        created = await create(manager)
+    finally:
+        store.create, store.get = real_create, real_get  # type: ignore[method-assign]
+    assert await manager.read(created.ledger_id) == created
+    assert [i async for i in manager.iter_ledger_ids()] == [created.ledger_id]
+    with pytest.raises(NodeExists):  # a genuine second create of the same id still fails
+        await manager.create_metadata(created.metadata)
