@@ -418,7 +418,7 @@ class EtcdStore(MetadataStore):
         for i, guard in enumerate(guards, start=1):
             kvs = response.responses[i].response_range.kvs
             actual = int(kvs[0].mod_revision) if kvs else None
-            if actual != guard.version:
+            if (actual or 0) != guard.version:  # a missing key's mod_revision is 0: Guard(k, 0) held
                 raise GuardFailed(key, guard.key, guard.version, actual)
         kvs = response.responses[0].response_range.kvs
         if not kvs:

@@ -22,6 +22,7 @@ from metadata.errors import (
     CasResultUnknown,
     GuardFailed,
     LeaseExpired,
+    MetadataError,
     MetadataUnavailable,
     NodeExists,
     NoNode,
@@ -58,6 +59,9 @@ class MemoryStore(MetadataStore):
         self._sorted_keys: list[str] = []
         self._revision = 1
         self._history: list[WatchEvent] = []
+        # What each change replaced (revision, key, the previous value or None), as long as the
+        # history: a listing at an older revision undoes the changes made since (etcd's MVCC read).
+        self._undo: list[tuple[int, str, KeyValue | None]] = []
         self._compacted_revision = 0
         self._leases: dict[int, _Lease] = {}
         self._lease_ids = itertools.count(0x1000)
@@ -83,6 +87,11 @@ class MemoryStore(MetadataStore):
         self._compacted_revision = max(self._compacted_revision, upto - 1)
         cut = bisect.bisect_left(self._history, upto, key=lambda e: e.revision)
         del self._history[:cut]
+        self._trim_undo()
+
+    def _trim_undo(self) -> None:
+        cut = bisect.bisect_right(self._undo, self._compacted_revision, key=lambda u: u[0])
+        del self._undo[:cut]
 
     def expire_lease_now(self, lease_id: int) -> None:
         """Expire a lease immediately (as if its holder had been paused past the TTL)."""
@@ -119,6 +128,7 @@ class MemoryStore(MetadataStore):
             drop = len(self._history) - HISTORY_EVENTS_MAX
             self._compacted_revision = self._history[drop - 1].revision
             del self._history[:drop]
+            self._trim_undo()
         self._notify()
 
     def _write(self, key: str, value: bytes, lease_id: int, create_revision: int | None) -> int:
@@ -126,6 +136,7 @@ class MemoryStore(MetadataStore):
             raise LeaseExpired(lease_id)
         self._revision += 1
         old = self._data.get(key)
+        self._undo.append((self._revision, key, old))
         if old is None:
             bisect.insort(self._sorted_keys, key)
         elif old.lease_id and old.lease_id in self._leases:
@@ -143,6 +154,7 @@ class MemoryStore(MetadataStore):
         if old.lease_id and old.lease_id in self._leases:
             self._leases[old.lease_id].keys.discard(key)
         self._revision += 1
+        self._undo.append((self._revision, key, old))
         self._record(WatchEvent(EventKind.DELETE, key, None, self._revision))
 
     def _expire_leases(self) -> None:
@@ -190,7 +202,9 @@ class MemoryStore(MetadataStore):
         compares them all at once; which one is named when several fail does not matter)."""
         for guard in guards:
             found = self._data.get(guard.key)
-            if found is None or found.version != guard.version:
+            # An absent key's version is 0 (etcd's mod_revision of a missing key): Guard(k, 0)
+            # holds while k does not exist.
+            if (0 if found is None else found.version) != guard.version:
                 raise GuardFailed(key, guard.key, guard.version, None if found is None else found.version)
 
     async def compare_and_set(
@@ -229,6 +243,8 @@ class MemoryStore(MetadataStore):
     ) -> Page:
         validate_list_limit(limit)
         await self._enter()
+        if revision and revision != self._revision:
+            return self._list_at(prefix, start_after, limit, revision)
         start = prefix if start_after is None or start_after < prefix else start_after
         index = bisect.bisect_left(self._sorted_keys, start)
         if start_after is not None and index < len(self._sorted_keys) and self._sorted_keys[index] == start:
@@ -240,6 +256,29 @@ class MemoryStore(MetadataStore):
             items.append(self._data[self._sorted_keys[index]])
             index += 1
         return Page(tuple(items), False, self._revision)
+
+    def _list_at(self, prefix: str, start_after: str | None, limit: int, revision: int) -> Page:
+        """A listing as of an older ``revision`` (etcd's read at a revision): the keys now, with
+        every change made since undone. Refused like etcd for a compacted or a future revision."""
+        if revision > self._revision:
+            raise MetadataError(f"memory store: required revision {revision} is a future revision")
+        if revision <= self._compacted_revision:
+            raise WatchCompacted(prefix, self._compacted_revision)
+        state: dict[str, KeyValue] = {}
+        index = bisect.bisect_left(self._sorted_keys, prefix)
+        while index < len(self._sorted_keys) and self._sorted_keys[index].startswith(prefix):
+            state[self._sorted_keys[index]] = self._data[self._sorted_keys[index]]
+            index += 1
+        cut = bisect.bisect_right(self._undo, revision, key=lambda u: u[0])
+        for _, key, old in reversed(self._undo[cut:]):  # newest first: the oldest change wins
+            if key.startswith(prefix):
+                if old is None:
+                    state.pop(key, None)
+                else:
+                    state[key] = old
+        keys = sorted(k for k in state if start_after is None or k > start_after)
+        items = tuple(state[k] for k in keys[:limit])
+        return Page(items, len(keys) > limit, self._revision)
 
     async def current_revision(self) -> int:
         await self._enter()

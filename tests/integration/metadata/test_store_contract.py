@@ -7,8 +7,9 @@ import contextlib
 
 import pytest
 
-from metadata.errors import BadVersion, GuardFailed, LeaseExpired, NodeExists, NoNode
+from metadata.errors import BadVersion, GuardFailed, LeaseExpired, NodeExists, NoNode, WatchCompacted
 from metadata.store import EventKind, Guard, MetadataStore, WatchEvent, list_all
+from tests.integration.metadata.conftest import compact
 
 
 async def test_create_then_get_returns_value_and_version(store: MetadataStore, root: str) -> None:
@@ -212,3 +213,40 @@ async def test_guarded_writes_apply_only_while_every_guard_holds(store: Metadata
     assert await store.get(f"{root}/a") is None
     with pytest.raises(NoNode):
         await store.delete(f"{root}/a", guards=fresh)
+
+
+async def test_a_guard_at_version_zero_holds_while_its_key_is_absent(store: MetadataStore, root: str) -> None:
+    # etcd compares a missing key's mod_revision as 0: Guard(k, 0) means "k does not exist"
+    v1 = await store.create(f"{root}/a", b"one")
+    absent = (Guard(f"{root}/absent", 0),)
+    v2 = await store.compare_and_set(f"{root}/a", b"two", v1, guards=absent)
+    with pytest.raises(BadVersion):  # the guard holds, the version does not: not a GuardFailed
+        await store.compare_and_set(f"{root}/a", b"x", v1, guards=absent)
+    await store.create(f"{root}/absent", b"now present")
+    with pytest.raises(GuardFailed):
+        await store.compare_and_set(f"{root}/a", b"x", v2, guards=absent)
+    got = await store.get(f"{root}/a")
+    assert got is not None
+    assert (got.value, got.version) == (b"two", v2)
+
+
+async def test_pages_read_at_the_first_page_revision_form_one_snapshot(
+    store: MetadataStore, root: str
+) -> None:
+    for name in ("a", "b", "c"):
+        await store.create(f"{root}/p/{name}", b"1")
+    first = await store.list(f"{root}/p/", limit=1)
+    await store.delete(f"{root}/p/b")
+    await store.create(f"{root}/p/bb", b"2")
+    await store.put(f"{root}/p/c", b"changed")
+    rest = await store.list(f"{root}/p/", start_after=first.items[-1].key, limit=10, revision=first.revision)
+    assert [kv.key.rsplit("/", 1)[1] for kv in rest.items] == ["b", "c"]
+    assert [kv.value for kv in rest.items] == [b"1", b"1"]
+    assert not rest.more
+    paged = await store.list(f"{root}/p/", start_after=first.items[-1].key, limit=1, revision=first.revision)
+    assert ([kv.key.rsplit("/", 1)[1] for kv in paged.items], paged.more) == (["b"], True)
+    now = await store.list(f"{root}/p/", start_after=first.items[-1].key, limit=10)
+    assert [kv.key.rsplit("/", 1)[1] for kv in now.items] == ["bb", "c"]
+    await compact(store)
+    with pytest.raises(WatchCompacted):  # that snapshot is gone now
+        await store.list(f"{root}/p/", limit=10, revision=first.revision)
