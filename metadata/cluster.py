@@ -21,6 +21,7 @@ import msgpack
 
 from metadata import ledger_metadata as serde
 from metadata.bookies import BookieSet, list_bookies
+from metadata.envelope import unpack_map
 from metadata.errors import InvalidUrl, MetadataFormatError, NodeExists
 from metadata.etcd import EtcdConfig, EtcdStore
 from metadata.keys import ClusterKeys, validate_root
@@ -31,6 +32,7 @@ from metadata.store import MetadataStore
 DEFAULT_ROOT = "/bookkeeper/default"
 DEFAULT_ETCD_PORT = 2379
 CLUSTER_FORMAT_VERSION = 1
+CLUSTER_INFO_BYTES_MAX = 64 * 1024
 ENDPOINTS_MAX = 32
 
 
@@ -171,11 +173,16 @@ async def read_cluster_info(store: MetadataStore, root: str) -> ClusterInfo | No
     current = await store.get(key)
     if current is None:
         return None
-    try:
-        body = msgpack.unpackb(current.value, raw=False)
-        return ClusterInfo(str(body["instance_id"]), int(body["created_ms"]), int(body["format_version"]))
-    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as error:
-        raise MetadataFormatError(key, f"bad cluster info: {error!r}") from error
+    # A newer format_version is refused: this software may misread a layout written by a newer one.
+    body = unpack_map(
+        key, current.value, bytes_max=CLUSTER_INFO_BYTES_MAX, format_version_max=CLUSTER_FORMAT_VERSION
+    )
+    instance_id, created_ms = body.get("instance_id"), body.get("created_ms")
+    if not isinstance(instance_id, str) or type(created_ms) is not int:
+        raise MetadataFormatError(
+            key, "bad cluster info: 'instance_id' or 'created_ms' missing or of wrong type"
+        )
+    return ClusterInfo(instance_id, created_ms, int(body["format_version"]))
 
 
 async def ensure_cluster(store: MetadataStore, root: str) -> ClusterInfo:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
-from metadata.cluster import parse_url
-from metadata.errors import InvalidMetadata, InvalidUrl
+from metadata.cluster import ensure_cluster, parse_url, read_cluster_info
+from metadata.errors import InvalidMetadata, InvalidUrl, MetadataFormatError
 from metadata.keys import ClusterKeys
+from metadata.memory import MemoryStore
 
 
 def test_etcd_url_with_several_endpoints_and_root() -> None:
@@ -68,3 +70,29 @@ def test_security_options_of_the_etcd_url() -> None:
     for bad in ("tls=yes", "cert_file=c.pem", "user=bookie", "password=plain"):
         with pytest.raises(InvalidUrl):
             parse_url(f"etcd://etcd1/bookkeeper/x?{bad}")
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"format_version": 2, "instance_id": "i", "created_ms": 1}, "unsupported format_version 2"),
+        ({"format_version": 1, "created_ms": 1}, "'instance_id' or 'created_ms' missing"),
+        ({"format_version": 1, "instance_id": "i", "created_ms": "soon"}, "of wrong type"),
+    ],
+)
+async def test_cluster_info_of_a_newer_format_or_broken_is_refused(
+    body: dict[str, object], message: str
+) -> None:
+    store = MemoryStore()
+    await store.put(ClusterKeys("/r").cluster, msgpack.packb(body))
+    with pytest.raises(MetadataFormatError, match=message):
+        await read_cluster_info(store, "/r")
+    with pytest.raises(MetadataFormatError, match=message):
+        await ensure_cluster(store, "/r")
+
+
+async def test_cluster_info_roundtrips() -> None:
+    store = MemoryStore()
+    created = await ensure_cluster(store, "/r")
+    assert await read_cluster_info(store, "/r") == created
+    assert await ensure_cluster(store, "/r") == created
