@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
+from bookkeeper_aio.common.backoff import Backoff
 from metadata.errors import (
     BadVersion,
     CasResultUnknown,
@@ -28,6 +29,9 @@ FIRST_ID = 1  # id 0 is never handed out: it stays free as a "no ledger" marker 
 BLOCK_SIZE_DEFAULT = 1000
 BLOCK_SIZE_MAX = 1_000_000
 CLAIM_ATTEMPTS_MAX = 100
+# The pause after a lost claim: from 1 ms, doubling to 50 ms (jittered).
+CONFLICT_PAUSE_S_INITIAL = 0.001
+CONFLICT_PAUSE_S_MAX = 0.05
 COUNTER_DIGITS_MAX = 19
 
 
@@ -63,6 +67,7 @@ class IdGenerator:
         return ledger_id
 
     async def _claim_block(self, after: int = 0) -> None:
+        backoff = Backoff(initial_s=CONFLICT_PAUSE_S_INITIAL, max_s=CONFLICT_PAUSE_S_MAX)
         for _ in range(CLAIM_ATTEMPTS_MAX):
             current = await self._store.get(self._key)
             start = FIRST_ID if current is None else _decode_counter(self._key, current.value)
@@ -77,7 +82,10 @@ class IdGenerator:
                 else:
                     await self._store.compare_and_set(self._key, value, current.version)
             except (BadVersion, NoNode, NodeExists, CasResultUnknown):
-                continue  # lost the race, or cannot know whether we won: claim a later block
+                # lost the race, or cannot know whether we won: claim a later block, after a short
+                # pause (jittered, growing) so that contenders do not retry in lockstep
+                await asyncio.sleep(backoff.next_delay_s())
+                continue
             self._next, self._end = start, end
             return
         raise UpdateRetriesExhausted(self._key, CLAIM_ATTEMPTS_MAX)

@@ -28,6 +28,7 @@ meanwhile stay, and the key goes only when nothing is left. Every method may rai
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import time
@@ -37,6 +38,7 @@ from typing import Any
 
 import msgpack
 
+from bookkeeper_aio.common.backoff import Backoff
 from metadata.envelope import unpack_map
 from metadata.errors import (
     BadVersion,
@@ -57,6 +59,16 @@ REASONS = frozenset({"lost", "replaced", "check", "decommission", "operator"})
 Undecodable = Callable[[int, MetadataFormatError], None]
 """``on_undecodable(ledger_id, error)``: a mark :meth:`UnderReplicationManager.iter_marks` skipped."""
 UPDATE_ATTEMPTS_MAX = 100
+# The pause after a lost CAS race: from 1 ms, doubling to 50 ms (jittered), so that contenders do not
+# retry in lockstep.
+CONFLICT_PAUSE_S_INITIAL = 0.001
+CONFLICT_PAUSE_S_MAX = 0.05
+
+
+def _conflict_backoff() -> Backoff:
+    return Backoff(initial_s=CONFLICT_PAUSE_S_INITIAL, max_s=CONFLICT_PAUSE_S_MAX)
+
+
 PAGE_SIZE_DEFAULT = 1000
 
 
@@ -160,6 +172,7 @@ class UnderReplicationManager:
         if reason not in REASONS:
             raise InvalidMetadata(f"unknown reason {reason!r}: one of {sorted(REASONS)}")
         key = self.keys.underreplicated(ledger_id)
+        backoff = _conflict_backoff()
         for _ in range(UPDATE_ATTEMPTS_MAX):
             current = await self.get(ledger_id)
             try:
@@ -184,9 +197,13 @@ class UnderReplicationManager:
                     )
                     version = await self._store.compare_and_set(key, fresh.encode(), current.version)
             except (NodeExists, BadVersion, NoNode):
-                continue  # someone else marked or resolved meanwhile: merge with what is there now
+                # someone else marked or resolved meanwhile: merge with what is there now
+                await asyncio.sleep(backoff.next_delay_s())
+                continue
             except CasResultUnknown:
-                continue  # re-read: if ours landed, the next round finds nothing to add
+                # re-read: if ours landed, the next round finds nothing to add
+                await asyncio.sleep(backoff.next_delay_s())
+                continue
             return dataclasses.replace(fresh, version=version)
         raise UpdateRetriesExhausted(key, UPDATE_ATTEMPTS_MAX)
 
@@ -199,6 +216,7 @@ class UnderReplicationManager:
         key = self.keys.underreplicated(ledger_id)
         guards = () if lock is None else (self.guard(lock),)
         gone = set(healed)
+        backoff = _conflict_backoff()
         for _ in range(UPDATE_ATTEMPTS_MAX):
             current = await self.get(ledger_id)
             if current is None:
@@ -217,6 +235,7 @@ class UnderReplicationManager:
                 )
                 return dataclasses.replace(fresh, version=version)
             except (BadVersion, NoNode, CasResultUnknown):
+                await asyncio.sleep(backoff.next_delay_s())
                 continue
         raise UpdateRetriesExhausted(key, UPDATE_ATTEMPTS_MAX)
 
@@ -311,6 +330,7 @@ class UnderReplicationManager:
     async def unlock(self, ledger_id: int, lease_id: int) -> None:
         """Release the lock if ``lease_id`` holds it (never another worker's)."""
         key = self.keys.replication_lock(ledger_id)
+        backoff = _conflict_backoff()
         for _ in range(UPDATE_ATTEMPTS_MAX):
             current = await self._store.get(key)
             if current is None or current.lease_id != lease_id:
@@ -319,6 +339,7 @@ class UnderReplicationManager:
                 await self._store.delete(key, current.version)
                 return
             except (BadVersion, NoNode, CasResultUnknown):
+                await asyncio.sleep(backoff.next_delay_s())
                 continue
         raise UpdateRetriesExhausted(key, UPDATE_ATTEMPTS_MAX)
 
