@@ -131,7 +131,8 @@ class Election:
         try:
             while True:
                 async with asyncio.timeout_at(self._lost_at):
-                    await asyncio.sleep(delay_s)
+                    # never sleep past half of what is left (the last refresh may be a while ago)
+                    await asyncio.sleep(min(delay_s, max(0.0, (self._lost_at - loop.time()) / 2)))
                     try:
                         await self._keepalive()
                         delay_s = self._ttl_s / 3

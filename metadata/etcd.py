@@ -310,7 +310,9 @@ class EtcdStore(MetadataStore):
             remaining_s = deadline - loop.time()
             if remaining_s <= 0:
                 raise MetadataUnavailable(f"etcd operation timed out after {self._config.op_timeout_s} s")
-            capped = mutation_key is None and attempt_cap_s < remaining_s
+            # The last attempt (when less than another capped one would be left after it) gets
+            # all that is left.
+            capped = mutation_key is None and 2 * attempt_cap_s <= remaining_s
             try:
                 return await op(endpoint, min(remaining_s, attempt_cap_s) if capped else remaining_s)
             except rpc.AioRpcError as error:
