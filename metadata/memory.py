@@ -259,26 +259,45 @@ class MemoryStore(MetadataStore):
 
     def _list_at(self, prefix: str, start_after: str | None, limit: int, revision: int) -> Page:
         """A listing as of an older ``revision`` (etcd's read at a revision): the keys now, with
-        every change made since undone. Refused like etcd for a compacted or a future revision."""
+        every change made since undone (costs the page plus the changes since, not the prefix).
+        Refused like etcd for a compacted or a future revision."""
         if revision > self._revision:
             raise MetadataError(f"memory store: required revision {revision} is a future revision")
         if revision <= self._compacted_revision:
             raise WatchCompacted(prefix, self._compacted_revision)
-        state: dict[str, KeyValue] = {}
-        index = bisect.bisect_left(self._sorted_keys, prefix)
-        while index < len(self._sorted_keys) and self._sorted_keys[index].startswith(prefix):
-            state[self._sorted_keys[index]] = self._data[self._sorted_keys[index]]
-            index += 1
+        after = prefix if start_after is None or start_after < prefix else start_after
+        changed: dict[str, KeyValue | None] = {}
         cut = bisect.bisect_right(self._undo, revision, key=lambda u: u[0])
         for _, key, old in reversed(self._undo[cut:]):  # newest first: the oldest change wins
-            if key.startswith(prefix):
-                if old is None:
-                    state.pop(key, None)
-                else:
-                    state[key] = old
-        keys = sorted(k for k in state if start_after is None or k > start_after)
-        items = tuple(state[k] for k in keys[:limit])
-        return Page(items, len(keys) > limit, self._revision)
+            if key.startswith(prefix) and (key > after or (start_after is None and key == after)):
+                changed[key] = old
+        undone = sorted(changed)
+        index = bisect.bisect_left(self._sorted_keys, after)
+        if start_after is not None and index < len(self._sorted_keys) and self._sorted_keys[index] == after:
+            index += 1
+        items: list[KeyValue] = []
+        u = 0
+        while True:
+            now_key = self._sorted_keys[index] if index < len(self._sorted_keys) else None
+            if now_key is not None and not now_key.startswith(prefix):
+                now_key = None
+            old_key = undone[u] if u < len(undone) else None
+            if now_key is None and old_key is None:
+                return Page(tuple(items), False, self._revision)
+            if old_key is not None and (now_key is None or old_key <= now_key):
+                key, value = old_key, changed[old_key]
+                u += 1
+                if key == now_key:
+                    index += 1
+            else:
+                assert now_key is not None
+                key, value = now_key, self._data[now_key]
+                index += 1
+            if value is None:
+                continue  # absent at that revision
+            if len(items) == limit:
+                return Page(tuple(items), True, self._revision)
+            items.append(value)
 
     async def current_revision(self) -> int:
         await self._enter()
