@@ -17,9 +17,11 @@ Rules (the whole point is that one seed is one history):
 - Nothing ready and no timer while the caller still waits: :class:`Deadlock` (a liveness bug).
 
 The scheduling primitives (``call_soon``, ``call_at``, running a handle) are leaner versions of
-``asyncio.BaseEventLoop``'s: the same handles in the same queues in the same order (a seed's trace
-is byte-identical with the stock ones), without the checks a single-threaded, never-closed,
-non-debug loop does not need. They are most of the simulator's own cost.
+``asyncio.BaseEventLoop``'s: the same handles in the same order (a seed's trace is byte-identical
+with the stock ones), without the checks a single-threaded, never-closed, non-debug loop does not
+need; the timer heap holds ``(when, handle)`` pairs (compared in C, in the handles' own order) and
+the ready batch is shuffled with ``random.shuffle``'s algorithm inline. They are most of the
+simulator's own cost.
 """
 
 from __future__ import annotations
@@ -111,6 +113,22 @@ class _TimerHandle(asyncio.TimerHandle):
         return bool(self._when < other._when)
 
 
+_new_handle = object.__new__
+
+
+def _shuffle(batch: list[Any], getrandbits: Callable[[int], int]) -> None:
+    """``random.Random.shuffle(batch)`` with its ``_randbelow`` inline: the same draws from the same
+    generator, in the same order, so the same permutation (a seed keeps its trace), without two
+    method calls per element."""
+    for i in range(len(batch) - 1, 0, -1):
+        n = i + 1
+        k = n.bit_length()
+        j = getrandbits(k)
+        while j >= n:
+            j = getrandbits(k)
+        batch[i], batch[j] = batch[j], batch[i]
+
+
 class SimLoop(asyncio.BaseEventLoop):
     """A deterministic event loop (see the module docstring)."""
 
@@ -138,7 +156,14 @@ class SimLoop(asyncio.BaseEventLoop):
 
     # ------------------------------------------------------------------ scheduling (lean)
     def call_soon(self, callback: Any, *args: Any, context: contextvars.Context | None = None) -> Any:
-        handle = _Handle(callback, args, self, context)
+        handle = _new_handle(_Handle)  # _Handle.__init__, inline (one frame less per callback)
+        handle._context = _copy_context() if context is None else context
+        handle._loop = self
+        handle._callback = callback
+        handle._args = args
+        handle._cancelled = False
+        handle._repr = None
+        handle._source_traceback = None
         self._ready.append(handle)
         return handle
 
@@ -149,9 +174,17 @@ class SimLoop(asyncio.BaseEventLoop):
     ) -> Any:
         if when is None:
             raise TypeError("when cannot be None")
-        timer = _TimerHandle(when, callback, args, self, context)
-        _heappush(self._scheduled, timer)
+        timer = _new_handle(_TimerHandle)
+        timer._context = _copy_context() if context is None else context
+        timer._loop = self
+        timer._callback = callback
+        timer._args = args
+        timer._cancelled = False
+        timer._repr = None
+        timer._source_traceback = None
+        timer._when = when
         timer._scheduled = True
+        _heappush(self._scheduled, (when, timer))
         return timer
 
     def call_later(
@@ -159,19 +192,40 @@ class SimLoop(asyncio.BaseEventLoop):
     ) -> Any:
         if delay is None:
             raise TypeError("delay must not be None")
-        return self.call_at(self._now_s + delay, callback, *args, context=context)
+        when = self._now_s + delay
+        timer = _new_handle(_TimerHandle)
+        timer._context = _copy_context() if context is None else context
+        timer._loop = self
+        timer._callback = callback
+        timer._args = args
+        timer._cancelled = False
+        timer._repr = None
+        timer._source_traceback = None
+        timer._when = when
+        timer._scheduled = True
+        _heappush(self._scheduled, (when, timer))
+        return timer
 
     # ------------------------------------------------------------------ the scheduler
     def _run_once(self) -> None:
         """Iterations until the loop is told to stop (``run_forever`` calls this once per
-        ``_stopping`` check; looping here saves that call per iteration, nothing else changes)."""
+        ``_stopping`` check; looping here saves that call per iteration, nothing else changes).
+
+        The timer heap holds ``(when, handle)`` pairs: compared in C, and in the same order as
+        the handles themselves (by due time only: a tie compares the handles, which say neither
+        is earlier), so the heap evolves as it did with handles and every seed keeps its trace.
+        The ready batch is shuffled by :func:`_shuffle`, ``random.shuffle``'s own algorithm."""
         scheduled = self._scheduled
         heappop = heapq.heappop
-        shuffle = self._rng.shuffle if self._shuffle else None
+        rng = self._rng
+        getrandbits = rng.getrandbits if self._shuffle and type(rng) is random.Random else None
+        shuffle = rng.shuffle if self._shuffle else None
+        node_var = NODE
+        dropped = self.dropped
         while True:
             ready = self._ready
             if not ready:
-                while scheduled and scheduled[0]._cancelled:
+                while scheduled and scheduled[0][1]._cancelled:
                     self._pop_timer()
                 if not scheduled:
                     if self._stopping:
@@ -179,51 +233,56 @@ class SimLoop(asyncio.BaseEventLoop):
                     raise Deadlock(
                         "nothing is ready and no timer is set, but the awaited operation is pending"
                     )
-                if scheduled[0]._when > self._now_s:
-                    self._now_s = scheduled[0]._when
+                if scheduled[0][0] > self._now_s:
+                    self._now_s = scheduled[0][0]
                     self._iterations_now = 0
             self._iterations_now += 1
             if self._iterations_now > ITERATIONS_AT_ONE_INSTANT_MAX:
                 raise Livelock(f"{ITERATIONS_AT_ONE_INSTANT_MAX} loop iterations at t={self._now_s:.6f} s")
             now = self._now_s
-            while scheduled and scheduled[0]._when <= now:
-                handle = heappop(scheduled)
+            while scheduled and scheduled[0][0] <= now:
+                handle = heappop(scheduled)[1]
                 handle._scheduled = False
                 if handle._cancelled:
                     self._timer_cancelled_count = max(0, self._timer_cancelled_count - 1)
                 else:
                     ready.append(handle)
-            batch = list(ready)
-            ready.clear()
+            batch = ready
+            self._ready = []
             if len(batch) > 1:
                 if self.explorer is not None:
                     batch = self.explorer.order(self, batch)
+                elif getrandbits is not None:
+                    _shuffle(batch, getrandbits)
                 elif shuffle is not None:
                     shuffle(batch)
+            ran = 0
             for handle in batch:
                 if handle._cancelled:
                     continue
                 context = handle._context
-                node = context.get(NODE) if context is not None else None
+                node = context.get(node_var)
                 if node is not None and node.dead:
                     self.callbacks_dropped += 1
-                    self.dropped.append(handle)
+                    dropped.append(handle)
                     continue
-                self.callbacks_run += 1
+                ran += 1
                 try:  # Handle._run, inline
                     context.run(handle._callback, *handle._args)
                 except (SystemExit, KeyboardInterrupt):
+                    self.callbacks_run += ran
                     raise
                 except BaseException as exc:
                     callback = format_helpers._format_callback_source(handle._callback, handle._args)
                     self.call_exception_handler(
                         {"message": f"Exception in callback {callback}", "exception": exc, "handle": handle}
                     )
+            self.callbacks_run += ran
             if self._stopping:
                 return
 
     def _pop_timer(self) -> asyncio.TimerHandle:
-        handle = heapq.heappop(self._scheduled)
+        handle: asyncio.TimerHandle = heapq.heappop(self._scheduled)[1]
         handle._scheduled = False
         if handle._cancelled:
             self._timer_cancelled_count = max(0, self._timer_cancelled_count - 1)
