@@ -143,6 +143,7 @@ class BookieServer:
             auth_providers=config.auth_providers_loaded(),
             auth_timeout_s=config.auth_timeout_s,
             bad_requests_per_address_per_s=config.bad_requests_per_address_per_s,
+            clock=clock.monotonic,
         )
         self._tls = config.tls_context()
         self._tls_tasks: set[asyncio.Task[None]] = set()

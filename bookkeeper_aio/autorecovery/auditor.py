@@ -372,11 +372,14 @@ class Auditor:
         cookies, _ = await list_all(store, f"{root}/cookies/")
         self._known |= registered | {kv.key.rsplit("/", 1)[-1] for kv in cookies}
         now = asyncio.get_running_loop().time()
-        for bookie_id in registered:
+        # Sorted: a set of names iterates in an order that changes with the process's hash seed,
+        # and what is logged (and the order of ``_missing_since``) would with it (a simulated seed
+        # replayed in another process gave another trace).
+        for bookie_id in sorted(registered):
             if self._missing_since.pop(bookie_id, None) is not None:
                 log.info("autorecovery.bookie_back", bookie=bookie_id)
             self._marked.discard(bookie_id)
-        for bookie_id in self._known - registered:
+        for bookie_id in sorted(self._known - registered):
             if bookie_id not in self._missing_since:
                 log.info(
                     "autorecovery.bookie_missing",

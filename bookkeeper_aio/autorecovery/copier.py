@@ -22,7 +22,6 @@ Rules (docs/autorecovery.md):
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,7 +56,7 @@ class RateLimiter:
     async def acquire(self, size: int) -> None:
         if self.bytes_per_s <= 0:
             return
-        now = time.monotonic()
+        now = asyncio.get_running_loop().time()  # the loop's clock (a simulation's is virtual)
         start = max(now, self._next)
         self._next = start + size / self.bytes_per_s
         if start > now:
