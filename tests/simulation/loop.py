@@ -154,6 +154,9 @@ class SimLoop(asyncio.BaseEventLoop):
     def time(self) -> float:
         return self._now_s
 
+    # Every Future and Task asks its loop this when it is made: a builtin answers without a frame.
+    get_debug = staticmethod(bool)  # type: ignore[assignment]
+
     # ------------------------------------------------------------------ scheduling (lean)
     def call_soon(self, callback: Any, *args: Any, context: contextvars.Context | None = None) -> Any:
         handle = _new_handle(_Handle)  # _Handle.__init__, inline (one frame less per callback)

@@ -68,46 +68,54 @@ class Pipe:
 
     def push(self, data: bytes | _Reset | None) -> None:
         net = self.conn.net
-        at = max(net.loop.time() + net.latency_s(self.sender.node, self.receiver.node), self.last_at)
+        at = net.loop._now_s + net.latency_s(self.sender.node, self.receiver.node)
+        if at < self.last_at:
+            at = self.last_at
         self.last_at = at
         self.queue.append((at, data))
-        self.kick()
+        if not self.scheduled:
+            self.kick()
 
     def kick(self) -> None:
         if self.scheduled or not self.queue or self.closed:
             return
-        if self.conn.net.blocked(self.sender.node, self.receiver.node):
+        net = self.conn.net
+        if net.partitions and frozenset((self.sender.node, self.receiver.node)) in net.partitions:
             return  # resumed by heal()
         transport = self.receiver.transport
         if transport is not None and transport.reading_paused:
             return  # resumed by resume_reading()
         self.scheduled = True
-        self.conn.net.loop.call_at(self.queue[0][0], self._deliver, context=self.receiver.context)
+        net.loop.call_at(self.queue[0][0], self._deliver, context=self.receiver.context)
 
     def _deliver(self) -> None:
         self.scheduled = False
-        if self.closed or not self.queue:
+        queue = self.queue
+        if self.closed or not queue:
             return
-        if self.conn.net.blocked(self.sender.node, self.receiver.node):
+        net = self.conn.net
+        receiver = self.receiver
+        if net.partitions and frozenset((self.sender.node, receiver.node)) in net.partitions:
             return
-        transport = self.receiver.transport
+        transport = receiver.transport
         if transport is not None and transport.reading_paused:
             return
-        _, data = self.queue.popleft()
-        protocol = self.receiver.protocol
+        _, data = queue.popleft()
+        protocol = receiver.protocol
         assert isinstance(protocol, asyncio.Protocol)
         if data is None:  # the sender closed: the stream ends here
-            self.conn.finish(self.receiver, None)
+            self.conn.finish(receiver, None)
             return
-        if isinstance(data, _Reset):  # the sender crashed after writing what came before
+        if data.__class__ is _Reset:  # the sender crashed after writing what came before
             self.closed = True
-            self.conn.finish(self.receiver, ConnectionResetError("connection reset (simulated crash)"))
+            self.conn.finish(receiver, ConnectionResetError("connection reset (simulated crash)"))
             return
         sender_transport = self.sender.transport
         if sender_transport is not None:
-            sender_transport.unsent(len(data))
+            sender_transport.unsent(len(data))  # type: ignore[arg-type]
         protocol.data_received(data)
-        self.kick()
+        if queue and not self.scheduled:
+            self.kick()
 
 
 class Connection:
@@ -180,6 +188,7 @@ class SimTransport(asyncio.Transport):
         super().__init__()
         self._conn = conn
         self._endpoint = endpoint
+        self._out = conn.pipe_from(endpoint)
         self._peer = peer
         self.closed = False
         self._closing = False
@@ -206,7 +215,7 @@ class SimTransport(asyncio.Transport):
         if net.lose and net.lost_here(self._conn, self._endpoint):
             return
         self._buffered += len(data)
-        self._conn.pipe_from(self._endpoint).push(data)
+        self._out.push(data)
         if not self._writing_paused and self._buffered > self._high:
             self._writing_paused = True
             protocol = self._endpoint.protocol
@@ -355,12 +364,14 @@ class Network:
         self.trace: Callable[[str], None] = lambda line: None
 
     def latency_s(self, sender: str = "", receiver: str = "") -> float:
-        rng = self.rng
+        """One message's latency. ``Random.uniform(a, b)`` is ``a + (b - a) * random()``: written
+        out here (the same draws, the same floats), as it is on every message's path."""
+        random = self.rng.random
         if self.slow and (sender, receiver) in self.slow:
-            return rng.uniform(LATENCY_S_MAX, self.slow[sender, receiver])
-        if rng.random() < SPIKE_PROBABILITY:
-            return rng.uniform(LATENCY_S_MAX, SPIKE_S_MAX)
-        return rng.uniform(LATENCY_S_MIN, LATENCY_S_MAX)
+            return LATENCY_S_MAX + (self.slow[sender, receiver] - LATENCY_S_MAX) * random()
+        if random() < SPIKE_PROBABILITY:
+            return LATENCY_S_MAX + (SPIKE_S_MAX - LATENCY_S_MAX) * random()
+        return LATENCY_S_MIN + (LATENCY_S_MAX - LATENCY_S_MIN) * random()
 
     # ------------------------------------------------------------------ loop entry points
     def listen(self, factory: Callable[[], asyncio.BaseProtocol], host: str, port: int) -> SimServer:
