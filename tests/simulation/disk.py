@@ -42,10 +42,14 @@ class SimFile:
         self.pending: list[tuple[int, bytes | None]] = []  # (offset, bytes) or (new size, None)
 
     def write(self, offset: int, data: bytes) -> None:
+        if self.synced is self.data:  # shared since a crash (see crashed()): copied on first write
+            self.synced = bytearray(self.data)
         self.pending.append((offset, data))
         _apply(self.data, offset, data)
 
     def resize(self, size: int) -> None:
+        if self.synced is self.data:
+            self.synced = bytearray(self.data)
         self.pending.append((size, None))
         _resize(self.data, size)
 
@@ -69,14 +73,32 @@ class SimFile:
             if index == kept - 1 and len(data) > 1 and rng.random() < 0.5:
                 data = data[: rng.randrange(1, len(data))]  # torn at a random byte
             _apply(after.data, offset, data)
-        after.synced = bytearray(after.data)
+        # All of it is synced: one buffer serves as both until the next write or resize copies it
+        # (most files a crash leaves, old journal segments, are only read again).
+        after.synced = after.data
         return after
 
 
+_ZEROS = memoryview(bytes(1 << 20))
+"""Zeros to grow a buffer with, without a temporary of the size each time."""
+
+
+def _grow(buf: bytearray, size: int) -> None:
+    """``buf`` zero-extended to ``size`` bytes (``size`` >= its length)."""
+    missing = size - len(buf)
+    if missing > len(_ZEROS):
+        buf.extend(bytes(missing))
+    elif missing > 0:
+        buf += _ZEROS[:missing]
+
+
 def _apply(buf: bytearray, offset: int, data: bytes) -> None:
+    if offset == len(buf):  # an append, as most writes are
+        buf += data
+        return
     end = offset + len(data)
     if len(buf) < end:
-        buf.extend(bytes(end - len(buf)))
+        _grow(buf, end)
     buf[offset:end] = data
 
 
@@ -84,7 +106,7 @@ def _resize(buf: bytearray, size: int) -> None:
     if size < len(buf):
         del buf[size:]
     else:
-        buf.extend(bytes(size - len(buf)))
+        _grow(buf, size)
 
 
 class Disk:
