@@ -75,39 +75,17 @@ _heappush = heapq.heappush
 
 
 class _Handle(asyncio.Handle):
-    """A ``Handle`` built without the debug-mode lookups (the simulated loop never runs in debug)."""
+    """A ``Handle`` the loop fills in itself (:meth:`SimLoop.call_soon`), without an ``__init__``
+    frame and without the debug-mode lookups (the simulated loop never runs in debug)."""
 
     __slots__ = ()
-
-    def __init__(
-        self, callback: Any, args: Any, loop: Any, context: contextvars.Context | None = None
-    ) -> None:
-        self._context = _copy_context() if context is None else context
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
 
 
 class _TimerHandle(asyncio.TimerHandle):
-    """A ``TimerHandle`` likewise; compared by due time only, as asyncio's are."""
+    """A ``TimerHandle`` likewise (:meth:`SimLoop.call_at`); compared by due time only, as
+    asyncio's are (a tie in the timer heap's ``(when, handle)`` pairs comes down to this)."""
 
     __slots__ = ()
-
-    def __init__(
-        self, when: float, callback: Any, args: Any, loop: Any, context: contextvars.Context | None = None
-    ) -> None:
-        self._context = _copy_context() if context is None else context
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
-        self._when = when
-        self._scheduled = False
 
     def __lt__(self, other: Any) -> bool:
         return bool(self._when < other._when)
@@ -149,6 +127,7 @@ class SimLoop(asyncio.BaseEventLoop):
         """A crashed node's callbacks, kept so that its tasks are not collected (and their
         ``finally`` blocks run) at a moment the garbage collector picks."""
         self.set_exception_handler(self._on_exception)
+        self._ready: list[asyncio.Handle] = []  # type: ignore[assignment]  # swapped per batch
 
     # ------------------------------------------------------------------ time
     def time(self) -> float:
