@@ -429,6 +429,17 @@ def capture_logs(trace: Trace) -> dict[str, Any]:
     structlog.configure(
         processors=[_log_sink(trace)],
         wrapper_class=structlog.make_filtering_bound_logger(20),
+        logger_factory=_no_logger,
         cache_logger_on_first_use=False,
     )
     return saved
+
+
+_NO_LOGGER = object()
+
+
+def _no_logger(*args: Any) -> Any:
+    """What the bound loggers wrap during a run: nothing (the sink drops every event before it
+    would reach a logger). Uncached loggers are bound anew at each call, and the default factory
+    made a ``PrintLogger`` (a lock lookup) every time."""
+    return _NO_LOGGER
