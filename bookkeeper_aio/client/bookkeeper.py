@@ -57,18 +57,42 @@ DELETE_ATTEMPTS_MAX = 5
 
 
 class RegistryDirectory:
-    """Writable bookies and their addresses from the bookie registration in metadata."""
+    """Writable bookies and their addresses from the bookie registration in metadata.
+
+    Callers that ask while a listing is in flight share it: a burst of ensemble changes, creates
+    and address lookups (a client with 100,000 ledgers whose adds time out together) lists the
+    registrations once per metadata round trip, not once per caller. A caller that joins gets a
+    listing that started at most one round trip before it asked, as fresh as one of its own (the
+    registrations are leases: a listing is always as stale as their TTL).
+    """
 
     def __init__(self, store: MetadataStore, root: str) -> None:
         self._store = store
         self._root = root
         self._known: dict[str, BookieInfo] = {}
+        self._listing: asyncio.Future[tuple[str, ...]] | None = None
+        self.listings = 0
+        """Listings made (observability and tests)."""
 
     async def writable_bookies(self) -> Sequence[str]:
+        listing = self._listing
+        if listing is None:
+            listing = self._listing = asyncio.ensure_future(self._list())
+            listing.add_done_callback(self._listed)
+        # Shielded: a cancelled caller leaves the listing to the others.
+        return await asyncio.shield(listing)
+
+    async def _list(self) -> tuple[str, ...]:
+        self.listings += 1
         bookies = await list_bookies(self._store, self._root)
         self._known.update(bookies.writable)
         self._known.update(bookies.readonly)
-        return sorted(bookies.writable)
+        return tuple(sorted(bookies.writable))
+
+    def _listed(self, listing: asyncio.Future[tuple[str, ...]]) -> None:
+        self._listing = None
+        if not listing.cancelled():
+            listing.exception()  # each caller gets it; none may be left to retrieve it
 
     async def resolve(self, bookie_id: str) -> tuple[str, int]:
         info = self._known.get(bookie_id)
