@@ -160,7 +160,7 @@ class AddPipeline:
         self._sends_at_lac_check = 0
         self._entry_bytes_max = self._config.entry_bytes_max
         self._add_timeout_s = self._config.add_timeout_s
-        self._lac_timer: asyncio.TimerHandle | None = None
+        self._lac_timer: asyncio.Handle | None = None
         self._lac_base_s = self._lac_interval_s = self._config.explicit_lac_interval_ms / 1000
         self._lac_max_s = max(self._lac_base_s, self._config.explicit_lac_interval_max_ms / 1000)
         self._explicit_lac_at: float | None = None  # when the last WRITE_LAC went out, until an add
@@ -392,12 +392,27 @@ class AddPipeline:
 
     # ------------------------------------------------------------------ explicit LAC
     def _explicit_lac(self) -> None:
+        """The LAC timer. Idle, or only behind? A client busy with many ledgers runs this timer
+        before the writers its completions woke (their next adds carry the LAC): look again once
+        they ran, after what is queued on the loop now, and only then send a WRITE_LAC."""
         self._lac_timer = None
+        if self._lac_unsent_and_idle():
+            self._lac_timer = self._loop.call_soon(self._write_lac)
+
+    def _lac_unsent_and_idle(self) -> bool:
+        """Whether the LAC is still unsent and no add went out since the last look (one did: look
+        again an interval later)."""
         if self._state in (HandleState.CLOSED, HandleState.FAILED) or self._lac <= self._lac_sent:
-            return
+            return False
         if self._sends != self._sends_at_lac_check:  # not idle: adds went out (each carries a LAC)
             self._sends_at_lac_check = self._sends
             self._lac_timer = self._loop.call_later(self._lac_interval_s, self._explicit_lac)
+            return False
+        return True
+
+    def _write_lac(self) -> None:
+        self._lac_timer = None
+        if not self._lac_unsent_and_idle():
             return
         lac = self._lac_sent = self._lac
         ledger_id, key = self._id, self._master_key
