@@ -160,7 +160,7 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
         "fake_us_per_entry": round(fake_s / entries * 1e6, 3),
         "entries_s": round(entries / wall_s),
         "bytes_per_open_ledger": round(bytes_per_ledger),
-        "write_lacs_per_entry": round(write_lacs / entries, 3),
+        "write_lac_requests_per_entry": round(write_lacs / entries, 3),
     }
 
 
