@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -138,6 +139,8 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
     await asyncio.sleep(0)
     bytes_per_ledger = (tracemalloc.get_traced_memory()[0] - traced0) / args.ledgers
     tracemalloc.stop()
+    if args.gc_freeze:  # what `bkaio bench` does once its ledgers exist (docs/benchmarks.md)
+        gc.freeze()
     per_worker = max(1, args.entries // (args.window * args.ledgers))
 
     async def worker(lh: Any) -> None:
@@ -155,6 +158,7 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
     for start in range(0, len(handles), 64):
         await asyncio.gather(*(lh.close() for lh in handles[start : start + 64]))
     await bk.close()
+    gc.unfreeze()
     return {
         "client_cpu_us_per_entry": round((cpu_s - fake_s) / entries * 1e6, 3),
         "fake_us_per_entry": round(fake_s / entries * 1e6, 3),
@@ -169,6 +173,7 @@ def main() -> None:
     ap.add_argument("--entries", type=int, default=200_000)
     ap.add_argument("--window", type=int, default=1000, help="adds in flight per ledger")
     ap.add_argument("--ledgers", type=int, default=1, help="ledgers written round robin")
+    ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() once the ledgers exist")
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--ensemble", type=int, default=3)
     ap.add_argument("--qw", type=int, default=2)
