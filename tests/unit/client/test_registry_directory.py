@@ -1,5 +1,6 @@
-"""The client's view of the writable bookies (``RegistryDirectory``): callers that ask while a
-listing is in flight share it, so a burst of ensemble changes lists the registrations once."""
+"""The client's view of the writable bookies (``RegistryDirectory``): callers share listings, so a
+burst of ensemble changes lists the registrations about once, and none gets a listing sent before
+it asked."""
 
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ class CountingStore(MemoryStore):
         self.fail = False
 
     async def list(self, *args: Any, **kwargs: Any) -> Any:
-        await asyncio.sleep(0.01)  # a round trip: callers arriving meanwhile join it
         if self.fail:
             raise MetadataUnavailable("etcd is away")
-        return await super().list(*args, **kwargs)
+        page = await super().list(*args, **kwargs)  # the snapshot, then the way back
+        await asyncio.sleep(0.01)
+        return page
 
 
 async def _registered(store: MemoryStore, names: list[str]) -> list[BookieRegistration]:
@@ -45,11 +47,18 @@ async def test_a_burst_of_callers_shares_one_listing() -> None:
         results = await asyncio.gather(*(directory.writable_bookies() for _ in range(1000)))
         assert all(list(r) == ["a", "b", "c"] for r in results)
         assert directory.listings == 1
+        # callers arriving while a listing is in flight share the next one
+        first = asyncio.ensure_future(directory.writable_bookies())
+        await asyncio.sleep(0.005)  # sent, not answered
+        later = await asyncio.gather(*(directory.writable_bookies() for _ in range(100)))
+        assert list(await first) == ["a", "b", "c"]
+        assert all(list(r) == ["a", "b", "c"] for r in later)
+        assert directory.listings == 3
         # the next caller after it finished lists again (no cache: a new bookie shows up at once)
         more = await _registered(store, ["d"])
         registrations += more
         assert list(await directory.writable_bookies()) == ["a", "b", "c", "d"]
-        assert directory.listings == 2
+        assert directory.listings == 4
         assert await directory.resolve("d") == ("127.0.0.1", 6000)
     finally:
         for registration in registrations:
@@ -86,6 +95,21 @@ async def test_a_failed_listing_fails_every_caller_and_the_next_one_lists_again(
         assert directory.listings == 1
         store.fail = False
         assert list(await directory.writable_bookies()) == ["a", "b"]
+    finally:
+        for registration in registrations:
+            await registration.close()
+
+
+async def test_a_bookie_registered_while_a_listing_is_in_flight_is_in_the_next_callers_answer() -> None:
+    store = CountingStore()
+    registrations = await _registered(store, ["a", "b"])
+    directory = RegistryDirectory(store, ROOT)
+    try:
+        in_flight = asyncio.ensure_future(directory.writable_bookies())
+        await asyncio.sleep(0.005)  # its snapshot is taken: it will not hold "c"
+        registrations += await _registered(store, ["c"])
+        assert list(await directory.writable_bookies()) == ["a", "b", "c"]
+        assert list(await in_flight) == ["a", "b"]
     finally:
         for registration in registrations:
             await registration.close()
