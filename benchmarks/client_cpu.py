@@ -10,17 +10,24 @@ fake's own CPU time (``time.thread_time``) is measured and subtracted.
 
     python -m benchmarks.client_cpu --entries 200000 --reps 5
     python -m benchmarks.client_cpu --add-acks
+    python -m benchmarks.client_cpu --ledgers 100000 --window 1 --entries 300000 --reps 3
+
+With ``--ledgers N`` the adds go round robin over N ledgers (``--window`` in flight per ledger, one
+coroutine per slot), and the result also gives the client's memory per open ledger: traced Python
+allocations after the ledgers are created and have written one entry, over N.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
 import struct
 import time
+import tracemalloc
 from typing import Any
 
 import msgpack
@@ -44,6 +51,7 @@ class FakeBookieTransport(FakeTransport):
     """Takes the client's frames; answers them on the next tick. ``busy_s`` is its own CPU time."""
 
     busy_s = 0.0
+    write_lacs = 0
 
     def __init__(self, conn: BookieConnection, add_acks: bool) -> None:
         self.conn = conn
@@ -68,6 +76,11 @@ class FakeBookieTransport(FakeTransport):
                     self.frames.append(_LENGTH.pack(len(ack)) + ack)
             else:
                 request = m.decode_request(data[body:end])
+                if isinstance(request, m.WriteLacRequest):  # explicit LACs of slowly written ledgers
+                    FakeBookieTransport.write_lacs += 1
+                    lac = m.WriteLacResponse(request.request_id, 0, None, request.ledger_id)
+                    self.frames.append(m.encode(lac))
+                    continue
                 assert isinstance(request, m.HelloRequest), request
                 features = request.features & FEATURE_ADD_ACKS if self.add_acks else 0
                 rid = request.request_id
@@ -112,34 +125,55 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
         conn.connection_made(FakeBookieTransport(conn, args.add_acks))  # type: ignore[arg-type]
 
     pool._connect = connect  # type: ignore[method-assign]  # the benchmark's seam
-    lh = await bk.create_ledger(args.ensemble, args.qw, args.qa, password=b"bench")
+    tracemalloc.start()
+    traced0 = tracemalloc.get_traced_memory()[0]
+    handles = []
+    for start in range(0, args.ledgers, 64):
+        batch = [
+            bk.create_ledger(args.ensemble, args.qw, args.qa, password=b"bench")
+            for _ in range(min(64, args.ledgers - start))
+        ]
+        handles.extend(await asyncio.gather(*batch))
     payload = os.urandom(args.size)
-    await lh.append(payload)
-    per_worker = args.entries // args.window
+    await asyncio.gather(*(lh.append(payload) for lh in handles))
+    await asyncio.sleep(0)
+    bytes_per_ledger = (tracemalloc.get_traced_memory()[0] - traced0) / args.ledgers
+    tracemalloc.stop()
+    if args.gc_freeze:  # what `bkaio bench` does once its ledgers exist (docs/benchmarks.md)
+        gc.freeze()
+    per_worker = max(1, args.entries // (args.window * args.ledgers))
 
-    async def worker() -> None:
+    async def worker(lh: Any) -> None:
         for _ in range(per_worker):
             await lh.append(payload)
 
     FakeBookieTransport.busy_s = 0.0
+    FakeBookieTransport.write_lacs = 0
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(args.window)))
+    await asyncio.gather(*(worker(lh) for lh in handles for _ in range(args.window)))
     cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
-    entries = per_worker * args.window
+    entries = per_worker * args.window * args.ledgers
     fake_s = FakeBookieTransport.busy_s
-    await lh.close()
+    write_lacs = FakeBookieTransport.write_lacs
+    for start in range(0, len(handles), 64):
+        await asyncio.gather(*(lh.close() for lh in handles[start : start + 64]))
     await bk.close()
+    gc.unfreeze()
     return {
         "client_cpu_us_per_entry": round((cpu_s - fake_s) / entries * 1e6, 3),
         "fake_us_per_entry": round(fake_s / entries * 1e6, 3),
         "entries_s": round(entries / wall_s),
+        "bytes_per_open_ledger": round(bytes_per_ledger),
+        "write_lac_requests_per_entry": round(write_lacs / entries, 3),
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--entries", type=int, default=200_000)
-    ap.add_argument("--window", type=int, default=1000)
+    ap.add_argument("--window", type=int, default=1000, help="adds in flight per ledger")
+    ap.add_argument("--ledgers", type=int, default=1, help="ledgers written round robin")
+    ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() once the ledgers exist")
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--ensemble", type=int, default=3)
     ap.add_argument("--qw", type=int, default=2)

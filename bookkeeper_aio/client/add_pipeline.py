@@ -30,6 +30,7 @@ import asyncio
 import collections
 import contextlib
 import enum
+import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -38,7 +39,7 @@ import structlog
 from bookkeeper_aio.client.connection import ADD_OK, BookieConnection, ConnectionState, Result
 from bookkeeper_aio.client.context import ClientContext
 from bookkeeper_aio.client.metrics import ClientMetrics
-from bookkeeper_aio.client.quorum import AckSet, DistributionSchedule
+from bookkeeper_aio.client.quorum import AckSet, schedule_of
 from bookkeeper_aio.errors import (
     BKError,
     BKInterfaceError,
@@ -123,6 +124,55 @@ class AddResults(Protocol):
 class AddPipeline:
     """The add pipeline of one ledger open for writing (the base of the ledger handle)."""
 
+    # Slots: a client may hold 100,000 open ledgers (a __dict__ is ~1.5 KiB of each).
+    __slots__ = (
+        "__weakref__",
+        "_ack_quorum",
+        "_add_timeout_s",
+        "_changing",
+        "_codec",
+        "_config",
+        "_crc32c",
+        "_ctx",
+        "_drained",
+        "_ensemble",
+        "_ensemble_size",
+        "_entry_bytes_max",
+        "_error",
+        "_explicit_lac_at",
+        "_failed_bookies",
+        "_frames",
+        "_id",
+        "_lac",
+        "_lac_base_s",
+        "_lac_interval_s",
+        "_lac_max_s",
+        "_lac_sent",
+        "_lac_timer",
+        "_length_confirmed",
+        "_length_sent",
+        "_listener",
+        "_loop",
+        "_master_key",
+        "_metadata",
+        "_metrics",
+        "_next_entry_id",
+        "_on_add",
+        "_pending",
+        "_pool",
+        "_results",
+        "_schedule",
+        "_sends",
+        "_sends_at_lac_check",
+        "_slot_waiters",
+        "_slots_reserved",
+        "_state",
+        "_version",
+        "_window",
+        "_write_conns",
+        "_write_sets",
+    )
+
     def __init__(
         self, ctx: ClientContext, versioned: VersionedLedger, password: bytes, master_key: bytes
     ) -> None:
@@ -134,7 +184,7 @@ class AddPipeline:
         self._metadata = md
         self._version = versioned.version
         self._id = md.ledger_id
-        self._schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
+        self._schedule = schedule_of(md.ensemble_size, md.write_quorum, md.ack_quorum)
         self._ack_quorum = md.ack_quorum
         self._codec = EntryCodec(md.digest_type, password, master_key)
         self._master_key = master_key
@@ -150,7 +200,7 @@ class AddPipeline:
         self._length_confirmed = 0
         self._pending: collections.deque[PendingAdd] = collections.deque()
         self._window = self._config.add_window_max
-        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._slot_waiters: collections.deque[asyncio.Future[None]] | None = None  # made on first wait
         self._slots_reserved = 0
         self._drained: asyncio.Event | None = None
         self._failed_bookies: dict[str, BKError] = {}
@@ -160,7 +210,7 @@ class AddPipeline:
         self._sends_at_lac_check = 0
         self._entry_bytes_max = self._config.entry_bytes_max
         self._add_timeout_s = self._config.add_timeout_s
-        self._lac_timer: asyncio.TimerHandle | None = None
+        self._lac_timer: asyncio.Handle | None = None
         self._lac_base_s = self._lac_interval_s = self._config.explicit_lac_interval_ms / 1000
         self._lac_max_s = max(self._lac_base_s, self._config.explicit_lac_interval_max_ms / 1000)
         self._explicit_lac_at: float | None = None  # when the last WRITE_LAC went out, until an add
@@ -177,9 +227,7 @@ class AddPipeline:
     def _use_ensemble(self, ensemble: tuple[str, ...]) -> None:
         """Send from now on to ``ensemble`` (the current fragment's)."""
         self._ensemble = ensemble
-        self._write_sets = tuple(
-            tuple(ensemble[i] for i in positions) for positions in self._schedule.write_sets()
-        )
+        self._write_sets = _write_sets(ensemble, self._schedule.write_sets())
         self._write_conns: list[tuple[BookieConnection, ...] | None] = [None] * self._ensemble_size
         """The pool's connections of each write set (None: look them up), so an add does not."""
 
@@ -240,6 +288,8 @@ class AddPipeline:
 
     async def _wait_for_slot(self) -> None:
         waiter: asyncio.Future[None] = self._loop.create_future()
+        if self._slot_waiters is None:
+            self._slot_waiters = collections.deque()
         self._slot_waiters.append(waiter)
         try:
             await waiter
@@ -262,6 +312,8 @@ class AddPipeline:
 
     def _release_slot_waiters(self) -> None:
         """Wake every slot waiter now: each re-checks the state and raises."""
+        if not self._slot_waiters:
+            return
         for waiter in self._slot_waiters:
             if not waiter.done():
                 waiter.set_result(None)
@@ -392,12 +444,27 @@ class AddPipeline:
 
     # ------------------------------------------------------------------ explicit LAC
     def _explicit_lac(self) -> None:
+        """The LAC timer. Idle, or only behind? A client busy with many ledgers runs this timer
+        before the writers its completions woke (their next adds carry the LAC): look again once
+        they ran, after what is queued on the loop now, and only then send a WRITE_LAC."""
         self._lac_timer = None
+        if self._lac_unsent_and_idle():
+            self._lac_timer = self._loop.call_soon(self._write_lac)
+
+    def _lac_unsent_and_idle(self) -> bool:
+        """Whether the LAC is still unsent and no add went out since the last look (one did: look
+        again an interval later)."""
         if self._state in (HandleState.CLOSED, HandleState.FAILED) or self._lac <= self._lac_sent:
-            return
+            return False
         if self._sends != self._sends_at_lac_check:  # not idle: adds went out (each carries a LAC)
             self._sends_at_lac_check = self._sends
             self._lac_timer = self._loop.call_later(self._lac_interval_s, self._explicit_lac)
+            return False
+        return True
+
+    def _write_lac(self) -> None:
+        self._lac_timer = None
+        if not self._lac_unsent_and_idle():
             return
         lac = self._lac_sent = self._lac
         ledger_id, key = self._id, self._master_key
@@ -474,3 +541,12 @@ class AddPipeline:
 
 def _ignore_result(context: Any, bookie_id: str, result: Result) -> None:
     return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _write_sets(
+    ensemble: tuple[str, ...], positions: tuple[tuple[int, ...], ...]
+) -> tuple[tuple[str, ...], ...]:
+    """The bookies of each write set of ``ensemble``: one copy for every ledger of that ensemble
+    (a client with 100,000 open ledgers over a few bookies has a handful)."""
+    return tuple(tuple(ensemble[i] for i in members) for members in positions)

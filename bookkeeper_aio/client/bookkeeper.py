@@ -57,18 +57,48 @@ DELETE_ATTEMPTS_MAX = 5
 
 
 class RegistryDirectory:
-    """Writable bookies and their addresses from the bookie registration in metadata."""
+    """Writable bookies and their addresses from the bookie registration in metadata.
+
+    Callers share listings: a burst of ensemble changes, creates and address lookups (a client
+    with 100,000 ledgers whose adds time out together) lists the registrations about once per
+    metadata round trip, not once per caller. A caller never gets a listing that was sent before it
+    asked (a bookie registered just before the call is in the answer): it joins the listing that
+    has not been sent yet, or starts one, which waits for the listing in flight to finish first.
+    """
 
     def __init__(self, store: MetadataStore, root: str) -> None:
         self._store = store
         self._root = root
         self._known: dict[str, BookieInfo] = {}
+        self._sent: asyncio.Future[tuple[str, ...]] | None = None  # the listing in flight
+        self._next: asyncio.Future[tuple[str, ...]] | None = None  # the one to send after it
+        self.listings = 0
+        """Listings sent (observability and tests)."""
 
     async def writable_bookies(self) -> Sequence[str]:
-        bookies = await list_bookies(self._store, self._root)
+        listing = self._next
+        if listing is None:
+            listing = self._next = asyncio.ensure_future(self._list(self._sent))
+            listing.add_done_callback(_retrieve)
+        # Shielded: a cancelled caller leaves the listing to the others.
+        return await asyncio.shield(listing)
+
+    async def _list(self, previous: asyncio.Future[tuple[str, ...]] | None) -> tuple[str, ...]:
+        if previous is not None:
+            await asyncio.wait([previous])
+        me = asyncio.current_task()
+        if self._next is me:  # from now on callers wait for the next listing
+            self._next = None
+        self._sent = me
+        try:
+            self.listings += 1
+            bookies = await list_bookies(self._store, self._root)
+        finally:
+            if self._sent is me:
+                self._sent = None
         self._known.update(bookies.writable)
         self._known.update(bookies.readonly)
-        return sorted(bookies.writable)
+        return tuple(sorted(bookies.writable))
 
     async def resolve(self, bookie_id: str) -> tuple[str, int]:
         info = self._known.get(bookie_id)
@@ -371,3 +401,9 @@ class _Connect:
                     await self._client._metadata.close()
             else:
                 await self._client.close()
+
+
+def _retrieve(listing: asyncio.Future[tuple[str, ...]]) -> None:
+    """Each caller of a shared listing gets its error; none may be left to retrieve it."""
+    if not listing.cancelled():
+        listing.exception()

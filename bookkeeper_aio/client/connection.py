@@ -13,12 +13,20 @@ Rules (docs/internals.md §6 for the performance choices):
 - Frames queued in one event-loop tick go out in one ``transport.write`` (coalescing is worth 2.4x).
 - Every request has a deadline. Requests with the connection's standard timeout carry no
   per-request state for it: they are grouped by the write tick that sends them (one mark per
-  group: the group's first request id and the time its last request was made plus the timeout) and
-  expired by one periodic sweep from the head of the (insertion-ordered) dict; others (long polls)
-  get their own timer. The sweep relies on grouped request ids increasing along the dict, so a
-  request whose id is not above every id already sent on the connection also gets its own timer:
-  ids come from the pool's counter but are not always used at once (a recovery read's speculative
-  second replica; the first request of a connection whose hello took the next id).
+  group: the group's first request id, the end of its bytes in the connection's output, and the
+  time it was *sent* plus the timeout) and expired by one periodic sweep from the head of the
+  (insertion-ordered) dict; others (long polls) get their own timer. The sweep relies on grouped
+  request ids increasing along the dict, so a request whose id is not above every id already sent
+  on the connection also gets its own timer: ids come from the pool's counter but are not always
+  used at once (a recovery read's speculative second replica; the first request of a connection
+  whose hello took the next id).
+- The client's own backlog is not the bookie's slowness. A group is sent once the kernel took its
+  last byte: until then (bytes wait in the transport's buffer behind a burst of many ledgers' adds)
+  its deadline does not run; the sweep starts it when it sees the bytes gone. A transport whose
+  buffer does not drain at all for the standard timeout (a peer that stopped reading) fails the
+  connection instead. And a sweep that runs late (the loop was held: the answers may sit unread in
+  the socket, and uvloop runs timers before it polls sockets) expires only what was already due at
+  the previous sweep, after which the loop polled the socket at least once.
 - Responses are framed straight out of the receive buffer (no per-frame copy) and decoded by
   :func:`~bookkeeper_aio.protocol.messages.decode_answer`, which reduces a successful ADD answer,
   the hot path, to its request id.
@@ -126,10 +134,16 @@ class BookieConnection(asyncio.Protocol):
         self._pending_max = pending_max
         self._pending: dict[int, _Pending] = {}
         self._timers: dict[int, asyncio.TimerHandle] = {}  # requests with their own deadline
-        # Standard-timeout requests: one [expires_at, first request id] per group (see module doc);
-        # the newest group is open (expires_at infinite) until the tick that sends it is flushed.
+        # Standard-timeout requests: one [expires_at, first request id, end byte] per group (see
+        # module doc); expires_at is infinite while the group is open (its tick is not flushed) or
+        # not sent (its bytes wait in the transport's buffer: ``_unsent``).
         self._marks: collections.deque[list[float]] = collections.deque()
         self._group_open = False
+        self._unsent = False
+        self._bytes_written = 0  # handed to the transport since connect
+        self._taken_seen = 0  # bytes the kernel had taken at the last look
+        self._moved_at = 0.0  # when that last grew (or nothing waited)
+        self._swept_at = -_OPEN_GROUP  # when the previous sweep ran
         self._rid_max = -1  # highest request id sent on this connection
         self._frame_bytes_max = frame_bytes_max
         self._buf = bytearray()
@@ -223,7 +237,7 @@ class BookieConnection(asyncio.Protocol):
             self._rid_max = request_id
             if not self._group_open:
                 self._group_open = True
-                self._marks.append([_OPEN_GROUP, request_id])
+                self._marks.append([_OPEN_GROUP, request_id, 0])
                 if self._sweep is None:
                     self._sweep = self._loop.call_later(self._sweep_interval_s, self._sweep_expired)
         else:  # a long poll, or an id below one already sent: grouping would misorder the sweep
@@ -369,18 +383,60 @@ class BookieConnection(asyncio.Protocol):
 
     def _write_out(self) -> None:
         """Write the queued frames (at the end of a tick, or early once many bytes are queued)."""
-        if self._group_open:
-            self._close_group()
         if self._out and self._transport is not None and self.state is _READY:
             out = self._out
             self._out = []
+            self._bytes_written += self._out_bytes
             self._out_bytes = 0
             self._transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if self._group_open:
+            self._close_group()
 
     def _close_group(self) -> None:
-        """Every request of the open group was made by now: its deadline is now + the timeout."""
+        """Every request of the open group was made by now: if the kernel took all its bytes, its
+        deadline is now + the timeout; else the sweep starts it once they are gone."""
         self._group_open = False
-        self._marks[-1][0] = self._time() + self._standard_timeout_s
+        mark = self._marks[-1]
+        mark[2] = end = self._bytes_written + self._out_bytes
+        if self._unsent:
+            return
+        taken = self._bytes_taken()
+        if end <= taken:
+            mark[0] = self._time() + self._standard_timeout_s
+        else:  # bytes wait: from now on the kernel must take some within the standard timeout
+            self._unsent = True
+            self._taken_seen, self._moved_at = taken, self._time()
+
+    def _bytes_taken(self) -> int:
+        """Bytes of the output the kernel took (handed over, less what the transport still holds)."""
+        transport = self._transport
+        if transport is None:
+            return 0
+        return self._bytes_written - transport.get_write_buffer_size()
+
+    def _start_sent_deadlines(self, now: float) -> None:
+        """Start the deadline of every group whose bytes are gone by now; fail the connection if
+        the kernel took nothing for the standard timeout while bytes waited (the peer stopped
+        reading)."""
+        taken = self._bytes_taken()
+        if taken > self._taken_seen or taken == self._bytes_written:
+            self._taken_seen, self._moved_at = taken, now
+        elif now - self._moved_at > self._standard_timeout_s:
+            waiting = self._bytes_written - taken
+            self.fail(BKTimeout(f"{self.bookie_id} took none of the {waiting} bytes waiting for it in time"))
+            return
+        unsent: list[list[float]] = []
+        for mark in reversed(self._marks):  # the groups not sent yet are the newest
+            if mark[0] != _OPEN_GROUP:
+                break
+            unsent.append(mark)
+        self._unsent = False
+        deadline = now + self._standard_timeout_s
+        for mark in reversed(unsent):
+            if mark[2] > taken:
+                self._unsent = True
+                break
+            mark[0] = deadline
 
     def _sweep_expired(self) -> None:
         self._sweep = None
@@ -389,9 +445,17 @@ class BookieConnection(asyncio.Protocol):
         if self._group_open:
             self._close_group()
         now = self._time()
+        if self._unsent:
+            self._start_sent_deadlines(now)
+            if self.state is _CLOSED:
+                return
+        # On time: what is due now. Late (the loop was held, answers may wait unread in the
+        # socket): only what was due at the previous sweep; the loop polled the socket since.
+        due = now if now - self._swept_at <= 2 * self._sweep_interval_s else self._swept_at
+        self._swept_at = now
         marks = self._marks
-        if marks and marks[0][0] <= now:
-            while marks and marks[0][0] <= now:
+        if marks and marks[0][0] <= due:
+            while marks and marks[0][0] <= due:
                 marks.popleft()
             # Standard requests below the first live group's first id have expired.
             limit = marks[0][1] if marks else _OPEN_GROUP
@@ -444,6 +508,7 @@ class BookieConnection(asyncio.Protocol):
         timers, self._timers = self._timers, {}
         self._marks.clear()
         self._group_open = False
+        self._unsent = False
         for timer in timers.values():
             timer.cancel()
         entries = list(pending.values())

@@ -59,11 +59,13 @@ class LedgerHandle(AddPipeline):
     """A ledger open for writing. Made by ``BookKeeper.create_ledger``; use as an async context
     manager or call :meth:`close`."""
 
+    __slots__ = ("_change_task", "_close_task", "_replacer", "ensemble_changes")
+
     def __init__(
         self, ctx: ClientContext, versioned: VersionedLedger, password: bytes, master_key: bytes
     ) -> None:
         super().__init__(ctx, versioned, password, master_key)
-        self._replacer = BookieReplacer(ctx, self._id)
+        self._replacer: BookieReplacer | None = None  # made at the first ensemble change
         self._change_task: asyncio.Task[None] | None = None
         self._close_task: asyncio.Task[None] | None = None
         self.ensemble_changes = 0
@@ -151,6 +153,8 @@ class LedgerHandle(AddPipeline):
 
     async def _change_ensemble(self, failed: dict[str, BKError]) -> None:
         first_entry = self._lac + 1
+        if self._replacer is None:
+            self._replacer = BookieReplacer(self._ctx, self._id)
         change = await self._replacer.replace(
             self._versioned(),
             first_entry,

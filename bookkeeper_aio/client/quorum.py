@@ -19,6 +19,7 @@ fragment of a ledger. The recovery engine reuses :class:`DistributionSchedule` a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 
@@ -71,6 +72,13 @@ class DistributionSchedule:
         if self.write_quorum == self.ensemble_size:
             return range(first, last + 1)
         return [e for e in range(first, last + 1) if position in self.write_set(e)]
+
+
+@functools.lru_cache(maxsize=64)
+def schedule_of(ensemble_size: int, write_quorum: int, ack_quorum: int) -> DistributionSchedule:
+    """The schedule of (``E``, ``Qw``, ``Qa``), one shared by every ledger of that shape (it is
+    never changed). Raises ValueError as :class:`DistributionSchedule` does."""
+    return DistributionSchedule(ensemble_size, write_quorum, ack_quorum)
 
 
 class AckSet:

@@ -207,10 +207,12 @@ def _merge(span: Span, results: list[dict[str, Any]], samples: list[Any]) -> dic
                 "entries": r["acked"],
                 "cpu_us_per_entry": round(r["cpu_s"] / r["acked"] * 1e6, 2) if r["acked"] else None,
                 "rss_peak_mib": r.get("rss_peak_mib"),
+                "rss_end_mib": r.get("rss_end_mib"),
             }
             for r in results
         ],
         "client_rss_peak_mib": max((r.get("rss_peak_mib") or 0 for r in results), default=None),
+        "client_rss_end_mib": max((r.get("rss_end_mib") or 0 for r in results), default=None),
         "fairness": _fairness(per_ledger),
         "_histogram": hist,
         "_samples": samples,

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bookkeeper_aio.cli.bench.stats import HdrHistogram, new_histogram
+from bookkeeper_aio.cli.bench.stats import HdrHistogram, new_histogram, rss_bytes
 
 Submit = Callable[[], Awaitable["asyncio.Future[Any]"]]
 """Start one append; returns (once there is room) a future resolved when it is acknowledged."""
@@ -56,7 +57,8 @@ class Span:
 
 @dataclass
 class LoadResult:
-    """What one process measured. ``timeline``: answers per ``interval_s`` of the measured span."""
+    """What one process measured. ``timeline``: answers per ``interval_s`` of the measured span;
+    ``rss_end_bytes``: the process's RSS at the span's end (steady state, the window full)."""
 
     acked: int = 0
     failed: int = 0
@@ -65,6 +67,7 @@ class LoadResult:
     timeline: list[int] = field(default_factory=list)
     per_target: list[int] = field(default_factory=list)
     cpu_s: float = 0.0
+    rss_end_bytes: int | None = None
 
     def histogram(self) -> HdrHistogram:
         """The latencies in microseconds."""
@@ -83,6 +86,7 @@ class LoadResult:
             "timeline": self.timeline,
             "per_target": self.per_target,
             "cpu_s": round(self.cpu_s, 6),
+            "rss_end_mib": None if self.rss_end_bytes is None else round(self.rss_end_bytes / 2**20, 1),
         }
 
 
@@ -127,7 +131,7 @@ async def drive(
     await _sleep_until(span.start)
     reporter = asyncio.create_task(_report(progress, answered, end))
     cpu_marks: list[float] = []
-    marker = asyncio.create_task(_mark_cpu((measure_from, end), cpu_marks))
+    marker = asyncio.create_task(_mark_cpu((measure_from, end), cpu_marks, result))
     try:
         if rate:
             await _open_loop(submits, span, window, rate, latency_from == "send", result, done)
@@ -220,8 +224,10 @@ async def _report(progress: Callable[[int], None] | None, answered: list[int], e
         progress(answered[0])
 
 
-async def _mark_cpu(instants: tuple[float, ...], into: list[float]) -> None:
-    """This process's CPU seconds at each of ``instants`` (the measured span's start and end)."""
+async def _mark_cpu(instants: tuple[float, ...], into: list[float], result: LoadResult) -> None:
+    """This process's CPU seconds at each of ``instants`` (the measured span's start and end), and
+    its RSS at the last one."""
     for instant in instants:
         await _sleep_until(instant)
         into.append(time.process_time())
+    result.rss_end_bytes = rss_bytes(os.getpid())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import json
 import os
 import resource
@@ -43,6 +44,13 @@ def say(kind: str, data: Any = "") -> None:
 
 CREATE_CONCURRENCY = 64
 """Ledgers created (and deleted) at a time: one by one, 100,000 ledgers took minutes."""
+
+GC_FREEZE_LEDGERS_MIN = 10_000
+"""From this many ledgers the process moves what exists once they are made out of the cyclic
+garbage collector's reach (``gc.freeze``), as the bookie does after loading its ledgers: each full
+collection walks every tracked object, and the handles of 30,000 ledgers made the client's CPU per
+entry 2.4x (docs/benchmarks.md, issue 19). An application holding that many ledgers open would do
+the same (or tune ``gc.set_threshold``)."""
 
 
 @contextlib.asynccontextmanager
@@ -74,6 +82,8 @@ async def bookkeeper_target(spec: dict[str, Any]) -> AsyncIterator[Sequence[Subm
             for start in range(0, spec["ledgers"], CREATE_CONCURRENCY):
                 batch = min(CREATE_CONCURRENCY, spec["ledgers"] - start)
                 await asyncio.gather(*(create() for _ in range(batch)))
+            if len(handles) >= GC_FREEZE_LEDGERS_MIN:
+                gc.freeze()
             yield [functools.partial(handle.append_async, payload) for handle in handles]
             for start in range(0, len(handles), CREATE_CONCURRENCY):
                 await asyncio.gather(*(h.close() for h in handles[start : start + CREATE_CONCURRENCY]))

@@ -48,6 +48,7 @@ def load_run(system: str, rep: int, merged: dict[str, Any]) -> Run:
         "entries_per_s": merged["entries_per_s"],
         **{f"{k}_ms": v for k, v in merged["latency_ms"].items()},
         "client_cpu_us_per_entry": merged["client_cpu_us_per_entry"],
+        "client_rss_end_mib": merged["client_rss_end_mib"],
         "client_rss_peak_mib": merged["client_rss_peak_mib"],
         "failed": merged["failed"],
         "fairness_min_over_max": merged["fairness"].get("min_over_max"),

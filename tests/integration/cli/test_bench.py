@@ -78,6 +78,7 @@ def test_bench_write__two_client_processes_leave_a_results_folder(cluster: str, 
     assert len(run["clients"]) == 2
     assert all(c["entries"] > 0 and c["cpu_us_per_entry"] > 0 for c in run["clients"])
     assert run["client_rss_peak_mib"] == max(c["rss_peak_mib"] for c in run["clients"]) > 10
+    assert run["client_rss_end_mib"] == max(c["rss_end_mib"] for c in run["clients"]) > 10
     assert run["client_cpu_us_per_entry"] > 0
     assert len(run["timeline_entries_per_s"]) == round(2 / run["timeline_interval_s"])
     measured = sum(run["timeline_entries_per_s"]) * run["timeline_interval_s"]

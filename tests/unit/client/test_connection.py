@@ -121,6 +121,9 @@ class _RecordingTransport:
     def write(self, data: bytes) -> None:
         self.writes.append(bytes(data))
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # the kernel takes everything at once
+
     def is_closing(self) -> bool:
         return False
 

@@ -6,16 +6,23 @@ A request fails with BKTimeout no earlier than its timeout and no later than its
 sweep interval (plus scheduling slack) — also when request ids on the connection do not increase
 (an id taken earlier and used later: a recovery read's speculative second replica, or the request
 that opened a connection whose hello took the next id).
+
+What is the client's own backlog does not count against the bookie: a request's deadline runs from
+when the kernel took its bytes (a transport that takes nothing for the timeout fails the
+connection), and a loop held past a deadline does not expire a request whose answer waits unread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 from collections.abc import AsyncIterator
 
 import pytest
+import uvloop
 
-from bookkeeper_aio import BKTimeout, BookKeeper, ClientConfig
+from bookkeeper_aio import BKTimeout, BookieConnectionLost, BookKeeper, ClientConfig
 from bookkeeper_aio.client.bookie_client import BookiePool, check
 from bookkeeper_aio.client.connection import BookieConnection, ConnectionState, Result
 from bookkeeper_aio.client.context import StaticDirectory
@@ -285,3 +292,110 @@ async def test_ledger__silent_bookie_replaced_within_add_timeout_plus_one_sweep(
     assert stalled.id not in lh.metadata.current_ensemble
     await lh.close()
     await bk.close()
+
+
+# ---------------------------------------------------------------- the client's own backlog
+
+
+class _BacklogTransport:
+    """A transport whose write buffer the test sets: ``waiting`` bytes not taken by the kernel."""
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.waiting = 0
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+
+    def get_write_buffer_size(self) -> int:
+        return min(self.waiting, self.written)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def abort(self) -> None:
+        pass
+
+    close = abort
+
+
+def _connection_on(transport: object) -> BookieConnection:
+    conn = BookieConnection("b", standard_timeout_s=TIMEOUT_S, pending_max=100, frame_bytes_max=1 << 20)
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    return conn
+
+
+async def test_bytes_waiting_in_the_transport__the_deadline_runs_from_when_the_kernel_took_them() -> None:
+    """A burst the kernel has not taken yet is the client's backlog, not the bookie's slowness."""
+    transport = _BacklogTransport()
+    transport.waiting = 1 << 30  # every byte written waits
+    conn = _connection_on(transport)
+    rec = Recorder()
+    rec.send(conn, 1, add_frame(1), "add", TIMEOUT_S)
+    held_s = 0.2  # < TIMEOUT_S: the buffer drains slowly meanwhile, it is no stall
+    for _ in range(int(held_s / 0.02)):
+        await asyncio.sleep(0.02)
+        transport.written += 1  # more bytes of other requests, a little taken: progress
+    assert "add" not in rec.results
+    transport.waiting = 0
+    await rec.wait("add")
+    assert_timed_out_on_time(rec, "add", held_s + TIMEOUT_S)
+    conn.abort()
+
+
+async def test_a_transport_that_takes_nothing_for_the_timeout__fails_the_connection() -> None:
+    transport = _BacklogTransport()
+    transport.waiting = 1 << 30
+    conn = _connection_on(transport)
+    rec = Recorder()
+    rec.send(conn, 1, add_frame(1), "add", TIMEOUT_S)
+    await rec.wait("add")
+    ((_, result),) = rec.results["add"]
+    assert isinstance(result, BookieConnectionLost)
+    assert isinstance(result.__cause__, BKTimeout)
+    assert conn.state is ConnectionState.CLOSED
+    assert TIMEOUT_S - 0.005 <= rec.elapsed("add") <= TIMEOUT_S + 2 * SWEEP_S + SLACK_S, rec.elapsed("add")
+
+
+def test_loop_held_past_a_deadline_with_the_answer_unread__no_timeout() -> None:
+    """uvloop runs due timers before it polls the sockets: after the loop was held in a socket's
+    callback (a client busy with a backlog of answers), the sweep runs first and must not expire a
+    request whose answer came meanwhile and waits unread."""
+
+    def tcp_pair() -> tuple[socket.socket, socket.socket]:  # TCP: the connection sets NODELAY
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            ours = socket.create_connection(server.getsockname())
+            theirs, _ = server.accept()
+        return ours, theirs
+
+    async def scenario() -> Result:
+        loop = asyncio.get_running_loop()
+        ours, theirs = tcp_pair()
+        busy_ours, busy_theirs = tcp_pair()
+        conn = BookieConnection("b", standard_timeout_s=TIMEOUT_S, pending_max=100, frame_bytes_max=1 << 20)
+        await loop.create_connection(lambda: conn, sock=ours)
+
+        class Busy(asyncio.Protocol):
+            def data_received(self, data: bytes) -> None:  # the poll phase, like a burst of answers
+                theirs.sendall(m.encode(m.AddEntryResponse(1, 0, None, 1, 0)))
+                time.sleep(TIMEOUT_S + 0.1)  # the loop is held past the deadline; the answer waits
+
+        busy, _ = await loop.create_connection(Busy, sock=busy_ours)
+        rec = Recorder()
+        rec.send(conn, 1, add_frame(1), "add", TIMEOUT_S)
+        await asyncio.sleep(0.05)  # written, and a sweep ran on time
+        busy_theirs.sendall(b"x")
+        await rec.wait("add")
+        conn.abort()
+        busy.abort()
+        theirs.close()
+        busy_theirs.close()
+        ((_, result),) = rec.results["add"]
+        return result
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        result = runner.run(scenario())
+    assert isinstance(result, m.AddEntryResponse), result
