@@ -210,6 +210,11 @@ class BookieConfig:
         "Seconds between garbage-collection passes (forget ledgers deleted from metadata, compact "
         "journal segments, delete dead ones); 0 = only on demand (admin `/gc`, `bkaio bookie gc`).",
     )
+    limbo_check_interval_s: float = _key(
+        30.0,
+        "Seconds between passes that settle ledgers in limbo (after a journal cut) against metadata "
+        "(docs/bookie.md, *Limbo ledgers*).",
+    )
     gc_deleted_ledger_grace_s: float = _key(
         60.0,
         "A ledger is collected only after it was missing from metadata in two listings this far apart.",
@@ -274,7 +279,7 @@ class BookieConfig:
             raise ConfigError(f"frame_bytes_max {config.frame_bytes_max} is out of range")
         if config.journal_group_wait_ms < 0:
             raise ConfigError("journal_group_wait_ms must be >= 0")
-        _positive(config, "disk_check_interval_s", "compaction_rate_bytes_per_s")
+        _positive(config, "disk_check_interval_s", "compaction_rate_bytes_per_s", "limbo_check_interval_s")
         for name in (
             "gc_interval_s",
             "gc_deleted_ledger_grace_s",

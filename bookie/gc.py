@@ -226,6 +226,37 @@ class MetadataCatalog:
                 return  # the ledgers held after the last one listed have no metadata
             i = bisect.bisect_right(ledger_ids, page.ledger_ids[-1], lo=i)
 
+    async def ledgers_on(self, bookie_id: str) -> AsyncIterator[Sequence[int]]:
+        """The ledgers whose ensembles list ``bookie_id``, page by page (:class:`bookie.limbo.LimboCatalog`).
+        Raises :class:`MetadataUnusable` without a cluster at the root (an empty listing of the wrong
+        root would take every ledger out of limbo)."""
+        conn = self._connected()
+        if await metadata.read_cluster_info(conn.store, conn.root) is None:
+            raise MetadataUnusable(f"no cluster at {self._url}: limbo stays as it is")
+        manager = metadata.LedgerManager(conn.store, conn.root)
+        start_after: int | None = None
+        while True:
+            page = await manager.read_page(start_after=start_after, limit=METADATA_PAGE)
+            yield [
+                ledger_id
+                for ledger_id, versioned in page.ledgers.items()
+                if any(bookie_id in ensemble for _, ensemble in versioned.metadata.ensembles)
+            ]
+            if not page.more or not page.ledger_ids:
+                return
+            start_after = page.ledger_ids[-1]
+
+    async def ledger_metadata(self, ledger_id: int) -> metadata.LedgerMetadata | None:
+        conn = self._connected()
+        try:
+            return (await metadata.LedgerManager(conn.store, conn.root).read(ledger_id)).metadata
+        except metadata.NoSuchLedger:
+            return None
+
+    async def mark_under_replicated(self, ledger_id: int, bookie_id: str, reason: str) -> None:
+        conn = self._connected()
+        await UnderReplicationManager(conn.store, conn.root).mark(ledger_id, [bookie_id], reason=reason)
+
     @contextlib.asynccontextmanager
     async def replication_lock(self, ledger_id: int, owner: str) -> AsyncIterator[bool]:
         conn = self._connected()

@@ -17,7 +17,9 @@ tell a real key from a junk one without learning anything that lets it forge eit
   -> EFENCED, and no record (:class:`NotOpen`): the bookie may be one whose record GC dropped, fence
   included (its copy re-replicated elsewhere while it was away), or one recovery's fences never
   reached; a writer that lost the ledger gets no ack from it. Recovery adds (write-back,
-  re-replication) still create the record.
+  re-replication) still create the record. The same holds for a ledger in limbo
+  (:mod:`bookie.limbo`) the bookie does hold: a journal cut may have taken its fence. Once a lookup
+  after the start shows a ledger OPEN, its writers' adds go on as usual (a fence since is here).
 - **A key mismatch on a record the bookie holds** (a squatter's, made while the bookie ran without
   metadata, or before this check existed): if metadata's check value matches the *presented* key
   and not the stored one, the stored record is a squatter's and is started anew under the real key
@@ -225,7 +227,7 @@ class KeyVerifier:
                 # began after this request decides (see _Parked.fresh)
                 info = await self._await_lookup(ledger_id, peer)
                 self._settle(ledger_id, key, info)
-            if writes and not self._holds(ledger_id):
+            if writes and (not self._holds(ledger_id) or self._storage.in_limbo(ledger_id)):
                 self._check_open(ledger_id, info)
         finally:
             self._unwait(peer, 1)
@@ -358,6 +360,11 @@ class KeyVerifier:
                 log.warning("ledger_keys.lookup_failed", ledger_id=ledger_id, error=repr(error))
         if error is None:
             lookup.future.set_result(task.result())
+            limbo = self._storage.limbo
+            if limbo is not None and task.result().writable:
+                # read after this start: a fence answered before it would show (recovery CASes
+                # IN_RECOVERY first, and a ledger never goes back to OPEN)
+                limbo.writes_checked.add(ledger_id)
         else:
             lookup.future.set_exception(error)
             lookup.future.exception()  # retrieved: the requests that wait on it answer it
@@ -379,7 +386,7 @@ class KeyVerifier:
         joined the lookup under way and is refused waits for a lookup of its own (_Parked.fresh)."""
         run: list[_Parked] = []
         again: list[_Parked] = []
-        held = self._holds(ledger_id)  # before any of these adds makes the record
+        held = self._holds(ledger_id) and not self._storage.in_limbo(ledger_id)  # before any add makes it
         for add in parked:
             refusal = error
             if refusal is None:

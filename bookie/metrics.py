@@ -124,6 +124,8 @@ class Snapshot:
     protocol_version: int = PROTOCOL_VERSION
     uptime_s: float = 0.0
     ledgers: int = 0
+    limbo_ledgers: int = 0
+    """Ledgers in limbo (bookie/limbo.py); -1 while every ledger is, before metadata narrowed it."""
     adds: int = 0
     requests: dict[str, int] = field(default_factory=dict)
     """Requests received by op name (adds included)."""
@@ -217,6 +219,7 @@ def snapshot(server: BookieServer, disk: DiskStatus | None = None) -> Snapshot:
         failed = journal.failed
         base.update(
             ledgers=len(storage.ledgers),
+            limbo_ledgers=0 if storage.limbo is None else storage.limbo.count(),
             journal_groups=journal.groups_written,
             journal_records=journal.records_written,
             journal_bytes=journal.bytes_written,
@@ -336,6 +339,12 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     yield from _journal_families(snap)
     yield from _network_families(snap)
     yield _gauge("bookie_ledgers", "Ledgers this bookie holds state for", snap.ledgers)
+    yield _gauge(
+        "bookie_limbo_ledgers",
+        "Ledgers in limbo after a journal cut (reads of what is lacking answer EUNKNOWNLEDGERSTATE); "
+        "-1: every ledger, until metadata is listed",
+        snap.limbo_ledgers,
+    )
     yield _gauge("bookie_long_poll_waiters", "Long-poll LAC reads parked", snap.long_poll_waiters)
     yield _gauge("bookie_disk_total_bytes", "Size of the data dir's filesystem", snap.disk.total_bytes)
     yield _gauge(
@@ -481,6 +490,7 @@ def state_json(snap: Snapshot) -> dict[str, Any]:
         "uptime_s": round(snap.uptime_s, 3),
         "pid": os.getpid(),
         "ledgers": snap.ledgers,
+        "limbo_ledgers": snap.limbo_ledgers,
         "requests": snap.requests,
         "entries_read": snap.entries_read,
         "errors": snap.errors,

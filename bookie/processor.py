@@ -11,7 +11,8 @@ before it is durable. A frame the shortcut does not take (another op, a malforme
 duplicate request id) is decoded by the generic codec at its place in the stream; an ADD among
 them goes to the same ``add_run``. Handlers that read the disk run as tasks owned by the connection.
 
-Status table (:data:`STATUS_FOR`): NoLedger -> ENOLEDGER, NoEntry -> ENOENTRY, Fenced -> EFENCED,
+Status table (:data:`STATUS_FOR`): NoLedger -> ENOLEDGER, NoEntry -> ENOENTRY, Unknown (a ledger
+in limbo: bookie/limbo.py) -> EUNKNOWNLEDGERSTATE, Fenced -> EFENCED,
 Unauthorized / KeyRefused -> EUA, NotOpen (bookie/ledger_keys.py) -> EFENCED, EntryCorrupt /
 JournalError / OSError -> EIO, BadRequest -> EBADREQ, TooManyRequests -> ETOOMANYREQUESTS,
 ReadOnly -> EREADONLY. Anything unexpected is logged and
@@ -50,6 +51,7 @@ from bookie.storage import (
     Storage,
     StorageError,
     Unauthorized,
+    Unknown,
 )
 from bookkeeper_aio.common import failpoints
 from bookkeeper_aio.common.failpoints import (
@@ -80,6 +82,7 @@ class TooManyRequests(StorageError):
 STATUS_FOR: dict[type[BaseException], StatusCode] = {
     NoLedger: StatusCode.ENOLEDGER,
     NoEntry: StatusCode.ENOENTRY,
+    Unknown: StatusCode.EUNKNOWNLEDGERSTATE,
     Fenced: StatusCode.EFENCED,
     Unauthorized: StatusCode.EUA,
     EntryCorrupt: StatusCode.EIO,
@@ -326,6 +329,9 @@ class Processor:
             return False
         kind = type(request)
         if kind is m.WriteLacRequest:
+            limbo = self.storage.limbo
+            if limbo is not None and limbo.wants_write_check(request.ledger_id):
+                return True  # its fence may have been cut: metadata must show it OPEN first
             creates = True
         elif kind is m.ReadEntryRequest or kind is m.BatchReadRequest:
             creates = bool(request.flags & ReadFlag.FENCE_LEDGER) and request.master_key is not None
@@ -629,6 +635,8 @@ class Processor:
 
     def _list_entries(self, conn: ServerConnection, req: m.GetListOfEntriesRequest) -> None:
         state = self.storage.ledger_for_read(req.ledger_id, req.master_key)
+        if self.storage.in_limbo(req.ledger_id):  # the list would say the rest is absent
+            raise Unknown(f"ledger {req.ledger_id} is in limbo on this bookie: its entry list is unknown")
         ranges: list[list[int]] = []
         for entry_id in state.index.entry_ids():
             if ranges and ranges[-1][1] == entry_id - 1:

@@ -5,6 +5,10 @@ Blocking; runs once before the bookie serves (in a worker thread). Follows the d
 pages), is zeroed and synced (logged with its offset and size); damage followed by a later group, or
 by a later segment holding bytes, refuses to start with :class:`~bookie.journal_format.JournalCorrupt`,
 naming the segment and offset.
+
+A cut that zeroes anything is made under a durable limbo marker, written before the cut
+(:mod:`bookie.limbo`): the final group may have been synced and acknowledged (bit rot looks like a
+torn write), so the ledgers it may have held answer "unknown" until metadata settles them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import structlog
 
 from bookie import checkpoint
 from bookie import journal_format as fmt
+from bookie import limbo as limbo_marker
 from bookie.fileio import FileIO
 from bookie.journal_format import Position
 from bookie.ledger_state import LedgerState
@@ -41,6 +46,8 @@ class Recovered:
     records_replayed: int = 0
     torn_bytes_cut: int = 0
     segments: list[int] = field(default_factory=list)
+    limbo: limbo_marker.Limbo | None = None
+    """The ledgers in limbo (the marker on disk, this cut's included); None without a marker."""
 
 
 def apply_record(ledgers: dict[int, LedgerState], segment_id: int, record: fmt.Record) -> None:
@@ -183,7 +190,12 @@ def recover(fileio: FileIO, data_dir: str, row_cache_bytes_max: int = 0) -> Reco
             with contextlib.suppress(BufferError):  # a lingering view: the map is freed with it
                 data.close()
     if torn is not None:
+        segment_id, end, garbage_end = torn
+        if garbage_end > end:  # durable before the cut: a crash between keeps the marker
+            where = f"journal segment {segment_id:016x} offset {end}, {garbage_end - end} bytes"
+            limbo_marker.enter_blocking(fileio, data_dir, f"torn tail cut at {where}")
         result.torn_bytes_cut = _cut_torn_tail(fileio, journal_dir, *torn)
+    result.limbo = limbo_marker.load_blocking(fileio, data_dir)
     return result
 
 

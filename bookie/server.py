@@ -48,6 +48,7 @@ from bookie.cookie import read_instance_id
 from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.gc import GarbageCollector, LedgerCatalog, ReplicaCatalog
 from bookie.ledger_keys import KeySource, KeyVerifier
+from bookie.limbo import LimboCatalog, LimboResolver
 from bookie.metrics import DiskStatus, Snapshot, probe_disk, snapshot
 from bookie.mode import Mode, ModeMachine
 from bookie.processor import Processor
@@ -122,6 +123,8 @@ class BookieServer:
         self.catalog = catalog
         self.replicas = replicas
         self.gc: GarbageCollector | None = None
+        self.limbo: LimboResolver | None = None
+        """Settles ledgers in limbo against metadata (only while some are, with metadata)."""
         self.threads = threads
         self.clock = clock
         self.registration = registration
@@ -271,7 +274,29 @@ class BookieServer:
             wall_clock=self.clock.wall,
         )
         self.gc.start()
+        if self.storage.limbo is not None:
+            self._start_limbo(catalog)
         self.ready = True
+
+    def _start_limbo(self, catalog: object) -> None:
+        """Ledgers are in limbo (a journal cut, bookie/limbo.py): settle them against metadata."""
+        assert self.storage is not None
+        assert self.storage.limbo is not None
+        log.warning(
+            "bookie.limbo",
+            ledgers=self.storage.limbo.count(),
+            metadata=isinstance(catalog, LimboCatalog),
+            hint="reads of what this bookie lacks answer EUNKNOWNLEDGERSTATE until settled (docs/bookie.md)",
+        )
+        if isinstance(catalog, LimboCatalog):
+            self.limbo = LimboResolver(
+                self.storage,
+                catalog,
+                self.config.bookie_id,
+                self.config.limbo_check_interval_s,
+                wall_clock=self.clock.wall,
+            )
+            self.limbo.start()
 
     async def _listen(self, loop: asyncio.AbstractEventLoop) -> asyncio.Server:
         """Bind and listen without accepting yet (``start_serving`` accepts); :class:`ListenError`."""
@@ -505,6 +530,8 @@ class BookieServer:
         self.closing = True
         self.ready = False
         self._stop_mode_tasks()
+        if self.limbo is not None:
+            await self.limbo.close()
         if self.gc is not None:
             await self.gc.close()  # a compaction in flight stops between batches
         if self.registration is not None:
@@ -534,6 +561,8 @@ class BookieServer:
         self.closing = True
         self.ready = False
         self._stop_mode_tasks()
+        if self.limbo is not None:
+            self.limbo.abort()
         if self.gc is not None:
             self.gc.abort()
         if self.admin is not None:

@@ -10,7 +10,11 @@ Rules this module keeps:
 - the first add (or fence carrying a key) of a ledger journals its master key before the entry;
 - a fence sets the bit in memory at once (adds are refused from that instant: atomic with respect to
   adds, since the loop is single-threaded) and its callback fires after the FENCE record is durable;
-- reads verify the record's CRC32C; a damaged record is :class:`EntryCorrupt` (EIO), never "no entry".
+- reads verify the record's CRC32C; a damaged record is :class:`EntryCorrupt` (EIO), never "no entry";
+- while a ledger is in limbo (:mod:`bookie.limbo`: a journal cut may have lost what it held) a read
+  of what the bookie does not hold is :class:`Unknown` (EUNKNOWNLEDGERSTATE), never "no entry", and
+  a writer's add waits for metadata to show the ledger OPEN (one check per ledger: the add path
+  pays one ``is not None`` per add while nothing is in limbo).
 
 The add path (:meth:`Storage.add_run`) takes a connection's consecutive ADD requests at once: the
 entry-body checks, the ledger checks (master key, fence, read-only through the caller's check),
@@ -24,7 +28,7 @@ Seams (docs/internals.md §2): files through :class:`~bookie.fileio.FileIO`, thr
 :class:`~bookie.threads.Threads`, time through :class:`~bookkeeper_aio.common.clock.Clock`.
 
 Typed errors (mapped to wire statuses by the processor): :class:`NoLedger`, :class:`NoEntry`,
-:class:`Fenced`, :class:`Unauthorized`, :class:`EntryCorrupt`, :class:`BadRequest`,
+:class:`Unknown`, :class:`Fenced`, :class:`Unauthorized`, :class:`EntryCorrupt`, :class:`BadRequest`,
 :class:`~bookie.journal.JournalError`.
 """
 
@@ -51,8 +55,9 @@ from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.index import Location, segment_position, split_position
 from bookie.journal import Callback, Journal, JournalConfig, JournalError, RecordBatch
 from bookie.journal_format import Position
-from bookie.ledger_keys import KeyRefused, KeyVerifier
+from bookie.ledger_keys import KeyRefused, KeyVerifier, NotOpen
 from bookie.ledger_state import LedgerState, WakeReason
+from bookie.limbo import Limbo, save_blocking
 from bookie.threads import OS_THREADS, Threads
 from bookkeeper_aio.common import failpoints
 from bookkeeper_aio.common.clock import SYSTEM_CLOCK, Clock
@@ -102,6 +107,11 @@ class NoLedger(StorageError):
 
 class NoEntry(StorageError):
     pass
+
+
+class Unknown(StorageError):
+    """The bookie does not hold what was asked and cannot say it never did: the ledger is in limbo
+    (:mod:`bookie.limbo`) -> EUNKNOWNLEDGERSTATE, never ENOENTRY / ENOLEDGER."""
 
 
 class Fenced(StorageError):
@@ -259,6 +269,8 @@ class Storage:
         self._rekeys_unsynced = 0
         self._rekey_waiters: list[asyncio.Future[None]] = []
         self._rekey_failed: BaseException | None = None
+        self.limbo: Limbo | None = recovered.limbo
+        """The ledgers in limbo (:mod:`bookie.limbo`); None when none is (the common case)."""
 
     @classmethod
     async def open(
@@ -293,6 +305,7 @@ class Storage:
             ledgers=len(recovered.ledgers),
             records_replayed=recovered.records_replayed,
             torn_bytes_cut=recovered.torn_bytes_cut,
+            limbo_ledgers=None if recovered.limbo is None else recovered.limbo.count(),
             start_segment=recovered.start.segment_id,
             start_offset=recovered.start.offset,
         )
@@ -335,6 +348,7 @@ class Storage:
         metadata check of :attr:`keys` when there is one (``keys_checked``: it was done)."""
         journal = self.journal
         keys = None if keys_checked else self.keys
+        limbo = self.limbo
         batch = self._batch_for(target, batch_type)
         ledgers = self.ledgers
         records: RecordBatch | None = None  # the journal batch open, if any
@@ -355,6 +369,13 @@ class Storage:
                     recovery = flags & _RECOVERY_ADD != 0
                     if check_add is not None:
                         check_add(recovery)
+                    if limbo is not None and not recovery and limbo.wants_write_check(lid):
+                        if keys is not None:  # metadata must show it OPEN first (bookie/limbo.py)
+                            parked = AddEntryRequest(rid, lid, eid, flags, key, body)
+                            keys.park(parked, target, batch_type, check_add)
+                        else:
+                            batch.on_error(rid, _limbo_not_checked(lid))
+                        continue
                     state = ledgers.get(lid)  # ledger_for_write decides a new ledger or a wrong key
                     if (
                         state is None
@@ -450,7 +471,10 @@ class Storage:
     def write_lac(
         self, ledger_id: int, master_key: bytes, lac: int, lac_body: bytes, callback: Callback
     ) -> None:
-        """Persist an explicit LAC; it takes effect (and wakes waiters) once durable."""
+        """Persist an explicit LAC; it takes effect (and wakes waiters) once durable. Raises
+        :class:`Unauthorized`, :class:`~bookie.ledger_keys.NotOpen` (in limbo, not checked)."""
+        if self.limbo is not None and self.limbo.wants_write_check(ledger_id):
+            raise _limbo_not_checked(ledger_id)
         state = self.ledger_for_write(ledger_id, master_key)
 
         def durable(error: BaseException | None) -> None:
@@ -512,8 +536,30 @@ class Storage:
     def ledger(self, ledger_id: int) -> LedgerState:
         state = self.ledgers.get(ledger_id)
         if state is None:
-            raise NoLedger(f"ledger {ledger_id} is not on this bookie")
+            raise self._no_ledger(ledger_id)
         return state
+
+    def _no_ledger(self, ledger_id: int) -> StorageError:
+        """The error for a ledger not held: :class:`Unknown` while it is in limbo."""
+        limbo = self.limbo
+        if limbo is not None and limbo.holds(ledger_id):
+            return Unknown(f"ledger {ledger_id} is in limbo on this bookie: it holds none of it now")
+        return NoLedger(f"ledger {ledger_id} is not on this bookie")
+
+    def _no_entry(self, ledger_id: int, entry_id: int) -> StorageError:
+        """The error for an entry not held: :class:`Unknown` while its ledger is in limbo."""
+        limbo = self.limbo
+        if limbo is not None and limbo.holds(ledger_id):
+            return Unknown(f"entry {ledger_id}:{entry_id}: the ledger is in limbo on this bookie")
+        return NoEntry(f"entry {ledger_id}:{entry_id} is not on this bookie")
+
+    def in_limbo(self, ledger_id: int) -> bool:
+        limbo = self.limbo
+        return limbo is not None and limbo.holds(ledger_id)
+
+    async def save_limbo(self, limbo: Limbo) -> None:
+        """Make ``limbo`` durable (the marker; removed when it holds no ledger). Raises ``OSError``."""
+        await self._loop.run_in_executor(self._cold, save_blocking, self.fileio, self.config.data_dir, limbo)
 
     def check_read_key(self, ledger_id: int, master_key: bytes | None) -> None:
         """Raise :class:`Unauthorized` when the bookie holds ``ledger_id`` under another key
@@ -528,7 +574,7 @@ class Storage:
         it) is readable with any key: there is nothing to check against."""
         state = self.ledgers.get(ledger_id)
         if state is None:
-            raise NoLedger(f"ledger {ledger_id} is not on this bookie")
+            raise self._no_ledger(ledger_id)
         known = state.master_key
         if known is not None and (master_key is None or not _compare_digest(known, master_key)):
             why = "a read must carry the ledger's master key" if master_key is None else "master key mismatch"
@@ -538,14 +584,14 @@ class Storage:
     async def read_entry(self, ledger_id: int, entry_id: int) -> tuple[int, memoryview]:
         """(entry id, body) of an entry; ``entry_id`` -1 is the last entry this bookie has.
 
-        Raises :class:`NoLedger`, :class:`NoEntry`, :class:`EntryCorrupt`, ``OSError``.
+        Raises :class:`NoLedger`, :class:`NoEntry`, :class:`Unknown`, :class:`EntryCorrupt`, ``OSError``.
         """
         state = self.ledger(ledger_id)
         if entry_id == -1:
             entry_id = state.index.last_entry_id
         positions, lengths = state.index.run(entry_id, 1)
         if not positions:
-            raise NoEntry(f"entry {ledger_id}:{entry_id} is not on this bookie")
+            raise self._no_entry(ledger_id, entry_id)
         bodies = await self._read_run(ledger_id, entry_id, 1, positions, lengths)
         return entry_id, bodies[0]
 
@@ -558,7 +604,7 @@ class Storage:
         state = self.ledger(ledger_id)
         positions, lengths = state.index.run(first, count_max, step)
         if not positions:
-            raise NoEntry(f"entry {ledger_id}:{first} is not on this bookie")
+            raise self._no_entry(ledger_id, first)
         # count entry bodies, as the client sees them; the first entry always goes
         if sum(lengths) - len(lengths) * _RECORD_OVERHEAD_BYTES > bytes_max:
             count, total = 1, lengths[0] - _RECORD_OVERHEAD_BYTES
@@ -899,6 +945,13 @@ class Storage:
         if self._lock_fd >= 0:
             self.fileio.close(self._lock_fd)
             self._lock_fd = -1
+
+
+def _limbo_not_checked(ledger_id: int) -> NotOpen:
+    return NotOpen(
+        f"ledger {ledger_id} is in limbo on this bookie (a journal cut may have lost its fence) and "
+        "no metadata read showed it OPEN: writes refused (run the bookie with --metadata)"
+    )
 
 
 @contextlib.contextmanager

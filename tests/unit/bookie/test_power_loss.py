@@ -4,6 +4,9 @@ A journal holds several synced groups and then a final group. For a power cut be
 group's fdatasync returned, any subset of its pages may be on disk; each missing page holds its old
 contents (zeros past the synced data) or garbage. The bookie must start and serve exactly the records
 that were synced; then append and restart cleanly. Damage in an earlier synced group still refuses.
+A cut that zeroed anything leaves every ledger in limbo (bookie/limbo.py): what it lacks is "unknown",
+never "no such entry", a writer's add is refused (no metadata here to show the ledger OPEN), and a
+recovery add goes on.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import pytest
 from bookie import journal_format as fmt
 from bookie.index import Location
 from bookie.journal import JournalConfig
-from bookie.storage import NoEntry, Storage, StorageConfig
+from bookie.ledger_keys import NotOpen
+from bookie.storage import NoEntry, Storage, StorageConfig, Unknown
 
 from .test_storage import add, body, config, patch, start_add
 
@@ -106,21 +110,28 @@ def subsets(pages: int, randoms: int, rng: random.Random) -> Iterator[tuple[str,
 
 async def check_starts_and_serves(origin: Origin, work: Path, served: set[int], what: str) -> None:
     storage = await Storage.open(origin.at(work))
+    cut = storage.limbo is not None  # anything zeroed: every ledger in limbo
+    assert cut == (storage.limbo is not None and storage.limbo.every_ledger), what
     try:
         for i in range(origin.all_entries):
             if i in served:
                 assert (await storage.read_entry(1, i))[1] == body(1, i, i - 1, PAYLOAD), (what, i)
             else:
-                with pytest.raises(NoEntry):
+                with pytest.raises(Unknown if cut else NoEntry):
                     await storage.read_entry(1, i)
         nxt = max(served) + 1
-        await add(storage, 1, nxt, payload=b"after the power loss")  # the journal goes on from the cut
+        if cut:  # its fence may have been cut, and nothing here can show the ledger OPEN
+            with pytest.raises(NotOpen):
+                await add(storage, 1, nxt, payload=b"after the power loss")
+        # the journal goes on from the cut
+        await add(storage, 1, nxt, payload=b"after the power loss", recovery=cut)
     finally:
         storage.abort()
     storage = await Storage.open(origin.at(work))
     try:
         assert (await storage.read_entry(1, nxt))[1] == body(1, nxt, nxt - 1, b"after the power loss"), what
         assert storage.ledger(1).index.last_entry_id == nxt, what
+        assert (storage.limbo is not None) == cut, what  # the marker outlives the restart
     finally:
         storage.abort()
 
