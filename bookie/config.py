@@ -210,6 +210,13 @@ class BookieConfig:
         "Seconds between garbage-collection passes (forget ledgers deleted from metadata, compact "
         "journal segments, delete dead ones); 0 = only on demand (admin `/gc`, `bkaio bookie gc`).",
     )
+    limbo_after_cut: bool = _key(
+        True,
+        "A journal tail cut at startup puts the ledgers it may have touched in limbo (reads of what "
+        "the bookie lacks answer EUNKNOWNLEDGERSTATE until metadata settles them): the cut group may "
+        "have been synced and acknowledged, then rotted. Turn off only where the filesystem checksums "
+        "data (ZFS, btrfs: rot reads as EIO, so a damaged final group is a torn, unsynced write).",
+    )
     limbo_check_interval_s: float = _key(
         30.0,
         "Seconds between passes that settle ledgers in limbo (after a journal cut) against metadata "
@@ -393,6 +400,7 @@ class BookieConfig:
             checkpoint_interval_s=self.checkpoint_interval_s,
             checkpoint_journal_bytes=self.checkpoint_journal_bytes,
             checkpoint_journal_records=self.checkpoint_journal_records,
+            limbo_after_cut=self.limbo_after_cut,
         )
 
 

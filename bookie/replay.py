@@ -123,10 +123,13 @@ def load_checkpoint(
     return position, ledgers
 
 
-def recover(fileio: FileIO, data_dir: str, row_cache_bytes_max: int = 0) -> Recovered:
+def recover(
+    fileio: FileIO, data_dir: str, row_cache_bytes_max: int = 0, *, limbo_after_cut: bool = True
+) -> Recovered:
     """Rebuild in-memory state from checkpoint + journal. Raises JournalCorrupt / CheckpointCorrupt.
     Checkpoint rows up to ``row_cache_bytes_max`` are kept for the next checkpoint
-    (:func:`bookie.checkpoint.decode`); replay drops the row of every ledger it changes."""
+    (:func:`bookie.checkpoint.decode`); replay drops the row of every ledger it changes. A cut that
+    zeroes anything is made under a durable limbo marker unless ``limbo_after_cut`` is off."""
     journal_dir = os.path.join(data_dir, JOURNAL_DIR)
     index_dir = os.path.join(data_dir, INDEX_DIR)
     if not (fileio.exists(journal_dir) and fileio.exists(index_dir)):
@@ -191,7 +194,7 @@ def recover(fileio: FileIO, data_dir: str, row_cache_bytes_max: int = 0) -> Reco
                 data.close()
     if torn is not None:
         segment_id, end, garbage_end = torn
-        if garbage_end > end:  # durable before the cut: a crash between keeps the marker
+        if garbage_end > end and limbo_after_cut:  # durable before the cut: a crash between keeps it
             where = f"journal segment {segment_id:016x} offset {end}, {garbage_end - end} bytes"
             limbo_marker.enter_blocking(fileio, data_dir, f"torn tail cut at {where}")
         result.torn_bytes_cut = _cut_torn_tail(fileio, journal_dir, *torn)

@@ -55,7 +55,7 @@ from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.index import Location, segment_position, split_position
 from bookie.journal import Callback, Journal, JournalConfig, JournalError, RecordBatch
 from bookie.journal_format import Position
-from bookie.ledger_keys import KeyRefused, KeyVerifier, NotOpen
+from bookie.ledger_keys import KeyRefused, KeyVerifier
 from bookie.ledger_state import LedgerState, WakeReason
 from bookie.limbo import Limbo, save_blocking
 from bookie.threads import OS_THREADS, Threads
@@ -152,6 +152,8 @@ class StorageConfig:
     a restart replays is bounded whatever the write rate (replay runs at ~150-200k records/s)."""
     checkpoint_journal_records: int = 500_000
     """The same bound in records (small entries replay slower per byte)."""
+    limbo_after_cut: bool = True
+    """A torn-tail cut puts every ledger in limbo first (:mod:`bookie.limbo`)."""
 
 
 _BODY_HEADER = struct.Struct(">qqq")  # ledger id, entry id, piggybacked LAC (protocol/digest.py)
@@ -369,12 +371,16 @@ class Storage:
                     recovery = flags & _RECOVERY_ADD != 0
                     if check_add is not None:
                         check_add(recovery)
-                    if limbo is not None and not recovery and limbo.wants_write_check(lid):
-                        if keys is not None:  # metadata must show it OPEN first (bookie/limbo.py)
-                            parked = AddEntryRequest(rid, lid, eid, flags, key, body)
-                            keys.park(parked, target, batch_type, check_add)
-                        else:
-                            batch.on_error(rid, _limbo_not_checked(lid))
+                    if (
+                        limbo is not None
+                        and keys is not None
+                        and not recovery
+                        and limbo.wants_write_check(lid)
+                    ):
+                        # metadata must show it OPEN first: its fence may have been cut (bookie/limbo.py)
+                        keys.park(
+                            AddEntryRequest(rid, lid, eid, flags, key, body), target, batch_type, check_add
+                        )
                         continue
                     state = ledgers.get(lid)  # ledger_for_write decides a new ledger or a wrong key
                     if (
@@ -472,9 +478,7 @@ class Storage:
         self, ledger_id: int, master_key: bytes, lac: int, lac_body: bytes, callback: Callback
     ) -> None:
         """Persist an explicit LAC; it takes effect (and wakes waiters) once durable. Raises
-        :class:`Unauthorized`, :class:`~bookie.ledger_keys.NotOpen` (in limbo, not checked)."""
-        if self.limbo is not None and self.limbo.wants_write_check(ledger_id):
-            raise _limbo_not_checked(ledger_id)
+        :class:`Unauthorized`."""
         state = self.ledger_for_write(ledger_id, master_key)
 
         def durable(error: BaseException | None) -> None:
@@ -947,13 +951,6 @@ class Storage:
             self._lock_fd = -1
 
 
-def _limbo_not_checked(ledger_id: int) -> NotOpen:
-    return NotOpen(
-        f"ledger {ledger_id} is in limbo on this bookie (a journal cut may have lost its fence) and "
-        "no metadata read showed it OPEN: writes refused (run the bookie with --metadata)"
-    )
-
-
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
     """No automatic cyclic collection meanwhile (unless the process had turned it off already)."""
@@ -973,4 +970,6 @@ def _recover_blocking(fileio: FileIO, config: StorageConfig) -> replay.Recovered
         fmt.parse_segment_name(name) is not None for name in fileio.listdir(journal_dir)
     )
     ensure_cookie(fileio, config.data_dir, config.bookie_id, has_data)
-    return replay.recover(fileio, config.data_dir, ROW_CACHE_BYTES_MAX)
+    return replay.recover(
+        fileio, config.data_dir, ROW_CACHE_BYTES_MAX, limbo_after_cut=config.limbo_after_cut
+    )

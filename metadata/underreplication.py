@@ -5,7 +5,7 @@ Keys (docs/metadata.md, *Autorecovery*):
 - ``R/underreplicated/<id>``: one per ledger that needs re-replication; a msgpack map
   ``{format_version, missing, marked_ms, reasons, since}``: the bookies whose copies must be
   replaced (sorted, each once), when the ledger was first marked (wall clock, ms), why (``lost``,
-  ``check``, ``decommission``, ``operator``; each once), and when each bookie was first marked
+  ``check``, ``decommission``, ``operator``, ``limbo``; each once), and when each bookie was first marked
   (``since``: bookie -> ms; the open-ledger grace period counts from it). Marking an already
   marked ledger adds its bookies and reasons to the same key by CAS (never loses a bookie another
   marker added).
@@ -55,7 +55,7 @@ from metadata.store import Guard, MetadataStore, list_all
 UNDERREPLICATED_FORMAT_VERSION = 1
 VALUE_BYTES_MAX = 64 * 1024
 MISSING_BOOKIES_MAX = 64  # an ensemble has at most 64 bookies: a ledger cannot miss more
-REASONS = frozenset({"lost", "replaced", "check", "decommission", "operator"})
+REASONS = frozenset({"lost", "replaced", "check", "decommission", "operator", "limbo"})
 Undecodable = Callable[[int, MetadataFormatError], None]
 """``on_undecodable(ledger_id, error)``: a mark :meth:`UnderReplicationManager.iter_marks` skipped."""
 UPDATE_ATTEMPTS_MAX = 100

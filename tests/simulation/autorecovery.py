@@ -58,7 +58,17 @@ from tests.simulation import invariants
 from tests.simulation.loop import NODE
 from tests.simulation.scenario import FAULTS, Scenario
 from tests.simulation.threads import _InlineExecutor
-from tests.simulation.world import PASSWORD, ROOT, LoopClock, Node, SimBookie, SimClient, SimMetadata, World
+from tests.simulation.world import (
+    PASSWORD,
+    ROOT,
+    ROT_FINAL_GROUP,
+    LoopClock,
+    Node,
+    SimBookie,
+    SimClient,
+    SimMetadata,
+    World,
+)
 
 AR_CONFIG = AutorecoveryConfig(
     lost_bookie_recovery_delay_s=1.0,
@@ -277,7 +287,9 @@ class AutorecoveryScenario(Scenario):
                     for a, r in zip([None, *records], records, strict=False)
                     if a is None or a.offset + a.length != r.offset
                 ]
-                if len(firsts) >= 2:  # damage before the final group's first record is detectable
+                if ROT_FINAL_GROUP and records:  # the final group too: cut as torn, then limbo
+                    candidates.append((bookie, path, firsts[-1].offset, scanned.end))
+                elif len(firsts) >= 2:  # damage before the final group's first record is detectable
                     candidates.append((bookie, path, journal_format.SEGMENT_HEADER_BYTES, firsts[-1].offset))
         if not candidates:
             return

@@ -63,6 +63,10 @@ CLIENT_CONFIG = ClientConfig(
 
 
 REGISTRATION_TTL_S = 2
+ROT_FINAL_GROUP = os.environ.get("SIM_ROT_FINAL_GROUP", "") == "1"
+"""``rot_disk`` may draw its byte in a journal's final group too (which replay cannot tell from a
+torn write, so it cuts it); bookies then put what a cut may have touched in limbo (bookie/limbo.py).
+Off, no profile rots a final group: every cut is a torn, never synced write, and limbo is off."""
 """The bookies' registration leases where bookies register (the autorecovery profile): the
 shortest the store allows, so a crashed bookie is seen gone soon."""
 
@@ -169,6 +173,7 @@ class SimBookie(Node):
             checkpoint_interval_s=self.world.rng_for("checkpoint", self.name).uniform(0.2, 2.0),
             disk_check_interval_s=self.world.disk_check_interval_s,
             gc_interval_s=3600.0,
+            limbo_after_cut=ROT_FINAL_GROUP,
         )
 
     async def start(self) -> None:
