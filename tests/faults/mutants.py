@@ -165,6 +165,22 @@ MUTANTS = (
         ("tests/unit/bookie/test_storage.py",),
         "a checkpoint after GC forgot a ledger leaves its in-flight records past its position",
     ),
+    Mutant(
+        "limbo-answers-no-entry",
+        "bookie/processor.py",
+        "    Unknown: StatusCode.EUNKNOWNLEDGERSTATE,\n",
+        "    Unknown: StatusCode.ENOENTRY,\n",
+        ("tests/integration/bookie/test_limbo.py",),
+        "a bookie in limbo after a journal cut answers ENOENTRY for entries it may have acknowledged",
+    ),
+    Mutant(
+        "cut-without-limbo",
+        "bookie/replay.py",
+        "        if garbage_end > end and limbo_after_cut:  # durable before the cut: a crash between keeps it\n",
+        "        if False:\n",
+        ("tests/unit/bookie/test_limbo.py",),
+        "replay cuts a damaged final journal group with no limbo marker",
+    ),
 )
 
 
