@@ -194,7 +194,8 @@ def recover(
                 data.close()
     if torn is not None:
         segment_id, end, garbage_end = torn
-        if garbage_end > end and limbo_after_cut:  # durable before the cut: a crash between keeps it
+        # the marker is durable before the cut: a crash between keeps it
+        if garbage_end > end and limbo_after_cut:
             where = f"journal segment {segment_id:016x} offset {end}, {garbage_end - end} bytes"
             limbo_marker.enter_blocking(fileio, data_dir, f"torn tail cut at {where}")
         result.torn_bytes_cut = _cut_torn_tail(fileio, journal_dir, *torn)

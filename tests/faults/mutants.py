@@ -176,7 +176,7 @@ MUTANTS = (
     Mutant(
         "cut-without-limbo",
         "bookie/replay.py",
-        "        if garbage_end > end and limbo_after_cut:  # durable before the cut: a crash between keeps it\n",
+        "        if garbage_end > end and limbo_after_cut:\n",
         "        if False:\n",
         ("tests/unit/bookie/test_limbo.py",),
         "replay cuts a damaged final journal group with no limbo marker",
