@@ -181,6 +181,14 @@ MUTANTS = (
         ("tests/unit/bookie/test_limbo.py",),
         "replay cuts a damaged final journal group with no limbo marker",
     ),
+    Mutant(
+        "limbo-writer-add-unchecked",
+        "bookie/storage.py",
+        "                        and limbo.wants_write_check(lid)\n",
+        "                        and False\n",
+        ("tests/unit/bookie/test_limbo.py",),
+        "a writer's add of a ledger in limbo is journaled without metadata showing the ledger OPEN",
+    ),
 )
 
 

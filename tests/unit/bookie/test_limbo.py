@@ -13,12 +13,14 @@ import pytest
 
 from bookie import limbo, replay
 from bookie.fileio import FileIO
+from bookie.ledger_keys import KeyInfo, KeyVerifier, NotOpen
 from bookie.limbo import Limbo, LimboResolver
 from bookie.storage import NoEntry, NoLedger, Storage, Unknown
 from bookkeeper_aio.client.quorum import DistributionSchedule
+from bookkeeper_aio.protocol.digest import key_check
 from metadata.ledger_metadata import LedgerMetadata
 
-from .test_storage import _journal_file, add, config
+from .test_storage import KEY, _journal_file, add, config
 
 BOOKIE = "bookie-1"
 
@@ -252,3 +254,40 @@ async def test_a_writers_add_in_limbo_waits_for_metadata_open(tmp_path: Path) ->
     finally:
         storage.abort()
     shutil.rmtree(tmp_path)
+
+
+async def test_a_writers_add_in_limbo_is_refused_unless_metadata_shows_the_ledger_open(
+    tmp_path: Path,
+) -> None:
+    """The cut may have taken a fence this bookie answered: a writer's add of a held ledger in limbo
+    waits for one metadata read; closed -> EFENCED (NotOpen), nothing journaled; open -> it goes on
+    and later adds skip the read. Recovery adds never wait."""
+
+    class Metadata:
+        def __init__(self) -> None:
+            self.open = {1: False}
+            self.lookups = 0
+
+        async def key_info(self, ledger_id: int) -> KeyInfo:
+            self.lookups += 1
+            return KeyInfo(exists=True, check=key_check(KEY), writable=self.open.get(ledger_id, True))
+
+    await _journal_with_torn_tail(tmp_path)
+    md = Metadata()
+    storage = await Storage.open(config(tmp_path))
+    storage.keys = KeyVerifier(storage, md)
+    try:
+        assert storage.limbo is not None
+        with pytest.raises(NotOpen):
+            await add(storage, 1, 9)  # closed in metadata: its fence here may have been cut
+        assert 9 not in storage.ledger(1).index
+        assert md.lookups == 1
+        await add(storage, 1, 9, recovery=True)  # recovery adds pass, without a lookup
+        assert md.lookups == 1
+        md.open[1] = True  # (a test's shortcut: metadata never goes back to OPEN)
+        await add(storage, 1, 10)
+        await add(storage, 1, 11)
+        assert md.lookups == 2  # once seen OPEN, adds go on as usual
+        assert 1 in storage.limbo.writes_checked
+    finally:
+        storage.abort()
