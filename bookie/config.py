@@ -210,12 +210,13 @@ class BookieConfig:
         "Seconds between garbage-collection passes (forget ledgers deleted from metadata, compact "
         "journal segments, delete dead ones); 0 = only on demand (admin `/gc`, `bkaio bookie gc`).",
     )
-    limbo_after_cut: bool = _key(
-        True,
-        "A journal tail cut at startup puts the ledgers it may have touched in limbo (reads of what "
-        "the bookie lacks answer EUNKNOWNLEDGERSTATE until metadata settles them): the cut group may "
-        "have been synced and acknowledged, then rotted. Turn off only where the filesystem checksums "
-        "data (ZFS, btrfs: rot reads as EIO, so a damaged final group is a torn, unsynced write).",
+    limbo_after_cut: int = _key(
+        1,
+        "1: a journal tail cut at startup puts the ledgers it may have touched in limbo (reads of "
+        "what the bookie lacks answer EUNKNOWNLEDGERSTATE until metadata settles them): the cut "
+        "group may have been synced and acknowledged, then rotted. 0 turns it off: only where the "
+        "filesystem checksums data (ZFS, btrfs: rot reads as EIO, so a damaged final group is a "
+        "torn, unsynced write).",
     )
     limbo_check_interval_s: float = _key(
         30.0,
@@ -296,6 +297,8 @@ class BookieConfig:
         ):
             if getattr(config, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(config, name)}")
+        if config.limbo_after_cut not in (0, 1):
+            raise ConfigError(f"limbo_after_cut must be 0 or 1, got {config.limbo_after_cut}")
         if not 0.0 <= config.compaction_threshold <= 1.0:
             raise ConfigError(f"compaction_threshold {config.compaction_threshold} is out of range 0..1")
         try:
@@ -400,7 +403,7 @@ class BookieConfig:
             checkpoint_interval_s=self.checkpoint_interval_s,
             checkpoint_journal_bytes=self.checkpoint_journal_bytes,
             checkpoint_journal_records=self.checkpoint_journal_records,
-            limbo_after_cut=self.limbo_after_cut,
+            limbo_after_cut=bool(self.limbo_after_cut),
         )
 
 

@@ -173,7 +173,7 @@ class SimBookie(Node):
             checkpoint_interval_s=self.world.rng_for("checkpoint", self.name).uniform(0.2, 2.0),
             disk_check_interval_s=self.world.disk_check_interval_s,
             gc_interval_s=3600.0,
-            limbo_after_cut=ROT_FINAL_GROUP,
+            limbo_after_cut=int(ROT_FINAL_GROUP),
         )
 
     async def start(self) -> None:
