@@ -229,7 +229,6 @@ class LimboResolver:
         self.passes = 0
         self.cleared_total = 0
         self.marked_total = 0
-        self._wanted = asyncio.Event()
 
     def start(self) -> None:
         self._task = self._loop.create_task(self._run_loop(), name="bookie-limbo")
@@ -237,9 +236,6 @@ class LimboResolver:
     def pending(self) -> bool:
         """Whether ledgers are still in limbo."""
         return self.storage.limbo is not None
-
-    def trigger(self) -> None:
-        self._wanted.set()
 
     async def close(self) -> None:
         task, self._task = self._task, None
@@ -263,10 +259,7 @@ class LimboResolver:
                 log.warning("limbo.pass_failed", error=repr(exc))
             if not self.pending():
                 return
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval_s):
-                    await self._wanted.wait()
-            self._wanted.clear()
+            await asyncio.sleep(self.interval_s)
 
     async def run_once(self) -> None:
         """One pass: narrow "every ledger" to metadata's listing, then settle each ledger."""
@@ -281,9 +274,13 @@ class LimboResolver:
                 await asyncio.sleep(0)
             narrowed = Limbo(False, listed)
             narrowed.writes_checked = limbo.writes_checked
-            await self._save(narrowed)  # durable before it is used
-            self.storage.limbo = limbo = narrowed
+            await self._save(narrowed)  # durable before it is used (the marker goes when empty)
+            self.storage.limbo = narrowed if listed else None
             log.info("limbo.narrowed", ledgers=len(listed))
+            if not listed:
+                self.passes += 1
+                return
+            limbo = narrowed
         cleared: list[int] = []
         marked = 0
         for ledger_id in sorted(limbo.ledgers):

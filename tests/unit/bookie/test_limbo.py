@@ -291,3 +291,19 @@ async def test_a_writers_add_in_limbo_is_refused_unless_metadata_shows_the_ledge
         assert 1 in storage.limbo.writes_checked
     finally:
         storage.abort()
+
+
+async def test_a_bookie_no_ledger_lists_leaves_limbo_at_the_first_pass(tmp_path: Path) -> None:
+    await _journal_with_torn_tail(tmp_path)
+    storage = await Storage.open(config(tmp_path))
+    try:
+        assert storage.limbo is not None
+        resolver = LimboResolver(storage, _Catalog({3: _closed(3, ["b"], 4)}), BOOKIE)
+        await resolver.run_once()
+        assert storage.limbo is None
+        assert not resolver.pending()
+        with pytest.raises(NoEntry):
+            await storage.read_entry(1, 9)
+    finally:
+        storage.abort()
+    assert not (tmp_path / limbo.MARKER_FILE).exists()
