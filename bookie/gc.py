@@ -246,12 +246,24 @@ class MetadataCatalog:
                 return
             start_after = page.ledger_ids[-1]
 
-    async def ledger_metadata(self, ledger_id: int) -> metadata.LedgerMetadata | None:
+    async def ledgers_metadata(
+        self, ledger_ids: Sequence[int]
+    ) -> AsyncIterator[list[tuple[int, metadata.LedgerMetadata | None]]]:
+        """The metadata of ``ledger_ids`` (increasing), None for one metadata does not hold, a
+        listing page at a time (:class:`bookie.limbo.LimboCatalog`)."""
         conn = self._connected()
-        try:
-            return (await metadata.LedgerManager(conn.store, conn.root).read(ledger_id)).metadata
-        except metadata.NoSuchLedger:
-            return None
+        manager = metadata.LedgerManager(conn.store, conn.root)
+        i, count = 0, len(ledger_ids)
+        while i < count:
+            first = ledger_ids[i]
+            page = await manager.read_page(start_after=first - 1 if first > 0 else None, limit=METADATA_PAGE)
+            last = page.ledger_ids[-1] if page.ledger_ids else first
+            out = []
+            while i < count and (not page.more or ledger_ids[i] <= last):
+                versioned = page.ledgers.get(ledger_ids[i])
+                out.append((ledger_ids[i], None if versioned is None else versioned.metadata))
+                i += 1
+            yield out
 
     async def mark_under_replicated(self, ledger_id: int, bookie_id: str, reason: str) -> None:
         conn = self._connected()

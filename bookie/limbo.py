@@ -201,8 +201,11 @@ class LimboCatalog(Protocol):
         """The ids of the ledgers whose ensembles list ``bookie_id``, page by page, in id order."""
         ...
 
-    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata | None:
-        """The ledger's metadata; None when metadata does not hold it (deleted)."""
+    def ledgers_metadata(
+        self, ledger_ids: Sequence[int]
+    ) -> AsyncIterator[list[tuple[int, LedgerMetadata | None]]]:
+        """The metadata of ``ledger_ids`` (increasing), a listing page at a time; None for a
+        ledger metadata does not hold (deleted)."""
         ...
 
     async def mark_under_replicated(self, ledger_id: int, bookie_id: str, reason: str) -> None: ...
@@ -283,19 +286,20 @@ class LimboResolver:
             limbo = narrowed
         cleared: list[int] = []
         marked = 0
-        for ledger_id in sorted(limbo.ledgers):
-            md = await self.catalog.ledger_metadata(ledger_id)
-            if md is None:
-                cleared.append(ledger_id)
-            elif md.state is LedgerState.CLOSED:
-                missing = await self._missing(md)
-                if missing:
-                    await self.catalog.mark_under_replicated(ledger_id, self.bookie_id, "limbo")
-                    marked += 1
-                    log.info("limbo.entries_missing", ledger_id=ledger_id, missing=missing)
-                else:
-                    await self._fence(ledger_id)
+        async for mds in self.catalog.ledgers_metadata(sorted(limbo.ledgers)):
+            for ledger_id, md in mds:
+                if md is None:
                     cleared.append(ledger_id)
+                elif md.state is LedgerState.CLOSED:
+                    missing = await self._missing(md)
+                    if missing:
+                        await self.catalog.mark_under_replicated(ledger_id, self.bookie_id, "limbo")
+                        marked += 1
+                        log.info("limbo.entries_missing", ledger_id=ledger_id, missing=missing)
+                    else:
+                        await self._fence(ledger_id)
+                        cleared.append(ledger_id)
+            await asyncio.sleep(0)
         if cleared:
             left = Limbo(False, limbo.ledgers.difference(cleared))
             left.writes_checked = limbo.writes_checked

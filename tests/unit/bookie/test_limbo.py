@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import metadata
+from bookie import gc as bookie_gc
 from bookie import limbo, replay
 from bookie.fileio import FileIO
 from bookie.ledger_keys import KeyInfo, KeyVerifier, NotOpen
@@ -19,7 +21,9 @@ from bookie.storage import NoEntry, NoLedger, Storage, Unknown
 from bookkeeper_aio.client.quorum import DistributionSchedule
 from bookkeeper_aio.protocol.digest import key_check
 from metadata.ledger_metadata import LedgerMetadata
+from metadata.underreplication import UnderReplicationManager
 
+from .test_gc import _Connection
 from .test_storage import KEY, _journal_file, add, config
 
 BOOKIE = "bookie-1"
@@ -170,8 +174,11 @@ class _Catalog:
         for start in range(0, len(ids), 2):
             yield ids[start : start + 2]
 
-    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata | None:
-        return self.ledgers.get(ledger_id)
+    async def ledgers_metadata(
+        self, ledger_ids: Sequence[int]
+    ) -> AsyncIterator[list[tuple[int, LedgerMetadata | None]]]:
+        for start in range(0, len(ledger_ids), 2):
+            yield [(i, self.ledgers.get(i)) for i in ledger_ids[start : start + 2]]
 
     async def mark_under_replicated(self, ledger_id: int, bookie_id: str, reason: str) -> None:
         self.marked.append((ledger_id, bookie_id, reason))
@@ -307,3 +314,33 @@ async def test_a_bookie_no_ledger_lists_leaves_limbo_at_the_first_pass(tmp_path:
     finally:
         storage.abort()
     assert not (tmp_path / limbo.MARKER_FILE).exists()
+
+
+async def test_the_metadata_catalog_lists_and_reads_in_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bookie/gc.py's MetadataCatalog on the metadata twin, pages of 2: the ledgers listing this
+    bookie (no cluster: refused), and the metadata of sparse ids, deleted ones as None."""
+    monkeypatch.setattr(bookie_gc, "METADATA_PAGE", 2)
+    store = metadata.MemoryStore()
+    catalog = bookie_gc.MetadataCatalog("memory:///test", connect=lambda url: _Connection(store, "/test"))
+    with pytest.raises(bookie_gc.MetadataUnusable, match="no cluster"):
+        _ = [page async for page in catalog.ledgers_on(BOOKIE)]
+    await metadata.init_cluster(store, "/test")
+    manager = metadata.LedgerManager(store, "/test")
+    ids = []
+    for n in range(7):
+        ensemble = [BOOKIE, "b"] if n % 2 == 0 else ["a", "b"]
+        ids.append((await manager.create(ensemble, write_quorum=2, ack_quorum=2)).ledger_id)
+    await manager.delete(ids[4])
+    on = [i async for page in catalog.ledgers_on(BOOKIE) for i in page]
+    assert on == [ids[0], ids[2], ids[6]]
+    wanted = [ids[0], ids[3], ids[4], ids[6], ids[6] + 100]
+    got = {i: md async for page in catalog.ledgers_metadata(wanted) for i, md in page}
+    assert sorted(got) == wanted
+    assert [i for i, md in got.items() if md is None] == [ids[4], ids[6] + 100]
+    assert got[ids[3]] is not None
+    assert got[ids[3]].ledger_id == ids[3]
+    await catalog.mark_under_replicated(ids[0], BOOKIE, "limbo")
+    mark = await UnderReplicationManager(store, "/test").get(ids[0])
+    assert mark is not None
+    assert mark.missing == (BOOKIE,)
+    await catalog.close()
