@@ -115,6 +115,13 @@ class BookieConfig:
         "Answer bytes queued for a client that is not reading them before its connection stops "
         "being read and its reads wait (a client cannot make the bookie buffer unbounded answers).",
     )
+    answer_bytes_total_max: int = _key(
+        256 * 1024 * 1024,
+        "Answer bytes queued for clients not reading them, all connections together (with the "
+        "entries their reads hold): above it, every connection holding more than 1 MiB of unread "
+        "answers stops being read and its reads wait until it has read them (clients that read "
+        "their answers go on); bounds the bookie's memory whatever the number of connections.",
+    )
     reads_in_flight_per_connection_max: int = _key(
         16,
         "Reads of one connection holding an entry in memory at once (the others wait their turn): "
@@ -274,6 +281,7 @@ class BookieConfig:
         _positive(config, "in_flight_per_connection_max", "connections_max", "journal_group_bytes")
         _positive(config, "in_flight_total_max")
         _positive(config, "answer_bytes_buffered_max", "reads_in_flight_per_connection_max")
+        _positive(config, "answer_bytes_total_max")
         _positive(config, "connections_per_address_max")
         if config.idle_timeout_s < 0:
             raise ConfigError("idle_timeout_s must be >= 0")

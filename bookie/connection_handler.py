@@ -100,11 +100,60 @@ class ServerLoad:
                 self.on_change(over)
 
 
+ANSWER_BYTES_FREE = 1024 * 1024
+"""Unread answer bytes a connection may hold while the bookie is over ``answer_bytes_total_max``
+(:class:`AnswerBudget`): a client that reads its answers holds less than this between two of its
+reads, and goes on."""
+
+
+class AnswerBudget:
+    """Answer bytes held for clients across the bookie: what each connection's transport holds
+    unwritten (taken at each write to it, and when it pauses or resumes), plus the read answers a
+    connection queued in this turn of the loop (counted as they are queued).
+
+    At ``limit`` the bookie is *over*: every connection holding more than ``free`` is throttled
+    (:meth:`ServerConnection.throttle_answers`: its transport's high-water mark is lowered to
+    ``free``, so it stops being read and its reads wait before loading an entry until it has read
+    its answers down to a quarter of that); connections that read their answers hold less than
+    ``free`` and go on. It is under again at three quarters of ``limit``. A connection's count
+    may be stale (its client read its answers since its last write): going over first takes every
+    holder's count again (O(holders), only then). What the hot path pays: one
+    ``get_write_buffer_size`` per write to a transport (a turn's answers of a connection, a
+    journal group's acks), and a counter per read answer."""
+
+    __slots__ = ("free", "held", "holders", "limit", "over", "throttles")
+
+    def __init__(self, limit: int, free: int = ANSWER_BYTES_FREE) -> None:
+        self.limit = limit
+        self.free = min(free, limit)
+        self.held = 0
+        self.holders: set[ServerConnection] = set()
+        """Connections whose count is not 0."""
+        self.over = False
+        self.throttles = 0
+        """Connections throttled since start (the metric ``bookie_answer_throttles_total``)."""
+
+    def go_over(self) -> None:
+        """``held`` passed ``limit``: take every holder's count again (stale ones drop), and if
+        still over, throttle every connection holding more than ``free``."""
+        self.over = True  # first: a recount that raises a count does not come back here
+        for conn in list(self.holders):
+            conn.recount_answers()
+        if self.held <= self.limit:
+            self.over = False
+            return
+        log.warning("bookie.answer_bytes_over", held=self.held, limit=self.limit, holders=len(self.holders))
+        for conn in list(self.holders):
+            if conn.answers_held > self.free:
+                conn.throttle_answers()
+
+
 class ConnectionLimits:
     """Per-connection bounds (validated by :mod:`bookie.config`) and the server-wide load."""
 
     __slots__ = (
         "answer_bytes_buffered_max",
+        "answers",
         "auth_providers",
         "auth_timeout_s",
         "connections_per_address_max",
@@ -130,6 +179,7 @@ class ConnectionLimits:
         load: ServerLoad | None = None,
         *,
         answer_bytes_buffered_max: int = 8 * 1024 * 1024,
+        answer_bytes_total_max: int = 1 << 62,
         reads_in_flight_max: int = 16,
         idle_timeout_s: float = 0.0,
         connections_per_address_max: int = 1 << 30,
@@ -143,6 +193,8 @@ class ConnectionLimits:
         self.frame_read_timeout_s = frame_read_timeout_s
         self.load = load if load is not None else ServerLoad(1 << 62)
         self.answer_bytes_buffered_max = answer_bytes_buffered_max
+        self.answers = AnswerBudget(answer_bytes_total_max)
+        """Unread answer bytes of every connection together."""
         self.reads_in_flight_max = reads_in_flight_max
         self.idle_timeout_s = idle_timeout_s
         """0: never close an idle connection."""
@@ -221,6 +273,14 @@ class ServerConnection(asyncio.Protocol):
         self._out_counted: list[bytes] | None = None
         self._out_bytes = 0
         """Bytes of read answers queued in ``_out_counted`` (:meth:`read_slot`)."""
+        self.answers_held = 0
+        self._loading = 0
+        """Reads of this connection loading an entry (:meth:`read_slot`)."""
+        self._loaded = asyncio.Event()
+        self._loaded.set()
+        """Unread answer bytes charged to the bookie-wide :class:`AnswerBudget`."""
+        self._answers_throttled = False
+        """Over the budget, this connection's high-water mark is lowered (:meth:`throttle_answers`)."""
         self._reads = asyncio.Semaphore(limits.reads_in_flight_max)
         self._last_active = self._loop.time()
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -325,6 +385,8 @@ class ServerConnection(asyncio.Protocol):
             del per_address[self._address]
             errors.release(self._address)
         self._address = None
+        if self.answers_held:
+            self._charge_answers(-self.answers_held)
         self._writable.set()  # wake reads waiting to answer: they see the connection closed
         for timer in (self._deadline, self._idle_timer, self._auth_timer):
             if timer is not None:
@@ -353,11 +415,16 @@ class ServerConnection(asyncio.Protocol):
         self._paused_by_writes = True
         self._writable.clear()
         self._update_reading()
+        self.recount_answers()
 
     def resume_writing(self) -> None:
         self._paused_by_writes = False
+        if self._answers_throttled and self._transport is not None and not self.closed:
+            self._answers_throttled = False  # read down to a quarter of ``free``: back to its own limit
+            self._transport.set_write_buffer_limits(high=self._limits.answer_bytes_buffered_max)
         self._writable.set()
         self._update_reading()
+        self.recount_answers()
         if self._buf and not self.closed:
             self._loop.call_soon(self._process_buffer)
 
@@ -371,18 +438,91 @@ class ServerConnection(asyncio.Protocol):
         the slot back within one turn, before the transport sees any byte of them and can say it
         is over its limit (``pause_writing``). Measured: 2 connections x 1,024 unread reads of a
         1 MiB entry queued a GiB on one of them. So once the answers queued in this turn pass
-        ``answer_bytes_buffered_max``, they go to the transport at once, which pauses the next read."""
+        ``answer_bytes_buffered_max``, they go to the transport at once, which pauses the next read.
+
+        Bookie-wide (:class:`AnswerBudget`): each answer is counted as it is queued, and once the
+        answers held pass half the budget a connection's reads load their entries one at a time,
+        so the entries loading when the budget is reached are at most one per connection (16 each
+        before: 24 connections went 60 MiB over a 32 MiB budget)."""
         async with self._reads:
             await self._writable.wait()
-            yield
+            budget = self._limits.answers
+            while self._loading and budget.held > budget.limit // 2 and not self.closed:
+                await self._loaded.wait()  # past half the budget: this connection loads one at a time
+                await self._writable.wait()
+            self._loading += 1
+            if self._loading == 1:
+                self._loaded.clear()
+            try:
+                yield
+            finally:
+                self._loading -= 1
+                if not self._loading:
+                    self._loaded.set()
             out = self._out
             if out:
                 if out is not self._out_counted:  # flushed since: a new turn's list
                     self._out_counted = out
                     self._out_bytes = 0
-                self._out_bytes += len(out[-1])
+                size = len(out[-1])
+                self._out_bytes += size
+                self._charge_answers(size)  # counted at once: cached reads queue many in one turn
                 if self._out_bytes > self._limits.answer_bytes_buffered_max:
                     self._flush()
+
+    def recount_answers(self) -> None:
+        """Take this connection's count again from its transport (and the answers of this turn
+        not written yet)."""
+        transport = self._transport
+        size = 0
+        if transport is not None and not self.closed:
+            size = transport.get_write_buffer_size()
+            if self._out and self._out is self._out_counted:
+                size += self._out_bytes
+        if size != self.answers_held:
+            self._charge_answers(size - self.answers_held)
+
+    def _charge_answers(self, delta: int) -> None:
+        """Change this connection's count in the :class:`AnswerBudget` by ``delta`` bytes; over
+        the budget, a connection holding more than its free share is throttled."""
+        budget = self._limits.answers
+        before = self.answers_held
+        held = self.answers_held = before + delta
+        budget.held += delta
+        if held > 0:
+            if before <= 0:
+                budget.holders.add(self)
+        else:
+            budget.holders.discard(self)
+        if delta > 0:
+            if budget.held > budget.limit:
+                if not budget.over:
+                    budget.go_over()  # may recount and throttle this connection too
+                if budget.over and self.answers_held > budget.free and not self._answers_throttled:
+                    self.throttle_answers()
+        elif budget.over and budget.held <= budget.limit - budget.limit // 4:
+            budget.over = False
+            log.info("bookie.answer_bytes_under", held=budget.held, limit=budget.limit)
+
+    def throttle_answers(self) -> None:
+        """The bookie is over its answer budget and this connection holds more than its free share:
+        its answers go to the transport and its high-water mark is lowered to that share, so (the
+        transport calling :meth:`pause_writing`) it stops being read and its reads wait until its
+        client has read them (:meth:`resume_writing` gives it its own limit back)."""
+        transport = self._transport
+        if transport is None or self.closed or self._answers_throttled:
+            return
+        free = self._limits.answers.free
+        if self._out:
+            self._flush()  # may throttle it already (its count rises once written)
+            if cast(bool, self._answers_throttled) or self.closed:  # set by the flush
+                return
+        if transport.get_write_buffer_size() <= free:
+            self.recount_answers()  # its client reads them: not one of those holding the most
+            return
+        self._answers_throttled = True
+        self._limits.answers.throttles += 1
+        transport.set_write_buffer_limits(high=free, low=free // 4)  # pauses it (pause_writing)
 
     def _on_idle_check(self) -> None:
         self._idle_timer = None
@@ -654,7 +794,11 @@ class ServerConnection(asyncio.Protocol):
             return
         out, self._out = self._out, []
         if out:  # complete_adds may have written them already
-            self._transport.write(b"".join(out) if len(out) > 1 else out[0])
+            transport = self._transport
+            transport.write(b"".join(out) if len(out) > 1 else out[0])
+            size = transport.get_write_buffer_size()
+            if size != self.answers_held:
+                self._charge_answers(size - self.answers_held)
 
     def complete(self, request_id: int | None, frame: bytes | None) -> None:
         """Answer one request (``frame`` None: no answer) and give its permit back."""
@@ -672,14 +816,18 @@ class ServerConnection(asyncio.Protocol):
         their responses, written at once with anything queued before them (one write per
         connection and group: left for the end of the tick, they waited behind the parsing of
         the next socket reads); each gives its permit back."""
-        if not self.closed and self._transport is not None:
+        transport = self._transport
+        if not self.closed and transport is not None:
             out = self._out
             if out:
                 out.append(b"".join(frames))
                 self._out = []
-                self._transport.write(b"".join(out))
+                transport.write(b"".join(out))
             else:
-                self._transport.write(b"".join(frames))
+                transport.write(b"".join(frames))
+            size = transport.get_write_buffer_size()  # acks not read count towards the answer budget
+            if size != self.answers_held:
+                self._charge_answers(size - self.answers_held)
         self.request_ids.difference_update(request_ids)  # one C loop, not a discard call per add
         self._release(len(request_ids))
 

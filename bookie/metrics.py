@@ -150,6 +150,8 @@ class Snapshot:
     connections_refused: int = 0
     connections_tarpitted: int = 0
     connections_held: int = 0
+    answer_bytes_held: int = 0
+    answer_throttles: int = 0
     in_flight: int = 0
     in_flight_max: int = 0
     sockets_paused: bool = False
@@ -200,6 +202,8 @@ def snapshot(server: BookieServer, disk: DiskStatus | None = None) -> Snapshot:
         "connections_refused": server.connections_refused,
         "connections_tarpitted": server.tarpit.held_total,
         "connections_held": server.tarpit.held,
+        "answer_bytes_held": server.answers.held,
+        "answer_throttles": server.answers.throttles,
         "in_flight": server.load.in_flight,
         "in_flight_max": config.in_flight_total_max,
         "sockets_paused": server.load.sockets_paused,
@@ -452,6 +456,16 @@ def _network_families(snap: Snapshot) -> Iterator[Metric]:
     yield _gauge(
         "bookie_connections_held", "Refused connections held in the tarpit now", snap.connections_held
     )
+    yield _gauge(
+        "bookie_answer_bytes_held",
+        "Answer bytes queued for clients that have not read them, all connections (answer_bytes_total_max)",
+        snap.answer_bytes_held,
+    )
+    yield _counter(
+        "bookie_answer_throttles",
+        "Connections stopped for holding the most unread answers while over answer_bytes_total_max",
+        snap.answer_throttles,
+    )
     yield _gauge("bookie_in_flight_requests", "Requests received and not yet answered", snap.in_flight)
     yield _gauge("bookie_in_flight_requests_max", "In-flight limit across connections", snap.in_flight_max)
     yield _gauge(
@@ -512,6 +526,8 @@ def state_json(snap: Snapshot) -> dict[str, Any]:
         "connections_refused": snap.connections_refused,
         "connections_tarpitted": snap.connections_tarpitted,
         "connections_held": snap.connections_held,
+        "answer_bytes_held": snap.answer_bytes_held,
+        "answer_throttles": snap.answer_throttles,
         "in_flight": snap.in_flight,
         "sockets_paused": snap.sockets_paused,
         "long_poll_waiters": snap.long_poll_waiters,

@@ -43,7 +43,7 @@ import structlog
 
 from bookie.admin import AdminServer, load_or_create_token
 from bookie.config import BookieConfig
-from bookie.connection_handler import ConnectionLimits, ServerConnection, ServerLoad
+from bookie.connection_handler import AnswerBudget, ConnectionLimits, ServerConnection, ServerLoad
 from bookie.cookie import read_instance_id
 from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.gc import GarbageCollector, LedgerCatalog, ReplicaCatalog
@@ -140,6 +140,7 @@ class BookieServer:
             config.frame_read_timeout_s,
             self._load,
             answer_bytes_buffered_max=config.answer_bytes_buffered_max,
+            answer_bytes_total_max=config.answer_bytes_total_max,
             reads_in_flight_max=config.reads_in_flight_per_connection_max,
             idle_timeout_s=config.idle_timeout_s,
             connections_per_address_max=config.connections_per_address_max,
@@ -184,6 +185,11 @@ class BookieServer:
     @property
     def load(self) -> ServerLoad:
         return self._load
+
+    @property
+    def answers(self) -> AnswerBudget:
+        """Unread answer bytes of every connection together (``answer_bytes_total_max``)."""
+        return self._limits.answers
 
     @property
     def admin_address(self) -> str | None:

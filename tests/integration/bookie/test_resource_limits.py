@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bookkeeper_aio.protocol.codes import ReadFlag, StatusCode
+from tests.harness.admin_http import get_json
 from tests.harness.bookie_proc import BookieProcess
 
 from .wire import WireClient, entry_body
@@ -170,5 +171,50 @@ async def test_requests_of_a_closed_connection_give_their_permits_back(tmp_path:
             await asyncio.gather(*polls, return_exceptions=True)
             await asyncio.sleep(0.2)
         await _canary(bookie, 6)
+    finally:
+        bookie.cleanup()
+
+
+async def test_unread_answers_of_many_connections_are_bounded_bookie_wide(tmp_path: Path) -> None:
+    """Each connection may hold ``answer_bytes_buffered_max`` of unread answers, but not all of them
+    together: over ``answer_bytes_total_max`` the connections holding the most stop being read and
+    their reads wait, while a client that reads its answers goes on. Before the bookie-wide budget,
+    24 connections x 24 unread reads of a 1 MiB entry grew the bookie by about 400 MiB."""
+    bookie = _bookie(tmp_path, "--answer-bytes-total-max", str(32 * MIB), "--admin-port", "0")
+    try:
+        writer = await WireClient.connect(*bookie.address)
+        big = os.urandom(MIB)
+        assert (await writer.add(1, 0, big)).status == StatusCode.EOK
+        assert bookie.proc is not None
+        baseline = _rss_bytes(bookie.proc.pid)
+        attackers = [await WireClient.connect(*bookie.address) for _ in range(24)]
+        answers = []
+        for attacker in attackers:
+            assert attacker.transport is not None
+            attacker.transport.pause_reading()  # 24 MiB of answers asked for, none read
+            answers.append([attacker.read(1, 0) for _ in range(24)])
+        await asyncio.sleep(3)
+        grown = _rss_bytes(bookie.proc.pid) - baseline
+        _, state = await get_json(*bookie.admin_address(), "/state")
+        # The budget, plus at most the free share and one answer of each connection.
+        assert state["answer_bytes_held"] <= 32 * MIB + 24 * (2 * MIB + 4096), state
+        assert state["answer_throttles"] > 0, state
+        print(f"RSS +{grown / MIB:.0f} MiB, held {state['answer_bytes_held'] / MIB:.0f} MiB")
+        assert grown < 160 * MIB, f"bookie RSS grew {grown / MIB:.0f} MiB for unread answers"
+        for _ in range(8):  # a client that reads its answers goes on, over the budget too
+            read = await asyncio.wait_for(writer.read(1, 0), 5)
+            assert (read.status, read.body) == (StatusCode.EOK, entry_body(1, 0, big))
+        await _canary(bookie, 2)
+        for attacker in attackers[4:]:
+            attacker.close()
+        for attacker in attackers[:4]:
+            assert attacker.transport is not None
+            attacker.transport.resume_reading()  # once they read, they get every answer
+        done = await asyncio.wait_for(asyncio.gather(*(a for some in answers[:4] for a in some)), 60)
+        assert {r.status for r in done} == {StatusCode.EOK}
+        assert all(r.body == entry_body(1, 0, big) for r in done)
+        await asyncio.gather(*(a for some in answers[4:] for a in some), return_exceptions=True)
+        for client in (*attackers[:4], writer):
+            client.close()
     finally:
         bookie.cleanup()
