@@ -133,9 +133,11 @@ class BookieConfig:
         "reconnect on their next request); 0 = never.",
     )
     connections_per_address_max: int = _key(
-        512,
-        "Client connections from one peer address; beyond it new ones are closed at once, so one "
-        "host cannot take every slot of connections_max.",
+        64,
+        "Client connections from one peer address (an IPv6 peer: its /64); beyond it new ones are "
+        "held unread and reset. A small share of connections_max: when every slot is taken, an idle "
+        "or unauthenticated connection of the address holding the most is closed for a newcomer "
+        "from another.",
     )
     bad_requests_per_address_per_s: float = _key(
         100.0,

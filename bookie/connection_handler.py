@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import itertools
 import socket
 import struct
@@ -156,6 +157,7 @@ class ConnectionLimits:
         "answers",
         "auth_providers",
         "auth_timeout_s",
+        "connections_max",
         "connections_per_address_max",
         "errors",
         "frame_bytes_max",
@@ -183,6 +185,7 @@ class ConnectionLimits:
         reads_in_flight_max: int = 16,
         idle_timeout_s: float = 0.0,
         connections_per_address_max: int = 1 << 30,
+        connections_max: int = 1 << 30,
         auth_providers: dict[str, BookieAuthProvider] | None = None,
         auth_timeout_s: float = 10.0,
         bad_requests_per_address_per_s: float = 0.0,
@@ -202,6 +205,7 @@ class ConnectionLimits:
         """Connections established so far: the n-th's first idle check comes after ``timeout / 2 *
         (1 + frac(n * golden ratio))``, evenly spread whatever the order, the same run after run."""
         self.connections_per_address_max = connections_per_address_max
+        self.connections_max = connections_max
         self.per_address: Counter[str] = Counter()
         self.auth_providers: dict[str, BookieAuthProvider] = dict(auth_providers or {})
         """By the name clients send in AUTH; empty: no authentication (AUTH is answered EOK)."""
@@ -223,12 +227,60 @@ class ConnectionLimits:
         self.refusals.note("connections_per_address_max", self.connections_per_address_max, address)
         return False
 
+    def refusal(self, address: str, registry: set[ServerConnection]) -> str | None:
+        """Why a new connection of ``address`` is refused (noted in :class:`Refusals`): the limit's
+        name (``connections_per_address_max``: held in the tarpit; ``connections_max``: every slot
+        taken and none to free, reset at once), or None: admitted (a slot may have been freed
+        for it by :meth:`make_room`)."""
+        if not self.admits(address):
+            return "connections_per_address_max"
+        if len(registry) >= self.connections_max and not self.make_room(address, registry):
+            self.refusals.note("connections_max", self.connections_max, address)
+            return "connections_max"
+        return None
+
+    def make_room(self, address: str, registry: set[ServerConnection]) -> bool:
+        """Every slot of ``connections_max`` is taken and ``address`` wants one: close an idle or
+        unauthenticated connection of the address holding the most, if it holds more than
+        ``address`` would (so two addresses at the same count do not take turns evicting each
+        other); False: none to close (the caller refuses). O(connections), only when full."""
+        if not self.per_address:
+            return False
+        holder, count = max(self.per_address.items(), key=lambda item: item[1])
+        if count <= self.per_address.get(address, 0) + 1:
+            return False
+        victim: ServerConnection | None = None
+        victim_rank = 0.0
+        for conn in registry:
+            if conn.peer_address == holder:
+                rank = conn.eviction_rank()
+                if rank is not None and (victim is None or rank < victim_rank):
+                    victim, victim_rank = conn, rank
+        if victim is None:
+            return False
+        self.refusals.note("evicted_for_another_address", self.connections_max, victim.peer)
+        victim.abort()  # its slot is given back by connection_lost
+        return True
+
+
+def tls_budget_key(address: str) -> str:
+    """The refusal budget failed TLS handshakes of ``address`` are charged to: a new handshake
+    waits only for that one (:meth:`ErrorBudget.turn`), not for the refusals its address's
+    authenticated connections earn, so a client behind the NAT of a host flooding bad requests over
+    TLS still connects at once; only failed handshakes make the next ones wait (they cannot be told
+    apart before theirs is done)."""
+    return "tls " + address
+
 
 _GOLDEN = 0.6180339887498949
 
 LOG_LINES_PER_CONNECTION = 5
 """Warnings about one connection's bad input; beyond, they are only counted (and said once)."""
 LOG_DETAIL_CHARS_MAX = 200
+PROBATION_FRAME_BYTES_MAX = 64 * 1024
+"""The largest first frame of a connection made while its address is in refusal deficit (HELLO,
+AUTH and small requests fit; a new connection of an address sending garbage frames of a MiB is
+closed at the length prefix instead of read)."""
 AUTH_STEPS_MAX = 8
 """AUTH steps one connection may take (a multi-step mechanism needs 2 or 3)."""
 
@@ -252,6 +304,19 @@ class ServerConnection(asyncio.Protocol):
         self._paused_by_permits = False
         self._paused_by_server = False
         self._paused_by_errors = False
+        self._close_at_turn: bytes | bool = False
+        """It erred in a way that closes it while its address was in deficit: its answer (True: none)
+        is sent, and it is closed, at its turn in the queue (:meth:`errors_paid`)."""
+        self._frame_max = limits.frame_bytes_max
+        self._in_flight_max = limits.in_flight_max
+        """``in_flight_max``, or 1 while on probation (connected while its address was in deficit,
+        and no request answered without a refusal yet)."""
+        self._charges = 0
+        """Refusals charged for this connection."""
+        self._probation_charges = -1
+        """On probation: ``_charges`` when it began (-1: not on probation)."""
+        """``frame_bytes_max``, or less until its first frame is handled if it connected while its
+        address was in deficit (:data:`PROBATION_FRAME_BYTES_MAX`)."""
         self._paused_by_keys = False
         self._held = False
         """Bytes arrived while reading was to be paused and were not processed (data_received)."""
@@ -293,6 +358,8 @@ class ServerConnection(asyncio.Protocol):
         self._auth_timer: asyncio.TimerHandle | None = None
         self.principal: str | None = None
         """Who authenticated on this connection (None: no authentication)."""
+        self.refused_full = False
+        """Refused at accept because every slot of ``connections_max`` is taken (reset at once)."""
 
     @property
     def processor(self) -> Processor:
@@ -304,17 +371,20 @@ class ServerConnection(asyncio.Protocol):
         return self._address or ""
 
     # ------------------------------------------------------------------ asyncio.Protocol
-    def reserve(self, peername: Any) -> bool:
+    def reserve(self, peername: Any, admitted: bool = False) -> bool:
         """Count this connection (per peer address, and towards ``connections_max`` through the
         registry) from the moment it is accepted; False: the address holds its maximum already
         (the caller closes the socket). A TLS server calls this before the handshake
         (:meth:`bookie.server.BookieServer`), so sockets in their handshake are bounded like
-        the others; a plaintext one from :meth:`connection_made`."""
+        the others (having checked :meth:`ConnectionLimits.refusal` itself: ``admitted``); a
+        plaintext one from :meth:`connection_made`."""
         self.peer = str(peername)
         limits = self._limits
         address = _address_of(peername, self.peer)
-        if not limits.admits(address):
+        refused = None if admitted else limits.refusal(address, self._registry)
+        if refused is not None:
             self.closed = self.halted = True
+            self.refused_full = refused == "connections_max"
             return False
         self._address = address
         limits.per_address[address] += 1
@@ -326,16 +396,18 @@ class ServerConnection(asyncio.Protocol):
         to its address's error budget like a refusal, and the reservation given back."""
         if self.closed:
             return
-        if not isinstance(error, asyncio.CancelledError):
+        if not isinstance(error, asyncio.CancelledError) and self._address is not None:
             self.warn("connection.tls_failed", error=f"{type(error).__name__}: {error}")
-            self.charge_error(StatusCode.EUA)
+            self._limits.errors.charge(tls_budget_key(self._address))
         self.connection_lost(None)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         stream = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         if self._address is None and not self.reserve(peername := stream.get_extra_info("peername")):
             stream.pause_reading()  # held unread in the tarpit, so a reconnect loop runs at its pace
-            if not self._limits.tarpit.hold(_address_of(peername, self.peer), stream.abort):
+            if self.refused_full or not self._limits.tarpit.hold(
+                _address_of(peername, self.peer), stream.abort
+            ):
                 stream.abort()
             return
         sock = stream.get_extra_info("socket")
@@ -360,9 +432,16 @@ class ServerConnection(asyncio.Protocol):
             )
         if limits.auth_providers:
             self._auth_timer = self._loop.call_later(limits.auth_timeout_s, self._on_auth_timeout)
-        wait_s = limits.errors.deficit_s(self.peer_address)
-        if wait_s > 0 or limits.errors.waiting(self.peer_address):
-            self._throttle()  # its address earns refusals: it waits its turn (a reconnect is no way out)
+        if limits.errors.deficit_s(self.peer_address) > 0:
+            # Its address earns refusals, but this connection did not (a client behind the same
+            # NAT): it is read at once. Its first frame may not be large (a reconnect loop of large
+            # bad frames would make the bookie read each before refusing it): over
+            # PROBATION_FRAME_BYTES_MAX the connection is closed at the length prefix, and charged.
+            # Nor may it pipeline: one request at a time until one is answered without a refusal
+            # (else an attacker's reconnect would get a window of refusals past the queue).
+            self._frame_max = min(PROBATION_FRAME_BYTES_MAX, limits.frame_bytes_max)
+            self._in_flight_max = 1
+            self._probation_charges = self._charges
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = self.halted = True
@@ -370,9 +449,9 @@ class ServerConnection(asyncio.Protocol):
             return  # refused in connection_made
         self._registry.discard(self)
         errors = self._limits.errors
-        if self._paused_by_errors:  # it left while it waited its turn: the refusal it came for is
-            errors.unwait(self._address, self)  # owed (else a loop that connects, sends and
-            errors.charge(self._address)  # closes at once would cost the bookie without a charge)
+        if self._paused_by_errors:  # it left while it waited its turn after erring: charged once
+            errors.unwait(self._address, self)  # more (hanging up is no way out of the queue)
+            errors.charge(self._address)
         if self.in_flight:  # requests whose answers are dropped with it (a read cancelled, a long
             load = self._limits.load  # poll, a fence) give their permits back here, all at once
             load.in_flight -= self.in_flight
@@ -524,6 +603,17 @@ class ServerConnection(asyncio.Protocol):
         self._limits.answers.throttles += 1
         transport.set_write_buffer_limits(high=free, low=free // 4)  # pauses it (pause_writing)
 
+    def eviction_rank(self) -> float | None:
+        """None: this connection is not to be closed for a newcomer (:meth:`ConnectionLimits.make_room`);
+        else the lower, the sooner: unauthenticated ones first, then the one idle the longest."""
+        if self._transport is None or self.closed:
+            return None
+        if self._handshake and self._limits.auth_providers:
+            return self._last_active - 1e12
+        if self.in_flight or self._buf or self._out or self.answers_held:
+            return None
+        return self._last_active
+
     def _on_idle_check(self) -> None:
         self._idle_timer = None
         if self.closed:
@@ -542,6 +632,7 @@ class ServerConnection(asyncio.Protocol):
         until it is paid."""
         if status not in BUDGETED_STATUSES or self._address is None:
             return
+        self._charges += 1
         wait_s = self._limits.errors.charge(self._address, cost)
         if wait_s > 0 and not self._paused_by_errors:
             self._throttle()
@@ -555,8 +646,16 @@ class ServerConnection(asyncio.Protocol):
         self._limits.errors.wait(self._address, self)
 
     def errors_paid(self) -> None:
-        """This connection's turn to be read again (:meth:`ErrorBudget.wait`)."""
+        """This connection's turn to be read again (:meth:`ErrorBudget.wait`), or, if it erred in a
+        way that closes it, to get its answer and be closed (:meth:`close_erred`)."""
         if self.closed:
+            return
+        if self._close_at_turn:
+            self._paused_by_errors = False
+            answer, self._close_at_turn = self._close_at_turn, False
+            if answer is not True:
+                self.send(answer)
+            self.close()
             return
         self._paused_by_errors = False
         self.halted = self._paused_by_keys
@@ -603,23 +702,26 @@ class ServerConnection(asyncio.Protocol):
             return
         buf = self._buf
         size_total = len(buf)
-        limit = self._limits.in_flight_max
-        frame_max = self._limits.frame_bytes_max
+        limit = self._in_flight_max
+        frame_max = self._frame_max
         load = self._limits.load
         # All the complete frames of this read in one loop (Processor.dispatch_frames). The views it
         # decodes are dropped before the buffer is compacted (msgpack copies what it keeps): no copy
         # of the frame on the hot path.
         with memoryview(buf) as view:
             pos = self._processor.dispatch_frames(self, buf, view, 0, limit, frame_max, load)
-        if size_total - pos >= 4 and not self.closed and self.in_flight < limit:
+        if size_total - pos >= 4 and not self.halted and self.in_flight < limit:
             (size,) = _LENGTH.unpack_from(buf, pos)
             if size > frame_max:
                 self.warn("connection.frame_too_large", size=size, limit=frame_max)
-                self.close()
+                self._processor.count_error(StatusCode.EBADREQ, self)
+                self.close_erred(None)
                 return
         if pos:
             self._frames_since_arm += 1  # progress (read as a flag by the deadline)
             del buf[:pos]
+            if frame_max != self._limits.frame_bytes_max:  # a frame handled: out of probation
+                self._frame_max = self._limits.frame_bytes_max
         if self.closed:
             return
         if load.in_flight >= load.limit and not load.over:
@@ -665,7 +767,7 @@ class ServerConnection(asyncio.Protocol):
             if len(buf) < 4:
                 return False
             (size,) = _LENGTH.unpack_from(buf, 0)
-            if size > self._limits.frame_bytes_max:
+            if size > self._frame_max:
                 return True  # the processor's path refuses it (and closes)
             end = 4 + size
             if len(buf) < end:
@@ -687,7 +789,7 @@ class ServerConnection(asyncio.Protocol):
                         view,
                         0,
                         self.in_flight + 1,
-                        self._limits.frame_bytes_max,
+                        self._frame_max,
                         self._limits.load,
                     )
                 del buf[:end]
@@ -767,13 +869,26 @@ class ServerConnection(asyncio.Protocol):
         then close."""
         self._processor.count_error(status, self)
         self.warn("connection.auth_refused", reason=message, status=status.name)
-        if request_id is not None:
-            self.send(m.encode_error(op, request_id, status, message))
+        self.close_erred(None if request_id is None else m.encode_error(op, request_id, status, message))
+
+    def close_erred(self, answer: bytes | None) -> None:
+        """Close a connection for its error (already charged), after ``answer``. If that put its
+        address in deficit, both wait for its turn in the address's queue, unread: a loop that
+        reconnects once refused and closed then runs at the budget's pace."""
+        if self._paused_by_errors and not self.closed:
+            self._close_at_turn = True if answer is None else answer
+            self._held = False
+            return
+        if answer is not None:
+            self.send(answer)
         self.close()
 
     def _on_auth_timeout(self) -> None:
         self._auth_timer = None
         if self.closed or not self._handshake:
+            return
+        if self._paused_by_errors:  # waiting its turn is not the client's delay: the timer waits too
+            self._auth_timer = self._loop.call_later(self._limits.auth_timeout_s, self._on_auth_timeout)
             return
         self.warn("connection.auth_timeout", timeout_s=self._limits.auth_timeout_s)
         self.close()
@@ -843,6 +958,9 @@ class ServerConnection(asyncio.Protocol):
         if load.over and load.in_flight <= load.limit // 2:
             load.check()
         if self._paused_by_permits and self.in_flight < self._limits.in_flight_max // 2 + 1:
+            if self._probation_charges >= 0 and self._probation_charges == self._charges:
+                self._probation_charges = -1  # a request answered, none refused: off probation
+                self._in_flight_max = self._limits.in_flight_max
             self._paused_by_permits = False
             self._update_reading()
             if self._buf and not self.closed:
@@ -896,5 +1014,20 @@ class ServerConnection(asyncio.Protocol):
 
 
 def _address_of(peername: Any, peer: str) -> str:
-    """The address part of a peer name (what per-address limits count)."""
-    return str(peername[0]) if isinstance(peername, tuple) and peername else peer
+    """The address part of a peer name (what per-address limits count): :func:`address_key`."""
+    return address_key(str(peername[0])) if isinstance(peername, tuple) and peername else peer
+
+
+def address_key(host: str) -> str:
+    """What per-address limits and budgets count a peer as: its IPv4 address (an IPv4-mapped IPv6
+    one too), or its IPv6 /64 (a host is given a /64: one address each would let it take any
+    number of slots)."""
+    if ":" not in host:
+        return host
+    try:
+        ip = ipaddress.IPv6Address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return f"{ipaddress.IPv6Address(int(ip) >> 64 << 64)}/64"

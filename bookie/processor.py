@@ -376,7 +376,7 @@ class Processor:
         if exc.request_id is None:
             conn.warn("connection.bad_frame", error=str(exc))
             conn.complete(None, None)
-            conn.close()
+            conn.close_erred(None)  # at its turn if its address is in deficit
             return
         op = exc.op if exc.op is not None else 0
         conn.complete(None, m.encode_error(op, exc.request_id, StatusCode.EBADREQ, str(exc)))

@@ -43,7 +43,14 @@ import structlog
 
 from bookie.admin import AdminServer, load_or_create_token
 from bookie.config import BookieConfig
-from bookie.connection_handler import AnswerBudget, ConnectionLimits, ServerConnection, ServerLoad
+from bookie.connection_handler import (
+    AnswerBudget,
+    ConnectionLimits,
+    ServerConnection,
+    ServerLoad,
+    address_key,
+    tls_budget_key,
+)
 from bookie.cookie import read_instance_id
 from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.gc import GarbageCollector, LedgerCatalog, ReplicaCatalog
@@ -144,6 +151,7 @@ class BookieServer:
             reads_in_flight_max=config.reads_in_flight_per_connection_max,
             idle_timeout_s=config.idle_timeout_s,
             connections_per_address_max=config.connections_per_address_max,
+            connections_max=config.connections_max,
             auth_providers=config.auth_providers_loaded(),
             auth_timeout_s=config.auth_timeout_s,
             bad_requests_per_address_per_s=config.bad_requests_per_address_per_s,
@@ -363,16 +371,17 @@ class BookieServer:
                 loop.remove_reader(fd)
                 loop.call_later(0.1, self._resume_accept, loop, listening, context)
                 return
-            if len(self._connections) >= self.config.connections_max:
-                limits.refusals.note("connections_max", self.config.connections_max, peer[0])
-                reset(sock)
-                continue
-            if not limits.admits(peer[0]):
-                if not self.tarpit.hold(peer[0], functools.partial(reset, sock)):  # at the tarpit's pace
+            address = address_key(peer[0])
+            refused = limits.refusal(address, self._connections)
+            if refused is not None:
+                held = refused == "connections_per_address_max" and self.tarpit.hold(
+                    address, functools.partial(reset, sock)
+                )  # at the tarpit's pace
+                if not held:
                     reset(sock)
                 continue
             conn = ServerConnection(processor, limits, self._connections)
-            conn.reserve(peer)
+            conn.reserve(peer, admitted=True)
             self._spawn_tls(loop, self._handshake(loop, conn, sock, context))
 
     def _resume_accept(
@@ -399,7 +408,7 @@ class BookieServer:
         connection is served (``connection_made``); a failure gives its slot back."""
         try:
             try:
-                await self._limits.errors.turn(conn.peer_address)
+                await self._limits.errors.turn(tls_budget_key(conn.peer_address))
             except BaseException:
                 sock.close()
                 raise
@@ -496,7 +505,7 @@ class BookieServer:
 
     def _new_connection(self) -> asyncio.Protocol:
         assert self.processor is not None
-        if len(self._connections) >= self.config.connections_max:
+        if len(self._connections) >= 2 * self.config.connections_max:  # far over: not even a look
             self._limits.refusals.note("connections_max", self.config.connections_max, "?")
             return _Refuse()
         return ServerConnection(self.processor, self._limits, self._connections)

@@ -9,9 +9,12 @@ import asyncio
 import os
 import struct
 from pathlib import Path
+from typing import cast
 
+import msgpack
 import pytest
 
+from bookie.connection_handler import address_key
 from bookkeeper_aio.protocol.codes import ReadFlag, StatusCode
 from tests.harness.admin_http import get_json
 from tests.harness.bookie_proc import BookieProcess
@@ -218,3 +221,107 @@ async def test_unread_answers_of_many_connections_are_bounded_bookie_wide(tmp_pa
             client.close()
     finally:
         bookie.cleanup()
+
+
+class _BadFrames(asyncio.Protocol):
+    """Sends 1 MiB requests whose id is readable but which have trailing bytes (EBADREQ, the
+    connection stays), a new one for each answer."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.rid = 0
+        self.answers = 0
+        for _ in range(2):
+            self._send()
+
+    def _send(self) -> None:
+        self.rid += 1
+        body = msgpack.packb([4, self.rid, 1]) + bytes(MIB)
+        self.transport.write(struct.pack(">I", len(body)) + body)
+
+    def data_received(self, data: bytes) -> None:
+        self.answers += 1
+        self._send()
+
+
+async def _connect_from(bookie: BookieProcess, local: str) -> WireClient:
+    _, client = await asyncio.get_running_loop().create_connection(
+        WireClient, *bookie.address, local_addr=(local, 0)
+    )
+    return client
+
+
+async def test_a_new_client_behind_an_erring_address_is_not_queued(tmp_path: Path) -> None:
+    """Connections of an address in refusal deficit that did not err themselves (a client behind
+    the same NAT as an attacker) are read at once; only the erring ones wait. Before, every new
+    connection of the address waited in the address's queue behind the attacker's (16 s with 100
+    attacker connections)."""
+    bookie = _bookie(tmp_path)
+    loop = asyncio.get_running_loop()
+    flood = []
+    try:
+        for _ in range(20):
+            _, protocol = await loop.create_connection(
+                _BadFrames, *bookie.address, local_addr=("127.0.0.2", 0)
+            )
+            flood.append(protocol)
+        await asyncio.sleep(2)  # 16 refusals a frame: the address is deep in deficit
+        assert sum(p.answers for p in flood) < 20 * 40  # throttled: about 100 refusals/s
+        honest = await _connect_from(bookie, "127.0.0.2")
+        started = loop.time()
+        added = await asyncio.wait_for(honest.add(7, 0, b"behind the NAT"), 5)
+        assert added.status == StatusCode.EOK
+        read = await asyncio.wait_for(honest.read(7, 0), 5)
+        assert read.body == entry_body(7, 0, b"behind the NAT")
+        assert loop.time() - started < 3, "the new client waited behind the attacker's connections"
+        honest.close()
+        # A new connection of that address that errs waits like the others: one whose first frame
+        # is large is closed at its length prefix, unread.
+        late = await _connect_from(bookie, "127.0.0.2")
+        late.send_raw(struct.pack(">I", MIB) + bytes(1024))
+        await asyncio.wait_for(asyncio.shield(late.closed), 15)
+        await _canary(bookie, 8)
+    finally:
+        for protocol in flood:
+            protocol.transport.abort()
+        bookie.cleanup()
+    lines = [
+        line for line in bookie.log_path.read_text(errors="replace").splitlines() if "frame_too_large" in line
+    ]
+    assert any("65536" in line for line in lines), lines
+
+
+async def test_addresses_holding_every_slot_make_room_for_a_newcomer(tmp_path: Path) -> None:
+    """When two hosts hold every slot of ``connections_max``, a client from a third address still
+    connects: an idle connection of the address holding the most is closed for it. Before, it was
+    refused (two hosts at the default 512 per address took all 1,024 slots)."""
+    bookie = _bookie(tmp_path, "--connections-max", "8", "--connections-per-address-max", "5")
+    try:
+        held = [await _connect_from(bookie, "127.0.0.2") for _ in range(5)]
+        held += [await _connect_from(bookie, "127.0.0.3") for _ in range(3)]
+        for client in held:  # all served, so all counted
+            status = (await asyncio.wait_for(client.read_lac(1), 5)).status
+            assert status == StatusCode.ENOLEDGER
+        newcomer = await _connect_from(bookie, "127.0.0.1")
+        assert (await asyncio.wait_for(newcomer.add(9, 0, b"x"), 5)).status == StatusCode.EOK
+        await asyncio.sleep(0.2)
+        closed = [client for client in held if client.closed.done()]
+        assert len(closed) == 1, "one idle connection of the biggest holder makes room"
+        assert closed[0] in held[:5]
+        # Equal holders do not evict each other: a 4th connection of 127.0.0.3 (3 held, the
+        # biggest holds 4 now) is refused.
+        fourth = await _connect_from(bookie, "127.0.0.3")
+        with pytest.raises(ConnectionError):
+            await asyncio.wait_for(fourth.read_lac(1), 5)
+        for client in (*held, newcomer):
+            client.close()
+    finally:
+        bookie.cleanup()
+
+
+def test_ipv6_peers_are_counted_by_their_64() -> None:
+    assert address_key("2001:db8::1") == address_key("2001:db8::ffff:1") == "2001:db8::/64"
+    assert address_key("2001:db8:0:1::1") == "2001:db8:0:1::/64"
+    assert address_key("::ffff:10.0.0.1") == "10.0.0.1"
+    assert address_key("10.0.0.1") == "10.0.0.1"
+    assert address_key("fe80::1%eth0") == "fe80::/64"
