@@ -43,7 +43,7 @@ class ErrorBudget:
     bursts of 16 every 160 ms, and a well-behaved client's request that fell in one waited behind
     all of them (its p99 2.4x). One at a time, it waits behind one at most."""
 
-    __slots__ = ("_buckets", "_clock", "_timers", "_waiting", "burst", "rate")
+    __slots__ = ("_buckets", "_clock", "_swept_at", "_sweep_size", "_timers", "_waiting", "burst", "rate")
 
     def __init__(self, rate: float, burst: float, clock: Callable[[], float]) -> None:
         self.rate = rate
@@ -54,6 +54,9 @@ class ErrorBudget:
         """Address -> its connections waiting for the deficit to be paid (a dict: ordered, and a
         connection that closes leaves it in O(1))."""
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._sweep_size = SWEEP_BUCKETS_MIN
+        """A new bucket past this many sweeps the full ones first (then: twice those left)."""
+        self._swept_at = clock()
 
     def charge(self, address: str, cost: float = 1.0) -> float:
         """Take ``cost`` refusals (one, or more for a large refused frame:
@@ -64,6 +67,8 @@ class ErrorBudget:
         now = self._clock()
         bucket = self._buckets.get(address)
         if bucket is None:
+            if len(self._buckets) >= self._sweep_size or now - self._swept_at >= SWEEP_INTERVAL_S:
+                self.sweep()
             bucket = self._buckets[address] = [self.burst, now, -ERROR_LOG_INTERVAL_S]
         before = min(self.burst, bucket[0] + (now - bucket[1]) * self.rate)
         tokens = bucket[0] = max(before - cost, -self.burst)
@@ -147,10 +152,36 @@ class ErrorBudget:
         conn.errors_paid()
 
     def release(self, address: str) -> None:
-        """``address`` has no connection left: forget its bucket if it is full again."""
+        """``address`` has no connection left: forget its bucket if it is full again (else the next
+        :meth:`sweep` does, once it is)."""
         bucket = self._buckets.get(address)
-        if bucket is not None and bucket[0] + (self._clock() - bucket[1]) * self.rate >= self.burst:
+        now = self._clock()
+        if bucket is not None and bucket[0] + (now - bucket[1]) * self.rate >= self.burst:
             del self._buckets[address]
+        if now - self._swept_at >= SWEEP_INTERVAL_S:
+            self.sweep()
+
+    def sweep(self) -> None:
+        """Forget the buckets that are full again and have nobody waiting (a full bucket is the
+        same as none): run when a new bucket would pass twice the count left by the last sweep,
+        or :data:`SWEEP_INTERVAL_S` after it, so their number stays within twice those in
+        deficit, amortised O(1) per charge. Without it, addresses that erred once and left
+        (100,000 IPv6 /64s) kept their buckets for good."""
+        now = self._clock()
+        self._swept_at = now
+        full = [
+            address
+            for address, (tokens, stamp, _) in self._buckets.items()
+            if tokens + (now - stamp) * self.rate >= self.burst and address not in self._waiting
+        ]
+        for address in full:
+            del self._buckets[address]
+        self._sweep_size = max(SWEEP_BUCKETS_MIN, 2 * len(self._buckets))
+
+    @property
+    def buckets(self) -> int:
+        """Addresses with a bucket kept (in deficit, or not yet swept)."""
+        return len(self._buckets)
 
 
 class _Turn:
@@ -228,6 +259,8 @@ LOG_LINES_PER_S = 10.0
 """Warnings about connections' input, over all connections (burst: :data:`LOG_LINES_BURST`)."""
 LOG_LINES_BURST = 100.0
 ERROR_LOG_INTERVAL_S = 10.0
+SWEEP_BUCKETS_MIN = 1024
+SWEEP_INTERVAL_S = 60.0
 ERROR_BURST_S = 10.0
 """An address's error budget holds this many seconds' worth of refusals (its burst)."""
 REFUSED_BYTES_PER_CHARGE = 64 * 1024

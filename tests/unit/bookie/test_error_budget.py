@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from bookie import budgets
-from bookie.budgets import ErrorBudget, LogLines, Refusals
+from bookie.budgets import SWEEP_BUCKETS_MIN, SWEEP_INTERVAL_S, ErrorBudget, LogLines, Refusals
 
 
 class Clock:
@@ -128,3 +128,27 @@ async def test_waiting_connections_go_one_at_a_time_in_arrival_order() -> None:
     await asyncio.wait_for(done.wait(), 10)
     assert released == [("b1", 0), ("a1", 2), ("a2", 1), ("a4", 0)]
     assert not budget._timers
+
+
+def test_buckets_of_addresses_gone_are_swept() -> None:
+    """An address that erred once and closed kept its bucket for good (``release`` drops only a
+    full one, and a bucket is not full right after a charge): 100,000 IPv6 peers, 100,000 buckets
+    an hour later. Now full buckets are swept as new ones come, and after ``SWEEP_INTERVAL_S``."""
+    now = [0.0]
+    budget = ErrorBudget(100.0, 1000.0, lambda: now[0])
+    for i in range(100_000):
+        address = f"2001:db8:{i:x}::/64"
+        budget.charge(address)  # one refusal on its only connection
+        now[0] += 0.000_1  # 10,000 a second: about 100 not full again at any time
+        budget.release(address)  # which closed at once
+    assert budget.buckets <= 2 * SWEEP_BUCKETS_MIN
+    now[0] += SWEEP_INTERVAL_S
+    budget.release("2001:db8::/64")  # any release after the interval sweeps
+    assert budget.buckets == 0
+    budget.charge("10.0.0.1", 2000.0)  # in deficit: kept
+    now[0] += 1.0
+    budget.sweep()
+    assert budget.buckets == 1
+    now[0] += 20.0  # paid back and full again
+    budget.sweep()
+    assert budget.buckets == 0
