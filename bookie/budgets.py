@@ -43,7 +43,7 @@ class ErrorBudget:
     bursts of 16 every 160 ms, and a well-behaved client's request that fell in one waited behind
     all of them (its p99 2.4x). One at a time, it waits behind one at most."""
 
-    __slots__ = ("_buckets", "_clock", "_swept_at", "_sweep_size", "_timers", "_waiting", "burst", "rate")
+    __slots__ = ("_buckets", "_clock", "_sweep_size", "_swept_at", "_timers", "_waiting", "burst", "rate")
 
     def __init__(self, rate: float, burst: float, clock: Callable[[], float]) -> None:
         self.rate = rate
