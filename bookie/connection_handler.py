@@ -167,6 +167,8 @@ class ConnectionLimits:
         "in_flight_max",
         "load",
         "log_lines",
+        "long_polls",
+        "long_polls_per_address",
         "per_address",
         "reads_in_flight_max",
         "refusals",
@@ -207,6 +209,9 @@ class ConnectionLimits:
         self.connections_per_address_max = connections_per_address_max
         self.connections_max = connections_max
         self.per_address: Counter[str] = Counter()
+        self.long_polls = 0
+        """Long polls parked, all connections (at most :data:`LONG_POLLS_MAX`)."""
+        self.long_polls_per_address: Counter[str] = Counter()
         self.auth_providers: dict[str, BookieAuthProvider] = dict(auth_providers or {})
         """By the name clients send in AUTH; empty: no authentication (AUTH is answered EOK)."""
         self.auth_timeout_s = auth_timeout_s
@@ -281,6 +286,12 @@ PROBATION_FRAME_BYTES_MAX = 64 * 1024
 """The largest first frame of a connection made while its address is in refusal deficit (HELLO,
 AUTH and small requests fit; a new connection of an address sending garbage frames of a MiB is
 closed at the length prefix instead of read)."""
+LONG_POLLS_PER_ADDRESS_MAX = 4096
+"""Long polls parked at once by one peer address (a reader tailing that many ledgers); beyond,
+ETOOMANYREQUESTS."""
+LONG_POLLS_MAX = 16384
+"""Long polls parked at once, all addresses together (a parked poll is a waiter, a timer and its
+request: about a KiB)."""
 AUTH_STEPS_MAX = 8
 """AUTH steps one connection may take (a multi-step mechanism needs 2 or 3)."""
 
@@ -359,6 +370,8 @@ class ServerConnection(asyncio.Protocol):
         self.principal: str | None = None
         """Who authenticated on this connection (None: no authentication)."""
         self.refused_full = False
+        self.long_polls = 0
+        """Long polls of this connection parked (not counted in ``in_flight``)."""
         """Refused at accept because every slot of ``connections_max`` is taken (reset at once)."""
 
     @property
@@ -458,6 +471,8 @@ class ServerConnection(asyncio.Protocol):
             self.in_flight = 0
             if load.over and load.in_flight <= load.limit // 2:
                 load.check()
+        if self.long_polls:  # cancelled with it (Processor.connection_lost)
+            self._unpark(self.long_polls)
         per_address = self._limits.per_address
         per_address[self._address] -= 1
         if per_address[self._address] <= 0:
@@ -603,6 +618,42 @@ class ServerConnection(asyncio.Protocol):
         self._limits.answers.throttles += 1
         transport.set_write_buffer_limits(high=free, low=free // 4)  # pauses it (pause_writing)
 
+    def long_poll_refusal(self) -> str | None:
+        """Why one more long poll of this connection may not park (None: it may)."""
+        limits = self._limits
+        if limits.long_polls >= LONG_POLLS_MAX:
+            return f"this bookie holds {LONG_POLLS_MAX} long polls: retry later"
+        if limits.long_polls_per_address[self.peer_address] >= LONG_POLLS_PER_ADDRESS_MAX:
+            return f"this address holds {LONG_POLLS_PER_ADDRESS_MAX} long polls: retry later"
+        return None
+
+    def long_poll_parked(self) -> None:
+        """A long poll parks: counted apart (per address and in all), and its request permit is
+        given back, so parked polls never hold the bookie-wide count (64 ledgers x 1,024 polls of
+        one tenant paused every socket for 60 s)."""
+        self.long_polls += 1
+        limits = self._limits
+        limits.long_polls += 1
+        limits.long_polls_per_address[self.peer_address] += 1
+        self._release(1)
+
+    def long_poll_woken(self) -> None:
+        """A parked long poll is to be answered: it takes a permit again (its answer gives it back)."""
+        self._unpark(1)
+        self.in_flight += 1
+        self._limits.load.in_flight += 1
+
+    def _unpark(self, count: int) -> None:
+        self.long_polls -= count
+        limits = self._limits
+        limits.long_polls -= count
+        address = self.peer_address
+        left = limits.long_polls_per_address[address] - count
+        if left > 0:
+            limits.long_polls_per_address[address] = left
+        else:
+            del limits.long_polls_per_address[address]
+
     def eviction_rank(self) -> float | None:
         """None: this connection is not to be closed for a newcomer (:meth:`ConnectionLimits.make_room`);
         else the lower, the sooner: unauthenticated ones first, then the one idle the longest."""
@@ -610,7 +661,7 @@ class ServerConnection(asyncio.Protocol):
             return None
         if self._handshake and self._limits.auth_providers:
             return self._last_active - 1e12
-        if self.in_flight or self._buf or self._out or self.answers_held:
+        if self.in_flight or self.long_polls or self._buf or self._out or self.answers_held:
             return None
         return self._last_active
 
@@ -620,7 +671,13 @@ class ServerConnection(asyncio.Protocol):
             return
         timeout = self._limits.idle_timeout_s
         idle_s = self._loop.time() - self._last_active
-        if self.in_flight == 0 and not self._buf and not self._out and idle_s >= timeout:
+        if (
+            self.in_flight == 0
+            and not self.long_polls
+            and not self._buf
+            and not self._out
+            and idle_s >= timeout
+        ):
             log.info("connection.idle_closed", peer=self.peer, idle_s=round(idle_s, 1))
             self.close()
             return

@@ -522,17 +522,22 @@ class Processor:
         if state.lac > req.previous_lac or state.fenced or req.timeout_ms == 0:
             self._answer_long_poll(conn, req, state, piggyback)
             return
+        refused = conn.long_poll_refusal()
+        if refused is not None:
+            raise TooManyRequests(refused)
         waiters = self._waiters.setdefault(conn, set())
 
         def woken(reason: WakeReason) -> None:
             waiters.discard(waiter)
             if not conn.closed:
+                conn.long_poll_woken()
                 self._answer_long_poll(conn, req, state, piggyback and reason is not WakeReason.TIMEOUT)
 
         waiter: Waiter | None = state.add_waiter(req.previous_lac, req.timeout_ms / 1000.0, woken, self._loop)
         if waiter is None:
             raise TooManyRequests(f"ledger {req.ledger_id} has too many long-poll readers")
         waiters.add(waiter)
+        conn.long_poll_parked()  # counted apart: its request permit is given back while it waits
 
     def _answer_long_poll(
         self, conn: ServerConnection, req: m.ReadEntryRequest, state: LedgerState, piggyback: bool

@@ -325,3 +325,29 @@ def test_ipv6_peers_are_counted_by_their_64() -> None:
     assert address_key("::ffff:10.0.0.1") == "10.0.0.1"
     assert address_key("10.0.0.1") == "10.0.0.1"
     assert address_key("fe80::1%eth0") == "fe80::/64"
+
+
+async def test_parked_long_polls_do_not_hold_request_permits(tmp_path: Path) -> None:
+    """Long polls are counted apart (per address and in all), not in the bookie-wide count of
+    requests in flight: before, 300 parked polls of one client (of ``in_flight_total_max`` 256)
+    paused every socket of the bookie until they timed out, a new client's request unanswered."""
+    bookie = _bookie(tmp_path, "--in-flight-total-max", "256")
+    try:
+        writer = await WireClient.connect(*bookie.address)
+        assert (await writer.add(5, 0, b"x")).status == StatusCode.EOK
+        assert (await writer.add(5, 1, b"y", lac=0)).status == StatusCode.EOK
+        poller = await WireClient.connect(*bookie.address)
+        polls = [
+            poller.read(5, 1, flags=ReadFlag.LONG_POLL, previous_lac=0, timeout_ms=60_000) for _ in range(300)
+        ]
+        await asyncio.sleep(0.5)  # parked at the bookie
+        assert not any(poll.done() for poll in polls)
+        await _canary(bookie, 6)
+        # They are answered as the LAC moves on, each taking a permit again for its answer.
+        assert (await writer.add(5, 2, b"z", lac=1)).status == StatusCode.EOK
+        answered = await asyncio.wait_for(asyncio.gather(*polls), 10)
+        assert {r.status for r in answered} == {StatusCode.EOK}
+        for client in (writer, poller):
+            client.close()
+    finally:
+        bookie.cleanup()
