@@ -28,9 +28,11 @@ unaffected.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import hmac
 import struct
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any
 
 import structlog
@@ -153,9 +155,16 @@ class Processor:
     """Dispatches decoded requests to handlers; owns no connection state of its own."""
 
     def __init__(
-        self, storage: Storage, bookie_id: str, frame_bytes_max: int, mode: ModeMachine | None = None
+        self,
+        storage: Storage,
+        bookie_id: str,
+        frame_bytes_max: int,
+        mode: ModeMachine | None = None,
+        list_executor: Executor | None = None,
     ) -> None:
         self.storage = storage
+        self.list_executor = list_executor
+        """Where GET_LIST_OF_ENTRIES builds its ranges (None: on the loop, for tests)."""
         self.mode = mode
         self.read_only = False
         """Mirrors ``mode.read_only`` (set by the server on each transition): one attribute load on
@@ -642,16 +651,85 @@ class Processor:
         state = self.storage.ledger_for_read(req.ledger_id, req.master_key)
         if self.storage.in_limbo(req.ledger_id):  # the list would say the rest is absent
             raise Unknown(f"ledger {req.ledger_id} is in limbo on this bookie: its entry list is unknown")
-        ranges: list[list[int]] = []
-        for entry_id in state.index.entry_ids():
-            if ranges and ranges[-1][1] == entry_id - 1:
-                ranges[-1][1] = entry_id
-            else:
-                if len(ranges) >= m.RANGES_MAX:
-                    raise TooManyRequests("ledger has more entry ranges than one response may carry")
-                ranges.append([entry_id, entry_id])
+        base, positions, _lengths, overflow = state.index.snapshot()
+        # A copy of the dense array (one memcpy), then the ranges off the loop: a Python loop per
+        # entry on the loop was 0.9 s at 2M entries, per request, for any holder of the key.
+        snapshot = (base, positions.tobytes(), overflow[0::4].tolist())
+        if self.list_executor is None:
+            self._answer_list(conn, req, entry_ranges(*snapshot))
+            return
+        conn.spawn(self._list_entries_off_loop(conn, req, snapshot))
+
+    async def _list_entries_off_loop(
+        self, conn: ServerConnection, req: m.GetListOfEntriesRequest, snapshot: tuple[int, bytes, list[int]]
+    ) -> None:
+        try:
+            ranges = await self._loop.run_in_executor(self.list_executor, entry_ranges, *snapshot)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 (TooManyRequests; a bug is answered EIO)
+            self._error(conn, req, exc)
+            return
+        if self.storage.in_limbo(req.ledger_id):  # not when the list was asked: checked again
+            self._error(conn, req, Unknown(f"ledger {req.ledger_id} is in limbo on this bookie"))
+            return
+        self._answer_list(conn, req, ranges)
+
+    def _answer_list(
+        self, conn: ServerConnection, req: m.GetListOfEntriesRequest, ranges: list[list[int]]
+    ) -> None:
         response = m.GetListOfEntriesResponse(req.request_id, 0, None, req.ledger_id, ranges)
         conn.complete(req.request_id, m.encode(response))
+
+
+_FF = [b"\xff" * (8 << i) for i in range(8)]
+"""Runs of absent slots (int64 -1: 0xff bytes) of growing sizes, to measure a gap by ``startswith``
+(a memcmp, no copy) in O(log gap) calls."""
+
+
+def entry_ranges(base: int, positions: bytes, overflow_ids: list[int]) -> list[list[int]]:
+    """The ``[first, last]`` runs of entry ids held, from an index snapshot
+    (:meth:`~bookie.index.LedgerIndex.snapshot`: the dense slots from ``base`` as native int64
+    bytes, and the ids outside them): gaps are found by ``bytes.find`` and measured by
+    ``startswith`` (C), so the Python work is per run (and log of its gap), not per entry.
+    TooManyRequests past ``RANGES_MAX`` runs."""
+    ranges: list[list[int]] = []
+    slots = len(positions) // 8
+    start = 0
+    find, startswith = positions.find, positions.startswith
+    first, last = _FF[0], len(_FF) - 1
+    # A present position is >= 0, so its most significant byte is never 0xff: 8 or more 0xff bytes
+    # in a row hold whole absent slots, plus at most 7 bytes of a present neighbour.
+    while (gap := find(first, start * 8)) >= 0:
+        first_absent = (gap + 7) // 8  # whole slots only, whatever the byte order
+        if first_absent > start:
+            ranges.append([base + start, base + first_absent - 1])
+            if len(ranges) > m.RANGES_MAX:
+                raise TooManyRequests("ledger has more entry ranges than one response may carry")
+        end, size = gap, 0
+        while True:  # the gap's end: steps growing while they fit, then shrinking
+            if startswith(_FF[size], end):
+                end += 8 << size
+                size = min(size + 1, last)
+            elif size:
+                size -= 1
+            else:
+                break
+        start = end // 8
+    if start < slots:
+        ranges.append([base + start, base + slots - 1])
+    if overflow_ids:  # sparse ids outside the dense slots (rare): merged in order
+        singles = [[entry_id, entry_id] for entry_id in sorted(overflow_ids)]
+        merged: list[list[int]] = []
+        for run in heapq.merge(ranges, singles):
+            if merged and merged[-1][1] >= run[0] - 1:
+                merged[-1][1] = max(merged[-1][1], run[1])
+            else:
+                merged.append(run)
+        ranges = merged
+    if len(ranges) > m.RANGES_MAX:
+        raise TooManyRequests("ledger has more entry ranges than one response may carry")
+    return ranges
 
 
 def _op_of(request: Any) -> int:

@@ -170,6 +170,8 @@ class BookieServer:
         self.closing = False
         self.started_s = clock.monotonic()
         self._disk_probe = threads.executor("disk-probe")  # its thread starts with the first probe
+        self._lists = threads.executor("entry-lists")
+        """GET_LIST_OF_ENTRIES builds its ranges there, off the loop."""
         self.mode = ModeMachine(config.disk_thresholds(), self._on_mode_change)
         self._mode_task: asyncio.Task[None] | None = None
         self._registration_task: asyncio.Task[None] | None = None
@@ -229,7 +231,11 @@ class BookieServer:
         if isinstance(catalog, KeySource):  # metadata checks keys before records are created
             self.storage.keys = KeyVerifier(self.storage, catalog, add_gate=self.mode.check_add)
         self.processor = Processor(
-            self.storage, self.config.bookie_id, self.config.frame_bytes_max, mode=self.mode
+            self.storage,
+            self.config.bookie_id,
+            self.config.frame_bytes_max,
+            mode=self.mode,
+            list_executor=self._lists,
         )
         self.processor.read_only = self.mode.read_only  # the operator may have set it already
         initial_read_only = False
@@ -502,6 +508,7 @@ class BookieServer:
                 task.cancel()
         self._mode_task = self._registration_task = None
         self._disk_probe.shutdown(wait=False)  # a probe stuck in a hung filesystem must not block
+        self._lists.shutdown(wait=False)
 
     def _new_connection(self) -> asyncio.Protocol:
         assert self.processor is not None
