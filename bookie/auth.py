@@ -63,9 +63,10 @@ def _digest(token: bytes) -> bytes:
 class TokenAuthProvider:
     """Shared bearer tokens: the client's payload must be one of the tokens in the token file (one
     per line, blank lines and ``#`` comments ignored; optionally ``principal:token`` to name who
-    holds it in the logs). Compared in constant time over fixed-size digests, so neither the
-    content nor the length of a wrong token leaks through timing. Meant for use over TLS: a token
-    on a plaintext connection can be read by anyone on the path."""
+    holds it in the logs; a token may not hold ``:``, a line with two is refused). Compared in
+    constant time over fixed-size digests, so neither the content nor the length of a wrong token
+    leaks through timing. Meant for use over TLS: a token on a plaintext connection can be read by
+    anyone on the path."""
 
     name = "token"
 
@@ -86,7 +87,12 @@ class TokenAuthProvider:
             line = raw.strip()
             if not line or line.startswith("#"):
                 continue
-            principal, sep, token = line.rpartition(":")
+            if line.count(":") > 1:  # cut at either ':' would silently make another token
+                raise AuthConfigError(
+                    f"auth_token_file {path}:{number}: more than one ':' (write principal:token, or the "
+                    "token alone; a token may not hold ':')"
+                )
+            principal, sep, token = line.partition(":")
             if not sep:
                 principal, token = f"token#{number}", line
             if not token:

@@ -13,6 +13,7 @@ where ``message`` is a human-readable error text or nil. Rules (docs/protocol.md
 
 from __future__ import annotations
 
+import reprlib
 import struct
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -40,6 +41,24 @@ from bookkeeper_aio.protocol.codes import (
 from bookkeeper_aio.protocol.digest import DIGEST_BYTES, HEADER, HEADER_BYTES, DigestType
 from bookkeeper_aio.protocol.errors import ProtocolError
 from bookkeeper_aio.protocol.framing import LENGTH
+
+
+class _ShortRepr(reprlib.Repr):
+    """``reprlib``'s bounded repr, bytes cut before their repr is built (reprlib builds a bytes
+    object's full repr, then cuts it: a MiB for a MiB value in an error message)."""
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        return repr(x[: self.maxstring]) + ("..." if len(x) > self.maxstring else "")
+
+
+_SHORT = _ShortRepr()
+
+
+def _short(value: Any) -> str:
+    """A value in an error message: at most about 80 characters, whatever its size, built without
+    the whole value's repr."""
+    return _SHORT.repr(value)[:80]
+
 
 TEXT_CHARS_MAX = 1024
 """Names, ids and messages on the wire are short; a longer string is a malformed message."""
@@ -445,10 +464,11 @@ def _unpack_request(body: bytes | memoryview) -> Any:
         return _unpack_bounded(body, "strict")
     except msgpack.ExtraData as exc:
         raise _with_head(
-            getattr(exc, "unpacked", None), f"trailing bytes after the request: {exc!r:.80}"
+            getattr(exc, "unpacked", None), f"{len(exc.extra)} trailing bytes after the request"
         ) from None
     except UnicodeDecodeError as exc:
-        reason = f"a string is not valid UTF-8: {exc!r:.80}"
+        reason = f"a string is not valid UTF-8: {exc.reason} at byte {exc.start}"  # not its repr: it
+        # holds the whole string (a frame's worth), built before any cut
         try:
             readable = _unpack_bounded(body, "surrogateescape")
         except msgpack.ExtraData as extra:
@@ -507,7 +527,7 @@ def _validate(
         raise ProtocolError(f"op {op}: {len(fields)} fields, expected {len(checks)}", request_id=rid, op=op)
     for name, check, value in zip(cls._fields, checks, fields, strict=False):
         if not check(value):
-            raise ProtocolError(f"op {op}: bad value for {name}: {value!r:.80}", request_id=rid, op=op)
+            raise ProtocolError(f"op {op}: bad value for {name}: {_short(value)}", request_id=rid, op=op)
     return cls(*fields[: len(checks)])
 
 
@@ -696,7 +716,7 @@ def decode_response_object(obj: Any) -> Response:
     if op == _ADD_ACKS and (rid != 0 or obj[2] != StatusCode.EOK):
         # docs/protocol.md §3.9: ADD_ACKS carries EOK answers only, under request id 0; a failed add
         # is answered on its own. Anything else must not be read as the success of its ids.
-        raise ProtocolError(f"op {op}: ADD_ACKS must be [{op}, 0, 0, nil, ids], got {obj!r:.80}", op=op)
+        raise ProtocolError(f"op {op}: ADD_ACKS must be [{op}, 0, 0, nil, ids], got {_short(obj)}", op=op)
     return result
 
 
@@ -915,6 +935,6 @@ def decode_answer(body: bytes | memoryview) -> int | Response:
     ):
         for request_id in rids:
             if type(request_id) is not int or request_id < 0:
-                raise ProtocolError(f"op {_ADD_ACKS}: bad value for request_ids: {rids!r:.80}")
+                raise ProtocolError(f"op {_ADD_ACKS}: bad value for request_ids: {_short(rids)}")
         return _new_tuple(AddAcksResponse, (0, 0, None, rids))
     return decode_response_object(obj)
