@@ -464,7 +464,8 @@ def _unpack_request(body: bytes | memoryview) -> Any:
         return _unpack_bounded(body, "strict")
     except msgpack.ExtraData as exc:
         raise _with_head(
-            getattr(exc, "unpacked", None), f"{len(exc.extra)} trailing bytes after the request"
+            getattr(exc, "unpacked", None),
+            f"{len(getattr(exc, 'extra', b''))} trailing bytes after the request",
         ) from None
     except UnicodeDecodeError as exc:
         reason = f"a string is not valid UTF-8: {exc.reason} at byte {exc.start}"  # not its repr: it
