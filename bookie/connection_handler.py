@@ -286,6 +286,11 @@ PROBATION_FRAME_BYTES_MAX = 64 * 1024
 """The largest first frame of a connection made while its address is in refusal deficit (HELLO,
 AUTH and small requests fit; a new connection of an address sending garbage frames of a MiB is
 closed at the length prefix instead of read)."""
+NO_LEDGER_COST = 0.1
+"""An ENOLEDGER answer (a read, LAC read, long poll or entry list of a ledger this bookie does not
+hold) is charged this fraction of a refusal: honest clients get them in numbers (recovery and
+re-replication read ledgers from bookies that never got an entry, LAC reads go to the whole
+ensemble), so 1,000/s per address before a flood of them is throttled."""
 LONG_POLLS_PER_ADDRESS_MAX = 4096
 """Long polls parked at once by one peer address (a reader tailing that many ledgers); beyond,
 ETOOMANYREQUESTS."""
@@ -370,6 +375,8 @@ class ServerConnection(asyncio.Protocol):
         self.principal: str | None = None
         """Who authenticated on this connection (None: no authentication)."""
         self.refused_full = False
+        self._spoke = False
+        """Bytes came from the peer (else its close is charged like a refusal)."""
         self.long_polls = 0
         """Long polls of this connection parked (not counted in ``in_flight``)."""
         """Refused at accept because every slot of ``connections_max`` is taken (reset at once)."""
@@ -412,6 +419,7 @@ class ServerConnection(asyncio.Protocol):
         if not isinstance(error, asyncio.CancelledError) and self._address is not None:
             self.warn("connection.tls_failed", error=f"{type(error).__name__}: {error}")
             self._limits.errors.charge(tls_budget_key(self._address))
+        self._spoke = True  # charged (to its handshakes' budget) already
         self.connection_lost(None)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -465,6 +473,8 @@ class ServerConnection(asyncio.Protocol):
         if self._paused_by_errors:  # it left while it waited its turn after erring: charged once
             errors.unwait(self._address, self)  # more (hanging up is no way out of the queue)
             errors.charge(self._address)
+        elif not self._spoke:  # connected (TLS handshake and all) and closed without a byte: a
+            errors.charge(self._address)  # connect-and-close loop costs the bookie, so it is charged
         if self.in_flight:  # requests whose answers are dropped with it (a read cancelled, a long
             load = self._limits.load  # poll, a fence) give their permits back here, all at once
             load.in_flight -= self.in_flight
@@ -494,6 +504,7 @@ class ServerConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_active = self._loop.time()
+        self._spoke = True
         self._buf += data
         if self._reading_paused:  # uvloop starts reading after connection_made, whatever it asked
             if self._transport is not None:
@@ -687,7 +698,11 @@ class ServerConnection(asyncio.Protocol):
         """An answer of ``status`` was sent: a budgeted one (:data:`BUDGETED_STATUSES`) is charged
         (``cost`` refusals) to this peer address; in deficit, this connection stops being read
         until it is paid."""
-        if status not in BUDGETED_STATUSES or self._address is None:
+        if status not in BUDGETED_STATUSES:
+            if status != StatusCode.ENOLEDGER:
+                return
+            cost *= NO_LEDGER_COST
+        if self._address is None:
             return
         self._charges += 1
         wait_s = self._limits.errors.charge(self._address, cost)

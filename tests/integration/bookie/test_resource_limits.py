@@ -351,3 +351,30 @@ async def test_parked_long_polls_do_not_hold_request_permits(tmp_path: Path) -> 
             client.close()
     finally:
         bookie.cleanup()
+
+
+async def test_unknown_ledgers_and_silent_connections_are_charged(tmp_path: Path) -> None:
+    """ENOLEDGER answers are charged (a tenth of a refusal each) and so is a connection closed
+    without a byte sent: before, a flood of either from one address was never throttled."""
+    bookie = _bookie(tmp_path)
+    try:
+        flooder = await _connect_from(bookie, "127.0.0.2")
+        reads = [flooder.read_lac(10**12 + i, key=None) for i in range(12_000)]  # 1,200 refusals' worth
+        answered = await asyncio.wait_for(asyncio.gather(*reads), 60)
+        assert {r.status for r in answered} == {StatusCode.ENOLEDGER}
+        flooder.close()
+        for _ in range(1_100):  # connect and close, nothing sent
+            silent = await _connect_from(bookie, "127.0.0.3")
+            silent.close()
+            await asyncio.wait_for(asyncio.shield(silent.closed), 5)
+        await asyncio.sleep(0.5)
+        await _canary(bookie, 11)
+    finally:
+        bookie.cleanup()
+    throttled = [
+        line
+        for line in bookie.log_path.read_text(errors="replace").splitlines()
+        if "connection.throttled" in line
+    ]
+    assert any("127.0.0.2" in line for line in throttled), throttled
+    assert any("127.0.0.3" in line for line in throttled), throttled
