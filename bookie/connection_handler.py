@@ -23,11 +23,16 @@ An ``asyncio.Protocol`` (3x cheaper than streams here, docs/internals.md §6). R
   do not reconnect — all in one loop turn); one peer address holds
   at most ``connections_per_address_max`` connections, so it cannot lock others out.
 - Answers honest clients do not get in numbers (EUA, EBADREQ, ETOOMANYREQUESTS: a wrong key, a
-  bad request, a refused flood) are budgeted per peer address (:class:`ErrorBudget`): while the
-  address is in deficit, each of its connections that errs again, and each new one, stops being
-  read until the deficit is paid back, so a client that only earns refusals gets
+  bad request, a refused flood; ENOLEDGER at a tenth; a connection closed without a byte) are
+  budgeted per peer address (:class:`ErrorBudget`): while the address is in deficit, each of its
+  connections that errs again stops being read until the deficit is paid back, and one closed for
+  its error gets its answer and close only then, so a client that only earns refusals gets
   ``bad_requests_per_address_per_s`` of them and no more of the bookie's time (reconnecting does not
-  help); its connections that do not err, and other addresses, go on.
+  help); its connections that do not err, and other addresses, go on. Its new connections are read
+  at once (a client behind the same NAT is not queued) but on probation: one request at a time and
+  a first frame of at most :data:`PROBATION_FRAME_BYTES_MAX` until one is answered unrefused.
+- Unread answers of all connections together are bounded too (:class:`AnswerBudget`), and so are
+  parked long polls (per address and in all, apart from the request permits).
 - Log lines about a connection's bad input are bounded in size, in number per connection, and in
   rate over all connections.
 - A bad request gets an error response when its request id can be read, else the connection closes.

@@ -408,9 +408,10 @@ class BookieServer:
         sock: socket.socket,
         context: ssl.SSLContext,
     ) -> None:
-        """One TLS handshake, within ``frame_read_timeout_s``; it starts once the peer's address is
-        out of error-budget deficit and its turn comes (:meth:`ErrorBudget.turn
-        <bookie.budgets.ErrorBudget.turn>`: one at a time). Then the
+        """One TLS handshake, within ``frame_read_timeout_s``; it starts once the budget of failed
+        handshakes of the peer's address is out of deficit and its turn comes
+        (:meth:`ErrorBudget.turn <bookie.budgets.ErrorBudget.turn>`: one at a time;
+        :func:`~bookie.connection_handler.tls_budget_key`). Then the
         connection is served (``connection_made``); a failure gives its slot back."""
         try:
             try:
