@@ -9,12 +9,13 @@ import asyncio
 import os
 import struct
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import msgpack
 import pytest
 
 from bookie.connection_handler import address_key
+from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import ReadFlag, StatusCode
 from tests.harness.admin_http import get_json
 from tests.harness.bookie_proc import BookieProcess
@@ -378,3 +379,53 @@ async def test_unknown_ledgers_and_silent_connections_are_charged(tmp_path: Path
     ]
     assert any("127.0.0.2" in line for line in throttled), throttled
     assert any("127.0.0.3" in line for line in throttled), throttled
+
+
+async def test_with_auth_a_client_behind_an_erring_host_connects(tmp_path: Path) -> None:
+    """A host whose authenticated connections flood 1 MiB bad frames falls deep into deficit; a
+    client with a token behind the same address still authenticates and writes at once. Before,
+    its new connection waited in the address's queue and ``auth_timeout_s`` closed it."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice:s3cret\n")
+    bookie = _bookie(
+        tmp_path, "--auth-providers", "token", "--auth-token-file", str(tokens), "--auth-timeout-s", "2"
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    async def flood() -> None:
+        attacker = await _connect_from(bookie, "127.0.0.2")
+        assert (await attacker.request(m.AuthRequest, "token", b"s3cret")).status == StatusCode.EOK
+        rid = 1000
+        while not stop.is_set():
+            rid += 1
+            answer: asyncio.Future[Any] = loop.create_future()
+            attacker.pending[rid] = answer
+            body = msgpack.packb([4, rid, 1]) + bytes(MIB)  # trailing bytes: EBADREQ, 16 refusals
+            attacker.send_raw(struct.pack(">I", len(body)) + body)
+            await asyncio.wait_for(answer, 30)
+        attacker.close()
+
+    floods = [asyncio.create_task(flood()) for _ in range(40)]
+    try:
+        await asyncio.sleep(3)  # past the 1,000 refusals at once: deep in deficit
+        honest = await _connect_from(bookie, "127.0.0.2")
+        started = asyncio.get_running_loop().time()
+        hello = honest.request(m.HelloRequest, 1, "behind the NAT")
+        auth = honest.request(m.AuthRequest, "token", b"s3cret")
+        add = honest.add(12, 0, b"authenticated")
+        assert (await asyncio.wait_for(hello, 5)).status == StatusCode.EOK
+        assert (await asyncio.wait_for(auth, 5)).status == StatusCode.EOK
+        assert (await asyncio.wait_for(add, 5)).status == StatusCode.EOK
+        assert asyncio.get_running_loop().time() - started < 2
+        await asyncio.sleep(2.5)  # past auth_timeout_s: authenticated, so still open
+        assert not honest.closed.done()
+        honest.close()
+    finally:
+        stop.set()
+        await asyncio.gather(*floods, return_exceptions=True)
+        bookie.cleanup()
+    throttled = [
+        line for line in bookie.log_path.read_text(errors="replace").splitlines() if "throttled" in line
+    ]
+    assert any("127.0.0.2" in line for line in throttled), "the flood never put its address in deficit"
