@@ -127,7 +127,7 @@ class AnswerBudget:
     ``get_write_buffer_size`` per write to a transport (a turn's answers of a connection, a
     journal group's acks), and a counter per read answer."""
 
-    __slots__ = ("free", "held", "holders", "limit", "over", "throttles")
+    __slots__ = ("estimate", "free", "held", "holders", "limit", "loading", "over", "throttles")
 
     def __init__(self, limit: int, free: int = ANSWER_BYTES_FREE) -> None:
         self.limit = limit
@@ -136,6 +136,11 @@ class AnswerBudget:
         self.holders: set[ServerConnection] = set()
         """Connections whose count is not 0."""
         self.over = False
+        self.loading = 0
+        """Reads loading an entry, all connections (their size is known once loaded)."""
+        self.estimate = self.free
+        """What a loading read is taken to hold: the largest recent answer (decaying by 1/8 per
+        answer), 1 MiB at first."""
         self.throttles = 0
         """Connections throttled since start (the metric ``bookie_answer_throttles_total``)."""
 
@@ -557,16 +562,22 @@ class ServerConnection(asyncio.Protocol):
         async with self._reads:
             await self._writable.wait()
             budget = self._limits.answers
-            while self._loading and budget.held > budget.limit // 2 and not self.closed:
+            while (
+                self._loading
+                and budget.held + budget.loading * budget.estimate > budget.limit // 2
+                and not self.closed
+            ):
                 await self._loaded.wait()  # past half the budget: this connection loads one at a time
                 await self._writable.wait()
             self._loading += 1
+            budget.loading += 1
             if self._loading == 1:
                 self._loaded.clear()
             try:
                 yield
             finally:
                 self._loading -= 1
+                budget.loading -= 1
                 if not self._loading:
                     self._loaded.set()
             out = self._out
@@ -575,6 +586,7 @@ class ServerConnection(asyncio.Protocol):
                     self._out_counted = out
                     self._out_bytes = 0
                 size = len(out[-1])
+                budget.estimate = max(size, budget.estimate - (budget.estimate >> 3))
                 self._out_bytes += size
                 self._charge_answers(size)  # counted at once: cached reads queue many in one turn
                 if self._out_bytes > self._limits.answer_bytes_buffered_max:

@@ -185,13 +185,16 @@ async def test_unread_answers_of_many_connections_are_bounded_bookie_wide(tmp_pa
     their reads wait, while a client that reads its answers goes on. Before the bookie-wide budget,
     24 connections x 24 unread reads of a 1 MiB entry grew the bookie by about 400 MiB."""
     bookie = _bookie(tmp_path, "--answer-bytes-total-max", str(32 * MIB), "--admin-port", "0")
+    clients: list[WireClient] = []
     try:
         writer = await WireClient.connect(*bookie.address)
+        clients.append(writer)
         big = os.urandom(MIB)
         assert (await writer.add(1, 0, big)).status == StatusCode.EOK
         assert bookie.proc is not None
         baseline = _rss_bytes(bookie.proc.pid)
         attackers = [await WireClient.connect(*bookie.address) for _ in range(24)]
+        clients.extend(attackers)
         answers = []
         for attacker in attackers:
             assert attacker.transport is not None
@@ -204,7 +207,7 @@ async def test_unread_answers_of_many_connections_are_bounded_bookie_wide(tmp_pa
         assert state["answer_bytes_held"] <= 32 * MIB + 24 * (2 * MIB + 4096), state
         assert state["answer_throttles"] > 0, state
         print(f"RSS +{grown / MIB:.0f} MiB, held {state['answer_bytes_held'] / MIB:.0f} MiB")
-        assert grown < 160 * MIB, f"bookie RSS grew {grown / MIB:.0f} MiB for unread answers"
+        assert grown < 200 * MIB, f"bookie RSS grew {grown / MIB:.0f} MiB for unread answers"  # ~2x held
         for _ in range(8):  # a client that reads its answers goes on, over the budget too
             read = await asyncio.wait_for(writer.read(1, 0), 5)
             assert (read.status, read.body) == (StatusCode.EOK, entry_body(1, 0, big))
@@ -221,6 +224,9 @@ async def test_unread_answers_of_many_connections_are_bounded_bookie_wide(tmp_pa
         for client in (*attackers[:4], writer):
             client.close()
     finally:
+        for client in clients:
+            if client.transport is not None:
+                client.transport.abort()
         bookie.cleanup()
 
 
