@@ -15,8 +15,9 @@ While it leads:
   read from it; a bookie that answers "no such entry/ledger", or returns a body that fails its
   digest, is marked for that ledger (reason ``check``). An open ledger's last fragment is skipped
   (its writer is still adding to it), and timeouts or errors mark nothing (a down bookie is the
-  lost-bookie rule's business). Digests are checked with the ledger's password when the daemon has
-  it; without it a keyless digest (CRC32C) still is, an HMAC one is not (presence only).
+  lost-bookie rule's business). Every probe carries the ledger's key, so a ledger none of the
+  daemon's passwords opens is skipped (``autorecovery.check_skipped_no_password``: bookies answer no
+  read without the key; its lost bookies are still found by registration).
 
 When the election's lease is lost the auditor stops at once (another may already lead) and
 campaigns again.
