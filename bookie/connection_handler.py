@@ -98,6 +98,13 @@ class ServerLoad:
         self.sockets_paused = False  # set by the server: new connections start paused too
         self.on_change = on_change
 
+    def release(self, count: int) -> None:
+        """``count`` requests answered (or dropped with their connection): resume every socket
+        once half of the limit is free again."""
+        self.in_flight -= count
+        if self.over and self.in_flight <= self.limit // 2:
+            self.check()
+
     def check(self) -> None:
         over = self.in_flight >= self.limit if not self.over else self.in_flight > self.limit // 2
         if over != self.over:
@@ -486,11 +493,8 @@ class ServerConnection(asyncio.Protocol):
         elif not self._spoke:  # connected (TLS handshake and all) and closed without a byte: a
             errors.charge(self._address)  # connect-and-close loop costs the bookie, so it is charged
         if self.in_flight:  # requests whose answers are dropped with it (a read cancelled, a long
-            load = self._limits.load  # poll, a fence) give their permits back here, all at once
-            load.in_flight -= self.in_flight
+            self._limits.load.release(self.in_flight)  # poll, a fence) give their permits back here
             self.in_flight = 0
-            if load.over and load.in_flight <= load.limit // 2:
-                load.check()
         if self.long_polls:  # cancelled with it (Processor.connection_lost)
             self._unpark(self.long_polls)
         per_address = self._limits.per_address
@@ -1042,10 +1046,7 @@ class ServerConnection(asyncio.Protocol):
         if self.closed:
             return
         self.in_flight -= count
-        load = self._limits.load
-        load.in_flight -= count
-        if load.over and load.in_flight <= load.limit // 2:
-            load.check()
+        self._limits.load.release(count)
         if self._paused_by_permits and self.in_flight < self._limits.in_flight_max // 2 + 1:
             if self._probation_charges >= 0 and self._probation_charges == self._charges:
                 self._probation_charges = -1  # a request answered, none refused: off probation
