@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from bookkeeper_aio.common import failpoints
 
 _RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
+_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 _O_NOATIME: int = getattr(os, "O_NOATIME", 0)
 
 
@@ -178,6 +179,20 @@ class FileIO:
             failpoints.hit(failpoint)
         self.rename(tmp, path)
         self.fsync_dir(os.path.dirname(path) or ".")
+
+    def boot_id(self) -> bytes | None:
+        """What identifies the machine's current boot (Linux's ``boot_id``), or None where unknown.
+
+        Bytes written (not synced) before a process crash are still read back after it in the same
+        boot: the page cache outlives the process. A power cut or a reboot changes the id. The
+        journal's synced mark relies on it (:mod:`bookie.replay`); None makes replay assume the worst.
+        """
+        try:
+            with open(_BOOT_ID_PATH, "rb") as handle:
+                boot = handle.read().strip()
+        except OSError:
+            return None
+        return boot or None
 
     def lock_dir(self, path: str) -> int:
         """Take an exclusive lock on ``path``/LOCK for this process's lifetime; returns the fd.

@@ -134,7 +134,9 @@ a metadata sync, once per 16 MiB; and at most 16 MiB of zeros to scan at startup
 class _Writer:
     """State touched only by the writer thread: open segment fds and their preallocated ends."""
 
-    def __init__(self, fileio: FileIO, directory: str, segment_bytes: int, clock: Clock) -> None:
+    def __init__(
+        self, fileio: FileIO, directory: str, segment_bytes: int, clock: Clock, mark_path: str | None
+    ) -> None:
         self.fileio = fileio
         self.clock = clock
         self.directory = directory
@@ -147,6 +149,11 @@ class _Writer:
         """The last failure to create the next segment ahead of time (None once one succeeded)."""
         self.spare_ready = 0
         """The last segment created ahead of time, once it is whole (one int: read by the loop)."""
+        boot = fileio.boot_id() if mark_path is not None else None
+        self._mark_boot = fmt.boot_digest(boot) if boot is not None else None
+        """The synced mark's boot digest; None: no mark is kept (none asked, unknown boot, or it failed)."""
+        self._mark_path = mark_path or ""
+        self._mark_fd: int | None = None
 
     def _path(self, segment_id: int) -> str:
         return os.path.join(self.directory, fmt.segment_name(segment_id))
@@ -176,8 +183,9 @@ class _Writer:
             self.fileio.preallocate(fd, allocated, new_end - allocated)
             self.allocated[segment_id] = new_end
 
-    def write_group(self, runs: list[_Run], spare_segment_id: int) -> None:
+    def write_group(self, runs: list[_Run], spare_segment_id: int, end: Position) -> None:
         last = len(runs) - 1
+        synced = False
         for i, run in enumerate(runs):
             if not run.parts and run.offset != fmt.SEGMENT_HEADER_BYTES:
                 if i != last:
@@ -198,10 +206,41 @@ class _Writer:
             self.fileio.journal_sync(fd)
             self.sync_seconds.observe(self.clock.monotonic() - sync_start_s)
             self.write_seconds.observe(sync_start_s - write_start_s)
+            synced = True
             if i != last:
                 self.close_segment(run.segment_id)
+        if synced:
+            self._mark_synced(end)
         if spare_segment_id not in self.fds:
             self._prepare_spare(spare_segment_id)
+
+    def _mark_synced(self, end: Position) -> None:
+        """Rewrite the synced mark (``journal_format``'s module doc) after a group's fdatasync and
+        before any of its records is acknowledged: in this boot, everything before ``end`` is synced.
+        Not synced itself: it is trusted only in the boot that wrote it (the page cache outlives a
+        process crash). A mark is current or absent: one that cannot be written is removed, and
+        the journal keeps none until it restarts (replay then assumes the worst, as without it)."""
+        boot = self._mark_boot
+        if boot is None:
+            return
+        try:
+            if self._mark_fd is None:
+                self._mark_fd = self.fileio.open_append(self._mark_path)
+            self.fileio.pwrite(self._mark_fd, fmt.encode_synced_mark(boot, end), 0)
+        except OSError as exc:
+            self._mark_boot = None
+            self._close_mark()
+            # a stale mark would prove too much (bytes synced since would look unsynced): remove it
+            # or fail the group (an unremovable file on a failing disk; the journal fails with it)
+            with contextlib.suppress(FileNotFoundError):
+                self.fileio.remove(self._mark_path)
+            log.warning("journal.synced_mark_dropped", error=repr(exc))
+
+    def _close_mark(self) -> None:
+        fd, self._mark_fd = self._mark_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                self.fileio.close(fd)
 
     def _prepare_spare(self, segment_id: int) -> None:
         """Create the next segment ahead of time. The group before it is already synced, so a
@@ -229,6 +268,7 @@ class _Writer:
     def close_all(self) -> None:
         for segment_id in list(self.fds):
             self.close_segment(segment_id)
+        self._close_mark()
 
 
 _Group = tuple[list[_Run], int, list["Callback"], "Position"]
@@ -259,7 +299,7 @@ class _WriterThread:
     def _write(self, group: _Group) -> None:
         error: BaseException | None = None
         try:
-            self._writer.write_group(group[0], group[1])
+            self._writer.write_group(group[0], group[1], group[3])
         except BaseException as exc:  # noqa: BLE001 (handed to the loop, which fails the journal)
             error = exc
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
@@ -320,7 +360,10 @@ class Journal:
         config: JournalConfig,
         threads: Threads = OS_THREADS,
         clock: Clock = SYSTEM_CLOCK,
+        synced_mark: str | None = None,
     ) -> None:
+        """``synced_mark``: the path of the synced mark to keep (``journal_format``'s module doc);
+        None keeps none."""
         config.validate()
         self._config = config
         self._clock = clock
@@ -328,7 +371,7 @@ class Journal:
         self._record_bytes_max = config.record_bytes_max
         self._segment_bytes = config.segment_bytes
         self._loop = asyncio.get_running_loop()
-        self._writer = _Writer(fileio, directory, config.segment_bytes, clock)
+        self._writer = _Writer(fileio, directory, config.segment_bytes, clock, synced_mark)
         self._segment_id, self._offset = start
         self._synced = start
         self._runs: list[_Run] = [_Run(start.segment_id, start.offset)]

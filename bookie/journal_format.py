@@ -58,12 +58,24 @@ version refuses to start (:class:`JournalFormatUnsupported`).
 
 Known limit: the final group of a journal is indistinguishable from an unsynced one, so damage in the
 last group before a power loss or a crash is cut like a torn group even if it had been synced; a later
-group (the next append) makes the same damage detectable.
+group (the next append) makes the same damage detectable. Replay makes such a cut under a limbo marker
+(:mod:`bookie.limbo`) unless the *synced mark* proves the cut bytes were never synced: the file
+``synced`` in the data dir (beside ``journal/``), rewritten in place by the writer after every
+``fdatasync`` and before any of the group is acknowledged (not synced itself), holds the position
+the journal is synced up to and a digest of the machine's boot id::
+
+    magic "BKSYNC01" | boot digest (16 bytes) | segment_id:u64 | offset:u64 | crc32c:u32
+
+A process crash keeps the page cache, so a mark written in the boot that is still running is
+current: damage at or after its position was never synced, so never acknowledged (a crash tore the
+write in flight). After a reboot or a power cut (another boot id), or with no valid mark, nothing is
+proven.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import mmap
 import struct
 from collections.abc import Sequence
@@ -431,3 +443,42 @@ def parse_segment_name(name: str) -> int | None:
         return int(name[8:24], 16)
     except ValueError:
         return None
+
+
+SYNCED_MARK_FILE = "synced"
+"""The synced mark's name in the data dir (the module doc)."""
+_SYNCED_MAGIC = b"BKSYNC01"
+_SYNCED_MARK = struct.Struct(">8s16sQQ")  # magic, boot digest, segment id, offset
+_SYNCED_CRC = struct.Struct(">I")
+SYNCED_MARK_BYTES = _SYNCED_MARK.size + _SYNCED_CRC.size
+
+
+class SyncedMark(NamedTuple):
+    boot: bytes
+    """The digest of the boot id it was written in (:func:`boot_digest`)."""
+    position: Position
+    """Everything before it was synced."""
+
+
+def boot_digest(boot_id: bytes) -> bytes:
+    return hashlib.blake2b(boot_id, digest_size=16).digest()
+
+
+def encode_synced_mark(boot: bytes, position: Position) -> bytes:
+    """The mark's bytes; ``boot`` is a :func:`boot_digest`."""
+    body = _SYNCED_MARK.pack(_SYNCED_MAGIC, boot, position.segment_id, position.offset)
+    return body + _SYNCED_CRC.pack(crc32c.crc32c(body))
+
+
+def decode_synced_mark(data: bytes) -> SyncedMark | None:
+    """The mark in ``data``, or None when it is not one whole (a torn or damaged mark proves nothing)."""
+    if len(data) < SYNCED_MARK_BYTES:
+        return None
+    body = data[: _SYNCED_MARK.size]
+    (crc,) = _SYNCED_CRC.unpack_from(data, _SYNCED_MARK.size)
+    if crc32c.crc32c(body) != crc:
+        return None
+    magic, boot, segment_id, offset = _SYNCED_MARK.unpack(body)
+    if magic != _SYNCED_MAGIC:
+        return None
+    return SyncedMark(boot, Position(segment_id, offset))

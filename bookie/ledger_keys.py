@@ -361,7 +361,7 @@ class KeyVerifier:
         if error is None:
             lookup.future.set_result(task.result())
             limbo = self._storage.limbo
-            if limbo is not None and task.result().writable:
+            if limbo is not None and task.result().writable and limbo.holds(ledger_id):
                 # read after this start: a fence answered before it would show (recovery CASes
                 # IN_RECOVERY first, and a ledger never goes back to OPEN)
                 limbo.writes_checked.add(ledger_id)

@@ -14,8 +14,10 @@ cut may have touched go into *limbo*:
   again, under the marker. A cut that finds a marker already narrowed to a set widens it back.
 - **Which ledgers.** While the marker says "every ledger", every ledger, held or not, is in limbo.
   The resolver (:class:`LimboResolver`, with metadata) then lists the ledgers in metadata whose
-  ensembles include this bookie, *after* the restart, and narrows the marker to that set
-  (durably, before it is used). It is a superset of what matters: the cut lost only records this
+  ensembles include this bookie, *after* the restart, and narrows the marker to that set and the
+  ledgers this bookie holds (durably, before it is used; a held ledger metadata no longer lists
+  here may have lost a fence a recovery made before it replaced this bookie in the last fragment:
+  settling it fences it again). It is a superset of what matters: the cut lost only records this
   bookie had acknowledged or made; an acknowledged add or a fence of ledger ``L`` on this bookie
   came from a writer, a recoverer or a worker whose metadata listed this bookie in ``L``'s
   ensemble (a writer CASes an ensemble change before it sends to the replacement); such a listing
@@ -46,9 +48,14 @@ cut may have touched go into *limbo*:
   rewritten with what is left after each pass, and removed when nothing is (then the directory
   is fsynced): clearing is durable, and a crash before it keeps the ledgers in limbo (safe).
 
-Without metadata (a standalone bookie) nothing narrows or settles limbo: every ledger stays in it
-and writers' adds of ledgers in limbo are refused (EFENCED): remove the marker by hand only after
-checking the bookie's ledgers yourself (docs/bookie.md).
+Without metadata (a standalone bookie) nothing narrows or settles limbo: every ledger stays in it,
+and writers' adds are not checked (nothing to check them against): remove the marker by hand only
+after checking the bookie's ledgers yourself (docs/bookie.md).
+
+Limbo is entered only when the cut is not proven harmless: the journal's synced mark
+(:mod:`bookie.journal_format`) shows a cut made after a process crash, in the same boot, at or
+after the synced end, to be a write torn in flight (never synced, never acknowledged); such a cut
+enters no limbo.
 """
 
 from __future__ import annotations
@@ -271,7 +278,10 @@ class LimboResolver:
             return
         started = self._wall_clock()
         if limbo.every_ledger:
-            listed: set[int] = set()
+            # what metadata lists here, and what is held here: a ledger may hold a fence the cut took
+            # though its metadata no longer lists this bookie (a recovery fenced here, then replaced
+            # it in the last fragment when closing); settling brings such a fence back
+            listed: set[int] = set(self.storage.ledgers)
             async for page in self.catalog.ledgers_on(self.bookie_id):
                 listed.update(page)
                 await asyncio.sleep(0)
@@ -302,7 +312,7 @@ class LimboResolver:
             await asyncio.sleep(0)
         if cleared:
             left = Limbo(False, limbo.ledgers.difference(cleared))
-            left.writes_checked = limbo.writes_checked
+            left.writes_checked = limbo.writes_checked.intersection(left.ledgers)
             await self._save(left)
             self.storage.limbo = left if left.ledgers else None
         self.passes += 1

@@ -8,7 +8,10 @@ naming the segment and offset.
 
 A cut that zeroes anything is made under a durable limbo marker, written before the cut
 (:mod:`bookie.limbo`): the final group may have been synced and acknowledged (bit rot looks like a
-torn write), so the ledgers it may have held answer "unknown" until metadata settles them.
+torn write), so the ledgers it may have held answer "unknown" until metadata settles them. Unless
+the journal's synced mark, written in the boot still running, puts the cut at or after the synced
+end (:mod:`bookie.journal_format`): then a process crash tore a write never synced, so never
+acknowledged, and the cut loses nothing anyone was told is durable.
 """
 
 from __future__ import annotations
@@ -194,11 +197,12 @@ def recover(
                 data.close()
     if torn is not None:
         segment_id, end, garbage_end = torn
+        never_synced = _never_synced(fileio, data_dir, Position(segment_id, end))
         # the marker is durable before the cut: a crash between keeps it
-        if garbage_end > end and limbo_after_cut:
+        if garbage_end > end and limbo_after_cut and not never_synced:
             where = f"journal segment {segment_id:016x} offset {end}, {garbage_end - end} bytes"
             limbo_marker.enter_blocking(fileio, data_dir, f"torn tail cut at {where}")
-        result.torn_bytes_cut = _cut_torn_tail(fileio, journal_dir, *torn)
+        result.torn_bytes_cut = _cut_torn_tail(fileio, journal_dir, *torn, never_synced=never_synced)
     result.limbo = limbo_marker.load_blocking(fileio, data_dir)
     return result
 
@@ -247,7 +251,21 @@ def _check_not_behind_checkpoint(segment_id: int, size: int, position: Position)
         )
 
 
-def _cut_torn_tail(fileio: FileIO, journal_dir: str, segment_id: int, end: int, garbage_end: int) -> int:
+def _never_synced(fileio: FileIO, data_dir: str, cut: Position) -> bool:
+    """Whether the bytes from ``cut`` on were never synced, so never acknowledged: the synced mark
+    was written in the boot still running (a process crash keeps what it wrote) and lies at or
+    before ``cut``. False whenever that is not proven."""
+    boot = fileio.boot_id()
+    path = os.path.join(data_dir, fmt.SYNCED_MARK_FILE)
+    if boot is None or not fileio.exists(path):
+        return False
+    mark = fmt.decode_synced_mark(fileio.read_file(path))
+    return mark is not None and mark.boot == fmt.boot_digest(boot) and cut >= mark.position
+
+
+def _cut_torn_tail(
+    fileio: FileIO, journal_dir: str, segment_id: int, end: int, garbage_end: int, *, never_synced: bool
+) -> int:
     """Zero the torn bytes after the last whole record and make that durable."""
     size = garbage_end - end
     path = os.path.join(journal_dir, fmt.segment_name(segment_id))
@@ -257,5 +275,11 @@ def _cut_torn_tail(fileio: FileIO, journal_dir: str, segment_id: int, end: int, 
         fileio.fsync(fd)
     finally:
         fileio.close(fd)
-    log.warning("journal.torn_tail_cut", segment=f"{segment_id:016x}", offset=end, bytes=size)
+    log.warning(
+        "journal.torn_tail_cut",
+        segment=f"{segment_id:016x}",
+        offset=end,
+        bytes=size,
+        never_synced=never_synced,
+    )
     return size

@@ -251,7 +251,15 @@ class Storage:
         self.ledgers: dict[int, LedgerState] = recovered.ledgers
         self._loop = asyncio.get_running_loop()
         self._journal_dir = os.path.join(config.data_dir, replay.JOURNAL_DIR)
-        self.journal = Journal(fileio, self._journal_dir, recovered.start, config.journal, threads, clock)
+        self.journal = Journal(
+            fileio,
+            self._journal_dir,
+            recovered.start,
+            config.journal,
+            threads,
+            clock,
+            synced_mark=os.path.join(config.data_dir, fmt.SYNCED_MARK_FILE),
+        )
         self._clock = clock
         self._lock_fd = lock_fd
         self._reader = threads.executor("storage-reader")

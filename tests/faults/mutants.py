@@ -176,10 +176,28 @@ MUTANTS = (
     Mutant(
         "cut-without-limbo",
         "bookie/replay.py",
-        "        if garbage_end > end and limbo_after_cut:\n",
+        "        if garbage_end > end and limbo_after_cut and not never_synced:\n",
         "        if False:\n",
         ("tests/unit/bookie/test_limbo.py",),
         "replay cuts a damaged final journal group with no limbo marker",
+    ),
+    Mutant(
+        "synced-mark-any-boot",
+        "bookie/replay.py",
+        "    return mark is not None and mark.boot == fmt.boot_digest(boot) and cut >= mark.position\n",
+        "    return mark is not None and cut >= mark.position\n",
+        ("tests/unit/bookie/test_limbo.py",),
+        "replay trusts a synced mark written before a reboot (a power cut may have left it behind the "
+        "synced end): a damaged synced group is cut without limbo",
+    ),
+    Mutant(
+        "synced-mark-left-stale",
+        "bookie/journal.py",
+        "                self.fileio.remove(self._mark_path)\n",
+        "                pass\n",
+        ("tests/unit/bookie/test_limbo.py",),
+        "a synced mark that could not be rewritten stays behind the synced end, passing synced bytes "
+        "off as never synced",
     ),
     Mutant(
         "limbo-writer-add-unchecked",

@@ -120,6 +120,8 @@ class Disk:
         self.rot: dict[str, set[int]] = {}
         """Bit rot: path -> byte offsets that ``pread`` returns flipped (a latent sector error that
         hands back garbage instead of EIO; replay's whole-file reads are not affected)."""
+        self.boots = 0
+        """Crashes so far: each is a power cut, so a new boot (:meth:`SimFileIO.boot_id`)."""
         self.rot_everywhere: dict[str, set[int]] = {}
         """Bit rot that every read returns flipped: ``pread`` and the whole-file reads of a
         restart (journal replay's ``map_read``, the index checkpoint's ``read_file``)."""
@@ -131,6 +133,7 @@ class Disk:
             survivors[path] = self.durable_names[path].crashed(rng)
         self.files = survivors
         self.durable_names = dict(survivors)
+        self.boots += 1
 
     def fsync_dir(self, path: str) -> None:
         prefix = path.rstrip("/") + "/"
@@ -212,6 +215,10 @@ class SimFileIO(FileIO):
 
     def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
         self._file(fd).write(offset, bytes(data))
+
+    def boot_id(self) -> bytes:
+        """A crash is a power cut: what was written but not synced is not kept, so a new boot."""
+        return b"sim-boot-%d" % self.disk.boots
 
     def journal_sync(self, fd: int) -> None:
         self._fault("sync")  # the written bytes stay pending: only a later sync or luck keeps them

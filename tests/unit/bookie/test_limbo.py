@@ -4,6 +4,7 @@ reads of what the bookie lacks "unknown", and the resolver settles it against me
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import shutil
 from collections.abc import AsyncIterator, Sequence
@@ -13,6 +14,7 @@ import pytest
 
 import metadata
 from bookie import gc as bookie_gc
+from bookie import journal_format as fmt
 from bookie import limbo, replay
 from bookie.fileio import FileIO
 from bookie.ledger_keys import KeyInfo, KeyVerifier, NotOpen
@@ -87,6 +89,135 @@ async def test_the_marker_is_durable_before_the_cut(tmp_path: Path) -> None:
     try:
         assert storage.limbo is not None
         assert storage.limbo.every_ledger
+    finally:
+        storage.abort()
+
+
+# ------------------------------------------------------------------------- the synced mark
+class _Rebooted(FileIO):
+    """The same disk after a reboot or a power cut: another boot id."""
+
+    def boot_id(self) -> bytes:
+        return b"another boot"
+
+
+class _MarkUnwritable(FileIO):
+    """A disk that refuses the synced mark's writes (ENOSPC), and only those."""
+
+    def __init__(self) -> None:
+        self.mark_fds: set[int] = set()
+
+    def open_append(self, path: str) -> int:
+        fd = super().open_append(path)
+        if path.endswith(fmt.SYNCED_MARK_FILE):
+            self.mark_fds.add(fd)
+        return fd
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        if fd in self.mark_fds:
+            raise OSError(errno.ENOSPC, "no space left (test)")
+        super().pwrite(fd, data, offset)
+
+
+def _mark_file(path: Path) -> Path:
+    return path / fmt.SYNCED_MARK_FILE
+
+
+def test_synced_mark_round_trip_and_damage() -> None:
+    boot = fmt.boot_digest(b"a boot")
+    data = fmt.encode_synced_mark(boot, fmt.Position(3, 4096))
+    assert fmt.decode_synced_mark(data) == fmt.SyncedMark(boot, fmt.Position(3, 4096))
+    for at in range(len(data)):  # any damaged byte, or a torn mark, proves nothing
+        damaged = bytearray(data)
+        damaged[at] ^= 0x04
+        assert fmt.decode_synced_mark(bytes(damaged)) is None, at
+    assert fmt.decode_synced_mark(data[:-1]) is None
+
+
+async def _journal_torn_in_flight(path: Path, entries: int = 10) -> None:
+    """A journal whose final group (entry ``entries - 1``, alone) was torn while in flight: its
+    fdatasync never returned, so the synced mark still says where the group before it ended."""
+    storage = await Storage.open(config(path))
+    for i in range(entries - 1):
+        await add(storage, 1, i)
+    before_last = _mark_file(path).read_bytes()
+    await add(storage, 1, entries - 1)
+    location = storage.ledger(1).index.get(entries - 1)
+    assert location is not None
+    storage.abort()
+    mark = fmt.decode_synced_mark(_mark_file(path).read_bytes())
+    assert mark is not None
+    assert mark.position == fmt.Position(1, location.offset + location.length)
+    _mark_file(path).write_bytes(before_last)  # the mark of the group before: the last one never synced
+    os.truncate(_journal_file(path), location.offset + location.length - 1)
+
+
+async def test_a_write_torn_in_flight_by_a_process_crash_is_cut_without_limbo(tmp_path: Path) -> None:
+    await _journal_torn_in_flight(tmp_path)
+    storage = await Storage.open(config(tmp_path))
+    try:
+        assert storage.limbo is None, "the cut bytes were never synced, so never acknowledged"
+        assert (await storage.read_entry(1, 8))[0] == 8
+        with pytest.raises(NoEntry):
+            await storage.read_entry(1, 9)  # the torn one: never acknowledged, so absent
+        await add(storage, 1, 9)  # the journal goes on over the cut
+    finally:
+        storage.abort()
+    assert not (tmp_path / limbo.MARKER_FILE).exists()
+
+
+async def test_the_same_tear_after_a_reboot_goes_into_limbo(tmp_path: Path) -> None:
+    """After a power cut the mark may be older than what was synced: it proves nothing."""
+    await _journal_torn_in_flight(tmp_path)
+    storage = await Storage.open(config(tmp_path), fileio=_Rebooted())
+    try:
+        assert storage.limbo is not None
+        assert storage.limbo.every_ledger
+        with pytest.raises(Unknown):
+            await storage.read_entry(1, 9)
+    finally:
+        storage.abort()
+
+
+@pytest.mark.parametrize("mark", ["missing", "damaged"])
+async def test_the_same_tear_without_a_whole_mark_goes_into_limbo(tmp_path: Path, mark: str) -> None:
+    await _journal_torn_in_flight(tmp_path)
+    if mark == "missing":
+        _mark_file(tmp_path).unlink()
+    else:
+        data = bytearray(_mark_file(tmp_path).read_bytes())
+        data[-1] ^= 1
+        _mark_file(tmp_path).write_bytes(bytes(data))
+    storage = await Storage.open(config(tmp_path))
+    try:
+        assert storage.limbo is not None
+        assert storage.limbo.every_ledger
+    finally:
+        storage.abort()
+
+
+async def test_a_mark_that_cannot_be_written_is_removed_and_the_journal_goes_on(tmp_path: Path) -> None:
+    storage = await Storage.open(config(tmp_path))
+    await add(storage, 1, 0)
+    storage.abort()
+    assert _mark_file(tmp_path).exists()
+    storage = await Storage.open(config(tmp_path), fileio=_MarkUnwritable())
+    try:
+        await add(storage, 1, 1)  # acknowledged: the group is synced; only its mark failed
+        await add(storage, 1, 2)
+        assert not _mark_file(tmp_path).exists(), "a stale mark would pass synced bytes off as unsynced"
+    finally:
+        storage.abort()
+    storage = await Storage.open(config(tmp_path))
+    try:
+        entry = storage.ledger(1).index.get(2)
+        assert entry is not None
+    finally:
+        storage.abort()
+    os.truncate(_journal_file(tmp_path), entry.offset + entry.length - 1)
+    storage = await Storage.open(config(tmp_path))  # no mark: a cut of the final group is doubted
+    try:
+        assert storage.limbo is not None
     finally:
         storage.abort()
 
@@ -234,6 +365,26 @@ async def test_resolver_narrows_then_settles_each_ledger(tmp_path: Path) -> None
     try:
         assert storage.limbo is None
         assert storage.ledger(1).fenced
+    finally:
+        storage.abort()
+
+
+async def test_a_held_ledger_no_longer_listed_here_is_fenced_before_it_leaves_limbo(tmp_path: Path) -> None:
+    """A recovery fenced ledger 5 here, then closed it with this bookie replaced in its last
+    fragment; the cut took the fence. Narrowing to metadata's listing alone would let a stale writer
+    of 5 add here again: the held ledger stays in limbo until settling fences it."""
+    storage = await Storage.open(config(tmp_path))
+    for i in range(3):
+        await add(storage, 5, i)
+    storage.abort()
+    await _journal_with_torn_tail(tmp_path)  # ledger 1: entries 0..8 held, 9 cut
+    catalog = _Catalog({1: _closed(1, [BOOKIE], 8), 5: _closed(5, ["b"], 2)})
+    storage = await Storage.open(config(tmp_path))
+    try:
+        assert not storage.ledger(5).fenced
+        await LimboResolver(storage, catalog, BOOKIE).run_once()
+        assert storage.ledger(5).fenced, "a held ledger left limbo without its fence"
+        assert storage.limbo is None
     finally:
         storage.abort()
 
