@@ -274,9 +274,12 @@ class AddPipeline:
             raise BKInterfaceError(f"entry of {len(payload)} bytes exceeds {self._entry_bytes_max}")
         if self._slot_waiters or len(self._pending) + self._slots_reserved >= self._window:
             await self._wait_for_slot()
-            self._slots_reserved -= 1
-            self._wake_slot_waiters()
-            self._check_writable()
+            self._slots_reserved -= 1  # the add below takes the slot over
+            try:
+                self._check_writable()
+            except BKError:
+                self._wake_slot_waiters()  # unused: pass it on
+                raise
         return self._start_add(bytes(payload))
 
     def _check_writable(self) -> None:
@@ -527,7 +530,8 @@ class AddPipeline:
     async def _wait_drained(self) -> None:
         """Until no add is outstanding (completed or failed)."""
         if self._pending:
-            self._drained = asyncio.Event()
+            if self._drained is None or self._drained.is_set():  # one event for every waiter
+                self._drained = asyncio.Event()
             await self._drained.wait()
 
     def _versioned(self) -> VersionedLedger:
