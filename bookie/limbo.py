@@ -239,6 +239,9 @@ class LimboResolver:
         self.passes = 0
         self.cleared_total = 0
         self.marked_total = 0
+        self._verdicts: dict[int, tuple[LedgerMetadata, int, int]] = {}
+        """Ledger id -> (metadata, index count, entries missing) of its last check: a ledger that
+        waits for the workers is not walked again each pass while neither changed."""
 
     def start(self) -> None:
         self._task = self._loop.create_task(self._run_loop(), name="bookie-limbo")
@@ -310,6 +313,8 @@ class LimboResolver:
                         await self._fence(ledger_id)
                         cleared.append(ledger_id)
             await asyncio.sleep(0)
+        for ledger_id in cleared:
+            self._verdicts.pop(ledger_id, None)
         if cleared:
             left = Limbo(False, limbo.ledgers.difference(cleared))
             left.writes_checked = limbo.writes_checked.intersection(left.ledgers)
@@ -331,6 +336,10 @@ class LimboResolver:
         """How many entries ``md`` says this bookie holds that its index lacks (yields the loop)."""
         state = self.storage.ledgers.get(md.ledger_id)
         index = None if state is None else state.index
+        count = -1 if index is None else index.count
+        verdict = self._verdicts.get(md.ledger_id)
+        if verdict is not None and verdict[1] == count and verdict[0] == md:
+            return verdict[2]
         missing = 0
         clock = time.perf_counter
         deadline = clock() + LOOP_SLICE_S
@@ -340,6 +349,8 @@ class LimboResolver:
             if n & 1023 == 1023 and clock() > deadline:
                 await asyncio.sleep(0)
                 deadline = clock() + LOOP_SLICE_S
+        if missing:
+            self._verdicts[md.ledger_id] = (md, count, missing)
         return missing
 
     async def _fence(self, ledger_id: int) -> None:

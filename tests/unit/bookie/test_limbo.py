@@ -389,6 +389,34 @@ async def test_a_held_ledger_no_longer_listed_here_is_fenced_before_it_leaves_li
         storage.abort()
 
 
+async def test_a_ledger_waiting_for_the_workers_is_not_walked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _journal_with_torn_tail(tmp_path)  # ledger 1: entries 0..8 held, 9 cut
+    catalog = _Catalog({1: _closed(1, [BOOKIE], 9)})
+    walks = []
+    expected_entries = limbo.expected_entries
+
+    def counted(md: LedgerMetadata, bookie_id: str) -> object:
+        walks.append(md.ledger_id)
+        return expected_entries(md, bookie_id)
+
+    monkeypatch.setattr(limbo, "expected_entries", counted)
+    storage = await Storage.open(config(tmp_path))
+    try:
+        resolver = LimboResolver(storage, catalog, BOOKIE)
+        for _ in range(3):  # entry 9 missing each time: marked, not walked again
+            await resolver.run_once()
+        assert walks == [1]
+        assert len(catalog.marked) == 3
+        await add(storage, 1, 9, recovery=True)  # the entry is back: the index changed
+        await resolver.run_once()
+        assert walks == [1, 1]
+        assert storage.limbo is None
+    finally:
+        storage.abort()
+
+
 async def test_a_new_cut_widens_a_narrowed_marker(tmp_path: Path) -> None:
     await _journal_with_torn_tail(tmp_path)
     fileio = FileIO()
