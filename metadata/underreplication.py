@@ -3,10 +3,12 @@
 Keys (docs/metadata.md, *Autorecovery*):
 
 - ``R/underreplicated/<id>``: one per ledger that needs re-replication; a msgpack map
-  ``{format_version, missing, marked_ms, reasons, since}``: the bookies whose copies must be
-  replaced (sorted, each once), when the ledger was first marked (wall clock, ms), why (``lost``,
-  ``check``, ``decommission``, ``operator``, ``limbo``; each once), and when each bookie was first marked
-  (``since``: bookie -> ms; the open-ledger grace period counts from it). Marking an already
+  ``{format_version, missing, marked_ms, reasons, since, bookie_reasons}``: the bookies whose
+  copies must be replaced (sorted, each once), when the ledger was first marked (wall clock, ms),
+  why (``lost``, ``replaced``, ``check``, ``decommission``, ``operator``, ``limbo``; each once),
+  when each bookie was first marked (``since``: bookie -> ms; the open-ledger grace period counts
+  from it), and why each bookie was marked (``bookie_reasons``: bookie -> reasons; a mark written
+  before it existed lacks it, and then every bookie's reasons are the mark's). Marking an already
   marked ledger adds its bookies and reasons to the same key by CAS (never loses a bookie another
   marker added).
 - ``R/replication/locks/<id>``: the worker healing the ledger (its id, UTF-8), bound to the
@@ -22,7 +24,9 @@ Keys (docs/metadata.md, *Autorecovery*):
   replacement; removed once no ledger references it.
 
 A mark is resolved (``resolve``) by removing the bookies a worker replaced, by CAS: bookies marked
-meanwhile stay, and the key goes only when nothing is left. Every method may raise
+meanwhile stay, and the key goes only when nothing is left. A key under ``R/underreplicated/`` that
+is not a ledger id (hand-written, another tool's) is no mark: listings skip it and log it (it must
+not stop every heal). Every method may raise
 `MetadataUnavailable`; a lost answer (`CasResultUnknown`) is resolved by reading the key back.
 """
 
@@ -37,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import structlog
 
 from bookkeeper_aio.common.backoff import Backoff
 from metadata.envelope import unpack_map
@@ -51,6 +56,8 @@ from metadata.errors import (
 )
 from metadata.keys import ClusterKeys, validate_name
 from metadata.store import Guard, MetadataStore, list_all
+
+log = structlog.get_logger("metadata.underreplication")
 
 UNDERREPLICATED_FORMAT_VERSION = 1
 VALUE_BYTES_MAX = 64 * 1024
@@ -76,10 +83,31 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+# A foreign key under the marks' prefix is logged at most this often (per key): every worker pass
+# and every bookie GC pass lists the marks.
+FOREIGN_LOG_INTERVAL_S = 300.0
+_foreign_logged: dict[str, float] = {}
+
+
+def _log_foreign(key: str) -> None:
+    now = time.monotonic()
+    if now - _foreign_logged.get(key, -FOREIGN_LOG_INTERVAL_S) < FOREIGN_LOG_INTERVAL_S:
+        return
+    if len(_foreign_logged) >= 1024:
+        _foreign_logged.clear()
+    _foreign_logged[key] = now
+    log.warning(
+        "underreplication.foreign_key",
+        key=key,
+        hint="not a ledger's mark (its name is no ledger id): skipped; delete it if none of yours wrote it",
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class UnderReplicated:
     """One ledger's mark: ``missing`` bookies (sorted), first ``marked_ms``, ``reasons`` (sorted),
-    the key's ``version`` (for a CAS), and ``since``: ``(bookie, ms)`` when each was first marked."""
+    the key's ``version`` (for a CAS), ``since``: ``(bookie, ms)`` when each was first marked, and
+    ``bookie_reasons``: ``(bookie, reasons)`` why each was marked (sorted)."""
 
     ledger_id: int
     missing: tuple[str, ...]
@@ -87,10 +115,15 @@ class UnderReplicated:
     reasons: tuple[str, ...]
     version: int = 0
     since: tuple[tuple[str, int], ...] = ()
+    bookie_reasons: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def since_ms(self, bookie_id: str) -> int:
         """When ``bookie_id`` was first marked for this ledger (the mark's time if not recorded)."""
         return dict(self.since).get(bookie_id, self.marked_ms)
+
+    def reasons_of(self, bookie_id: str) -> tuple[str, ...]:
+        """Why ``bookie_id`` was marked (the mark's reasons if not recorded: an older daemon's)."""
+        return dict(self.bookie_reasons).get(bookie_id, self.reasons)
 
     def encode(self) -> bytes:
         body = {
@@ -99,6 +132,7 @@ class UnderReplicated:
             "marked_ms": self.marked_ms,
             "reasons": list(self.reasons),
             "since": dict(self.since),
+            "bookie_reasons": {b: list(r) for b, r in self.bookie_reasons},
         }
         return msgpack.packb(body, use_bin_type=True)
 
@@ -119,8 +153,20 @@ class UnderReplicated:
             isinstance(b, str) and isinstance(ms, int) and not isinstance(ms, bool) for b, ms in since.items()
         ):
             raise MetadataFormatError(key, "field 'since' must map bookie ids to ints")
+        by_bookie = body.get("bookie_reasons", {})
+        if not isinstance(by_bookie, dict) or not all(
+            isinstance(b, str) and isinstance(r, list) and all(isinstance(x, str) for x in r)
+            for b, r in by_bookie.items()
+        ):
+            raise MetadataFormatError(key, "field 'bookie_reasons' must map bookie ids to lists of strings")
         return cls(
-            ledger_id, tuple(missing), marked_ms, tuple(reasons), version, tuple(sorted(since.items()))
+            ledger_id,
+            tuple(missing),
+            marked_ms,
+            tuple(reasons),
+            version,
+            tuple(sorted(since.items())),
+            tuple(sorted((b, tuple(r)) for b, r in by_bookie.items())),
         )
 
 
@@ -179,13 +225,26 @@ class UnderReplicationManager:
                 now = self._now_ms()
                 if current is None:
                     fresh = UnderReplicated(
-                        ledger_id, bookies, now, (reason,), since=tuple((b, now) for b in bookies)
+                        ledger_id,
+                        bookies,
+                        now,
+                        (reason,),
+                        since=tuple((b, now) for b in bookies),
+                        bookie_reasons=tuple((b, (reason,)) for b in bookies),
                     )
                     version = await self._store.create(key, fresh.encode())
                 else:
                     merged_missing = tuple(sorted(set(current.missing) | set(bookies)))
                     merged_reasons = tuple(sorted(set(current.reasons) | {reason}))
-                    if merged_missing == current.missing and merged_reasons == current.reasons:
+                    why = {b: set(current.reasons_of(b)) for b in current.missing}
+                    for b in bookies:
+                        why.setdefault(b, set()).add(reason)
+                    by_bookie = tuple((b, tuple(sorted(why[b]))) for b in merged_missing)
+                    if (merged_missing, merged_reasons, by_bookie) == (
+                        current.missing,
+                        current.reasons,
+                        current.bookie_reasons,
+                    ):
                         return current
                     since = {b: current.since_ms(b) if b in current.missing else now for b in merged_missing}
                     fresh = UnderReplicated(
@@ -194,6 +253,7 @@ class UnderReplicationManager:
                         current.marked_ms,
                         merged_reasons,
                         since=tuple(sorted(since.items())),
+                        bookie_reasons=by_bookie,
                     )
                     version = await self._store.compare_and_set(key, fresh.encode(), current.version)
             except (NodeExists, BadVersion, NoNode):
@@ -229,7 +289,8 @@ class UnderReplicationManager:
                 if left == current.missing:
                     return current
                 since = tuple((b, ms) for b, ms in current.since if b in left)
-                fresh = dataclasses.replace(current, missing=left, since=since)
+                by_bookie = tuple((b, r) for b, r in current.bookie_reasons if b in left)
+                fresh = dataclasses.replace(current, missing=left, since=since, bookie_reasons=by_bookie)
                 version = await self._store.compare_and_set(
                     key, fresh.encode(), current.version, guards=guards
                 )
@@ -244,25 +305,31 @@ class UnderReplicationManager:
     ) -> tuple[list[UnderReplicated], bool]:
         """Up to ``limit`` marks of ledgers after ``start_after``, in ledger id order, and whether
         more follow. Raises MetadataFormatError for a mark that cannot be decoded."""
-        marks, more, _ = await self._page(start_after, limit, None)
+        after = None if start_after is None else self.keys.underreplicated(start_after)
+        marks, more, _ = await self._page(after, limit, None)
         return marks, more
 
     async def _page(
-        self, start_after: int | None, limit: int, on_undecodable: Undecodable | None
-    ) -> tuple[list[UnderReplicated], bool, int | None]:
-        """A page of marks, whether more follow, and the last ledger id listed (decoded or not)."""
-        after = None if start_after is None else self.keys.underreplicated(start_after)
+        self, after: str | None, limit: int, on_undecodable: Undecodable | None
+    ) -> tuple[list[UnderReplicated], bool, str | None]:
+        """A page of marks after the key ``after``, whether more follow, and the last key listed
+        (a mark's, decoded or not, or a foreign key's: skipped and logged)."""
         page = await self._store.list(self.keys.underreplicated_prefix, start_after=after, limit=limit)
         marks: list[UnderReplicated] = []
-        last: int | None = None
+        last: str | None = None
         for kv in page.items:
-            last = self.keys.underreplicated_id_of(kv.key)
+            last = kv.key
             try:
-                marks.append(UnderReplicated.decode(kv.key, last, kv.value, kv.version))
+                ledger_id = self.keys.underreplicated_id_of(kv.key)
+            except InvalidMetadata:
+                _log_foreign(kv.key)
+                continue
+            try:
+                marks.append(UnderReplicated.decode(kv.key, ledger_id, kv.value, kv.version))
             except MetadataFormatError as error:
                 if on_undecodable is None:
                     raise
-                on_undecodable(last, error)
+                on_undecodable(ledger_id, error)
         return marks, page.more, last
 
     async def iter_marks(
@@ -271,15 +338,16 @@ class UnderReplicationManager:
         """Every mark, page by page (not a snapshot). A mark that cannot be decoded (a newer
         daemon's format, a damaged value) raises MetadataFormatError, or with ``on_undecodable``
         is passed to it (ledger id, error) and skipped: one bad mark must not stop every heal, nor
-        may a caller that needs every marked ledger (the bookie's GC) take it for no mark."""
-        start_after: int | None = None
+        may a caller that needs every marked ledger (the bookie's GC) take it for no mark. A key
+        that is no ledger's mark is skipped (and logged)."""
+        after: str | None = None
         while True:
-            marks, more, last = await self._page(start_after, page_size, on_undecodable)
+            marks, more, last = await self._page(after, page_size, on_undecodable)
             for mark in marks:
                 yield mark
             if not more or last is None:
                 return
-            start_after = last
+            after = last
 
     async def count(self) -> int:
         """How many ledgers are marked now (those whose mark cannot be decoded included)."""

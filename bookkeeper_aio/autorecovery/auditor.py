@@ -287,11 +287,17 @@ class Auditor:
                 log.warning("autorecovery.campaign_failed", candidate=self.candidate_id, error=repr(error))
                 await asyncio.sleep(self._config.audit_interval_s)
                 continue
+            except Exception:
+                log.exception("autorecovery.campaign_crashed", candidate=self.candidate_id)
+                await election.resign()
+                await asyncio.sleep(self._config.audit_interval_s)
+                continue
             log.info("autorecovery.auditor_elected", candidate=self.candidate_id)
             self.metrics.is_auditor = True
             self.leading.set()
             lead = asyncio.create_task(self._lead(), name="auditor")
             lost = asyncio.create_task(election.lost.wait(), name="auditor-lease")
+            failed = False
             try:
                 await asyncio.wait({lead, lost}, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -303,12 +309,17 @@ class Auditor:
                         await task
                     except asyncio.CancelledError:
                         pass
-                    except (BKError, MetadataError, ValueError, OSError) as error:
+                    except Exception as error:
+                        # whatever ended the lead (a bug included) must not end this daemon's
+                        # candidacy for good: it resigns and campaigns again
+                        failed = True
                         log.exception(
                             "autorecovery.auditor_failed", candidate=self.candidate_id, error=repr(error)
                         )
                 await election.resign()
             log.warning("autorecovery.auditor_stopped", candidate=self.candidate_id)
+            if failed:  # not at once: a lead that fails on its first step would spin
+                await asyncio.sleep(self._config.audit_interval_s)
 
     async def _lead(self) -> None:
         self._known.clear()

@@ -14,7 +14,8 @@ Healing one ledger (:meth:`ReplicationWorker.heal`), for the bookies its mark li
 4. The last fragment of an OPEN (or IN_RECOVERY) ledger belongs to its writer, whose next add
    replaces a dead bookie itself (an ensemble change). It is touched only after
    ``open_ledger_grace_s`` from the first mark, only while a marked bookie of it is still gone
-   (not registered) or being decommissioned — a bookie that came back serves its writer, which is
+   (not registered), being decommissioned, or was marked ``replaced`` (it came back with another
+   disk: its copies are gone) — a bookie that came back with its disk serves its writer, which is
    not fenced for a restart that outlasted the lost-bookie delay — and only after the ledger was
    fenced and recovered (``open_ledger(recovery=True)``: from then on it is CLOSED and its last
    fragment fixed).
@@ -70,6 +71,9 @@ to this many times it: a fragment no replica can complete is not copied (in part
 replacement each time) every few seconds for ever."""
 FRAGMENT_ATTEMPTS_MAX = 8
 """Times one fragment is looked at again after it changed during its copy."""
+COPIES_GONE = frozenset({"replaced"})
+"""Reasons a bookie was marked that say its copies are gone even while it is registered: its
+writer's fragment is fenced and healed past the grace (no "it is back" exemption)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +171,14 @@ class ReplicationWorker:
 
     async def _one_pass(self, lease_id: Callable[[], int], loop: asyncio.AbstractEventLoop) -> bool:
         worked = False
-        async for mark in self._urm.iter_marks(on_undecodable=self._undecodable_mark):
+        seen: set[int] = set()  # every marked ledger listed in this pass
+
+        def undecodable(ledger_id: int, error: MetadataError) -> None:
+            seen.add(ledger_id)
+            self._undecodable_mark(ledger_id, error)
+
+        async for mark in self._urm.iter_marks(on_undecodable=undecodable):
+            seen.add(mark.ledger_id)
             if self._retry_at.get(mark.ledger_id, 0.0) > loop.time():
                 continue
             if not await self._urm.is_enabled():
@@ -189,13 +200,9 @@ class ReplicationWorker:
                     else:
                         self._retry_at.pop(mark.ledger_id, None)
             except (BKError, MetadataError, TimeoutError) as error:
-                self.metrics.heal_failures += 1
                 # what retrying cannot fix (a missing password) is retried less often: no log flood
                 retriable = isinstance(error, TimeoutError) or error.retriable
-                failures = self._failures[mark.ledger_id] = self._failures.get(mark.ledger_id, 0) + 1
-                backoff = min(BACKOFF_FACTOR_MAX, 2 ** (failures - 1))
-                retry_s = self._config.ledger_retry_s * (backoff if retriable else NOT_RETRIABLE_FACTOR)
-                self._retry_at[mark.ledger_id] = loop.time() + retry_s
+                retry_s = self._back_off(mark.ledger_id, retriable, loop)
                 log.warning(
                     "autorecovery.heal_failed",
                     ledger_id=mark.ledger_id,
@@ -203,10 +210,35 @@ class ReplicationWorker:
                     error=repr(error),
                     retry_in_s=retry_s,
                 )
+            except Exception:
+                # a bug or an error nobody foresaw: the ledger backs off like any failure, or one
+                # that keeps raising it would end every pass there and starve the marks after it
+                retry_s = self._back_off(mark.ledger_id, True, loop)
+                log.exception(
+                    "autorecovery.heal_crashed",
+                    ledger_id=mark.ledger_id,
+                    worker=self.worker_id,
+                    retry_in_s=retry_s,
+                    hint="an unexpected error (a bug): report it with this traceback",
+                )
             finally:
                 with contextlib.suppress(MetadataError):
                     await self._urm.unlock(mark.ledger_id, lease)
+        # a full pass: forget the ledgers no longer marked (healed elsewhere, deleted)
+        for state in (self._retry_at, self._failures):
+            for ledger_id in state.keys() - seen:
+                del state[ledger_id]
+        self._undecodable &= seen
         return worked
+
+    def _back_off(self, ledger_id: int, retriable: bool, loop: asyncio.AbstractEventLoop) -> float:
+        """Count a failed heal of ``ledger_id`` and set when to try it again; returns the pause."""
+        self.metrics.heal_failures += 1
+        failures = self._failures[ledger_id] = self._failures.get(ledger_id, 0) + 1
+        backoff = min(BACKOFF_FACTOR_MAX, 2 ** (failures - 1))
+        retry_s = self._config.ledger_retry_s * (backoff if retriable else NOT_RETRIABLE_FACTOR)
+        self._retry_at[ledger_id] = loop.time() + retry_s
+        return retry_s
 
     def _undecodable_mark(self, ledger_id: int, error: MetadataError) -> None:
         """A mark this daemon cannot read (a newer format, a damaged value) is skipped, not
@@ -275,7 +307,10 @@ class ReplicationWorker:
             grace_s = self._config.open_ledger_grace_s
             age_s = (self._now_ms() - max(mark.since_ms(b) for b in in_last)) / 1000
             wait_s = max(grace_s - age_s, self._config.worker_idle_poll_s)
-            if age_s >= grace_s and not await self._any_gone(in_last):
+            # a bookie back with another disk lost its copies: it does not serve its writer's
+            # fragment, whose entries before its return now have a copy fewer for good
+            copies_gone = sorted(b for b in in_last if COPIES_GONE & set(mark.reasons_of(b)))
+            if age_s >= grace_s and not copies_gone and not await self._any_gone(in_last):
                 wait_s = max(grace_s, self._config.worker_idle_poll_s)  # back: its writer goes on
                 log.info(
                     "autorecovery.open_ledger_bookies_back",
@@ -288,6 +323,7 @@ class ReplicationWorker:
                     "autorecovery.fencing_open_ledger",
                     ledger_id=ledger_id,
                     missing=sorted(in_last),
+                    copies_gone=copies_gone,
                     marked_s_ago=round(age_s, 1),
                 )
                 await self._check_lock(lock)  # recovery's own CASes are not guarded: check first

@@ -10,6 +10,12 @@ once as long as an interval always holds the same entries. Two rules make it so:
   ledger open for a moment): it ends at that ledger's LAC + 1 and the ledgers after it wait until
   it is closed. Entries up to a LAC survive any recovery, so ``[start, end)`` is fixed forever.
 - ledger ids grow along the list, so position order is log order across rolls and takeovers.
+- ``partitions(start, end)`` (and a driver replaying a checkpointed batch) plans exactly
+  ``[start, end)``: it trusts the interval, not a fresh LAC read, which may answer lower (another
+  set of bookies covers the ensemble) and would leave the entries above it in no batch. Every
+  ledger before ``end``'s was closed when the interval was chosen, and ``end``'s holds at least
+  ``end.entry_id`` confirmed entries; a task whose LAC lags waits for them (or fails: Spark
+  retries it).
 
 ``maxEntriesPerTrigger`` bounds a batch (Spark's ``ReadMaxRows``); ``Trigger.AvailableNow`` reads to
 the end seen when the query starts. With ``cursor``, a fresh query starts after the cursor's
@@ -20,6 +26,7 @@ log's truncation and retention never remove what the query has not consumed.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -130,7 +137,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         elif start is None and self.starting == "earliest":
             start = LogPosition(extents[0].ledger_id, 0)
         elif start is None:
-            start = stable_end(extents, LogPosition(0, 0), None)
+            start = latest_start(extents)
         return to_offset(start, log_offset_of(extents, start))
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -170,7 +177,7 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return []
         info, extents = runtime.run(self._log)
         check_not_truncated(self.log, extents, info.truncated_before, first, first_offset)
-        ranges = plan_ranges(extents, first, last, self.max_entries)
+        ranges = plan_ranges(batch_extents(self.log, extents, last), first, last, self.max_entries)
         return [RangePartition(i, entries, info.sequenced) for i, entries in enumerate(ranges)]
 
     def read(self, partition: InputPartition) -> Iterator[RecordBatch]:
@@ -210,6 +217,38 @@ def stable_end(extents: Sequence[LedgerExtent], start: LogPosition, rows_max: in
         if not extent.closed:
             break
     return max(end, start)
+
+
+def latest_start(extents: Sequence[LedgerExtent]) -> LogPosition:
+    """Where a query started at "latest" begins: after every entry readable now. With none readable
+    yet (a writer just rolled and retention removed every ledger before the new one), at the first
+    listed ledger's entry 0 — not (0, 0), a position below the log's truncation point that every
+    later batch would refuse as truncated. ``extents`` not empty."""
+    end = stable_end(extents, LogPosition(0, 0), None)
+    return end if end != LogPosition(0, 0) else LogPosition(extents[0].ledger_id, 0)
+
+
+def batch_extents(log: str, extents: Sequence[LedgerExtent], end: LogPosition) -> list[LedgerExtent]:
+    """``extents`` as the batch ending at ``end`` (exclusive) saw them when its interval was chosen:
+    ``end``'s ledger holds at least ``end.entry_id`` confirmed entries (a fresh LAC read may answer
+    lower), and every ledger before it was closed (and a closed ledger's end never moves). Raises
+    LogTruncated when a ledger holding entries of the batch is no longer listed."""
+    adjusted: list[LedgerExtent] = []
+    found = False
+    for extent in extents:
+        if extent.ledger_id == end.ledger_id:
+            found = True
+            extent = replace(extent, last_entry_id=max(extent.last_entry_id, end.entry_id - 1))
+        elif extent.ledger_id < end.ledger_id:
+            extent = replace(extent, closed=True)
+        adjusted.append(extent)
+    if not found and end.entry_id > 0:
+        raise LogTruncated(
+            log,
+            f"ledger {end.ledger_id}, which holds records of the batch ending at {tuple(end)},",
+            (extents[0].ledger_id, 0) if extents else None,
+        )
+    return adjusted
 
 
 def last_before(extents: Sequence[LedgerExtent], end: LogPosition) -> LogPosition | None:

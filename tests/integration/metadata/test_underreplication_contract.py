@@ -27,8 +27,10 @@ async def test_mark_merges_bookies_and_reasons_and_keeps_the_first_time(
     assert again.version > first.version
     stored = await urm.get(7)
     assert stored == again
-    same = await urm.mark(7, ["b1"], reason="lost")  # nothing new: no write
+    same = await urm.mark(7, ["b1"], reason="check")  # nothing new: no write
     assert same.version == again.version
+    # a reason the mark has, new for this bookie: written (each bookie keeps its own reasons)
+    assert (await urm.mark(7, ["b1"], reason="lost")).reasons_of("b1") == ("check", "lost")
 
 
 async def test_concurrent_marks_never_lose_a_bookie(store: MetadataStore, root: str) -> None:
@@ -234,3 +236,61 @@ async def test_each_bookie_keeps_the_time_it_was_first_marked(root: str) -> None
     old = await urm.get(9)
     assert old is not None
     assert old.since_ms("c") == 5
+
+
+async def test_a_foreign_key_among_the_marks_is_skipped_not_a_stop(store: MetadataStore, root: str) -> None:
+    """A key under the marks' prefix that is no ledger id (hand-written, another tool's) is no mark:
+    it must not stop the listing (every worker pass, the bookie GC's scan, the daemon's count)."""
+    urm = UnderReplicationManager(store, root)
+    for ledger_id in (5, 7, 9):
+        await urm.mark(ledger_id, ["b"], reason="lost")
+    prefix = urm.keys.underreplicated_prefix
+    # between marks (7 short, "00...08x" after 7's key) and past the last one
+    for tail in ("7", "0000000000000000008x", "zzz", "0000000000000000006/sub"):
+        await store.put(prefix + tail, b"hand-written")
+    skipped: list[int] = []
+    for page_size in (1, 2, 1000):  # a page may end on a foreign key: the next goes on after it
+        listed = [
+            m.ledger_id
+            async for m in urm.iter_marks(page_size=page_size, on_undecodable=lambda i, _: skipped.append(i))
+        ]
+        assert listed == [5, 7, 9]
+    assert skipped == []
+    assert [m.ledger_id async for m in urm.iter_marks(page_size=1)] == [5, 7, 9]
+    assert await urm.count() == 3
+    marks, _ = await urm.list_page(limit=1000)
+    assert [m.ledger_id for m in marks] == [5, 7, 9]
+
+
+async def test_each_bookie_keeps_its_own_reasons(store: MetadataStore, root: str) -> None:
+    """Why each bookie was marked (a ``replaced`` bookie's copies are gone though it is registered:
+    its writer's fragment is not exempt as a restarted one's is), merged by CAS, dropped on resolve."""
+    urm = UnderReplicationManager(store, root)
+    await urm.mark(4, ["a", "b"], reason="lost")
+    mark = await urm.mark(4, ["c"], reason="replaced")
+    assert mark.reasons == ("lost", "replaced")
+    assert (mark.reasons_of("a"), mark.reasons_of("c")) == (("lost",), ("replaced",))
+    # a reason the mark already has, for a bookie that lacked it: still written
+    mark = await urm.mark(4, ["b"], reason="replaced")
+    assert mark.reasons_of("b") == ("lost", "replaced")
+    assert mark.reasons_of("a") == ("lost",)
+    assert await urm.get(4) == mark
+    left = await urm.resolve(4, ["b"])
+    assert left is not None
+    assert left.bookie_reasons == (("a", ("lost",)), ("c", ("replaced",)))
+    assert await urm.get(4) == left
+    # a mark written before per-bookie reasons: every bookie's are the mark's
+    old = msgpack.packb(
+        {"format_version": 1, "missing": ["x", "y"], "marked_ms": 1, "reasons": ["lost", "replaced"]}
+    )
+    await store.put(urm.keys.underreplicated(6), old)
+    legacy = await urm.get(6)
+    assert legacy is not None
+    assert legacy.reasons_of("x") == ("lost", "replaced")
+    merged = await urm.mark(6, ["z"], reason="lost")
+    assert (merged.reasons_of("x"), merged.reasons_of("z")) == (("lost", "replaced"), ("lost",))
+    await store.put(
+        urm.keys.underreplicated(8), msgpack.packb({**msgpack.unpackb(old), "bookie_reasons": [1]})
+    )
+    with pytest.raises(MetadataFormatError, match="bookie_reasons"):
+        await urm.get(8)

@@ -246,3 +246,32 @@ async def test_a_bookie_with_an_undecodable_registration_is_not_taken_for_lost()
     finally:
         await reg.close()
         await ctx.pool.close()
+
+
+async def test_an_unforeseen_error_in_the_lead_does_not_end_the_candidacy() -> None:
+    """Whatever ends a lead (a bug included) is logged; the auditor resigns and campaigns again
+    (else the daemon would never audit again, unseen)."""
+    store = MemoryStore()
+    ctx = _ctx(store)
+    urm = UnderReplicationManager(store, ROOT)
+    config = AutorecoveryConfig(lease_ttl_s=2, audit_interval_s=0.05, check_interval_s=0)
+    auditor = Auditor(ctx, urm, config, candidate_id="a0")
+    leads = 0
+    lead = auditor._lead
+
+    async def crash_once() -> None:
+        nonlocal leads
+        leads += 1
+        if leads == 1:
+            raise KeyError("a bug")
+        await lead()
+
+    auditor._lead = crash_once  # type: ignore[method-assign]
+    task = asyncio.create_task(auditor.run())
+    try:
+        await wait_until(lambda: leads >= 2 and auditor.leading.is_set())
+        assert not task.done()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await ctx.pool.close()

@@ -9,12 +9,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bookkeeper_aio import BookKeeper, CommitTokenReused, describe_log, open_log_writer
+from bookkeeper_aio import BookKeeper, CommitTokenReused, LogPosition, describe_log, open_log_writer
 from bookkeeper_aio.spark import stream_writer
 from bookkeeper_aio.spark import writer as spark_writer
+from bookkeeper_aio.spark.catalog import log_extents
 from bookkeeper_aio.spark.options import SparkOptionError
-from bookkeeper_aio.spark.plan import EntryRange
+from bookkeeper_aio.spark.plan import EntryRange, plan_ranges
 from bookkeeper_aio.spark.reader import ReadSpec, _entries
+from bookkeeper_aio.spark.stream import batch_extents, stable_end
 from bookkeeper_aio.spark.writer import WriteSpec
 from metadata.errors import MetadataUnavailable
 from tests.unit.log.fakes import world
@@ -90,3 +92,33 @@ def test_a_streaming_batch_below_its_writer_ids_committed_one_fails_naming_write
         sink.commit([written], 0)
     assert caught.value.option == "writerId"
     assert isinstance(caught.value.__cause__, CommitTokenReused)
+
+
+async def test_a_streaming_batch_reads_its_whole_interval_though_a_later_lac_read_answers_lower() -> None:
+    """latestOffset's LAC read saw 19 (one bookie had the entry carrying it); partitions()' read
+    covers the ensemble with the others (12): the batch is still planned, and read, to entry 19
+    (the next batch starts at 20: entries 13..19 would be read by no batch)."""
+    async with world(clients=2) as w:
+        writer_bk, driver_bk = w.clients
+        writer = await open_log_writer(writer_bk, "s")
+        for i in range(20):
+            await writer.append(b"r%d" % i)
+        ledger_id = writer.ledger_id
+        ensemble = (await driver_bk.open_ledger(ledger_id)).metadata.ensembles[-1][1]
+        for bookie, lac in zip(ensemble, [19] + [12] * (len(ensemble) - 1), strict=True):
+            w.cluster.by_id(bookie).ledgers[ledger_id].lac = lac
+        start = LogPosition(ledger_id, 0)
+        _, seen = await log_extents(driver_bk, "s", b"")  # latestOffset()
+        end = stable_end(seen, start, None)
+        assert end == LogPosition(ledger_id, 20)
+        w.cluster.by_id(ensemble[0]).pause()  # it answers late this time
+        _, again = await log_extents(driver_bk, "s", b"")  # partitions(start, end)
+        assert again[-1].last_entry_id < 19  # the lower answer
+        ranges = plan_ranges(batch_extents("s", again, end), start, end, 1000)
+        assert [(r.ledger_id, r.first, r.last) for r in ranges] == [(ledger_id, 0, 19)]
+        # the task waits for its LAC to reach 19 (the late bookie answers again meanwhile)
+        task = asyncio.create_task(_read(driver_bk, ranges[0], False))
+        await asyncio.sleep(0.2)
+        w.cluster.by_id(ensemble[0]).resume()
+        assert await asyncio.wait_for(task, 10) == [(i, b"r%d" % i) for i in range(20)]
+        await writer.close()
