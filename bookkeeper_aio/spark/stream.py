@@ -25,6 +25,7 @@ log's truncation and retention never remove what the query has not consumed.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -192,6 +193,10 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     async def _advance_cursor(self, end: LogPosition) -> None:
         async with connect(self.spec.metadata) as bk:
             _, extents = await log_extents(bk, self.log, self.spec.password)
+            # the batch read up to end - 1, though this LAC read may answer lower: a cursor left
+            # behind would make a query started from it read records again
+            with contextlib.suppress(LogTruncated):
+                extents = batch_extents(self.log, extents, end)
             consumed = last_before(extents, end)
             if consumed is not None:
                 await commit_cursor(bk, self.log, self.cursor or "", consumed)

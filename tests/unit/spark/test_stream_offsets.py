@@ -183,6 +183,16 @@ def test_a_batch_holds_its_interval_though_a_later_lac_read_answers_lower(
     # across a roll: ledger 5 closed at 9, the batch ends in ledger 7 (LAC 3), read again as LAC 1
     log.views = [[LedgerExtent(5, 9, 0), LedgerExtent(7, 1, 10, closed=False)]]
     assert _planned(reader.partitions(start, to_offset(P(7, 4)))) == [(5, 0, 9), (7, 0, 3)]
+    # and Spark's commit of that batch moves a cursor to its last record, (7, 3), not to (7, 1)
+    committed: list[tuple[str, LogPosition]] = []
+
+    async def commit_cursor(bk: Any, name: str, cursor: str, position: LogPosition) -> None:
+        committed.append((cursor, position))
+
+    monkeypatch.setattr(stream, "commit_cursor", commit_cursor)
+    reader.cursor = "c"
+    reader.commit(to_offset(P(7, 4)))
+    assert committed == [("c", P(7, 3))]
 
 
 def test_a_batch_whose_ledger_is_no_longer_listed_is_an_error() -> None:
