@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Any, cast
 
 import structlog
 
@@ -63,7 +63,7 @@ from bookkeeper_aio.log._common import (
 )
 from bookkeeper_aio.log.position import LogPosition
 from bookkeeper_aio.log.truncation import plan_truncation, retention_cut
-from metadata.errors import BadVersion
+from metadata.errors import BadVersion, CasResultUnknown
 from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogLedgerState, LogMetadata
 
@@ -116,6 +116,7 @@ class LogWriter:
         self._roll_retry_at = 0.0
         self._spare: LedgerHandle | None = None  # created ahead, recorded in the list as its spare
         self._spare_task: asyncio.Task[None] | None = None
+        self._rolling: asyncio.Task[None] | None = None  # the last roll's CAS, switch and close
         self._spare_retry_at = 0.0
         self._unmarked: dict[int, tuple[int, int]] = {}  # closed by us, not yet CLOSED in the list
         self._close_done = False
@@ -378,28 +379,78 @@ class LogWriter:
     async def roll(self) -> int:
         """Move appends to a new ledger (the spare, or a new one: CAS it into the list, then close
         the previous one), then apply retention. Returns the new ledger's id. Raises `LogFenced`
-        when another writer took the log over."""
+        when another writer took the log over. Cancelling it once the new ledger is chosen does not
+        stop the roll: its CAS, switch and close run on (`_finish_roll`), and `close()` waits for
+        them."""
         if self._spare_task is not None:
             await asyncio.wait([self._spare_task])  # the ledger it makes is this roll's
-        async with self._roll_lock:
+        await self._roll_lock.acquire()
+        try:
             self._check_writable()
             old = self._handle
             new = self._take_spare() or await self._create_ledger()
+        except BaseException:
+            self._roll_lock.release()
+            raise
+        finishing = asyncio.create_task(self._finish_roll(old, new))  # it releases the roll lock
+        finishing.add_done_callback(_retrieve_error)
+        self._rolling = finishing
+        await asyncio.shield(finishing)
+        await self._apply_retention()
+        return new.id
+
+    async def _finish_roll(self, old: LedgerHandle, new: LedgerHandle) -> None:
+        """The roll once ``new`` is chosen, holding the roll lock (released at the end): CAS ``new``
+        into the list, switch appends to it, close ``old`` and mark it CLOSED. One task that a
+        cancelled `roll()` (``wait_for``, a cancelled `close()`) leaves running: a ledger the list
+        names always gets the switch, and the ledger before it is always closed and marked, or
+        readers would stop at it for good."""
+        try:
             try:
                 await self._change(lambda md: md.with_ledger_appended(new.id), old.id)
-            except (BadVersion, LogFenced):
+            except (BadVersion, LogFenced, MetadataConflict):
                 # the list does not hold it: the CAS never applied
                 await discard_ledger(self._bk, new, self._password)
                 raise
+            except CasResultUnknown as error:
+                await self._settle_lost_roll(old, new, error)  # returns only if the list names it
             except BaseException:
-                new.abort()  # it may be in the list (outcome unknown, cancelled): a takeover recovers it
+                new.abort()  # it may be in the list (outcome unknown): a takeover recovers it
                 raise
-            await asyncio.shield(self._switch(old, new))  # listed: a cancelled roll still switches
+            await self._switch(old, new)
             log.info("log.rolled", log=self.name, old_ledger=old.id, new_ledger=new.id)
             await self._drop_spare()  # one _take_spare refused
             await self._close_old(old)
-        await self._apply_retention()
-        return new.id
+        finally:
+            self._roll_lock.release()
+
+    async def _settle_lost_roll(self, old: LedgerHandle, new: LedgerHandle, error: CasResultUnknown) -> None:
+        """A roll's CAS whose answer was lost after the list moved on: the list read again tells.
+        ``new`` listed: the CAS applied, the roll goes on (returns). Not listed: it never will be
+        (the list moved past the version that CAS expected); a spare the list still records is kept
+        for the next roll, any other ledger discarded; ``error`` is raised. Listed after or under
+        another writer's change, or the list unreadable: as for a takeover."""
+        current = await _read_or_none(self._manager, self.name)
+        if current is None:
+            new.abort()  # may be listed: whoever opens the log next recovers it
+            raise error
+        md = current.metadata
+        last = md.ledgers[-1] if md.ledgers else None
+        if md.index_of(new.id) is None:
+            leader = last is not None and last.ledger_id == old.id and last.state is LogLedgerState.OPEN
+            keep = leader and md.spare == new.id and self._spare is None
+            log.info("log.roll_answer_lost", log=self.name, ledger_id=new.id, applied=False, kept_spare=keep)
+            if keep:
+                self._spare = new  # still recorded as the spare: the next roll lists it
+            else:
+                await discard_ledger(self._bk, new, self._password)
+            raise error
+        if last is None or last.ledger_id != new.id or last.state is not LogLedgerState.OPEN:
+            new.abort()
+            raise self._fence("the ledger list changed (another writer took the log over)") from error
+        log.info("log.roll_answer_lost", log=self.name, ledger_id=new.id, applied=True)
+        self._versioned = current  # our CAS applied (with the marks it carried), others' after it
+        self._unmarked.clear()
 
     async def _switch(self, old: LedgerHandle, new: LedgerHandle) -> None:
         """Send appends to ``new`` once every append sent to ``old`` is acknowledged (appends wait
@@ -482,8 +533,11 @@ class LogWriter:
             return
         self._closed = True
         if self._roll_task is not None:
+            with contextlib.suppress(BKError):  # shielded: a cancelled close() leaves the roll be
+                await asyncio.shield(self._roll_task)
+        if self._rolling is not None:
             with contextlib.suppress(BKError):
-                await self._roll_task
+                await asyncio.shield(self._rolling)
         if self._spare_task is not None:
             await asyncio.wait([self._spare_task])
         if self._fenced is None:
@@ -497,6 +551,12 @@ class LogWriter:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+def _retrieve_error(task: asyncio.Task[Any]) -> None:
+    """A background step's error is retrieved (its caller may have been cancelled) and logged."""
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.info("log.background_step_failed", error=repr(error))
 
 
 def _skipped() -> asyncio.Future[LogPosition | None]:
@@ -569,16 +629,16 @@ async def open_log_writer(
         )
         proposed = taken_over(current.metadata, recovered, manager.now_ms())
         proposed = proposed.with_ledger_appended(handle.id)
+        taking = asyncio.create_task(_take_over(bk, manager, current, proposed, handle, password))
+        taking.add_done_callback(_retrieve_error)
         try:
-            versioned = await cas_log(manager, proposed, current.version)
-        except BadVersion:
-            log.info("log.open_conflict", log=name, attempt=attempt, discarded_ledger=handle.id)
-            await discard_ledger(bk, handle, password)  # the CAS never applied: the list does not hold it
-            continue
+            versioned = await asyncio.shield(taking)  # a cancelled open still deletes the spare it dropped
         except BaseException:
             handle.abort()  # it may be in the list (outcome unknown, cancelled): a later writer fences it
             raise
-        await delete_spare(bk, current.metadata, password)
+        if versioned is None:
+            log.info("log.open_conflict", log=name, attempt=attempt, discarded_ledger=handle.id)
+            continue
         last_sequence = await _last_sequence(bk, manager, versioned, password)
         log.info("log.writer_opened", log=name, ledger_id=handle.id, fenced=list(fencing))
         writer = LogWriter(
@@ -595,6 +655,55 @@ async def open_log_writer(
         await writer._apply_retention()
         return writer
     raise MetadataConflict(f"log {name!r}: could not open as writer after {OPEN_ATTEMPTS_MAX} attempts")
+
+
+async def _take_over(
+    bk: BookKeeper,
+    manager: LogManager,
+    current: VersionedLog,
+    proposed: LogMetadata,
+    handle: LedgerHandle,
+    password: bytes,
+) -> VersionedLog | None:
+    """The open's CAS of ``proposed`` (``current`` taken over, ``handle`` appended), then the deletion
+    of the spare it dropped from the list. None: the CAS did not apply (``handle`` is discarded:
+    start over). A lost answer after the list moved on is settled by reading the list again:
+    ``handle`` listed, the CAS applied (if another writer already listed a ledger after it, the
+    open starts over: None); not listed, it never will be (the list moved past the version it
+    expected). An unreadable list raises the `CasResultUnknown`."""
+    try:
+        versioned = await cas_log(manager, proposed, current.version)
+    except BadVersion:
+        await discard_ledger(bk, handle, password)  # the CAS never applied: the list does not hold it
+        return None
+    except CasResultUnknown:
+        read = await _read_or_none(manager, current.metadata.name)
+        if read is None:
+            raise  # the caller aborts the handle: a later writer fences it
+        versioned, md = read, read.metadata
+        applied = md.index_of(handle.id) is not None
+        log.info("log.open_answer_lost", log=md.name, ledger_id=handle.id, applied=applied)
+        if not applied:
+            await discard_ledger(bk, handle, password)
+            return None
+        if current.metadata.spare is not None and current.metadata.spare != md.spare:
+            await delete_spare(bk, current.metadata, password)
+        last = md.ledgers[-1]
+        if last.ledger_id != handle.id or last.state is not LogLedgerState.OPEN:
+            handle.abort()  # listed, then taken over by another writer: start over
+            return None
+        return versioned
+    await delete_spare(bk, current.metadata, password)
+    return versioned
+
+
+async def _read_or_none(manager: LogManager, name: str) -> VersionedLog | None:
+    """The list, or None when it cannot be read now (settling a lost CAS answer then fails)."""
+    try:
+        return await manager.read(name)
+    except BKError as error:
+        log.warning("log.list_unreadable", log=name, error=repr(error))
+        return None
 
 
 async def _still_listed_missing(
