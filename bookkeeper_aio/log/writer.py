@@ -4,11 +4,17 @@ Opening as leader: read the ledger list; fence and recover the last two ledgers
 (``open_ledger(recovery=True)``, which closes them); create a new ledger whose id is above every
 listed one; CAS the list with the recovered ledgers marked CLOSED (with their last entries) and the
 new one appended. On a CAS conflict the new ledger is deleted and the open starts over. No append is
-served before the CAS succeeded.
+served before the CAS succeeded. A CAS answer lost after the list moved on is settled by reading the
+list again: the new ledger listed, the CAS applied; not listed, it never will be (a conflict).
 
 Rolling (by entry count, payload bytes or age, or ``roll()``): create a new ledger, CAS it into the
 list, switch appends to it, then close the previous one and mark it CLOSED in the list. Until the
-first CAS succeeded appends go to the old ledger. Retention runs after each roll.
+first CAS succeeded appends go to the old ledger. Retention runs after each roll. Once its ledger is
+chosen a roll runs to its end in a task of its own, whatever happens to its caller (a cancelled
+``roll()`` or ``close()``): a listed ledger always gets the switch, and the ledger before it is
+always closed and marked, or readers would stop at it. A roll's CAS answer lost after the list moved
+on is settled as an open's: listed, the roll goes on; not listed, a spare the list still records
+stays the spare, any other ledger is deleted.
 
 With automatic rolls the next ledger is created ahead, once the current one is half way to a limit
 (`SPARE_AT`), and recorded in the list as its ``spare`` (one CAS): the roll itself is then the CAS
@@ -637,8 +643,8 @@ async def open_log_writer(
             handle.abort()  # it may be in the list (outcome unknown, cancelled): a later writer fences it
             raise
         if versioned is None:
-            log.info("log.open_conflict", log=name, attempt=attempt, discarded_ledger=handle.id)
-            continue
+            log.info("log.open_conflict", log=name, attempt=attempt, ledger_id=handle.id)
+            continue  # its ledger discarded (not listed) or left to the writer after it (listed)
         last_sequence = await _last_sequence(bk, manager, versioned, password)
         log.info("log.writer_opened", log=name, ledger_id=handle.id, fenced=list(fencing))
         writer = LogWriter(
