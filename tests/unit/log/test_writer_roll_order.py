@@ -110,3 +110,36 @@ async def test_an_append_that_failed_before_the_switch_stops_the_writer() -> Non
         await successor.close()
         read = [record.sequence async for record in await open_log_reader(other, "sequenced")]
         assert read == [1, 2, 3, 4, 5, 6]
+
+
+async def test_a_roll_cancelled_while_the_old_ledger_drains_still_closes_it() -> None:
+    """The roll's caller gives up (``wait_for``) while an add to the old ledger is pending: the
+    roll goes on in the background, switches once the add is acknowledged, and closes the old
+    ledger, so a reader reaches the records after it while the writer still lives."""
+    async with world(clients=2) as w:
+        cluster, (bk, other) = w.cluster, w.clients
+        writer = await open_log_writer(bk, "cancelled")
+        await writer.append(b"a0")
+        old = writer.ledger_id
+        release = asyncio.Event()
+        _script(cluster, old, 1, Reply.hold(release))
+        held = await writer.append_async(b"a1")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(writer.roll(), 0.3)  # listed, waiting for a1
+        new = writer.ledger_ids[-1]
+        assert new != old
+        release.set()
+        assert await held == LogPosition(old, 1)
+        assert await writer.append(b"b0") == LogPosition(new, 0)
+        await writer.append(b"b1")  # carries b0's LAC
+        for _ in range(1000):
+            info = (await other.context.ledgers.read(old)).metadata
+            if info.last_entry_id is not None:
+                break
+            await asyncio.sleep(0.005)
+        assert info.last_entry_id == 1  # closed at a1, not left OPEN
+        read = [record.payload async for record in await open_log_reader(other, "cancelled")]
+        assert read[:3] == [b"a0", b"a1", b"b0"]
+        await writer.close()
+        read = [record.payload async for record in await open_log_reader(other, "cancelled")]
+        assert read == [b"a0", b"a1", b"b0", b"b1"]
