@@ -26,8 +26,9 @@ allocator does the same.
 
 The writer's later CASes (roll, close, truncation) survive changes by others that leave it leader —
 a truncation, a cursor-driven retention — by re-reading the list and applying their change again.
-It is still leader while the list's last ledger is its own and OPEN: a takeover (or an import,
-`append_ledgers`) always lists a ledger after it. A writer that lost the log raises `LogFenced` and
+It is still leader while the list's last ledger is its own and OPEN (or CLOSED by its own close,
+whose CAS answer was lost): a takeover (or an import, `append_ledgers`) always lists a ledger after
+it. A writer that lost the log raises `LogFenced` and
 stops for good.
 
 Sequenced logs (``sequenced=True`` at creation): each record carries the writer-supplied sequence
@@ -275,12 +276,18 @@ class LogWriter:
     # ------------------------------------------------------------------ list changes
     async def _change(self, change: Callable[[LogMetadata], LogMetadata], leader_ledger: int) -> VersionedLog:
         """CAS ``change`` of the list, re-applied on a newer list while this writer is still its
-        leader (``leader_ledger`` is the last ledger and OPEN); `LogFenced` once it is not."""
+        leader (``leader_ledger`` is the last ledger and OPEN, or CLOSED by this writer's own mark:
+        a close whose CAS answer was lost); `LogFenced` once it is not."""
         current = self._versioned
         for _ in range(CHANGE_ATTEMPTS_MAX):
             last = current.metadata.ledgers[-1] if current.metadata.ledgers else None
-            if last is None or last.ledger_id != leader_ledger or last.state is not LogLedgerState.OPEN:
+            if last is None or last.ledger_id != leader_ledger:
                 raise self._fence("the ledger list changed (another writer took the log over)")
+            if last.state is not LogLedgerState.OPEN:
+                # Only our own close marks the last ledger CLOSED: a takeover lists one after it.
+                if self._unmarked.get(leader_ledger) != (last.last_entry_id, last.length):
+                    raise self._fence("the ledger list changed (another writer took the log over)")
+                del self._unmarked[leader_ledger]  # the mark is in: a lost answer of ours applied
             proposed = change(self._with_unmarked(current.metadata))
             if proposed == current.metadata:
                 self._versioned = current

@@ -226,3 +226,24 @@ async def test_a_roll_whose_lost_cas_applied_switches_to_the_listed_ledger(
     assert md.commits == {"other": 1}  # the other change stays
     assert all(e.state is LogLedgerState.CLOSED for e in md.ledgers)
     assert (await _payloads(bk, "roll-applied"))[-1] == b"on the spare"
+
+
+async def test_a_close_whose_lost_cas_applied_is_not_taken_for_a_takeover(
+    cluster: Cluster, bk: BookKeeper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The close's mark landed, its answer was lost: the close raises `CasResultUnknown`; called
+    again, it finds its own mark in the list and completes (no `LogFenced`: nobody took over)."""
+    await cluster.start(3)
+    manager = _LostAnswer(cluster, applied=True)
+    monkeypatch.setattr("bookkeeper_aio.log.writer.log_manager", lambda _bk: manager)
+    writer = await open_log_writer(bk, "close-lost", **QUORUM)
+    await writer.append(b"a")
+    manager.armed = lambda md: md.ledgers[-1].state is LogLedgerState.CLOSED
+    with pytest.raises(CasResultUnknown):
+        await writer.close()
+    await writer.close()
+    md = await _list(cluster, "close-lost")
+    assert md.ledger_ids == (writer.ledger_id,)
+    assert md.ledgers[0].state is LogLedgerState.CLOSED
+    assert md.commits == {"other": 1}
+    assert await _payloads(bk, "close-lost") == [b"a"]
