@@ -271,7 +271,8 @@ class AddPipeline:
         Waits only while the window of in-flight adds is full (backpressure). The returned future
         fails with the errors listed for :meth:`append`.
         """
-        self._check_writable()
+        if self._state is not _WRITABLE:
+            self._check_writable()  # raises
         if len(payload) > self._entry_bytes_max:
             raise BKInterfaceError(f"entry of {len(payload)} bytes exceeds {self._entry_bytes_max}")
         if self._slot_waiters or len(self._pending) + self._slots_reserved >= self._window:
@@ -282,7 +283,7 @@ class AddPipeline:
             except BKError:
                 self._wake_slot_waiters()  # unused: pass it on
                 raise
-        return self._start_add(bytes(payload))
+        return self._start_add(payload if type(payload) is bytes else bytes(payload))
 
     def _check_writable(self) -> None:
         if self._state is HandleState.WRITABLE:
