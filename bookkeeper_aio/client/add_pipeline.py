@@ -145,10 +145,11 @@ class AddPipeline:
         "_id",
         "_lac",
         "_lac_base_s",
+        "_lac_check",
         "_lac_interval_s",
         "_lac_max_s",
         "_lac_sent",
-        "_lac_timer",
+        "_lac_timers",
         "_length_confirmed",
         "_length_sent",
         "_listener",
@@ -210,7 +211,8 @@ class AddPipeline:
         self._sends_at_lac_check = 0
         self._entry_bytes_max = self._config.entry_bytes_max
         self._add_timeout_s = self._config.add_timeout_s
-        self._lac_timer: asyncio.Handle | None = None
+        self._lac_check = False  # an explicit-LAC check is scheduled (on the wheel, or next on the loop)
+        self._lac_timers = ctx.lac_timers
         self._lac_base_s = self._lac_interval_s = self._config.explicit_lac_interval_ms / 1000
         self._lac_max_s = max(self._lac_base_s, self._config.explicit_lac_interval_max_ms / 1000)
         self._explicit_lac_at: float | None = None  # when the last WRITE_LAC went out, until an add
@@ -269,7 +271,8 @@ class AddPipeline:
         Waits only while the window of in-flight adds is full (backpressure). The returned future
         fails with the errors listed for :meth:`append`.
         """
-        self._check_writable()
+        if self._state is not _WRITABLE:
+            self._check_writable()  # raises
         if len(payload) > self._entry_bytes_max:
             raise BKInterfaceError(f"entry of {len(payload)} bytes exceeds {self._entry_bytes_max}")
         if self._slot_waiters or len(self._pending) + self._slots_reserved >= self._window:
@@ -280,7 +283,7 @@ class AddPipeline:
             except BKError:
                 self._wake_slot_waiters()  # unused: pass it on
                 raise
-        return self._start_add(bytes(payload))
+        return self._start_add(payload if type(payload) is bytes else bytes(payload))
 
     def _check_writable(self) -> None:
         if self._state is HandleState.WRITABLE:
@@ -419,11 +422,12 @@ class AddPipeline:
             self._wake_slot_waiters()
         if not pending and self._drained is not None:
             self._drained.set()
-        if self._lac_interval_s > 0 and self._lac_timer is None:
+        if self._lac_interval_s > 0 and not self._lac_check:
             if self._explicit_lac_at is not None:
                 self._adapt_lac_interval()
             self._sends_at_lac_check = self._sends
-            self._lac_timer = self._loop.call_later(self._lac_interval_s, self._explicit_lac)
+            self._lac_check = True
+            self._lac_timers.call_later(self._lac_interval_s, self._explicit_lac)
 
     def _resend_outstanding(self) -> None:
         """After an ensemble change: acks of replaced bookies no longer count, and each entry goes
@@ -447,12 +451,16 @@ class AddPipeline:
 
     # ------------------------------------------------------------------ explicit LAC
     def _explicit_lac(self) -> None:
-        """The LAC timer. Idle, or only behind? A client busy with many ledgers runs this timer
-        before the writers its completions woke (their next adds carry the LAC): look again once
-        they ran, after what is queued on the loop now, and only then send a WRITE_LAC."""
-        self._lac_timer = None
+        """The LAC check, an interval after a completion (on the client's timer wheel). Idle, or
+        only behind? A client busy with many ledgers runs this check before the writers its
+        completions woke (their next adds carry the LAC): look again once they ran, after what is
+        queued on the loop now, and only then send a WRITE_LAC."""
+        if not self._lac_check:
+            return  # stopped: the handle closed
+        self._lac_check = False
         if self._lac_unsent_and_idle():
-            self._lac_timer = self._loop.call_soon(self._write_lac)
+            self._lac_check = True
+            self._loop.call_soon(self._write_lac)
 
     def _lac_unsent_and_idle(self) -> bool:
         """Whether the LAC is still unsent and no add went out since the last look (one did: look
@@ -461,12 +469,15 @@ class AddPipeline:
             return False
         if self._sends != self._sends_at_lac_check:  # not idle: adds went out (each carries a LAC)
             self._sends_at_lac_check = self._sends
-            self._lac_timer = self._loop.call_later(self._lac_interval_s, self._explicit_lac)
+            self._lac_check = True
+            self._lac_timers.call_later(self._lac_interval_s, self._explicit_lac)
             return False
         return True
 
     def _write_lac(self) -> None:
-        self._lac_timer = None
+        if not self._lac_check:
+            return  # stopped: the handle closed
+        self._lac_check = False
         if not self._lac_unsent_and_idle():
             return
         lac = self._lac_sent = self._lac
@@ -494,9 +505,7 @@ class AddPipeline:
             self._lac_interval_s = self._lac_base_s
 
     def _stop_lac_timer(self) -> None:
-        if self._lac_timer is not None:
-            self._lac_timer.cancel()
-            self._lac_timer = None
+        self._lac_check = False  # what is scheduled finds it so and does nothing
 
     # ------------------------------------------------------------------ failures
     def _bookie_failed(self, bookie_id: str, error: BKError) -> None:

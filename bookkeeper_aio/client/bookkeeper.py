@@ -327,6 +327,7 @@ class BookKeeper:
             except BKError as error:
                 log.warning("client.close_ledger_failed", ledger_id=handle.id, error=repr(error))
         self._writers.clear()
+        self._ctx.lac_timers.close()
         await self._ctx.pool.close()
         if self._metadata is not None:
             await self._metadata.close()
@@ -336,6 +337,7 @@ class BookKeeper:
         for handle in self._writers:
             handle.abort()
         self._writers.clear()
+        self._ctx.lac_timers.close()
         self._ctx.pool.abort()
 
     async def __aenter__(self) -> BookKeeper:

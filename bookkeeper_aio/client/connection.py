@@ -355,16 +355,16 @@ class BookieConnection(asyncio.Protocol):
         """Complete the ADD_ENTRY requests of one ADD_ACKS response (validated by the decoder)."""
         if not self._add_acks:
             raise ProtocolError("ADD_ACKS without FEATURE_ADD_ACKS agreed in HELLO")
-        pending, timers = self._pending, self._timers
+        pending, timers, bookie_id = self._pending, self._timers, self.bookie_id
         for rid in request_ids:
             entry = pending.pop(rid, None)
             if entry is None:
                 continue
             if entry[2] != _ADD:
                 self._wrong_op(rid, entry, _ADD_ACKS)
-            if (timer := timers.pop(rid, None)) is not None:
+            if timers and (timer := timers.pop(rid, None)) is not None:
                 timer.cancel()
-            entry[0](entry[1], self.bookie_id, ADD_OK)
+            entry[0](entry[1], bookie_id, ADD_OK)
 
     def _wrong_op(self, request_id: int, entry: _Pending, op: int) -> NoReturn:
         """An answer of ``op`` to a request of another op: a protocol error. The request goes back

@@ -7,13 +7,14 @@ Also the two small seams the client needs from the outside world beyond the meta
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from bookkeeper_aio.client.bookie_client import BookiePool
 from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.client.metrics import ClientMetrics
 from bookkeeper_aio.client.placement import PlacementPolicy
+from bookkeeper_aio.client.timer_wheel import TimerWheel
 from metadata.ledger_manager import LedgerManager
 
 
@@ -42,3 +43,5 @@ class ClientContext:
     placement: PlacementPolicy
     metrics: ClientMetrics | None = None
     """Metrics hooks (:mod:`bookkeeper_aio.client.metrics`); None: no call is made at all."""
+    lac_timers: TimerWheel = field(default_factory=TimerWheel)
+    """The explicit-LAC checks of every write handle, on one loop timer (10 ms ticks)."""

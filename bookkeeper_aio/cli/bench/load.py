@@ -17,6 +17,7 @@ Rules:
 
 from __future__ import annotations
 
+import array
 import asyncio
 import functools
 import os
@@ -112,21 +113,24 @@ async def drive(
     result = LoadResult(timeline=[0] * buckets, per_target=[0] * len(submits))
     measure_from, end, interval_s = span.measure_from, span.end, span.interval_s
     answered = [0]
+    answer_times = array.array("d")  # of the answers inside the span: the timeline, afterwards
 
     def done(intended: float, target: int, future: asyncio.Future[Any]) -> None:
         now = clock()
         answered[0] += 1
         if future.cancelled() or future.exception() is not None:
-            result.failed += 1
-            if result.first_error is None:
-                result.first_error = "cancelled" if future.cancelled() else repr(future.exception())
+            failed(future)
             return
         if measure_from <= now < end:
-            result.acked += 1
+            answer_times.append(now)
             result.per_target[target] += 1
-            result.timeline[min(int((now - measure_from) / interval_s), buckets - 1)] += 1
         if measure_from <= intended < end:
             result.latencies_s.append(now - intended)
+
+    def failed(future: asyncio.Future[Any]) -> None:
+        result.failed += 1
+        if result.first_error is None:
+            result.first_error = "cancelled" if future.cancelled() else repr(future.exception())
 
     await _sleep_until(span.start)
     reporter = asyncio.create_task(_report(progress, answered, end))
@@ -136,7 +140,10 @@ async def drive(
         if rate:
             await _open_loop(submits, span, window, rate, latency_from == "send", result, done)
         else:
-            workers = [_closed_worker(submits, i, end, result, done) for i in range(window)]
+            workers = [
+                _closed_worker(submits, i, span, result, answer_times, answered, failed)
+                for i in range(window)
+            ]
             await asyncio.gather(*workers)
         # The span's CPU: from its start to its end (draining what is in flight is not part of it).
         if len(cpu_marks) == 1:
@@ -145,6 +152,9 @@ async def drive(
     finally:
         reporter.cancel()
         marker.cancel()
+    result.acked = len(answer_times)
+    for now in answer_times:
+        result.timeline[min(int((now - measure_from) / interval_s), buckets - 1)] += 1
     if progress is not None:
         progress(answered[0])
     return result
@@ -154,12 +164,21 @@ _Done = Callable[[float, int, "asyncio.Future[Any]"], None]
 
 
 async def _closed_worker(
-    submits: Sequence[Submit], first: int, end: float, result: LoadResult, done: _Done
+    submits: Sequence[Submit],
+    first: int,
+    span: Span,
+    result: LoadResult,
+    answer_times: array.array[float],
+    answered: list[int],
+    failed: Callable[[asyncio.Future[Any]], None],
 ) -> None:
-    """One slot of the closed loop's window: submit, wait for the answer, again, until ``end``
-    (a coroutine per slot costs half the loop CPU per entry of a semaphore and done callbacks)."""
+    """One slot of the closed loop's window: submit, wait for the answer, again, until the span's
+    end (a coroutine per slot costs half the loop CPU per entry of a semaphore and done callbacks).
+    An answer costs two appends and a count: the rest is worked out once the load is over."""
     count = len(submits)
     target = first % count
+    measure_from, end = span.measure_from, span.end
+    per_target, latencies = result.per_target, result.latencies_s
     while result.first_error is None and (intended := clock()) < end:
         future = await submits[target]()
         try:
@@ -167,9 +186,19 @@ async def _closed_worker(
         except asyncio.CancelledError:
             if not future.cancelled():
                 raise  # this worker was cancelled, not the submission
-        except Exception:  # noqa: BLE001 (the future holds it: done() records it)
-            pass
-        done(intended, target, future)
+            answered[0] += 1
+            failed(future)
+        except Exception:  # noqa: BLE001 (the future holds it)
+            answered[0] += 1
+            failed(future)
+        else:
+            now = clock()
+            answered[0] += 1
+            if intended >= measure_from:  # latencies: of what was submitted inside the span
+                latencies.append(now - intended)
+            if measure_from <= now < end:  # throughput: answers inside the span
+                answer_times.append(now)
+                per_target[target] += 1
         target = target + 1 if target + 1 < count else 0
 
 
