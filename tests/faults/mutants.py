@@ -133,8 +133,7 @@ MUTANTS = (
     Mutant(
         "log-change-ignores-takeover",
         "bookkeeper_aio/log/writer.py",
-        "            if last is None or last.ledger_id != leader_ledger or last.state is not "
-        "LogLedgerState.OPEN:\n",
+        "            if last is None or last.ledger_id != leader_ledger:\n",
         "            if last is None:\n",
         # the fault run rarely hits its window (a roll's create and CAS both inside a takeover's):
         # the integration test of concurrent opens does
