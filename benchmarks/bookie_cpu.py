@@ -10,6 +10,12 @@ no other process: steady on a noisy machine, fit for A/B runs of the bookie's ad
 
     python -m benchmarks.bookie_cpu --entries 200000 --reps 5
     python -m benchmarks.bookie_cpu --no-add-acks      # one ADD answer per add
+    python -m benchmarks.bookie_cpu --rate 3333 --per-read 3 --entries 20000   # per-group costs
+
+With ``--rate`` the fake is an open loop instead: ``--per-read`` frames every ``per_read / rate``
+seconds (a client flushing once per tick at a fixed rate), so groups are small and the per-group
+and per-wake-up costs (the writer hand-off, the completion, the answer) dominate; the loop's CPU is
+then also given per journal group (``loop_us_per_group``).
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ class FakeClientTransport(FakeTransport):
         self.done = done
         self.scheduled = False
         self.conn: ServerConnection | None = None
+        self.paced = False
+        self.t0 = 0.0
 
     def write(self, data: bytes) -> None:
         started = time.thread_time()
@@ -71,10 +79,23 @@ class FakeClientTransport(FakeTransport):
             self.credit += count
         if self.answered >= len(self.frames) and not self.done.done():
             self.done.set_result(None)
-        elif not self.scheduled:
+        elif not self.scheduled and not self.paced:
             self.scheduled = True
             self.loop.call_soon(self.feed)
         FakeClientTransport.busy_s += time.thread_time() - started
+
+    def feed_paced(self, period_s: float, per_read: int) -> None:
+        """Open loop: ``per_read`` frames every ``period_s`` (paced from the start: no drift), in
+        one read, whatever was answered."""
+        started = time.thread_time()
+        frames = self.frames[self.next : self.next + per_read]
+        self.next += len(frames)
+        if self.next < len(self.frames):
+            due = self.t0 + (self.next // per_read) * period_s
+            self.loop.call_at(due, self.feed_paced, period_s, per_read)
+        FakeClientTransport.busy_s += time.thread_time() - started
+        assert self.conn is not None
+        self.conn.data_received(b"".join(frames))
 
     def feed(self) -> None:
         """Hand the connection up to ``credit`` more frames, in reads of ``read_bytes``."""
@@ -142,12 +163,20 @@ async def one_run(args: argparse.Namespace, ledger_id: int) -> dict[str, Any]:
         await asyncio.sleep(0.01)
         FakeClientTransport.busy_s = 0.0
         transport.credit = args.window
+        journal = server.processor.storage.journal
+        groups0 = journal.groups_written
         cpu0, writer0, t0 = time.thread_time(), _writer_cpu_s(), time.perf_counter()
-        transport.feed()
+        if args.rate:
+            transport.paced = True
+            transport.t0 = asyncio.get_running_loop().time()
+            transport.feed_paced(args.per_read / args.rate, args.per_read)
+        else:
+            transport.feed()
         await done
         elapsed = time.perf_counter() - t0
         loop_s = time.thread_time() - cpu0 - FakeClientTransport.busy_s
         writer_s = _writer_cpu_s() - writer0
+        groups = journal.groups_written - groups0
         conn.close()
     finally:
         await server.close()
@@ -157,6 +186,9 @@ async def one_run(args: argparse.Namespace, ledger_id: int) -> dict[str, Any]:
         "writer_us_per_entry": round(writer_s / args.entries * 1e6, 3),
         "fake_us_per_entry": round(FakeClientTransport.busy_s / args.entries * 1e6, 3),
         "entries_s": round(args.entries / elapsed),
+        "records_per_group": round(args.entries / max(groups, 1), 2),
+        "loop_us_per_group": round(loop_s / max(groups, 1) * 1e6, 2),
+        "writer_us_per_group": round(writer_s / max(groups, 1) * 1e6, 2),
     }
 
 
@@ -166,6 +198,8 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=1000)
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--read-bytes", type=int, default=65536, help="bytes per fake socket read")
+    ap.add_argument("--rate", type=float, default=0.0, help="open loop at this many adds/s (0: closed)")
+    ap.add_argument("--per-read", type=int, default=3, help="with --rate: frames per fake socket read")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default=None, help="parent of the temporary data dirs")
     ap.add_argument("--no-add-acks", action="store_true", help="do not agree on FEATURE_ADD_ACKS")

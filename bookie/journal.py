@@ -302,8 +302,10 @@ class _WriterThread:
             self._writer.write_group(group[0], group[1], group[3])
         except BaseException as exc:  # noqa: BLE001 (handed to the loop, which fails the journal)
             error = exc
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+        try:  # noqa: SIM105 (contextlib.suppress is an object and two calls per group)
             self._loop.call_soon_threadsafe(self._on_done, group, error)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
 
     def stop(self) -> None:
         """Finish what was submitted, then end the thread."""

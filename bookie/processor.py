@@ -227,8 +227,8 @@ class Processor:
         try:
             while True:
                 if size_total - pos < 4 or in_flight + taken >= limit or conn.halted:
-                    if not adds.request_ids:
-                        break
+                    if not adds.request_ids or size_total - pos < 4:
+                        break  # the ``finally`` journals what gathered: no fresh list for nothing
                     conn.in_flight += taken
                     load.in_flight += taken
                     taken = 0
@@ -265,7 +265,7 @@ class Processor:
         finally:
             conn.in_flight += taken
             load.in_flight += taken
-            if adds.request_ids:  # stopped before an incomplete or oversized frame (or raised)
+            if adds.request_ids:  # the end of the read, an incomplete or oversized frame (or raised)
                 self._add_run(conn, adds)
         return pos
 

@@ -218,6 +218,15 @@ class AddBatch:
         self.on_durable(error)
 
 
+def _continued(run: AddRun, records: RecordBatch) -> AddRun | None:
+    """``run`` if the records about to be appended at ``records.offset`` follow its own back to back
+    (nothing was journaled between: a later socket read's adds go on the same run, one index loop
+    and one LAC update per run, not per read), else None."""
+    if run.segment_id == records.segment_id and run.offset + sum(run.lengths) == records.offset:
+        return run
+    return None
+
+
 def durable_future(
     loop: asyncio.AbstractEventLoop,
 ) -> tuple[asyncio.Future[None], Callable[[BaseException | None], None]]:
@@ -416,6 +425,11 @@ class Storage:
                         parts, offset, end = records.parts, records.offset, records.end  # in locals
                         record_max, count = records.record_max, 0
                         run_state = None
+                        if run is None and batch.runs:  # this target's adds of an earlier read
+                            run = _continued(batch.runs[-1], records)
+                            if run is not None:
+                                entry_ids, lengths, request_ids = run.entry_ids, run.lengths, run.request_ids
+                                run_state, lac_max = run.state, run.lac_max
                     if state is not run_state:
                         if run is not None:
                             run.lac_max = lac_max

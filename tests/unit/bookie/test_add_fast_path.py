@@ -18,7 +18,7 @@ from bookie.journal import JournalConfig
 from bookie.ledger_keys import KeyVerifier
 from bookie.mode import ReadOnly
 from bookie.processor import Processor
-from bookie.storage import NoEntry, Storage, StorageConfig
+from bookie.storage import AddBatch, NoEntry, Storage, StorageConfig, durable_future
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import ReadFlag, StatusCode
 from bookkeeper_aio.protocol.digest import key_check
@@ -433,3 +433,51 @@ async def test_a_keyless_record_takes_no_key_metadata_refutes(tmp_path: Path) ->
     assert taken.status in (StatusCode.EOK, StatusCode.ENOENTRY)
     assert storage.ledger(9).master_key == real
     await storage.close()
+
+
+class _Replies(AddBatch):
+    """Adds' completions into ``target`` (a list); a refused add fails the test."""
+
+    __slots__ = ()
+
+    def on_error(self, request_id: int, error: BaseException) -> None:
+        raise AssertionError(f"add {request_id} refused: {error!r}")
+
+    def on_durable(self, error: BaseException | None) -> None:
+        self.target.append(error)
+
+
+def _adds(ledger_id: int, entry_ids: list[int]) -> m.AddRequests:
+    adds = m.AddRequests()
+    for eid in entry_ids:
+        rid = ledger_id * 1000 + eid
+        assert adds.take(msgpack.packb((1, rid, ledger_id, eid, 0, KEY, entry(ledger_id, eid, eid - 1)))) >= 0
+    return adds
+
+
+async def test_later_reads_of_a_group_go_on_the_run_only_when_back_to_back(tmp_path: Path) -> None:
+    """A later socket read's adds of the same connection and ledger, in the same journal group, go
+    on the same run (one index loop per run); not when any record was journaled between them (a
+    new ledger's key): the index would then point past the entry. Every entry reads back intact."""
+    storage = await Storage.open(StorageConfig(str(tmp_path), "b", checkpoint_interval_s=3600))
+    try:
+        done: list[BaseException | None] = []
+        storage.add_run(_adds(1, [0, 1]), done, _Replies)
+        storage.add_run(_adds(1, [2, 3]), done, _Replies)  # back to back: the same run
+        storage.ledger_for_write(7, KEY)  # a MASTER_KEY record with no completion of its own
+        storage.add_run(_adds(1, [4]), done, _Replies)  # after it: a run of its own
+        storage.add_run(_adds(5, [0]), done, _Replies)  # a new ledger: its key, then its run
+        storage.add_run(_adds(1, [5, 6]), done, _Replies)  # back to back, but another ledger's run
+        batch = storage.journal.last_callback
+        assert isinstance(batch, _Replies)
+        runs = [(run.state.ledger_id, run.entry_ids) for run in batch.runs]
+        assert runs == [(1, [0, 1, 2, 3]), (1, [4]), (5, [0]), (1, [5, 6])]
+        synced, callback = durable_future(asyncio.get_running_loop())
+        storage.force(callback)
+        await synced
+        assert done == [None]
+        for lid, eid in [(1, e) for e in range(7)] + [(5, 0)]:
+            assert bytes((await storage.read_entry(lid, eid))[1]) == entry(lid, eid, eid - 1)
+        assert storage.ledgers[1].piggyback_lac == 5
+    finally:
+        await storage.close()
