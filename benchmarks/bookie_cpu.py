@@ -16,6 +16,10 @@ With ``--rate`` the fake is an open loop instead: ``--per-read`` frames every ``
 seconds (a client flushing once per tick at a fixed rate), so groups are small and the per-group
 and per-wake-up costs (the writer hand-off, the completion, the answer) dominate; the loop's CPU is
 then also given per journal group (``loop_us_per_group``).
+
+``--opcodes`` counts the Python opcodes the bookie runs per add and per group instead (loop thread
+and journal writer apart, the fake's own left out): slow, but the same count on a busy machine as
+on a quiet one, for A/B runs of small changes. Times are meaningless in that mode.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -42,6 +47,37 @@ from bookkeeper_aio.protocol.codes import FEATURE_ADD_ACKS, PROTOCOL_VERSION, Ad
 from bookkeeper_aio.protocol.digest import DigestType, EntryCodec, master_key
 
 PASSWORD = b"bench"
+
+
+class Opcodes:
+    """Python opcodes run per thread while ``counting`` and not inside the fake (``--opcodes``)."""
+
+    counting = False
+    fake = False
+    loop = 0
+    writer = 0
+
+    @classmethod
+    def start(cls) -> None:
+        """Trace this thread (the loop) and threads started from now on (the journal writer)."""
+        loop_thread = threading.get_ident()
+
+        def tracer(frame: Any, event: str, arg: Any) -> Any:
+            frame.f_trace_opcodes = True
+            if event == "opcode" and cls.counting and not cls.fake:
+                if threading.get_ident() == loop_thread:
+                    cls.loop += 1
+                else:
+                    cls.writer += 1
+            return tracer
+
+        sys.settrace(tracer)
+        threading.settrace(tracer)
+
+    @staticmethod
+    def stop() -> None:
+        sys.settrace(None)
+        threading.settrace(None)  # type: ignore[arg-type]
 
 
 class FakeClientTransport(FakeTransport):
@@ -65,6 +101,7 @@ class FakeClientTransport(FakeTransport):
         self.t0 = 0.0
 
     def write(self, data: bytes) -> None:
+        Opcodes.fake = True
         started = time.thread_time()
         data = bytes(data)
         for body, end in frame_bodies(data):
@@ -83,10 +120,12 @@ class FakeClientTransport(FakeTransport):
             self.scheduled = True
             self.loop.call_soon(self.feed)
         FakeClientTransport.busy_s += time.thread_time() - started
+        Opcodes.fake = False
 
     def feed_paced(self, period_s: float, per_read: int) -> None:
         """Open loop: ``per_read`` frames every ``period_s`` (paced from the start: no drift), in
         one read, whatever was answered."""
+        Opcodes.fake = True
         started = time.thread_time()
         frames = self.frames[self.next : self.next + per_read]
         self.next += len(frames)
@@ -94,11 +133,13 @@ class FakeClientTransport(FakeTransport):
             due = self.t0 + (self.next // per_read) * period_s
             self.loop.call_at(due, self.feed_paced, period_s, per_read)
         FakeClientTransport.busy_s += time.thread_time() - started
+        Opcodes.fake = False
         assert self.conn is not None
         self.conn.data_received(b"".join(frames))
 
     def feed(self) -> None:
         """Hand the connection up to ``credit`` more frames, in reads of ``read_bytes``."""
+        Opcodes.fake = True
         started = time.thread_time()
         self.scheduled = False
         end = min(self.next + self.credit, len(self.frames))
@@ -116,6 +157,7 @@ class FakeClientTransport(FakeTransport):
         self.credit -= end - self.next
         self.next = end
         FakeClientTransport.busy_s += time.thread_time() - started
+        Opcodes.fake = False
         assert self.conn is not None
         for chunk in chunks:
             self.conn.data_received(chunk)
@@ -148,6 +190,9 @@ def _writer_cpu_s() -> float:
 async def one_run(args: argparse.Namespace, ledger_id: int) -> dict[str, Any]:
     data_dir = tempfile.mkdtemp(prefix="bench-bookie-cpu-", dir=args.dir)
     server = BookieServer(BookieConfig(data_dir=data_dir, bookie_id="bench", port=0))
+    if args.opcodes:
+        Opcodes.loop = Opcodes.writer = 0
+        Opcodes.start()  # before the journal's writer thread starts
     await server.start()
     try:
         assert server.processor is not None
@@ -166,6 +211,7 @@ async def one_run(args: argparse.Namespace, ledger_id: int) -> dict[str, Any]:
         journal = server.processor.storage.journal
         groups0 = journal.groups_written
         cpu0, writer0, t0 = time.thread_time(), _writer_cpu_s(), time.perf_counter()
+        Opcodes.counting = True
         if args.rate:
             transport.paced = True
             transport.t0 = asyncio.get_running_loop().time()
@@ -173,6 +219,7 @@ async def one_run(args: argparse.Namespace, ledger_id: int) -> dict[str, Any]:
         else:
             transport.feed()
         await done
+        Opcodes.counting = False
         elapsed = time.perf_counter() - t0
         loop_s = time.thread_time() - cpu0 - FakeClientTransport.busy_s
         writer_s = _writer_cpu_s() - writer0
@@ -180,7 +227,16 @@ async def one_run(args: argparse.Namespace, ledger_id: int) -> dict[str, Any]:
         conn.close()
     finally:
         await server.close()
+        Opcodes.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
+    if args.opcodes:
+        return {
+            "loop_opcodes_per_entry": round(Opcodes.loop / args.entries, 1),
+            "writer_opcodes_per_entry": round(Opcodes.writer / args.entries, 1),
+            "records_per_group": round(args.entries / max(groups, 1), 2),
+            "loop_opcodes_per_group": round(Opcodes.loop / max(groups, 1)),
+            "writer_opcodes_per_group": round(Opcodes.writer / max(groups, 1)),
+        }
     return {
         "loop_us_per_entry": round(loop_s / args.entries * 1e6, 3),
         "writer_us_per_entry": round(writer_s / args.entries * 1e6, 3),
@@ -200,6 +256,7 @@ def main() -> None:
     ap.add_argument("--read-bytes", type=int, default=65536, help="bytes per fake socket read")
     ap.add_argument("--rate", type=float, default=0.0, help="open loop at this many adds/s (0: closed)")
     ap.add_argument("--per-read", type=int, default=3, help="with --rate: frames per fake socket read")
+    ap.add_argument("--opcodes", action="store_true", help="count Python opcodes instead of CPU time")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default=None, help="parent of the temporary data dirs")
     ap.add_argument("--no-add-acks", action="store_true", help="do not agree on FEATURE_ADD_ACKS")

@@ -822,7 +822,8 @@ class ServerConnection(asyncio.Protocol):
         if self.in_flight >= limit and not self._paused_by_permits:
             self._paused_by_permits = True
             self._update_reading()
-        self._update_deadline()
+        if buf or self._deadline is not None:  # every frame handled and no timer (most reads): no call
+            self._update_deadline()
 
     def _update_deadline(self) -> None:
         if self._buf and self._deadline is None and not self._paused_by_permits:
