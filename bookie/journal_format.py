@@ -242,7 +242,7 @@ def group_length_at(data: Buffer, offset: int, segment_id: int) -> int | None:
 class SegmentHeader(enum.Enum):
     VALID = "valid"
     ZERO = "zero"  # created (preallocated) but never written, or the header page was lost
-    GARBLED = "garbled"  # bytes that are not a header of ours: a header page torn by power loss
+    GARBLED = "garbled"  # not a whole header of ours: a header page torn by power loss, or a torn write
 
 
 def check_segment_header(data: Buffer, segment_id: int) -> SegmentHeader:
@@ -252,6 +252,13 @@ def check_segment_header(data: Buffer, segment_id: int) -> SegmentHeader:
         return SegmentHeader.ZERO
     magic, version, found_id = SEGMENT_HEADER.unpack_from(data, 0)
     if magic != SEGMENT_MAGIC:
+        return SegmentHeader.GARBLED
+    head = bytes(data[:SEGMENT_HEADER_BYTES])
+    expected = encode_segment_header(segment_id)
+    kept = len(head.rstrip(b"\0"))
+    if head != expected and head[:kept] == expected[:kept]:
+        # our header's first bytes, then zeros: its write was torn (never synced, so nothing
+        # acknowledged lies behind it), not a header of another version or segment
         return SegmentHeader.GARBLED
     if version != SEGMENT_VERSION:
         raise JournalFormatUnsupported(

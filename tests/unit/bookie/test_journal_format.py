@@ -140,6 +140,12 @@ def test_segment_header_checks() -> None:
     assert fmt.check_segment_header(b"\x07" * 16, 9) is fmt.SegmentHeader.GARBLED
     with pytest.raises(fmt.JournalCorrupt, match="names segment"):
         fmt.check_segment_header(fmt.encode_segment_header(8), 9)
+    for segment_id in (1, 9, 256, 2**40):  # a header write cut short (simulation race seed 2677)
+        header = fmt.encode_segment_header(segment_id)
+        for kept in range(1, fmt.SEGMENT_HEADER_BYTES):
+            torn = header[:kept] + bytes(4096 - kept)
+            if any(torn[:16]) and torn[:16] != header:
+                assert fmt.check_segment_header(torn, segment_id) is fmt.SegmentHeader.GARBLED, kept
     old = fmt.SEGMENT_HEADER.pack(fmt.SEGMENT_MAGIC, 1, 9)
     with pytest.raises(
         fmt.JournalFormatUnsupported, match="format version 1; this bookie reads only version 2"

@@ -559,3 +559,23 @@ async def test_journal_shorter_than_the_checkpoint_refuses(tmp_path: Path) -> No
     os.truncate(_journal_file(tmp_path), 0)
     with pytest.raises(fmt.JournalCorrupt, match="index checkpoint covers"):
         await Storage.open(config(tmp_path))
+
+
+async def test_a_segment_header_torn_inside_its_id_is_cut_as_a_torn_start(tmp_path: Path) -> None:
+    """Simulation race seed 2677: the first fdatasync of a segment failed, so its header was never
+    synced, and a power cut kept its first 12 bytes (magic, version, then zeros where the id goes).
+    Nothing acknowledged lies behind it: the bookie starts, cuts it, and the journal goes on."""
+    storage = await Storage.open(config(tmp_path))
+    storage.abort()
+    header = fmt.encode_segment_header(1)
+    _journal_file(tmp_path).write_bytes(header[:12] + bytes(4096))
+    storage = await Storage.open(config(tmp_path))
+    try:
+        await add(storage, 1, 0)
+    finally:
+        storage.abort()
+    storage = await Storage.open(config(tmp_path))
+    try:
+        assert (await storage.read_entry(1, 0))[1] == body(1, 0, -1)
+    finally:
+        storage.abort()
