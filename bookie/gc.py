@@ -511,8 +511,9 @@ class GarbageCollector:
         future_grace = max(grace, self.config.future_ledger_grace_s)
         since = self._missing_since
         back = list(since)
-        for start in range(0, len(back), LOOP_SLICE):
-            for ledger_id in back[start : start + LOOP_SLICE]:
+        step = LOOP_SLICE // 4  # a bisect each (~0.4 us): ~2 ms per turn
+        for start in range(0, len(back), step):
+            for ledger_id in back[start : start + step]:
                 if not _holds(missing, ledger_id):  # (increasing: no set of them all is built)
                     del since[ledger_id]  # back in metadata, or gone from the bookie
             await asyncio.sleep(0)
