@@ -3,8 +3,9 @@
 In one process (uvloop): a real :class:`bookie.storage.Storage` (real journal, fsync on) holds
 ``--ledgers`` ledger records (each made by a fence with a key, as :mod:`benchmarks.checkpoint_stall`
 fills it); an in-memory metadata store lists all of them but ``--deleted`` of them (deleted from
-metadata: the deleted-ledger step collects those), and ``--over-replicated`` of the rest name this
-bookie as replaced in a closed ledger placed elsewhere (the over-replicated check collects those).
+metadata: the deleted-ledger step collects those), ``--over-replicated`` of the rest name this
+bookie as replaced in a closed ledger placed elsewhere, and ``--orphans`` are closed ledgers placed
+elsewhere that never named it (a copy whose heal failed): the over-replicated check collects both.
 The other ledgers are closed ledgers on this bookie and two others. The in-memory store yields to
 the loop on every call, as a network client does, but costs no round trip: what is measured is the
 pass's own work on the event loop. Then one GC pass runs (grace periods 0, so both steps collect in
@@ -79,8 +80,9 @@ class _Connection:
         pass
 
 
-def _metadata(ledger_id: int, over_replicated: bool) -> bytes:
-    ensemble = [OTHERS[0], OTHERS[1], OTHERS[2]] if over_replicated else [ME, OTHERS[0], OTHERS[1]]
+def _metadata(ledger_id: int, over_replicated: bool, orphan: bool = False) -> bytes:
+    elsewhere = over_replicated or orphan
+    ensemble = [OTHERS[0], OTHERS[1], OTHERS[2]] if elsewhere else [ME, OTHERS[0], OTHERS[1]]
     md = LedgerMetadata.new(ledger_id, ensemble, write_quorum=2, ack_quorum=2, ctime_ms=1)
     replaced = (ReplacedBookie(0, ME, OTHERS[2], 1),) if over_replicated else ()
     return encode_metadata(
@@ -98,22 +100,26 @@ def _metadata(ledger_id: int, over_replicated: bool) -> bytes:
     )
 
 
-async def _fill_metadata(store: metadata.MetadataStore, args: argparse.Namespace) -> tuple[int, int]:
-    """Create the listed ledgers' metadata (ids in increasing order); returns (deleted, over-replicated)."""
+async def _fill_metadata(store: metadata.MetadataStore, args: argparse.Namespace) -> tuple[int, int, int]:
+    """Create the listed ledgers' metadata (ids in increasing order); returns (deleted,
+    over-replicated, orphans)."""
     await metadata.init_cluster(store, ROOT)
     manager = metadata.LedgerManager(store, ROOT)
     deleted_every = round(1 / args.deleted) if args.deleted else 0
     over_every = round(1 / args.over_replicated) if args.over_replicated else 0
-    deleted = over = 0
+    orphan_every = round(1 / args.orphans) if args.orphans else 0
+    deleted = over = orphans = 0
     for ledger_id in range(1, args.ledgers + 1):
         if deleted_every and ledger_id % deleted_every == 0:
             deleted += 1
             continue
         is_over = bool(over_every) and ledger_id % over_every == 1
+        is_orphan = not is_over and bool(orphan_every) and ledger_id % orphan_every == 3
         over += is_over
-        await store.create(manager.keys.ledger(ledger_id), _metadata(ledger_id, is_over))
+        orphans += is_orphan
+        await store.create(manager.keys.ledger(ledger_id), _metadata(ledger_id, is_over, is_orphan))
     await store.put(manager.keys.idgen, str(args.ledgers + 1).encode())
-    return deleted, over
+    return deleted, over, orphans
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -130,7 +136,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         started = time.perf_counter()
         await fill(storage, args.ledgers, -1, range(1, args.ledgers + 1))
         store = metadata.MemoryStore()
-        deleted, over = await _fill_metadata(store, args)
+        deleted, over, orphans = await _fill_metadata(store, args)
         fill_s = time.perf_counter() - started
         catalog = MetadataCatalog(f"memory://{ROOT}", connect=lambda url: _Connection(store, ROOT))
         collector = GarbageCollector(
@@ -168,8 +174,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "ledgers": args.ledgers,
             "deleted_in_metadata": deleted,
             "over_replicated_in_metadata": over,
+            "orphans_in_metadata": orphans,
             "ledgers_collected": report.ledgers_collected,
             "over_replicated_collected": report.over_replicated_collected,
+            "orphans_collected": report.orphans_collected,
             "replicas_checked": report.replicas_checked,
             "fill_s": round(fill_s, 1),
             "pass_s": round(pass_s, 2),
@@ -193,6 +201,7 @@ def main() -> None:
     parser.add_argument("--ledgers", type=int, default=200_000)
     parser.add_argument("--deleted", type=float, default=0.1, help="fraction deleted from metadata")
     parser.add_argument("--over-replicated", type=float, default=0.01, help="fraction placed elsewhere")
+    parser.add_argument("--orphans", type=float, default=0.0, help="fraction never placed here")
     parser.add_argument("--probe-ms", type=float, default=5.0)
     parser.add_argument("--idle-s", type=float, default=2.0)
     parser.add_argument("--dir", default=None, help="parent of the data dir (default: system temp)")

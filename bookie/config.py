@@ -244,8 +244,9 @@ class BookieConfig:
     gc_over_replicated_interval_s: float = _key(
         86400.0,
         "Seconds between checks for over-replicated ledgers: closed ledgers this bookie holds that "
-        "metadata places only on other bookies (re-replicated while it was away); each is "
-        "collected once two checks found it so, under its replication lock. 0 = never.",
+        "metadata places only on other bookies (re-replicated while it was away, or an orphan copy "
+        "of a heal whose metadata update failed); each is collected once two checks found it so, "
+        "under its replication lock. 0 = never.",
     )
     compaction_threshold: float = _key(
         0.5,

@@ -167,6 +167,8 @@ class Snapshot:
     gc_running: bool = False
     gc_passes: int = 0
     gc_ledgers_collected: int = 0
+    gc_over_replicated_collected: int = 0
+    gc_orphans_collected: int = 0
     gc_bytes_copied: int = 0
     gc_bytes_freed: int = 0
     gc_segments_deleted: int = 0
@@ -253,6 +255,8 @@ def snapshot(server: BookieServer, disk: DiskStatus | None = None) -> Snapshot:
             gc_running=gc.running is not None,
             gc_passes=gc.passes,
             gc_ledgers_collected=gc.ledgers_collected_total,
+            gc_over_replicated_collected=gc.over_replicated_collected_total,
+            gc_orphans_collected=gc.orphans_collected_total,
             gc_bytes_copied=gc.bytes_copied_total,
             gc_bytes_freed=gc.bytes_freed_total,
             gc_segments_deleted=gc.segments_deleted_total,
@@ -378,8 +382,18 @@ def _gc_families(snap: Snapshot) -> Iterator[Metric]:
     yield _counter("bookie_gc_passes", "Garbage-collection passes finished", snap.gc_passes)
     yield _counter(
         "bookie_gc_ledgers_collected",
-        "Ledgers deleted from metadata that GC removed",
+        "Ledgers GC removed (deleted from metadata, or held here but listed elsewhere)",
         snap.gc_ledgers_collected,
+    )
+    yield _counter(
+        "bookie_gc_over_replicated_collected",
+        "Closed ledgers GC removed because metadata lists this bookie in none of their ensembles",
+        snap.gc_over_replicated_collected,
+    )
+    yield _counter(
+        "bookie_gc_orphans_collected",
+        "Of those, orphans: copies no metadata ever listed here (a failed or retried re-replication)",
+        snap.gc_orphans_collected,
     )
     yield _counter("bookie_gc_copied_bytes", "Bytes of live entries compaction copied", snap.gc_bytes_copied)
     yield _counter("bookie_gc_freed_bytes", "Bytes of journal segments GC deleted", snap.gc_bytes_freed)
@@ -535,6 +549,8 @@ def state_json(snap: Snapshot) -> dict[str, Any]:
             "running": snap.gc_running,
             "passes": snap.gc_passes,
             "ledgers_collected": snap.gc_ledgers_collected,
+            "over_replicated_collected": snap.gc_over_replicated_collected,
+            "orphans_collected": snap.gc_orphans_collected,
             "copied_bytes": snap.gc_bytes_copied,
             "freed_bytes": snap.gc_bytes_freed,
             "deleted_segments": snap.gc_segments_deleted,

@@ -292,14 +292,14 @@ class LedgerManager:
         *,
         start_after: int | None = None,
         limit: int = LIST_PAGE_SIZE_DEFAULT,
-        replaced: str | None = None,
+        not_holding: str | None = None,
     ) -> LedgerPage:
         """Up to ``limit`` ledgers with ids greater than ``start_after``, in increasing order, with
-        their metadata: one listing instead of a read per ledger. With ``replaced`` (a bookie id),
-        only the metadata that may record that bookie replaced is decoded
-        (:func:`~metadata.ledger_metadata.may_record_replaced`: none is left out), so a scan for
-        one bookie's moved copies decodes few. Raises `MetadataFormatError` (naming the ledger),
-        `MetadataUnavailable`."""
+        their metadata: one listing instead of a read per ledger. With ``not_holding`` (a bookie
+        id), only the metadata that may leave that bookie out of every ensemble, or record it
+        replaced, is decoded (:func:`~metadata.ledger_metadata.may_not_hold`: no such ledger is left
+        out), so a scan for the copies one bookie holds but may not need decodes few. Raises
+        `MetadataFormatError` (naming the ledger), `MetadataUnavailable`."""
         after = None if start_after is None else self.keys.ledger(start_after)
         page = await self._store.list(self.keys.ledgers_prefix, start_after=after, limit=limit)
         ids: list[int] = []
@@ -307,7 +307,7 @@ class LedgerManager:
         for kv in page.items:
             ledger_id = self.keys.ledger_id_of(kv.key)
             ids.append(ledger_id)
-            if replaced is None or serde.may_record_replaced(kv.value, replaced):
+            if not_holding is None or serde.may_not_hold(kv.value, not_holding):
                 md = serde.decode(kv.value, key=kv.key, ledger_id=ledger_id)
                 ledgers[ledger_id] = VersionedLedger(md, kv.version)
         return LedgerPage(tuple(ids), ledgers, page.more)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import enum
+import functools
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -342,6 +343,24 @@ def may_record_replaced(data: bytes, bookie_id: str) -> bool:
     appear nowhere in it (msgpack stores strings as their UTF-8 bytes). A filter before
     :func:`decode` when scanning many ledgers for one bookie; True says nothing yet."""
     return _REPLACED_FIELD in data and bookie_id.encode() in data
+
+
+def may_not_hold(data: bytes, bookie_id: str) -> bool:
+    """False only when the stored metadata ``data`` (as :func:`encode` makes it) surely names
+    ``bookie_id`` and records no ensemble change: the bookie is then in its ensembles (or, rarely,
+    its id is also a custom-metadata string: the ledger is then taken as held, which keeps a copy
+    and never drops one). True for metadata that may leave the bookie out of every ensemble (its
+    id, as the msgpack string :func:`encode` writes, appears nowhere: "b-1" is not found inside
+    "b-10") or may record it replaced. A filter before :func:`decode` when scanning many ledgers
+    for the copies one bookie holds but may not need; True says nothing yet."""
+    return _REPLACED_FIELD in data or _packed_str(bookie_id) not in data
+
+
+@functools.lru_cache(maxsize=64)
+def _packed_str(text: str) -> bytes:
+    """``text`` as msgpack stores it (packed once per bookie id, not once per ledger of a scan)."""
+    packed: bytes = msgpack.packb(text)
+    return packed
 
 
 _FIELD_TYPES: Mapping[str, type | tuple[type, ...]] = types.MappingProxyType(

@@ -16,7 +16,8 @@ Rules (docs/autorecovery.md):
 - When no replica has the entry (every answer "no such entry/ledger"), the copy stops with
   EntryUnavailable: the fragment keeps the missing bookie, whose disk may hold the only copy. Any
   other failure (timeouts, EIO, a failing replacement) stops it with a retriable ReplicationError.
-  Either way nothing was published: the replacement holds orphan copies that no metadata lists.
+  Either way nothing was published: the replacement holds orphan copies that no metadata lists
+  (its GC drops them once the ledger is healed and lists it nowhere: docs/bookie.md, step 1b).
 """
 
 from __future__ import annotations

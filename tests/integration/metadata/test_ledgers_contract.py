@@ -134,14 +134,16 @@ async def test_read_page_lists_ledgers_with_their_metadata(store: MetadataStore,
         v.ledger_id: v.metadata for v in created if v.ledger_id in ids[1:4]
     }
     assert page.ledgers[ids[1]].version == (await manager.read(ids[1])).version
-    # a scan for one bookie's moved copies decodes only what may record it replaced
+    # a scan for the copies one bookie may not need decodes only ledgers that may not list it
     moved = created[2].metadata.with_ensemble_change(0, ["b9", *created[2].metadata.ensembles[0][1][1:]])
     bookie = created[2].metadata.ensembles[0][1][0]
     await manager.write(moved.with_replaced_bookies([ReplacedBookie(0, bookie, "b9", 1)]), created[2].version)
-    page = await manager.read_page(limit=10, replaced=bookie)
+    page = await manager.read_page(limit=10, not_holding=bookie)
     assert page.ledger_ids == tuple(ids)
     assert not page.more
     assert list(page.ledgers) == [created[2].ledger_id]
+    page = await manager.read_page(limit=10, not_holding="b9")  # listed nowhere (but in the history)
+    assert list(page.ledgers) == ids
 
 
 async def test_garbage_in_a_ledger_key_gives_a_decode_error_naming_the_ledger(

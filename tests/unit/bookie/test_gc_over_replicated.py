@@ -1,6 +1,7 @@
 """Bookie GC, over-replicated ledgers: a closed ledger this bookie holds but metadata places only on
-other bookies (re-replicated while it was away) is collected — and never one a worker may be
-copying to it, one still open, or one metadata lists it in."""
+other bookies (re-replicated while it was away, or an orphan copy no metadata ever listed) is
+collected — and never one a worker may be copying to it, one still open, or one metadata lists it
+in."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from .test_gc import Clock, _Connection, filled
 from .test_storage import config
 
 ME = "bookie-1"
-GONE = ReplicaState(closed=True, listed=False, marked=False, replaced=True)  # what collection needs
+GONE = ReplicaState(closed=True, listed=False, marked=False, replaced=True)  # moved elsewhere
+ORPHAN = ReplicaState(closed=True, listed=False, marked=False, replaced=False)  # never listed here
 
 
 class Replicas:
@@ -54,7 +56,7 @@ class Replicas:
             raise self.scan_error
         for ledger_id in ledger_ids:  # a page per ledger: the collector must gather them all
             state = self.states.get(ledger_id)
-            if state is not None and state.replaced:
+            if state is not None:  # (the real scan leaves out some that list this bookie)
                 yield [(ledger_id, state)]
 
     @contextlib.asynccontextmanager
@@ -86,7 +88,7 @@ def _gc(storage: Storage, replicas: Replicas, clock: Clock, interval: float = 10
 
 
 async def test_collects_only_closed_unlisted_unmarked_ledgers_seen_twice(tmp_path: Path) -> None:
-    storage = await filled(tmp_path, range(1, 8))
+    storage = await filled(tmp_path, range(1, 9))
     replicas = Replicas(
         {
             1: ReplicaState(closed=True, listed=True, marked=False, replaced=True),  # needed again
@@ -95,15 +97,16 @@ async def test_collects_only_closed_unlisted_unmarked_ledgers_seen_twice(tmp_pat
             4: ReplicaState(closed=True, listed=False, marked=True, replaced=True),  # a worker may copy here
             5: None,  # no metadata: the deleted-ledger step judges it, not this one
             6: GONE,
-            7: ReplicaState(closed=True, listed=False, marked=False, replaced=False),  # no evidence
+            7: ORPHAN,  # a copy whose CAS never happened (a failed or retried heal)
+            8: ReplicaState(closed=True, listed=True, marked=False, replaced=False),  # needed
         }
     )
     clock = Clock()
     gc = _gc(storage, replicas, clock)
 
     first = await gc.run_once()
-    assert first.replicas_checked == 7
-    assert (first.over_replicated_waiting, first.over_replicated_collected) == (2, 0)
+    assert first.replicas_checked == 8
+    assert (first.over_replicated_waiting, first.over_replicated_collected) == (3, 0)
     replicas.states[6] = ReplicaState(closed=True, listed=True, marked=False)  # healed back onto us
 
     clock.now += 50.0  # the grace is over but the next check is not due yet: nothing read
@@ -111,15 +114,17 @@ async def test_collects_only_closed_unlisted_unmarked_ledgers_seen_twice(tmp_pat
 
     clock.now += 50.0
     third = await gc.run_once()
-    assert (third.replicas_checked, third.over_replicated_collected, third.ledgers_collected) == (7, 1, 1)
+    assert (third.replicas_checked, third.over_replicated_collected, third.ledgers_collected) == (8, 2, 2)
+    assert third.orphans_collected == 1
     assert third.error is None
-    assert replicas.locked == [2]
-    assert sorted(storage.ledgers) == [1, 3, 4, 5, 6, 7]
+    assert replicas.locked == [2, 7]
+    assert sorted(storage.ledgers) == [1, 3, 4, 5, 6, 8]
+    assert (gc.over_replicated_collected_total, gc.orphans_collected_total) == (2, 1)
     with pytest.raises(NoLedger):
         await storage.read_entry(2, 0)
     storage.abort()  # a crash right after the pass: the collection was checkpointed
     reopened = await Storage.open(config(tmp_path))
-    assert sorted(reopened.ledgers) == [1, 3, 4, 5, 6, 7]
+    assert sorted(reopened.ledgers) == [1, 3, 4, 5, 6, 8]
     await reopened.close()
 
 
@@ -146,6 +151,26 @@ async def test_the_state_is_read_again_under_the_lock(tmp_path: Path) -> None:
     clock.now += 40.0
     assert (await gc.run_once()).over_replicated_collected == 2
     assert not storage.ledgers
+    await storage.close()
+
+
+async def test_an_orphan_listed_here_after_the_first_look_is_kept(tmp_path: Path) -> None:
+    """An orphan at the scan, but a heal listed this bookie in it before the lock was taken (its
+    copy here is needed now): the read under the lock keeps it, and so does every later check."""
+    storage = await filled(tmp_path, range(1, 3))
+    replicas = Replicas({1: ORPHAN, 2: ORPHAN})
+    clock = Clock()
+    gc = _gc(storage, replicas, clock, interval=10.0)
+    await gc.run_once()
+    replicas.on_lock = {1: ReplicaState(closed=True, listed=True, marked=False)}
+    clock.now += 40.0
+    report = await gc.run_once()
+    assert (report.over_replicated_collected, report.orphans_collected) == (1, 1)
+    assert replicas.locked == [1, 2]
+    assert sorted(storage.ledgers) == [1]
+    clock.now += 40.0
+    assert (await gc.run_once()).over_replicated_collected == 0
+    assert sorted(storage.ledgers) == [1]
     await storage.close()
 
 
@@ -199,16 +224,24 @@ async def test_a_failed_scan_keeps_the_suspects_and_the_check_comes_back_sooner(
 
 async def test_metadata_catalog_scans_in_pages_and_decodes_only_possible_replacements() -> None:
     """The scan of a bookie's ledgers: listings from the next ledger held (dense and sparse ids,
-    past one page), the states of the held ledgers that record it replaced only, marks included."""
+    past one page), the states of the held ledgers that record it replaced or list it nowhere
+    (orphans, also on a bookie whose id contains this one's) only, marks included."""
     store = metadata.MemoryStore()
     await metadata.init_cluster(store, "/test")
     catalog = MetadataCatalog("memory:///test", connect=lambda url: _Connection(store, "/test"))
     manager = metadata.LedgerManager(store, "/test")
     moved: set[int] = set()
-    for _ in range(2600):
-        created = await manager.create([ME, "b2"], write_quorum=2, ack_quorum=2)
+    orphans: set[int] = set()
+    for n in range(2600):
+        # one in 11 placed elsewhere from the start (a copy here is an orphan): ME's id is inside
+        # the first bookie's ("bookie-1" in "bookie-10")
+        ensemble = [f"{ME}0", "b2"] if n % 11 == 5 else [ME, "b2"]
+        created = await manager.create(ensemble, write_quorum=2, ack_quorum=2)
         md = created.metadata
-        if md.ledger_id % 7 == 0:  # re-replicated away from ME and closed
+        if n % 11 == 5:
+            await manager.write(md.closed(-1, 0), created.version)
+            orphans.add(md.ledger_id)
+        elif md.ledger_id % 7 == 0:  # re-replicated away from ME and closed
             md = dataclasses.replace(
                 md,
                 state=metadata.LedgerState.CLOSED,
@@ -228,8 +261,10 @@ async def test_metadata_catalog_scans_in_pages_and_decodes_only_possible_replace
     async for page in catalog.replica_states(held, ME):
         pages += 1
         states.update(page)
-    assert set(states) == {i for i in moved if i in set(held)}
-    assert all(state == GONE for i, state in states.items() if i != ids[1])
+    assert set(states) == {i for i in moved | orphans if i in set(held)}
+    assert all(state == GONE for i, state in states.items() if i != ids[1] and i in moved)
+    assert all(state == ORPHAN for i, state in states.items() if i in orphans)
+    assert len(orphans & set(held)) > 100
     assert states[ids[1]] == ReplicaState(True, False, True, True)  # marked: a worker may copy here
     assert 2 <= pages <= 15
     assert await catalog.replica_state(ids[0], ME) == states[ids[0]]  # the same judgement, one by one

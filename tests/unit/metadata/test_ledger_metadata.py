@@ -188,3 +188,18 @@ def test_may_record_replaced_leaves_out_no_ledger_that_records_the_bookie_replac
         assert serde.may_record_replaced(data, name)
         assert any(record.bookie == name for record in serde.decode(data, key="k").replaced_bookies)
         assert not serde.may_record_replaced(data, "b-9")  # named nowhere
+
+
+def test_may_not_hold_leaves_out_only_ledgers_that_list_the_bookie() -> None:
+    """The filter of a bookie's scan for copies it may not need (bookie GC): True for every ledger
+    that lists the bookie in no ensemble or records it replaced; False only for one that names it
+    and has no history (so it lists it)."""
+    for name in ("b-1", "bøokie-ü", "x" * 40):  # fixstr and str8 headers, any UTF-8 id
+        held = LedgerMetadata.new(7, [name, "b-2"], write_quorum=2, ack_quorum=2)
+        assert not serde.may_not_hold(serde.encode(held), name)
+        elsewhere = LedgerMetadata.new(8, [f"{name}0", "b-2"], write_quorum=2, ack_quorum=2)
+        assert serde.may_not_hold(serde.encode(elsewhere), name)  # its id inside another's
+        moved = held.with_ensemble_change(0, ["b-3", "b-2"]).with_replaced_bookies(
+            [serde.ReplacedBookie(0, name, "b-3", 1)]
+        )
+        assert serde.may_not_hold(serde.encode(moved), name)  # a history: decoded to judge
