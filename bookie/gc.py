@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import itertools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Sequence
@@ -218,7 +219,10 @@ class MetadataCatalog:
             # one listing covers a page of them; where sparse, one per ledger at worst.
             first = ledger_ids[i]
             page = await manager.read_page(
-                start_after=first - 1 if first > 0 else None, limit=METADATA_PAGE, not_holding=bookie_id
+                start_after=first - 1 if first > 0 else None,
+                limit=METADATA_PAGE,
+                not_holding=bookie_id,
+                on_undecodable=_undecodable,  # left out: its copies here are kept
             )
             states = [
                 (ledger_id, _replica_state(versioned.metadata, bookie_id, ledger_id in marked))
@@ -241,12 +245,17 @@ class MetadataCatalog:
         manager = metadata.LedgerManager(conn.store, conn.root)
         start_after: int | None = None
         while True:
-            page = await manager.read_page(start_after=start_after, limit=METADATA_PAGE)
+            undecodable: list[int] = []  # counted as listed: they stay in limbo
+            page = await manager.read_page(
+                start_after=start_after,
+                limit=METADATA_PAGE,
+                on_undecodable=functools.partial(_undecodable, into=undecodable),
+            )
             yield [
                 ledger_id
                 for ledger_id, versioned in page.ledgers.items()
                 if any(bookie_id in ensemble for _, ensemble in versioned.metadata.ensembles)
-            ]
+            ] + undecodable
             if not page.more or not page.ledger_ids:
                 return
             start_after = page.ledger_ids[-1]
@@ -261,13 +270,21 @@ class MetadataCatalog:
         i, count = 0, len(ledger_ids)
         while i < count:
             first = ledger_ids[i]
-            page = await manager.read_page(start_after=first - 1 if first > 0 else None, limit=METADATA_PAGE)
+            undecodable: list[int] = []  # left out: neither deleted nor settled
+            page = await manager.read_page(
+                start_after=first - 1 if first > 0 else None,
+                limit=METADATA_PAGE,
+                on_undecodable=functools.partial(_undecodable, into=undecodable),
+            )
             last = page.ledger_ids[-1] if page.ledger_ids else first
             out = []
             while i < count and (not page.more or ledger_ids[i] <= last):
-                versioned = page.ledgers.get(ledger_ids[i])
-                out.append((ledger_ids[i], None if versioned is None else versioned.metadata))
+                ledger_id = ledger_ids[i]
                 i += 1
+                if ledger_id in undecodable:
+                    continue
+                versioned = page.ledgers.get(ledger_id)
+                out.append((ledger_id, None if versioned is None else versioned.metadata))
             yield out
 
     async def mark_under_replicated(self, ledger_id: int, bookie_id: str, reason: str) -> None:
@@ -730,6 +747,14 @@ def _replica_state(md: metadata.LedgerMetadata, bookie_id: str, marked: bool) ->
     listed = any(bookie_id in ensemble for _, ensemble in md.ensembles)
     replaced = any(record.bookie == bookie_id for record in md.replaced_bookies)
     return ReplicaState(md.state is metadata.LedgerState.CLOSED, listed, marked, replaced)
+
+
+def _undecodable(ledger_id: int, error: metadata.MetadataFormatError, into: list[int] | None = None) -> None:
+    """A ledger whose metadata does not decode (a newer writer's format, a stray tool): logged and
+    left alone, never taken as deleted."""
+    log.warning("gc.metadata_undecodable", ledger_id=ledger_id, error=str(error))
+    if into is not None:
+        into.append(ledger_id)
 
 
 def _holds(ledger_ids: Sequence[int], ledger_id: int) -> bool:

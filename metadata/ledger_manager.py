@@ -30,6 +30,7 @@ from metadata import ledger_metadata as serde
 from metadata.errors import (
     BadVersion,
     CasResultUnknown,
+    MetadataFormatError,
     MetadataUnavailable,
     NodeExists,
     NoNode,
@@ -293,13 +294,17 @@ class LedgerManager:
         start_after: int | None = None,
         limit: int = LIST_PAGE_SIZE_DEFAULT,
         not_holding: str | None = None,
+        on_undecodable: Callable[[int, MetadataFormatError], None] | None = None,
     ) -> LedgerPage:
         """Up to ``limit`` ledgers with ids greater than ``start_after``, in increasing order, with
         their metadata: one listing instead of a read per ledger. With ``not_holding`` (a bookie
         id), only the metadata that may leave that bookie out of every ensemble, or record it
         replaced, is decoded (:func:`~metadata.ledger_metadata.may_not_hold`: no such ledger is left
         out), so a scan for the copies one bookie holds but may not need decodes few. Raises
-        `MetadataFormatError` (naming the ledger), `MetadataUnavailable`."""
+        `MetadataFormatError` (naming the ledger) unless ``on_undecodable`` is given: then such a
+        ledger is passed to it and left out of ``ledgers`` (its id stays listed), so one value a
+        newer writer or a stray tool left cannot stop a scan of every ledger. Raises
+        `MetadataUnavailable`."""
         after = None if start_after is None else self.keys.ledger(start_after)
         page = await self._store.list(self.keys.ledgers_prefix, start_after=after, limit=limit)
         ids: list[int] = []
@@ -308,7 +313,13 @@ class LedgerManager:
             ledger_id = self.keys.ledger_id_of(kv.key)
             ids.append(ledger_id)
             if not_holding is None or serde.may_not_hold(kv.value, not_holding):
-                md = serde.decode(kv.value, key=kv.key, ledger_id=ledger_id)
+                try:
+                    md = serde.decode(kv.value, key=kv.key, ledger_id=ledger_id)
+                except MetadataFormatError as exc:
+                    if on_undecodable is None:
+                        raise
+                    on_undecodable(ledger_id, exc)
+                    continue
                 ledgers[ledger_id] = VersionedLedger(md, kv.version)
         return LedgerPage(tuple(ids), ledgers, page.more)
 

@@ -417,6 +417,35 @@ async def test_a_ledger_waiting_for_the_workers_is_not_walked_again(
         storage.abort()
 
 
+async def test_an_undecodable_ledger_anywhere_neither_stops_nor_clears_limbo(tmp_path: Path) -> None:
+    """One ledger's metadata no longer decodes (a newer writer's format, a stray tool): the
+    passes go on; that ledger stays in limbo (neither taken as deleted nor settled), the rest settle."""
+    store = metadata.MemoryStore()
+    await metadata.init_cluster(store, "/test")
+    manager = metadata.LedgerManager(store, "/test")
+    held = (await manager.create([BOOKIE], write_quorum=1, ack_quorum=1)).ledger_id
+    garbled = (await manager.create([BOOKIE, "b"], write_quorum=2, ack_quorum=2)).ledger_id
+    elsewhere = (await manager.create(["a", "b"], write_quorum=2, ack_quorum=2)).ledger_id
+    for ledger_id in (garbled, elsewhere):
+        await store.put(manager.keys.ledger(ledger_id), b"\x00not metadata")
+    catalog = bookie_gc.MetadataCatalog("memory:///test", connect=lambda url: _Connection(store, "/test"))
+    await _journal_with_torn_tail(tmp_path)  # ledger 1 (= ``held``): entries 0..8 held, 9 cut
+    assert held == 1
+    storage = await Storage.open(config(tmp_path))
+    try:
+        resolver = LimboResolver(storage, catalog, BOOKIE)
+        await resolver.run_once()
+        assert storage.limbo is not None
+        assert not storage.limbo.every_ledger, "one undecodable ledger kept every ledger in limbo"
+        assert garbled in storage.limbo.ledgers  # listed: it may be on this bookie
+        assert elsewhere in storage.limbo.ledgers  # the same: nothing says it is not
+        await resolver.run_once()
+        assert garbled in storage.limbo.ledgers, "an undecodable ledger was taken as deleted"
+    finally:
+        storage.abort()
+        await catalog.close()
+
+
 async def test_a_new_cut_widens_a_narrowed_marker(tmp_path: Path) -> None:
     await _journal_with_torn_tail(tmp_path)
     fileio = FileIO()
