@@ -1120,8 +1120,10 @@ class ServerConnection(asyncio.Protocol):
     def _end_turn(self) -> None:
         """Its answers of this turn reached :data:`ANSWERS_PER_TURN_MAX`: its frame loop stops at the
         next frame (``halted``) and the rest of its buffer is handled in the next turn, after its
-        answers are written and the other connections have had theirs."""
+        answers are written and the other connections have had theirs. It is not read meanwhile (a
+        peer sending faster than its turns handle would grow its buffer without bound)."""
         self._turn_full = self.halted = True
+        self._update_reading()
         self._loop.call_soon(self._next_turn)
 
     def _next_turn(self) -> None:
@@ -1130,7 +1132,9 @@ class ServerConnection(asyncio.Protocol):
             return
         self.halted = self._paused_by_errors or self._paused_by_keys
         if self._buf and not self.halted:
-            self._process_buffer()
+            self._process_buffer()  # may end this turn too: not read until its buffer is handled
+        if not self._turn_full:
+            self._update_reading()
 
     def complete_adds(self, request_ids: list[int], frames: list[bytes]) -> None:
         """Answer a run of requests at once (a journal group's adds): ``frames`` are the parts of
@@ -1184,6 +1188,7 @@ class ServerConnection(asyncio.Protocol):
             or self._paused_by_errors
             or self._paused_by_keys
             or self._auth_busy
+            or self._turn_full
         )
         if want_paused != self._reading_paused:
             self._reading_paused = want_paused
