@@ -345,7 +345,7 @@ HELLOS_BEFORE_AUTH_MAX = 2
 """HELLOs a connection may send before its AUTH when authentication is required (a client sends
 one); another is refused (EBADREQ, charged) and the connection closed: unauthenticated, a HELLO
 flood would be answered without end."""
-ANSWERS_PER_TURN_MAX = 1024
+ANSWERS_PER_TURN_MAX = 256
 """Answers one connection queues in one turn of the loop before its frames wait for the next turn
 (:meth:`ServerConnection.complete`): a socket read of requests answered at once (GET_BOOKIE_INFO,
 READ_LAC, HELLO: 20,000 in a 256 KiB read) does not hold the loop for the others."""

@@ -572,7 +572,7 @@ async def test_hellos_before_auth_are_bounded(tmp_path: Path) -> None:
 
 
 async def test_a_burst_of_requests_answered_at_once_is_answered_in_order(tmp_path: Path) -> None:
-    """A connection's frames beyond 1,024 answers in one turn of the loop wait for the next turn
+    """A connection's frames beyond 256 answers in one turn of the loop wait for the next turn
     (so one socket read of 20,000 small requests does not hold the loop): every one is answered,
     in order, with or without the handshake phase (HELLOs) in front."""
     bookie = _bookie(tmp_path)
