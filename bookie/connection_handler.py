@@ -35,6 +35,14 @@ An ``asyncio.Protocol`` (3x cheaper than streams here, docs/internals.md §6). R
   parked long polls (per address and in all, apart from the request permits).
 - Log lines about a connection's bad input are bounded in size, in number per connection, and in
   rate over all connections.
+- Every connection goes away: one whose writes stay paused with its client reading none of its
+  answers for ``frame_read_timeout_s`` is aborted, and so is one the bookie closed whose transport
+  has not flushed (or whose TLS close is unanswered) ``frame_read_timeout_s`` after the close: a
+  graceful close waits for the peer to read. Until then a closing connection keeps its slot and
+  its answers stay counted; a full bookie aborts it first for a newcomer.
+- One connection handles at most :data:`ANSWERS_PER_TURN_MAX` requests answered at once per loop
+  turn (the rest of its buffer waits for the next turn), and before AUTH at most
+  :data:`HELLOS_BEFORE_AUTH_MAX` HELLOs: a burst of small requests does not hold the loop.
 - A bad request gets an error response when its request id can be read, else the connection closes.
   Nothing a peer sends can raise out of ``data_received``.
 - The handshake (HELLO, AUTH) is handled here before the processor sees a frame. With auth
@@ -134,7 +142,7 @@ class AnswerBudget:
     ``get_write_buffer_size`` per write to a transport (a turn's answers of a connection, a
     journal group's acks), and a counter per read answer."""
 
-    __slots__ = ("estimate", "free", "held", "holders", "limit", "loading", "over", "throttles")
+    __slots__ = ("estimate", "free", "half", "held", "holders", "limit", "loading", "over", "throttles")
 
     def __init__(self, limit: int, free: int = ANSWER_BYTES_FREE) -> None:
         self.limit = limit
@@ -143,6 +151,9 @@ class AnswerBudget:
         self.holders: set[ServerConnection] = set()
         """Connections whose count is not 0."""
         self.over = False
+        self.half = False
+        """Past half of ``limit`` (where reads load one at a time) since it was last under a quarter:
+        every holder's count was taken again when it passed (:meth:`pass_half`)."""
         self.loading = 0
         """Reads loading an entry, all connections (their size is known once loaded)."""
         self.estimate = self.free
@@ -150,6 +161,14 @@ class AnswerBudget:
         answer), 1 MiB at first."""
         self.throttles = 0
         """Connections throttled since start (the metric ``bookie_answer_throttles_total``)."""
+
+    def pass_half(self) -> None:
+        """``held`` passed half of ``limit``: take every holder's count again, once (stale counts of
+        quiet connections whose clients read their answers since would make reads wait for
+        nothing); again only after ``held`` has been under a quarter."""
+        self.half = True  # first: a recount that raises a count does not come back here
+        for conn in list(self.holders):
+            conn.recount_answers()
 
     def go_over(self) -> None:
         """``held`` passed ``limit``: take every holder's count again (stale ones drop), and if
@@ -262,10 +281,16 @@ class ConnectionLimits:
         return None
 
     def make_room(self, address: str, registry: set[ServerConnection]) -> bool:
-        """Every slot of ``connections_max`` is taken and ``address`` wants one: close an idle or
-        unauthenticated connection of the address holding the most, if it holds more than
-        ``address`` would (so two addresses at the same count do not take turns evicting each
-        other); False: none to close (the caller refuses). O(connections), only when full."""
+        """Every slot of ``connections_max`` is taken and ``address`` wants one: abort a connection
+        the bookie is closing (its peer is not reading its last answers: it goes anyway), else
+        close an idle or unauthenticated connection of the address holding the most, if it holds
+        more than ``address`` would (so two addresses at the same count do not take turns evicting
+        each other); False: none to close (the caller refuses). O(connections), only when full."""
+        for conn in registry:
+            if conn.closing:
+                self.refusals.note("evicted_closing", self.connections_max, conn.peer)
+                conn.abort()  # its slot is given back by connection_lost
+                return True
         if not self.per_address:
             return False
         holder, count = max(self.per_address.items(), key=lambda item: item[1])
@@ -316,6 +341,14 @@ LONG_POLLS_MAX = 16384
 request: about a KiB)."""
 AUTH_STEPS_MAX = 8
 """AUTH steps one connection may take (a multi-step mechanism needs 2 or 3)."""
+HELLOS_BEFORE_AUTH_MAX = 2
+"""HELLOs a connection may send before its AUTH when authentication is required (a client sends
+one); another is refused (EBADREQ, charged) and the connection closed: unauthenticated, a HELLO
+flood would be answered without end."""
+ANSWERS_PER_TURN_MAX = 256
+"""Answers one connection queues in one turn of the loop before its frames wait for the next turn
+(:meth:`ServerConnection.complete`): a socket read of requests answered at once (GET_BOOKIE_INFO,
+READ_LAC, HELLO: 20,000 in a 256 KiB read) does not hold the loop for the others."""
 
 
 class ServerConnection(asyncio.Protocol):
@@ -396,6 +429,16 @@ class ServerConnection(asyncio.Protocol):
         """Bytes came from the peer (else its close is charged like a refusal)."""
         self.long_polls = 0
         """Long polls of this connection parked (not counted in ``in_flight``)."""
+        self._hellos = 0
+        self._turn_full = False
+        """It queued :data:`ANSWERS_PER_TURN_MAX` answers in this turn: its frames wait for the next."""
+        self._aborted = False
+        self._drain_timer: asyncio.TimerHandle | None = None
+        """Armed by :meth:`close`: a transport that has not flushed its answers by then is aborted."""
+        self._stall_timer: asyncio.TimerHandle | None = None
+        self._stall_size = 0
+        """Bytes its transport held when its writes paused (or at the last check): a check that finds
+        no fewer aborts it (:meth:`_on_write_stall`)."""
         """Refused at accept because every slot of ``connections_max`` is taken (reset at once)."""
 
     @property
@@ -506,10 +549,17 @@ class ServerConnection(asyncio.Protocol):
         if self.answers_held:
             self._charge_answers(-self.answers_held)
         self._writable.set()  # wake reads waiting to answer: they see the connection closed
-        for timer in (self._deadline, self._idle_timer, self._auth_timer):
+        for timer in (
+            self._deadline,
+            self._idle_timer,
+            self._auth_timer,
+            self._drain_timer,
+            self._stall_timer,
+        ):
             if timer is not None:
                 timer.cancel()
-        self._deadline = self._idle_timer = self._auth_timer = None
+        self._deadline = self._idle_timer = self._auth_timer = self._drain_timer = self._stall_timer = None
+        self._transport = None  # gone: nothing it held is counted any more (recount_answers)
         for task in list(self._tasks):
             task.cancel()
         self._processor.connection_lost(self)
@@ -535,9 +585,15 @@ class ServerConnection(asyncio.Protocol):
         self._writable.clear()
         self._update_reading()
         self.recount_answers()
+        if self._stall_timer is None and self._transport is not None and not self.closed:
+            self._stall_size = self._transport.get_write_buffer_size()
+            self._stall_timer = self._loop.call_later(self._limits.frame_read_timeout_s, self._on_write_stall)
 
     def resume_writing(self) -> None:
         self._paused_by_writes = False
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
         if self._answers_throttled and self._transport is not None and not self.closed:
             self._answers_throttled = False  # read down to a quarter of ``free``: back to its own limit
             self._transport.set_write_buffer_limits(high=self._limits.answer_bytes_buffered_max)
@@ -546,6 +602,23 @@ class ServerConnection(asyncio.Protocol):
         self.recount_answers()
         if self._buf and not self.closed:
             self._loop.call_soon(self._process_buffer)
+
+    def _on_write_stall(self) -> None:
+        """Its writes have been paused ``frame_read_timeout_s``: if its client read nothing of its
+        answers since the last check (a peer that stopped reading, or that only acknowledges
+        zero-window probes), the connection is aborted (closing it would wait for those answers to
+        be read, holding its slot and memory for good); else checked again as long after."""
+        self._stall_timer = None
+        transport = self._transport
+        if transport is None or not self._paused_by_writes or self._aborted:
+            return
+        size = transport.get_write_buffer_size()
+        if size < self._stall_size:
+            self._stall_size = size
+            self._stall_timer = self._loop.call_later(self._limits.frame_read_timeout_s, self._on_write_stall)
+            return
+        self.warn("connection.write_stalled", unread_bytes=size, timeout_s=self._limits.frame_read_timeout_s)
+        self.abort()
 
     @contextlib.asynccontextmanager
     async def read_slot(self) -> AsyncIterator[None]:
@@ -601,9 +674,9 @@ class ServerConnection(asyncio.Protocol):
         not written yet)."""
         transport = self._transport
         size = 0
-        if transport is not None and not self.closed:
+        if transport is not None:  # closing too: what it holds is held until connection_lost
             size = transport.get_write_buffer_size()
-            if self._out and self._out is self._out_counted:
+            if self._out and self._out is self._out_counted and not self.closed:
                 size += self._out_bytes
         if size != self.answers_held:
             self._charge_answers(size - self.answers_held)
@@ -621,14 +694,19 @@ class ServerConnection(asyncio.Protocol):
         else:
             budget.holders.discard(self)
         if delta > 0:
+            if budget.held > budget.limit >> 1 and not budget.half:
+                budget.pass_half()
             if budget.held > budget.limit:
                 if not budget.over:
                     budget.go_over()  # may recount and throttle this connection too
                 if budget.over and self.answers_held > budget.free and not self._answers_throttled:
                     self.throttle_answers()
-        elif budget.over and budget.held <= budget.limit - budget.limit // 4:
-            budget.over = False
-            log.info("bookie.answer_bytes_under", held=budget.held, limit=budget.limit)
+        elif budget.half:
+            if budget.over and budget.held <= budget.limit - budget.limit // 4:
+                budget.over = False
+                log.info("bookie.answer_bytes_under", held=budget.held, limit=budget.limit)
+            if budget.held <= budget.limit >> 2:
+                budget.half = False
 
     def throttle_answers(self) -> None:
         """The bookie is over its answer budget and this connection holds more than its free share:
@@ -688,7 +766,8 @@ class ServerConnection(asyncio.Protocol):
 
     def eviction_rank(self) -> float | None:
         """None: this connection is not to be closed for a newcomer (:meth:`ConnectionLimits.make_room`);
-        else the lower, the sooner: unauthenticated ones first, then the one idle the longest."""
+        else the lower, the sooner: unauthenticated ones first, then the one idle the longest.
+        Closing ones are not ranked: :meth:`ConnectionLimits.make_room` aborts them first."""
         if self._transport is None or self.closed:
             return None
         if self._handshake and self._limits.auth_providers:
@@ -697,10 +776,17 @@ class ServerConnection(asyncio.Protocol):
             return None
         return self._last_active
 
+    @property
+    def closing(self) -> bool:
+        """Closed by the bookie, its transport flushing its last answers (:meth:`close`): it holds
+        its slot until they are read or its drain deadline aborts it."""
+        return self.closed and not self._aborted and self._transport is not None
+
     def _on_idle_check(self) -> None:
         self._idle_timer = None
         if self.closed:
             return
+        self.recount_answers()  # a quiet connection's count is taken at its writes only
         timeout = self._limits.idle_timeout_s
         idle_s = self._loop.time() - self._last_active
         if (
@@ -751,7 +837,7 @@ class ServerConnection(asyncio.Protocol):
             self.close()
             return
         self._paused_by_errors = False
-        self.halted = self._paused_by_keys
+        self.halted = self._paused_by_keys or self._turn_full
         self._update_reading()
         if self._buf:
             self._loop.call_soon(self._process_buffer)
@@ -762,7 +848,7 @@ class ServerConnection(asyncio.Protocol):
         if self.closed:
             return
         self._paused_by_keys = paused
-        self.halted = paused or self._paused_by_errors
+        self.halted = paused or self._paused_by_errors or self._turn_full
         self._update_reading()
         if not paused and not self.halted and self._buf:
             self._loop.call_soon(self._process_buffer)
@@ -857,7 +943,7 @@ class ServerConnection(asyncio.Protocol):
         phase is over and the rest of the buffer is the processor's."""
         buf = self._buf
         required = bool(self._limits.auth_providers)
-        while not self.closed and not self._auth_busy:
+        while not self.halted and not self._auth_busy and not self._paused_by_writes:
             if len(buf) < 4:
                 return False
             (size,) = _LENGTH.unpack_from(buf, 0)
@@ -875,6 +961,15 @@ class ServerConnection(asyncio.Protocol):
                 self._refuse(exc.op or 0, exc.request_id, StatusCode.EBADREQ, f"bad request: {exc}")
                 return False
             if type(request) is m.HelloRequest:
+                self._hellos += 1
+                if required and self._hellos > HELLOS_BEFORE_AUTH_MAX:
+                    self._refuse(
+                        OpCode.HELLO,
+                        request.request_id,
+                        StatusCode.EBADREQ,
+                        f"more than {HELLOS_BEFORE_AUTH_MAX} HELLOs before AUTH",
+                    )
+                    return False
                 one = bytearray(buf[:end])
                 with memoryview(one) as view:
                     self._processor.dispatch_frames(
@@ -1012,13 +1107,35 @@ class ServerConnection(asyncio.Protocol):
     def complete(self, request_id: int | None, frame: bytes | None) -> None:
         """Answer one request (``frame`` None: no answer) and give its permit back."""
         if frame is not None and not self.closed:  # send(), inlined: this runs once per request
-            self._out.append(frame)
+            out = self._out
+            out.append(frame)
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 self._loop.call_soon(self._flush)
+            elif len(out) >= ANSWERS_PER_TURN_MAX and not self._turn_full:
+                self._end_turn()
         if request_id is not None:
             self.request_ids.discard(request_id)
         self._release(1)
+
+    def _end_turn(self) -> None:
+        """Its answers of this turn reached :data:`ANSWERS_PER_TURN_MAX`: its frame loop stops at the
+        next frame (``halted``) and the rest of its buffer is handled in the next turn, after its
+        answers are written and the other connections have had theirs. It is not read meanwhile (a
+        peer sending faster than its turns handle would grow its buffer without bound)."""
+        self._turn_full = self.halted = True
+        self._update_reading()
+        self._loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._turn_full = False
+        if self.closed:
+            return
+        self.halted = self._paused_by_errors or self._paused_by_keys
+        if self._buf and not self.halted:
+            self._process_buffer()  # may end this turn too: not read until its buffer is handled
+        if not self._turn_full:
+            self._update_reading()
 
     def complete_adds(self, request_ids: list[int], frames: list[bytes]) -> None:
         """Answer a run of requests at once (a journal group's adds): ``frames`` are the parts of
@@ -1072,6 +1189,7 @@ class ServerConnection(asyncio.Protocol):
             or self._paused_by_errors
             or self._paused_by_keys
             or self._auth_busy
+            or self._turn_full
         )
         if want_paused != self._reading_paused:
             self._reading_paused = want_paused
@@ -1091,16 +1209,32 @@ class ServerConnection(asyncio.Protocol):
         task.add_done_callback(self._tasks.discard)
 
     def close(self) -> None:
-        """Graceful: queued responses are flushed, then the socket closes."""
+        """Graceful: queued responses are flushed, then the socket closes. Within
+        ``frame_read_timeout_s``: a transport still holding answers its peer does not read (or a
+        TLS close it does not answer) is aborted then, so a closed connection always gives back its
+        slot and what it holds (``connection_lost``)."""
         if self._transport is not None and not self.closed:
             if self._out:
                 self._flush()
             self.closed = self.halted = True
-            self._transport.close()
+            self._transport.close()  # connection_lost comes in a later callback, and cancels this
+            self._drain_timer = self._loop.call_later(
+                self._limits.frame_read_timeout_s, self._on_drain_timeout
+            )
+
+    def _on_drain_timeout(self) -> None:
+        self._drain_timer = None
+        if self._transport is None or self._aborted:
+            return
+        unread = self._transport.get_write_buffer_size()
+        self.warn(
+            "connection.close_stalled", unread_bytes=unread, timeout_s=self._limits.frame_read_timeout_s
+        )
+        self.abort()
 
     def abort(self) -> None:
-        if self._transport is not None:
-            self.closed = self.halted = True
+        if self._transport is not None and not self._aborted:
+            self.closed = self.halted = self._aborted = True
             self._transport.abort()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import struct
 from pathlib import Path
 from typing import Any, cast
@@ -20,7 +21,7 @@ from bookkeeper_aio.protocol.codes import ReadFlag, StatusCode
 from tests.harness.admin_http import get_json
 from tests.harness.bookie_proc import BookieProcess
 
-from .wire import WireClient, entry_body
+from .wire import KEY, WireClient, entry_body
 
 MIB = 1024 * 1024
 
@@ -435,3 +436,162 @@ async def test_with_auth_a_client_behind_an_erring_host_connects(tmp_path: Path)
         line for line in bookie.log_path.read_text(errors="replace").splitlines() if "throttled" in line
     ]
     assert any("127.0.0.2" in line for line in throttled), "the flood never put its address in deficit"
+
+
+def _silent_socket(bookie: BookieProcess, local: str, requests: bytes) -> socket.socket:
+    """A peer that sends ``requests`` and never reads: a tiny receive window, so what the bookie
+    answers past its kernel buffers stays in its transport."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.bind((local, 0))
+    sock.connect(bookie.address)
+    sock.sendall(requests)
+    return sock
+
+
+def _reads(count: int) -> bytes:
+    return b"".join(m.encode(m.ReadEntryRequest(rid, 1, 0, 0, KEY, -1, 0)) for rid in range(1, count + 1))
+
+
+async def _state_when(bookie: BookieProcess, check: Any, within_s: float) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while True:
+        _, state = await get_json(*bookie.admin_address(), "/state")
+        if check(state) or loop.time() > deadline:
+            return cast(dict[str, Any], state)
+        await asyncio.sleep(0.2)
+
+
+async def _big_entry(bookie: BookieProcess) -> None:
+    writer = await WireClient.connect(*bookie.address)
+    assert (await writer.add(1, 0, os.urandom(MIB))).status == StatusCode.EOK
+    writer.close()
+    await asyncio.wait_for(asyncio.shield(writer.closed), 5)
+
+
+async def test_a_closed_connection_whose_peer_reads_nothing_gives_its_slot_back(tmp_path: Path) -> None:
+    """A connection the bookie closes (here for idleness) while its transport holds answers its
+    peer never reads is aborted ``frame_read_timeout_s`` later. Before, the close waited for those
+    answers to drain, with no limit: the connection kept its slot, its address's count and their
+    memory for good (it could not be evicted, nor idle-closed again)."""
+    bookie = _bookie(tmp_path, "--idle-timeout-s", "1", "--frame-read-timeout-s", "2", "--admin-port", "0")
+    sock = None
+    try:
+        await _big_entry(bookie)
+        sock = _silent_socket(bookie, "127.0.0.2", _reads(8))  # 8 MiB of answers: under its high water
+        state = await _state_when(bookie, lambda s: s["connections"] == 1 and s["answer_bytes_held"], 5)
+        assert state["connections"] == 1, state
+        assert state["answer_bytes_held"] > MIB, state
+        state = await _state_when(bookie, lambda s: s["connections"] == 0, 15)
+        assert state["connections"] == 0, f"a closed connection kept its slot: {state}"
+        assert state["answer_bytes_held"] == 0, state
+        await _canary(bookie, 2)
+    finally:
+        if sock is not None:
+            sock.close()
+        bookie.cleanup()
+    log_text = bookie.log_path.read_text(errors="replace")
+    assert "connection.idle_closed" in log_text
+    assert "connection.close_stalled" in log_text
+
+
+async def test_a_full_bookie_aborts_a_closing_connection_for_a_newcomer(tmp_path: Path) -> None:
+    """Every slot is held by connections the bookie is closing whose peers read nothing: a newcomer
+    from another address gets one of them (the closing connection is aborted), at once. Before, a
+    closing connection could not be evicted and the newcomer was refused."""
+    bookie = _bookie(
+        tmp_path,
+        *("--connections-max", "2", "--idle-timeout-s", "1", "--frame-read-timeout-s", "60"),
+        *("--admin-port", "0"),
+    )
+    socks = []
+    try:
+        await _big_entry(bookie)
+        socks = [_silent_socket(bookie, "127.0.0.2", _reads(8)) for _ in range(2)]
+        await asyncio.sleep(3)  # both idle-closed, their answers unread
+        _, state = await get_json(*bookie.admin_address(), "/state")
+        assert state["connections"] == 2, state
+        assert state["answer_bytes_held"] > MIB, "a closing connection's answers are still held"
+        newcomer = await _connect_from(bookie, "127.0.0.1")
+        assert (await asyncio.wait_for(newcomer.add(9, 0, b"x"), 5)).status == StatusCode.EOK
+        newcomer.close()
+    finally:
+        for sock in socks:
+            sock.close()
+        bookie.cleanup()
+    assert "evicted_closing" in bookie.log_path.read_text(errors="replace")
+
+
+async def test_a_connection_whose_peer_stops_reading_mid_frame_is_aborted(tmp_path: Path) -> None:
+    """A peer that asks for more answers than ``answer_bytes_buffered_max`` (its reading paused),
+    leaves half a frame behind and never reads is aborted once its answers have not moved for
+    ``frame_read_timeout_s``. Before, the frame deadline re-armed for good (the bookie being the
+    slow side) and the idle check waited for an empty buffer: the connection stayed for good."""
+    bookie = _bookie(tmp_path, "--frame-read-timeout-s", "2", "--admin-port", "0")
+    sock = None
+    try:
+        await _big_entry(bookie)
+        sock = _silent_socket(bookie, "127.0.0.2", _reads(16) + struct.pack(">I", 100) + bytes(10))
+        state = await _state_when(bookie, lambda s: s["connections"] == 0, 15)
+        assert state["connections"] == 0, f"a stalled connection kept its slot: {state}"
+        assert state["answer_bytes_held"] == 0, state
+        await _canary(bookie, 2)
+    finally:
+        if sock is not None:
+            sock.close()
+        bookie.cleanup()
+    assert "connection.write_stalled" in bookie.log_path.read_text(errors="replace")
+
+
+async def test_hellos_before_auth_are_bounded(tmp_path: Path) -> None:
+    """Before AUTH, a connection gets two HELLOs answered; a third is refused (EBADREQ) and the
+    connection closed. Before, every HELLO was answered, synchronously and uncharged: a 2 MB burst
+    of them held the loop for seconds (another client's round trip went from 1 ms to 5.7 s)."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice:s3cret\n")
+    bookie = _bookie(tmp_path, "--auth-providers", "token", "--auth-token-file", str(tokens))
+    try:
+        client = await WireClient.connect(*bookie.address)
+        hellos = [client.request(m.HelloRequest, 1, "x") for _ in range(3)]
+        first, second = await asyncio.wait_for(asyncio.gather(*hellos[:2]), 5)
+        assert first.status == second.status == StatusCode.EOK
+        assert (await asyncio.wait_for(hellos[2], 5)).status == StatusCode.EBADREQ
+        await asyncio.wait_for(asyncio.shield(client.closed), 5)
+        # HELLO, HELLO, AUTH: a client that says HELLO twice still authenticates.
+        honest = await WireClient.connect(*bookie.address)
+        hellos = [honest.request(m.HelloRequest, 1, "x") for _ in range(2)]
+        auth = honest.request(m.AuthRequest, "token", b"s3cret")
+        assert {r.status for r in await asyncio.wait_for(asyncio.gather(*hellos, auth), 5)} == {
+            StatusCode.EOK
+        }
+        assert (await asyncio.wait_for(honest.add(3, 0, b"x"), 5)).status == StatusCode.EOK
+        honest.close()
+    finally:
+        bookie.cleanup()
+
+
+async def test_a_burst_of_requests_answered_at_once_is_answered_in_order(tmp_path: Path) -> None:
+    """A connection's frames beyond 256 answers in one turn of the loop wait for the next turn
+    (so one socket read of 20,000 small requests does not hold the loop): every one is answered,
+    in order, with or without the handshake phase (HELLOs) in front."""
+    bookie = _bookie(tmp_path)
+    try:
+        client = await WireClient.connect(*bookie.address)
+        assert client.transport is not None
+        frames = [m.encode(m.HelloRequest(rid, 1, "x")) for rid in range(1, 5001)]
+        frames += [m.encode(m.GetBookieInfoRequest(rid)) for rid in range(5001, 10001)]
+        futures = []
+        loop = asyncio.get_running_loop()
+        for rid in range(1, 10001):
+            futures.append(loop.create_future())
+            client.pending[rid] = futures[-1]
+        client.transport.write(b"".join(frames))  # one burst
+        answers = await asyncio.wait_for(asyncio.gather(*futures), 30)
+        assert {a.status for a in answers} == {StatusCode.EOK}
+        assert not client.unmatched
+        order = [a.request_id for a in answers]
+        assert order == list(range(1, 10001))
+        client.close()
+    finally:
+        bookie.cleanup()
