@@ -116,7 +116,6 @@ class Disk:
         self.files: dict[str, SimFile] = {}
         self.durable_names: dict[str, SimFile] = {}
         self.dirs: set[str] = set()
-        self.bytes_synced = 0
         self.rot: dict[str, set[int]] = {}
         """Bit rot: path -> byte offsets that ``pread`` returns flipped (a latent sector error that
         hands back garbage instead of EIO; replay's whole-file reads are not affected)."""
@@ -230,9 +229,7 @@ class SimFileIO(FileIO):
     def _sync(self, fd: int) -> None:
         if self.syncs_lost:
             return
-        file = self._file(fd)
-        self.disk.bytes_synced += sum(len(d) for _, d in file.pending if d is not None)
-        file.sync()
+        self._file(fd).sync()
 
     def pread(self, fd: int, length: int, offset: int) -> bytes:
         data = bytes(self._file(fd).data[offset : offset + length])

@@ -19,7 +19,7 @@ Rules (the whole point is that one seed is one history):
 The scheduling primitives (``call_soon``, ``call_at``, running a handle) are leaner versions of
 ``asyncio.BaseEventLoop``'s: the same handles in the same order (a seed's trace is byte-identical
 with the stock ones), without the checks a single-threaded, never-closed, non-debug loop does not
-need; the timer heap holds ``(when, handle)`` pairs (compared in C, in the handles' own order) and
+need; the timer heap holds ``(when, nan, handle)`` entries (compared in C, in the handles' own order) and
 the ready batch is shuffled with ``random.shuffle``'s algorithm inline. They are most of the
 simulator's own cost.
 """
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import heapq
 import random
 from asyncio import format_helpers
@@ -82,13 +83,20 @@ class _Handle(asyncio.Handle):
 
 
 class _TimerHandle(asyncio.TimerHandle):
-    """A ``TimerHandle`` likewise (:meth:`SimLoop.call_at`); compared by due time only, as
-    asyncio's are (a tie in the timer heap's ``(when, handle)`` pairs comes down to this)."""
+    """A ``TimerHandle`` likewise (:meth:`SimLoop.call_at`). The timer heap never compares two:
+    see :data:`_TIE`."""
 
     __slots__ = ()
 
-    def __lt__(self, other: Any) -> bool:
-        return bool(self._when < other._when)
+
+_TIE = float("nan")
+"""The middle of a timer heap entry ``(when, -_TIE, handle)``: a NaN of its own (``-_TIE`` makes a
+new float object each time), so that two entries due at the same time compare in C and neither is
+earlier (``nan == nan`` and ``nan < nan`` are false, and no two live entries share the object
+that would make them equal). That is the order the heap had when it held the handles themselves,
+which asyncio compares by due time only, so it evolves as before and every seed keeps its trace;
+comparing the handles on a tie took two Python calls (``TimerHandle.__eq__`` and ``__lt__``),
+about one per five callbacks."""
 
 
 _new_handle = object.__new__
@@ -128,9 +136,12 @@ class SimLoop(asyncio.BaseEventLoop):
         ``finally`` blocks run) at a moment the garbage collector picks."""
         self.set_exception_handler(self._on_exception)
         self._ready: list[asyncio.Handle] = []  # type: ignore[assignment]  # swapped per batch
+        # time(), asked by asyncio's timeouts and the code under test (and the clock seam), as a
+        # C call that reads the attribute: no Python frame per call.
+        self.time = functools.partial(getattr, self, "_now_s")  # type: ignore[method-assign]
 
     # ------------------------------------------------------------------ time
-    def time(self) -> float:
+    def time(self) -> float:  # replaced per instance by a C call doing the same (__init__)
         return self._now_s
 
     # Every Future and Task asks its loop this when it is made: a builtin answers without a frame.
@@ -166,7 +177,7 @@ class SimLoop(asyncio.BaseEventLoop):
         timer._source_traceback = None
         timer._when = when
         timer._scheduled = True
-        _heappush(self._scheduled, (when, timer))
+        _heappush(self._scheduled, (when, -_TIE, timer))
         return timer
 
     def call_later(
@@ -185,7 +196,7 @@ class SimLoop(asyncio.BaseEventLoop):
         timer._source_traceback = None
         timer._when = when
         timer._scheduled = True
-        _heappush(self._scheduled, (when, timer))
+        _heappush(self._scheduled, (when, -_TIE, timer))
         return timer
 
     # ------------------------------------------------------------------ the scheduler
@@ -193,9 +204,9 @@ class SimLoop(asyncio.BaseEventLoop):
         """Iterations until the loop is told to stop (``run_forever`` calls this once per
         ``_stopping`` check; looping here saves that call per iteration, nothing else changes).
 
-        The timer heap holds ``(when, handle)`` pairs: compared in C, and in the same order as
-        the handles themselves (by due time only: a tie compares the handles, which say neither
-        is earlier), so the heap evolves as it did with handles and every seed keeps its trace.
+        The timer heap holds ``(when, nan, handle)`` entries: compared in C, and in the same order
+        as the handles themselves (by due time only: on a tie neither is earlier, :data:`_TIE`),
+        so the heap evolves as it did with handles and every seed keeps its trace.
         The ready batch is shuffled by :func:`_shuffle`, ``random.shuffle``'s own algorithm."""
         scheduled = self._scheduled
         heappop = heapq.heappop
@@ -207,7 +218,7 @@ class SimLoop(asyncio.BaseEventLoop):
         while True:
             ready = self._ready
             if not ready:
-                while scheduled and scheduled[0][1]._cancelled:
+                while scheduled and scheduled[0][2]._cancelled:
                     self._pop_timer()
                 if not scheduled:
                     if self._stopping:
@@ -223,7 +234,7 @@ class SimLoop(asyncio.BaseEventLoop):
                 raise Livelock(f"{ITERATIONS_AT_ONE_INSTANT_MAX} loop iterations at t={self._now_s:.6f} s")
             now = self._now_s
             while scheduled and scheduled[0][0] <= now:
-                handle = heappop(scheduled)[1]
+                handle = heappop(scheduled)[2]
                 handle._scheduled = False
                 if handle._cancelled:
                     self._timer_cancelled_count = max(0, self._timer_cancelled_count - 1)
@@ -264,7 +275,7 @@ class SimLoop(asyncio.BaseEventLoop):
                 return
 
     def _pop_timer(self) -> asyncio.TimerHandle:
-        handle: asyncio.TimerHandle = heapq.heappop(self._scheduled)[1]
+        handle: asyncio.TimerHandle = heapq.heappop(self._scheduled)[2]
         handle._scheduled = False
         if handle._cancelled:
             self._timer_cancelled_count = max(0, self._timer_cancelled_count - 1)
