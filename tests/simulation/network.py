@@ -347,6 +347,18 @@ class SimServer:
         pass
 
 
+def stable_hash(protocol: object) -> int:
+    """A server-side protocol's hash during a run (``run_seed`` installs it as
+    ``ServerConnection.__hash__``): its connection's number in the world, not its address. The
+    bookie keeps its connections in a set and walks it (closing them when a start fails or the
+    server closes, pausing them, choosing one to make room): with hashes from memory addresses
+    that order, and the peers' ``connection_lost`` times drawn in it, depended on what the process
+    had allocated before (autorecovery seed 46 gave two traces in one process, run twice in a
+    row). An object the simulation did not make keeps its usual hash."""
+    ident = getattr(protocol, "_sim_hash", None)
+    return object.__hash__(protocol) if ident is None else int(ident)
+
+
 class Network:
     """Every listener and connection of the simulated world. Node names are host names."""
 
@@ -403,6 +415,7 @@ class Network:
         client.transport = SimTransport(conn, client, (host, port))
         server.transport = SimTransport(conn, server, (node, 40000 + self._ids))
         server.protocol = listener.context.run(listener.factory)
+        server.protocol._sim_hash = self._ids  # type: ignore[attr-defined]  # see stable_hash
         client.protocol = factory()
         self.connections.add(conn)
         listener.context.run(server.protocol.connection_made, server.transport)

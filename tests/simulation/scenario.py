@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from bookie.connection_handler import ServerConnection
 from bookkeeper_aio import BKError
 from bookkeeper_aio.client import bookkeeper as client_bookkeeper
 from bookkeeper_aio.client import keys as client_keys
@@ -42,6 +43,7 @@ from tests.harness.log_history import Outcome as LogOutcome
 from tests.harness.log_history import outcome_of as log_outcome_of
 from tests.simulation import invariants
 from tests.simulation.loop import Cut, Deadlock, Livelock
+from tests.simulation.network import stable_hash
 from tests.simulation.world import PASSWORD, SimBookie, SimClient, SimLedgerKeys, World, capture_logs
 
 SHAPES = [(3, 2, 2), (3, 3, 2), (3, 3, 3), (4, 3, 2), (4, 2, 2)]
@@ -508,6 +510,8 @@ def run_seed(seed: int, bugs: tuple[str, ...] = (), profile: type[Scenario] | No
     saved_failpoints = ",".join(f"{name}={action}" for name, action in failpoints._active.items())
     failpoints.configure(",".join(f"{bug}=on" for bug in bugs))
     saved_keys = client_bookkeeper.NewLedgerKeys
+    saved_hash = ServerConnection.__dict__.get("__hash__")
+    ServerConnection.__hash__ = stable_hash  # type: ignore[method-assign,assignment]
     client_keys._cache.clear()  # process-wide: a derivation cached by an earlier run skips a loop step
     client_bookkeeper.NewLedgerKeys = SimLedgerKeys(world)  # type: ignore[misc,assignment]
     backoff._SHARED_RNG.seed(f"{seed}/backoff")  # the one process-wide RNG of the production code
@@ -546,6 +550,10 @@ def run_seed(seed: int, bugs: tuple[str, ...] = (), profile: type[Scenario] | No
         structlog.configure(**saved_logs)
         failpoints.configure(saved_failpoints)
         client_bookkeeper.NewLedgerKeys = saved_keys  # type: ignore[misc]
+        if saved_hash is None:
+            del ServerConnection.__hash__  # inherited again
+        else:
+            ServerConnection.__hash__ = saved_hash  # type: ignore[method-assign]
         asyncio.set_event_loop(None)
     problems = scenario.problems + [f"loop: {e}" for e in world.loop.errors]
     if not cut:  # a cut run stopped mid-way: its adds are not over, nothing to judge

@@ -113,11 +113,14 @@ def test_autorecovery_seeds_hold_every_invariant(
 
 
 def test_same_seed_same_trace(replaying: bool, request: pytest.FixtureRequest) -> None:
-    """Byte-identical traces for the same seed, different ones for different seeds."""
+    """Byte-identical traces for the same seed, different ones for different seeds. Autorecovery
+    seed 46 gave two traces run twice in one process: the order a bookie walks its set of
+    connections in came from their memory addresses (network.stable_hash)."""
     seeds = [request.config.getoption("seed")] if replaying else [3, 7, 11]
     traces = {}
     for profile in (Scenario, RaceScenario, AutorecoveryScenario):
-        for seed in seeds:
+        extra = [46] if profile is AutorecoveryScenario and not replaying else []
+        for seed in seeds + extra:
             first, second = run_seed(seed, profile=profile), run_seed(seed, profile=profile)
             assert first.trace == second.trace, f"seed {seed} is not deterministic ({profile.__name__})"
             assert "crashed" in first.trace or replaying, "the seed should exercise a fault"
