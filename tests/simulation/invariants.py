@@ -25,6 +25,7 @@ history checker (tests/faults/history.py) checks AllAckedEntriesAreReadable and 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from typing import TYPE_CHECKING
 
@@ -40,7 +41,6 @@ from tests.simulation.world import ROOT
 
 if TYPE_CHECKING:
     from tests.simulation.scenario import Scenario
-    from tests.simulation.threads import SimThreads
 
 KEYS = ClusterKeys(ROOT)
 
@@ -134,9 +134,19 @@ def check_step(scenario: Scenario) -> list[str]:
 
 async def check_final(scenario: Scenario) -> list[str]:
     problems = check_step(scenario)
-    world = scenario.world
-    servers = {b.name: b.server for b in world.bookies}
-    threads = {b.name: b.threads for b in world.bookies}
+    with contextlib.ExitStack() as at_once:  # see read_at_once
+        for bookie in scenario.world.bookies:
+            if bookie.threads is not None:
+                at_once.enter_context(bookie.threads.at_once())
+        problems += replica_problems(scenario)
+    return problems + stable_read_problems(scenario)
+
+
+def replica_problems(scenario: Scenario) -> list[str]:
+    """AllCommittedEntriesReachAckQuorum, NoDivergentReplicas and CorruptIsNeverAbsent over every
+    replica of every entry of the closed ledgers, read with :func:`read_at_once`."""
+    problems: list[str] = []
+    servers = {b.name: b.server for b in scenario.world.bookies}
     held_rotten: set[tuple[int, int, str]] = set()
     for lid in sorted(scenario.ledgers):
         md = metadata_of(scenario, lid)
@@ -160,7 +170,7 @@ async def check_final(scenario: Scenario) -> list[str]:
                 if state is None or state.index.get(entry_id) is None:
                     continue
                 try:
-                    body = read_at_once(server.storage, threads[bookie], lid, entry_id)
+                    body = read_at_once(server.storage, lid, entry_id)
                 except EntryCorrupt:  # injected bit rot (the race profile): held, unreadable here
                     held_rotten.add((lid, entry_id, bookie))
                     continue
@@ -182,23 +192,21 @@ async def check_final(scenario: Scenario) -> list[str]:
                 problems.append(
                     f"NoDivergentReplicas: ledger {lid} entry {entry_id} differs across {sorted(bodies)}"
                 )
-    return problems + stable_read_problems(scenario)
+    return problems
 
 
-def read_at_once(storage: Storage, threads: SimThreads | None, lid: int, entry_id: int) -> bytes:
+def read_at_once(storage: Storage, lid: int, entry_id: int) -> bytes:
     """The bookie's own read of an entry (``Storage.read_entry``: its index, its record checks, its
-    errors), run to its end now: its call on the reader executor is done at once
-    (:meth:`SimThreads.at_once`), so the coroutine never yields. Awaited on the loop, each of the
-    final check's reads took three loop callbacks (a tenth of a seed's), all at the instant the
-    check runs; the first 150 general, 80 race and 60 autorecovery seeds kept their traces."""
-    assert threads is not None
-    with threads.at_once():
-        coro = storage.read_entry(lid, entry_id)
-        try:
-            coro.send(None)
-        except StopIteration as done:
-            return bytes(done.value[1])
-        coro.close()
+    errors), run to its end now: within the bookie's :meth:`SimThreads.at_once` its call on the
+    reader executor is done at once, so the coroutine never yields. Awaited on the loop, each of
+    the final check's reads took three loop callbacks (a tenth of a seed's), all at the instant
+    the check runs; the first 150 general, 80 race and 60 autorecovery seeds kept their traces."""
+    coro = storage.read_entry(lid, entry_id)
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return bytes(done.value[1])
+    coro.close()
     raise AssertionError(f"reading ledger {lid} entry {entry_id} waited for more than its read")
 
 
