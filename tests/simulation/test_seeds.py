@@ -171,20 +171,14 @@ def test_regression_seed(profile: str, seed: int, bugs: tuple[str, ...]) -> None
     assert not liveness, f"{bug} is back ({replay_command(seed)}): {liveness}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "race seed 2677: bookie/journal_format.py check_segment_header takes a segment header torn "
-        "inside its segment id for another segment's (JournalCorrupt) and the bookie never starts again"
-    ),
-)
 def test_a_torn_segment_header_is_a_torn_start() -> None:
     """Race seed 2677: b2's first journal fdatasync failed (EIO), so its new segment's header was
     never synced; the power cut that followed kept a prefix of that 16-byte write (magic and version,
     then zeros where the segment id goes) and every restart refused the disk with
     JournalCorrupt('journal segment 1: its header names segment 0'). No acknowledged record can lie
     behind a header that was never synced: like a header the cut garbled (SegmentHeader.GARBLED),
-    it is a torn segment start unless something after it says otherwise."""
+    it is a torn segment start unless something after it says otherwise (fixed in
+    bookie/journal_format.py)."""
     header = journal_format.SEGMENT_HEADER.pack(
         journal_format.SEGMENT_MAGIC, journal_format.SEGMENT_VERSION, 1
     )
