@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import time
 import types
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ import msgpack
 import structlog
 
 from bookkeeper_aio.common.backoff import Backoff
+from bookkeeper_aio.common.log_limit import LogLimiter
 from metadata.envelope import unpack_map
 from metadata.errors import (
     BadVersion,
@@ -160,16 +160,12 @@ class BookieSet:
 # An undecodable registration is logged at most this often (per key): a bookie watch re-reads the
 # whole set on every change.
 UNDECODABLE_LOG_INTERVAL_S = 60.0
-_undecodable_logged: dict[str, float] = {}
+_undecodable_logged = LogLimiter(UNDECODABLE_LOG_INTERVAL_S)
 
 
 def _log_undecodable(key: str, error: MetadataFormatError) -> None:
-    now = time.monotonic()
-    if now - _undecodable_logged.get(key, -UNDECODABLE_LOG_INTERVAL_S) < UNDECODABLE_LOG_INTERVAL_S:
+    if not _undecodable_logged.due(key):
         return
-    if len(_undecodable_logged) >= 1024:
-        _undecodable_logged.clear()
-    _undecodable_logged[key] = now
     log.warning(
         "bookies.registration_undecodable",
         key=key,

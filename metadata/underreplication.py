@@ -44,6 +44,7 @@ import msgpack
 import structlog
 
 from bookkeeper_aio.common.backoff import Backoff
+from bookkeeper_aio.common.log_limit import LogLimiter
 from metadata.envelope import unpack_map
 from metadata.errors import (
     BadVersion,
@@ -86,16 +87,12 @@ def _now_ms() -> int:
 # A foreign key under the marks' prefix is logged at most this often (per key): every worker pass
 # and every bookie GC pass lists the marks.
 FOREIGN_LOG_INTERVAL_S = 300.0
-_foreign_logged: dict[str, float] = {}
+_foreign_logged = LogLimiter(FOREIGN_LOG_INTERVAL_S)
 
 
 def _log_foreign(key: str) -> None:
-    now = time.monotonic()
-    if now - _foreign_logged.get(key, -FOREIGN_LOG_INTERVAL_S) < FOREIGN_LOG_INTERVAL_S:
+    if not _foreign_logged.due(key):
         return
-    if len(_foreign_logged) >= 1024:
-        _foreign_logged.clear()
-    _foreign_logged[key] = now
     log.warning(
         "underreplication.foreign_key",
         key=key,
