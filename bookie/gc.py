@@ -42,6 +42,7 @@ from bookie.compaction import Compactor, Progress
 from bookie.ledger_keys import KeyInfo
 from bookie.storage import Storage
 from bookie.threads import OS_THREADS, Threads
+from bookkeeper_aio.common.log_limit import LogLimiter
 from metadata.keys import NAME_CHARS_MAX
 from metadata.underreplication import UnderReplicationManager
 
@@ -749,10 +750,14 @@ def _replica_state(md: metadata.LedgerMetadata, bookie_id: str, marked: bool) ->
     return ReplicaState(md.state is metadata.LedgerState.CLOSED, listed, marked, replaced)
 
 
+_undecodable_logged = LogLimiter(300.0)
+
+
 def _undecodable(ledger_id: int, error: metadata.MetadataFormatError, into: list[int] | None = None) -> None:
     """A ledger whose metadata does not decode (a newer writer's format, a stray tool): logged and
     left alone, never taken as deleted."""
-    log.warning("gc.metadata_undecodable", ledger_id=ledger_id, error=str(error))
+    if _undecodable_logged.due(str(ledger_id)):
+        log.warning("gc.metadata_undecodable", ledger_id=ledger_id, error=str(error))
     if into is not None:
         into.append(ledger_id)
 

@@ -154,6 +154,9 @@ class _Writer:
         """The synced mark's boot digest; None: no mark is kept (none asked, unknown boot, or it failed)."""
         self._mark_path = mark_path or ""
         self._mark_fd: int | None = None
+        if mark_path is not None and boot is None:  # none kept: an older one must not stay behind
+            with contextlib.suppress(FileNotFoundError):
+                fileio.remove(mark_path)
 
     def _path(self, segment_id: int) -> str:
         return os.path.join(self.directory, fmt.segment_name(segment_id))

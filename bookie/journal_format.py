@@ -67,9 +67,10 @@ the journal is synced up to and a digest of the machine's boot id::
     magic "BKSYNC01" | boot digest (16 bytes) | segment_id:u64 | offset:u64 | crc32c:u32
 
 A process crash keeps the page cache, so a mark written in the boot that is still running is
-current: damage at or after its position was never synced, so never acknowledged (a crash tore the
-write in flight). After a reboot or a power cut (another boot id), or with no valid mark, nothing is
-proven.
+current, and the one group in flight started at its position: damage starting exactly there (or at
+the next segment's start, for a group spanning a roll) was never synced, so never acknowledged (a
+crash tore the write in flight). After a reboot or a power cut (another boot id), with no valid
+mark, or for damage anywhere else, nothing is proven.
 """
 
 from __future__ import annotations

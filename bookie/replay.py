@@ -253,14 +253,21 @@ def _check_not_behind_checkpoint(segment_id: int, size: int, position: Position)
 
 def _never_synced(fileio: FileIO, data_dir: str, cut: Position) -> bool:
     """Whether the bytes from ``cut`` on were never synced, so never acknowledged: the synced mark
-    was written in the boot still running (a process crash keeps what it wrote) and lies at or
-    before ``cut``. False whenever that is not proven."""
+    was written in the boot still running (a process crash keeps what it wrote) and the cut starts
+    exactly where it says the synced bytes end, as the one group in flight did (or at the start of
+    the next segment, for a group whose older run was synced before its newer one was written). A
+    cut anywhere else, a mark from another boot, a missing or damaged mark: not proven (False)."""
     boot = fileio.boot_id()
     path = os.path.join(data_dir, fmt.SYNCED_MARK_FILE)
     if boot is None or not fileio.exists(path):
         return False
     mark = fmt.decode_synced_mark(fileio.read_file(path))
-    return mark is not None and mark.boot == fmt.boot_digest(boot) and cut >= mark.position
+    if mark is None or mark.boot != fmt.boot_digest(boot):
+        return False
+    synced = mark.position
+    return cut == synced or (
+        cut.segment_id == synced.segment_id + 1 and cut.offset <= fmt.SEGMENT_HEADER_BYTES
+    )
 
 
 def _cut_torn_tail(

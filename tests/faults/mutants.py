@@ -183,11 +183,20 @@ MUTANTS = (
     Mutant(
         "synced-mark-any-boot",
         "bookie/replay.py",
-        "    return mark is not None and mark.boot == fmt.boot_digest(boot) and cut >= mark.position\n",
-        "    return mark is not None and cut >= mark.position\n",
+        "    if mark is None or mark.boot != fmt.boot_digest(boot):\n",
+        "    if mark is None:\n",
         ("tests/unit/bookie/test_limbo.py",),
         "replay trusts a synced mark written before a reboot (a power cut may have left it behind the "
         "synced end): a damaged synced group is cut without limbo",
+    ),
+    Mutant(
+        "synced-mark-any-later-cut",
+        "bookie/replay.py",
+        "    return cut == synced or (\n",
+        "    return cut >= synced or (\n",
+        ("tests/unit/bookie/test_limbo.py",),
+        "replay takes any cut after a stale synced mark for the tear of the group in flight: acknowledged "
+        "bytes after the mark are cut without limbo",
     ),
     Mutant(
         "synced-mark-left-stale",

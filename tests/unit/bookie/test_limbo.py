@@ -196,6 +196,42 @@ async def test_the_same_tear_without_a_whole_mark_goes_into_limbo(tmp_path: Path
         storage.abort()
 
 
+class _NoBootId(FileIO):
+    """A start that cannot read the boot id (``/proc`` hidden, out of file descriptors)."""
+
+    def boot_id(self) -> None:
+        return None
+
+
+async def test_a_mark_behind_the_cut_proves_nothing(tmp_path: Path) -> None:
+    """The one group in flight starts where the mark says the synced bytes end: a tear anywhere
+    later (a mark left behind by a start that kept none, a mark's page lost to a failed writeback)
+    lies in synced bytes."""
+    storage = await Storage.open(config(tmp_path))
+    for i in range(5):
+        await add(storage, 1, i)
+    storage.abort()
+    old_mark = _mark_file(tmp_path).read_bytes()
+    storage = await Storage.open(config(tmp_path), fileio=_NoBootId())
+    try:
+        assert not _mark_file(tmp_path).exists(), "a start that keeps no mark left the old one"
+        for i in range(5, 10):
+            await add(storage, 1, i)  # acknowledged
+        location = storage.ledger(1).index.get(9)
+        assert location is not None
+    finally:
+        storage.abort()
+    _mark_file(tmp_path).write_bytes(old_mark)  # as if it had stayed: same boot, behind the cut
+    os.truncate(_journal_file(tmp_path), location.offset + location.length - 1)  # rot in acked bytes
+    storage = await Storage.open(config(tmp_path))
+    try:
+        assert storage.limbo is not None, "a stale mark passed acknowledged bytes off as never synced"
+        with pytest.raises(Unknown):
+            await storage.read_entry(1, 9)
+    finally:
+        storage.abort()
+
+
 async def test_a_mark_that_cannot_be_written_is_removed_and_the_journal_goes_on(tmp_path: Path) -> None:
     storage = await Storage.open(config(tmp_path))
     await add(storage, 1, 0)
