@@ -44,6 +44,15 @@ async def _journal_with_torn_tail(path: Path, entries: int = 10) -> int:
     return location.offset
 
 
+async def _starts_with_every_ledger_in_limbo(path: Path) -> None:
+    storage = await Storage.open(config(path))
+    try:
+        assert storage.limbo is not None
+        assert storage.limbo.every_ledger
+    finally:
+        storage.abort()
+
+
 # ---------------------------------------------------------------------------------- the marker
 def test_marker_round_trip_and_damage() -> None:
     for every, ids in ((True, ()), (False, (3, 1, 2**63 - 1)), (False, ())):
@@ -85,12 +94,7 @@ async def test_the_marker_is_durable_before_the_cut(tmp_path: Path) -> None:
     assert loaded is not None, "no marker before the cut"
     assert loaded.every_ledger
     # the next start cuts, under the marker that is already there
-    storage = await Storage.open(config(tmp_path))
-    try:
-        assert storage.limbo is not None
-        assert storage.limbo.every_ledger
-    finally:
-        storage.abort()
+    await _starts_with_every_ledger_in_limbo(tmp_path)
 
 
 # ------------------------------------------------------------------------- the synced mark
@@ -188,12 +192,7 @@ async def test_the_same_tear_without_a_whole_mark_goes_into_limbo(tmp_path: Path
         data = bytearray(_mark_file(tmp_path).read_bytes())
         data[-1] ^= 1
         _mark_file(tmp_path).write_bytes(bytes(data))
-    storage = await Storage.open(config(tmp_path))
-    try:
-        assert storage.limbo is not None
-        assert storage.limbo.every_ledger
-    finally:
-        storage.abort()
+    await _starts_with_every_ledger_in_limbo(tmp_path)
 
 
 class _NoBootId(FileIO):
@@ -486,12 +485,7 @@ async def test_a_new_cut_widens_a_narrowed_marker(tmp_path: Path) -> None:
     await _journal_with_torn_tail(tmp_path)
     fileio = FileIO()
     limbo.save_blocking(fileio, str(tmp_path), Limbo(False, {42}))
-    storage = await Storage.open(config(tmp_path))
-    try:
-        assert storage.limbo is not None
-        assert storage.limbo.every_ledger
-    finally:
-        storage.abort()
+    await _starts_with_every_ledger_in_limbo(tmp_path)
 
 
 async def test_a_writers_add_in_limbo_waits_for_metadata_open(tmp_path: Path) -> None:
