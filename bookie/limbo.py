@@ -26,7 +26,10 @@ cut may have touched go into *limbo*:
   re-replication worker's copy, a recovery's write-back to a replacement): that CAS closes the
   ledger or settles a non-last fragment, and a closed ledger is never truncated by recovery (its
   readers fail over). A ledger this bookie holds that metadata does not list with it is deleted
-  or an orphan copy: no client asks this bookie for it. A ledger created after the restart is
+  or an orphan copy: no client asks this bookie for it. One the cut took whole that metadata no
+  longer lists here leaves limbo, yet a stale writer cannot add to it: a writer's add or WRITE_LAC
+  of a ledger the bookie holds no record of reads its metadata first (:mod:`bookie.ledger_keys`),
+  and not OPEN -> EFENCED, no record. A ledger created after the restart is
   not in the cut; one created during the listing may or may not be listed (either is fine).
 - **While in limbo** (:class:`~bookie.storage.Storage`): a read of an entry the bookie does not
   hold, of a ledger it does not hold, a LAC read or long poll of a ledger it does not hold, and an
@@ -53,9 +56,9 @@ and writers' adds are not checked (nothing to check them against): remove the ma
 after checking the bookie's ledgers yourself (docs/bookie.md).
 
 Limbo is entered only when the cut is not proven harmless: the journal's synced mark
-(:mod:`bookie.journal_format`) shows a cut made after a process crash, in the same boot, at or
-after the synced end, to be a write torn in flight (never synced, never acknowledged); such a cut
-enters no limbo.
+(:mod:`bookie.journal_format`) shows a cut made after a process crash, in the same boot, starting
+exactly at the synced end (or at the next segment's start), to be a write torn in flight (never
+synced, never acknowledged); such a cut enters no limbo.
 """
 
 from __future__ import annotations

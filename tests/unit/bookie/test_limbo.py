@@ -424,6 +424,45 @@ async def test_a_held_ledger_no_longer_listed_here_is_fenced_before_it_leaves_li
         storage.abort()
 
 
+async def test_a_ledger_the_cut_took_whole_and_metadata_no_longer_lists_takes_no_stale_add(
+    tmp_path: Path,
+) -> None:
+    """Every record of ledger 7 here was in the cut group (its fence too, say: a recovery fenced it
+    here, then closed it with this bookie replaced). Narrowing lets 7 go (neither held nor listed),
+    but a stale writer's add of a ledger the bookie holds no record of first reads its metadata
+    (bookie/ledger_keys.py): closed -> EFENCED, and no record is made."""
+
+    class Metadata:
+        lookups = 0
+
+        async def key_info(self, ledger_id: int) -> KeyInfo:
+            self.lookups += 1
+            return KeyInfo(exists=True, check=key_check(KEY), writable=ledger_id != 7)
+
+    storage = await Storage.open(config(tmp_path))
+    for i in range(5):
+        await add(storage, 1, i)
+    await add(storage, 7, 0)  # the final group: ledger 7's only record here
+    location = storage.ledger(7).index.get(0)
+    assert location is not None
+    storage.abort()
+    os.truncate(_journal_file(tmp_path), location.offset + location.length - 1)
+    catalog = _Catalog({1: _closed(1, [BOOKIE], 4), 7: _closed(7, ["b"], 0)})
+    md = Metadata()
+    storage = await Storage.open(config(tmp_path))
+    storage.keys = KeyVerifier(storage, md)
+    try:
+        assert 7 not in storage.ledgers
+        await LimboResolver(storage, catalog, BOOKIE).run_once()
+        assert storage.limbo is None  # 1 settled, 7 let go
+        with pytest.raises(NotOpen):
+            await add(storage, 7, 1)
+        assert 7 not in storage.ledgers, "a stale writer's add made a record of a closed ledger"
+        assert md.lookups == 1
+    finally:
+        storage.abort()
+
+
 async def test_a_ledger_waiting_for_the_workers_is_not_walked_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
