@@ -177,7 +177,12 @@ class FileIO:
             os.close(fd)
         if failpoint is not None:
             failpoints.hit(failpoint)
-        self.rename(tmp, path)
+        try:
+            self.rename(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):  # as above: a failed rename leaves no copy behind
+                os.unlink(tmp)
+            raise
         self.fsync_dir(os.path.dirname(path) or ".")
 
     def boot_id(self) -> bytes | None:

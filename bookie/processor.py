@@ -61,6 +61,7 @@ from bookkeeper_aio.common.failpoints import (
 )
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import (
+    BATCH_READ_COUNT_MAX,
     FEATURE_ADD_ACKS,
     LAST_ENTRY,
     PROTOCOL_VERSION,
@@ -75,6 +76,16 @@ log = structlog.get_logger(__name__)
 _LENGTH = struct.Struct(">I")
 RESPONSE_OVERHEAD_BYTES = 1024
 """Room for a response's envelope beside its entry bodies when bounding a batch by frame size."""
+BODY_HEADER_BYTES_MAX = 5
+"""msgpack's header of one body in a batch answer (bin 32: 5 bytes; bin 8/16: 2/3)."""
+
+
+def batch_bytes_max(frame_bytes_max: int, max_bytes: int, max_count: int) -> int:
+    """The body bytes a batch answer of at most ``max_count`` entries may carry so that its frame,
+    each body's header and the envelope included, stays within ``frame_bytes_max`` (and within the
+    reader's own ``max_bytes``)."""
+    headers = min(max_count, BATCH_READ_COUNT_MAX) * BODY_HEADER_BYTES_MAX
+    return min(max_bytes, frame_bytes_max - RESPONSE_OVERHEAD_BYTES - headers)
 
 
 class TooManyRequests(StorageError):
@@ -583,7 +594,7 @@ class Processor:
 
     async def _answer_batch_in_slot(self, conn: ServerConnection, req: m.BatchReadRequest) -> None:
         rid, lid = req.request_id, req.ledger_id
-        bytes_max = min(req.max_bytes, self.frame_bytes_max - RESPONSE_OVERHEAD_BYTES)
+        bytes_max = batch_bytes_max(self.frame_bytes_max, req.max_bytes, req.max_count)
         try:
             state = self.storage.ledger_for_read(lid, req.master_key)
             start, step = req.start_entry_id, req.step

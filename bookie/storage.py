@@ -848,9 +848,11 @@ class Storage:
         :mod:`bookie.checkpoint`). Rows of ledgers that did not change are reused; joining, the
         CRC and the write happen in a worker thread."""
         async with self._checkpoint_lock:
-            if self._forgotten:
+            while self._forgotten:
                 # A forgotten ledger's records appended but not durable yet would lie past the
                 # position: replay would bring the ledger back from them alone (no key, no fence).
+                # Again until no forget came during the sync (GC forgets in slices, loop turns
+                # apart); nothing awaits between the last check and the position.
                 self._forgotten = False
                 synced, done = durable_future(self._loop)
                 self.journal.sync(done)

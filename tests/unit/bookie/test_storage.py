@@ -18,6 +18,7 @@ from bookie.cookie import CookieMismatch
 from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.journal import JournalConfig, JournalError
 from bookie.ledger_state import LONG_POLL_WAITERS_PER_LEDGER_MAX, WakeReason
+from bookie.processor import batch_bytes_max
 from bookie.storage import (
     AddBatch,
     EntryCorrupt,
@@ -30,6 +31,7 @@ from bookie.storage import (
     durable_future,
 )
 from bookkeeper_aio.protocol import messages as m
+from bookkeeper_aio.protocol.codes import BATCH_READ_COUNT_MAX
 
 from .fakes import FaultyFileIO
 
@@ -126,6 +128,20 @@ async def test_read_range_bounded_by_bytes_returns_at_least_one(tmp_path: Path) 
     assert len(await storage.read_range(1, 0, 100, 1)) == 1
     assert len(await storage.read_range(1, 0, 2, 1 << 20)) == 2
     await storage.close()
+
+
+@pytest.mark.parametrize("size", [1, 200, 300, 70_000])
+def test_a_batch_answer_within_its_body_bound_fits_the_frame(size: int) -> None:
+    """The bound the bookie gives read_range leaves room for each body's msgpack header: the
+    fullest answer it allows (the most entries, the most body bytes) is a frame within the limit."""
+    frame_bytes_max = 5 << 20
+    bound = batch_bytes_max(frame_bytes_max, 1 << 30, BATCH_READ_COUNT_MAX)
+    count = min(BATCH_READ_COUNT_MAX, max(1, bound // size))
+    bodies = [b"x" * size] * count
+    bodies[-1] = b"x" * (size + bound - count * size)  # the rest of the bound in the last body
+    frame = m.encode_batch_read_ok(1, 1, 0, bodies, 0, 1)
+    assert len(frame) - 4 <= frame_bytes_max
+    assert batch_bytes_max(frame_bytes_max, 100, 1) == 100  # the reader's own bound wins
 
 
 async def test_master_key_checked(tmp_path: Path) -> None:
@@ -277,6 +293,15 @@ async def test_a_failed_checkpoint_leaves_no_temp_file(
     with pytest.raises(OSError, match="No space"):
         await storage.write_checkpoint()
     monkeypatch.setattr(os, "fsync", real_fsync)
+    assert sorted(p.name for p in (tmp_path / "index").iterdir()) == ["checkpoint"]
+
+    def rename(src: str, dst: str) -> None:
+        raise OSError(errno.EIO, "Input/output error (injected)")
+
+    monkeypatch.setattr(storage.fileio, "rename", rename)  # a failed rename: the copy goes too
+    with pytest.raises(OSError, match="Input/output"):
+        await storage.write_checkpoint()
+    monkeypatch.undo()
     assert sorted(p.name for p in (tmp_path / "index").iterdir()) == ["checkpoint"]
     await storage.write_checkpoint()
     await storage.close()
@@ -431,6 +456,32 @@ async def test_a_forgotten_ledger_with_records_in_flight_stays_forgotten_after_a
     storage.abort()  # kill -9
     storage = await Storage.open(config(tmp_path))
     assert 7 not in storage.ledgers
+    await storage.close()
+
+
+async def test_a_ledger_forgotten_while_a_checkpoint_waits_for_its_sync_stays_forgotten(
+    tmp_path: Path,
+) -> None:
+    """GC forgets in slices, loop turns apart: a checkpoint may start between two, wait for its
+    sync, and meanwhile a record of ledger 7 is journaled and 7 forgotten. The checkpoint must sync
+    again before it takes its position, or replay brings 7 back with no key and no fence."""
+    storage = await Storage.open(config(tmp_path))
+    for i in range(5):
+        await add(storage, 7, i)
+    await add(storage, 8, 0)
+    await durable(lambda cb: storage.fence(7, KEY, cb))
+    await storage.write_checkpoint()
+    assert storage.forget_ledger(8)  # the first slice's forget
+    checkpoint = asyncio.create_task(storage.write_checkpoint())
+    await asyncio.sleep(0)  # the checkpoint waits for its sync
+    in_flight, done = durable_future(asyncio.get_running_loop())
+    storage.write_lac(7, KEY, 3, b"", done)  # journaled after the sync was asked for
+    assert storage.forget_ledger(7)  # the next slice's forget
+    await checkpoint
+    await in_flight
+    storage.abort()  # kill -9 before any later checkpoint
+    storage = await Storage.open(config(tmp_path))
+    assert 7 not in storage.ledgers, "a forgotten ledger came back (no key, no fence)"
     await storage.close()
 
 
