@@ -104,6 +104,7 @@ class AutorecoveryDaemon:
                 worker_id=f"{self.daemon_id}-w{i}",
                 metrics=self.metrics,
                 now_ms=self._now_ms,
+                monotonic_s=self._clock.monotonic,
                 limiter=limiter,
             )
             for i in range(config.workers)

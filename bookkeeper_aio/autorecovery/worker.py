@@ -136,6 +136,7 @@ class ReplicationWorker:
         worker_id: str,
         metrics: AutorecoveryMetrics | None = None,
         now_ms: Callable[[], int] | None = None,
+        monotonic_s: Callable[[], float] | None = None,
         limiter: RateLimiter | None = None,
     ) -> None:
         self._bk = bk
@@ -145,6 +146,13 @@ class ReplicationWorker:
         self.worker_id = worker_id
         self.metrics = metrics or AutorecoveryMetrics()
         self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
+        if monotonic_s is None:  # one clock for tests that set the time; the system's otherwise
+            monotonic_s = time.monotonic if now_ms is None else (lambda: now_ms() / 1000)
+        self._monotonic_s = monotonic_s
+        self._grace_seen: dict[tuple[int, int], float] = {}
+        """(marked ledger, a mark's ``since_ms``) -> when this worker first listed or healed it, on
+        its own clock: a mark stamped by an auditor whose clock runs behind this one's never
+        shortens the grace (a worker started after a mark waits the grace anew)."""
         self._retry_at: dict[int, float] = {}
         self._failures: dict[int, int] = {}
         """Heals of a ledger that failed in a row (backoff); gone once one succeeds."""
@@ -179,6 +187,7 @@ class ReplicationWorker:
 
         async for mark in self._urm.iter_marks(on_undecodable=undecodable):
             seen.add(mark.ledger_id)
+            self._note_marks(mark)  # the grace's clock starts when a worker first lists a mark
             if self._retry_at.get(mark.ledger_id, 0.0) > loop.time():
                 continue
             if not await self._urm.is_enabled():
@@ -228,6 +237,8 @@ class ReplicationWorker:
         for state in (self._retry_at, self._failures):
             for ledger_id in state.keys() - seen:
                 del state[ledger_id]
+        for key in [key for key in self._grace_seen if key[0] not in seen]:
+            del self._grace_seen[key]
         self._undecodable &= seen
         return worked
 
@@ -305,7 +316,7 @@ class ReplicationWorker:
         if md.state is not LedgerState.CLOSED and in_last:
             # the grace counts from the latest first-mark of a bookie of the writer's fragment
             grace_s = self._config.open_ledger_grace_s
-            age_s = (self._now_ms() - max(mark.since_ms(b) for b in in_last)) / 1000
+            age_s = self._grace_age_s(mark, in_last)
             wait_s = max(grace_s - age_s, self._config.worker_idle_poll_s)
             # a bookie back with another disk lost its copies: it does not serve its writer's
             # fragment, whose entries before its return now have a copy fewer for good
@@ -382,6 +393,21 @@ class ReplicationWorker:
         return HealResult(
             ledger_id, healed, left, fragments, stats, fenced=fenced, resolved=resolved, wait_s=wait_s
         )
+
+    def _grace_age_s(self, mark: UnderReplicated, in_last: Collection[str]) -> float:
+        """How long the latest mark of a bookie of the writer's fragment has stood: by the mark's
+        own stamp (the auditor's wall clock), but never more than this worker has seen it (clocks
+        of two hosts may disagree by more than the grace)."""
+        self._note_marks(mark)
+        since_ms = max(mark.since_ms(b) for b in in_last)
+        stamped_s = (self._now_ms() - since_ms) / 1000
+        return min(stamped_s, self._monotonic_s() - self._grace_seen[mark.ledger_id, since_ms])
+
+    def _note_marks(self, mark: UnderReplicated) -> None:
+        """Note when this worker first saw each of ``mark``'s stamps (now, for new ones)."""
+        now = self._monotonic_s()
+        for bookie in mark.missing:
+            self._grace_seen.setdefault((mark.ledger_id, mark.since_ms(bookie)), now)
 
     async def _any_gone(self, bookies: Collection[str]) -> bool:
         """Whether one of ``bookies`` is not registered (neither writable nor read-only) or is

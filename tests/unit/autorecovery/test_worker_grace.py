@@ -43,3 +43,39 @@ async def test_grace_counts_from_the_bookies_own_mark() -> None:
         assert left.since_ms("b") == 1_100_000
     finally:
         await bk.close()
+
+
+async def test_a_mark_stamped_by_a_clock_behind_this_workers_does_not_shorten_the_grace() -> None:
+    """The auditor that marked b runs 60 s behind this worker: by the stamp alone the 30 s grace
+    has long passed and the writer's ledger would be fenced at once. The worker counts the grace on
+    its own clock from when it first saw the mark."""
+    store = MemoryStore()
+    auditor_now = [1_000_000]
+    urm = UnderReplicationManager(store, ROOT, now_ms=lambda: auditor_now[0])
+    ledgers = LedgerManager(store, ROOT)
+    bk = BookKeeper(ledgers, StaticDirectory(["a", "b", "c", "d"]))
+    local = [500.0]
+    try:
+        created = await ledgers.create(("a", "b", "c"), write_quorum=2, ack_quorum=2)
+        await urm.mark(created.ledger_id, ["b"], reason="lost")
+        worker = ReplicationWorker(
+            bk,
+            urm,
+            AutorecoveryConfig(open_ledger_grace_s=30, worker_idle_poll_s=1),
+            worker_id="w",
+            now_ms=lambda: auditor_now[0] + 60_000,
+            monotonic_s=lambda: local[0],
+        )
+        mark = await urm.get(created.ledger_id)
+        assert mark is not None
+        first = await worker.heal(mark)
+        assert not first.fenced
+        assert first.left == ("b",)
+        assert first.wait_s == 30  # the whole grace, on this worker's clock
+        local[0] += 20
+        second = await worker.heal(mark)
+        assert not second.fenced
+        assert second.wait_s == 10
+        assert (await ledgers.read(created.ledger_id)).metadata.state is LedgerState.OPEN
+    finally:
+        await bk.close()

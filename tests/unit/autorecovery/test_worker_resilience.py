@@ -94,11 +94,12 @@ async def test_an_open_ledger_whose_bookie_is_back_is_not_fenced() -> None:
             await registration.start()
         created = await ledgers.create(("a", "b", "c"), write_quorum=2, ack_quorum=2)
         await urm.mark(created.ledger_id, ["b"], reason="lost")
-        now[0] += 31_000  # the grace (30 s) is over
         config = AutorecoveryConfig(open_ledger_grace_s=30)
         worker = ReplicationWorker(bk, urm, config, worker_id="w", now_ms=lambda: now[0])
         mark = await urm.get(created.ledger_id)
         assert mark is not None
+        assert (await worker.heal(mark)).wait_s == 30  # seen: the grace starts
+        now[0] += 31_000  # the grace (30 s) is over
         result = await worker.heal(mark)
         assert not fenced
         assert not result.fenced
@@ -172,12 +173,13 @@ async def test_an_open_ledger_on_a_replaced_bookie_is_fenced_though_it_is_regist
         restarted, registrations = await _open_ledger_marked(
             store, urm, ledgers, [("b", "lost"), ("gone", "replaced")]
         )
-        now[0] += 31_000  # the grace (30 s) is over
         worker = ReplicationWorker(
             bk, urm, AutorecoveryConfig(open_ledger_grace_s=30), worker_id="w", now_ms=lambda: now[0]
         )
         mark = await urm.get(restarted)
         assert mark is not None
+        await worker.heal(mark)  # seen: the grace starts
+        now[0] += 31_000  # the grace (30 s) is over
         result = await worker.heal(mark)
         assert not fenced
         assert result.left == ("b",)
@@ -185,9 +187,10 @@ async def test_an_open_ledger_on_a_replaced_bookie_is_fenced_though_it_is_regist
             await registration.close()
         # b came back with another disk: fenced, though registered
         replaced, registrations = await _open_ledger_marked(store, urm, ledgers, [("b", "replaced")])
-        now[0] += 31_000
         mark = await urm.get(replaced)
         assert mark is not None
+        await worker.heal(mark)
+        now[0] += 31_000
         with contextlib.suppress(RuntimeError):
             await worker.heal(mark)
         assert fenced == [replaced]
@@ -197,9 +200,10 @@ async def test_an_open_ledger_on_a_replaced_bookie_is_fenced_though_it_is_regist
         both, registrations = await _open_ledger_marked(
             store, urm, ledgers, [("c", "lost"), ("c", "replaced")]
         )
-        now[0] += 31_000
         mark = await urm.get(both)
         assert mark is not None
+        await worker.heal(mark)
+        now[0] += 31_000
         with contextlib.suppress(RuntimeError):
             await worker.heal(mark)
         assert fenced == [replaced, both]
