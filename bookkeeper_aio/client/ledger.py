@@ -39,6 +39,7 @@ from bookkeeper_aio.client.ensemble_change import BookieReplacer
 from bookkeeper_aio.client.ledger_close import close_in_metadata
 from bookkeeper_aio.errors import (
     BKError,
+    BKInternalError,
     BKTimeout,
     LedgerClosed,
     LedgerFenced,
@@ -117,6 +118,11 @@ class LedgerHandle(AddPipeline):
     def _bookie_failed(self, bookie_id: str, error: BKError) -> None:
         if self._state not in _ACTIVE:
             return
+        if self._state is HandleState.CLOSING and not self._pending and self._change_task is None:
+            # a late failure of an entry already acknowledged (Qw > Qa), with no add left to send:
+            # a change now would race the close's CAS (or outlive the close) for nothing
+            log.info("ledger.bookie_failed_at_close", ledger_id=self._id, bookie=bookie_id, error=repr(error))
+            return
         if bookie_id not in self._failed_bookies:
             log.info("ledger.bookie_failed", ledger_id=self._id, bookie=bookie_id, error=repr(error))
         self._failed_bookies[bookie_id] = error
@@ -142,6 +148,11 @@ class LedgerHandle(AddPipeline):
             wrapped = NotEnoughBookies(f"ensemble change of ledger {self._id} failed: {error!r}")
             wrapped.__cause__ = error
             self._fail(wrapped)
+        except Exception as error:  # a bug (ours, a placement policy's): fail the adds, never strand them
+            log.exception("ledger.ensemble_change_crashed", ledger_id=self._id)
+            crashed = BKInternalError(f"ensemble change of ledger {self._id} failed unexpectedly: {error!r}")
+            crashed.__cause__ = error
+            self._fail(crashed)
         finally:
             self._failed_bookies.clear()
             self._change_task = None
@@ -196,6 +207,11 @@ class LedgerHandle(AddPipeline):
         try:
             # Shielded: a cancelled caller leaves the close running; calling close() again joins it.
             await asyncio.shield(task)
+        except asyncio.CancelledError:
+            caller = asyncio.current_task()
+            if task.cancelled() and self._error is not None and (caller is None or not caller.cancelling()):
+                raise self._error from None  # abort() ended the close: the caller was not cancelled
+            raise
         finally:
             if task.done():
                 self._close_task = None

@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import random
+from typing import Any
+
 import pytest
 
 from bookkeeper_aio import (
     BKInterfaceError,
     BookKeeper,
+    LedgerClosed,
     LedgerFenced,
     MetadataConflict,
     NoSuchLedger,
     NotEnoughBookies,
+    RandomPlacement,
     Unauthorized,
 )
+from bookkeeper_aio.client.add_pipeline import HandleState
 from bookkeeper_aio.client.context import StaticDirectory
+from bookkeeper_aio.errors import BKInternalError
+from bookkeeper_aio.protocol import messages as m
 from metadata.ledger_manager import LedgerManager
 from metadata.ledger_metadata import LedgerState
-from tests.harness.fake_bookie import FakeCluster
-from tests.unit.client.conftest import make_client
+from metadata.memory import MemoryStore
+from tests.harness.fake_bookie import FakeCluster, Reply
+from tests.unit.client.conftest import FAST, ROOT, make_client
 
 
 async def _ledger_with_three_entries(bk: BookKeeper):  # type: ignore[no-untyped-def]
@@ -112,3 +123,82 @@ async def test_read__beyond_lac_is_an_interface_error(bk: BookKeeper) -> None:
     rh = await bk.open_ledger(lh.id)
     with pytest.raises(BKInterfaceError):
         rh.read(0, 1)
+
+
+async def test_an_ensemble_change_that_crashes_fails_the_adds_instead_of_stranding_them(
+    ledgers: LedgerManager, cluster: FakeCluster, directory: StaticDirectory
+) -> None:
+    """A bug in the change (here a placement policy's) used to leave the add waiting forever, and
+    close() with it: the handle fails, its add with it (seed 001: close waits for adds to complete
+    or fail)."""
+
+    class BuggyPlacement(RandomPlacement):
+        def replace_bookie(self, *args: Any, **kwargs: Any) -> Any:
+            raise KeyError("placement bug")
+
+    bk = BookKeeper(ledgers, directory, config=FAST, placement=BuggyPlacement(random.Random(3)))
+    lh = await bk.create_ledger(3, 3, 3)
+    try:
+        await lh.append(b"a")
+        await cluster.by_id(lh.metadata.current_ensemble[0]).kill()
+        add = await lh.append_async(b"b")
+        with pytest.raises(BKInternalError, match="failed unexpectedly"):
+            await asyncio.wait_for(add, 5)
+        assert lh.state is HandleState.FAILED
+    finally:
+        lh.abort()
+        await bk.close()
+
+
+async def test_abort_during_close_gives_the_close_caller_ledger_closed_not_a_cancel(
+    bk: BookKeeper, cluster: FakeCluster
+) -> None:
+    lh = await bk.create_ledger(3, 3, 2)
+    await lh.append(b"a")
+    for bookie_id in cluster.ids:
+        cluster.by_id(bookie_id).pause()
+    add = await lh.append_async(b"b")  # outstanding: the close waits for it
+    closer = asyncio.ensure_future(lh.close())
+    await asyncio.sleep(0.05)
+    lh.abort()
+    with pytest.raises(LedgerClosed, match="aborted"):
+        await closer
+    assert not closer.cancelled()
+    with pytest.raises(LedgerClosed):
+        await add
+    for bookie_id in cluster.ids:
+        cluster.by_id(bookie_id).resume()
+
+
+async def test_a_late_failure_of_an_acknowledged_entry_starts_no_change_during_close(
+    ledgers: LedgerManager, directory: StaticDirectory, cluster: FakeCluster
+) -> None:
+    """Qw 3 > Qa 2: one bookie never answers; its adds time out after the entries were acked,
+    while the close's CAS is slow. No ensemble change may start then (it raced the close's CAS,
+    and outlived close())."""
+    slow_cas = 0.5
+
+    class SlowStore(MemoryStore):
+        async def compare_and_set(self, *args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(slow_cas)
+            return await super().compare_and_set(*args, **kwargs)
+
+    ledgers = LedgerManager(SlowStore(), ROOT, rng=random.Random(1))
+    bk = make_client(ledgers, directory, dataclasses.replace(FAST, add_timeout_s=0.3))
+    try:
+        slow_cas = 0.0
+        lh = await bk.create_ledger(3, 3, 2)
+        silent = cluster.by_id(lh.metadata.current_ensemble[2])
+        silent.script = lambda r: Reply.drop() if isinstance(r, m.AddEntryRequest) else None
+        for _ in range(5):
+            await lh.append(b"x")
+        events: list[str] = []
+        lh.set_event_listener(lambda event, _: events.append(event))
+        slow_cas = 0.5  # the adds to the silent bookie time out during the close's CAS
+        await lh.close()
+        await asyncio.sleep(0.2)
+        assert "ensemble_change.started" not in events
+        md = (await ledgers.read(lh.id)).metadata
+        assert (md.state, md.last_entry_id, len(md.ensembles)) == (LedgerState.CLOSED, 4, 1)
+    finally:
+        await bk.close()
