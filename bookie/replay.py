@@ -9,9 +9,13 @@ naming the segment and offset.
 A cut that zeroes anything is made under a durable limbo marker, written before the cut
 (:mod:`bookie.limbo`): the final group may have been synced and acknowledged (bit rot looks like a
 torn write), so the ledgers it may have held answer "unknown" until metadata settles them. Unless
-the journal's synced mark, written in the boot still running, puts the cut at or after the synced
+the journal's synced mark, written in the boot still running, puts the cut exactly at the synced
 end (:mod:`bookie.journal_format`): then a process crash tore a write never synced, so never
 acknowledged, and the cut loses nothing anyone was told is durable.
+
+What replay served is made durable before the bookie relies on it (:func:`_make_durable`): after a
+process crash the page cache may hold whole groups never synced (their fdatasync failed, or never
+ran); the bytes past this boot's synced mark are written again and every replayed segment synced.
 """
 
 from __future__ import annotations
@@ -161,6 +165,7 @@ def recover(
     result = Recovered(ledgers, position, replayed_from=position, segments=ids)
     damaged: tuple[int, int] | None = None  # segment and offset of the damage found so far
     torn: tuple[int, int, int] | None = None
+    replayed: dict[int, int] = {}  # segment -> the end of its whole groups replayed
     for segment_id in (i for i in ids if i >= position.segment_id):
         path = os.path.join(journal_dir, fmt.segment_name(segment_id))
         data = fileio.map_read(path)
@@ -184,6 +189,8 @@ def recover(
                 tick()
                 apply_record(ledgers, segment_id, record)
             result.records_replayed += len(scan.records)
+            if scan.records:
+                replayed[segment_id] = scan.end
             if scan.groups or segment_id == position.segment_id or scan.end > 0:
                 # a segment with its header alone (a roll) is where the journal went on; a cut from
                 # offset 0 (torn segment header) appends just past the header to come
@@ -203,6 +210,7 @@ def recover(
             where = f"journal segment {segment_id:016x} offset {end}, {garbage_end - end} bytes"
             limbo_marker.enter_blocking(fileio, data_dir, f"torn tail cut at {where}")
         result.torn_bytes_cut = _cut_torn_tail(fileio, journal_dir, *torn, never_synced=never_synced)
+    _make_durable(fileio, journal_dir, replayed, _synced_mark(fileio, data_dir))
     result.limbo = limbo_marker.load_blocking(fileio, data_dir)
     return result
 
@@ -251,23 +259,60 @@ def _check_not_behind_checkpoint(segment_id: int, size: int, position: Position)
         )
 
 
-def _never_synced(fileio: FileIO, data_dir: str, cut: Position) -> bool:
-    """Whether the bytes from ``cut`` on were never synced, so never acknowledged: the synced mark
-    was written in the boot still running (a process crash keeps what it wrote) and the cut starts
-    exactly where it says the synced bytes end, as the one group in flight did (or at the start of
-    the next segment, for a group whose older run was synced before its newer one was written). A
-    cut anywhere else, a mark from another boot, a missing or damaged mark: not proven (False)."""
+def _synced_mark(fileio: FileIO, data_dir: str) -> Position | None:
+    """Where the synced mark says the synced bytes end, when it was written in the boot still
+    running (a process crash keeps what it wrote); None for a mark from another boot, a missing or
+    damaged one, or a boot id that cannot be read."""
     boot = fileio.boot_id()
     path = os.path.join(data_dir, fmt.SYNCED_MARK_FILE)
     if boot is None or not fileio.exists(path):
-        return False
+        return None
     mark = fmt.decode_synced_mark(fileio.read_file(path))
     if mark is None or mark.boot != fmt.boot_digest(boot):
+        return None
+    return mark.position
+
+
+def _never_synced(fileio: FileIO, data_dir: str, cut: Position) -> bool:
+    """Whether the bytes from ``cut`` on were never synced, so never acknowledged: the synced mark
+    is this boot's and the cut starts exactly where it says the synced bytes end, as the one group
+    in flight did (or at the start of the next segment, for a group whose older run was synced
+    before its newer one was written). A cut anywhere else, or no mark of this boot: not proven."""
+    synced = _synced_mark(fileio, data_dir)
+    if synced is None:
         return False
-    synced = mark.position
     return cut == synced or (
         cut.segment_id == synced.segment_id + 1 and cut.offset <= fmt.SEGMENT_HEADER_BYTES
     )
+
+
+def _make_durable(
+    fileio: FileIO, journal_dir: str, replayed: dict[int, int], synced: Position | None
+) -> None:
+    """Make every journal byte replay served durable before anything relies on it (a checkpoint
+    points into it; appends go on after it). After a process crash the page cache may hold a group
+    whose fdatasync failed, or never ran: replayed as is, then checkpointed, a later power cut
+    would drop it from under the checkpoint, a record that fails its checksum for good. Bytes past
+    this boot's synced mark are written again first (a page whose writeback failed may be marked
+    clean, and a sync alone would not write it), then every replayed segment is synced (nothing
+    to write for the clean ones)."""
+    for segment_id, end in sorted(replayed.items()):
+        path = os.path.join(journal_dir, fmt.segment_name(segment_id))
+        fd = fileio.open_append(path)
+        try:
+            if synced is not None and segment_id >= synced.segment_id:
+                start = synced.offset if segment_id == synced.segment_id else 0
+                if end > start:
+                    fileio.pwrite(fd, fileio.pread(fd, end - start, start), start)
+                    log.info(
+                        "journal.unsynced_replayed_made_durable",
+                        segment=f"{segment_id:016x}",
+                        offset=start,
+                        bytes=end - start,
+                    )
+            fileio.fsync(fd)
+        finally:
+            fileio.close(fd)
 
 
 def _cut_torn_tail(

@@ -159,8 +159,8 @@ MUTANTS = (
     Mutant(
         "checkpoint-after-forget-unsynced",
         "bookie/storage.py",
-        "            if self._forgotten:\n",
-        "            if False:\n",
+        "            while self._forgotten:\n",
+        "            while False:\n",
         ("tests/unit/bookie/test_storage.py",),
         "a checkpoint after GC forgot a ledger leaves its in-flight records past its position",
     ),
