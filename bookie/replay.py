@@ -189,7 +189,7 @@ def recover(
                 tick()
                 apply_record(ledgers, segment_id, record)
             result.records_replayed += len(scan.records)
-            if scan.records:
+            if scan.end > 0:
                 replayed[segment_id] = scan.end
             if scan.groups or segment_id == position.segment_id or scan.end > 0:
                 # a segment with its header alone (a roll) is where the journal went on; a cut from
@@ -211,6 +211,7 @@ def recover(
             limbo_marker.enter_blocking(fileio, data_dir, f"torn tail cut at {where}")
         result.torn_bytes_cut = _cut_torn_tail(fileio, journal_dir, *torn, never_synced=never_synced)
     _make_durable(fileio, journal_dir, replayed, _synced_mark(fileio, data_dir))
+    _mark_replayed(fileio, data_dir, result.start)
     result.limbo = limbo_marker.load_blocking(fileio, data_dir)
     return result
 
@@ -313,6 +314,27 @@ def _make_durable(
             fileio.fsync(fd)
         finally:
             fileio.close(fd)
+
+
+def _mark_replayed(fileio: FileIO, data_dir: str, end: Position) -> None:
+    """Move the synced mark to where replay left the journal (all of it durable now): replayed
+    bytes past the old mark may be served from now on, and a later cut at the old mark must not be
+    taken for a write torn in flight. Without a boot id (or when it cannot be written) the mark
+    goes: absent proves nothing, a stale one proves too much."""
+    path = os.path.join(data_dir, fmt.SYNCED_MARK_FILE)
+    boot = fileio.boot_id()
+    if boot is not None:
+        try:
+            fd = fileio.open_append(path)
+            try:
+                fileio.pwrite(fd, fmt.encode_synced_mark(fmt.boot_digest(boot), end), 0)
+            finally:
+                fileio.close(fd)
+            return
+        except OSError:
+            pass
+    with contextlib.suppress(FileNotFoundError):
+        fileio.remove(path)
 
 
 def _cut_torn_tail(

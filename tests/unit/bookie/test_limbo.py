@@ -195,6 +195,31 @@ async def test_the_same_tear_without_a_whole_mark_goes_into_limbo(tmp_path: Path
     await _starts_with_every_ledger_in_limbo(tmp_path)
 
 
+async def test_a_start_moves_the_mark_past_the_groups_it_replayed(tmp_path: Path) -> None:
+    """A process crash left the final group whole but unsynced (its fdatasync failed, or never
+    ran): the mark still ends before it. The restart replays it, makes it durable, and may serve it
+    (a recovery may take it), so the mark moves to the replay's end: damage found exactly at the old
+    mark later is rot of served bytes, into limbo, not a tear in flight."""
+    storage = await Storage.open(config(tmp_path))
+    for i in range(5):
+        await add(storage, 1, i)
+    before_last = _mark_file(tmp_path).read_bytes()
+    await add(storage, 1, 5)
+    location = storage.ledger(1).index.get(5)
+    assert location is not None
+    storage.abort()
+    end = fmt.Position(1, location.offset + location.length)
+    _mark_file(tmp_path).write_bytes(before_last)  # the last group's fdatasync never returned
+    # the start's replay alone (its checkpoint, which would cover the group, failed: say ENOSPC)
+    recovered = replay.recover(FileIO(), str(tmp_path))
+    assert recovered.ledgers[1].index.get(5) is not None  # replayed: served from now on
+    mark = fmt.decode_synced_mark(_mark_file(tmp_path).read_bytes())
+    assert mark is not None
+    assert mark.position == end, "the mark stayed before bytes the start served"
+    os.truncate(_journal_file(tmp_path), location.offset + location.length - 1)  # rot in them
+    await _starts_with_every_ledger_in_limbo(tmp_path)  # not a tear in flight
+
+
 class _NoBootId(FileIO):
     """A start that cannot read the boot id (``/proc`` hidden, out of file descriptors)."""
 
