@@ -130,7 +130,7 @@ class Disk:
         """Bit rot: path -> byte offsets that ``pread`` returns flipped (a latent sector error that
         hands back garbage instead of EIO; replay's whole-file reads are not affected)."""
         self.boots = 0
-        """Crashes so far: each is a power cut, so a new boot (:meth:`SimFileIO.boot_id`)."""
+        """Power cuts so far: each starts a new boot (:meth:`SimFileIO.boot_id`); a process kill does not."""
         self.rot_everywhere: dict[str, set[int]] = {}
         """Bit rot that every read returns flipped: ``pread`` and the whole-file reads of a
         restart (journal replay's ``map_read``, the index checkpoint's ``read_file``)."""
