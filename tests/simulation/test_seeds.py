@@ -195,26 +195,14 @@ PROCESS_KILL_SEEDS: dict[tuple[str, int], str] = {
         "the unsynced group in the page cache, the restart replayed it and checkpointed its index "
         "without syncing the journal, and a power cut then lost the bytes the checkpoint points at: "
         "entry 2:0 failed its checksum on b4 for good, beside b1's rotten copy (bookie/replay.py: "
-        "the segments replayed from must be synced before the start's checkpoint covers them)"
+        "the segments replayed from must be synced before the start's checkpoint covers them; fixed there)"
     ),
 }
 """Seeds found with process kills on (the profile, the seed) and the bug each found: they replay
 with the default mix of crashes."""
 
 
-UNFIXED = {("race", 3419): "until replay syncs what it replays before the start's checkpoint covers it"}
-"""Process-kill seeds whose bug is not fixed yet (expected to fail: strict, so the fix must move it)."""
-
-
-@pytest.mark.parametrize(
-    ("profile", "seed"),
-    [
-        pytest.param(
-            *key, marks=[pytest.mark.xfail(strict=True, reason=UNFIXED[key])] if key in UNFIXED else []
-        )
-        for key in sorted(PROCESS_KILL_SEEDS)
-    ],
-)
+@pytest.mark.parametrize(("profile", "seed"), sorted(PROCESS_KILL_SEEDS))
 def test_process_kill_regression_seed(profile: str, seed: int) -> None:
     outcome = run_seed(seed, profile=PROFILES[profile])
     bug = PROCESS_KILL_SEEDS[profile, seed]
