@@ -22,10 +22,11 @@ metadata unavailability and lost CAS answers), plus:
   a while: a zombie whose commits its lock guard must refuse).
 - **Bit rot on read** (``rot_disk``): a byte of a bookie's index checkpoint or of a journal
   record that a later synced group follows reads back flipped everywhere (replay too); the bookie
-  loses power. Its restart must refuse the damaged disk (the operator retires it: it leaves, and
-  autorecovery heals it), or start when the damage lies before its replay start and answer EIO
-  for that record, never "no such entry" (check_final's CorruptIsNeverAbsent). At most one disk
-  is lost per seed: a rot or the departure, whichever comes first.
+  crashes (a power cut or a process kill). Its restart must refuse the damaged disk (the operator
+  retires it: it leaves, and autorecovery heals it), or start when the damage lies before its
+  replay start and answer EIO for that record, never "no such entry" (check_final's
+  CorruptIsNeverAbsent). At most one disk is lost per seed: a rot or the departure, whichever
+  comes first.
 
 The heal phase brings everything back but the lost bookie, recovers every ledger (the general
 heal) and then demands liveness of autorecovery: within ``AR_HEAL_S`` no ledger lists the bookie
@@ -258,9 +259,10 @@ class AutorecoveryScenario(Scenario):
     def rot_disk(self, rng: random.Random, restarts: list[asyncio.Task[None]]) -> None:
         """Bit rot that every read returns: a byte of an up bookie's index checkpoint, or of a
         journal record that a later synced group follows (damage replay can tell from a torn
-        write; the final group's cannot be told, docs/bookie.md). The bookie is then cut off
-        (a power cut) and restarted: it must refuse to start (JournalCorrupt, CheckpointCorrupt),
-        never serve without the damaged record; until then its reads of that record say EIO."""
+        write; the final group's cannot be told, docs/bookie.md). The bookie then crashes (a
+        power cut or a process kill) and restarts: it must refuse to start (JournalCorrupt,
+        CheckpointCorrupt), never serve without the damaged record; until then its reads of that
+        record say EIO."""
         world = self.world
         if self.rotten is not None or self.leaving is not None:  # one disk lost at most
             return
@@ -302,8 +304,9 @@ class AutorecoveryScenario(Scenario):
         at = rng.randrange(first, end)
         bookie.disk.rot_everywhere.setdefault(path, set()).add(at)
         self.rotten = bookie.name
-        world.trace(f"bit rot: {bookie.name} byte {at} of {path}, then a power cut")
-        bookie.crash()
+        kind = world.crash_kind()
+        world.trace(f"bit rot: {bookie.name} byte {at} of {path}, then a {kind}")
+        bookie.crash(kind)
         restarts.append(asyncio.create_task(self._restart_later(bookie, rng.uniform(0.05, 0.5))))
 
     async def _restart_daemon_later(self, daemon: SimDaemon, delay_s: float) -> None:

@@ -8,7 +8,11 @@ Model (one :class:`Disk` per bookie; paths are plain strings, nothing touches th
   may undo them (here: always does, the harshest legal outcome).
 - :meth:`Disk.crash` is a power cut: every file keeps its synced content plus a random prefix of its
   pending writes, the last one of which may be torn at a random byte. The next incarnation of the
-  bookie opens this image.
+  bookie opens this image, in a new boot (:meth:`SimFileIO.boot_id`).
+- A process kill (kill -9, the OOM killer) leaves the disk as it is: the page cache keeps every
+  byte written, synced or not, and the boot goes on. Only the journal group in flight is cut, at a
+  random step (:meth:`SimFileIO.kill_during`): a write there keeps a random prefix of its bytes,
+  and nothing after it happens.
 - Preallocated space is sparse: zeros past the written bytes cost no memory.
 - :attr:`SimFileIO.fail_next` makes the next journal write or fdatasync fail with EIO or ENOSPC
   (the bookie must fail those adds and go read-only, never acknowledge them).
@@ -29,6 +33,12 @@ from bookie.metrics import DiskStatus
 from bookkeeper_aio.common import failpoints
 
 DISK_BYTES = 1 << 40
+
+
+class ProcessKilled(BaseException):
+    """Raised by the file seam at the step a process kill lands on (:meth:`SimFileIO.kill_during`):
+    the journal writer does nothing after it. A BaseException, as the writer's OSError handlers
+    (which remove the synced mark, for one) must not run in a dead process."""
 
 
 class SimFile:
@@ -120,7 +130,7 @@ class Disk:
         """Bit rot: path -> byte offsets that ``pread`` returns flipped (a latent sector error that
         hands back garbage instead of EIO; replay's whole-file reads are not affected)."""
         self.boots = 0
-        """Crashes so far: each is a power cut, so a new boot (:meth:`SimFileIO.boot_id`)."""
+        """Power cuts so far: each starts a new boot (:meth:`SimFileIO.boot_id`); a process kill does not."""
         self.rot_everywhere: dict[str, set[int]] = {}
         """Bit rot that every read returns flipped: ``pread`` and the whole-file reads of a
         restart (journal replay's ``map_read``, the index checkpoint's ``read_file``)."""
@@ -167,6 +177,35 @@ class SimFileIO(FileIO):
         self.fail_next: tuple[str, int] | None = None
         """(``"write"`` or ``"sync"``, errno): the next journal write or sync raises that error."""
         self.errors_raised = 0
+        self._kill_in = 0
+        """Steps left before a process kill lands (:meth:`kill_during`); 0: none armed, -1: landed."""
+        self._kill_rng: random.Random | None = None
+        self.kill_note = ""
+        """What the process kill cut (for the trace), once it landed."""
+
+    def kill_during(self, steps: int, rng: random.Random) -> None:
+        """A process kill lands on the ``steps``-th step of what runs next (the journal group in
+        flight, run at once by the crash): a write, fdatasync, fsync, preallocation or directory
+        fsync. A write there keeps a random prefix of its bytes (a kill between two pages of one
+        ``pwrite``); that step and every later one raise :class:`ProcessKilled`."""
+        self._kill_in = steps
+        self._kill_rng = rng
+        self.kill_note = "after the whole group (before its completion)"
+
+    def _killed(self, step: str, fd: int = -1, data: bytes | memoryview = b"", offset: int = 0) -> None:
+        """Count one step toward an armed kill; at the kill's step keep a prefix of ``data`` and
+        raise :class:`ProcessKilled` (as every step after it does)."""
+        if self._kill_in > 0:
+            self._kill_in -= 1
+            if self._kill_in:
+                return
+            self._kill_in = -1
+            assert self._kill_rng is not None
+            kept = self._kill_rng.randint(0, len(data))
+            if kept:
+                self._file(fd).write(offset, bytes(data[:kept]))
+            self.kill_note = f"at its {step}" + (f" ({kept} of {len(data)} bytes written)" if data else "")
+        raise ProcessKilled(self.kill_note)
 
     def _open(self, path: str, create: bool) -> int:
         file = self.disk.files.get(path)
@@ -197,6 +236,8 @@ class SimFileIO(FileIO):
         self._fds.pop(fd, None)
 
     def preallocate(self, fd: int, offset: int, length: int) -> None:
+        if self._kill_in:
+            self._killed("preallocation")
         file = self._file(fd)
         if offset + length > len(file.data):
             file.resize(offset + length)
@@ -210,20 +251,29 @@ class SimFileIO(FileIO):
 
     def journal_write(self, fd: int, data: bytes | memoryview, offset: int) -> None:
         self._fault("write")
+        if self._kill_in:
+            self._killed("journal write", fd, data, offset)
         self._file(fd).write(offset, bytes(data))
 
     def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        if self._kill_in:
+            self._killed(f"write of {self._fds[fd][0]}", fd, data, offset)
         self._file(fd).write(offset, bytes(data))
 
     def boot_id(self) -> bytes:
-        """A crash is a power cut: what was written but not synced is not kept, so a new boot."""
+        """A new boot after each power cut (what was written but not synced may be gone); a
+        process kill keeps the boot (and the page cache)."""
         return b"sim-boot-%d" % self.disk.boots
 
     def journal_sync(self, fd: int) -> None:
         self._fault("sync")  # the written bytes stay pending: only a later sync or luck keeps them
+        if self._kill_in:
+            self._killed("fdatasync")
         self._sync(fd)
 
     def fsync(self, fd: int) -> None:
+        if self._kill_in:
+            self._killed("fsync")
         self._sync(fd)
 
     def _sync(self, fd: int) -> None:
@@ -294,6 +344,8 @@ class SimFileIO(FileIO):
         self.disk.files[dst] = file
 
     def fsync_dir(self, path: str) -> None:
+        if self._kill_in:
+            self._killed("directory fsync")
         if not self.syncs_lost:
             self.disk.fsync_dir(path)
 

@@ -260,7 +260,7 @@ class RaceScenario(Scenario):
                 up = [b for b in world.bookies if b.up and b.name in members]
                 victims = rng.sample(up, min(len(up), 1 if kind == "crash" else 2))
                 for bookie in victims:
-                    bookie.crash()
+                    bookie.crash(world.crash_kind())
                     restarts.append(asyncio.create_task(self._restart_later(bookie, rng.uniform(0.05, 0.8))))
             elif kind == "kill_writer":  # the writer's connection to a member resets: it replaces it
                 conns = [c for c in world.network.connections_of(writer or "") if c.server.node in members]

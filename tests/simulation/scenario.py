@@ -294,7 +294,7 @@ class Scenario:
             if kind in ("crash", "crash2") and up:
                 victims = rng.sample(up, min(len(up), 1 if kind == "crash" else 2))
                 for bookie in victims:
-                    bookie.crash()
+                    bookie.crash(world.crash_kind())
                     restarts.append(asyncio.create_task(self._restart_later(bookie, rng.uniform(0.05, 0.8))))
             elif kind == "partition":
                 client = rng.choice(world.clients)
@@ -496,16 +496,30 @@ class Scenario:
             self.problems.append(f"{what} crashed: {task.exception()!r}")
 
 
-def run_seed(seed: int, bugs: tuple[str, ...] = (), profile: type[Scenario] | None = None) -> Outcome:
+def run_seed(
+    seed: int,
+    bugs: tuple[str, ...] = (),
+    profile: type[Scenario] | None = None,
+    *,
+    process_kills: bool = True,
+) -> Outcome:
     """Run one seed to the end; never raises for what the simulated system did (problems do).
     ``bugs``: ``bug.*`` failpoint switches to plant (bookkeeper_aio/common/failpoints.py);
-    ``profile``: the scenario class (default :class:`Scenario`; tests/simulation/race.py)."""
+    ``profile``: the scenario class (default :class:`Scenario`; tests/simulation/race.py);
+    ``process_kills``: off, every crash is a power cut (the seeds found before process kills existed
+    replay that way)."""
     # What earlier seeds left (their worlds, unreachable once run_seed returned: all in the young
     # generations, see below) is finalized now, outside this seed's trace.
     gc.collect(1)
     world = World(seed)
+    if not process_kills:
+        world.process_kill_probability = 0.0
     scenario = (profile or Scenario)(world)
-    world.trace(f"seed {seed}: {scenario.describe()}" + (f" bugs={','.join(bugs)}" if bugs else ""))
+    world.trace(
+        f"seed {seed}: {scenario.describe()}"
+        + (f" bugs={','.join(bugs)}" if bugs else "")
+        + ("" if process_kills else " (power cuts only)")
+    )
     saved_logs = capture_logs(world.trace)
     saved_failpoints = ",".join(f"{name}={action}" for name, action in failpoints._active.items())
     failpoints.configure(",".join(f"{bug}=on" for bug in bugs))

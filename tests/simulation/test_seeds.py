@@ -15,6 +15,7 @@ from tests.simulation.autorecovery import AutorecoveryScenario
 from tests.simulation.conftest import STATS, replay_command
 from tests.simulation.race import RaceScenario
 from tests.simulation.scenario import Scenario, run_seed
+from tests.simulation.world import World
 
 REGRESSION_SEEDS: dict[tuple[str, int, tuple[str, ...]], str] = {
     ("general", 208, ()): (
@@ -161,9 +162,59 @@ def test_a_seed_replays_in_another_process() -> None:
     assert answers[0] == answers[1]
 
 
+def test_a_process_kill_tears_a_write_the_synced_mark_proves_never_synced(
+    monkeypatch: pytest.MonkeyPatch, replaying: bool
+) -> None:
+    """A process kill keeps the boot and the page cache: the journal write it tears starts at the
+    synced mark, so replay cuts it without limbo (bookie/replay.py ``_never_synced``), where a power
+    cut's tear goes into limbo. General seed 5 (limbo on): b0 is killed in its journal write, 20 of
+    99 bytes written, and its restart cuts the torn bytes with ``never_synced=True``."""
+    if replaying:
+        pytest.skip("replaying one seed")
+    monkeypatch.setattr(World, "limbo_after_cut", True)
+    for seed in range(5, 40):
+        outcome = run_seed(seed)
+        lines = outcome.trace.splitlines()
+        torn = [i for i, line in enumerate(lines) if "(process kill) mid-write, at its journal write" in line]
+        if torn and not outcome.problems:
+            break
+    else:
+        pytest.fail("no seed in 5..39 ran clean with a process kill tearing a journal write")
+    bookie = lines[torn[0]].split()[2]
+    after = lines[torn[0] :]
+    restart = next(i for i, line in enumerate(after) if f"bookie {bookie} started" in line)
+    cuts = [line for line in after[:restart] if f"[{bookie}] warning journal.torn_tail_cut" in line]
+    assert cuts, after[: restart + 1]
+    assert all("never_synced=True" in line for line in cuts), cuts
+    assert not any(f"[{bookie}] warning limbo.entered" in line for line in after[:restart]), seed
+
+
+PROCESS_KILL_SEEDS: dict[tuple[str, int], str] = {
+    ("race", 3419): (
+        "a ledger no recovery could close: b4's journal fdatasync failed (EIO), a process kill kept "
+        "the unsynced group in the page cache, the restart replayed it and checkpointed its index "
+        "without syncing the journal, and a power cut then lost the bytes the checkpoint points at: "
+        "entry 2:0 failed its checksum on b4 for good, beside b1's rotten copy (bookie/replay.py: "
+        "the segments replayed from must be synced before the start's checkpoint covers them; fixed there)"
+    ),
+}
+"""Seeds found with process kills on (the profile, the seed) and the bug each found: they replay
+with the default mix of crashes."""
+
+
+@pytest.mark.parametrize(("profile", "seed"), sorted(PROCESS_KILL_SEEDS))
+def test_process_kill_regression_seed(profile: str, seed: int) -> None:
+    outcome = run_seed(seed, profile=PROFILES[profile])
+    bug = PROCESS_KILL_SEEDS[profile, seed]
+    assert outcome.ledgers > 0
+    assert "(process kill)" in outcome.trace
+    assert not outcome.problems, f"{bug} is back ({replay_command(seed)}): {outcome.problems[:3]}"
+
+
 @pytest.mark.parametrize(("profile", "seed", "bugs"), sorted(REGRESSION_SEEDS))
 def test_regression_seed(profile: str, seed: int, bugs: tuple[str, ...]) -> None:
-    outcome = run_seed(seed, bugs, PROFILES[profile])
+    # found before process kills existed: replayed with power cuts only, the history that found it
+    outcome = run_seed(seed, bugs, PROFILES[profile], process_kills=False)
     bug = REGRESSION_SEEDS[profile, seed, bugs]
     assert outcome.ledgers > 0
     # A planted bug may legitimately be found; the real code's bug (a liveness failure) may not.

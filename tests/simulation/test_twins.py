@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.simulation.disk import Disk, SimFileIO
+from tests.simulation.disk import Disk, ProcessKilled, SimFileIO
 from tests.simulation.loop import NODE, Deadlock, Incarnation, SimLoop
 from tests.simulation.network import Network
 from tests.simulation.scenario import run_seed
@@ -214,6 +214,42 @@ def test_a_rename_is_undone_by_a_crash_before_the_directory_sync() -> None:
     after = SimFileIO(disk)
     assert after.read_file("/d/g") == b"new"
     assert not after.exists("/d/h")
+
+
+def test_a_process_kill_keeps_every_written_byte_but_tears_the_write_in_flight() -> None:
+    """A process kill keeps the page cache (pending bytes and unsynced names too) and the boot;
+    the step it lands on keeps a prefix of its write, and nothing runs after it."""
+    outcomes = set()
+    for seed in range(40):
+        disk = Disk()
+        io = written(disk, sync=False, dir_sync=False)
+        boot = io.boot_id()
+        fd = io.open_append("/d/f")
+        io.kill_during(1, random.Random(seed))
+        with pytest.raises(ProcessKilled):
+            io.journal_write(fd, b"-in-flight", 14)
+        with pytest.raises(ProcessKilled):  # a step after the kill does not happen
+            io.journal_sync(fd)
+        after = SimFileIO(disk)
+        assert after.boot_id() == boot
+        content = after.read_file("/d/f")
+        assert content.startswith(b"synced-pending")
+        assert b"synced-pending-in-flight".startswith(content)
+        outcomes.add(len(content) - len(b"synced-pending"))
+        disk.crash(random.Random(seed))  # a later power cut: the unsynced name is gone
+        assert not SimFileIO(disk).exists("/d/f")
+    assert {0, len(b"-in-flight")} < outcomes  # nothing, all, and torn prefixes
+
+
+def test_a_process_kill_lands_on_its_step() -> None:
+    io = written(Disk(), sync=True)
+    fd = io.open_append("/d/f")
+    io.kill_during(3, random.Random(1))
+    io.journal_write(fd, b"-a", 14)  # steps 1 and 2 happen
+    io.journal_sync(fd)
+    with pytest.raises(ProcessKilled):
+        io.pwrite(fd, b"-b", 16)
+    assert io.kill_note.startswith("at its write of /d/f")
 
 
 def test_write_file_atomic_takes_parts_as_the_real_one_does() -> None:

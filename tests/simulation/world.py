@@ -63,12 +63,20 @@ CLIENT_CONFIG = ClientConfig(
 
 
 REGISTRATION_TTL_S = 2
+"""The bookies' registration leases where bookies register (the autorecovery profile): the
+shortest the store allows, so a crashed bookie is seen gone soon."""
+POWER_CUT = "power cut"
+PROCESS_KILL = "process kill"
+PROCESS_KILL_PROBABILITY = 0.5
+"""The share of the fault phase's bookie crashes that are process kills (:meth:`World.crash_kind`)."""
+KILL_STEPS_MAX = 4
+"""A process kill lands on one of the first this many steps of the journal group in flight (a
+group's steps: its write, its fdatasync, the synced mark's write, then whatever else it does), or
+after the group if it has fewer."""
 ROT_FINAL_GROUP = os.environ.get("SIM_ROT_FINAL_GROUP", "") == "1"
 """``rot_disk`` may draw its byte in a journal's final group too (which replay cannot tell from a
 torn write, so it cuts it); bookies then put what a cut may have touched in limbo (bookie/limbo.py).
 Off, no profile rots a final group: every cut is a torn, never synced write, and limbo is off."""
-"""The bookies' registration leases where bookies register (the autorecovery profile): the
-shortest the store allows, so a crashed bookie is seen gone soon."""
 
 
 class LoopClock:
@@ -160,6 +168,8 @@ class SimBookie(Node):
         self.threads: SimThreads | None = None
         self.fileio: SimFileIO | None = None
         self.starts = 0
+        self.kills = 0
+        """Process kills so far (each keeps the boot: :meth:`crash`)."""
 
     def config(self) -> BookieConfig:
         return BookieConfig(
@@ -173,7 +183,7 @@ class SimBookie(Node):
             checkpoint_interval_s=self.world.rng_for("checkpoint", self.name).uniform(0.2, 2.0),
             disk_check_interval_s=self.world.disk_check_interval_s,
             gc_interval_s=3600.0,
-            limbo_after_cut=int(ROT_FINAL_GROUP),
+            limbo_after_cut=int(self.world.limbo_after_cut),
         )
 
     async def start(self) -> None:
@@ -222,18 +232,37 @@ class SimBookie(Node):
     def syncing(self) -> bool:
         return self.up and self.threads is not None and self.threads.syncing
 
-    def crash(self) -> None:
-        """Power cut: the process and every unsynced byte are gone. A journal group in flight is
-        cut mid-write: its bytes reach the disk as pending writes, its fdatasync never happens."""
+    def crash(self, kind: str = POWER_CUT) -> None:
+        """A crash of ``kind``; the process is gone either way.
+
+        - :data:`POWER_CUT`: every unsynced byte may be gone too. A journal group in flight is cut
+          mid-write: its bytes reach the disk as pending writes, its fdatasync never happens; the
+          disk keeps a random prefix of what is pending (:meth:`Disk.crash`), and a new boot starts.
+        - :data:`PROCESS_KILL` (kill -9, the OOM killer): the page cache survives, so the disk keeps
+          every byte written and the boot goes on; a journal group in flight stops at a random step
+          (:meth:`SimFileIO.kill_during`), a write there torn."""
         self._die()
-        syncing = self.threads is not None and self.threads.syncing
-        if syncing and self.threads is not None and self.fileio is not None:
-            self.fileio.syncs_lost = True
-            for worker in self.threads.workers:
-                self.context.run(worker.interrupt)  # its completion dies with the incarnation
-        self.disk.crash(self.world.rng_for("crash", self.name, self.starts))
+        threads, fileio = self.threads, self.fileio
+        syncing = threads is not None and threads.syncing
+        note = " mid-write" if syncing else ""
+        if kind == PROCESS_KILL:
+            if syncing and threads is not None and fileio is not None:
+                rng = self.world.rng_for("kill", self.name, self.starts)
+                fileio.kill_during(rng.randint(1, KILL_STEPS_MAX), rng)
+                for worker in threads.workers:
+                    self.context.run(worker.interrupt)  # its completion dies with the incarnation
+                note = f" mid-write, {fileio.kill_note}"
+            self.kills += 1
+        else:
+            if syncing and threads is not None and fileio is not None:
+                fileio.syncs_lost = True
+                for worker in threads.workers:
+                    self.context.run(worker.interrupt)  # its completion dies with the incarnation
+            self.disk.crash(self.world.rng_for("crash", self.name, self.starts))
         self.server = None
-        self.world.trace(f"bookie {self.name} crashed{' mid-write' if syncing else ''}")
+        self.world.trace(
+            f"bookie {self.name} crashed{' (process kill)' if kind == PROCESS_KILL else ''}{note}"
+        )
 
     async def restart(self) -> None:
         self._reincarnate()
@@ -373,6 +402,11 @@ class SimStore(MemoryStore):
 
 
 class World:
+    limbo_after_cut = ROT_FINAL_GROUP
+    """Bookies put what a torn-tail cut may have touched in limbo (bookie/limbo.py): on with
+    ``SIM_ROT_FINAL_GROUP=1``, where a cut may be of synced bytes (rot), and in the test that a
+    process kill's tear needs no limbo."""
+
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self.loop = SimLoop(self.rng_for("schedule"))
@@ -389,6 +423,9 @@ class World:
         read-only at the next look)."""
         self.bookies: list[SimBookie] = []
         self.clients: list[SimClient] = []
+        self.process_kill_probability = PROCESS_KILL_PROBABILITY
+        """0 makes every crash of the fault phase a power cut (as before process kills existed)."""
+        self._crash_kinds = self.rng_for("crash kind")
         self._sequence = itertools.count()
         self.history = History(clock=self._next_op_time)
 
@@ -397,6 +434,13 @@ class World:
 
     def now_ms(self) -> int:
         return int(self.loop.time() * 1000)
+
+    def crash_kind(self) -> str:
+        """A fault-phase crash's kind: a process kill with ``process_kill_probability``, else a
+        power cut (drawn from an RNG of its own: the other faults' draws stay as they were)."""
+        if self.process_kill_probability and self._crash_kinds.random() < self.process_kill_probability:
+            return PROCESS_KILL
+        return POWER_CUT
 
     def _next_op_time(self) -> float:
         return float(next(self._sequence))
