@@ -101,9 +101,13 @@ def test_cluster_init_is_idempotent(sandbox: RunningSandbox) -> None:
     assert first["instance_id"] == again["instance_id"]
 
 
-def test_bookie_format_forgets_an_unknown_cookie(sandbox: RunningSandbox) -> None:
-    result = json.loads(bkaio(sandbox.home, "bookie", "format", "127.0.0.1:1", "--json").stdout)
-    assert result["metadata_cookie_deleted"] is False
+def test_bookie_format_refuses_an_unknown_id_and_a_running_bookie(sandbox: RunningSandbox) -> None:
+    unknown = bkaio(sandbox.home, "bookie", "format", "127.0.0.1:1", "--json", check=False)
+    assert unknown.returncode == 1
+    assert "no bookie '127.0.0.1:1' in this cluster" in unknown.stderr
+    running = bkaio(sandbox.home, "bookie", "format", "bookie-0", "--json", check=False)
+    assert running.returncode == 1
+    assert "bookie-0 is in use: it is registered" in running.stderr
 
 
 def test_no_cluster_configured_says_what_to_do(tmp_path: Path) -> None:
