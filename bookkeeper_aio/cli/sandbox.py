@@ -7,8 +7,8 @@ until Ctrl-C / SIGTERM and stop every child cleanly (SIGTERM, then SIGKILL after
 
 The data directory is reused by a second run when the previous sandbox has stopped (bookie data and
 etcd state survive); ``--fresh`` wipes it first. A data directory in use by a live sandbox is refused.
-Bookies do not reclaim the space of deleted ledgers yet, so the data directory grows with every
-demo; the first line says how big it is and how to wipe it.
+Bookies reclaim the space of deleted ledgers by garbage collection (``bkaio bookie gc`` runs a pass
+now); the first line says how big the data directory is and how to wipe it.
 """
 
 from __future__ import annotations
@@ -104,10 +104,15 @@ class Sandbox:
         asyncio.run(_init_cluster(self.metadata_url))
         for index in range(self.bookies):
             self._start_bookie(index)
-        asyncio.run(_wait_registered(self.metadata_url, self.bookies, BOOKIE_READY_TIMEOUT_S))
+        bookies = {
+            child.name: (child, address)
+            for child, address in zip(self.children[1:], self.bookie_addresses, strict=True)
+        }
+        asyncio.run(_wait_registered(self.metadata_url, bookies, BOOKIE_READY_TIMEOUT_S))
         for child in self.children[1:]:  # the ADMIN line follows READY, printed after registering
             child.wait_ready(functools.partial(_admin_address, child), BOOKIE_READY_TIMEOUT_S)
         self._start_autorecovery()
+        _check_alive([*self.children, *self.autorecovery])
 
     def _start_autorecovery(self) -> None:
         """The autorecovery daemon beside the bookies (docs/autorecovery.md): a bookie gone for
@@ -216,19 +221,52 @@ async def _init_cluster(url: str) -> None:
         await metadata.ensure_cluster(meta.store, meta.root)
 
 
-async def _wait_registered(url: str, count: int, timeout_s: float) -> None:
+async def _wait_registered(url: str, bookies: dict[str, tuple[Child, str]], timeout_s: float) -> None:
+    """Until each bookie child (id -> (child, its ``host:port``)) is registered at its own address:
+    a registration left by an earlier run (its lease not yet expired) is not this child's. A child
+    that exits meanwhile (a bookie refusing to start, say) fails the start with its reason."""
     async with metadata.connect(url) as meta:
         deadline = time.monotonic() + timeout_s
         while True:
-            writable = (await metadata.list_bookies(meta.store, meta.root)).writable
-            if len(writable) >= count:
+            for child, _address in bookies.values():
+                if not child.alive():
+                    raise ChildFailed(_exited(child))
+            found = await metadata.list_bookies(meta.store, meta.root)
+            registered = {**found.readonly, **found.writable}
+            ours = [
+                bookie_id
+                for bookie_id, (_child, address) in bookies.items()
+                if bookie_id in registered
+                and f"{registered[bookie_id].host}:{registered[bookie_id].port}" == address
+            ]
+            if len(ours) == len(bookies):
                 return
             if time.monotonic() > deadline:
+                missing = sorted(set(bookies) - set(ours))
                 raise ChildFailed(
-                    f"only {len(writable)} of {count} bookies registered after {timeout_s:.0f} s; "
-                    "see the bookie logs in the sandbox data dir"
+                    f"only {len(ours)} of {len(bookies)} bookies registered after {timeout_s:.0f} s "
+                    f"(not {', '.join(missing)}); see "
+                    + ", ".join(str(bookies[name][0].log_path) for name in missing)
                 )
             await asyncio.sleep(0.1)
+
+
+def _exited(child: Child) -> str:
+    """Why ``child`` is gone: a bookie's ``refusing to start`` line when it printed one (it says
+    what to do), else the end of its log."""
+    code = child.proc.returncode if child.proc is not None else "?"
+    tail = child.log_tail(40)
+    refusals = [line for line in tail.splitlines() if "refusing to start" in line]
+    if refusals:
+        return f"{child.name} exited with {code}: {refusals[-1].strip()} (log: {child.log_path})"
+    return f"{child.name} exited with {code}; its log {child.log_path} ends with:\n{child.log_tail()}"
+
+
+def _check_alive(children: list[Child]) -> None:
+    """Every child still running: a sandbox must not list (with a pid) a process that is gone."""
+    for child in children:
+        if not child.alive():
+            raise ChildFailed(_exited(child))
 
 
 def _admin_address(child: Child) -> str:

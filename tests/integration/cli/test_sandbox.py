@@ -170,3 +170,38 @@ def test_closed_stdout_still_stops_every_child(tmp_path: Path) -> None:
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(alive(pid) for pid in pids)
+
+
+async def _ledger_on_every_bookie(url: str) -> None:
+    from bookkeeper_aio.client.bookkeeper import BookKeeper
+
+    async with BookKeeper.connect(url) as bk:
+        lh = await bk.create_ledger(3, 3, 2)
+        for _ in range(5):
+            await lh.append(b"x" * 100)
+        await lh.close()
+
+
+def test_a_bookie_refusing_to_start_fails_the_sandbox_with_its_reason(tmp_path: Path) -> None:
+    """A bookie whose cookie was deleted (``format --force``) while its data dir holds data refuses
+    to start on the next run: the sandbox says so, with the bookie's reason, instead of listing it
+    with a pid (a stale registration counted as its) and failing later."""
+    import asyncio
+
+    home = tmp_path / "home"
+    with running_sandbox(home, "--bookies", "3", "--no-demo") as box:
+        asyncio.run(_ledger_on_every_bookie(box.url))
+        bkaio(home, "bookie", "format", "bookie-0", "--force")
+    again = subprocess.run(
+        [*BKAIO, "sandbox", "--bookies", "3", "--no-demo", "--no-serve"],
+        capture_output=True,
+        text=True,
+        env=sandbox_env(home),
+        timeout=180,
+        check=False,
+    )
+    assert again.returncode == 1, again.stdout
+    assert "bkaio sandbox: bookie-0 exited with" in again.stderr, again.stderr
+    assert "refusing to start" in again.stderr
+    assert "has no cookie for bookie 'bookie-0'" in again.stderr
+    assert "PROCESS" not in again.stdout  # no process table listing a bookie that is gone
