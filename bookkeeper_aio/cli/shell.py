@@ -542,7 +542,17 @@ def add_commands(sub: Any) -> None:
     )
     simple = _command(sub, "simpletest", cmd_simpletest, "create, write, read back and delete one ledger")
     simple.add_argument("--entries", type=int, default=100, help="entries to write (default 100)")
-    simple.add_argument("--ensemble", "-E", type=int, default=3)
-    simple.add_argument("--write-quorum", "-W", type=int, default=2)
-    simple.add_argument("--ack-quorum", "-A", type=int, default=2)
+    simple.add_argument(
+        "--ensemble", "-E", type=int, default=3, help="bookies the ledger is striped over (default 3)"
+    )
+    simple.add_argument(
+        "--write-quorum", "-W", type=int, default=2, help="copies of each entry written (default 2)"
+    )
+    simple.add_argument(
+        "--ack-quorum",
+        "-A",
+        type=int,
+        default=2,
+        help="copies acknowledged before an add succeeds (default 2)",
+    )
     autorecovery_commands.add_commands(sub)
