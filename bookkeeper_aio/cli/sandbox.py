@@ -20,6 +20,7 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ import metadata
 from bookkeeper_aio.cli import output, state
 from bookkeeper_aio.cli.demo import DEMO_LOG, DEMO_PASSWORD, run_demo, run_log_demo
 from bookkeeper_aio.cli.netns import NetnsHosts, NetnsUnavailable
-from bookkeeper_aio.cli.procs import Child, ChildFailed, etcd_child, free_port, port_open
+from bookkeeper_aio.cli.procs import STOP_GRACE_S, Child, ChildFailed, etcd_child, free_port, port_open
 from bookkeeper_aio.cli.sandbox_tls import SandboxTls
 from bookkeeper_aio.client.discovery import CLIENT_CONFIG_ENV
 
@@ -197,12 +198,27 @@ class Sandbox:
 
     def stop(self) -> None:
         # Autorecovery first (it would take the bookies' leaving for a loss), then the bookies (they
-        # deregister through etcd), etcd last.
-        for child in [*self.autorecovery, *reversed(self.children)]:
-            child.stop()
+        # deregister through etcd), etcd last. Each tier is stopped together: its grace period is
+        # spent once, not once per child (bookies whose etcd is gone wait out the whole of it).
+        for tier in (self.autorecovery, self.children[1:], self.children[:1]):
+            _stop_together(tier)
         if self.hosts is not None:
             self.hosts.close()
             (self.data_dir / NETNS_FILE).unlink(missing_ok=True)
+
+
+def _stop_together(children: list[Child], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to every child at once, up to ``grace_s`` for all of them, then SIGKILL the rest."""
+    running = [child for child in children if child.proc is not None and child.alive()]
+    for child in running:
+        assert child.proc is not None
+        child.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in running:
+        assert child.proc is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.proc.wait(max(0.0, deadline - time.monotonic()))
+        child.kill()  # no-op when it exited
 
 
 def _remove_leftover_hosts(data_dir: Path) -> None:
@@ -408,9 +424,12 @@ def run(
     hosts: bool = False,
     tls: bool = False,
 ) -> int:
+    stopped_by: list[int] = []
+
     def on_signal(signum: int, frame: object) -> None:
         # The first signal starts the shutdown; later ones must not interrupt it (children would be
-        # orphaned). Shutdown is bounded anyway: SIGKILL after procs.STOP_GRACE_S per child.
+        # orphaned). Shutdown is bounded anyway: SIGKILL after procs.STOP_GRACE_S per tier.
+        stopped_by.append(signum)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt
@@ -457,12 +476,14 @@ def run(
                 print("serving; Ctrl-C stops every process", flush=True)
                 while all(child.alive() for child in box.children):
                     time.sleep(0.5)
-                dead = [c.name for c in box.children if not c.alive()]
-                print(f"stopping: {', '.join(dead)} exited unexpectedly", file=sys.stderr)
+                for child in box.children:
+                    if not child.alive():
+                        print(f"stopping: {_exited(child)}", file=sys.stderr)
                 return 1
             return 0
         except KeyboardInterrupt:
-            return 0
+            # Ctrl-C (SIGINT): 130, as an interrupted command; SIGTERM is the service's normal stop
+            return 130 if stopped_by[:1] != [signal.SIGTERM] else 0
         finally:
             # Nothing here may skip box.stop(): stdout can be a closed pipe (`bkaio sandbox | head`).
             with contextlib.suppress(OSError):

@@ -147,7 +147,7 @@ def test_sigint_stops_a_sandbox_started_with_sigint_ignored(tmp_path: Path) -> N
     with running_sandbox(tmp_path, "--bookies", "1", "--no-demo", preexec_fn=ignore_sigint) as box:
         assert len(box.child_pids) == 2
         box.proc.send_signal(signal.SIGINT)
-        assert box.proc.wait(60) == 0
+        assert box.proc.wait(60) == 130  # Ctrl-C: interrupted (SIGTERM, the service's stop, is 0)
         assert not any(alive(pid) for pid in box.child_pids)
 
 
@@ -205,3 +205,15 @@ def test_a_bookie_refusing_to_start_fails_the_sandbox_with_its_reason(tmp_path: 
     assert "refusing to start" in again.stderr
     assert "has no cookie for bookie 'bookie-0'" in again.stderr
     assert "PROCESS" not in again.stdout  # no process table listing a bookie that is gone
+
+
+def test_a_child_dying_while_serving_names_its_log(tmp_path: Path) -> None:
+    with running_sandbox(tmp_path, "--bookies", "1", "--no-demo") as box:
+        etcd_pid = box.child_pids[0]
+        subprocess.run(["kill", "-KILL", str(etcd_pid)], check=True)
+        assert box.proc.wait(90) == 1
+        assert box.proc.stdout is not None
+        rest = box.proc.stdout.read()
+    assert "stopping: etcd exited with -9" in rest, rest
+    assert str(tmp_path / "sandbox" / "logs" / "etcd.log") in rest
+    assert not any(alive(pid) for pid in box.child_pids)
