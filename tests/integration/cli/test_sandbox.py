@@ -207,6 +207,7 @@ def test_a_bookie_refusing_to_start_fails_the_sandbox_with_its_reason(tmp_path: 
     assert "PROCESS" not in again.stdout  # no process table listing a bookie that is gone
 
 
+@pytest.mark.slow  # ~20 s: a sandbox start and a stop that waits out its bookies' grace period
 def test_a_child_dying_while_serving_names_its_log(tmp_path: Path) -> None:
     with running_sandbox(tmp_path, "--bookies", "1", "--no-demo") as box:
         etcd_pid = box.child_pids[0]
