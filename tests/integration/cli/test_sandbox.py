@@ -95,6 +95,16 @@ def test_ledger_commands_show_read_list_delete(sandbox: RunningSandbox) -> None:
     assert "NoSuchLedger" in missing.stderr
 
 
+def test_a_tls_client_against_plaintext_bookies_is_told_so(sandbox: RunningSandbox, tmp_path: Path) -> None:
+    config = tmp_path / "tls.toml"
+    config.write_text("tls_enabled = true\nconnect_timeout_s = 2.0\nadd_timeout_s = 2.0\n")
+    result = bkaio(sandbox.home, "--client-config", str(config), "simpletest", "--entries", "3", check=False)
+    assert result.returncode == 1
+    assert "bkaio simpletest: Unauthorized: bookie-" in result.stderr, result.stderr
+    assert "TLS handshake failed" in result.stderr
+    assert "NotEnoughBookies" not in result.stderr
+
+
 def test_cluster_init_is_idempotent(sandbox: RunningSandbox) -> None:
     first = json.loads(bkaio(sandbox.home, "cluster", "init", "--json").stdout)
     again = json.loads(bkaio(sandbox.home, "cluster", "init", "--json").stdout)
