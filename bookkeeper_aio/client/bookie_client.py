@@ -267,6 +267,8 @@ class BookiePool:
         bookie_id = conn.bookie_id
         if isinstance(cause, Unauthorized):
             return cause
+        if conn.hello_answered:
+            return None  # past the handshake: a lost connection, not a refusal
         tls_reset = self._tls is not None and isinstance(cause, ConnectionResetError)
         if isinstance(cause, ssl.SSLError) or tls_reset:
             what = str(cause) if isinstance(cause, ssl.SSLError) and str(cause) else "the bookie hung up"
@@ -275,7 +277,7 @@ class BookiePool:
                 "bookie's certificate; tls_check_hostname; the client certificate when the bookie requires "
                 "one; and that the bookie has TLS on at all)"
             )
-        if self._tls is None and not conn.hello_answered and isinstance(cause, ConnectionResetError):
+        if self._tls is None and isinstance(cause, ConnectionResetError):
             return Unauthorized(
                 f"{bookie_id} closed the connection before answering HELLO: it may require TLS (set "
                 "tls_enabled and tls_ca_file in the client's config) or refuse this client"
