@@ -116,7 +116,8 @@ def _stdout_closed() -> int:
 def _main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `bkaio bench` records its command
-    configure_logging(log_level(args.log_level, args.verbose))
+    daemon = args.command == "autorecovery" and getattr(args, "autorecovery_command", None) == "run"
+    configure_logging(log_level(args.log_level, args.verbose, daemon=daemon))
     if args.client_config:
         os.environ[CLIENT_CONFIG_ENV] = args.client_config  # read by every client this command makes
     name = " ".join(filter(None, ["bkaio", args.command, getattr(args, f"{args.command}_command", None)]))
@@ -169,14 +170,15 @@ def _main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-def log_level(given: str | None, verbose: int) -> str:
+def log_level(given: str | None, verbose: int, *, daemon: bool = False) -> str:
     """``--log-level``, else ``-v`` (warning, info, debug), else ``$BKAIO_LOG_LEVEL``, else error: a
-    command that fails prints its one-line error, not the client's log lines leading to it."""
+    command that fails prints its one-line error, not the client's log lines leading to it. A
+    daemon (``autorecovery run``) logs warnings by default: its log is what an operator reads."""
     if given:
         return given
     if verbose:
         return ("warning", "info", "debug")[min(verbose, 3) - 1]
-    return os.environ.get("BKAIO_LOG_LEVEL") or "error"
+    return os.environ.get("BKAIO_LOG_LEVEL") or ("warning" if daemon else "error")
 
 
 def _os_error(exc: OSError, args: argparse.Namespace) -> str:

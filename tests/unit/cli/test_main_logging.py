@@ -13,6 +13,7 @@ def test_the_default_is_error_and_v_raises_it(monkeypatch: pytest.MonkeyPatch) -
     assert cli_main.log_level(None, 0) == "error"
     assert [cli_main.log_level(None, n) for n in (1, 2, 3, 4)] == ["warning", "info", "debug", "debug"]
     assert cli_main.log_level("info", 3) == "info"  # --log-level wins
+    assert cli_main.log_level(None, 0, daemon=True) == "warning"  # autorecovery run: its log matters
     monkeypatch.setenv("BKAIO_LOG_LEVEL", "debug")
     assert cli_main.log_level(None, 0) == "debug"
 
