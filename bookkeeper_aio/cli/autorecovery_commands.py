@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -291,6 +292,53 @@ async def _keepalive(store: metadata.MetadataStore, lease: int, ttl_s: int) -> N
             await store.keepalive(lease)
 
 
+@dataclasses.dataclass(frozen=True)
+class BookiePresence:
+    """What the cluster holds of one bookie id: its cookie, its registration, ledgers naming it."""
+
+    cookie: bool
+    registered: bool
+    ledgers: tuple[int, ...]  # the first few ledgers whose ensembles name it
+
+    @property
+    def known(self) -> bool:
+        return self.cookie or self.registered or bool(self.ledgers)
+
+
+async def bookie_presence(
+    meta: metadata.MetadataConnection, bookie_id: str, ledgers_max: int = 10
+) -> BookiePresence:
+    """Look ``bookie_id`` up: cookie, registration, and (one scan of the ledgers) which name it."""
+    cookie = await metadata.read_cookie(meta.store, meta.root, bookie_id)
+    bookies = await metadata.list_bookies(meta.store, meta.root)
+    naming: list[int] = []
+    manager = meta.ledger_manager()
+    start_after: int | None = None
+    while len(naming) < ledgers_max:
+        page = await manager.read_page(start_after=start_after, on_undecodable=lambda _id, _exc: None)
+        for ledger_id, versioned in sorted(page.ledgers.items()):
+            if any(bookie_id in ensemble for _first, ensemble in versioned.metadata.ensembles):
+                naming.append(ledger_id)
+        if not page.more or not page.ledger_ids:
+            break
+        start_after = page.ledger_ids[-1]
+    return BookiePresence(cookie is not None, bookie_id in bookies.registered, tuple(naming[:ledgers_max]))
+
+
+async def require_known_bookie(
+    meta: metadata.MetadataConnection, bookie_id: str, command: str
+) -> BookiePresence:
+    """``bookie_id``'s presence; exits (status 1) when the cluster has no trace of it: a typo must
+    not succeed silently."""
+    presence = await bookie_presence(meta, bookie_id)
+    if not presence.known:
+        raise SystemExit(
+            f"{command}: no bookie {bookie_id!r} in this cluster (no cookie, no registration, no "
+            "ledger names it): see `bkaio bookies` for the registered ones"
+        )
+    return presence
+
+
 def _client(meta: metadata.MetadataConnection, urm: UnderReplicationManager) -> BookKeeper:
     registry = RegistryDirectory(meta.store, meta.root)
     return BookKeeper(meta.ledger_manager(), ReplacementDirectory(registry, urm), resolver=registry)
@@ -301,6 +349,7 @@ async def cmd_recover(args: argparse.Namespace) -> int:
     config = _config(args)
     meta = await _connect(args)
     async with meta:
+        await require_known_bookie(meta, validate_name(args.bookie_id, "bookie id"), "bkaio recover")
         urm = UnderReplicationManager(meta.store, meta.root)
         bk = _client(meta, urm)
         try:
@@ -354,6 +403,7 @@ async def cmd_decommission(args: argparse.Namespace) -> int:
     async with meta:
         urm = UnderReplicationManager(meta.store, meta.root)
         bookie_id = validate_name(args.bookie_id, "bookie id")
+        await require_known_bookie(meta, bookie_id, "bkaio decommission")
         admin = args.admin or await registered_admin(meta, bookie_id)
         token = None
         if admin:  # before anything is recorded: a loopback admin address names this host's bookie

@@ -18,6 +18,7 @@ is deleted first.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import time
@@ -28,7 +29,14 @@ from bookkeeper_aio.cli.output import Progress
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.errors import NoSuchLog
-from bookkeeper_aio.log import LogRecord, delete_log, describe_log, open_log_reader, open_log_writer
+from bookkeeper_aio.log import (
+    LogPosition,
+    LogRecord,
+    delete_log,
+    describe_log,
+    open_log_reader,
+    open_log_writer,
+)
 from metadata.idgen import BLOCK_SIZE_DEFAULT as ID_BLOCK_SIZE
 
 DEMO_PASSWORD = b"sandbox-demo"
@@ -281,8 +289,17 @@ async def run_log_demo(url: str, records: int = 1_000) -> int:
         order_record(i) for i in range(records)
     ]:
         raise RuntimeError(f"demo log reader: what it read is not what was appended to {DEMO_LOG!r}")
-    print(
-        f"demo: log {DEMO_LOG!r}: {records:,} JSON orders in {len(info.ledgers)} ledgers (rolled every "
-        f"{max(1, records // 4):,} records); a following reader saw each once, in order, across rolls"
-    )
+    print(log_demo_line(records, positions, len(info.ledgers)))
     return len(info.ledgers)
+
+
+def log_demo_line(records: int, positions: list[LogPosition | None], ledgers: int) -> str:
+    """The log demo's summary: the records each ledger holds, as written (a roll lands at the end of
+    the batch that crossed its quarter, so the counts are near, not at, a quarter each)."""
+    per_ledger = collections.Counter(position.ledger_id for position in positions if position is not None)
+    counts = "/".join(f"{per_ledger[ledger_id]:,}" for ledger_id in sorted(per_ledger))
+    return (
+        f"demo: log {DEMO_LOG!r}: {records:,} JSON orders in {ledgers} ledgers ({counts} records: "
+        f"rolled after about every {max(1, records // 4):,}); a following reader saw each once, in "
+        "order, across rolls"
+    )

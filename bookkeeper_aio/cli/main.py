@@ -7,7 +7,9 @@ Every command that talks to a cluster takes ``--metadata etcd://HOST:PORT[,HOST:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +28,19 @@ from bookkeeper_aio.errors import BKError
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bkaio", description="The sandbox cluster and the operator shell.")
-    parser.add_argument("--log-level", default=None, help="debug | info | warning | error (default: warning)")
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        help="debug | info | warning | error (default: error, so a failure is one clear line; "
+        "$BKAIO_LOG_LEVEL sets it too)",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="show the client's log lines too: -v warnings, -vv info, -vvv debug",
+    )
     parser.add_argument(
         "--client-config",
         metavar="FILE",
@@ -82,9 +96,28 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+    except BrokenPipeError:
+        return _stdout_closed()
+    return code
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``bkaio ledgers | head -1``): stop quietly, as a Unix tool
+    killed by SIGPIPE does (status 141), with no traceback, here or at interpreter exit."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the flush at exit then writes nowhere
+    return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `bkaio bench` records its command
-    configure_logging(args.log_level or "warning")
+    daemon = args.command == "autorecovery" and getattr(args, "autorecovery_command", None) == "run"
+    configure_logging(log_level(args.log_level, args.verbose, daemon=daemon))
     if args.client_config:
         os.environ[CLIENT_CONFIG_ENV] = args.client_config  # read by every client this command makes
     name = " ".join(filter(None, ["bkaio", args.command, getattr(args, f"{args.command}_command", None)]))
@@ -118,14 +151,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name}: {exc}", file=sys.stderr)
         return 1
     except (BKError, metadata.MetadataError) as exc:
-        print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        hint = ""
+        if isinstance(exc, metadata.MetadataUnavailable):
+            hint = (
+                " (check that etcd runs at the URL's HOST:PORT, from --metadata, $BKAIO_METADATA or "
+                "the running sandbox's state file, and that the URL's TLS options match it; `make run` "
+                "starts a sandbox)"
+            )
+        print(f"{name}: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        raise  # stdout closed: main() ends quietly
     except OSError as exc:
         print(f"{name}: {_os_error(exc, args)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130  # Ctrl-C, e.g. of `bkaio log tail --follow`: no traceback
     return 2
+
+
+def log_level(given: str | None, verbose: int, *, daemon: bool = False) -> str:
+    """``--log-level``, else ``-v`` (warning, info, debug), else ``$BKAIO_LOG_LEVEL``, else error: a
+    command that fails prints its one-line error, not the client's log lines leading to it. A
+    daemon (``autorecovery run``) logs warnings by default: its log is what an operator reads."""
+    if given:
+        return given
+    if verbose:
+        return ("warning", "info", "debug")[min(verbose, 3) - 1]
+    return os.environ.get("BKAIO_LOG_LEVEL") or ("warning" if daemon else "error")
 
 
 def _os_error(exc: OSError, args: argparse.Namespace) -> str:

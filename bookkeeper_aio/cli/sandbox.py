@@ -7,8 +7,8 @@ until Ctrl-C / SIGTERM and stop every child cleanly (SIGTERM, then SIGKILL after
 
 The data directory is reused by a second run when the previous sandbox has stopped (bookie data and
 etcd state survive); ``--fresh`` wipes it first. A data directory in use by a live sandbox is refused.
-Bookies do not reclaim the space of deleted ledgers yet, so the data directory grows with every
-demo; the first line says how big it is and how to wipe it.
+Bookies reclaim the space of deleted ledgers by garbage collection (``bkaio bookie gc`` runs a pass
+now); the first line says how big the data directory is and how to wipe it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ import metadata
 from bookkeeper_aio.cli import output, state
 from bookkeeper_aio.cli.demo import DEMO_LOG, DEMO_PASSWORD, run_demo, run_log_demo
 from bookkeeper_aio.cli.netns import NetnsHosts, NetnsUnavailable
-from bookkeeper_aio.cli.procs import Child, ChildFailed, etcd_child, free_port, port_open
+from bookkeeper_aio.cli.procs import STOP_GRACE_S, Child, ChildFailed, etcd_child, free_port, port_open
 from bookkeeper_aio.cli.sandbox_tls import SandboxTls
 from bookkeeper_aio.client.discovery import CLIENT_CONFIG_ENV
 
@@ -104,10 +105,15 @@ class Sandbox:
         asyncio.run(_init_cluster(self.metadata_url))
         for index in range(self.bookies):
             self._start_bookie(index)
-        asyncio.run(_wait_registered(self.metadata_url, self.bookies, BOOKIE_READY_TIMEOUT_S))
+        bookies = {
+            child.name: (child, address)
+            for child, address in zip(self.children[1:], self.bookie_addresses, strict=True)
+        }
+        asyncio.run(_wait_registered(self.metadata_url, bookies, BOOKIE_READY_TIMEOUT_S))
         for child in self.children[1:]:  # the ADMIN line follows READY, printed after registering
             child.wait_ready(functools.partial(_admin_address, child), BOOKIE_READY_TIMEOUT_S)
         self._start_autorecovery()
+        _check_alive([*self.children, *self.autorecovery])
 
     def _start_autorecovery(self) -> None:
         """The autorecovery daemon beside the bookies (docs/autorecovery.md): a bookie gone for
@@ -192,12 +198,27 @@ class Sandbox:
 
     def stop(self) -> None:
         # Autorecovery first (it would take the bookies' leaving for a loss), then the bookies (they
-        # deregister through etcd), etcd last.
-        for child in [*self.autorecovery, *reversed(self.children)]:
-            child.stop()
+        # deregister through etcd), etcd last. Each tier is stopped together: its grace period is
+        # spent once, not once per child (bookies whose etcd is gone wait out the whole of it).
+        for tier in (self.autorecovery, self.children[1:], self.children[:1]):
+            _stop_together(tier)
         if self.hosts is not None:
             self.hosts.close()
             (self.data_dir / NETNS_FILE).unlink(missing_ok=True)
+
+
+def _stop_together(children: list[Child], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to every child at once, up to ``grace_s`` for all of them, then SIGKILL the rest."""
+    running = [child for child in children if child.proc is not None and child.alive()]
+    for child in running:
+        assert child.proc is not None
+        child.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in running:
+        assert child.proc is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.proc.wait(max(0.0, deadline - time.monotonic()))
+        child.kill()  # no-op when it exited
 
 
 def _remove_leftover_hosts(data_dir: Path) -> None:
@@ -216,19 +237,52 @@ async def _init_cluster(url: str) -> None:
         await metadata.ensure_cluster(meta.store, meta.root)
 
 
-async def _wait_registered(url: str, count: int, timeout_s: float) -> None:
+async def _wait_registered(url: str, bookies: dict[str, tuple[Child, str]], timeout_s: float) -> None:
+    """Until each bookie child (id -> (child, its ``host:port``)) is registered at its own address:
+    a registration left by an earlier run (its lease not yet expired) is not this child's. A child
+    that exits meanwhile (a bookie refusing to start, say) fails the start with its reason."""
     async with metadata.connect(url) as meta:
         deadline = time.monotonic() + timeout_s
         while True:
-            writable = (await metadata.list_bookies(meta.store, meta.root)).writable
-            if len(writable) >= count:
+            for child, _address in bookies.values():
+                if not child.alive():
+                    raise ChildFailed(_exited(child))
+            found = await metadata.list_bookies(meta.store, meta.root)
+            registered = {**found.readonly, **found.writable}
+            ours = [
+                bookie_id
+                for bookie_id, (_child, address) in bookies.items()
+                if bookie_id in registered
+                and f"{registered[bookie_id].host}:{registered[bookie_id].port}" == address
+            ]
+            if len(ours) == len(bookies):
                 return
             if time.monotonic() > deadline:
+                missing = sorted(set(bookies) - set(ours))
                 raise ChildFailed(
-                    f"only {len(writable)} of {count} bookies registered after {timeout_s:.0f} s; "
-                    "see the bookie logs in the sandbox data dir"
+                    f"only {len(ours)} of {len(bookies)} bookies registered after {timeout_s:.0f} s "
+                    f"(not {', '.join(missing)}); see "
+                    + ", ".join(str(bookies[name][0].log_path) for name in missing)
                 )
             await asyncio.sleep(0.1)
+
+
+def _exited(child: Child) -> str:
+    """Why ``child`` is gone: a bookie's ``refusing to start`` line when it printed one (it says
+    what to do), else the end of its log."""
+    code = child.proc.returncode if child.proc is not None else "?"
+    tail = child.log_tail(40)
+    refusals = [line for line in tail.splitlines() if "refusing to start" in line]
+    if refusals:
+        return f"{child.name} exited with {code}: {refusals[-1].strip()} (log: {child.log_path})"
+    return f"{child.name} exited with {code}; its log {child.log_path} ends with:\n{child.log_tail()}"
+
+
+def _check_alive(children: list[Child]) -> None:
+    """Every child still running: a sandbox must not list (with a pid) a process that is gone."""
+    for child in children:
+        if not child.alive():
+            raise ChildFailed(_exited(child))
 
 
 def _admin_address(child: Child) -> str:
@@ -370,9 +424,12 @@ def run(
     hosts: bool = False,
     tls: bool = False,
 ) -> int:
+    stopped_by: list[int] = []
+
     def on_signal(signum: int, frame: object) -> None:
         # The first signal starts the shutdown; later ones must not interrupt it (children would be
-        # orphaned). Shutdown is bounded anyway: SIGKILL after procs.STOP_GRACE_S per child.
+        # orphaned). Shutdown is bounded anyway: SIGKILL after procs.STOP_GRACE_S per tier.
+        stopped_by.append(signum)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt
@@ -419,12 +476,14 @@ def run(
                 print("serving; Ctrl-C stops every process", flush=True)
                 while all(child.alive() for child in box.children):
                     time.sleep(0.5)
-                dead = [c.name for c in box.children if not c.alive()]
-                print(f"stopping: {', '.join(dead)} exited unexpectedly", file=sys.stderr)
+                for child in box.children:
+                    if not child.alive():
+                        print(f"stopping: {_exited(child)}", file=sys.stderr)
                 return 1
             return 0
         except KeyboardInterrupt:
-            return 0
+            # Ctrl-C (SIGINT): 130, as an interrupted command; SIGTERM is the service's normal stop
+            return 130 if stopped_by[:1] != [signal.SIGTERM] else 0
         finally:
             # Nothing here may skip box.stop(): stdout can be a closed pipe (`bkaio sandbox | head`).
             with contextlib.suppress(OSError):

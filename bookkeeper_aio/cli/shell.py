@@ -247,12 +247,34 @@ async def cmd_ledger_delete(args: argparse.Namespace) -> int:
 
 
 async def cmd_bookie_format(args: argparse.Namespace) -> int:
-    """Forget a bookie's data-dir identity (after a disk loss), optionally wiping its local data."""
+    """Forget a bookie's data-dir identity (after a disk loss), optionally wiping its local data.
+    Refused (unless --force) while the bookie is registered or a ledger still names it: its cookie
+    is what makes it refuse to start on an empty disk, so deleting it under a live bookie, or one
+    whose ledgers were not moved, hides data loss."""
+    command = "bkaio bookie format"
     if args.data_dir and not args.force:
-        raise SystemExit(f"bkaio bookie format: wiping {args.data_dir} deletes its entries; add --force")
+        raise SystemExit(f"{command}: wiping {args.data_dir} deletes its entries; add --force")
     url = _url(args)
     async with metadata.connect(url) as meta:
         await _require_cluster(meta, url)  # before wiping anything: a wrong URL changes nothing
+        presence = await autorecovery_commands.bookie_presence(meta, args.bookie_id)
+        if not presence.known and not args.data_dir:
+            raise SystemExit(
+                f"{command}: no bookie {args.bookie_id!r} in this cluster (no cookie, no registration, "
+                "no ledger names it): see `bkaio bookies` for the registered ones"
+            )
+        if not args.force and (presence.registered or presence.ledgers):
+            why = []
+            if presence.registered:
+                why.append("it is registered (running)")
+            if presence.ledgers:
+                more = "" if len(presence.ledgers) < 10 else ", ..."
+                why.append(f"ledgers name it ({', '.join(map(str, presence.ledgers))}{more})")
+            raise SystemExit(
+                f"{command}: {args.bookie_id} is in use: {' and '.join(why)}. Move its ledgers off and "
+                f"let it leave first (`bkaio decommission {args.bookie_id}`, or `bkaio recover "
+                f"{args.bookie_id}` if it is lost and stopped), or add --force to delete its cookie anyway"
+            )
         if args.data_dir:
             _wipe_data_dir(Path(args.data_dir))
         stored = await metadata.read_cookie(meta.store, meta.root, args.bookie_id)
@@ -493,7 +515,12 @@ def add_commands(sub: Any) -> None:
     fmt.add_argument(
         "--data-dir", default=None, help="also wipe this (stopped) bookie's local data directory"
     )
-    fmt.add_argument("--force", action="store_true", help="required with --data-dir")
+    fmt.add_argument(
+        "--force",
+        action="store_true",
+        help="required with --data-dir; also formats a bookie that is registered or that ledgers still "
+        "name (decommission it first instead: `bkaio decommission ID`)",
+    )
     gc = _command(
         bookie, "gc", cmd_bookie_gc, "run garbage collection on a bookie now (reclaim deleted ledgers' space)"
     )
@@ -515,7 +542,17 @@ def add_commands(sub: Any) -> None:
     )
     simple = _command(sub, "simpletest", cmd_simpletest, "create, write, read back and delete one ledger")
     simple.add_argument("--entries", type=int, default=100, help="entries to write (default 100)")
-    simple.add_argument("--ensemble", "-E", type=int, default=3)
-    simple.add_argument("--write-quorum", "-W", type=int, default=2)
-    simple.add_argument("--ack-quorum", "-A", type=int, default=2)
+    simple.add_argument(
+        "--ensemble", "-E", type=int, default=3, help="bookies the ledger is striped over (default 3)"
+    )
+    simple.add_argument(
+        "--write-quorum", "-W", type=int, default=2, help="copies of each entry written (default 2)"
+    )
+    simple.add_argument(
+        "--ack-quorum",
+        "-A",
+        type=int,
+        default=2,
+        help="copies acknowledged before an add succeeds (default 2)",
+    )
     autorecovery_commands.add_commands(sub)

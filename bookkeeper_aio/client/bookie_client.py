@@ -26,7 +26,7 @@ from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.client.connection import BookieConnection, ConnectionState, Result
 from bookkeeper_aio.common.backoff import Backoff
 from bookkeeper_aio.common.tls import TlsConfigError, client_context
-from bookkeeper_aio.errors import BKError, BKInterfaceError, error_for_status
+from bookkeeper_aio.errors import BKError, BKInterfaceError, Unauthorized, error_for_status
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import REQUEST_ID_MAX, StatusCode
 from metadata.errors import MetadataError
@@ -87,6 +87,7 @@ class BookiePool:
         self._connections: dict[str, BookieConnection] = {}
         self._backoff: dict[str, Backoff] = {}
         self._retry_at_s: dict[str, float] = {}
+        self._refused: dict[str, Unauthorized] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
         self._closed = False
@@ -131,6 +132,13 @@ class BookiePool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return conn
+
+    def refusal(self, bookie_id: str) -> Unauthorized | None:
+        """Why the last connection to ``bookie_id`` was refused at its handshake (a token the bookie
+        refused, a TLS handshake that failed, a bookie that hung up before answering HELLO as a
+        TLS-only one does to a plaintext client), with what to check; None when it was not (or a
+        connection succeeded since)."""
+        return self._refused.get(bookie_id)
 
     def reconnect_delay_s(self, bookie_id: str) -> float:
         """Seconds until a connection to ``bookie_id`` may be tried again: 0 unless it is in
@@ -238,6 +246,7 @@ class BookiePool:
         if conn.is_usable:
             self._backoff.pop(bookie_id, None)
             self._retry_at_s.pop(bookie_id, None)
+            self._refused.pop(bookie_id, None)
 
     def _on_connection_closed(self, conn: BookieConnection) -> None:
         # Called synchronously as the connection closes, before its pending requests fail, so a
@@ -248,7 +257,32 @@ class BookiePool:
             return
         if conn.ever_ready:
             log.info("bookie.connection_lost", bookie=conn.bookie_id, error=repr(conn.error.__cause__))
+        refused = self._handshake_refusal(conn)
+        if refused is not None:
+            self._refused[conn.bookie_id] = refused
         self._note_failure(conn.bookie_id)
+
+    def _handshake_refusal(self, conn: BookieConnection) -> Unauthorized | None:
+        cause = conn.error.__cause__ if conn.error is not None else None
+        bookie_id = conn.bookie_id
+        if isinstance(cause, Unauthorized):
+            return cause
+        if conn.hello_answered:
+            return None  # past the handshake: a lost connection, not a refusal
+        tls_reset = self._tls is not None and isinstance(cause, ConnectionResetError)
+        if isinstance(cause, ssl.SSLError) or tls_reset:
+            what = str(cause) if isinstance(cause, ssl.SSLError) and str(cause) else "the bookie hung up"
+            return Unauthorized(
+                f"{bookie_id}: TLS handshake failed: {what} (check tls_ca_file: the CA that signed the "
+                "bookie's certificate; tls_check_hostname; the client certificate when the bookie requires "
+                "one; and that the bookie has TLS on at all)"
+            )
+        if self._tls is None and isinstance(cause, ConnectionResetError):
+            return Unauthorized(
+                f"{bookie_id} closed the connection before answering HELLO: it may require TLS (set "
+                "tls_enabled and tls_ca_file in the client's config) or refuse this client"
+            )
+        return None
 
     def _note_failure(self, bookie_id: str) -> None:
         backoff = self._backoff.get(bookie_id)

@@ -159,6 +159,7 @@ class BookieConnection(asyncio.Protocol):
         self._client_name = client_name
         self._on_close = on_close
         self.ever_ready = False
+        self.hello_answered = False  # the bookie answered HELLO (a TLS-only one hangs up on plaintext)
         self.peer_frame_bytes_max = frame_bytes_max
         self._add_acks = False  # the bookie agreed in HELLO to batch EOK add answers (ADD_ACKS)
         self._auth = auth
@@ -530,6 +531,7 @@ def _on_hello(conn: BookieConnection, bookie_id: str, result: Result) -> None:
     if result.protocol_version != PROTOCOL_VERSION:
         conn.fail(ProtocolVersionMismatch(f"{bookie_id} speaks protocol {result.protocol_version}"))
         return
+    conn.hello_answered = True
     conn.peer_frame_bytes_max = result.frame_bytes_max
     conn._add_acks = bool(result.features & FEATURE_ADD_ACKS)
 

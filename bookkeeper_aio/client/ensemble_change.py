@@ -127,8 +127,13 @@ class BookieReplacer:
         base = current.metadata.ensemble_for(first_entry)
         try:
             chosen = self._choose(first_entry, base, failed, writable, False)
-        except NotEnoughBookies:
+        except NotEnoughBookies as error:
             await self._check_stored(accept)
+            # every bookie tried refused this client at the handshake (token, TLS): say that, with
+            # what to check, rather than "no writable bookie"
+            refusals = [self._ctx.pool.refusal(bookie) for bookie in sorted(self.ever_failed)]
+            if refusals and all(refusals):
+                raise refusals[0] from error  # type: ignore[misc]
             raise
         await self._until_reachable(base, chosen)
         if copy is not None:

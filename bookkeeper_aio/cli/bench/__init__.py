@@ -46,6 +46,12 @@ HELP = {
     "curves": "write throughput against entry size, open ledgers and journal size, plotted",
 }
 
+EPILOG = (
+    "Exit status: 0 when every add succeeded; 1 when any add failed (the summary and the terminal "
+    "show how many and the first error) or the run could not be made; 2 for a bad option; 130 when "
+    "interrupted (Ctrl-C)."
+)
+
 Scenario = Callable[[BenchOptions, str, "Report", LiveLine], Awaitable[None]]
 
 
@@ -57,7 +63,7 @@ def add_commands(sub: Any) -> None:
     )
     scenarios = bench.add_subparsers(dest="bench_command", required=True, metavar="SCENARIO")
     for name in options.SCENARIOS:
-        parser = scenarios.add_parser(name, help=HELP[name], description=HELP[name])
+        parser = scenarios.add_parser(name, help=HELP[name], description=HELP[name], epilog=EPILOG)
         options.add_arguments(parser, name)
         parser.set_defaults(func=cmd_bench)
 
@@ -80,9 +86,11 @@ async def cmd_bench(args: argparse.Namespace) -> int:
                 await _scenario(scenario)(opts, url, report, live)
         except asyncio.CancelledError:
             live.clear()
+            logs = opts.out / "logs"
+            kept = f"; the logs of the processes it started are in {logs}" if logs.is_dir() else ""
             print(
                 f"bkaio bench {scenario}: interrupted; its client processes were stopped and its "
-                "ledgers deleted (nothing written to the results folder)",
+                f"ledgers deleted (no results written{kept})",
                 file=sys.stderr,
             )
             return 130
@@ -94,6 +102,18 @@ async def cmd_bench(args: argparse.Namespace) -> int:
     else:
         print((opts.out / "summary.md").read_text(), end="")
         print(f"results: {opts.out}")
+    failures = report.failures()
+    if failures:
+        from bookkeeper_aio.cli.bench.report import failure_lines
+
+        for line in failure_lines(failures):
+            print(f"bkaio bench {scenario}: {line}", file=sys.stderr)
+        print(
+            f"bkaio bench {scenario}: adds failed (exit 1): see the first error above, and the "
+            "bookies' logs for why",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

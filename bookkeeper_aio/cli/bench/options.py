@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -85,13 +86,23 @@ class BenchOptions:
 
     @property
     def shape(self) -> str:
+        """The load shape in one line, with what this scenario uses only."""
+        quorums = f"E{self.ensemble}/Qw{self.write_quorum}/Qa{self.ack_quorum}, {self.size} B"
         loop = "closed loop" if self.closed_loop else f"{self.rate:g} entries/s"
         if not self.closed_loop and self.latency_from == "send":
             loop += " (latency from the send tick)"
-        return (
-            f"E{self.ensemble}/Qw{self.write_quorum}/Qa{self.ack_quorum}, {self.size} B, "
-            f"{self.clients} client(s) x {self.ledgers} ledger(s), window {self.window}, {loop}"
-        )
+        if self.scenario == "read":
+            return f"{quorums}, {self.entries:,} entries"
+        if self.scenario == "tail":
+            pace = "back to back" if self.closed_loop else f"{self.rate:g} entries/s"
+            return f"{quorums}, one add at a time, {pace}, {self.duration_s:g} s"
+        if self.scenario == "recovery":
+            return f"{quorums}, {self.in_flight} adds in flight when the writer dies"
+        if self.scenario == "restart":
+            return f"E1/Qw1/Qa1 on a bookie of its own, {self.size} B, {self.journal_mib} MiB of journal"
+        if self.scenario == "log":
+            return f"{quorums}, window {self.window}, {loop}, roll every {self.roll_every:,} entries"
+        return f"{quorums}, {self.clients} client(s) x {self.ledgers} ledger(s), window {self.window}, {loop}"
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -101,40 +112,77 @@ class BenchOptions:
         return data
 
 
+USED_BY: dict[str, tuple[str, ...]] = {
+    "--size": ("write", "read", "tail", "recovery", "restart", "log", "curves"),
+    "--ensemble": ("write", "read", "tail", "recovery", "log", "curves"),
+    "--write-quorum": ("write", "read", "tail", "recovery", "log", "curves"),
+    "--ack-quorum": ("write", "read", "tail", "recovery", "log", "curves"),
+    "--ledgers": ("write", "curves"),
+    "--clients": ("write", "curves"),
+    "--window": ("write", "restart", "log", "curves"),
+    "--rate": ("write", "tail", "log", "curves"),
+    "--latency-from": ("write", "log", "curves"),
+    "--duration": ("write", "tail", "log", "curves"),
+    "--warmup": ("write", "log", "curves"),
+    "--bound-script": ("write",),
+    "--entries": ("read",),
+    "--journal-mib": ("restart",),
+    "--roll-every": ("log",),
+    "--in-flight": ("recovery",),
+    "--sizes": ("curves",),
+    "--ledger-counts": ("curves",),
+    "--journal-s": ("curves",),
+}
+"""Which scenarios use each load option: ``--help`` of a scenario shows its own only (the others are
+still accepted, and ignored, so a command line can be replayed across scenarios). An option not
+named here applies to every scenario."""
+
+
 def add_arguments(parser: argparse.ArgumentParser, scenario: str) -> None:
     """The options of ``bkaio bench SCENARIO``."""
-    parser.add_argument(
-        "--metadata", help="etcd://HOST:PORT[,HOST:PORT]/ROOT (default: $BKAIO_METADATA, else the sandbox)"
-    )
-    parser.add_argument(
+
+    def add(*flags: str, **kwargs: Any) -> None:
+        long = next(flag for flag in flags if flag.startswith("--"))
+        if scenario not in USED_BY.get(long, (scenario,)):
+            kwargs["help"] = argparse.SUPPRESS  # accepted, ignored, not shown
+        parser.add_argument(*flags, **kwargs)
+
+    _add_arguments(add, scenario)
+
+
+def _add_arguments(add: Callable[..., None], scenario: str) -> None:
+    add("--metadata", help="etcd://HOST:PORT[,HOST:PORT]/ROOT (default: $BKAIO_METADATA, else the sandbox)")
+    add(
         "--sandbox",
         action="store_true",
         help="run against a private sandbox (etcd + --bookies bookie processes in a temporary "
         "directory) started for this run and stopped after it",
     )
-    parser.add_argument("--bookies", type=int, default=3, help="bookies of --sandbox (default 3)")
-    parser.add_argument(
-        "--out", type=Path, default=None, help="results folder (default $BKAIO_HOME/bench/<time>-<scenario>)"
+    add("--bookies", type=int, default=3, help="bookies of --sandbox (default 3)")
+    add("--out", type=Path, default=None, help="results folder (default $BKAIO_HOME/bench/<time>-<scenario>)")
+    add("--quiet", "-q", action="store_true", help="no live progress display")
+    add("--json", action="store_true", help="print the result JSON instead of the summary")
+    add("--size", type=int, default=1024, help="entry size in bytes (default 1024)")
+    add("--ensemble", "-E", type=int, default=3, help="bookies each ledger is striped over (default 3)")
+    add("--write-quorum", "-W", type=int, default=2, help="copies of each entry written (default 2)")
+    add(
+        "--ack-quorum",
+        "-A",
+        type=int,
+        default=2,
+        help="copies acknowledged before an add succeeds (default 2)",
     )
-    parser.add_argument("--quiet", "-q", action="store_true", help="no live progress display")
-    parser.add_argument("--json", action="store_true", help="print the result JSON instead of the summary")
-    parser.add_argument("--size", type=int, default=1024, help="entry size in bytes (default 1024)")
-    parser.add_argument("--ensemble", "-E", type=int, default=3)
-    parser.add_argument("--write-quorum", "-W", type=int, default=2)
-    parser.add_argument("--ack-quorum", "-A", type=int, default=2)
-    parser.add_argument("--ledgers", type=int, default=1, help="ledgers per client process (default 1)")
-    parser.add_argument("--clients", type=int, default=1, help="client processes (default 1)")
-    parser.add_argument(
-        "--window", type=int, default=1000, help="adds in flight per client process (default 1000)"
-    )
-    parser.add_argument(
+    add("--ledgers", type=int, default=1, help="ledgers per client process (default 1)")
+    add("--clients", type=int, default=1, help="client processes (default 1)")
+    add("--window", type=int, default=1000, help="adds in flight per client process (default 1000)")
+    add(
         "--rate",
         type=float,
         default=0.0,
         help="fixed rate in entries/s over all clients (open loop: latency counts from the intended "
         "send time); 0 = closed loop, as fast as the window allows (default)",
     )
-    parser.add_argument(
+    add(
         "--latency-from",
         choices=("intended", "send"),
         default=None,
@@ -142,10 +190,10 @@ def add_arguments(parser: argparse.ArgumentParser, scenario: str) -> None:
         "from the timer tick that sent it, as replication_bound.py measures its own (default: send "
         "with --compare bound, so the ratio is like for like; intended otherwise)",
     )
-    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds (default 10)")
-    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds first (default 2)")
-    parser.add_argument("--reps", type=int, default=1, help="repetitions, medians reported (default 1)")
-    parser.add_argument(
+    add("--duration", type=float, default=10.0, help="measured seconds (default 10)")
+    add("--warmup", type=float, default=2.0, help="unmeasured seconds first (default 2)")
+    add("--reps", type=int, default=1, help="repetitions, medians reported (default 1)")
+    add(
         "--compare",
         action="append",
         default=[],
@@ -153,36 +201,35 @@ def add_arguments(parser: argparse.ArgumentParser, scenario: str) -> None:
         help=f"also run a peer in the same run, interleaved: {', '.join(PEERS_BY_SCENARIO[scenario])} "
         "(repeatable, or comma-separated)",
     )
-    parser.add_argument(
+    add(
         "--bound-script",
         type=Path,
         default=None,
         help=f"replication_bound.py for --compare bound (default ${BOUND_ENV})",
     )
-    parser.add_argument(
-        "--entries", type=int, default=50_000, help="read: entries in the ledger read back (default 50000)"
-    )
-    parser.add_argument(
-        "--journal-mib", type=int, default=64, help="restart: journal to replay, in MiB (default 64)"
-    )
-    parser.add_argument(
+    add("--entries", type=int, default=50_000, help="read: entries in the ledger read back (default 50000)")
+    add("--journal-mib", type=int, default=64, help="restart: journal to replay, in MiB (default 64)")
+    add(
         "--roll-every", type=int, default=10_000, help="log: entries per ledger before a roll (default 10000)"
     )
-    parser.add_argument(
-        "--in-flight", type=int, default=1000, help="recovery: adds in flight when the writer dies"
+    add(
+        "--in-flight",
+        type=int,
+        default=1000,
+        help="recovery: adds in flight when the writer dies (default 1000)",
     )
-    parser.add_argument(
+    add(
         "--sizes",
         default="100,1024,10240,102400,1048576",
         help="curves: entry sizes in bytes, comma-separated (default 100 B .. 1 MiB)",
     )
-    parser.add_argument(
+    add(
         "--ledger-counts",
         default="1,10,100,1000,10000",
         help="curves: open ledgers of the ledger curve, comma-separated (default 1 .. 10000; "
         "100000 take about a minute to create, and as long to delete)",
     )
-    parser.add_argument(
+    add(
         "--journal-s",
         type=float,
         default=30.0,

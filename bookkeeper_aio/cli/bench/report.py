@@ -59,7 +59,20 @@ class Report:
     loadavg_start: tuple[float, ...] = field(default_factory=os.getloadavg)
 
     def add(self, run: Run) -> None:
+        _peak_covers_end(run.metrics)
+        for client in run.metrics.get("clients") or []:
+            if isinstance(client, dict):
+                _peak_covers_end(client, "rss_peak_mib", "rss_end_mib")
         self.runs.append(run)
+
+    def failures(self) -> list[dict[str, Any]]:
+        """The runs in which adds failed (or stopped on an error): system, rep, count, first error."""
+        found = []
+        for run in self.runs:
+            failed, first = run.metrics.get("failed") or 0, run.metrics.get("first_error")
+            if failed or first:
+                found.append({"system": run.system, "rep": run.rep, "failed": failed, "first_error": first})
+        return found
 
     def systems(self) -> list[str]:
         return list(dict.fromkeys(run.system for run in self.runs))
@@ -131,6 +144,7 @@ class Report:
             "ratios": self.ratios(),
             "curves": self.curves,
             "notes": self.notes,
+            "failures": self.failures(),
         }
 
     def write(self) -> dict[str, Any]:
@@ -225,6 +239,23 @@ class Report:
         return written
 
 
+def _peak_covers_end(
+    metrics: dict[str, Any], peak: str = "client_rss_peak_mib", end: str = "client_rss_end_mib"
+) -> None:
+    """The peak RSS is sampled, so the end sample can be above it: the peak is at least the end."""
+    high, last = metrics.get(peak), metrics.get(end)
+    if isinstance(last, int | float) and (not isinstance(high, int | float) or high < last):
+        metrics[peak] = last
+
+
+def failure_lines(failures: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per failed run, for the summary and the terminal."""
+    return [
+        f"{f['system']} rep {f['rep']}: {f['failed']} add(s) failed; first error: {f['first_error'] or '-'}"
+        for f in failures
+    ]
+
+
 def _merged(hists: Sequence[HdrHistogram | None]) -> HdrHistogram | None:
     present = [h for h in hists if h is not None and h.get_total_count()]
     if not present:
@@ -257,6 +288,14 @@ def markdown(data: dict[str, Any]) -> str:
         f"load average {m['loadavg_start'][0]} at the start, {m['loadavg_end'][0]} at the end.",
         "",
     ]
+    failures = data.get("failures") or []
+    if failures:  # first: the numbers below are of a run that did not write everything
+        lines += [
+            "**FAILED: adds failed, so the figures below are not a measurement of a healthy cluster.**",
+            "",
+            *(f"- {line}" for line in failure_lines(failures)),
+            "",
+        ]
     summary: dict[str, dict[str, float]] = data["summary"]
     keys = list(dict.fromkeys(k for row in summary.values() for k in row))
     if keys:

@@ -257,10 +257,15 @@ async def recover_once(
     lh.abort()  # ... and the writer is gone (its frames left: the kernel sends them after a kill -9)
     await asyncio.sleep(settle_s)
     md = lh.metadata
-    warm = await recoverer.create_ledger(md.ensemble_size, md.write_quorum, md.ack_quorum)
-    await warm.append(b"w")
-    await warm.close()
-    await recoverer.delete_ledger(warm.id)
+    warm = await recoverer.create_ledger(
+        md.ensemble_size, md.write_quorum, md.ack_quorum, custom_metadata=dict(md.custom_metadata)
+    )
+    try:
+        await warm.append(b"w")
+        await warm.close()
+    finally:
+        warm.abort()
+        await recoverer.delete_ledger(warm.id)
     started = clock()
     rh = await recoverer.open_ledger(lh.id, password=password, recovery=True)
     elapsed = clock() - started
@@ -348,7 +353,7 @@ async def run_log(opts: BenchOptions, url: str, report: Report, live: LiveLine) 
 # ------------------------------------------------------------------ restart
 async def run_restart(opts: BenchOptions, url: str, report: Report, live: LiveLine) -> None:
     report.cluster = {"metadata_url": url}
-    bookie_id = f"bkaio-bench-{uuid.uuid4().hex[:8]}"
+    bookie_id = f"{RESTART_BOOKIE_PREFIX}{uuid.uuid4().hex[:8]}"
     base = Path(tempfile.mkdtemp(prefix="bkaio-bench-restart-"))
     port, admin_port = free_port(), free_port()
     argv = [
@@ -357,34 +362,73 @@ async def run_restart(opts: BenchOptions, url: str, report: Report, live: LiveLi
     ]  # fmt: skip
     log_path = opts.out / "logs" / f"{bookie_id}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    async with metadata.connect(url) as meta:
+        await sweep_restart_leftovers(meta)
     proc = _start_bookie(argv, log_path)
+    made: list[int] = []  # the run's ledgers: deleted however it ends (Ctrl-C included)
     try:
         await _wait(lambda: port_open("127.0.0.1", port), proc, log_path)
         async with metadata.connect(url) as meta:
-            ledger_id = await _fill_journal(opts, meta, bookie_id, port, live)
-            for rep in range(opts.reps):
-                live.show(f"restart rep {rep}: kill -9, restart, replay ...")
-                key = ClusterKeys(meta.root).bookie("writable", bookie_id)
-                old = await meta.store.get(key)
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-                killed = clock()
-                proc = _start_bookie(argv, log_path)
-                old_lease = 0 if old is None else old.lease_id
-                times = await _restart_times(proc, log_path, meta, key, old_lease, port, admin_port, killed)
-                await _check_readable(meta, bookie_id, port, ledger_id)
-                report.add(Run(OURS, rep, {**times, "journal_mib": opts.journal_mib}))
-            await meta.ledger_manager().delete(ledger_id)
+            try:
+                ledger_id = await _fill_journal(opts, meta, bookie_id, port, live, made)
+                for rep in range(opts.reps):
+                    live.show(f"restart rep {rep}: kill -9, restart, replay ...")
+                    key = ClusterKeys(meta.root).bookie("writable", bookie_id)
+                    old = await meta.store.get(key)
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait()
+                    killed = clock()
+                    proc = _start_bookie(argv, log_path)
+                    old_lease = 0 if old is None else old.lease_id
+                    times = await _restart_times(
+                        proc, log_path, meta, key, old_lease, port, admin_port, killed
+                    )
+                    await _check_readable(meta, bookie_id, port, ledger_id)
+                    report.add(Run(OURS, rep, {**times, "journal_mib": opts.journal_mib}))
+            finally:
+                for made_id in made:
+                    with contextlib.suppress(metadata.NoSuchLedger):
+                        await meta.ledger_manager().delete(made_id)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(30)
+                await asyncio.to_thread(proc.wait, 30)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
         await _forget_cookie(url, bookie_id)
         await asyncio.to_thread(shutil.rmtree, base, True)
+
+
+RESTART_BOOKIE_PREFIX = "bkaio-bench-"
+"""The restart scenario's own bookie ids start with this (its cookie is deleted when the run ends)."""
+
+
+async def sweep_restart_leftovers(meta: metadata.MetadataConnection) -> list[int]:
+    """Delete the ledgers an interrupted ``bench restart`` of an older version (or a killed one) left:
+    marked ``bkaio-bench: restart``, on the benchmark's own bookies only, none of which still has a
+    cookie (so no run in progress owns them; their data went with the bookie). Returns their ids."""
+    manager = meta.ledger_manager()
+    gone: list[int] = []
+    start_after: int | None = None
+    while True:
+        page = await manager.read_page(start_after=start_after, on_undecodable=lambda _id, _exc: None)
+        for ledger_id, versioned in page.ledgers.items():
+            md = versioned.metadata
+            if md.custom_metadata.get(BENCH_MARK) != b"restart":
+                continue
+            names = {bookie for _first, ensemble in md.ensembles for bookie in ensemble}
+            if not all(name.startswith(RESTART_BOOKIE_PREFIX) for name in names):
+                continue
+            if any([await metadata.read_cookie(meta.store, meta.root, name) for name in names]):
+                continue
+            with contextlib.suppress(metadata.NoSuchLedger):
+                await manager.delete(ledger_id)
+            gone.append(ledger_id)
+        if not page.more or not page.ledger_ids:
+            return gone
+        start_after = page.ledger_ids[-1]
 
 
 def _start_bookie(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -423,14 +467,24 @@ def _client(meta: metadata.MetadataConnection, bookie_id: str, port: int, window
 
 
 async def _fill_journal(
-    opts: BenchOptions, meta: metadata.MetadataConnection, bookie_id: str, port: int, live: LiveLine
+    opts: BenchOptions,
+    meta: metadata.MetadataConnection,
+    bookie_id: str,
+    port: int,
+    live: LiveLine,
+    made: list[int],
 ) -> int:
+    """Write ``--journal-mib`` to one ledger on the benchmark's bookie; its id goes in ``made`` as
+    soon as it exists (the caller deletes it however the run ends)."""
     entries = max(1, opts.journal_mib * 2**20 // opts.size)
     bk = _client(meta, bookie_id, port, opts.window)
-    lh = await bk.create_ledger(1, 1, 1, password=PASSWORD, custom_metadata=_marked(opts))
-    await _fill(lh, entries, opts.size, live, f"restart: writing {opts.journal_mib} MiB to the journal")
-    await lh.close()
-    bk.abort()
+    try:
+        lh = await bk.create_ledger(1, 1, 1, password=PASSWORD, custom_metadata=_marked(opts))
+        made.append(int(lh.id))
+        await _fill(lh, entries, opts.size, live, f"restart: writing {opts.journal_mib} MiB to the journal")
+        await lh.close()
+    finally:
+        bk.abort()
     return int(lh.id)
 
 
@@ -453,12 +507,18 @@ async def _restart_times(
                 return clock()
             await asyncio.sleep(0.02)
 
-    serving = asyncio.create_task(_wait(lambda: port_open("127.0.0.1", port), proc, log_path))
-    ready = asyncio.create_task(
-        _wait(lambda: _http_ok(f"http://127.0.0.1:{admin_port}/ready"), proc, log_path)
-    )
-    registered_at = await asyncio.wait_for(registered(), RESTART_TIMEOUT_S)
-    serving_at, ready_at = await serving, await ready
+    # one task group: a Ctrl-C (or one of them failing) cancels and awaits the others, so none
+    # is left to fail unseen once the bookie is stopped
+    try:
+        async with asyncio.TaskGroup() as group:
+            serving = group.create_task(_wait(lambda: port_open("127.0.0.1", port), proc, log_path))
+            ready = group.create_task(
+                _wait(lambda: _http_ok(f"http://127.0.0.1:{admin_port}/ready"), proc, log_path)
+            )
+            registering = group.create_task(asyncio.wait_for(registered(), RESTART_TIMEOUT_S))
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None  # the first failure, as the CLI reports one
+    serving_at, ready_at, registered_at = serving.result(), ready.result(), registering.result()
     return {
         "serving_s": round(serving_at - killed, 3),
         "registered_s": round(registered_at - killed, 3),

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -196,3 +198,67 @@ def test_bench_curves_and_the_fan_in_pair__points_ratios_plot_and_clean_up(
     assert by_system["bookkeeper"]["fairness_min_over_max"] > 0
     assert fan_in["ratios"]["bookkeeper/one-client"]["entries_per_s"] > 0
     assert asyncio.run(_ledgers(cluster)) == []  # nothing the benchmarks made is left behind
+
+
+async def _plant_restart_leftover(url: str) -> tuple[int, int]:
+    """What an interrupted ``bench restart`` of an older version left: a ledger marked as the
+    restart scenario's, on a benchmark bookie whose cookie is gone; and one the sweep must keep
+    (marked the same but on a real bookie)."""
+    async with metadata.connect(url) as meta:
+        manager = meta.ledger_manager()
+        mark = {"bkaio-bench": b"restart"}
+        stale = await manager.create(
+            ["bkaio-bench-dead0000"], write_quorum=1, ack_quorum=1, custom_metadata=mark
+        )
+        kept = await manager.create(["b0"], write_quorum=1, ack_quorum=1, custom_metadata=mark)
+        return stale.metadata.ledger_id, kept.metadata.ledger_id
+
+
+async def _restart_state(url: str) -> tuple[list[int], list[str]]:
+    async with metadata.connect(url) as meta:
+        ledgers = [i async for i in meta.ledger_manager().iter_ledger_ids()]
+        page = await meta.store.list(f"{meta.root}/cookies/", limit=100)
+        return ledgers, [kv.key.rsplit("/", 1)[1] for kv in page.items]
+
+
+async def _restart_ledger_closed(url: str, known: set[int]) -> bool:
+    async with metadata.connect(url) as meta:
+        manager = meta.ledger_manager()
+        async for ledger_id in manager.iter_ledger_ids():
+            if ledger_id not in known:
+                md = (await manager.read(ledger_id)).metadata
+                return md.state.name == "CLOSED"
+    return False
+
+
+def test_bench_restart__ctrl_c_mid_run_leaves_no_ledger_no_cookie_and_no_traceback(
+    cluster: str, tmp_path: Path
+) -> None:
+    stale, kept = asyncio.run(_plant_restart_leftover(cluster))
+    argv = [
+        sys.executable, "-m", "bookkeeper_aio.cli.main", "bench", "restart", "--metadata", cluster,
+        "--journal-mib", "1", "--reps", "50", "--out", str(tmp_path / "out"),
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        # the journal is filled (its ledger closed): the run is in its kill/restart reps
+        while not asyncio.run(_restart_ledger_closed(cluster, {kept})):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    assert "never retrieved" not in err, err
+    assert "interrupted" in err
+    ledgers, cookies = asyncio.run(_restart_state(cluster))
+    assert ledgers == [kept]  # the run's own ledger and the older run's leftover are deleted
+    assert stale not in ledgers
+    assert sorted(cookies) == ["b0", "b1", "b2"]  # the benchmark's bookie took its cookie with it

@@ -28,7 +28,9 @@ async def test_decommission_without_the_admin_token_records_nothing(
     url = etcd_server.url(f"/bookkeeper/dt-{uuid.uuid4().hex[:8]}")
     async with metadata.connect(url) as meta:
         await metadata.ensure_cluster(meta.store, meta.root)
-    with BookieProcess(tmp_path / "b1", "bookie-1", extra_args=["--admin-port", "0"]) as bookie:
+    # registered in the cluster: decommission refuses an id the cluster has no trace of
+    extra = ["--admin-port", "0", "--metadata", url]
+    with BookieProcess(tmp_path / "b1", "bookie-1", extra_args=extra) as bookie:
         bookie.start()
         admin = "{}:{}".format(*bookie.admin_address())
         env = {k: v for k, v in os.environ.items() if k != "BKAIO_ADMIN_TOKEN_FILE"}

@@ -95,15 +95,29 @@ def test_ledger_commands_show_read_list_delete(sandbox: RunningSandbox) -> None:
     assert "NoSuchLedger" in missing.stderr
 
 
+def test_a_tls_client_against_plaintext_bookies_is_told_so(sandbox: RunningSandbox, tmp_path: Path) -> None:
+    config = tmp_path / "tls.toml"
+    config.write_text("tls_enabled = true\nconnect_timeout_s = 2.0\nadd_timeout_s = 2.0\n")
+    result = bkaio(sandbox.home, "--client-config", str(config), "simpletest", "--entries", "3", check=False)
+    assert result.returncode == 1
+    assert "bkaio simpletest: Unauthorized: bookie-" in result.stderr, result.stderr
+    assert "TLS handshake failed" in result.stderr
+    assert "NotEnoughBookies" not in result.stderr
+
+
 def test_cluster_init_is_idempotent(sandbox: RunningSandbox) -> None:
     first = json.loads(bkaio(sandbox.home, "cluster", "init", "--json").stdout)
     again = json.loads(bkaio(sandbox.home, "cluster", "init", "--json").stdout)
     assert first["instance_id"] == again["instance_id"]
 
 
-def test_bookie_format_forgets_an_unknown_cookie(sandbox: RunningSandbox) -> None:
-    result = json.loads(bkaio(sandbox.home, "bookie", "format", "127.0.0.1:1", "--json").stdout)
-    assert result["metadata_cookie_deleted"] is False
+def test_bookie_format_refuses_an_unknown_id_and_a_running_bookie(sandbox: RunningSandbox) -> None:
+    unknown = bkaio(sandbox.home, "bookie", "format", "127.0.0.1:1", "--json", check=False)
+    assert unknown.returncode == 1
+    assert "no bookie '127.0.0.1:1' in this cluster" in unknown.stderr
+    running = bkaio(sandbox.home, "bookie", "format", "bookie-0", "--json", check=False)
+    assert running.returncode == 1
+    assert "bookie-0 is in use: it is registered" in running.stderr
 
 
 def test_no_cluster_configured_says_what_to_do(tmp_path: Path) -> None:
@@ -143,7 +157,7 @@ def test_sigint_stops_a_sandbox_started_with_sigint_ignored(tmp_path: Path) -> N
     with running_sandbox(tmp_path, "--bookies", "1", "--no-demo", preexec_fn=ignore_sigint) as box:
         assert len(box.child_pids) == 2
         box.proc.send_signal(signal.SIGINT)
-        assert box.proc.wait(60) == 0
+        assert box.proc.wait(60) == 130  # Ctrl-C: interrupted (SIGTERM, the service's stop, is 0)
         assert not any(alive(pid) for pid in box.child_pids)
 
 
@@ -166,3 +180,51 @@ def test_closed_stdout_still_stops_every_child(tmp_path: Path) -> None:
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(alive(pid) for pid in pids)
+
+
+async def _ledger_on_every_bookie(url: str) -> None:
+    from bookkeeper_aio.client.bookkeeper import BookKeeper
+
+    async with BookKeeper.connect(url) as bk:
+        lh = await bk.create_ledger(3, 3, 2)
+        for _ in range(5):
+            await lh.append(b"x" * 100)
+        await lh.close()
+
+
+def test_a_bookie_refusing_to_start_fails_the_sandbox_with_its_reason(tmp_path: Path) -> None:
+    """A bookie whose cookie was deleted (``format --force``) while its data dir holds data refuses
+    to start on the next run: the sandbox says so, with the bookie's reason, instead of listing it
+    with a pid (a stale registration counted as its) and failing later."""
+    import asyncio
+
+    home = tmp_path / "home"
+    with running_sandbox(home, "--bookies", "3", "--no-demo") as box:
+        asyncio.run(_ledger_on_every_bookie(box.url))
+        bkaio(home, "bookie", "format", "bookie-0", "--force")
+    again = subprocess.run(
+        [*BKAIO, "sandbox", "--bookies", "3", "--no-demo", "--no-serve"],
+        capture_output=True,
+        text=True,
+        env=sandbox_env(home),
+        timeout=180,
+        check=False,
+    )
+    assert again.returncode == 1, again.stdout
+    assert "bkaio sandbox: bookie-0 exited with" in again.stderr, again.stderr
+    assert "refusing to start" in again.stderr
+    assert "has no cookie for bookie 'bookie-0'" in again.stderr
+    assert "PROCESS" not in again.stdout  # no process table listing a bookie that is gone
+
+
+@pytest.mark.slow  # ~20 s: a sandbox start and a stop that waits out its bookies' grace period
+def test_a_child_dying_while_serving_names_its_log(tmp_path: Path) -> None:
+    with running_sandbox(tmp_path, "--bookies", "1", "--no-demo") as box:
+        etcd_pid = box.child_pids[0]
+        subprocess.run(["kill", "-KILL", str(etcd_pid)], check=True)
+        assert box.proc.wait(90) == 1
+        assert box.proc.stdout is not None
+        rest = box.proc.stdout.read()
+    assert "stopping: etcd exited with -9" in rest, rest
+    assert str(tmp_path / "sandbox" / "logs" / "etcd.log") in rest
+    assert not any(alive(pid) for pid in box.child_pids)

@@ -43,17 +43,27 @@ def test_bkaio_commands_find_the_ca_and_token(tls_sandbox: RunningSandbox) -> No
 def test_a_client_without_the_ca_or_token_cannot_write(tls_sandbox: RunningSandbox, tmp_path: Path) -> None:
     state = json.loads((tls_sandbox.home / "sandbox.json").read_text())
     client_config = Path(state["client_config"])
-    plaintext = tmp_path / "plaintext.toml"
-    plaintext.write_text("connect_timeout_s = 2.0\nadd_timeout_s = 2.0\n")
-    no_token = tmp_path / "tls-no-token.toml"
-    no_token.write_text(
-        "".join(line for line in client_config.read_text().splitlines(True) if "auth" not in line)
-    )
-    for config in (plaintext, no_token):
+    timeouts = "connect_timeout_s = 2.0\nadd_timeout_s = 2.0\n"
+    own = client_config.read_text().splitlines(True)
+    configs = {  # each refusal named, with what to check (not "no writable bookie")
+        "plaintext": ("", "closed the connection before answering HELLO: it may require TLS"),
+        "tls-no-token": ("".join(line for line in own if "auth" not in line), "needs an AUTH handshake"),
+        "wrong-token": (
+            "".join(line for line in own if "auth_token" not in line) + 'auth_token = "wrong"\n',
+            "refused authentication: token refused",
+        ),
+        "no-ca": ("tls_enabled = true\n", "TLS handshake failed: [SSL: CERTIFICATE_VERIFY_FAILED]"),
+    }
+    for name, (text, expected) in configs.items():
+        config = tmp_path / f"{name}.toml"
+        config.write_text(timeouts + text)
         result = bkaio(
             tls_sandbox.home, "--client-config", str(config), "simpletest", "--entries", "5", check=False
         )
-        assert result.returncode != 0, (config.name, result.stdout)
+        assert result.returncode != 0, (name, result.stdout)
+        assert "bkaio simpletest: Unauthorized: " in result.stderr, (name, result.stderr)
+        assert expected in result.stderr, (name, result.stderr)
+        assert "NotEnoughBookies" not in result.stderr, (name, result.stderr)
     # The same flag with the sandbox's own file works (and so does the environment variable).
     ok = bkaio(tls_sandbox.home, "--client-config", str(client_config), "simpletest", "--entries", "5")
     assert ok.returncode == 0

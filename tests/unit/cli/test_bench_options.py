@@ -63,3 +63,55 @@ def test_bench_options__default_results_folder_is_under_the_bkaio_home(
     out = default_out("write")
     assert out.parent == tmp_path / "bench"
     assert out.name.endswith("-write")
+
+
+def _help(scenario: str, capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit):
+        main(["bench", scenario, "--help"])
+    return capsys.readouterr().out
+
+
+def test_each_scenario_help_shows_its_own_options(capsys: pytest.CaptureFixture[str]) -> None:
+    restart = _help("restart", capsys)
+    assert "--journal-mib" in restart
+    for other in ("--entries", "--roll-every", "--in-flight", "--sizes", "--clients", "--ensemble"):
+        assert other not in restart, other
+    read = _help("read", capsys)
+    assert "--entries" in read
+    assert "copies of each entry written (default 2)" in read  # -W has help and its default
+    assert "--journal-mib" not in read
+    write = _help("write", capsys)
+    assert "--clients" in write
+    assert "--entries" not in write
+
+
+def test_an_option_another_scenario_uses_is_still_accepted(tmp_path: Path) -> None:
+    """One command line replays across scenarios: a hidden option is accepted and ignored."""
+    import argparse
+
+    from bookkeeper_aio.cli.bench import options
+
+    parser = argparse.ArgumentParser()
+    options.add_arguments(parser, "restart")
+    opts = options.build(parser.parse_args(["--entries", "7", "--out", str(tmp_path)]), "restart")
+    assert opts.entries == 7
+
+
+@pytest.mark.parametrize(
+    ("scenario", "shape"),
+    [
+        ("read", "E3/Qw2/Qa2, 1024 B, 50,000 entries"),
+        ("tail", "E3/Qw2/Qa2, 1024 B, one add at a time, back to back, 10 s"),
+        ("recovery", "E3/Qw2/Qa2, 1024 B, 1000 adds in flight when the writer dies"),
+        ("restart", "E1/Qw1/Qa1 on a bookie of its own, 1024 B, 64 MiB of journal"),
+        ("write", "E3/Qw2/Qa2, 1024 B, 1 client(s) x 1 ledger(s), window 1000, closed loop"),
+    ],
+)
+def test_the_shape_names_what_the_scenario_uses(scenario: str, shape: str, tmp_path: Path) -> None:
+    import argparse
+
+    from bookkeeper_aio.cli.bench import options
+
+    parser = argparse.ArgumentParser()
+    options.add_arguments(parser, scenario)
+    assert options.build(parser.parse_args(["--out", str(tmp_path)]), scenario).shape == shape

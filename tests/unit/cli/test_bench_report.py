@@ -4,8 +4,11 @@ per rep), the Markdown summary with the command, plots only where there is data.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from pathlib import Path
+
+import pytest
 
 from bookkeeper_aio.cli.bench import options
 from bookkeeper_aio.cli.bench.report import Report, Run
@@ -69,3 +72,68 @@ def test_report__curves_go_to_the_summary_the_json_and_a_plot(tmp_path: Path) ->
     assert summary.count("| 0.") < 20  # the journal timeline is thinned to about ten rows
     assert "curves.png" in data["files"]
     assert (tmp_path / "out" / "curves.png").stat().st_size > 1000
+
+
+def test_report__failed_adds_lead_the_summary_and_the_peak_covers_the_end(tmp_path: Path) -> None:
+    report = Report(_options(tmp_path / "out"), "bkaio bench write")
+    report.add(
+        Run(
+            "bookkeeper",
+            0,
+            {
+                "entries_per_s": 900.0,
+                "failed": 20,
+                "first_error": "NotEnoughBookies('no writable bookie')",
+                "client_rss_peak_mib": 50.0,
+                "client_rss_end_mib": 61.5,
+                "clients": [{"rss_peak_mib": 50.0, "rss_end_mib": 61.5}],
+            },
+        )
+    )
+    report.add(Run("bookkeeper", 1, {"entries_per_s": 1000.0, "failed": 0, "first_error": None}))
+    data = report.write()
+
+    assert data["failures"] == [
+        {
+            "system": "bookkeeper",
+            "rep": 0,
+            "failed": 20,
+            "first_error": "NotEnoughBookies('no writable bookie')",
+        }
+    ]
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert summary.index("**FAILED") < summary.index("| system |")
+    assert (
+        "- bookkeeper rep 0: 20 add(s) failed; first error: NotEnoughBookies('no writable bookie')" in summary
+    )
+    [first, _] = data["runs"]
+    assert first["client_rss_peak_mib"] == 61.5  # sampled peak below the end sample: max of the two
+    assert first["clients"][0]["rss_peak_mib"] == 61.5
+
+
+def test_report__no_failure_section_when_every_add_succeeded(tmp_path: Path) -> None:
+    report = Report(_options(tmp_path / "out"), "bkaio bench write")
+    report.add(Run("bookkeeper", 0, {"entries_per_s": 1000.0, "failed": 0, "first_error": None}))
+    data = report.write()
+    assert data["failures"] == []
+    assert "FAILED" not in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_cmd_bench__a_run_with_failed_adds_exits_1_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import bookkeeper_aio.cli.bench as bench
+
+    async def failing(opts: options.BenchOptions, url: str, report: Report, live: object) -> None:
+        report.add(Run("bookkeeper", 0, {"entries_per_s": 5.0, "failed": 3, "first_error": "BKTimeout()"}))
+
+    monkeypatch.setattr(bench, "_scenario", lambda name: failing)
+    parser = argparse.ArgumentParser()
+    bench.add_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(
+        ["bench", "write", "--metadata", "etcd://127.0.0.1:1/x", "--out", str(tmp_path), "-q"]
+    )
+    assert asyncio.run(bench.cmd_bench(args)) == 1
+    err = capsys.readouterr().err
+    assert "bkaio bench write: bookkeeper rep 0: 3 add(s) failed; first error: BKTimeout()" in err
+    assert "exit 1" in err

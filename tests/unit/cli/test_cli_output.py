@@ -119,3 +119,14 @@ def test_os_error_names_the_configured_path(tmp_path: Path, monkeypatch: pytest.
     assert "Permission denied" in message
     home_error = PermissionError(13, "Permission denied", str(tmp_path / "sandbox.tmp"))
     assert "from $BKAIO_HOME" in main._os_error(home_error, args)
+
+
+def test_the_log_demo_line_says_what_each_ledger_holds() -> None:
+    from bookkeeper_aio.cli.demo import log_demo_line
+    from bookkeeper_aio.log import LogPosition
+
+    positions: list[LogPosition | None] = [LogPosition(7, i) for i in range(260)] + [
+        LogPosition(9, i) for i in range(240)
+    ]
+    line = log_demo_line(500, positions, 2)
+    assert "500 JSON orders in 2 ledgers (260/240 records: rolled after about every 125)" in line
