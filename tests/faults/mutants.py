@@ -181,6 +181,24 @@ MUTANTS = (
         "replay cuts a damaged final journal group with no limbo marker",
     ),
     Mutant(
+        "replay-unsynced-left-unsynced",
+        "bookie/replay.py",
+        "                    fileio.pwrite(fd, fileio.pread(fd, end - start, start), start)\n",
+        "                    pass\n",
+        ("tests/simulation/test_replay_durability.py",),
+        "a start replays whole groups a process crash left unsynced and lets a checkpoint point into "
+        "them without writing them again: a page whose writeback failed is lost by a later power cut",
+    ),
+    Mutant(
+        "replay-mark-left-behind",
+        "bookie/replay.py",
+        "    _mark_replayed(fileio, data_dir, result.start)\n",
+        "    pass\n",
+        ("tests/unit/bookie/test_limbo.py",),
+        "a start leaves the synced mark before groups it replayed and serves: rot found there later is "
+        "cut as a tear in flight, without limbo",
+    ),
+    Mutant(
         "synced-mark-any-boot",
         "bookie/replay.py",
         "    if mark is None or mark.boot != fmt.boot_digest(boot):\n",

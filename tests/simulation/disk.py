@@ -15,7 +15,9 @@ Model (one :class:`Disk` per bookie; paths are plain strings, nothing touches th
   and nothing after it happens.
 - Preallocated space is sparse: zeros past the written bytes cost no memory.
 - :attr:`SimFileIO.fail_next` makes the next journal write or fdatasync fail with EIO or ENOSPC
-  (the bookie must fail those adds and go read-only, never acknowledge them).
+  (the bookie must fail those adds and go read-only, never acknowledge them). A failed fdatasync
+  leaves its file's unsynced writes readable but no longer pending, as Linux marks the pages of a
+  failed writeback clean: a later sync does not write them, only writing them again does.
 
 A bookie that acknowledges before fdatasync is caught by exactly this model: the acked bytes were
 pending, and a crash drops them.
@@ -266,7 +268,14 @@ class SimFileIO(FileIO):
         return b"sim-boot-%d" % self.disk.boots
 
     def journal_sync(self, fd: int) -> None:
-        self._fault("sync")  # the written bytes stay pending: only a later sync or luck keeps them
+        try:
+            self._fault("sync")
+        except OSError:
+            # Linux after a failed writeback: the dirty pages are marked clean and the error is
+            # reported once. The bytes stay readable (the page cache), but no later sync writes
+            # them (only writing them again does), and a power cut drops them.
+            self._file(fd).pending.clear()
+            raise
         if self._kill_in:
             self._killed("fdatasync")
         self._sync(fd)
