@@ -124,6 +124,8 @@ class Snapshot:
     protocol_version: int = PROTOCOL_VERSION
     uptime_s: float = 0.0
     ledgers: int = 0
+    registration_failed: str | None = None
+    """Why the metadata registration ended for good while the bookie runs (None: registered or none)."""
     limbo_ledgers: int = 0
     """Ledgers in limbo (bookie/limbo.py); -1 while every ledger is, before metadata narrowed it."""
     adds: int = 0
@@ -216,6 +218,7 @@ def snapshot(server: BookieServer, disk: DiskStatus | None = None) -> Snapshot:
         "read_only_manual": server.mode.manual,
         "mode_transitions": server.mode.transitions,
         "registered_read_only": server.registered_read_only if server.registration is not None else None,
+        "registration_failed": _registration_failure(server),
     }
     storage, processor = server.storage, server.processor
     if storage is not None:
@@ -262,7 +265,13 @@ def snapshot(server: BookieServer, disk: DiskStatus | None = None) -> Snapshot:
             gc_segments_deleted=gc.segments_deleted_total,
         )
     state = _state(server, base)
-    return Snapshot(state=state, ready=server.ready and state is not BookieState.STOPPING, **base)
+    ready = server.ready and state is not BookieState.STOPPING and base["registration_failed"] is None
+    return Snapshot(state=state, ready=ready, **base)
+
+
+def _registration_failure(server: BookieServer) -> str | None:
+    failure = None if server.registration is None else server.registration.failure
+    return None if failure is None else repr(failure)
 
 
 def _state(server: BookieServer, values: dict[str, Any]) -> BookieState:
@@ -293,6 +302,11 @@ def health_problems(snap: Snapshot) -> list[str]:
     problems: list[str] = []
     if snap.journal_failed is not None:
         problems.append(f"journal failed: {snap.journal_failed}")
+    if snap.registration_failed is not None:
+        problems.append(
+            f"registration ended: {snap.registration_failed} "
+            "(the cluster no longer sees this bookie: restart it)"
+        )
     disk_problem = _disk_problem(snap.disk)
     if disk_problem is not None:
         problems.append(disk_problem)

@@ -173,6 +173,10 @@ class MetadataRegistration:
             state = metadata.BookieState.READONLY if read_only else metadata.BookieState.WRITABLE
             await self._registration.set_state(state)
 
+    @property
+    def failure(self) -> BaseException | None:
+        return None if self._registration is None else self._registration.failure
+
     async def close(self) -> None:
         if self._registration is not None:
             await self._registration.close()

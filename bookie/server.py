@@ -81,6 +81,11 @@ class Registration(Protocol):
 
     async def close(self) -> None: ...
 
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the registration ended for good while the bookie runs (None: it is kept alive):
+        the bookie then reports not ready and unhealthy (docs/bookie.md, *Registration*)."""
+
 
 REGISTRATION_RETRY_S_MAX = 5.0
 LISTEN_BACKLOG = 1024

@@ -284,9 +284,17 @@ class BookieRegistration:
         self._task.add_done_callback(self._on_task_done)
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        """The keepalive task only ends by ``close``/``abort`` (cancelled); anything else means
+        the registration ended for good while its owner may run on: ``failure`` says so (a bookie
+        reports not ready and unhealthy on it, docs/bookie.md)."""
         if not task.cancelled() and task.exception() is not None:
             self.failure = task.exception()
-            log.error("bookie.registration_failed", key=self.key, error=repr(self.failure))
+            log.error(
+                "bookie.registration_failed",
+                key=self.key,
+                error=repr(self.failure),
+                hint="this bookie is no longer registered: restart it",
+            )
 
     async def _register(self, *, wait_stale_s: float) -> None:
         async with self._lock:
@@ -394,6 +402,12 @@ class BookieRegistration:
             except MetadataError as error:
                 log.warning("bookie.keepalive_failed", key=self.key, error=str(error))
                 await asyncio.sleep(backoff.next_delay_s())
+            except Exception:
+                # Not the store's promise (only MetadataError), so a bug somewhere: the bookie runs
+                # on, so its registration must too. Dying here would let the lease expire and the
+                # cluster take a live bookie for a dead one (and re-replicate all its data).
+                log.exception("bookie.keepalive_unexpected_error", key=self.key)
+                await asyncio.sleep(backoff.next_delay_s())
 
     async def _reregister(self, backoff: Backoff) -> None:
         while True:
@@ -404,6 +418,9 @@ class BookieRegistration:
                 return
             except MetadataError as error:
                 log.warning("bookie.reregister_failed", key=self.key, error=str(error))
+                await asyncio.sleep(backoff.next_delay_s())
+            except Exception:
+                log.exception("bookie.reregister_unexpected_error", key=self.key)
                 await asyncio.sleep(backoff.next_delay_s())
 
     async def set_state(self, state: BookieState) -> None:

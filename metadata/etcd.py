@@ -250,8 +250,20 @@ class EtcdStore(MetadataStore):
             index = self._current
             endpoint = self._endpoint(index)
             if endpoint.channel.get_state(try_to_connect=True).name == "READY":
-                await self._authenticate(endpoint, deadline)
-                return index, endpoint
+                # A connected endpoint may still need a (new) token: a failed login there is a
+                # connect failure like any other (next endpoint, back off), never a bare TimeoutError.
+                try:
+                    await self._authenticate(endpoint, deadline)
+                    return index, endpoint
+                except TimeoutError:
+                    self._rotate(index, "authentication unavailable")
+                    if deadline - loop.time() <= 0:
+                        raise MetadataUnavailable(
+                            f"etcd authentication failed on every endpoint of {self._targets()} in time "
+                            "(is etcd up and does it have a leader?)"
+                        ) from None
+                    await self._sleep_within(backoff.next_delay_s(), deadline)
+                    continue
             remaining_s = deadline - loop.time()
             if remaining_s <= 0:
                 raise MetadataUnavailable(f"no etcd endpoint reachable of {self._targets()} in time")

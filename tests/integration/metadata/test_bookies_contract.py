@@ -84,6 +84,34 @@ async def test_reregisters_after_lease_loss(store: MetadataStore, root: str) -> 
         await registration.close()
 
 
+async def test_an_unexpected_keepalive_error_is_logged_and_the_registration_lives_on(
+    store: MetadataStore, root: str
+) -> None:
+    """The store promises only MetadataError; a stray error (a driver bug) must not end the
+    keepalive task while the bookie runs: the lease would expire and the bookie vanish."""
+    registration = BookieRegistration(store, root, info(4), ttl_s=2)
+    await registration.start()
+    real_keepalive = store.keepalive
+    failures = 3
+
+    async def flaky(lease_id: int) -> int:
+        nonlocal failures
+        if failures:
+            failures -= 1
+            raise TimeoutError  # what the etcd driver once let through on a failed re-login
+        return await real_keepalive(lease_id)
+
+    store.keepalive = flaky  # type: ignore[method-assign]
+    try:
+        await asyncio.sleep(4.5)  # two TTLs: without keepalives the lease would have expired
+        assert failures == 0
+        assert registration.failure is None
+        assert "127.0.0.1:3184" in (await list_bookies(store, root)).writable
+    finally:
+        store.keepalive = real_keepalive  # type: ignore[method-assign]
+        await registration.close()
+
+
 async def test_watch_bookies_sees_joins_state_changes_and_leaves(store: MetadataStore, root: str) -> None:
     snapshots: list[BookieSet] = []
     done = asyncio.Event()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
@@ -90,3 +91,56 @@ async def test_a_mutation_whose_answer_is_lost_is_not_resent_but_moves_the_store
     assert len(attempts) == 1  # it may have applied: never sent twice
     assert attempts[0][1] > 4.0  # the whole budget: it cannot be retried once sent
     assert store._current == 1  # the next call goes to the other member
+
+
+class _ReadyChannel:
+    """A channel gRPC reports as connected (its token may still need renewing)."""
+
+    def get_state(self, try_to_connect: bool = False) -> Any:
+        return grpc.ChannelConnectivity.READY
+
+    async def channel_ready(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class _UnavailableAuth:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def Authenticate(self, request: Any, timeout: float | None = None) -> Any:  # noqa: ASYNC109
+        self.calls += 1
+        raise _error(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+
+
+async def test_a_failed_login_on_a_connected_endpoint_is_metadata_unavailable_not_a_bare_timeout(
+    tmp_path: Any,
+) -> None:
+    password = tmp_path / "password"
+    password.write_text("secret\n")
+    store = EtcdStore(
+        EtcdConfig(
+            (("127.0.0.1", 1), ("127.0.0.1", 2)),
+            op_timeout_s=0.6,
+            user="root",
+            password_file=str(password),
+        )
+    )
+    auths = [_UnavailableAuth(), _UnavailableAuth()]
+    for index, auth in enumerate(auths):  # both were connected before; etcd refused their tokens
+        store._endpoints[index] = _Endpoint(f"m{index}", _ReadyChannel(), None, None, None, auth=auth)
+    with pytest.raises(MetadataUnavailable, match="authentication"):
+        await store.get("/k")
+    assert auths[0].calls >= 1
+    assert auths[1].calls >= 1
+    # A watch waits through the outage instead of ending with a TimeoutError.
+    watch = store.watch("/k")
+    waiter = asyncio.ensure_future(watch.__anext__())
+    await asyncio.sleep(1.0)
+    assert not waiter.done(), waiter.exception() if waiter.done() else None
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await watch.aclose()
