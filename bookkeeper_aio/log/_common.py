@@ -10,7 +10,7 @@ import structlog
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.client.ledger import LedgerHandle
-from bookkeeper_aio.errors import BKError, NoSuchLog
+from bookkeeper_aio.errors import BKError, NoSuchLedger, NoSuchLog
 from metadata.errors import BadVersion, CasResultUnknown, MetadataError, NodeExists
 from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogLedgerState, LogMetadata
@@ -111,6 +111,8 @@ async def delete_ledgers(
     for ledger_id in ledger_ids:
         try:
             await bk.delete_ledger(ledger_id, password=password)
+        except NoSuchLedger:  # deleted already (a retry, a concurrent cut): nothing left to do
+            log.info("log.ledger_already_deleted", log=name, ledger_id=ledger_id, why=why)
         except BKError as error:
             log.warning("log.ledger_not_deleted", log=name, ledger_id=ledger_id, why=why, error=repr(error))
         else:

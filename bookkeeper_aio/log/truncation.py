@@ -4,6 +4,11 @@ A cut never removes the last ledger, an OPEN ledger or anything after one, nor t
 cursor points into (or anything after it): the slowest cursor bounds it. The list changes first (one
 CAS: the metadata then records ``truncated_before``, so a reader asking for a truncated position gets
 `LogTruncated`, never a silent gap), then the dropped ledgers are deleted.
+
+A lost CAS answer (`CasResultUnknown`) is settled by reading the list again: every planned ledger
+it no longer lists, below its ``truncated_before``, left it (by this cut or a later one: deleting
+twice is harmless) and is deleted; if the cut is not in, the error is raised (try again: the retry
+plans the same ledgers, so a late-applied lost CAS still gets its ledgers deleted).
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
+from bookkeeper_aio.errors import BKError
 from bookkeeper_aio.log import records
-from bookkeeper_aio.log._common import delete_ledgers, log_manager
+from bookkeeper_aio.log._common import delete_ledgers, log, log_manager
 from bookkeeper_aio.log.position import LogPosition
-from metadata.log_manager import LogManager
+from metadata.errors import CasResultUnknown
+from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogLedgerState, LogMetadata
 
 
@@ -76,18 +83,46 @@ async def truncate_log(
     MetadataFormatError, MetadataUnavailable."""
     manager = log_manager(bk)
     current = await manager.read(name)
-    change, dropped = await plan_truncation(bk, manager, current.metadata, before.ledger_id, password)
-    versioned = await manager.update(name, change, current=current)
-    await delete_ledgers(bk, name, dropped, password, why="truncated")
+    change, planned = await plan_truncation(bk, manager, current.metadata, before.ledger_id, password)
+    try:
+        versioned = await manager.update(name, change, current=current)
+    except CasResultUnknown as error:
+        versioned = await settle_lost_truncation(manager, name, planned, error)
+    await delete_ledgers(bk, name, truncated_ids(versioned.metadata, planned), password, why="truncated")
     ledgers = versioned.metadata.ledgers
     return LogPosition(ledgers[0].ledger_id, 0) if ledgers else None
+
+
+def truncated_ids(md: LogMetadata, planned: list[int]) -> list[int]:
+    """The ``planned`` ledgers ``md`` shows truncated away: not listed, below ``truncated_before``."""
+    listed = set(md.ledger_ids)
+    return [ledger_id for ledger_id in planned if ledger_id not in listed and ledger_id < md.truncated_before]
+
+
+async def settle_lost_truncation(
+    manager: LogManager, name: str, planned: list[int], error: CasResultUnknown
+) -> VersionedLog:
+    """After a truncation CAS whose answer was lost: the list read again, when it shows the planned
+    ledgers truncated away (the caller deletes them); raises ``error`` when it cannot be read or does
+    not (the cut is not in: try again)."""
+    try:
+        versioned = await manager.read(name)
+    except BKError as read_error:
+        log.warning("log.list_unreadable", log=name, error=repr(read_error))
+        raise error from None
+    applied = len(truncated_ids(versioned.metadata, planned)) == len(planned)
+    log.info("log.truncate_answer_lost", log=name, planned=planned, applied=applied)
+    if not applied:
+        raise error
+    return versioned
 
 
 async def plan_truncation(
     bk: BookKeeper, manager: LogManager, md: LogMetadata, before_ledger_id: int, password: bytes
 ) -> tuple[Callable[[LogMetadata], LogMetadata], list[int]]:
-    """The list change of a truncation, and the ids it dropped once applied (filled in by the
-    change). The cut is fixed here, from the cursors and the list as they are now (a retry of the
+    """The list change of a truncation, and the ids it plans to drop (those of the list now, plus
+    any a re-applied change drops; `truncated_ids` of the list afterwards says which did go). The
+    cut is fixed here, from the cursors and the list as they are now (a retry of the
     CAS never cuts further); for a sequenced log the highest removed sequence number goes along."""
     cursors = await manager.read_cursors(md.name)
     planned, gone = truncate_list(md, before_ledger_id, cursors)
@@ -96,11 +131,11 @@ async def plan_truncation(
     if md.sequenced and gone:
         removed = [entry for entry in md.ledgers if entry.ledger_id in set(gone)]
         sequence = await records.last_sequence_in(bk, md.name, removed, password)
-    dropped: list[int] = []
+    ids = list(gone)
 
     def change(current: LogMetadata) -> LogMetadata:
         proposed, now_gone = truncate_list(current, min(cut, before_ledger_id), cursors, sequence)
-        dropped[:] = now_gone
+        ids.extend(ledger_id for ledger_id in now_gone if ledger_id not in ids)
         return proposed
 
-    return change, dropped
+    return change, ids

@@ -69,7 +69,12 @@ from bookkeeper_aio.log._common import (
     taken_over,
 )
 from bookkeeper_aio.log.position import LogPosition
-from bookkeeper_aio.log.truncation import plan_truncation, retention_cut
+from bookkeeper_aio.log.truncation import (
+    plan_truncation,
+    retention_cut,
+    settle_lost_truncation,
+    truncated_ids,
+)
 from metadata.errors import BadVersion, CasResultUnknown
 from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogLedgerState, LogMetadata
@@ -530,10 +535,16 @@ class LogWriter:
                 log.warning("log.retention_failed", log=self.name, error=repr(error))
 
     async def _truncate(self, before_ledger_id: int) -> LogPosition | None:
-        change, dropped = await plan_truncation(
+        change, planned = await plan_truncation(
             self._bk, self._manager, self._versioned.metadata, before_ledger_id, self._password
         )
-        versioned = await self._change(change, self._handle.id)
+        try:
+            versioned = await self._change(change, self._handle.id)
+        except CasResultUnknown as error:
+            # Settled by reading the list (the ledgers it dropped are deleted, never orphaned); our
+            # own view stays as it was: the next change meets BadVersion and reads the list again.
+            versioned = await settle_lost_truncation(self._manager, self.name, planned, error)
+        dropped = truncated_ids(versioned.metadata, planned)
         await delete_ledgers(self._bk, self.name, dropped, self._password, why="truncated")
         return LogPosition(versioned.metadata.ledgers[0].ledger_id, 0)
 

@@ -13,6 +13,8 @@ import pytest
 
 from bookkeeper_aio import BookKeeper, open_log_reader, open_log_writer
 from bookkeeper_aio.client.ledger import LedgerHandle
+from bookkeeper_aio.log.position import LogPosition
+from bookkeeper_aio.log.truncation import truncate_log
 from bookkeeper_aio.log.writer import LogWriter
 from metadata.errors import CasResultUnknown
 from metadata.ledger_metadata import LedgerState
@@ -247,3 +249,54 @@ async def test_a_close_whose_lost_cas_applied_is_not_taken_for_a_takeover(
     assert md.ledgers[0].state is LogLedgerState.CLOSED
     assert md.commits == {"other": 1}
     assert await _payloads(bk, "close-lost") == [b"a"]
+
+
+async def _log_of_three_ledgers(bk: BookKeeper, name: str) -> tuple[LogWriter, list[int]]:
+    writer = await open_log_writer(bk, name, **QUORUM)
+    ids = []
+    for i in range(3):
+        await writer.append(f"r{i}".encode())
+        ids.append(writer.ledger_id)
+        if i < 2:
+            await writer.roll()
+    return writer, ids
+
+
+@pytest.mark.parametrize("applied", [True, False])
+@pytest.mark.parametrize("by", ["truncate_log", "writer"])
+async def test_a_truncation_whose_cas_answer_is_lost_orphans_no_ledger(
+    cluster: Cluster, bk: BookKeeper, monkeypatch: pytest.MonkeyPatch, applied: bool, by: str
+) -> None:
+    """Applied: the ledgers the lost CAS dropped are deleted all the same (a retry would find them
+    gone from the list and delete nothing). Not applied: the error is raised, nothing is deleted,
+    and a retry cuts and deletes them."""
+    await cluster.start(3)
+    name = f"trunc-lost-{by}-{applied}"
+    manager = _LostAnswer(cluster, applied=applied)
+    monkeypatch.setattr("bookkeeper_aio.log.writer.log_manager", lambda _bk: manager)
+    monkeypatch.setattr("bookkeeper_aio.log.truncation.log_manager", lambda _bk: manager)
+    writer, ids = await _log_of_three_ledgers(bk, name)
+    manager.armed = lambda md: md.truncated_before == ids[2]
+
+    async def truncate() -> LogPosition | None:
+        if by == "writer":
+            return await writer.truncate_before(LogPosition(ids[2], 0))
+        return await truncate_log(bk, name, LogPosition(ids[2], 0), password=b"pw")
+
+    if applied:
+        assert await truncate() == LogPosition(ids[2], 0)
+    else:
+        with pytest.raises(CasResultUnknown):
+            await truncate()
+        assert (await _list(cluster, name)).ledger_ids == tuple(ids)
+        assert all([await bk.context.ledgers.exists(i) for i in ids])  # nothing deleted for a cut not in
+        assert await truncate() == LogPosition(ids[2], 0)  # the retry
+    assert manager.lost  # the answer was lost
+    md = await _list(cluster, name)
+    assert md.ledger_ids == (ids[2],)
+    assert md.commits == {"other": 1}
+    for dropped in ids[:2]:
+        assert not await bk.context.ledgers.exists(dropped), f"ledger {dropped} orphaned"
+    await writer.append(b"after")
+    await writer.close()
+    assert (await _payloads(bk, name)) == [b"r2", b"after"]
