@@ -647,6 +647,9 @@ class Processor:
             "state": "readonly" if self._is_read_only() else "writable",
             "journal_groups": self.storage.journal.groups_written,
             "journal_records": self.storage.journal.records_written,
+            # The highest ledger id held here (0: none): `bkaio cluster raise-ids` keeps the
+            # cluster's id counter above it. One pass over the ids, for an operator's request only.
+            "ledger_id_max": max(self.storage.ledgers, default=0),
         }
         if mode is not None and mode.free_bytes is not None and mode.total_bytes is not None:
             info["free_disk_bytes"] = mode.free_bytes

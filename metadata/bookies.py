@@ -547,3 +547,17 @@ async def write_cookie(store: MetadataStore, root: str, cookie: Cookie, expected
 async def delete_cookie(store: MetadataStore, root: str, bookie_id: str, expected_version: int) -> None:
     """Remove the cookie (decommissioning). Raises `NoNode`, `BadVersion`."""
     await store.delete(ClusterKeys(root).cookie(bookie_id), expected_version)
+
+
+async def list_cookie_ids(store: MetadataStore, root: str) -> list[str]:
+    """The ids of every bookie with a cookie: each that ever registered here and was not formatted
+    since (it may hold data while down, unlike the registered set)."""
+    prefix = ClusterKeys(root).cookie("x")[: -len("x")]
+    ids: list[str] = []
+    start_after: str | None = None
+    while True:
+        page = await store.list(prefix, start_after=start_after, limit=1000)
+        ids.extend(kv.key[len(prefix) :] for kv in page.items)
+        if not page.more or not page.items:
+            return ids
+        start_after = page.items[-1].key

@@ -89,3 +89,39 @@ class IdGenerator:
             self._next, self._end = start, end
             return
         raise UpdateRetriesExhausted(self._key, CLAIM_ATTEMPTS_MAX)
+
+
+async def read_counter(store: MetadataStore, key: str) -> int:
+    """The next id the counter at ``key`` hands out (`FIRST_ID` when it was never claimed from)."""
+    current = await store.get(key)
+    return FIRST_ID if current is None else _decode_counter(key, current.value)
+
+
+async def raise_counter(store: MetadataStore, key: str, at_least: int) -> tuple[int, int]:
+    """Move the counter at ``key`` up to ``at_least`` (CAS; never down): no generator claims a block
+    starting below it from then on. Returns (the counter before, the counter now); the two are
+    equal when it already was at or above ``at_least``. For an operator after a metadata restore
+    (docs/operations.md): a generator that still holds a block claimed before keeps handing its ids
+    out, so no client may run meanwhile. Raises `MetadataUnavailable`, `MetadataError` (past the
+    id space), `UpdateRetriesExhausted`."""
+    if not FIRST_ID <= at_least <= LEDGER_ID_MAX:
+        raise MetadataError(f"cannot raise the id counter {key!r} to {at_least}: ids are 1..{LEDGER_ID_MAX}")
+    backoff = Backoff(initial_s=CONFLICT_PAUSE_S_INITIAL, max_s=CONFLICT_PAUSE_S_MAX)
+    before: int | None = None
+    for _ in range(CLAIM_ATTEMPTS_MAX):
+        current = await store.get(key)
+        counter = FIRST_ID if current is None else _decode_counter(key, current.value)
+        if before is None:
+            before = counter
+        if counter >= at_least:
+            return before, counter
+        try:
+            if current is None:
+                await store.create(key, str(at_least).encode())
+            else:
+                await store.compare_and_set(key, str(at_least).encode(), current.version)
+        except (BadVersion, NoNode, NodeExists, CasResultUnknown):
+            await asyncio.sleep(backoff.next_delay_s())  # read again: a claim moved it, or ours did
+            continue
+        return before, at_least
+    raise UpdateRetriesExhausted(key, CLAIM_ATTEMPTS_MAX)

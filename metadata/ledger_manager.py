@@ -48,6 +48,8 @@ CAS_ATTEMPTS_MAX = 200
 # Jitter after a lost CAS so that many writers of one ledger spread out instead of colliding again.
 CAS_CONFLICT_SLEEP_S_MAX = 0.02
 LIST_PAGE_SIZE_DEFAULT = 1000
+ID_TAKEN_ATTEMPTS_MAX = 100
+"""Creates in a row that may meet an id a ledger already holds before `LedgerManager.create` gives up."""
 
 
 class _Unchanged:
@@ -137,23 +139,41 @@ class LedgerManager:
         key_iterations: int = 0,
         key_ledger_salt: bytes = b"",
     ) -> VersionedLedger:
-        """A new OPEN ledger with a fresh unique id larger than ``after_ledger_id``. Raises
-        `InvalidMetadata`, `MetadataUnavailable`."""
-        ledger_id = await self._ids.next_id(after_ledger_id)
-        metadata = LedgerMetadata.new(
-            ledger_id,
-            ensemble,
-            write_quorum=write_quorum,
-            ack_quorum=ack_quorum,
-            digest_type=digest_type,
-            password_hash=password_hash,
-            custom_metadata=custom_metadata,
-            ctime_ms=self._now_ms(),
-            key_salt=key_salt,
-            key_iterations=key_iterations,
-            key_ledger_salt=key_ledger_salt,
-        )
-        return await self.create_metadata(metadata)
+        """A new OPEN ledger with a fresh unique id larger than ``after_ledger_id``.
+
+        An id the counter handed out that a ledger already holds (the counter went back: a restored
+        metadata snapshot, docs/operations.md) is never overwritten: the create moves to a fresh id
+        above it, and logs ``ledger_manager.id_taken`` (run ``bkaio cluster raise-ids``). Raises
+        `InvalidMetadata`, `MetadataUnavailable`, `NodeExists` (ids taken `ID_TAKEN_ATTEMPTS_MAX`
+        times in a row)."""
+        after = after_ledger_id
+        for _ in range(ID_TAKEN_ATTEMPTS_MAX):
+            ledger_id = await self._ids.next_id(after)
+            metadata = LedgerMetadata.new(
+                ledger_id,
+                ensemble,
+                write_quorum=write_quorum,
+                ack_quorum=ack_quorum,
+                digest_type=digest_type,
+                password_hash=password_hash,
+                custom_metadata=custom_metadata,
+                ctime_ms=self._now_ms(),
+                key_salt=key_salt,
+                key_iterations=key_iterations,
+                key_ledger_salt=key_ledger_salt,
+            )
+            try:
+                return await self.create_metadata(metadata)
+            except NodeExists:
+                log.warning(
+                    "ledger_manager.id_taken",
+                    ledger_id=ledger_id,
+                    counter=self.keys.idgen,
+                    hint="the id counter is behind the ledgers (a restored metadata snapshot?): run "
+                    "`bkaio cluster raise-ids` with every client stopped",
+                )
+                after = ledger_id
+        raise NodeExists(self.keys.ledger(after)) from None
 
     async def create_metadata(self, metadata: LedgerMetadata) -> VersionedLedger:
         """Store metadata under its own id. Raises `NodeExists` if the ledger exists."""

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import metadata
-from bookkeeper_aio.cli import autorecovery_commands, output, state
+from bookkeeper_aio.cli import autorecovery_commands, id_commands, output, state
 from bookkeeper_aio.cli.admin_endpoint import check_admin_is
 from bookkeeper_aio.cli.demo import DEMO_PASSWORD
 from bookkeeper_aio.cli.state import METADATA_ENV, resolve_metadata_url
@@ -483,6 +483,7 @@ def add_commands(sub: Any) -> None:
     """Register the shell commands on an argparse subparsers object."""
     cluster = _group(sub, "cluster", "cluster-wide metadata operations")
     _command(cluster, "init", cmd_cluster_init, "initialise a new cluster root in etcd (idempotent)")
+    id_commands.add_command(cluster, _command)
     _command(sub, "bookies", cmd_bookies, "list registered bookies (writable / read-only) with disk usage")
     ledgers = _command(sub, "ledgers", cmd_ledgers, "list ledger ids, a page at a time")
     ledgers.add_argument("--limit", type=int, default=100, help="ledgers per page (default 100)")

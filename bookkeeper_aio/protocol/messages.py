@@ -330,8 +330,8 @@ class BatchReadResponse(NamedTuple):
 
 class GetBookieInfoResponse(NamedTuple):
     """``info``: ``free_disk_bytes``, ``total_disk_bytes`` (of the bookie's last disk check; absent
-    before the first, or when it failed), ``journal_bytes``, ``ledgers``, ``state`` ("writable" |
-    "readonly"), more keys may be added."""
+    before the first, or when it failed), ``journal_bytes``, ``ledgers``, ``ledger_id_max`` (the
+    highest ledger id held, 0: none), ``state`` ("writable" | "readonly"), more keys may be added."""
 
     request_id: int
     status: int

@@ -26,6 +26,10 @@ async def test_hello_and_bookie_info(client: WireClient) -> None:
     assert info.status == StatusCode.EOK
     assert info.info["state"] == "writable"
     assert info.info["free_disk_bytes"] > 0
+    assert info.info["ledger_id_max"] == 0  # holds no ledger yet
+    assert (await client.add(7, 0, b"x")).status == StatusCode.EOK
+    assert (await client.add(3, 0, b"x")).status == StatusCode.EOK
+    assert (await client.request(m.GetBookieInfoRequest)).info["ledger_id_max"] == 7
 
 
 async def test_add_read_lac_batch_list(client: WireClient) -> None:

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 
 import pytest
 
-from metadata.errors import BadVersion, CasResultUnknown, MetadataFormatError, NodeExists, NoSuchLedger
-from metadata.idgen import IdGenerator
+from metadata.errors import (
+    BadVersion,
+    CasResultUnknown,
+    MetadataError,
+    MetadataFormatError,
+    NodeExists,
+    NoSuchLedger,
+)
+from metadata.idgen import IdGenerator, raise_counter, read_counter
 from metadata.ledger_manager import UNCHANGED, LedgerManager, VersionedLedger
 from metadata.ledger_metadata import LedgerMetadata, LedgerState, ReplacedBookie
 from metadata.memory import MemoryStore
@@ -43,6 +51,43 @@ async def test_create_metadata_with_existing_id_raises_node_exists(store: Metada
     created = await create(manager)
     with pytest.raises(NodeExists):
         await manager.create_metadata(created.metadata)
+
+
+async def test_create_never_overwrites_a_ledger_holding_the_id_the_counter_went_back_to(
+    store: MetadataStore, root: str
+) -> None:
+    """A restored snapshot moves the counter back: the next ids the counter hands out may be held
+    by ledgers created after the snapshot. Create moves on to a fresh id above them instead of
+    raising a raw NodeExists (or overwriting)."""
+    manager = LedgerManager(store, root, id_block_size=10)
+    first = await create(manager)
+    squatted = [first.ledger_id + 1, first.ledger_id + 2]  # held already, the counter does not know
+    others = {
+        i: dataclasses.replace(first.metadata, ledger_id=i, password_hash=b"\x02" * 32) for i in squatted
+    }
+    for md in others.values():
+        await manager.create_metadata(md)
+    created = await create(manager)
+    assert created.ledger_id > max(squatted)
+    for ledger_id, md in others.items():
+        assert (await manager.read(ledger_id)).metadata == md  # untouched
+    assert (await manager.read(created.ledger_id)).metadata.password_hash == b"\x01" * 32
+    # A fresh manager (another client) claims its block above the counter: unaffected.
+    assert (await create(LedgerManager(store, root))).ledger_id > created.ledger_id
+
+
+async def test_raise_counter_moves_the_id_counter_up_never_down(store: MetadataStore, root: str) -> None:
+    key = f"{root}/idgen"
+    assert await read_counter(store, key) == 1
+    assert await raise_counter(store, key, 500) == (1, 500)  # a missing counter is created
+    assert await raise_counter(store, key, 200) == (500, 500)  # never down
+    manager = LedgerManager(store, root)
+    assert (await create(manager)).ledger_id == 500
+    assert await read_counter(store, key) == 1500  # the block [500, 1500) claimed
+    assert await raise_counter(store, key, 10_000) == (1500, 10_000)
+    assert (await create(LedgerManager(store, root))).ledger_id == 10_000
+    with pytest.raises(MetadataError, match="ids are"):
+        await raise_counter(store, key, 0)
 
 
 async def test_update_applies_transform_and_rereads_on_conflict(store: MetadataStore, root: str) -> None:
