@@ -415,11 +415,19 @@ class EtcdStore(MetadataStore):
     def _mod_equals(raw: bytes, version: int) -> Any:
         return rpc.Compare(key=raw, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=version)
 
-    def _guarded_txn(self, raw: bytes, expected_version: int | None, then: Any, guards: Guards) -> Any:
+    def _guarded_txn(
+        self, raw: bytes, expected_version: int | None, then: Any, guards: Guards, *, must_exist: bool = False
+    ) -> Any:
         """``then`` if the key is at ``expected_version`` (None: no condition on it) and every guard
         key at its version; the failure branch reads the key and each guard key, to tell
-        `GuardFailed` from `BadVersion` from `NoNode` (:meth:`_raise_conflict`)."""
+        `GuardFailed` from `BadVersion` from `NoNode` (:meth:`_raise_conflict`). ``must_exist``:
+        the key must exist too (a missing key's mod_revision is 0, so a CAS at version 0 would
+        otherwise pass the compare and fail in the put: etcd's "key not found")."""
         compare = [] if expected_version is None else [self._mod_equals(raw, expected_version)]
+        if must_exist:
+            compare.append(
+                rpc.Compare(key=raw, target=rpc.Compare.CREATE, result=rpc.Compare.GREATER, create_revision=0)
+            )
         compare.extend(self._mod_equals(guard.key.encode(), guard.version) for guard in guards)
         reads = [raw, *(guard.key.encode() for guard in guards)]
         return rpc.TxnRequest(
@@ -445,7 +453,8 @@ class EtcdStore(MetadataStore):
     ) -> int:
         raw = key.encode()
         put = rpc.RequestOp(request_put=rpc.PutRequest(key=raw, value=value, ignore_lease=True))
-        response = await self._txn(key, self._guarded_txn(raw, expected_version, put, guards))
+        txn = self._guarded_txn(raw, expected_version, put, guards, must_exist=expected_version == 0)
+        response = await self._txn(key, txn)
         if not response.succeeded:
             self._raise_conflict(key, expected_version, response, guards)
         return int(response.header.revision)

@@ -24,7 +24,10 @@ The map carries ``format_version``; a decoder rejects versions newer than `FORMA
 that is not our format with a `MetadataFormatError` naming the key and the ledger id. Optional keys
 (``replaced_bookies``, ``key_salt``, ``key_iterations``, ``key_ledger_salt``) are written only when
 non-empty and read as empty when missing, so metadata written before them decodes, and older
-decoders ignore them (same ``format_version``).
+decoders ignore them (same ``format_version``). A decoder keeps the keys it does not know
+(``unknown_fields``) and `encode` writes them back unchanged: a field a newer version adds survives a
+read-modify-write by this one. (Decoders older than this rule drop them: their CAS erases a newer
+version's optional fields.)
 """
 
 from __future__ import annotations
@@ -114,12 +117,17 @@ class LedgerMetadata:
     """Key format 2: PBKDF2 rounds of the derivation."""
     key_ledger_salt: bytes = b""
     """Key format 3: the ledger's own salt, besides ``key_salt`` (then the creating client's)."""
+    unknown_fields: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Fields of the stored map this version does not know (a newer writer's optional fields of
+    the same ``format_version``), kept as decoded and written back unchanged by `encode`, so a
+    change made by this version does not erase them."""
 
     def __post_init__(self) -> None:
         ensembles = tuple((int(first), tuple(bookies)) for first, bookies in self.ensembles)
         object.__setattr__(self, "ensembles", ensembles)
         object.__setattr__(self, "replaced_bookies", tuple(ReplacedBookie(*r) for r in self.replaced_bookies))
         object.__setattr__(self, "custom_metadata", types.MappingProxyType(dict(self.custom_metadata)))
+        object.__setattr__(self, "unknown_fields", types.MappingProxyType(dict(self.unknown_fields)))
         validate(self)
 
     @classmethod
@@ -326,6 +334,9 @@ def encode(md: LedgerMetadata) -> bytes:
         body["key_iterations"] = md.key_iterations
     if md.key_ledger_salt:  # and key format 3
         body["key_ledger_salt"] = md.key_ledger_salt
+    for name, value in md.unknown_fields.items():  # a newer writer's fields: kept as they were
+        if name not in _KNOWN_FIELDS:
+            body[name] = value
     data = MAGIC + msgpack.packb(body, use_bin_type=True)
     if len(data) > ENCODED_BYTES_MAX:
         raise InvalidMetadata(
@@ -382,6 +393,10 @@ _FIELD_TYPES: Mapping[str, type | tuple[type, ...]] = types.MappingProxyType(
 )
 
 
+_OPTIONAL_FIELDS = frozenset({"replaced_bookies", "key_salt", "key_iterations", "key_ledger_salt"})
+_KNOWN_FIELDS = frozenset(_FIELD_TYPES) | _OPTIONAL_FIELDS
+
+
 def decode(data: bytes, *, key: str, ledger_id: int | None = None) -> LedgerMetadata:
     """Parse stored metadata; raise `MetadataFormatError` naming ``key`` and the ledger on any problem."""
     who = f"ledger {ledger_id}" if ledger_id is not None else "ledger"
@@ -428,6 +443,7 @@ def decode(data: bytes, *, key: str, ledger_id: int | None = None) -> LedgerMeta
             key_salt=key_salt,
             key_iterations=key_iterations,
             key_ledger_salt=key_ledger_salt,
+            unknown_fields={name: value for name, value in body.items() if name not in _KNOWN_FIELDS},
         )
     except (InvalidMetadata, ValueError, TypeError) as error:
         raise MetadataFormatError(key, f"{who}: {error}") from error

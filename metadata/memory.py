@@ -148,14 +148,18 @@ class MemoryStore(MetadataStore):
         self._record(WatchEvent(EventKind.PUT, key, value, self._revision, lease_id))
         return self._revision
 
-    def _remove(self, key: str) -> None:
+    def _remove(self, key: str, revision: int | None = None) -> None:
+        """Delete ``key`` at a revision of its own, or at ``revision`` (already counted: one
+        revision for several keys, as a lease's)."""
         old = self._data.pop(key)
         del self._sorted_keys[bisect.bisect_left(self._sorted_keys, key)]
         if old.lease_id and old.lease_id in self._leases:
             self._leases[old.lease_id].keys.discard(key)
-        self._revision += 1
-        self._undo.append((self._revision, key, old))
-        self._record(WatchEvent(EventKind.DELETE, key, None, self._revision))
+        if revision is None:
+            self._revision += 1
+            revision = self._revision
+        self._undo.append((revision, key, old))
+        self._record(WatchEvent(EventKind.DELETE, key, None, revision))
 
     def _expire_leases(self) -> None:
         now = asyncio.get_running_loop().time()
@@ -166,9 +170,11 @@ class MemoryStore(MetadataStore):
         lease = self._leases.pop(lease_id)
         if lease.timer is not None:
             lease.timer.cancel()
-        for key in sorted(lease.keys):
-            if key in self._data:
-                self._remove(key)
+        keys = [key for key in sorted(lease.keys) if key in self._data]
+        if keys:  # like etcd: every key of the lease goes in one revision
+            self._revision += 1
+            for key in keys:
+                self._remove(key, self._revision)
 
     def _arm(self, lease_id: int, lease: _Lease) -> None:
         loop = asyncio.get_running_loop()
@@ -245,9 +251,12 @@ class MemoryStore(MetadataStore):
         await self._enter()
         if revision and revision != self._revision:
             return self._list_at(prefix, start_after, limit, revision)
-        start = prefix if start_after is None or start_after < prefix else start_after
+        # Like etcd: a ``start_after`` below the prefix lists from the prefix itself, a key equal to
+        # the prefix included.
+        inclusive = start_after is None or start_after < prefix
+        start = prefix if inclusive or start_after is None else start_after
         index = bisect.bisect_left(self._sorted_keys, start)
-        if start_after is not None and index < len(self._sorted_keys) and self._sorted_keys[index] == start:
+        if not inclusive and index < len(self._sorted_keys) and self._sorted_keys[index] == start:
             index += 1
         items: list[KeyValue] = []
         while index < len(self._sorted_keys) and self._sorted_keys[index].startswith(prefix):
@@ -265,15 +274,16 @@ class MemoryStore(MetadataStore):
             raise MetadataError(f"memory store: required revision {revision} is a future revision")
         if revision <= self._compacted_revision:
             raise WatchCompacted(prefix, self._compacted_revision)
-        after = prefix if start_after is None or start_after < prefix else start_after
+        inclusive = start_after is None or start_after < prefix  # as in `list`
+        after = prefix if inclusive or start_after is None else start_after
         changed: dict[str, KeyValue | None] = {}
         cut = bisect.bisect_right(self._undo, revision, key=lambda u: u[0])
         for _, key, old in reversed(self._undo[cut:]):  # newest first: the oldest change wins
-            if key.startswith(prefix) and (key > after or (start_after is None and key == after)):
+            if key.startswith(prefix) and (key > after or (inclusive and key == after)):
                 changed[key] = old
         undone = sorted(changed)
         index = bisect.bisect_left(self._sorted_keys, after)
-        if start_after is not None and index < len(self._sorted_keys) and self._sorted_keys[index] == after:
+        if not inclusive and index < len(self._sorted_keys) and self._sorted_keys[index] == after:
             index += 1
         items: list[KeyValue] = []
         u = 0

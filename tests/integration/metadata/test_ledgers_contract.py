@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import dataclasses
 
+import msgpack
 import pytest
 
+from metadata import ledger_metadata as serde
 from metadata.errors import (
     BadVersion,
     CasResultUnknown,
@@ -74,6 +76,24 @@ async def test_create_never_overwrites_a_ledger_holding_the_id_the_counter_went_
     assert (await manager.read(created.ledger_id)).metadata.password_hash == b"\x01" * 32
     # A fresh manager (another client) claims its block above the counter: unaffected.
     assert (await create(LedgerManager(store, root))).ledger_id > created.ledger_id
+
+
+async def test_an_update_keeps_the_fields_a_newer_writer_added(store: MetadataStore, root: str) -> None:
+    manager = LedgerManager(store, root)
+    created = await create(manager)
+    key = manager.keys.ledger(created.ledger_id)
+    stored = await store.get(key)
+    assert stored is not None
+    body = msgpack.unpackb(stored.value.removeprefix(serde.MAGIC))
+    await store.compare_and_set(
+        key, serde.MAGIC + msgpack.packb({**body, "future_field": [1, "x"]}), stored.version
+    )  # a newer client's write, same format_version
+    await manager.update(created.ledger_id, lambda md: md.closed(-1, 0))
+    after = await store.get(key)
+    assert after is not None
+    written = msgpack.unpackb(after.value.removeprefix(serde.MAGIC))
+    assert written["future_field"] == [1, "x"]
+    assert written["state"] == "CLOSED"
 
 
 async def test_raise_counter_moves_the_id_counter_up_never_down(store: MetadataStore, root: str) -> None:

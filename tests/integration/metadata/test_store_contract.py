@@ -44,6 +44,51 @@ async def test_cas_applies_only_at_the_expected_version(store: MetadataStore, ro
 async def test_cas_on_missing_key_raises_no_node(store: MetadataStore, root: str) -> None:
     with pytest.raises(NoNode):
         await store.compare_and_set(f"{root}/nope", b"x", 1)
+    # Version 0 is a missing key's mod_revision in etcd: still NoNode, and nothing written.
+    with pytest.raises(NoNode):
+        await store.compare_and_set(f"{root}/nope", b"x", 0)
+    assert await store.get(f"{root}/nope") is None
+    with pytest.raises(GuardFailed):  # a failed guard is named first, as for any version
+        await store.compare_and_set(f"{root}/nope", b"x", 0, guards=(Guard(f"{root}/g", 7),))
+    version = await store.create(f"{root}/there", b"x")
+    with pytest.raises(BadVersion) as info:
+        await store.compare_and_set(f"{root}/there", b"y", 0)
+    assert (info.value.expected, info.value.actual) == (0, version)
+
+
+async def test_revoking_a_lease_deletes_all_its_keys_in_one_revision(store: MetadataStore, root: str) -> None:
+    lease = await store.grant_lease(5)
+    for name in ("a", "b", "c"):
+        await store.create(f"{root}/l/{name}", b"x", lease_id=lease)
+    before = await store.current_revision()
+    events: list[WatchEvent] = []
+    watch = store.watch(f"{root}/l/", prefix=True, start_revision=before + 1)
+    await store.revoke_lease(lease)
+    assert await store.current_revision() == before + 1
+    async for event in watch:
+        events.append(event)
+        if len(events) == 3:
+            break
+    await watch.aclose()
+    assert [(e.kind, e.key, e.revision) for e in events] == [
+        (EventKind.DELETE, f"{root}/l/{name}", before + 1) for name in ("a", "b", "c")
+    ]
+    assert (await store.list(f"{root}/l/", revision=before)).items != ()  # the history before holds them
+
+
+async def test_a_start_after_below_the_prefix_lists_from_the_prefix_itself(
+    store: MetadataStore, root: str
+) -> None:
+    prefix = f"{root}/p"
+    for key in (prefix, f"{prefix}/a", f"{prefix}x"):
+        await store.put(key, b"v")
+    revision = await store.current_revision()
+    await store.put(f"{prefix}/b", b"later")
+    for at, later in ((None, [f"{prefix}/b"]), (revision, [])):
+        below = await store.list(prefix, start_after=f"{root}/", revision=at)
+        assert [kv.key for kv in below.items] == [prefix, f"{prefix}/a", *later, f"{prefix}x"]
+        equal = await store.list(prefix, start_after=prefix, revision=at)  # start_after excluded
+        assert [kv.key for kv in equal.items] == [f"{prefix}/a", *later, f"{prefix}x"]
 
 
 async def test_versions_increase_across_keys_and_never_repeat_after_recreate(

@@ -107,6 +107,30 @@ def test_roundtrip_keeps_every_field() -> None:
     assert back == md
 
 
+def test_fields_a_newer_version_added_survive_a_change_made_by_this_one() -> None:
+    """A newer writer adds optional fields (same format_version): this version's decode keeps them
+    and its encode writes them back, so its CAS of a closed or re-ensembled ledger erases nothing."""
+    newer = msgpack.unpackb(serde.encode(make()).removeprefix(serde.MAGIC))
+    extra = {"tiering": {"tier": "cold", "since_ms": 12}, "checksums": [b"\x01", b"\x02"], "flag": None}
+    stored = serde.MAGIC + msgpack.packb({**newer, **extra}, use_bin_type=True)
+    md = serde.decode(stored, key="/r/ledgers/7", ledger_id=7)
+    assert dict(md.unknown_fields) == extra
+    changed = md.with_ensemble_change(4, ("x", "y", "z")).closed(9, 99)
+    written = serde.encode(changed)
+    assert msgpack.unpackb(written.removeprefix(serde.MAGIC)).items() >= extra.items()
+    back = serde.decode(written, key="/r/ledgers/7", ledger_id=7)
+    assert back == changed
+    assert dict(back.unknown_fields) == extra
+    assert (back.state, back.last_entry_id, back.ensembles[-1]) == (
+        LedgerState.CLOSED,
+        9,
+        (4, ("x", "y", "z")),
+    )
+    assert serde.encode(make()) == serde.MAGIC + msgpack.packb(newer, use_bin_type=True)  # none: as before
+    with pytest.raises(TypeError):
+        md.unknown_fields["flag"] = 1  # type: ignore[index]
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
