@@ -102,6 +102,7 @@ async def test_an_unexpected_keepalive_error_is_logged_and_the_registration_live
         return await real_keepalive(lease_id)
 
     store.keepalive = flaky  # type: ignore[method-assign]
+
     async def registered() -> bool:
         return "127.0.0.1:3184" in (await list_bookies(store, root)).writable
 
