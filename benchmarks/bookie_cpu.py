@@ -11,11 +11,18 @@ no other process: steady on a noisy machine, fit for A/B runs of the bookie's ad
     python -m benchmarks.bookie_cpu --entries 200000 --reps 5
     python -m benchmarks.bookie_cpu --no-add-acks      # one ADD answer per add
     python -m benchmarks.bookie_cpu --rate 3333 --per-read 3 --entries 20000   # per-group costs
+    python -m benchmarks.bookie_cpu --ledgers 10000 --window 1000 --entries 50000  # many ledgers
 
 With ``--rate`` the fake is an open loop instead: ``--per-read`` frames every ``per_read / rate``
 seconds (a client flushing once per tick at a fixed rate), so groups are small and the per-group
 and per-wake-up costs (the writer hand-off, the completion, the answer) dominate; the loop's CPU is
 then also given per journal group (``loop_us_per_group``).
+
+With ``--ledgers N`` the adds go round robin over N ledgers (entry 0 of each, then entry 1 of
+each, ...), as a client writing to many ledgers sends them: every socket read, journal group and
+answer then holds one add per ledger, so per-run and per-ledger costs are paid per add. Each
+ledger's first add (which creates its record and journals its key) is made before the measured
+span, so the figures are the steady state of ledgers the bookie holds.
 
 ``--opcodes`` counts the Python opcodes the bookie runs per add and per group instead (loop thread
 and journal writer apart, the fake's own left out): slow, but the same count on a busy machine as
@@ -163,14 +170,20 @@ class FakeClientTransport(FakeTransport):
             self.conn.data_received(chunk)
 
 
-def build_frames(count: int, size: int, ledger_id: int) -> list[bytes]:
+def build_frames(
+    count: int, size: int, ledger_id: int, ledgers: int = 1, first_entry: int = 0
+) -> list[bytes]:
+    """``count`` add frames: entries from ``first_entry`` on, round robin over ``ledgers`` ledgers
+    (ids from ``ledger_id``); request ids from ``first_entry * ledgers + 1`` (unique per phase)."""
     codec = EntryCodec(DigestType.CRC32C, PASSWORD)
     payload = os.urandom(size)
     key = master_key(PASSWORD)
     frames = []
-    for entry_id in range(count):
-        body = codec.encode(ledger_id, entry_id, entry_id - 1, (entry_id + 1) * size, payload)
-        frames.append(m.encode_add_request(entry_id + 1, ledger_id, entry_id, AddFlag.NONE, key, body))
+    for n in range(count):
+        entry_id, lid = first_entry + n // ledgers, ledger_id + n % ledgers
+        body = codec.encode(lid, entry_id, entry_id - 1, (entry_id + 1) * size, payload)
+        rid = first_entry * ledgers + n + 1
+        frames.append(m.encode_add_request(rid, lid, entry_id, AddFlag.NONE, key, body))
     return frames
 
 
@@ -196,8 +209,10 @@ async def one_run(args: argparse.Namespace, ledger_id: int) -> dict[str, Any]:
     await server.start()
     try:
         assert server.processor is not None
-        frames = build_frames(args.entries, args.size, ledger_id)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        first = 1 if args.ledgers > 1 else 0  # many ledgers: their first adds are made unmeasured
+        frames = build_frames(args.entries, args.size, ledger_id * 10_000_000, args.ledgers, first)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
         transport = FakeClientTransport(frames, args.window, args.read_bytes, done)
         conn = ServerConnection(server.processor, server._limits, server._connections)  # the seam
         transport.conn = conn
@@ -206,6 +221,13 @@ async def one_run(args: argparse.Namespace, ledger_id: int) -> dict[str, Any]:
         hello = m.encode(m.HelloRequest(0, PROTOCOL_VERSION, "bench", features))
         conn.data_received(hello)
         await asyncio.sleep(0.01)
+        if first:  # every ledger's first add (its record and key), then the measured frames
+            transport.frames = build_frames(args.ledgers, args.size, ledger_id * 10_000_000, args.ledgers)
+            transport.credit = args.window
+            transport.feed()
+            await done
+            transport.done = done = loop.create_future()
+            transport.frames, transport.next, transport.answered = frames, 0, 0
         FakeClientTransport.busy_s = 0.0
         transport.credit = args.window
         journal = server.processor.storage.journal
@@ -252,6 +274,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--entries", type=int, default=200_000)
     ap.add_argument("--window", type=int, default=1000)
+    ap.add_argument("--ledgers", type=int, default=1, help="adds round robin over this many ledgers")
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--read-bytes", type=int, default=65536, help="bytes per fake socket read")
     ap.add_argument("--rate", type=float, default=0.0, help="open loop at this many adds/s (0: closed)")

@@ -137,9 +137,7 @@ class _AddReplies(AddBatch):
 
     def on_durable(self, error: BaseException | None) -> None:
         conn: ServerConnection = self.target
-        rids: list[int] = []
-        for run in self.runs:
-            rids += run.request_ids
+        rids = self.request_ids
         if error is not None:
             status = status_for(error)
             for rid in rids:
@@ -155,10 +153,11 @@ class _AddReplies(AddBatch):
             conn.complete_adds(rids, m.encode_add_acks(rids))
             return
         frames = []
+        entry_ids = self.entry_ids
         for run in self.runs:
             ledger_id = run.state.ledger_id
-            for rid, entry_id in zip(run.request_ids, run.entry_ids, strict=True):
-                frames.append(_encode_add_ok(rid, ledger_id, entry_id))
+            for i in range(run.start, run.stop):
+                frames.append(_encode_add_ok(rids[i], ledger_id, entry_ids[i]))
         conn.complete_adds(rids, frames)
 
 

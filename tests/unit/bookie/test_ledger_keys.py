@@ -285,10 +285,9 @@ class ClientDone(AddBatch):
         self.target.answers[request_id].set_exception(error)
 
     def on_durable(self, error: BaseException | None) -> None:
-        for run in self.runs:
-            for rid in run.request_ids:
-                answer = self.target.answers[rid]
-                answer.set_result(None) if error is None else answer.set_exception(error)
+        for rid in self.request_ids:
+            answer = self.target.answers[rid]
+            answer.set_result(None) if error is None else answer.set_exception(error)
 
 
 async def test_a_bulk_creator_waits_its_turn_and_is_never_refused(tmp_path: Path) -> None:
