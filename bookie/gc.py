@@ -44,6 +44,7 @@ from bookie.storage import Storage
 from bookie.threads import OS_THREADS, Threads
 from bookkeeper_aio.common.log_limit import LogLimiter
 from metadata.keys import NAME_CHARS_MAX
+from metadata.store import LIST_PAGE_LIMIT_MAX
 from metadata.underreplication import UnderReplicationManager
 
 log = structlog.get_logger(__name__)
@@ -147,6 +148,19 @@ class MetadataUnusable(RuntimeError):
     """The metadata cannot tell which ledgers exist (no cluster at the root, a bad id counter)."""
 
 
+KEY_INFOS_SPAN_MAX = 4
+""":meth:`MetadataCatalog.key_infos` lists an id range at most this many times as long as the ids
+asked for (else they are read one by one): ledgers created together have dense ids."""
+
+
+def _key_info_of(md: metadata.LedgerMetadata) -> KeyInfo:
+    return KeyInfo(
+        exists=True,
+        check=md.password_hash if md.key_salt else None,
+        writable=md.state is metadata.LedgerState.OPEN,
+    )
+
+
 class MetadataCatalog:
     """:class:`LedgerCatalog` over the cluster's metadata store (its own connection)."""
 
@@ -154,20 +168,52 @@ class MetadataCatalog:
         self._url = url
         self._connect = connect  # tests pass the in-memory store's
         self._connection: Any = None
+        self._manager: metadata.LedgerManager | None = None
 
     async def key_info(self, ledger_id: int) -> KeyInfo:
         """What metadata says of ``ledger_id``'s key (:class:`bookie.ledger_keys.KeySource`)."""
-        conn = self._connected()
         try:
-            versioned = await metadata.LedgerManager(conn.store, conn.root).read(ledger_id)
+            versioned = await self._ledgers().read(ledger_id)
         except metadata.NoSuchLedger:
             return KeyInfo(exists=False, check=None)
-        md = versioned.metadata
-        return KeyInfo(
-            exists=True,
-            check=md.password_hash if md.key_salt else None,
-            writable=md.state is metadata.LedgerState.OPEN,
-        )
+        return _key_info_of(versioned.metadata)
+
+    async def key_infos(self, ledger_ids: Sequence[int]) -> dict[int, KeyInfo]:
+        """:meth:`key_info` of many ledgers in one listing of their id range, when they are dense
+        (a bookie's first adds of ledgers a client created together: at 100,000 new ledgers a read
+        each was a third of the bookie's loop); ids left out (spread out, undecodable) are for the
+        caller to read one by one (:class:`bookie.ledger_keys.KeySource`)."""
+        ids = sorted(set(ledger_ids))
+        first, span = ids[0], ids[-1] - ids[0] + 1
+        if span > len(ids) * KEY_INFOS_SPAN_MAX or span > LIST_PAGE_LIMIT_MAX:
+            return {}
+        undecodable: set[int] = set()
+        # Ledger keys are fixed-width, so the ``span`` keys listed from ``first`` hold every ledger
+        # of [first, first + span) that exists: an id of that range not listed does not exist.
+        try:
+            page = await self._ledgers().read_page(
+                start_after=first - 1 if first else None,
+                limit=span,
+                on_undecodable=lambda ledger_id, error: undecodable.add(ledger_id),
+            )
+        except metadata.InvalidMetadata:  # a foreign key under the ledgers: read them one by one
+            return {}
+        infos: dict[int, KeyInfo] = {}
+        for ledger_id in ids:
+            versioned = page.ledgers.get(ledger_id)
+            if versioned is not None:
+                infos[ledger_id] = _key_info_of(versioned.metadata)
+            elif ledger_id not in undecodable:
+                infos[ledger_id] = KeyInfo(exists=False, check=None)
+        return infos
+
+    def _ledgers(self) -> metadata.LedgerManager:
+        """One manager over the connection (a manager per read seeded a random generator from the
+        OS each time)."""
+        conn = self._connected()
+        if self._manager is None or self._manager.store is not conn.store:
+            self._manager = metadata.LedgerManager(conn.store, conn.root)
+        return self._manager
 
     async def view(self) -> MetadataView:
         conn = self._connected()

@@ -95,6 +95,10 @@ class KeyInfo(NamedTuple):
 
 @runtime_checkable
 class KeySource(Protocol):
+    """Where key checks read metadata. A source may also offer ``key_infos(ledger_ids) ->
+    dict[int, KeyInfo]``: many ledgers in one read (the lookups started in one loop turn go
+    together), ids it leaves out are then read one by one."""
+
     async def key_info(self, ledger_id: int) -> KeyInfo:
         """Raise when metadata cannot be read (the request is then answered EIO)."""
         ...
@@ -156,8 +160,11 @@ class KeyVerifier:
         self._queued: dict[str, collections.deque[int]] = {}
         """Ledger ids waiting for a read slot, per peer address; peers served in this order, a
         peer moving to the end once served (round robin)."""
-        self._tasks: set[asyncio.Task[KeyInfo]] = set()
-        """The lookups under way (the loop keeps only weak references to tasks)."""
+        self._tasks: set[asyncio.Task[dict[int, KeyInfo | BaseException]]] = set()
+        """The reads under way (the loop keeps only weak references to tasks)."""
+        self._batch: list[tuple[int, _Lookup]] = []
+        """Lookups started in this loop turn: read together at its end (:meth:`_read_batch`)."""
+        self._key_infos = getattr(source, "key_infos", None)
         self._parked: dict[int, list[_Parked]] = {}
         self._waiting = 0
         self._waiting_by_peer: dict[str, int] = {}
@@ -264,13 +271,24 @@ class KeyVerifier:
         return lookup
 
     def _run(self, ledger_id: int, lookup: _Lookup) -> None:
+        """Start ``lookup`` (its read slot taken now): read with the others started in this loop
+        turn, at its end. Marked started at once: a request joining it from now on may arrive after
+        the read (:attr:`_Parked.fresh`)."""
         lookup.started = True
         self._running += 1
         peer = lookup.peer
         self._running_by_peer[peer] = self._running_by_peer.get(peer, 0) + 1
-        task = asyncio.get_running_loop().create_task(self._lookup(ledger_id), name=f"key-check-{ledger_id}")
+        if not self._batch:
+            asyncio.get_running_loop().call_soon(self._read_batch)
+        self._batch.append((ledger_id, lookup))
+
+    def _read_batch(self) -> None:
+        batch, self._batch = self._batch, []
+        ids = [ledger_id for ledger_id, _ in batch]
+        name = f"key-check-{ids[0]}" if len(ids) == 1 else f"key-check-{ids[0]}+{len(ids) - 1}"
+        task = asyncio.get_running_loop().create_task(self._lookup(ids), name=name)
         self._tasks.add(task)
-        task.add_done_callback(lambda done: self._looked_up(ledger_id, lookup, done))
+        task.add_done_callback(lambda done: self._batch_done(batch, done))
 
     def _run_queued(self) -> None:
         """Start queued lookups while read slots are free, one peer after the other."""
@@ -311,9 +329,20 @@ class KeyVerifier:
         for peer_of, count in collections.Counter(add.peer for add in parked).items():
             self._unwait(peer_of, count)
 
-    async def _lookup(self, ledger_id: int) -> KeyInfo:
+    async def _lookup(self, ledger_ids: list[int]) -> dict[int, KeyInfo | BaseException]:
+        """What metadata says of each ledger (or the error reading it): one read of them all when
+        the source offers it, the ones it leaves out one by one."""
         async with asyncio.timeout(LOOKUP_TIMEOUT_S):
-            return await self._source.key_info(ledger_id)
+            found: dict[int, KeyInfo | BaseException] = {}
+            if self._key_infos is not None and len(ledger_ids) > 1:
+                found.update(await self._key_infos(ledger_ids))
+            rest = [ledger_id for ledger_id in ledger_ids if ledger_id not in found]
+            if rest:
+                infos = await asyncio.gather(
+                    *(self._source.key_info(ledger_id) for ledger_id in rest), return_exceptions=True
+                )
+                found.update(zip(rest, infos, strict=True))
+            return found
 
     def _wait(self, peer: str, target: Any) -> None:
         """Count one request of ``peer`` waiting for a key check; stop reading ``target`` when its
@@ -340,8 +369,31 @@ class KeyVerifier:
                     del self._paused[conn]
                     conn.pause_by_keys(False)
 
-    def _looked_up(self, ledger_id: int, lookup: _Lookup, task: asyncio.Task[KeyInfo]) -> None:
+    def _batch_done(
+        self, batch: list[tuple[int, _Lookup]], task: asyncio.Task[dict[int, KeyInfo | BaseException]]
+    ) -> None:
+        """The read of ``batch``'s ledgers answered: each lookup gets its ledger's answer."""
         self._tasks.discard(task)
+        cancelled = ConnectionError("the key check was cancelled (the bookie is closing)")
+        error: BaseException | None = cancelled if task.cancelled() else task.exception()
+        found = task.result() if error is None else {}
+        for ledger_id, lookup in batch:
+            answer = found.get(ledger_id, error)
+            if isinstance(answer, KeyInfo):
+                self._looked_up(ledger_id, lookup, answer, None)
+                continue
+            if answer is None:  # a source's bug: it must answer every id or raise
+                answer = LookupError(f"ledger {ledger_id}: metadata gave no key information")
+            elif isinstance(answer, asyncio.CancelledError):
+                answer = cancelled
+            if answer is not cancelled:
+                log.warning("ledger_keys.lookup_failed", ledger_id=ledger_id, error=repr(answer))
+            self._looked_up(ledger_id, lookup, None, answer)
+
+    def _looked_up(
+        self, ledger_id: int, lookup: _Lookup, info: KeyInfo | None, error: BaseException | None
+    ) -> None:
+        """``lookup`` answered: metadata's ``info``, or the ``error`` reading it."""
         del self._lookups[ledger_id]
         peer = lookup.peer
         self._running -= 1
@@ -351,36 +403,29 @@ class KeyVerifier:
         else:
             del self._running_by_peer[peer]
         self._run_queued()
-        error: BaseException | None
-        if task.cancelled():
-            error = ConnectionError("the key check was cancelled (the bookie is closing)")
-        else:
-            error = task.exception()
-            if error is not None:
-                log.warning("ledger_keys.lookup_failed", ledger_id=ledger_id, error=repr(error))
-        if error is None:
-            lookup.future.set_result(task.result())
+        if info is not None:
+            lookup.future.set_result(info)
             limbo = self._storage.limbo
-            if limbo is not None and task.result().writable and limbo.holds(ledger_id):
+            if limbo is not None and info.writable and limbo.holds(ledger_id):
                 # read after this start: a fence answered before it would show (recovery CASes
                 # IN_RECOVERY first, and a ledger never goes back to OPEN)
                 limbo.writes_checked.add(ledger_id)
         else:
+            assert error is not None
             lookup.future.set_exception(error)
             lookup.future.exception()  # retrieved: the requests that wait on it answer it
         parked = self._parked.pop(ledger_id, [])
-        self._settle_parked(ledger_id, parked, task, error)
+        self._settle_parked(ledger_id, parked, info, error)
         for peer_of, count in collections.Counter(add.peer for add in parked).items():
             self._unwait(peer_of, count)
         state = self._storage.ledgers.get(ledger_id)
-        if state is not None and error is None and not state.key_verified:
-            info = task.result()
+        if state is not None and info is not None and not state.key_verified:
             known = state.master_key
             if info.check is not None and known is not None and _matches(known, info.check):
                 state.key_verified = True  # adopted just now, checked: mismatches are refused at once
 
     def _settle_parked(
-        self, ledger_id: int, parked: list[_Parked], task: asyncio.Task[KeyInfo], error: BaseException | None
+        self, ledger_id: int, parked: list[_Parked], info: KeyInfo | None, error: BaseException | None
     ) -> None:
         """Journal the parked adds the lookup accepts (in order), answer the refused ones; one that
         joined the lookup under way and is refused waits for a lookup of its own (_Parked.fresh)."""
@@ -389,11 +434,11 @@ class KeyVerifier:
         held = self._holds(ledger_id) and not self._storage.in_limbo(ledger_id)  # before any add makes it
         for add in parked:
             refusal = error
-            if refusal is None:
+            if info is not None:
                 try:
-                    self._settle(ledger_id, add.request.master_key, task.result())
+                    self._settle(ledger_id, add.request.master_key, info)
                     if not held and not add.request.flags & _RECOVERY_ADD:
-                        self._check_open(ledger_id, task.result())
+                        self._check_open(ledger_id, info)
                 except (KeyRefused, NotOpen) as refused:
                     refusal = refused
             if refusal is None:

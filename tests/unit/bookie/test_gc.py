@@ -128,6 +128,45 @@ async def test_metadata_catalog_on_the_in_memory_store() -> None:
     await catalog.close()
 
 
+async def test_metadata_catalog_reads_the_keys_of_dense_ledgers_in_one_listing() -> None:
+    """``key_infos`` (the key checks of a burst of new ledgers) says what ``key_info`` says of each
+    id: an absent id (never created, deleted) does not exist, a closed ledger is not writable; an
+    undecodable one is left out (read alone, it raises), and so are ids too spread out to list."""
+    store = metadata.MemoryStore()
+    await metadata.init_cluster(store, "/test")
+    catalog = MetadataCatalog("memory:///test", connect=lambda url: _Connection(store, "/test"))
+    manager = metadata.LedgerManager(store, "/test", id_block_size=100)
+
+    async def create(salt: bytes) -> int:
+        made = await manager.create(
+            ["b0"],
+            write_quorum=1,
+            ack_quorum=1,
+            password_hash=b"h" * 32,
+            key_salt=salt,
+            key_iterations=1 if salt else 0,
+        )
+        return made.ledger_id
+
+    ids = [await create(b"s" * 16 if i % 2 else b"") for i in range(8)]
+    await manager.delete(ids[2])
+    closed = await manager.read(ids[3])
+    await manager.write(closed.metadata.closed(last_entry_id=-1, length=0), closed.version)
+    await store.put(manager.keys.ledger(ids[6]), b"not metadata")
+    asked = [*ids, ids[-1] + 1]
+    infos = await catalog.key_infos(asked)
+    assert sorted(infos) == [lid for lid in asked if lid != ids[6]]
+    for lid, info in infos.items():
+        assert info == await catalog.key_info(lid)
+    assert (infos[ids[2]].exists, infos[ids[-1] + 1].exists) == (False, False)
+    assert (infos[ids[1]].check, infos[ids[0]].check) == (b"h" * 32, None)  # format 2, format 1
+    assert not infos[ids[3]].writable
+    with pytest.raises(metadata.MetadataFormatError):
+        await catalog.key_info(ids[6])
+    assert await catalog.key_infos([ids[0], ids[0] + 10 * bookie_gc.KEY_INFOS_SPAN_MAX]) == {}
+    await catalog.close()
+
+
 class _Connection:
     def __init__(self, store: metadata.MetadataStore, root: str) -> None:
         self.store, self.root = store, root

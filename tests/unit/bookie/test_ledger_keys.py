@@ -369,3 +369,82 @@ async def test_an_add_parked_while_writable_is_refused_if_the_bookie_turned_read
     assert 1 in storage.ledger(9).index
     assert 0 not in storage.ledger(9).index
     await storage.close()
+
+
+class Batched(Metadata):
+    """A source that reads many ledgers at once (``key_infos``), leaving ``left_out`` ids for the
+    caller to read one by one; ``fail_batches`` of its batch reads raise."""
+
+    def __init__(self, ledgers: dict[int, bytes | None], left_out: frozenset[int] = frozenset()) -> None:
+        super().__init__(ledgers)
+        self.left_out = left_out
+        self.batches: list[list[int]] = []
+        self.singles: list[int] = []
+        self.fail_batches = 0
+
+    async def key_info(self, ledger_id: int) -> KeyInfo:
+        self.singles.append(ledger_id)
+        return await super().key_info(ledger_id)
+
+    async def key_infos(self, ledger_ids: list[int]) -> dict[int, KeyInfo]:
+        self.batches.append(list(ledger_ids))
+        await asyncio.sleep(0)
+        if self.fail_batches:
+            self.fail_batches -= 1
+            raise ConnectionError("metadata unavailable")
+        infos = {}
+        for lid in ledger_ids:
+            if lid not in self.left_out:
+                exists = lid in self.ledgers
+                infos[lid] = KeyInfo(exists=exists, check=self.ledgers[lid] if exists else None)
+        return infos
+
+
+async def test_the_lookups_of_one_loop_turn_are_read_together(tmp_path: Path) -> None:
+    """The first adds of many ledgers in one turn (a client's burst over new ledgers) take one
+    batch read per turn, within the read slots; ids the source leaves out are read one by one; each
+    ledger is decided as alone: a junk key and an id metadata does not hold are refused, the rest
+    journaled and readable."""
+    count = ledger_keys.LOOKUPS_PER_PEER_MAX + 36
+    md = Batched({lid: key_check(REAL) for lid in range(1, count + 1)}, left_out=frozenset({3, 40}))
+    storage = await _open(tmp_path, md)
+    client = Client("10.0.0.1")
+    adds = [client.add(storage, lid) for lid in range(1, count + 1)]
+    stranger = client.add(storage, 10_000)  # not in metadata
+    junk = m.AddRequests()
+    junk.append(m.AddEntryRequest(5_000_001, 77, 1, 0, JUNK, body(77, 1, -1)))  # ledger 77, a wrong key
+    client.answers[5_000_001] = asyncio.get_running_loop().create_future()
+    storage.add_run(junk, client, ClientDone)
+    await asyncio.gather(*adds)
+    with pytest.raises(KeyRefused, match="not in metadata"):
+        await stranger
+    with pytest.raises(KeyRefused):
+        await client.answers[5_000_001]
+    assert md.batches[0] == list(range(1, ledger_keys.LOOKUPS_PER_PEER_MAX + 1))  # the peer's slots
+    assert all(len(batch) <= ledger_keys.LOOKUPS_PER_PEER_MAX for batch in md.batches)
+    assert sorted(lid for batch in md.batches for lid in batch) == [*range(1, count + 1), 10_000]
+    assert md.singles == [3, 40]  # left out of their batch: read alone
+    assert len(md.batches) < count // 8
+    for lid in (1, 3, 40, count):
+        assert storage.ledger(lid).key_verified
+        assert (await storage.read_entry(lid, 0))[1] == body(lid, 0, -1)
+    assert 10_000 not in storage.ledgers
+    await storage.close()
+
+
+async def test_a_failed_batch_read_fails_its_ledgers_adds_and_the_next_adds_look_again(
+    tmp_path: Path,
+) -> None:
+    md = Batched({lid: key_check(REAL) for lid in range(1, 6)})
+    md.fail_batches = 1
+    storage = await _open(tmp_path, md)
+    client = Client("10.0.0.1")
+    first = [client.add(storage, lid) for lid in range(1, 6)]
+    for answer in first:
+        with pytest.raises(ConnectionError, match="metadata unavailable"):
+            await answer
+    assert not storage.ledgers  # nothing created on a failed check
+    await asyncio.gather(*(client.add(storage, lid, 1) for lid in range(1, 6)))
+    assert md.batches == [[1, 2, 3, 4, 5], [1, 2, 3, 4, 5]]
+    assert (await storage.read_entry(5, 1))[1] == body(5, 1, -1)
+    await storage.close()
