@@ -19,7 +19,8 @@ Rules (docs/replication.md §2):
   than idle (its next add comes within a few intervals of a WRITE_LAC) has its interval doubled, up
   to ``explicit_lac_interval_max_ms``: a steady stream slower than the interval otherwise pays E
   WRITE_LACs per add (thousands of slowly written ledgers: half the throughput). A longer pause
-  brings the interval back to the base.
+  brings the interval back to the base. A writer whose next add waits for a permit of the client's
+  budget is not idle either: that add carries the LAC once sent.
 
 What to do about a failing bookie is the subclass's business (:meth:`AddPipeline._bookie_failed`:
 the ledger handle replaces it). Hot path: one small :class:`PendingAdd` per entry completed by
@@ -515,11 +516,16 @@ class AddPipeline:
             self._loop.call_soon(self._write_lac)
 
     def _lac_unsent_and_idle(self) -> bool:
-        """Whether the LAC is still unsent and no add went out since the last look (one did: look
-        again an interval later)."""
+        """Whether the LAC is still unsent and no add went out since the last look, nor waits for
+        a permit of the client's budget (look again an interval later). An add waiting for a
+        permit carries the LAC once sent: it is the wait an add sent at once would spend in a
+        bookie's queue (where the LAC reaches readers no sooner), moved into the client. Without
+        this, a client with more ledgers than permits (each ledger's next add waits its turn)
+        sent a WRITE_LAC to every bookie of the ensemble per entry: 3x the bookies' CPU per
+        entry at 20,000 ledgers (docs/benchmarks.md, seventh pass)."""
         if self._state in (HandleState.CLOSED, HandleState.FAILED) or self._lac <= self._lac_sent:
             return False
-        if self._sends != self._sends_at_lac_check:  # not idle: adds went out (each carries a LAC)
+        if self._sends != self._sends_at_lac_check or self._budget_waiters:  # not idle
             self._sends_at_lac_check = self._sends
             self._lac_check = True
             self._lac_timers.call_later(self._lac_interval_s, self._explicit_lac)

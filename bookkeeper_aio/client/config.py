@@ -70,7 +70,8 @@ class ClientConfig:
     """Largest payload accepted by ``append``: must fit a frame with its header and digest."""
     explicit_lac_interval_ms: int = 100
     """After this long without a new add carrying it, the LAC is sent with WRITE_LAC so readers see
-    the last entry without waiting for a next write. 0 disables explicit LAC."""
+    the last entry without waiting for a next write (while the writer's next add waits for a permit
+    of ``adds_in_flight_max``, that add carries it once sent). 0 disables explicit LAC."""
     explicit_lac_interval_max_ms: int = 800
     """A writer whose next add follows a WRITE_LAC within four intervals is slow, not idle: its
     interval doubles, up to this, so a steady stream slower than the interval does not pay a

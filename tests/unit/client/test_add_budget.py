@@ -205,3 +205,58 @@ def test_budget__release_hands_permits_to_waiters_before_anyone_else() -> None:
     asyncio.run(run())
     with pytest.raises(ValueError, match="> 0"):
         AddBudget(0)
+
+
+def _write_lacs(cluster: FakeCluster, ledger_id: int) -> list[int]:
+    return [
+        r.lac
+        for bookie in cluster.bookies
+        for r in bookie.requests
+        if isinstance(r, m.WriteLacRequest) and r.ledger_id == ledger_id
+    ]
+
+
+async def test_a_writer_whose_next_add_waits_for_a_permit_sends_no_write_lac_until_it_stops_waiting(
+    ledgers: LedgerManager, cluster: FakeCluster
+) -> None:
+    """The waiting add carries the LAC once sent (as it would after a wait in a bookie's queue);
+    a writer that stops waiting (cancelled) is idle again and its LAC goes out with WRITE_LAC."""
+    config = dataclasses.replace(_config(1), explicit_lac_interval_ms=20, explicit_lac_interval_max_ms=20)
+    bk = make_client(ledgers, StaticDirectory(cluster.ids), config)
+    writer, other = await bk.create_ledger(2, 2, 2), await bk.create_ledger(2, 2, 2)
+    assert await writer.append(b"e0") == 0
+    gate = asyncio.Event()
+
+    def hold_other(request: m.Request) -> Reply | None:
+        if isinstance(request, m.AddEntryRequest) and request.ledger_id == other.id:
+            return Reply.hold(gate)
+        return None
+
+    for bookie in cluster.bookies:
+        bookie.script = hold_other
+    held = await other.append_async(b"o0")  # takes the only permit until the gate opens
+    waiting = asyncio.ensure_future(writer.append(b"e1"))
+    await asyncio.sleep(0.2)  # ten intervals
+    assert not waiting.done()
+    assert _write_lacs(cluster, writer.id) == []  # e1 will carry LAC 0
+    gate.set()
+    assert await held == 0
+    assert await waiting == 1
+    sent = [r for b in cluster.bookies for r in b.requests if isinstance(r, m.AddEntryRequest)]
+    assert [r.entry_id for r in sent if r.ledger_id == writer.id].count(1) == 2  # to both bookies
+    # stops waiting: cancelled while the permit is taken, the writer is idle and its LAC goes out
+    gate.clear()
+    held = await other.append_async(b"o1")
+    waiting = asyncio.ensure_future(writer.append(b"e2"))
+    await asyncio.sleep(0.05)
+    before = len(_write_lacs(cluster, writer.id))
+    waiting.cancel()
+    for _ in range(100):
+        if len(_write_lacs(cluster, writer.id)) > before:
+            break
+        await asyncio.sleep(0.01)
+    assert _write_lacs(cluster, writer.id)[before:] == [1, 1]  # LAC 1 to both bookies
+    gate.set()
+    assert await held == 1
+    assert await writer.append(b"e2") == 2
+    await bk.close()
