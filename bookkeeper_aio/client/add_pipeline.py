@@ -10,13 +10,17 @@ Rules (docs/replication.md §2):
 - After an ensemble change (:meth:`AddPipeline._use_ensemble`), acks of replaced bookies no longer
   count and every outstanding entry is re-sent to the bookies of its new write set it was not
   sent to (:meth:`AddPipeline._resend_outstanding`).
-- Backpressure: at most ``add_window_max`` adds in flight; ``append`` waits for a slot.
+- Backpressure: at most ``add_window_max`` adds in flight per handle, and ``adds_in_flight_max``
+  across the client (:mod:`~bookkeeper_aio.client.add_budget`); ``append`` waits for a slot, then
+  for a permit. An add holds its permit from ``_start_add`` until it completes or fails, so the
+  wait is in the client and never part of the add's timeout (which runs once it is sent).
 - Explicit LAC: after ``explicit_lac_interval_ms`` without an add carrying the latest LAC, the LAC is
   sent to the ensemble with WRITE_LAC so readers see the last entry. A writer that is slow rather
   than idle (its next add comes within a few intervals of a WRITE_LAC) has its interval doubled, up
   to ``explicit_lac_interval_max_ms``: a steady stream slower than the interval otherwise pays E
   WRITE_LACs per add (thousands of slowly written ledgers: half the throughput). A longer pause
-  brings the interval back to the base.
+  brings the interval back to the base. A writer whose next add waits for a permit of the client's
+  budget is not idle either: that add carries the LAC once sent.
 
 What to do about a failing bookie is the subclass's business (:meth:`AddPipeline._bookie_failed`:
 the ledger handle replaces it). Hot path: one small :class:`PendingAdd` per entry completed by
@@ -36,6 +40,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from bookkeeper_aio.client.add_budget import AddBudget
 from bookkeeper_aio.client.connection import ADD_OK, BookieConnection, ConnectionState, Result
 from bookkeeper_aio.client.context import ClientContext
 from bookkeeper_aio.client.metrics import ClientMetrics
@@ -129,6 +134,8 @@ class AddPipeline:
         "__weakref__",
         "_ack_quorum",
         "_add_timeout_s",
+        "_budget",
+        "_budget_waiters",
         "_changing",
         "_codec",
         "_config",
@@ -203,6 +210,8 @@ class AddPipeline:
         self._window = self._config.add_window_max
         self._slot_waiters: collections.deque[asyncio.Future[None]] | None = None  # made on first wait
         self._slots_reserved = 0
+        self._budget: AddBudget = ctx.add_budget
+        self._budget_waiters: set[asyncio.Future[bool]] | None = None  # made on first wait
         self._drained: asyncio.Event | None = None
         self._failed_bookies: dict[str, BKError] = {}
         self._changing = False
@@ -248,6 +257,7 @@ class AddPipeline:
             and len(payload) <= self._entry_bytes_max
             and not self._slot_waiters
             and len(self._pending) + self._slots_reserved < self._window
+            and self._budget.free()
         ):
             future = self._start_add(payload)
         else:
@@ -258,7 +268,11 @@ class AddPipeline:
         """`append_async` when a window slot is free right now (nothing to wait for): the future
         of the entry id; None when it would have to wait (nothing was done). Raises as
         `append_async` does for a handle that is not writable or a payload too large."""
-        if self._slot_waiters or len(self._pending) + self._slots_reserved >= self._window:
+        if (
+            self._slot_waiters
+            or len(self._pending) + self._slots_reserved >= self._window
+            or not self._budget.free()
+        ):
             return None
         self._check_writable()
         if len(payload) > self._entry_bytes_max:
@@ -268,21 +282,31 @@ class AddPipeline:
     async def append_async(self, payload: bytes) -> asyncio.Future[int]:
         """Hand ``payload`` to the bookies; returns a future of its entry id (pipelining).
 
-        Waits only while the window of in-flight adds is full (backpressure). The returned future
-        fails with the errors listed for :meth:`append`.
+        Waits only while the handle's window of in-flight adds, or the client's budget of them,
+        is full (backpressure): first for a slot of the window, then for a permit of the budget.
+        The returned future fails with the errors listed for :meth:`append`.
         """
         if self._state is not _WRITABLE:
             self._check_writable()  # raises
         if len(payload) > self._entry_bytes_max:
             raise BKInterfaceError(f"entry of {len(payload)} bytes exceeds {self._entry_bytes_max}")
-        if self._slot_waiters or len(self._pending) + self._slots_reserved >= self._window:
-            await self._wait_for_slot()
-            self._slots_reserved -= 1  # the add below takes the slot over
-            try:
+        slot = permit = False
+        try:
+            if self._slot_waiters or len(self._pending) + self._slots_reserved >= self._window:
+                await self._wait_for_slot()
+                slot = True
                 self._check_writable()
-            except BKError:
-                self._wake_slot_waiters()  # unused: pass it on
-                raise
+            if not self._budget.free():
+                permit = await self._wait_for_permit()
+        except BaseException:
+            if slot:  # unused: pass it on
+                self._slots_reserved -= 1
+                self._wake_slot_waiters()
+            raise
+        if slot:
+            self._slots_reserved -= 1  # the add below takes the slot over
+        if permit:
+            self._budget.in_flight -= 1  # ... and the permit (``_start_add`` takes one)
         return self._start_add(payload if type(payload) is bytes else bytes(payload))
 
     def _check_writable(self) -> None:
@@ -308,6 +332,30 @@ class AddPipeline:
                     self._slot_waiters.remove(waiter)
             raise
 
+    async def _wait_for_permit(self) -> bool:
+        """Wait for a permit of the client's budget (True: held). Raises as ``_check_writable``
+        when the handle stops being writable meanwhile (any permit given back)."""
+        budget = self._budget
+        if self._budget_waiters is None:
+            self._budget_waiters = set()
+        while True:
+            waiter: asyncio.Future[bool] = self._loop.create_future()
+            self._budget_waiters.add(waiter)
+            try:
+                got = await budget.wait(waiter)
+            finally:
+                self._budget_waiters.discard(waiter)
+            try:
+                self._check_writable()
+            except BKError:
+                if got:
+                    budget.release(1)
+                raise
+            if got:
+                return True
+            if budget.free():  # refused although writable (not expected): take one the usual way
+                return False
+
     def _wake_slot_waiters(self) -> None:
         waiters = self._slot_waiters
         while waiters and len(self._pending) + self._slots_reserved < self._window:
@@ -317,7 +365,10 @@ class AddPipeline:
                 waiter.set_result(None)
 
     def _release_slot_waiters(self) -> None:
-        """Wake every slot waiter now: each re-checks the state and raises."""
+        """Wake every slot and permit waiter now: each re-checks the state and raises."""
+        if self._budget_waiters:
+            for permit_waiter in list(self._budget_waiters):
+                self._budget.refuse(permit_waiter)
         if not self._slot_waiters:
             return
         for waiter in self._slot_waiters:
@@ -334,6 +385,7 @@ class AddPipeline:
         lac = self._lac
         self._lac_sent = lac
         self._sends += 1
+        self._budget.in_flight += 1  # given back when the add completes or fails
         # One request id for the whole write set: ids are unique per pool, hence per connection,
         # so the frame is encoded once and shared.
         pool = self._pool
@@ -403,7 +455,7 @@ class AddPipeline:
         metrics = self._metrics
         results = self._results
         now = self._loop.time() if metrics is not None else 0.0
-        completed = False
+        completed = 0
         while pending and pending[0].quorum:
             op = pending.popleft()
             self._lac = op.entry_id
@@ -415,9 +467,10 @@ class AddPipeline:
                 metrics.add_completed(now - op.started)
             if listener is not None:
                 listener("add.completed", op.entry_id)
-            completed = True
+            completed += 1
         if not completed:
             return
+        self._budget.release(completed)
         if self._slot_waiters:
             self._wake_slot_waiters()
         if not pending and self._drained is not None:
@@ -463,11 +516,16 @@ class AddPipeline:
             self._loop.call_soon(self._write_lac)
 
     def _lac_unsent_and_idle(self) -> bool:
-        """Whether the LAC is still unsent and no add went out since the last look (one did: look
-        again an interval later)."""
+        """Whether the LAC is still unsent and no add went out since the last look, nor waits for
+        a permit of the client's budget (look again an interval later). An add waiting for a
+        permit carries the LAC once sent: it is the wait an add sent at once would spend in a
+        bookie's queue (where the LAC reaches readers no sooner), moved into the client. Without
+        this, a client with more ledgers than permits (each ledger's next add waits its turn)
+        sent a WRITE_LAC to every bookie of the ensemble per entry: 3x the bookies' CPU per
+        entry at 20,000 ledgers (docs/benchmarks.md, seventh pass)."""
         if self._state in (HandleState.CLOSED, HandleState.FAILED) or self._lac <= self._lac_sent:
             return False
-        if self._sends != self._sends_at_lac_check:  # not idle: adds went out (each carries a LAC)
+        if self._sends != self._sends_at_lac_check or self._budget_waiters:  # not idle
             self._sends_at_lac_check = self._sends
             self._lac_check = True
             self._lac_timers.call_later(self._lac_interval_s, self._explicit_lac)
@@ -528,6 +586,8 @@ class AddPipeline:
         if pending:
             error = with_outcome_unknown(error, True)
         results = self._results
+        if pending:
+            self._budget.release(len(pending))
         for op in pending:
             if metrics is not None:
                 metrics.add_failed(error)

@@ -60,11 +60,18 @@ class ClientConfig:
     """A bookie that has not acknowledged an add within this budget is replaced (ensemble change)."""
     add_window_max: int = 10_000
     """Adds in flight per ledger handle. ``append`` waits for a slot (backpressure) when full."""
+    adds_in_flight_max: int = 5_000
+    """Adds in flight across every ledger handle of the client. Beyond it ``append`` waits in the
+    client for a permit (backpressure, oldest first; the wait is not part of the add timeout), so
+    a backlog of many ledgers does not wait in the bookies' queues where its timeouts run. 5,000
+    (Apache BookKeeper's historical ``throttle``): the bookies must only do 1,000 adds/s for all of
+    them to answer within the default ``add_timeout_s``."""
     entry_bytes_max: int = FRAME_BYTES_MAX - 1024
     """Largest payload accepted by ``append``: must fit a frame with its header and digest."""
     explicit_lac_interval_ms: int = 100
     """After this long without a new add carrying it, the LAC is sent with WRITE_LAC so readers see
-    the last entry without waiting for a next write. 0 disables explicit LAC."""
+    the last entry without waiting for a next write (while the writer's next add waits for a permit
+    of ``adds_in_flight_max``, that add carries it once sent). 0 disables explicit LAC."""
     explicit_lac_interval_max_ms: int = 800
     """A writer whose next add follows a WRITE_LAC within four intervals is slow, not idle: its
     interval doubles, up to this, so a steady stream slower than the interval does not pay a
@@ -129,6 +136,7 @@ class ClientConfig:
             "read_timeout_s",
             "metadata_timeout_s",
             "add_window_max",
+            "adds_in_flight_max",
             "read_window_max",
             "connection_pending_max",
             "write_eager_bytes",

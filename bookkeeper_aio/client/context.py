@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from bookkeeper_aio.client.add_budget import AddBudget
 from bookkeeper_aio.client.bookie_client import BookiePool
 from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.client.metrics import ClientMetrics
@@ -45,3 +46,8 @@ class ClientContext:
     """Metrics hooks (:mod:`bookkeeper_aio.client.metrics`); None: no call is made at all."""
     lac_timers: TimerWheel = field(default_factory=TimerWheel)
     """The explicit-LAC checks of every write handle, on one loop timer (10 ms ticks)."""
+    add_budget: AddBudget = field(init=False)
+    """The client-wide permits of adds in flight (``config.adds_in_flight_max``)."""
+
+    def __post_init__(self) -> None:
+        self.add_budget = AddBudget(self.config.adds_in_flight_max)
