@@ -114,6 +114,10 @@ class MasterKey(bytes):
         self.mac_key = mac_key
         return self
 
+    def __getnewargs__(self) -> tuple[bytes, bytes]:  # type: ignore[override]
+        """Copies and pickles keep the MAC key."""
+        return bytes(self), self.mac_key
+
 
 class LedgerKeys(NamedTuple):
     master_key: bytes
