@@ -28,6 +28,7 @@ from bookkeeper_aio.autorecovery.daemon import AutorecoveryDaemon, ReplacementDi
 from bookkeeper_aio.autorecovery.metrics import AutorecoveryCollector
 from bookkeeper_aio.autorecovery.worker import ReplicationWorker
 from bookkeeper_aio.cli import output
+from bookkeeper_aio.cli import passwords as cli_passwords
 from bookkeeper_aio.cli.admin_endpoint import ADMIN_TIMEOUT_S, check_admin_is, registered_admin
 from bookkeeper_aio.cli.demo import DEMO_PASSWORD
 from bookkeeper_aio.cli.state import ADMIN_TOKEN_ENV, admin_token, resolve_metadata_url
@@ -53,8 +54,7 @@ async def _connect(args: argparse.Namespace) -> metadata.MetadataConnection:
 
 
 def _config(args: argparse.Namespace) -> AutorecoveryConfig:
-    passwords = tuple(p.encode() for p in (args.password or [])) or (b"",)
-    values: dict[str, Any] = {"passwords": passwords}
+    values: dict[str, Any] = {"passwords": cli_passwords.passwords(args, many=True)}
     for name in (
         "lost_bookie_recovery_delay_s",
         "open_ledger_grace_s",
@@ -481,11 +481,11 @@ def _command(sub: Any, name: str, func: Any, help_text: str) -> argparse.Argumen
 
 
 def _password_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--password",
-        action="append",
-        help="a ledger password the workers may use (repeat for several; each ledger's is found by "
-        f"the hash its metadata stores; default: the empty password). Sandbox demo: {DEMO_PASSWORD.decode()}",
+    cli_passwords.add_options(
+        parser,
+        many=True,
+        what="a ledger password the workers may use (each ledger's is found by the check value its "
+        f"metadata stores; default: the empty password; sandbox demo: {DEMO_PASSWORD.decode()})",
     )
     parser.add_argument(
         "--copy-rate-mb",
