@@ -344,7 +344,7 @@ def load_or_create_token(token_file: str, data_dir: str) -> bytes:
     ``OSError`` (with the path) when it cannot be read or written, :class:`AdminTokenError` when empty."""
     path = token_file or os.path.join(data_dir, ADMIN_TOKEN_FILE)
     if not token_file and not os.path.exists(path):
-        os.makedirs(data_dir, exist_ok=True)
+        os.makedirs(data_dir, mode=0o700, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(secrets.token_urlsafe(32) + "\n")

@@ -46,8 +46,9 @@ An ``asyncio.Protocol`` (3x cheaper than streams here, docs/internals.md §6). R
 - A bad request gets an error response when its request id can be read, else the connection closes.
   Nothing a peer sends can raise out of ``data_received``.
 - The handshake (HELLO, AUTH) is handled here before the processor sees a frame. With auth
-  providers configured, any other request before a successful AUTH is answered EUA and the
-  connection closes, and so does a refused AUTH or a connection not authenticated within
+  providers configured, a frame over :data:`HANDSHAKE_FRAME_BYTES_MAX` before a successful AUTH
+  closes the connection at its length prefix, any other request than HELLO or AUTH is answered EUA
+  and the connection closes, and so does a refused AUTH or a connection not authenticated within
   ``auth_timeout_s``; an AUTH step runs as a task while the connection is not read. Without
   providers the first frame that is neither HELLO nor AUTH ends the handshake phase: from then on
   frames go straight to the processor (the hot path pays one attribute test per socket read).
@@ -328,6 +329,10 @@ PROBATION_FRAME_BYTES_MAX = 64 * 1024
 """The largest first frame of a connection made while its address is in refusal deficit (HELLO,
 AUTH and small requests fit; a new connection of an address sending garbage frames of a MiB is
 closed at the length prefix instead of read)."""
+HANDSHAKE_FRAME_BYTES_MAX = 64 * 1024
+"""The largest frame a connection may send before it authenticates, on a bookie that requires AUTH
+(HELLO and AUTH, whose payload is at most 16 KiB, fit; a larger length prefix closes the connection
+unread): 1,024 unauthenticated connections hold at most 64 MiB of partial frames, not 5 GiB."""
 NO_LEDGER_COST = 0.1
 """An ENOLEDGER answer (a read, LAC read, long poll or entry list of a ledger this bookie does not
 hold) is charged this fraction of a refusal: honest clients get them in numbers (recovery and
@@ -943,12 +948,20 @@ class ServerConnection(asyncio.Protocol):
         phase is over and the rest of the buffer is the processor's."""
         buf = self._buf
         required = bool(self._limits.auth_providers)
+        # Before AUTH only HELLO and AUTH (a payload of at most 16 KiB) are legal: an unauthenticated
+        # connection may not make the bookie buffer a frame of frame_bytes_max (5 MiB) each.
+        frame_max = min(HANDSHAKE_FRAME_BYTES_MAX, self._frame_max) if required else self._frame_max
         while not self.halted and not self._auth_busy and not self._paused_by_writes:
             if len(buf) < 4:
                 return False
             (size,) = _LENGTH.unpack_from(buf, 0)
-            if size > self._frame_max:
-                return True  # the processor's path refuses it (and closes)
+            if size > frame_max:
+                if not required:
+                    return True  # the processor's path refuses it (and closes)
+                self.warn("connection.frame_too_large", size=size, limit=frame_max, before="auth")
+                self._processor.count_error(StatusCode.EBADREQ, self)
+                self.close_erred(None)
+                return False
             end = 4 + size
             if len(buf) < end:
                 return False

@@ -19,13 +19,23 @@ import errno
 import fcntl
 import mmap
 import os
+import stat
 from collections.abc import Sequence
 
+import structlog
+
 from bookkeeper_aio.common import failpoints
+
+log = structlog.get_logger(__name__)
 
 _RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 _O_NOATIME: int = getattr(os, "O_NOATIME", 0)
+FILE_MODE = 0o600
+"""Every file the bookie creates: the journal, checkpoints and the synced mark hold ledgers' master
+keys (with them anyone reads, fences and adds to those ledgers), so only the bookie's user reads them."""
+DIR_MODE = 0o700
+"""Every directory the bookie creates (the data dir, its journal and index dirs)."""
 
 
 class FileIO:
@@ -33,7 +43,7 @@ class FileIO:
 
     def open_append(self, path: str) -> int:
         """Open (creating if needed) ``path`` for positional writes."""
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
 
     def open_read(self, path: str) -> int:
         """Open for reads. Without updating the access time where allowed (``O_NOATIME``): a read
@@ -132,7 +142,20 @@ class FileIO:
         return os.path.exists(path)
 
     def makedirs(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
+        """Create ``path`` (mode 0700; missing parents get the umask's default) if missing. A
+        directory already there that its group or others may enter is kept as it is, with a warning
+        that says how to close it: the files in it hold ledgers' master keys."""
+        os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if mode & 0o077:
+            log.warning(
+                "fileio.dir_not_private",
+                path=path,
+                mode=oct(mode),
+                why="its files hold ledgers' master keys: any local user who reads them can read, "
+                "fence and add to those ledgers",
+                fix=f"chmod -R go-rwx {path}",
+            )
 
     def remove(self, path: str) -> None:
         os.remove(path)
@@ -160,8 +183,9 @@ class FileIO:
         ``index.checkpoint``) is hit after the temp file is durable and before the rename.
         """
         tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
         try:
+            os.fchmod(fd, FILE_MODE)  # a temp copy a crash left behind keeps its old mode otherwise
             offset = 0
             for part in (data,) if isinstance(data, bytes) else data:
                 self._pwrite_all(fd, part, offset)
@@ -204,7 +228,7 @@ class FileIO:
 
         Raises ``BlockingIOError`` when another process holds it.
         """
-        fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BaseException:

@@ -193,6 +193,7 @@ class EtcdStore(MetadataStore):
         self._endpoints: list[_Endpoint | None] = [None] * len(config.endpoints)
         self._current = 0
         self._closed = False
+        self._plaintext_warned = False
 
     @property
     def config(self) -> EtcdConfig:
@@ -280,6 +281,17 @@ class EtcdStore(MetadataStore):
         """With etcd credentials: a token for ``endpoint`` (once, and again after it expired)."""
         if not self._config.user or endpoint.authenticated:
             return
+        if not self._config.secure and not self._plaintext_warned:
+            self._plaintext_warned = True  # once per store: each endpoint authenticates in turn
+            log.warning(
+                "metadata.etcd.password_in_plaintext",
+                user=self._config.user,
+                endpoint=endpoint.target,
+                why="etcd credentials without TLS: the password and the token every call carries "
+                "cross the network readable by anyone on the path (who can then rewrite the cluster's "
+                "metadata)",
+                fix="add tls=1 and ca_file=CA.pem to the metadata URL (etcd serving TLS): docs/security.md",
+            )
         password = _read_file(self._config.password_file, "password_file").decode().strip()
         request = rpc.AuthenticateRequest(name=self._config.user, password=password)
         timeout_s = max(0.001, deadline - asyncio.get_running_loop().time())

@@ -138,6 +138,7 @@ class LedgerManager:
         key_salt: bytes = b"",
         key_iterations: int = 0,
         key_ledger_salt: bytes = b"",
+        key_format: int = 0,
     ) -> VersionedLedger:
         """A new OPEN ledger with a fresh unique id larger than ``after_ledger_id``.
 
@@ -161,6 +162,7 @@ class LedgerManager:
                 key_salt=key_salt,
                 key_iterations=key_iterations,
                 key_ledger_salt=key_ledger_salt,
+                key_format=key_format,
             )
             try:
                 return await self.create_metadata(metadata)

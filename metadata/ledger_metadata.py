@@ -13,8 +13,9 @@ Pure: no I/O, no asyncio. The rules come from the BookKeeper replication protoco
   (bookkeeper_aio/protocol/digest.py); a bookie can check a presented key against it. Format 3
   (``key_ledger_salt`` set as well): the same check value, of a master key derived from the PBKDF2
   of the password with ``key_salt`` (then the creating client's, shared by its ledgers) and the
-  ledger's own random ``key_ledger_salt``. Format 1 (no ``key_salt``, metadata written before): an
-  unsalted hash of the password, checked by clients.
+  ledger's own random ``key_ledger_salt``. Format 4 (``key_format`` 4, with format 3's salts): the
+  same, with the HMAC digest's MAC key derived from the ledger's secret too. Format 1 (no
+  ``key_salt``, metadata written before): an unsalted hash of the password, checked by clients.
 - ``replaced_bookies``: the history of ensemble changes, one `ReplacedBookie` per bookie replaced
   (the latest `REPLACED_BOOKIES_MAX` kept). A change at a fragment's first entry replaces that
   fragment in place, so without it the metadata would keep no trace of the replaced bookie.
@@ -22,11 +23,11 @@ Pure: no I/O, no asyncio. The rules come from the BookKeeper replication protoco
 Wire format: ``MAGIC`` + one msgpack map (maps, not arrays: here evolution matters more than speed).
 The map carries ``format_version``; a decoder rejects versions newer than `FORMAT_VERSION` and any value
 that is not our format with a `MetadataFormatError` naming the key and the ledger id. Optional keys
-(``replaced_bookies``, ``key_salt``, ``key_iterations``, ``key_ledger_salt``) are written only when
-non-empty and read as empty when missing, so metadata written before them decodes, and older
-decoders ignore them (same ``format_version``). A decoder keeps the keys it does not know
-(``unknown_fields``) and `encode` writes them back unchanged: a field a newer version adds survives a
-read-modify-write by this one. (Decoders older than this rule drop them: their CAS erases a newer
+(``replaced_bookies``, ``key_salt``, ``key_iterations``, ``key_ledger_salt``, ``key_format``) are
+written only when non-empty and read as empty when missing, so metadata written before them
+decodes, and older decoders ignore them (same ``format_version``). A decoder keeps the keys it does
+not know (``unknown_fields``) and `encode` writes them back unchanged: a field a newer version adds
+survives a read-modify-write by this one. (Decoders older than this rule drop them: their CAS erases a newer
 version's optional fields.)
 """
 
@@ -58,6 +59,8 @@ PASSWORD_HASH_BYTES_MAX = 128
 KEY_SALT_BYTES_MAX = 64
 KEY_ITERATIONS_MAX = 10_000_000
 """Bounds what a reader will run: more rounds would let a metadata writer stall every opener."""
+KEY_FORMATS = frozenset({0, 4})
+"""``key_format`` values: 0 (the salts say 1, 2 or 3) and 4 (docs/protocol.md §6.3)."""
 BOOKIE_ID_CHARS_MAX = 256
 ENCODED_BYTES_MAX = 1024 * 1024
 REPLACED_BOOKIES_MAX = 64
@@ -121,6 +124,10 @@ class LedgerMetadata:
     """Fields of the stored map this version does not know (a newer writer's optional fields of
     the same ``format_version``), kept as decoded and written back unchanged by `encode`, so a
     change made by this version does not erase them."""
+    key_format: int = 0
+    """0: the format the salts imply (1, 2 or 3); 4: format 3's salts, with the HMAC digest's MAC
+    key derived from the ledger's secret (not from the password alone) and the keys domain
+    separated from format 3's."""
 
     def __post_init__(self) -> None:
         ensembles = tuple((int(first), tuple(bookies)) for first, bookies in self.ensembles)
@@ -145,6 +152,7 @@ class LedgerMetadata:
         key_salt: bytes = b"",
         key_iterations: int = 0,
         key_ledger_salt: bytes = b"",
+        key_format: int = 0,
     ) -> LedgerMetadata:
         """An OPEN ledger whose first ensemble starts at entry 0; E is ``len(ensemble)``."""
         return cls(
@@ -161,6 +169,7 @@ class LedgerMetadata:
             key_salt=key_salt,
             key_iterations=key_iterations,
             key_ledger_salt=key_ledger_salt,
+            key_format=key_format,
         )
 
     # ---- queries ---------------------------------------------------------------------------------
@@ -260,6 +269,8 @@ def _first_problem(md: LedgerMetadata) -> str | None:
         return "key_salt and key_iterations are set together (key format 2) or not at all"
     if md.key_ledger_salt and (not md.key_salt or len(md.key_ledger_salt) > KEY_SALT_BYTES_MAX):
         return f"key_ledger_salt needs key_salt (key format 3) and at most {KEY_SALT_BYTES_MAX} bytes"
+    if md.key_format not in KEY_FORMATS or (md.key_format and not md.key_ledger_salt):
+        return f"key_format must be one of {sorted(KEY_FORMATS)}, and 4 needs key_ledger_salt"
     if len(md.custom_metadata) > CUSTOM_METADATA_KEYS_MAX:
         return f"more than {CUSTOM_METADATA_KEYS_MAX} custom metadata keys"
     for name, value in md.custom_metadata.items():
@@ -337,6 +348,8 @@ def encode(md: LedgerMetadata) -> bytes:
     for name, value in md.unknown_fields.items():  # a newer writer's fields: kept as they were
         if name not in _KNOWN_FIELDS:
             body[name] = value
+    if md.key_format:  # and key format 4
+        body["key_format"] = md.key_format
     data = MAGIC + msgpack.packb(body, use_bin_type=True)
     if len(data) > ENCODED_BYTES_MAX:
         raise InvalidMetadata(
@@ -393,7 +406,9 @@ _FIELD_TYPES: Mapping[str, type | tuple[type, ...]] = types.MappingProxyType(
 )
 
 
-_OPTIONAL_FIELDS = frozenset({"replaced_bookies", "key_salt", "key_iterations", "key_ledger_salt"})
+_OPTIONAL_FIELDS = frozenset(
+    {"replaced_bookies", "key_salt", "key_iterations", "key_ledger_salt", "key_format"}
+)
 _KNOWN_FIELDS = frozenset(_FIELD_TYPES) | _OPTIONAL_FIELDS
 
 
@@ -424,6 +439,9 @@ def decode(data: bytes, *, key: str, ledger_id: int | None = None) -> LedgerMeta
     key_ledger_salt = body.get("key_ledger_salt", b"")  # optional: key format 3 only
     if type(key_ledger_salt) is not bytes:
         raise MetadataFormatError(key, f"{who}: field 'key_ledger_salt' of wrong type")
+    key_format = body.get("key_format", 0)  # optional: key format 4 only
+    if type(key_format) is not int:
+        raise MetadataFormatError(key, f"{who}: field 'key_format' of wrong type")
     try:
         return LedgerMetadata(
             ledger_id=body["ledger_id"],
@@ -444,6 +462,7 @@ def decode(data: bytes, *, key: str, ledger_id: int | None = None) -> LedgerMeta
             key_iterations=key_iterations,
             key_ledger_salt=key_ledger_salt,
             unknown_fields={name: value for name, value in body.items() if name not in _KNOWN_FIELDS},
+            key_format=key_format,
         )
     except (InvalidMetadata, ValueError, TypeError) as error:
         raise MetadataFormatError(key, f"{who}: {error}") from error

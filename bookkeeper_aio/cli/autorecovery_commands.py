@@ -19,15 +19,16 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import metadata
 from bookkeeper_aio.autorecovery.auditor import mark_ledgers_on
 from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
 from bookkeeper_aio.autorecovery.daemon import AutorecoveryDaemon, ReplacementDirectory
-from bookkeeper_aio.autorecovery.metrics import AutorecoveryCollector
+from bookkeeper_aio.autorecovery.metrics import AutorecoveryCollector, AutorecoveryMetrics
 from bookkeeper_aio.autorecovery.worker import ReplicationWorker
 from bookkeeper_aio.cli import output
+from bookkeeper_aio.cli import passwords as cli_passwords
 from bookkeeper_aio.cli.admin_endpoint import ADMIN_TIMEOUT_S, check_admin_is, registered_admin
 from bookkeeper_aio.cli.demo import DEMO_PASSWORD
 from bookkeeper_aio.cli.state import ADMIN_TOKEN_ENV, admin_token, resolve_metadata_url
@@ -36,6 +37,11 @@ from bookkeeper_aio.errors import BKError, BKInterfaceError
 from metadata.keys import validate_name
 from metadata.underreplication import UnderReplicationManager
 
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+METRICS_HOST = "127.0.0.1"
+"""Where ``autorecovery run --metrics-port`` listens unless ``--metrics-host`` says otherwise."""
 HEAL_RETRY_S = 1.0
 
 
@@ -53,8 +59,7 @@ async def _connect(args: argparse.Namespace) -> metadata.MetadataConnection:
 
 
 def _config(args: argparse.Namespace) -> AutorecoveryConfig:
-    passwords = tuple(p.encode() for p in (args.password or [])) or (b"",)
-    values: dict[str, Any] = {"passwords": passwords}
+    values: dict[str, Any] = {"passwords": cli_passwords.passwords(args, many=True)}
     for name in (
         "lost_bookie_recovery_delay_s",
         "open_ledger_grace_s",
@@ -85,12 +90,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     try:
         daemon = AutorecoveryDaemon(meta, config, daemon_id=args.id)
         if args.metrics_port is not None:
-            from prometheus_client import start_http_server
-            from prometheus_client.registry import CollectorRegistry
-
-            registry = CollectorRegistry()
-            registry.register(AutorecoveryCollector(daemon.metrics))
-            start_http_server(args.metrics_port, registry=registry)
+            serve_metrics(daemon.metrics, args.metrics_host, args.metrics_port)
         async with daemon:
             print(f"READY autorecovery {daemon.daemon_id} workers={config.workers}", flush=True)
             if args.parent_pid is not None:
@@ -101,6 +101,19 @@ async def cmd_run(args: argparse.Namespace) -> int:
     finally:
         await meta.close()
     return 0
+
+
+def serve_metrics(metrics: AutorecoveryMetrics, host: str, port: int) -> WSGIServer:
+    """Serve ``metrics`` to Prometheus on ``host:port`` (a thread of prometheus_client's). The
+    command binds loopback unless told otherwise (``--metrics-host``), like a bookie's admin
+    endpoint: prometheus_client's own default is every interface."""
+    from prometheus_client import start_http_server
+    from prometheus_client.registry import CollectorRegistry
+
+    registry = CollectorRegistry()
+    registry.register(AutorecoveryCollector(metrics))
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server
 
 
 async def _exit_with(pid: int, stop: asyncio.Event) -> None:
@@ -481,11 +494,11 @@ def _command(sub: Any, name: str, func: Any, help_text: str) -> argparse.Argumen
 
 
 def _password_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--password",
-        action="append",
-        help="a ledger password the workers may use (repeat for several; each ledger's is found by "
-        f"the hash its metadata stores; default: the empty password). Sandbox demo: {DEMO_PASSWORD.decode()}",
+    cli_passwords.add_options(
+        parser,
+        many=True,
+        what="a ledger password the workers may use (each ledger's is found by the check value its "
+        f"metadata stores; default: the empty password; sandbox demo: {DEMO_PASSWORD.decode()})",
     )
     parser.add_argument(
         "--copy-rate-mb",
@@ -549,6 +562,12 @@ def add_commands(sub: Any) -> None:
         help="seconds between checks of every ledger's replicas (default 86400; 0: never)",
     )
     run.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    run.add_argument(
+        "--metrics-host",
+        default=METRICS_HOST,
+        help=f"the address --metrics-port listens on (default {METRICS_HOST}: this host only; 0.0.0.0 "
+        "for every interface, e.g. for a Prometheus elsewhere)",
+    )
     run.add_argument(
         "--parent-pid", type=int, default=None, help="exit when this process is gone (supervisors)"
     )

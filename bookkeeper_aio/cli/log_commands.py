@@ -14,6 +14,7 @@ import datetime
 from typing import Any
 
 from bookkeeper_aio.cli import output
+from bookkeeper_aio.cli import passwords as cli_passwords
 from bookkeeper_aio.cli.demo import DEMO_PASSWORD
 from bookkeeper_aio.cli.shell import _cluster_url, _command, _group, _show, _uses_sandbox, _whole
 from bookkeeper_aio.client.bookkeeper import BookKeeper
@@ -48,16 +49,16 @@ def add_commands(sub: Any) -> None:
     tail.add_argument(
         "-f", "--follow", action="store_true", help="keep waiting for new records (Ctrl-C stops)"
     )
-    tail.add_argument(
-        "--password", default="", help=f"the log's password (the sandbox demo's: {DEMO_PASSWORD.decode()})"
+    cli_passwords.add_options(
+        tail, many=False, what=f"the log's password (the sandbox demo's: {DEMO_PASSWORD.decode()})"
     )
     truncate = _command(logs, "truncate", cmd_log_truncate, "drop a log's whole ledgers before a position")
     truncate.add_argument("name")
     truncate.add_argument("--before", required=True, help="LEDGER[:ENTRY]: ledgers below LEDGER are dropped")
-    truncate.add_argument(
-        "--password",
-        default="",
-        help="the log's password: deleting the dropped ledgers needs it (without it they stay as orphans)",
+    cli_passwords.add_options(
+        truncate,
+        many=False,
+        what="the log's password: deleting the dropped ledgers needs it (without it they stay as orphans)",
     )
     cursors = _command(logs, "cursors", cmd_log_cursors, "list a log's named cursors, or set / delete one")
     cursors.add_argument("name")
@@ -162,7 +163,7 @@ async def cmd_log_tail(args: argparse.Namespace) -> int:
     async with BookKeeper.connect(await _cluster_url(args)) as bk:
         try:
             reader = await open_log_reader(
-                bk, args.name, start=start, follow=args.follow, password=args.password.encode()
+                bk, args.name, start=start, follow=args.follow, password=cli_passwords.password(args)
             )
             async with contextlib.aclosing(reader):
                 async for record in reader:
@@ -193,7 +194,7 @@ async def cmd_log_truncate(args: argparse.Namespace) -> int:
     before = _position(args.before, "--before")
     async with BookKeeper.connect(await _cluster_url(args)) as bk:
         was = await describe_log(bk, args.name)
-        first = await truncate_log(bk, args.name, before, password=args.password.encode())
+        first = await truncate_log(bk, args.name, before, password=cli_passwords.password(args))
         now = await describe_log(bk, args.name)
     dropped = [e.ledger_id for e in was.ledgers if e.ledger_id not in {n.ledger_id for n in now.ledgers}]
     result = {

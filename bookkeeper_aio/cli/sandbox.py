@@ -43,6 +43,8 @@ DEFAULT_ROOT = "/bookkeeper/sandbox"
 PID_FILE = "sandbox.pid"
 CHILDREN_FILE = "sandbox.children"
 NETNS_FILE = "sandbox.netns"
+AUTORECOVERY_PASSWORDS_FILE = "autorecovery.passwords"
+"""The ledger passwords the sandbox's autorecovery daemon reads (mode 0600; never on its command line)."""
 
 
 @dataclass
@@ -120,10 +122,16 @@ class Sandbox:
         the default delay (30 s) is re-replicated; it exits with this process."""
         log_path = self.data_dir / "logs" / "autorecovery.log"
         start = log_path.stat().st_size if log_path.exists() else 0
+        # The passwords by file (0600), not argv: any local user reads a process's argv with `ps`.
+        password_file = self.data_dir / AUTORECOVERY_PASSWORDS_FILE
+        fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        os.fchmod(fd, 0o600)  # a file left by an older sandbox keeps its mode otherwise
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"\n{DEMO_PASSWORD.decode()}\n")  # the empty password, and the demo's
         argv = [
             sys.executable, "-m", "bookkeeper_aio.cli.main", "--log-level", "info", "autorecovery", "run",
             "--metadata", self.metadata_url, "--id", "sandbox-autorecovery", "--parent-pid", str(os.getpid()),
-            "--password", "", "--password", DEMO_PASSWORD.decode(),
+            "--password-file", str(password_file),
         ]  # fmt: skip
         env = None if self.tls is None else {**os.environ, CLIENT_CONFIG_ENV: self.tls.client_config}
         child = Child("autorecovery", argv, log_path, env=env)

@@ -25,6 +25,7 @@ from typing import Any
 
 import metadata
 from bookkeeper_aio.cli import autorecovery_commands, id_commands, output, state
+from bookkeeper_aio.cli import passwords as cli_passwords
 from bookkeeper_aio.cli.admin_endpoint import check_admin_is
 from bookkeeper_aio.cli.demo import DEMO_PASSWORD
 from bookkeeper_aio.cli.state import METADATA_ENV, resolve_metadata_url
@@ -209,7 +210,7 @@ async def cmd_ledger_read(args: argparse.Namespace) -> int:
 
 
 async def _read_entries(bk: BookKeeper, args: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:
-    handle = await bk.open_ledger(args.ledger_id, password=args.password.encode())
+    handle = await bk.open_ledger(args.ledger_id, password=cli_passwords.password(args))
     last = handle.last_add_confirmed if args.to is None else args.to
     rows = []
     async for entry in handle.read(args.start, last):
@@ -241,7 +242,7 @@ def _show(payload: bytes, limit: int = 64) -> str:
 
 async def cmd_ledger_delete(args: argparse.Namespace) -> int:
     async with BookKeeper.connect(await _cluster_url(args)) as bk:
-        await bk.delete_ledger(args.ledger_id, password=args.password.encode())
+        await bk.delete_ledger(args.ledger_id, password=cli_passwords.password(args))
     output.emit({"deleted": args.ledger_id}, as_json=args.json)
     return 0
 
@@ -496,17 +497,15 @@ def add_commands(sub: Any) -> None:
     read.add_argument("ledger_id", type=int)
     read.add_argument("--from", dest="start", type=int, default=0, help="first entry (default 0)")
     read.add_argument("--to", type=int, default=None, help="last entry (default: the last add confirmed)")
-    read.add_argument(
-        "--password",
-        default="",
-        help=f"the ledger's password (the sandbox demo's ledgers: {DEMO_PASSWORD.decode()})",
+    cli_passwords.add_options(
+        read, many=False, what=f"the ledger's password (the sandbox demo's ledgers: {DEMO_PASSWORD.decode()})"
     )
     delete = _command(ledger, "delete", cmd_ledger_delete, "delete a ledger (bookies reclaim space later)")
     delete.add_argument("ledger_id", type=int)
-    delete.add_argument(
-        "--password",
-        default="",
-        help="the ledger's password (an open ledger is fenced first: its writer's adds fail from then on)",
+    cli_passwords.add_options(
+        delete,
+        many=False,
+        what="the ledger's password (an open ledger is fenced first: its writer's adds fail from then on)",
     )
     bookie = _group(sub, "bookie", "one bookie's identity")
     fmt = _command(

@@ -215,6 +215,7 @@ class BookKeeper:
                 key_salt=keys.salt,
                 key_iterations=keys.iterations,
                 key_ledger_salt=keys.ledger_salt,
+                key_format=keys.key_format,
             )
         except md_errors.InvalidMetadata as error:
             raise BKInterfaceError(str(error)) from error

@@ -6,12 +6,15 @@ WRITE_LAC, FORCE) carries the ledger's master key, and bookies refuse a wrong on
 travels in the :class:`~bookkeeper_aio.protocol.digest.EntryCodec` every reader and writer already
 holds, so no path can read without having checked the password first.
 
-Key format 3 (every ledger created now): the metadata stores the PBKDF2 rounds, the salt of the
-PBKDF2 run (this process's for the password: random, made on the first create with it, kept in
-memory only) and the ledger's own random salt; the master key is an HMAC of the PBKDF2 result with
-the ledger's salt (``digest.salted_ledger_keys``), and the metadata's ``password_hash`` the check
-value of that key (``digest.key_check``). So a client creating many ledgers with one password runs
-PBKDF2 once (~5 ms), not once per ledger (100,000 creates were ~8 minutes of CPU), and a reader
+Key format 4 (every ledger created now): format 3's salts and derivation, with a ledger secret of
+its own label from which the MAC key of HMAC digests derives too (``digest.keyed_ledger_keys``; the
+metadata's ``key_format`` is 4). Formats 1 to 3 keep their password-only MAC key: their ledgers keep
+reading and writing as they were made. Key format 3: the metadata stores the PBKDF2 rounds, the salt
+of the PBKDF2 run (this process's for the password: random, made on the first create with it, kept
+in memory only) and the ledger's own random salt; the master key is an HMAC of the PBKDF2 result
+with the ledger's salt (``digest.salted_ledger_keys``), and the metadata's ``password_hash`` the
+check value of that key (``digest.key_check``). So a client creating many ledgers with one password
+runs PBKDF2 once (~5 ms), not once per ledger (100,000 creates were ~8 minutes of CPU), and a reader
 opening them runs it once too. Key format 2 (ledgers created before it): the salt is the ledger's
 own and the PBKDF2 result its secret. Format 1 (no salt in the metadata): the unsalted master key
 their bookies hold, checked at open against the unsalted hash. PBKDF2 results are cached per
@@ -32,10 +35,12 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 
 from bookkeeper_aio.errors import Unauthorized
 from bookkeeper_aio.protocol.digest import (
+    KEY_FORMAT_MAC_FROM_SECRET,
     KEY_ITERATIONS,
     KEY_SALT_BYTES,
     EntryCodec,
     LedgerKeys,
+    keyed_ledger_keys,
     keys_of_secret,
     master_key,
     password_secret,
@@ -144,26 +149,32 @@ def _client_salt(password: bytes, iterations: int) -> bytes:
 
 class NewLedgerKeys:
     """The key material of a ledger about to be created: what its metadata stores and the key.
-    ``ledger_salt`` empty: key format 2 (``salt`` is the ledger's own)."""
+    ``ledger_salt`` empty: key format 2 (``salt`` is the ledger's own); ``key_format`` 0: the
+    salts say the format (2 or 3), 4: key format 4."""
 
-    __slots__ = ("iterations", "keys", "ledger_salt", "salt")
+    __slots__ = ("iterations", "key_format", "keys", "ledger_salt", "salt")
 
-    def __init__(self, salt: bytes, iterations: int, keys: LedgerKeys, ledger_salt: bytes = b"") -> None:
+    def __init__(
+        self, salt: bytes, iterations: int, keys: LedgerKeys, ledger_salt: bytes = b"", key_format: int = 0
+    ) -> None:
         self.salt = salt
         self.iterations = iterations
         self.keys = keys
         self.ledger_salt = ledger_salt
+        self.key_format = key_format
 
     @classmethod
     async def make(
         cls, password: bytes, iterations: int = KEY_ITERATIONS, executor: Executor | None = None
     ) -> NewLedgerKeys:
-        """Key format 3: the PBKDF2 of this process's salt for the password (run on the first
-        create with it only), and a fresh salt of the ledger's own."""
+        """Key format 4: the PBKDF2 of this process's salt for the password (run on the first
+        create with it only), and a fresh salt of the ledger's own; the MAC key derives from the
+        ledger's secret."""
         salt = _client_salt(password, iterations)
         secret = await derive_secret(password, salt, iterations, executor)
         ledger_salt = os.urandom(KEY_SALT_BYTES)
-        return cls(salt, iterations, salted_ledger_keys(secret, ledger_salt), ledger_salt)
+        keys = keyed_ledger_keys(secret, ledger_salt)
+        return cls(salt, iterations, keys, ledger_salt, KEY_FORMAT_MAC_FROM_SECRET)
 
 
 async def open_codec(md: LedgerMetadata, password: bytes, executor: Executor | None = None) -> EntryCodec:
@@ -174,8 +185,10 @@ async def open_codec(md: LedgerMetadata, password: bytes, executor: Executor | N
 
 
 def _salted_keys(md: LedgerMetadata, password: bytes) -> LedgerKeys:
-    """The keys of a ledger of key format 2 or 3 (``md.key_salt`` set) for ``password``."""
+    """The keys of a ledger of key format 2, 3 or 4 (``md.key_salt`` set) for ``password``."""
     secret = _secret(password, md.key_salt, md.key_iterations)
+    if md.key_format == KEY_FORMAT_MAC_FROM_SECRET:
+        return keyed_ledger_keys(secret, md.key_ledger_salt)
     if md.key_ledger_salt:
         return salted_ledger_keys(secret, md.key_ledger_salt)
     return keys_of_secret(secret)

@@ -20,12 +20,19 @@ random per-ledger salt* through PBKDF2-HMAC-SHA256, and the metadata stores only
 ``key_check = SHA-256(prefix + master_key)``: reading metadata gives neither the password nor a key
 a bookie accepts, a guess of the password costs a PBKDF2 run per ledger (no table serves two
 ledgers), and a bookie can check a presented key against the metadata (how a squatted ledger record
-is re-keyed, :mod:`bookie.ledger_keys`). Key format 3 (every ledger created now,
+is re-keyed, :mod:`bookie.ledger_keys`). Key format 3 (ledgers created before format 4,
 :func:`salted_ledger_keys`) runs the PBKDF2 once per client and password: the salt of that run is
 the client's (random, kept for the password in the client's memory), and each ledger's key is an
 HMAC of its result with a random per-ledger salt; docs/security.md, *Key format 3*, says why that
 keeps the same promises. Ledgers of format 1 (no salt in their metadata) keep the unsalted
 :func:`master_key` their bookies already hold.
+
+In formats 1 to 3 the HMAC digest's MAC key is ``SHA-256(prefix + password)``: no salt, no PBKDF2,
+so one entry body of an ``hmac-sha256`` ledger lets anyone test password guesses at one SHA-256 and
+one HMAC each. Key format 4 (every ledger created now, :func:`keyed_ledger_keys`) derives the MAC
+key from the ledger's secret, as the master key: a guess then costs the PBKDF2 run, and the MAC key
+differs per ledger. The master key travels with it (:class:`MasterKey`), the MAC key never on the
+wire.
 """
 
 from __future__ import annotations
@@ -87,6 +94,29 @@ clients cache the result per password and salt). Stored in each ledger's metadat
 raised later."""
 _KEY_CHECK_PREFIX = b"bookkeeper-aio/key-check\x00"
 _LEDGER_SECRET_LABEL = b"bookkeeper-aio/ledger-key\x00"
+_LEDGER_SECRET_LABEL_4 = b"bookkeeper-aio/ledger-key-4\x00"
+_MASTER_KEY_LABEL = b"bookkeeper-aio/master-key"
+_MAC_KEY_LABEL = b"bookkeeper-aio/mac-key"
+KEY_FORMAT_MAC_FROM_SECRET = 4
+"""The key format whose MAC key derives from the ledger's secret (metadata's ``key_format``)."""
+
+
+class MasterKey(bytes):
+    """A key-format-4 master key: the bytes the bookies check (a ``bytes``, sent as such), carrying
+    the MAC key of the ledger's HMAC digests for the codec (:class:`EntryCodec`), so that whatever
+    holds the master key to write or read the ledger holds its MAC key too. The MAC key is never
+    sent, printed or compared: ``bytes`` equality, ``repr`` and packing see the master key only."""
+
+    mac_key: bytes
+
+    def __new__(cls, key: bytes, mac_key: bytes) -> MasterKey:
+        self = super().__new__(cls, key)
+        self.mac_key = mac_key
+        return self
+
+    def __getnewargs__(self) -> tuple[bytes, bytes]:  # type: ignore[override]
+        """Copies and pickles keep the MAC key."""
+        return bytes(self), self.mac_key
 
 
 class LedgerKeys(NamedTuple):
@@ -109,7 +139,7 @@ def password_secret(password: bytes, salt: bytes, iterations: int) -> bytes:
 def keys_of_secret(secret: bytes) -> LedgerKeys:
     """The master key (an HMAC of a ledger's secret, domain separated from the check value and the
     MAC key) and its check value."""
-    key = hmac.new(secret, b"bookkeeper-aio/master-key", hashlib.sha256).digest()
+    key = hmac.new(secret, _MASTER_KEY_LABEL, hashlib.sha256).digest()
     return LedgerKeys(key, key_check(key))
 
 
@@ -128,7 +158,20 @@ def salted_ledger_keys(secret: bytes, ledger_salt: bytes) -> LedgerKeys:
     return keys_of_secret(ledger_secret)
 
 
+def keyed_ledger_keys(secret: bytes, ledger_salt: bytes) -> LedgerKeys:
+    """The keys of a format-4 ledger: as format 3's (:func:`salted_ledger_keys`) but with a ledger
+    secret of another label, ``HMAC-SHA256(secret, label4 + ledger_salt)``, from which both the
+    master key and the MAC key of its HMAC digests derive (each an HMAC of it with its own label).
+    So the MAC key costs the PBKDF2 behind ``secret`` to compute from a password, differs per
+    ledger, and neither the master key (which bookies hold) nor the check value gives it."""
+    ledger_secret = hmac.new(secret, _LEDGER_SECRET_LABEL_4 + ledger_salt, hashlib.sha256).digest()
+    key = hmac.new(ledger_secret, _MASTER_KEY_LABEL, hashlib.sha256).digest()
+    mac_key = hmac.new(ledger_secret, _MAC_KEY_LABEL, hashlib.sha256).digest()
+    return LedgerKeys(MasterKey(key, mac_key), key_check(key))
+
+
 def _mac_key(password: bytes) -> bytes:
+    """The MAC key of key formats 1 to 3: of the password alone (see the module doc)."""
     return hashlib.sha256(b"bookkeeper-aio/mac-key\x00" + password).digest()
 
 
@@ -149,7 +192,8 @@ class EntryCodec:
     ) -> None:
         self.digest_type = DigestType(digest_type)
         self.digest_bytes = DIGEST_BYTES[self.digest_type]
-        self._mac_key = _mac_key(password)
+        # a format-4 key carries its MAC key; formats 1 to 3 derive it from the password alone
+        self._mac_key = key.mac_key if type(key) is MasterKey else _mac_key(password)
         self.master_key = master_key(password) if key is None else key
         """The ledger's master key, which every read, fence and add carries (``key``; by default
         the format-1 key of ``password``)."""

@@ -60,6 +60,19 @@ def _short(value: Any) -> str:
     return _SHORT.repr(value)[:80]
 
 
+_SECRET_FIELDS = frozenset(("master_key", "payload"))
+"""Fields whose rejected value an error message does not show (a ledger's key, an AUTH step's
+token or credentials): the message goes to the bookie's log and back to the peer."""
+
+
+def _shown(name: str, value: Any) -> str:
+    """``value`` of field ``name`` in an error message: its type and length only for a secret."""
+    if name not in _SECRET_FIELDS:
+        return _short(value)
+    size = f" of length {len(value)}" if isinstance(value, (bytes, str, list, dict)) else ""
+    return f"(not shown) {type(value).__name__}{size}"
+
+
 TEXT_CHARS_MAX = 1024
 """Names, ids and messages on the wire are short; a longer string is a malformed message."""
 INFO_KEYS_MAX = 64
@@ -528,7 +541,9 @@ def _validate(
         raise ProtocolError(f"op {op}: {len(fields)} fields, expected {len(checks)}", request_id=rid, op=op)
     for name, check, value in zip(cls._fields, checks, fields, strict=False):
         if not check(value):
-            raise ProtocolError(f"op {op}: bad value for {name}: {_short(value)}", request_id=rid, op=op)
+            raise ProtocolError(
+                f"op {op}: bad value for {name}: {_shown(name, value)}", request_id=rid, op=op
+            )
     return cls(*fields[: len(checks)])
 
 

@@ -10,6 +10,7 @@ option in the spelling docs/spark.md uses, with what would be accepted.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ class Source:
     metadata: str
     log: str | None
     ledgers: tuple[int, ...] | None
-    password: bytes
+    password: bytes = dataclasses.field(repr=False)  # logs and tracebacks print the repr
 
 
 def check_known(options: Mapping[str, str], allowed: frozenset[str], mode: str) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -104,7 +104,7 @@ class ReadSpec:
 
     metadata: str
     log: str | None
-    password: bytes
+    password: bytes = field(repr=False)  # logs and tracebacks print the repr
 
 
 class BookKeeperBatchReader(DataSourceReader):

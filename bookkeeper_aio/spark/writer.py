@@ -26,7 +26,7 @@ import asyncio
 import dataclasses
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -67,7 +67,7 @@ class WriteSpec:
 
     metadata: str
     log: str
-    password: bytes
+    password: bytes = field(repr=False)  # logs and tracebacks print the repr
     payload_column: str
     ensemble: int
     write_quorum: int

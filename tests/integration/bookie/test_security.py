@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -252,6 +253,45 @@ async def test_auth__an_unauthenticated_connection_is_closed_after_the_timeout(
 ) -> None:
     wire = await WireClient.connect(*token_bookie.address)
     await asyncio.wait_for(wire.closed, 6)  # --auth-timeout-s 2
+
+
+async def test_auth__a_large_frame_before_auth_closes_the_connection_at_its_length_prefix(
+    tmp_path: Path,
+) -> None:
+    """Before AUTH only HELLO and AUTH (<= 16 KiB of payload) are legal: an unauthenticated
+    connection announcing a 1 MiB frame is closed at once, unread, instead of making the bookie
+    buffer up to frame_bytes_max (5 MiB) for it until the auth timeout. After AUTH the same frame
+    size is served."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice:{TOKEN}\n")
+    proc = _start(
+        tmp_path, "--auth-providers", "token", "--auth-token-file", str(tokens), "--auth-timeout-s", "60"
+    )
+    try:
+        large = await WireClient.connect(*proc.address)
+        large.send_raw(struct.pack(">I", 1024 * 1024) + bytes(4096))
+        await asyncio.wait_for(asyncio.shield(large.closed), 10)  # not the 60 s auth timeout
+        # A frame within the handshake bound is kept (a HELLO whose bytes are slow to come).
+        small = await WireClient.connect(*proc.address)
+        small.send_raw(struct.pack(">I", 60 * 1024) + bytes(4096))
+        await asyncio.sleep(1)
+        assert not small.closed.done()
+        small.close()
+        # Authenticated, a 1 MiB add is served.
+        wire = await WireClient.connect(*proc.address)
+        assert (await wire.request(m.AuthRequest, "token", TOKEN.encode())).complete == 1
+        big = b"x" * (1024 * 1024)
+        assert (await wire.add(9, 0, big)).status == StatusCode.EOK
+        assert (await wire.read(9, 0)).body == entry_body(9, 0, big)
+        wire.close()
+    finally:
+        proc.cleanup()
+    lines = [
+        line for line in proc.log_path.read_text(errors="replace").splitlines() if "frame_too_large" in line
+    ]
+    assert len(lines) == 1, lines
+    assert "65536" in lines[0], lines
+    assert '"before": "auth"' in lines[0], lines
 
 
 async def test_no_auth_bookie__serves_clients_with_and_without_a_token(tmp_path: Path) -> None:

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from bookkeeper_aio.cli.demo import DEMO_PASSWORD
+from bookkeeper_aio.cli.passwords import PASSWORDS_ENV
+from bookkeeper_aio.cli.sandbox import AUTORECOVERY_PASSWORDS_FILE, CHILDREN_FILE
 from tests.harness.sandbox import (
     BKAIO,
     RunningSandbox,
@@ -89,6 +92,31 @@ def test_ledger_commands_show_read_list_delete(sandbox: RunningSandbox) -> None:
     wrong = bkaio(sandbox.home, "ledger", "read", ledger_id, "--password", "nope", check=False)
     assert wrong.returncode == 1
     assert "Unauthorized" in wrong.stderr
+    # The same password from a file (0600) and from the environment: nothing in the process table.
+    password_file = sandbox.home / "ledger.password"
+    password_file.write_text("pw\n")
+    password_file.chmod(0o600)
+    read = json.loads(
+        bkaio(
+            sandbox.home, "ledger", "read", ledger_id, "--password-file", str(password_file), "--json"
+        ).stdout
+    )
+    assert len(read) == 5
+    password_file.chmod(0o644)
+    shared = bkaio(
+        sandbox.home, "ledger", "read", ledger_id, "--password-file", str(password_file), check=False
+    )
+    assert shared.returncode == 1
+    assert f"chmod 600 {password_file}" in shared.stderr
+    from_env = subprocess.run(
+        [*BKAIO, "ledger", "read", ledger_id, "--json"],
+        capture_output=True,
+        text=True,
+        env={**sandbox_env(sandbox.home), PASSWORDS_ENV: "pw\n"},
+        timeout=120,
+        check=True,
+    )
+    assert len(json.loads(from_env.stdout)) == 5
     bkaio(sandbox.home, "ledger", "delete", ledger_id, "--password", "pw", "--json")
     missing = bkaio(sandbox.home, "ledger", "show", ledger_id, check=False)
     assert missing.returncode == 1
@@ -103,6 +131,20 @@ def test_a_tls_client_against_plaintext_bookies_is_told_so(sandbox: RunningSandb
     assert "bkaio simpletest: Unauthorized: bookie-" in result.stderr, result.stderr
     assert "TLS handshake failed" in result.stderr
     assert "NotEnoughBookies" not in result.stderr
+
+
+def test_the_autorecovery_daemon_reads_its_passwords_from_a_private_file(sandbox: RunningSandbox) -> None:
+    """Not from its command line: any local user reads a process's argv (`ps`) for its whole life."""
+    data_dir = sandbox.home / "sandbox"
+    children = dict(line.split() for line in (data_dir / CHILDREN_FILE).read_text().splitlines())
+    argv = Path(f"/proc/{children['autorecovery']}/cmdline").read_bytes().split(b"\0")
+    assert b"--password" not in argv
+    assert DEMO_PASSWORD not in argv
+    assert b"--password-file" in argv
+    password_file = data_dir / AUTORECOVERY_PASSWORDS_FILE
+    assert argv[argv.index(b"--password-file") + 1] == str(password_file).encode()
+    assert password_file.stat().st_mode & 0o777 == 0o600
+    assert password_file.read_bytes() == b"\n" + DEMO_PASSWORD + b"\n"  # the empty one, and the demo's
 
 
 def test_cluster_init_is_idempotent(sandbox: RunningSandbox) -> None:

@@ -5,6 +5,8 @@ writer instead of acknowledging its adds into a deleted ledger."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Callable
 
 import pytest
@@ -61,7 +63,7 @@ async def test_a_wrong_key_can_neither_read_fence_write_recover_nor_delete(
     md = writer.metadata
     # The metadata holds a salt and a check value: neither the key, nor the old unsalted hashes.
     assert len(md.key_salt) == 16
-    assert len(md.key_ledger_salt) == 16  # key format 3: the client's salt, and the ledger's own
+    assert len(md.key_ledger_salt) == 16  # key format 4: the client's salt, and the ledger's own
     assert md.key_iterations > 0
     assert md.password_hash not in (master_key(RIGHT), password_hash(RIGHT), key_check(master_key(RIGHT)))
 
@@ -95,6 +97,36 @@ async def test_a_wrong_key_can_neither_read_fence_write_recover_nor_delete(
                 response = await other.context.pool.request(bookie, make, CONFIG.read_timeout_s)
                 assert response.status == StatusCode.EOK, (name, response)
     await writer.close()
+
+
+async def test_an_hmac_ledgers_stored_bodies_do_not_test_password_guesses_without_pbkdf2(
+    cluster: Cluster, bk: BookKeeper
+) -> None:
+    """A body an HMAC-SHA256 ledger's bookie stores (or that crosses the wire) was MACed with
+    SHA-256(prefix + password) in key formats 1 to 3: one SHA-256 and one HMAC per password guess.
+    A new ledger (key format 4) MACs with a key of its PBKDF2-derived secret; readers, a recovery
+    and another client still verify it."""
+    await cluster.start(3)
+    writer = await bk.create_ledger(3, 3, 2, password=RIGHT, digest="hmac-sha256")
+    for i in range(3):
+        await writer.append(b"entry-%d" % i)
+    md = writer.metadata
+    assert md.key_format == 4
+    key = codec_for(md, RIGHT).master_key
+    response = await bk.context.pool.request(
+        md.ensembles[0][1][0],
+        lambda rid: m.ReadEntryRequest(rid, writer.id, 1, 0, key),
+        CONFIG.read_timeout_s,
+    )
+    body = response.body
+    assert response.status == StatusCode.EOK
+    password_mac_key = hashlib.sha256(b"bookkeeper-aio/mac-key\x00" + RIGHT).digest()
+    tag = hmac.new(password_mac_key, body[:32] + body[64:], hashlib.sha256).digest()
+    assert not hmac.compare_digest(tag, body[32:64])  # the password alone no longer gives the MAC
+    async with BookKeeper.connect(cluster.url, config=CONFIG) as other:
+        recovered = await other.open_ledger(writer.id, password=RIGHT, recovery=True)
+        assert recovered.last_add_confirmed == 2
+        assert [e.payload async for e in recovered.read()] == [b"entry-%d" % i for i in range(3)]
 
 
 async def test_delete_needs_the_password_and_fences_a_live_writer(cluster: Cluster, bk: BookKeeper) -> None:

@@ -11,16 +11,30 @@ from typing import Any
 
 import grpc
 import pytest
+import structlog
 import trustme
 from aetcd import rpc
+from structlog.testing import capture_logs
 
 from metadata import connect
 from metadata.errors import MetadataError, MetadataUnavailable
 from metadata.etcd import EtcdStore
-from tests.harness.etcd import EtcdMember, require_etcd_binary
+from tests.harness.etcd import EtcdCluster, EtcdMember, require_etcd_binary
 from tests.harness.tls import CertFiles, issue
 
 pytestmark = pytest.mark.etcd
+
+
+@pytest.fixture
+def default_logging() -> Iterator[None]:
+    """structlog's defaults for the test (an earlier test of this worker may have configured a level
+    that filters warnings before ``capture_logs`` sees them), restored after."""
+    saved = structlog.get_config()
+    structlog.reset_defaults()
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
 
 
 @pytest.fixture
@@ -76,7 +90,11 @@ async def _enable_auth(member: EtcdMember, files: CertFiles, password: str) -> N
 
 
 async def test_tls_with_a_client_certificate_and_user_credentials(
-    tls_etcd: EtcdMember, certs: tuple[CertFiles, CertFiles], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tls_etcd: EtcdMember,
+    certs: tuple[CertFiles, CertFiles],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    default_logging: None,
 ) -> None:
     tokens_issued: list[str] = []
     authenticate = EtcdStore._authenticate
@@ -102,12 +120,17 @@ async def test_tls_with_a_client_certificate_and_user_credentials(
     password_file = tmp_path / "etcd-password"
     password_file.write_text("r00t-pass\n")
     await _enable_auth(tls_etcd, client, "r00t-pass")
+    with capture_logs() as logs:
+        async with connect(_url(tls_etcd, **tls, user="root", password_file=str(password_file))) as conn:
+            assert (await conn.store.get("/test/secure/k")).value == b"over tls"  # type: ignore[union-attr]
+    assert not [entry for entry in logs if entry["event"] == "metadata.etcd.password_in_plaintext"]
+    assert len(tokens_issued) == 1
     async with connect(_url(tls_etcd, **tls, user="root", password_file=str(password_file))) as conn:
         assert (await conn.store.get("/test/secure/k")).value == b"over tls"  # type: ignore[union-attr]
-        assert len(tokens_issued) == 1
+        assert len(tokens_issued) == 2
         await asyncio.sleep(2.5)  # the token expired: the next call authenticates again
         await conn.store.create("/test/secure/k2", b"authenticated")
-        assert len(tokens_issued) == 2
+        assert len(tokens_issued) == 3
         assert (await conn.store.get("/test/secure/k2")).value == b"authenticated"  # type: ignore[union-attr]
     async with connect(_url(tls_etcd, **tls)) as conn:  # no credentials: refused by etcd
         with pytest.raises(MetadataError):
@@ -117,3 +140,25 @@ async def test_tls_with_a_client_certificate_and_user_credentials(
     async with connect(_url(tls_etcd, **tls, user="root", password_file=str(wrong))) as conn:
         with pytest.raises(MetadataError, match="refused the credentials"):
             await conn.store.get("/test/secure/k")
+
+
+async def test_credentials_without_tls_are_warned_about_at_connect(
+    etcd_server: EtcdCluster, tmp_path: Path, default_logging: None
+) -> None:
+    """A user and password_file on a plaintext URL send the password (and then every call's token)
+    readable on the network: the store says so, loudly, once, with what to add to the URL."""
+    password_file = tmp_path / "etcd-password"
+    password_file.write_text("plain-pass\n")
+    host, port = etcd_server.endpoints[0]
+    url = f"etcd://{host}:{port}/test/plain?op_timeout_s=2&user=root&password_file={password_file}"
+    with capture_logs() as logs:
+        async with connect(url) as conn:
+            for _ in range(2):
+                with pytest.raises(MetadataError):  # this etcd has no users: it refuses Authenticate
+                    await conn.store.get("/test/plain/k")
+    warnings = [entry for entry in logs if entry["event"] == "metadata.etcd.password_in_plaintext"]
+    assert len(warnings) == 1, logs
+    assert warnings[0]["log_level"] == "warning"
+    assert warnings[0]["user"] == "root"
+    assert "tls=1" in warnings[0]["fix"]
+    assert "plain-pass" not in repr(logs)

@@ -90,3 +90,38 @@ def test_request_trailing_fields_still_ignored_within_the_limit() -> None:
     assert m.decode_request(big) == m.AddEntryRequest(3, 10, 0, 0, b"k", b"x" * 200_000)
     with pytest.raises(ProtocolError):
         m.decode_request(msgpack.packb([int(OpCode.READ_LAC), 3, 10, *range(m.REQUEST_ITEMS_MAX)]))
+
+
+SECRET = "S3CRET-token-of-tenant-A"
+
+
+@pytest.mark.parametrize(
+    ("raw", "field", "shown"),
+    [
+        # a master key one byte over MASTER_KEY_BYTES_MAX, and a key sent as text
+        (
+            [int(OpCode.ADD_ENTRY), 7, 5, 0, 0, SECRET.encode() * 3, b"body"],
+            "master_key",
+            "bytes of length 72",
+        ),
+        ([int(OpCode.FORCE_LEDGER), 7, 5, SECRET], "master_key", f"str of length {len(SECRET)}"),
+        # an AUTH token as text instead of bin, and one over AUTH_PAYLOAD_BYTES_MAX
+        ([int(OpCode.AUTH), 7, "token", SECRET], "payload", f"str of length {len(SECRET)}"),
+        ([int(OpCode.AUTH), 7, "token", SECRET.encode() * 700], "payload", "bytes of length 16800"),
+    ],
+)
+def test_a_rejected_key_or_token_is_not_echoed(raw: list[object], field: str, shown: str) -> None:
+    """The message of a ProtocolError goes to the bookie's log and back to the peer in its EBADREQ:
+    a rejected key's or token's value is described (type and length), never copied."""
+    with pytest.raises(ProtocolError) as info:
+        m.decode_request(msgpack.packb(raw, use_bin_type=True))
+    message = str(info.value)
+    assert f"bad value for {field}" in message
+    assert shown in message
+    assert SECRET[:8] not in message
+    assert SECRET.encode()[:8].hex() not in message
+
+
+def test_other_rejected_values_are_still_shown() -> None:
+    with pytest.raises(ProtocolError, match="bad value for ledger_id: 'not-an-id'"):
+        m.decode_request(msgpack.packb([int(OpCode.FORCE_LEDGER), 7, "not-an-id", b"k" * 32]))
