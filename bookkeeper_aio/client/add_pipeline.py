@@ -50,6 +50,7 @@ from bookkeeper_aio.errors import (
     BKInterfaceError,
     LedgerClosed,
     LedgerFenced,
+    TooManyRequests,
     Unauthorized,
     error_for_status,
     with_outcome_unknown,
@@ -73,6 +74,8 @@ EventListener = Callable[[str, int], None]
 LAC), ``ensemble_change.finished`` (first entry of the new fragment). Observability and tests."""
 
 LAC_SLOW_WRITER_INTERVALS = 4
+OVERLOADED_RETRY_S = 0.01
+"""How soon an add the client's own cap on requests pending to a bookie refused is sent again."""
 """An add this many explicit-LAC intervals or sooner after a WRITE_LAC doubles the interval."""
 
 _WRITABLE = HandleState.WRITABLE
@@ -430,6 +433,15 @@ class AddPipeline:
         op.sent_to.add(bookie_id)
         self._pool.connection(bookie_id).request(rid, frame, self._on_add, op, self._add_timeout_s)
 
+    def _send_again(self, op: PendingAdd, bookie_id: str) -> None:
+        """Send ``op`` to ``bookie_id`` again after the client's own cap on requests pending to it
+        refused it, unless the add is done or the bookie left its write set meanwhile (an
+        ensemble change sends it anew)."""
+        if op.future.done() or self._state not in (_WRITABLE, HandleState.CLOSING) or self._changing:
+            return
+        if bookie_id in op.write_set and bookie_id in self._ensemble and not op.has_acked(bookie_id):
+            self._resend(op, bookie_id)
+
     # ------------------------------------------------------------------ responses
     def _on_add_result(self, op: PendingAdd, bookie_id: str, result: Result) -> None:
         if result is ADD_OK:  # the hot path: an ack (from a bookie replaced since: not counted)
@@ -442,6 +454,12 @@ class AddPipeline:
         error = result if isinstance(result, BKError) else error_for_status(result.status, result.message)
         if bookie_id not in op.write_set or bookie_id not in self._ensemble:
             return  # failure of a bookie already replaced
+        if type(result) is TooManyRequests:
+            # the client's own cap on requests pending to one bookie (connection_pending_max), not
+            # the bookie's answer: nothing was sent, the bookie did not fail. Backpressure: sent
+            # again shortly (a bookie that stopped answering still times out on what it holds)
+            self._loop.call_later(OVERLOADED_RETRY_S, self._send_again, op, bookie_id)
+            return
         if isinstance(error, LedgerFenced | Unauthorized):
             self._fail(error)
             return
