@@ -32,6 +32,16 @@ def _configure_without_caching(*args: Any, **kwargs: Any) -> None:
 structlog.configure = _configure_without_caching
 
 
+@pytest.fixture(autouse=True)
+def _structlog_configuration_restored() -> Iterator[None]:
+    """A test that configures logging in-process (the CLI's ``main`` sets its level) leaves the
+    next test the configuration it found: a level left at "error" filtered the warnings every later
+    ``capture_logs`` of the worker looked for."""
+    saved = structlog.get_config()
+    yield
+    _configure_without_caching(**saved)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("simulation", "deterministic simulation (tests/simulation)")
     group.addoption("--seed", type=int, default=None, help="replay this one seed and print its trace")

@@ -11,7 +11,6 @@ from typing import Any
 
 import grpc
 import pytest
-import structlog
 import trustme
 from aetcd import rpc
 from structlog.testing import capture_logs
@@ -23,18 +22,6 @@ from tests.harness.etcd import EtcdCluster, EtcdMember, require_etcd_binary
 from tests.harness.tls import CertFiles, issue
 
 pytestmark = pytest.mark.etcd
-
-
-@pytest.fixture
-def default_logging() -> Iterator[None]:
-    """structlog's defaults for the test (an earlier test of this worker may have configured a level
-    that filters warnings before ``capture_logs`` sees them), restored after."""
-    saved = structlog.get_config()
-    structlog.reset_defaults()
-    try:
-        yield
-    finally:
-        structlog.configure(**saved)
 
 
 @pytest.fixture
@@ -94,7 +81,6 @@ async def test_tls_with_a_client_certificate_and_user_credentials(
     certs: tuple[CertFiles, CertFiles],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    default_logging: None,
 ) -> None:
     tokens_issued: list[str] = []
     authenticate = EtcdStore._authenticate
@@ -143,7 +129,7 @@ async def test_tls_with_a_client_certificate_and_user_credentials(
 
 
 async def test_credentials_without_tls_are_warned_about_at_connect(
-    etcd_server: EtcdCluster, tmp_path: Path, default_logging: None
+    etcd_server: EtcdCluster, tmp_path: Path
 ) -> None:
     """A user and password_file on a plaintext URL send the password (and then every call's token)
     readable on the network: the store says so, loudly, once, with what to add to the URL."""

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 from structlog.testing import capture_logs
 
 from bookie import limbo
@@ -19,18 +18,6 @@ from bookie.storage import Storage
 from .test_storage import KEY, add, config
 
 LEDGER = 7
-
-
-@pytest.fixture
-def default_logging() -> Iterator[None]:
-    """structlog's defaults for the test (an earlier test of this worker may have configured a level
-    that filters warnings before ``capture_logs`` sees them), restored after."""
-    saved = structlog.get_config()
-    structlog.reset_defaults()
-    try:
-        yield
-    finally:
-        structlog.configure(**saved)
 
 
 @pytest.fixture
@@ -80,7 +67,7 @@ async def test_every_file_and_directory_of_a_data_dir_is_private(tmp_path: Path,
 
 
 async def test_a_data_dir_others_may_enter_is_warned_about_at_start(
-    tmp_path: Path, common_umask: None, default_logging: None
+    tmp_path: Path, common_umask: None
 ) -> None:
     data_dir = tmp_path / "bookie"
     data_dir.mkdir(mode=0o755)
