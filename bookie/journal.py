@@ -213,11 +213,11 @@ class _Writer:
             if i != last:
                 self.close_segment(run.segment_id)
         if synced:
-            self._mark_synced(end)
+            self.mark_synced(end)
         if spare_segment_id not in self.fds:
             self._prepare_spare(spare_segment_id)
 
-    def _mark_synced(self, end: Position) -> None:
+    def mark_synced(self, end: Position) -> None:
         """Rewrite the synced mark (``journal_format``'s module doc) after a group's fdatasync and
         before any of its records is acknowledged: in this boot, everything before ``end`` is synced.
         Not synced itself: it is trusted only in the boot that wrote it (the page cache outlives a
@@ -377,6 +377,10 @@ class Journal:
         self._segment_bytes = config.segment_bytes
         self._loop = asyncio.get_running_loop()
         self._writer = _Writer(fileio, directory, config.segment_bytes, clock, synced_mark)
+        # Everything before ``start`` is durable (replay synced what it served): the mark says so
+        # from now on, not where the last run left it (bytes replayed past it may be served now,
+        # and a cut found at the old mark later is damage to them, not a write torn in flight).
+        self._writer.mark_synced(start)
         self._segment_id, self._offset = start
         self._synced = start
         self._runs: list[_Run] = [_Run(start.segment_id, start.offset)]

@@ -202,16 +202,16 @@ def recover(
         finally:
             with contextlib.suppress(BufferError):  # a lingering view: the map is freed with it
                 data.close()
+    synced = _synced_mark(fileio, data_dir)
     if torn is not None:
         segment_id, end, garbage_end = torn
-        never_synced = _never_synced(fileio, data_dir, Position(segment_id, end))
+        never_synced = _never_synced(synced, Position(segment_id, end))
         # the marker is durable before the cut: a crash between keeps it
         if garbage_end > end and limbo_after_cut and not never_synced:
             where = f"journal segment {segment_id:016x} offset {end}, {garbage_end - end} bytes"
             limbo_marker.enter_blocking(fileio, data_dir, f"torn tail cut at {where}")
         result.torn_bytes_cut = _cut_torn_tail(fileio, journal_dir, *torn, never_synced=never_synced)
-    _make_durable(fileio, journal_dir, replayed, _synced_mark(fileio, data_dir))
-    _mark_replayed(fileio, data_dir, result.start)
+    _make_durable(fileio, journal_dir, replayed, synced)  # the journal then marks its start synced
     result.limbo = limbo_marker.load_blocking(fileio, data_dir)
     return result
 
@@ -274,12 +274,12 @@ def _synced_mark(fileio: FileIO, data_dir: str) -> Position | None:
     return mark.position
 
 
-def _never_synced(fileio: FileIO, data_dir: str, cut: Position) -> bool:
-    """Whether the bytes from ``cut`` on were never synced, so never acknowledged: the synced mark
-    is this boot's and the cut starts exactly where it says the synced bytes end, as the one group
-    in flight did (or at the start of the next segment, for a group whose older run was synced
-    before its newer one was written). A cut anywhere else, or no mark of this boot: not proven."""
-    synced = _synced_mark(fileio, data_dir)
+def _never_synced(synced: Position | None, cut: Position) -> bool:
+    """Whether the bytes from ``cut`` on were never synced, so never acknowledged: ``synced``, this
+    boot's synced mark (:func:`_synced_mark`), says the synced bytes end exactly where the cut
+    starts, as the one group in flight did (or at the start of the next segment, for a group whose
+    older run was synced before its newer one was written). A cut anywhere else, or no mark of this
+    boot: not proven."""
     if synced is None:
         return False
     return cut == synced or (
@@ -314,27 +314,6 @@ def _make_durable(
             fileio.fsync(fd)
         finally:
             fileio.close(fd)
-
-
-def _mark_replayed(fileio: FileIO, data_dir: str, end: Position) -> None:
-    """Move the synced mark to where replay left the journal (all of it durable now): replayed
-    bytes past the old mark may be served from now on, and a later cut at the old mark must not be
-    taken for a write torn in flight. Without a boot id (or when it cannot be written) the mark
-    goes: absent proves nothing, a stale one proves too much."""
-    path = os.path.join(data_dir, fmt.SYNCED_MARK_FILE)
-    boot = fileio.boot_id()
-    if boot is not None:
-        try:
-            fd = fileio.open_append(path)
-            try:
-                fileio.pwrite(fd, fmt.encode_synced_mark(fmt.boot_digest(boot), end), 0)
-            finally:
-                fileio.close(fd)
-            return
-        except OSError:
-            pass
-    with contextlib.suppress(FileNotFoundError):
-        fileio.remove(path)
 
 
 def _cut_torn_tail(

@@ -191,9 +191,9 @@ MUTANTS = (
     ),
     Mutant(
         "replay-mark-left-behind",
-        "bookie/replay.py",
-        "    _mark_replayed(fileio, data_dir, result.start)\n",
-        "    pass\n",
+        "bookie/journal.py",
+        "        self._writer.mark_synced(start)\n",
+        "        pass\n",
         ("tests/unit/bookie/test_limbo.py",),
         "a start leaves the synced mark before groups it replayed and serves: rot found there later is "
         "cut as a tear in flight, without limbo",
