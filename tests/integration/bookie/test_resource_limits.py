@@ -453,6 +453,15 @@ def _reads(count: int) -> bytes:
     return b"".join(m.encode(m.ReadEntryRequest(rid, 1, 0, 0, KEY, -1, 0)) for rid in range(1, count + 1))
 
 
+async def _released(bookie: BookieProcess, what: str) -> None:
+    """``what`` (the one connection left) is gone within 15 s, its slot and its unread answers
+    freed, and the bookie still serves."""
+    state = await _state_when(bookie, lambda s: s["connections"] == 0, 15)
+    assert state["connections"] == 0, f"{what} kept its slot: {state}"
+    assert state["answer_bytes_held"] == 0, state
+    await _canary(bookie, 2)
+
+
 async def _state_when(bookie: BookieProcess, check: Any, within_s: float) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within_s
@@ -483,10 +492,7 @@ async def test_a_closed_connection_whose_peer_reads_nothing_gives_its_slot_back(
         state = await _state_when(bookie, lambda s: s["connections"] == 1 and s["answer_bytes_held"], 5)
         assert state["connections"] == 1, state
         assert state["answer_bytes_held"] > MIB, state
-        state = await _state_when(bookie, lambda s: s["connections"] == 0, 15)
-        assert state["connections"] == 0, f"a closed connection kept its slot: {state}"
-        assert state["answer_bytes_held"] == 0, state
-        await _canary(bookie, 2)
+        await _released(bookie, "a closed connection")
     finally:
         if sock is not None:
             sock.close()
@@ -533,10 +539,7 @@ async def test_a_connection_whose_peer_stops_reading_mid_frame_is_aborted(tmp_pa
     try:
         await _big_entry(bookie)
         sock = _silent_socket(bookie, "127.0.0.2", _reads(16) + struct.pack(">I", 100) + bytes(10))
-        state = await _state_when(bookie, lambda s: s["connections"] == 0, 15)
-        assert state["connections"] == 0, f"a stalled connection kept its slot: {state}"
-        assert state["answer_bytes_held"] == 0, state
-        await _canary(bookie, 2)
+        await _released(bookie, "a stalled connection")
     finally:
         if sock is not None:
             sock.close()
