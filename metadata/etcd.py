@@ -232,7 +232,8 @@ class EtcdStore(MetadataStore):
         return endpoint
 
     def _rotate(self, failed_index: int, reason: str) -> None:
-        if self._current == failed_index:
+        # With one endpoint there is nothing to switch to: each backoff would log a "switch" to itself.
+        if self._current == failed_index and len(self._endpoints) > 1:
             self._current = (failed_index + 1) % len(self._endpoints)
             log.info(
                 "metadata.etcd.endpoint_switched",

@@ -7,6 +7,7 @@ import contextlib
 import time
 
 import pytest
+from structlog.testing import capture_logs
 
 from metadata.errors import MetadataUnavailable, WatchCompacted
 from metadata.etcd import EtcdConfig, EtcdStore
@@ -24,9 +25,11 @@ async def test_unreachable_store_fails_within_the_budget_and_stays_usable(etcd_s
     try:
         for operation in (lambda: store.get("/x"), lambda: store.create("/x", b"1")):
             started = time.monotonic()
-            with pytest.raises(MetadataUnavailable):
+            with pytest.raises(MetadataUnavailable), capture_logs() as logs:
                 await operation()
             assert time.monotonic() - started < 1.5
+            # One endpoint: nothing to switch to, so no "switched" line per backoff.
+            assert not [line for line in logs if line["event"] == "metadata.etcd.endpoint_switched"]
     finally:
         await store.close()
 
@@ -35,7 +38,10 @@ async def test_dead_first_endpoint_fails_over_to_a_live_one(etcd_server: EtcdClu
     dead = ("127.0.0.1", free_port())
     store = EtcdStore(EtcdConfig((dead, *etcd_server.endpoints), op_timeout_s=3, connect_timeout_s=0.3))
     try:
-        version = await store.create(f"{root}/k", b"v")
+        with capture_logs() as logs:
+            version = await store.create(f"{root}/k", b"v")
+        switched = [line for line in logs if line["event"] == "metadata.etcd.endpoint_switched"]
+        assert [line["failed"] for line in switched] == [f"127.0.0.1:{dead[1]}"]
         got = await store.get(f"{root}/k")
         assert got is not None
         assert got.version == version
