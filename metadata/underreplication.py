@@ -7,7 +7,8 @@ Keys (docs/metadata.md, *Autorecovery*):
   copies must be replaced (sorted, each once), when the ledger was first marked (wall clock, ms),
   why (``lost``, ``replaced``, ``check``, ``decommission``, ``operator``, ``limbo``; each once),
   when each bookie was first marked (``since``: bookie -> ms; the open-ledger grace period counts
-  from it), and why each bookie was marked (``bookie_reasons``: bookie -> reasons; a mark written
+  from it; a worker that finds a marked bookie of an open ledger's writer back sets it anew,
+  ``restamp``), and why each bookie was marked (``bookie_reasons``: bookie -> reasons; a mark written
   before it existed lacks it, and then every bookie's reasons are the mark's). Marking an already
   marked ledger adds its bookies and reasons to the same key by CAS (never loses a bookie another
   marker added).
@@ -295,6 +296,35 @@ class UnderReplicationManager:
             except (BadVersion, NoNode, CasResultUnknown):
                 await asyncio.sleep(backoff.next_delay_s())
                 continue
+        raise UpdateRetriesExhausted(key, UPDATE_ATTEMPTS_MAX)
+
+    async def restamp(
+        self, ledger_id: int, bookies: Collection[str], *, lock: ReplicationLock | None = None
+    ) -> UnderReplicated | None:
+        """Set the ``since`` of ``bookies`` (those still marked) to now: a worker found them back,
+        and a new absence must wait a new grace. Returns the stored mark (None: not marked). With
+        ``lock``, only while it is still held: else `GuardFailed` and the mark stays."""
+        key = self.keys.underreplicated(ledger_id)
+        guards = () if lock is None else (self.guard(lock),)
+        backoff = _conflict_backoff()
+        for _ in range(UPDATE_ATTEMPTS_MAX):
+            current = await self.get(ledger_id)
+            if current is None:
+                return None
+            now = self._now_ms()
+            since = {b: current.since_ms(b) for b in current.missing}
+            since.update({b: now for b in bookies if b in since})
+            fresh = dataclasses.replace(current, since=tuple(sorted(since.items())))
+            if fresh.since == current.since:
+                return current
+            try:
+                version = await self._store.compare_and_set(
+                    key, fresh.encode(), current.version, guards=guards
+                )
+            except (BadVersion, NoNode, CasResultUnknown):
+                await asyncio.sleep(backoff.next_delay_s())
+                continue
+            return dataclasses.replace(fresh, version=version)
         raise UpdateRetriesExhausted(key, UPDATE_ATTEMPTS_MAX)
 
     async def list_page(
