@@ -208,14 +208,12 @@ class ReplicationWorker:
                 continue
             worked = True
             try:
-                fresh = await self._urm.get(mark.ledger_id)  # the mark may be gone or grown meanwhile
-                if fresh is not None:
-                    result = await self.heal(fresh, lock)
-                    self._failures.pop(mark.ledger_id, None)
-                    if result.left:
-                        self._retry_at[mark.ledger_id] = loop.time() + result.wait_s
-                    else:
-                        self._retry_at.pop(mark.ledger_id, None)
+                result = await self.heal_locked(lock)
+                self._failures.pop(mark.ledger_id, None)
+                if result.left:
+                    self._retry_at[mark.ledger_id] = loop.time() + result.wait_s
+                else:
+                    self._retry_at.pop(mark.ledger_id, None)
             except (BKError, MetadataError, TimeoutError) as error:
                 # what retrying cannot fix (a missing password) is retried less often: no log flood
                 retriable = isinstance(error, TimeoutError) or error.retriable
@@ -238,9 +236,6 @@ class ReplicationWorker:
                     retry_in_s=retry_s,
                     hint="an unexpected error (a bug): report it with this traceback",
                 )
-            finally:
-                with contextlib.suppress(MetadataError):
-                    await self._urm.unlock(mark.ledger_id, lease)
         # a full pass: forget the ledgers no longer marked (healed elsewhere, deleted)
         for state in (self._retry_at, self._failures):
             for ledger_id in state.keys() - seen:
@@ -275,6 +270,20 @@ class ReplicationWorker:
             )
 
     # ------------------------------------------------------------------ one ledger
+    async def heal_locked(self, lock: ReplicationLock) -> HealResult:
+        """Heal the mark of ``lock``'s ledger as it is now (it may have grown, or gone meanwhile:
+        ``resolved`` with nothing healed) under the caller's ``lock``, then release it (a release
+        that failed is taken up again by the next acquire). Raises what :meth:`heal` raises, and
+        MetadataError or TimeoutError from metadata."""
+        try:
+            fresh = await self._urm.get(lock.ledger_id)
+            if fresh is None:
+                return HealResult(lock.ledger_id, (), (), 0, CopyStats(), resolved=True)
+            return await self.heal(fresh, lock)
+        finally:
+            with contextlib.suppress(MetadataError, TimeoutError):
+                await self._urm.unlock(lock.ledger_id, lock.lease_id)
+
     async def heal(self, mark: UnderReplicated, lock: ReplicationLock | None = None) -> HealResult:
         """Heal one marked ledger (see the module doc) under the caller's ``lock``: every metadata
         write is guarded by it (None: unguarded, for a caller that serialises heals itself).
