@@ -23,6 +23,9 @@ Keys (docs/metadata.md, *Autorecovery*):
 - ``R/replication/daemons/<id>``: each daemon's status and metrics (msgpack map), bound to its lease.
 - ``R/replication/decommissioning/<bookie id>``: a bookie being decommissioned: never chosen as a
   replacement; removed once no ledger references it.
+- ``R/replication/instances/<bookie id>``: the data dir instance (UTF-8) the auditor last saw the
+  bookie registered with, written by CAS: a bookie registered with another one lost what it held
+  (``replaced``), and any auditor, a new leader too, tells so from this key.
 
 A mark is resolved (``resolve``) by removing the bookies a worker replaced, by CAS: bookies marked
 meanwhile stay, and the key goes only when nothing is left. A key under ``R/underreplicated/`` that
@@ -166,6 +169,14 @@ class UnderReplicated:
             tuple(sorted(since.items())),
             tuple(sorted((b, tuple(r)) for b, r in by_bookie.items())),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SeenInstance:
+    """The data dir ``instance`` a bookie was last seen registered with, and its key's ``version``."""
+
+    instance: str
+    version: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,6 +496,30 @@ class UnderReplicationManager:
     async def end_decommission(self, bookie_id: str) -> None:
         with contextlib.suppress(NoNode):
             await self._store.delete(self.keys.decommissioning(bookie_id))
+
+    # ---- data dir instances seen ------------------------------------------------------------------
+
+    async def seen_instance(self, bookie_id: str) -> SeenInstance | None:
+        """The data dir instance the auditor last saw ``bookie_id`` registered with (None: never)."""
+        current = await self._store.get(self.keys.replication_instance(bookie_id))
+        if current is None:
+            return None
+        return SeenInstance(current.value.decode(errors="replace"), current.version)
+
+    async def record_instance(self, bookie_id: str, instance: str, seen: SeenInstance | None) -> bool:
+        """Record ``instance`` as the one ``bookie_id`` is registered with, if what is stored is
+        still ``seen`` (CAS; None: nothing stored). False: it changed meanwhile (another auditor,
+        or an answer lost): read it again."""
+        key = self.keys.replication_instance(bookie_id)
+        value = instance.encode()  # a registration's attribute, bounded as the registration is
+        try:
+            if seen is None:
+                await self._store.create(key, value)
+            else:
+                await self._store.compare_and_set(key, value, seen.version)
+        except (NodeExists, BadVersion, NoNode, CasResultUnknown):
+            return False
+        return True
 
     # ---- daemon statuses --------------------------------------------------------------------------
 
