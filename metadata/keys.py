@@ -138,6 +138,13 @@ class ClusterKeys:
         return f"{self.replication_daemons_prefix}{validate_name(daemon_id, 'daemon id')}"
 
     @property
+    def replication_instances_prefix(self) -> str:
+        return f"{self.root}/replication/instances/"
+
+    def replication_instance(self, bookie_id: str) -> str:
+        return f"{self.replication_instances_prefix}{validate_name(bookie_id, 'bookie id')}"
+
+    @property
     def decommissioning_prefix(self) -> str:
         return f"{self.root}/replication/decommissioning/"
 

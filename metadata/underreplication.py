@@ -7,7 +7,8 @@ Keys (docs/metadata.md, *Autorecovery*):
   copies must be replaced (sorted, each once), when the ledger was first marked (wall clock, ms),
   why (``lost``, ``replaced``, ``check``, ``decommission``, ``operator``, ``limbo``; each once),
   when each bookie was first marked (``since``: bookie -> ms; the open-ledger grace period counts
-  from it), and why each bookie was marked (``bookie_reasons``: bookie -> reasons; a mark written
+  from it; a worker that finds a marked bookie of an open ledger's writer back sets it anew,
+  ``restamp``), and why each bookie was marked (``bookie_reasons``: bookie -> reasons; a mark written
   before it existed lacks it, and then every bookie's reasons are the mark's). Marking an already
   marked ledger adds its bookies and reasons to the same key by CAS (never loses a bookie another
   marker added).
@@ -22,6 +23,9 @@ Keys (docs/metadata.md, *Autorecovery*):
 - ``R/replication/daemons/<id>``: each daemon's status and metrics (msgpack map), bound to its lease.
 - ``R/replication/decommissioning/<bookie id>``: a bookie being decommissioned: never chosen as a
   replacement; removed once no ledger references it.
+- ``R/replication/instances/<bookie id>``: the data dir instance (UTF-8) the auditor last saw the
+  bookie registered with, written by CAS: a bookie registered with another one lost what it held
+  (``replaced``), and any auditor, a new leader too, tells so from this key.
 
 A mark is resolved (``resolve``) by removing the bookies a worker replaced, by CAS: bookies marked
 meanwhile stay, and the key goes only when nothing is left. A key under ``R/underreplicated/`` that
@@ -168,6 +172,14 @@ class UnderReplicated:
 
 
 @dataclass(frozen=True, slots=True)
+class SeenInstance:
+    """The data dir ``instance`` a bookie was last seen registered with, and its key's ``version``."""
+
+    instance: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicationLock:
     """A held lock: the ledger, the ``owner`` (worker id), the lease it is bound to."""
 
@@ -295,6 +307,35 @@ class UnderReplicationManager:
             except (BadVersion, NoNode, CasResultUnknown):
                 await asyncio.sleep(backoff.next_delay_s())
                 continue
+        raise UpdateRetriesExhausted(key, UPDATE_ATTEMPTS_MAX)
+
+    async def restamp(
+        self, ledger_id: int, bookies: Collection[str], *, lock: ReplicationLock | None = None
+    ) -> UnderReplicated | None:
+        """Set the ``since`` of ``bookies`` (those still marked) to now: a worker found them back,
+        and a new absence must wait a new grace. Returns the stored mark (None: not marked). With
+        ``lock``, only while it is still held: else `GuardFailed` and the mark stays."""
+        key = self.keys.underreplicated(ledger_id)
+        guards = () if lock is None else (self.guard(lock),)
+        backoff = _conflict_backoff()
+        for _ in range(UPDATE_ATTEMPTS_MAX):
+            current = await self.get(ledger_id)
+            if current is None:
+                return None
+            now = self._now_ms()
+            since = {b: current.since_ms(b) for b in current.missing}
+            since.update({b: now for b in bookies if b in since})
+            fresh = dataclasses.replace(current, since=tuple(sorted(since.items())))
+            if fresh.since == current.since:
+                return current
+            try:
+                version = await self._store.compare_and_set(
+                    key, fresh.encode(), current.version, guards=guards
+                )
+            except (BadVersion, NoNode, CasResultUnknown):
+                await asyncio.sleep(backoff.next_delay_s())
+                continue
+            return dataclasses.replace(fresh, version=version)
         raise UpdateRetriesExhausted(key, UPDATE_ATTEMPTS_MAX)
 
     async def list_page(
@@ -455,6 +496,30 @@ class UnderReplicationManager:
     async def end_decommission(self, bookie_id: str) -> None:
         with contextlib.suppress(NoNode):
             await self._store.delete(self.keys.decommissioning(bookie_id))
+
+    # ---- data dir instances seen ------------------------------------------------------------------
+
+    async def seen_instance(self, bookie_id: str) -> SeenInstance | None:
+        """The data dir instance the auditor last saw ``bookie_id`` registered with (None: never)."""
+        current = await self._store.get(self.keys.replication_instance(bookie_id))
+        if current is None:
+            return None
+        return SeenInstance(current.value.decode(errors="replace"), current.version)
+
+    async def record_instance(self, bookie_id: str, instance: str, seen: SeenInstance | None) -> bool:
+        """Record ``instance`` as the one ``bookie_id`` is registered with, if what is stored is
+        still ``seen`` (CAS; None: nothing stored). False: it changed meanwhile (another auditor,
+        or an answer lost): read it again."""
+        key = self.keys.replication_instance(bookie_id)
+        value = instance.encode()  # a registration's attribute, bounded as the registration is
+        try:
+            if seen is None:
+                await self._store.create(key, value)
+            else:
+                await self._store.compare_and_set(key, value, seen.version)
+        except (NodeExists, BadVersion, NoNode, CasResultUnknown):
+            return False
+        return True
 
     # ---- daemon statuses --------------------------------------------------------------------------
 

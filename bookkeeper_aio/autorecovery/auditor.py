@@ -10,6 +10,9 @@ While it leads:
   a fragment on it is marked under-replicated with it (reason ``lost``), once per absence (again if
   it comes back and goes again). The delay counts from when *this* auditor first saw it missing: a
   new auditor after a failover waits a full delay again (later, never sooner).
+- **Replaced bookies.** A bookie registered with another data dir instance than the one recorded
+  in metadata (``R/replication/instances/``: any auditor, a new leader too, compares with it) lost
+  what it held: its ledgers are marked (reason ``replaced``) at once, then the new one recorded.
 - **Periodic check.** Every ``check_interval_s`` every ledger is checked: for each fragment and each
   registered bookie of it, the first and the last entry that bookie should hold (its write sets) are
   read from it; a bookie that answers "no such entry/ledger", or returns a body that fails its
@@ -266,7 +269,9 @@ class Auditor:
         self._marked: set[str] = set()
         self._registered: set[str] | None = None  # from the watch while it runs
         self._registered_instances: dict[str, str] = {}  # bookie id -> data dir instance, as registered
-        self._instances: dict[str, str] = {}  # the instance this auditor last saw for each bookie
+        self._instances: dict[str, str] = {}
+        """The instance this auditor last read or recorded in metadata for each bookie (a cache of
+        ``R/replication/instances/``, emptied when it starts leading)."""
         self.leading = asyncio.Event()
 
     @property
@@ -322,6 +327,7 @@ class Auditor:
                 await asyncio.sleep(self._config.audit_interval_s)
 
     async def _lead(self) -> None:
+        self._instances.clear()  # another auditor may have recorded instances since
         self._known.clear()
         self._missing_since.clear()
         self._marked.clear()
@@ -414,18 +420,31 @@ class Auditor:
     async def _mark_replaced(self, instances: dict[str, str]) -> list[int]:
         """A bookie registered with another data dir instance than before (its disk was replaced,
         `bkaio bookie format`) lost what the old one held, even if it came back within the delay:
-        its "no such entry" answers must not stand for entries it had. Mark its ledgers now."""
+        its "no such entry" answers must not stand for entries it had. Mark its ledgers now.
+
+        "Before" is what metadata records (``R/replication/instances/``), not this process's
+        memory: an auditor elected after the replacement (a failover, a daemon restart) tells it
+        too. A bookie whose registered instance differs from the one this auditor last read or
+        recorded is looked up there; its ledgers are marked, then the new instance is recorded."""
+        changed = {b: i for b, i in instances.items() if self._instances.get(b) != i}
+        if not changed:
+            return []
+        seen = {bookie_id: await self._urm.seen_instance(bookie_id) for bookie_id in sorted(changed)}
         replaced = {
             bookie_id
-            for bookie_id, instance in instances.items()
-            if self._instances.get(bookie_id, instance) != instance
+            for bookie_id, instance in changed.items()
+            if (before := seen[bookie_id]) is not None and before.instance != instance
         }
         marked: list[int] = []
         if replaced:
             marked = await mark_ledgers_on(self._ctx.ledgers, self._urm, replaced, reason="replaced")
             self.metrics.ledgers_marked += len(marked)
             log.warning("autorecovery.bookies_replaced", bookies=sorted(replaced), ledgers_marked=len(marked))
-        self._instances.update(instances)  # only once marked: a failed round tries again
+        # only once marked: a failed round tries again; a record that changed meanwhile (another
+        # auditor's) is read again at the next round
+        for bookie_id, instance in sorted(changed.items()):
+            if await self._urm.record_instance(bookie_id, instance, seen[bookie_id]):
+                self._instances[bookie_id] = instance
         return marked
 
     async def _check_loop(self) -> None:

@@ -1,8 +1,9 @@
 """The autorecovery daemon: one process beside the bookies (``bkaio autorecovery run``), holding an
 auditor candidate, ``workers`` replication workers and one lease.
 
-- The lease (``lease_ttl_s``) binds the workers' locks and the daemon's status key: when the daemon
-  dies, its locks and its status vanish with the lease and other daemons take its ledgers over. A
+- The lease (``lease_ttl_s``, a :class:`~bookkeeper_aio.autorecovery.lease.KeptLease`) binds the
+  workers' locks and the daemon's status key: when the daemon dies, its locks and its status vanish
+  with the lease and other daemons take its ledgers over. A
   lease lost while alive (a pause past the TTL) is replaced by a new one; a heal in flight then
   commits nothing: its writes are guarded by the lock it took (its version, in the same
   transaction), which the lease took with it (LockLost; the ledger is retried under a new lock).
@@ -19,7 +20,6 @@ auditor candidate, ``workers`` replication workers and one lease.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 from collections.abc import Coroutine, Sequence
@@ -31,6 +31,7 @@ import structlog
 from bookkeeper_aio.autorecovery.auditor import Auditor
 from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
 from bookkeeper_aio.autorecovery.copier import RateLimiter
+from bookkeeper_aio.autorecovery.lease import KeptLease
 from bookkeeper_aio.autorecovery.metrics import AutorecoveryMetrics
 from bookkeeper_aio.autorecovery.worker import ReplicationWorker
 from bookkeeper_aio.client.bookkeeper import BookKeeper, RegistryDirectory
@@ -38,7 +39,7 @@ from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.client.placement import PlacementPolicy
 from bookkeeper_aio.common.clock import SYSTEM_CLOCK, Clock
 from metadata.cluster import MetadataConnection
-from metadata.errors import LeaseExpired, MetadataError
+from metadata.errors import MetadataError
 from metadata.keys import validate_name
 from metadata.underreplication import UnderReplicationManager
 
@@ -109,7 +110,7 @@ class AutorecoveryDaemon:
             )
             for i in range(config.workers)
         ]
-        self._lease_id = 0
+        self._lease = KeptLease(meta.store, config.lease_ttl_s, owner=self.daemon_id)
         self._tasks: list[asyncio.Task[None]] = []
         self._started_ms = self._now_ms()
 
@@ -117,11 +118,10 @@ class AutorecoveryDaemon:
         return int(self._clock.wall() * 1000)
 
     def lease_id(self) -> int:
-        return self._lease_id
+        return self._lease.lease_id()
 
     async def start(self) -> None:
-        self._lease_id = await self.meta.store.grant_lease(self.config.lease_ttl_s)
-        self._spawn(self._keep_lease(), "lease")
+        await self._lease.start()
         self._spawn(self.auditor.run(), "auditor")
         for worker in self.workers:
             self._spawn(worker.run(self.lease_id), worker.worker_id)
@@ -143,19 +143,6 @@ class AutorecoveryDaemon:
         if not task.cancelled() and task.exception() is not None:
             log.error("autorecovery.task_failed", task=task.get_name(), error=repr(task.exception()))
 
-    async def _keep_lease(self) -> None:
-        store = self.meta.store
-        while True:
-            await asyncio.sleep(self.config.lease_ttl_s / 3)
-            try:
-                await store.keepalive(self._lease_id)
-            except LeaseExpired:
-                log.warning("autorecovery.lease_lost", daemon=self.daemon_id)
-                with contextlib.suppress(MetadataError):
-                    self._lease_id = await store.grant_lease(self.config.lease_ttl_s)
-            except MetadataError as error:
-                log.warning("autorecovery.keepalive_failed", daemon=self.daemon_id, error=repr(error))
-
     async def _publish_status(self) -> None:
         while True:
             try:
@@ -167,7 +154,7 @@ class AutorecoveryDaemon:
                     "updated_ms": self._now_ms(),
                     "missing_bookies": sorted(self.auditor.missing) if self.metrics.is_auditor else [],
                 }
-                await self.urm.publish_status(self.daemon_id, self._lease_id, status)
+                await self.urm.publish_status(self.daemon_id, self.lease_id(), status)
             except MetadataError as error:
                 log.warning("autorecovery.status_failed", daemon=self.daemon_id, error=repr(error))
             await asyncio.sleep(self.config.status_interval_s)
@@ -178,11 +165,7 @@ class AutorecoveryDaemon:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._lease_id:
-            with contextlib.suppress(MetadataError, TimeoutError):
-                async with asyncio.timeout(5):
-                    await self.meta.store.revoke_lease(self._lease_id)
-            self._lease_id = 0
+        await self._lease.close()
         await self.bk.close()
         log.info("autorecovery.daemon_stopped", daemon=self.daemon_id)
 

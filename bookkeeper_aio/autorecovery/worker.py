@@ -13,12 +13,13 @@ Healing one ledger (:meth:`ReplicationWorker.heal`), for the bookies its mark li
    changed during the copy (another worker, a writer) is refused and looked at again.
 4. The last fragment of an OPEN (or IN_RECOVERY) ledger belongs to its writer, whose next add
    replaces a dead bookie itself (an ensemble change). It is touched only after
-   ``open_ledger_grace_s`` from the first mark, only while a marked bookie of it is still gone
-   (not registered), being decommissioned, or was marked ``replaced`` (it came back with another
-   disk: its copies are gone) — a bookie that came back with its disk serves its writer, which is
-   not fenced for a restart that outlasted the lost-bookie delay — and only after the ledger was
-   fenced and recovered (``open_ledger(recovery=True)``: from then on it is CLOSED and its last
-   fragment fixed).
+   ``open_ledger_grace_s`` from the first mark, only while a marked bookie of it is gone (this
+   worker saw it unregistered at every look for ``lost_bookie_recovery_delay_s``: a restart is no
+   absence), being decommissioned, or was marked ``replaced`` (it came back with another disk: its
+   copies are gone) — a bookie that came back with its disk serves its writer, which is not fenced
+   for a restart that outlasted the lost-bookie delay: its mark's grace starts anew (``restamp``)
+   — and only after the ledger was fenced and recovered (``open_ledger(recovery=True)``: from
+   then on it is CLOSED and its last fragment fixed).
 5. The mark loses the bookies no fragment lists any more (by CAS: a bookie marked meanwhile
    stays). Time to heal is counted from the first mark.
 
@@ -149,10 +150,13 @@ class ReplicationWorker:
         if monotonic_s is None:  # one clock for tests that set the time; the system's otherwise
             monotonic_s = time.monotonic if now_ms is None else (lambda: now_ms() / 1000)
         self._monotonic_s = monotonic_s
-        self._grace_seen: dict[tuple[int, int], float] = {}
-        """(marked ledger, a mark's ``since_ms``) -> when this worker first listed or healed it, on
-        its own clock: a mark stamped by an auditor whose clock runs behind this one's never
+        self._grace_seen: dict[int, dict[int, float]] = {}
+        """Marked ledger -> its mark's ``since_ms`` stamps -> when this worker first listed or healed
+        it, on its own clock: a mark stamped by an auditor whose clock runs behind this one's never
         shortens the grace (a worker started after a mark waits the grace anew)."""
+        self._absent_since: dict[str, float] = {}
+        """Bookie of an open ledger's writer's fragment -> when this worker first saw it
+        unregistered, on its own clock; forgotten when seen registered (each pass looks)."""
         self._retry_at: dict[int, float] = {}
         self._failures: dict[int, int] = {}
         """Heals of a ledger that failed in a row (backoff); gone once one succeeds."""
@@ -180,6 +184,9 @@ class ReplicationWorker:
     async def _one_pass(self, lease_id: Callable[[], int], loop: asyncio.AbstractEventLoop) -> bool:
         worked = False
         seen: set[int] = set()  # every marked ledger listed in this pass
+        marked: set[str] = set()  # every bookie they list
+        if self._absent_since:  # a bookie back between two looks at its ledger is not gone
+            await self._observe_registrations()
 
         def undecodable(ledger_id: int, error: MetadataError) -> None:
             seen.add(ledger_id)
@@ -187,6 +194,7 @@ class ReplicationWorker:
 
         async for mark in self._urm.iter_marks(on_undecodable=undecodable):
             seen.add(mark.ledger_id)
+            marked.update(mark.missing)
             self._note_marks(mark)  # the grace's clock starts when a worker first lists a mark
             if self._retry_at.get(mark.ledger_id, 0.0) > loop.time():
                 continue
@@ -200,14 +208,12 @@ class ReplicationWorker:
                 continue
             worked = True
             try:
-                fresh = await self._urm.get(mark.ledger_id)  # the mark may be gone or grown meanwhile
-                if fresh is not None:
-                    result = await self.heal(fresh, lock)
-                    self._failures.pop(mark.ledger_id, None)
-                    if result.left:
-                        self._retry_at[mark.ledger_id] = loop.time() + result.wait_s
-                    else:
-                        self._retry_at.pop(mark.ledger_id, None)
+                result = await self.heal_locked(lock)
+                self._failures.pop(mark.ledger_id, None)
+                if result.left:
+                    self._retry_at[mark.ledger_id] = loop.time() + result.wait_s
+                else:
+                    self._retry_at.pop(mark.ledger_id, None)
             except (BKError, MetadataError, TimeoutError) as error:
                 # what retrying cannot fix (a missing password) is retried less often: no log flood
                 retriable = isinstance(error, TimeoutError) or error.retriable
@@ -230,15 +236,14 @@ class ReplicationWorker:
                     retry_in_s=retry_s,
                     hint="an unexpected error (a bug): report it with this traceback",
                 )
-            finally:
-                with contextlib.suppress(MetadataError):
-                    await self._urm.unlock(mark.ledger_id, lease)
         # a full pass: forget the ledgers no longer marked (healed elsewhere, deleted)
         for state in (self._retry_at, self._failures):
             for ledger_id in state.keys() - seen:
                 del state[ledger_id]
-        for key in [key for key in self._grace_seen if key[0] not in seen]:
-            del self._grace_seen[key]
+        for ledger_id in self._grace_seen.keys() - seen:
+            del self._grace_seen[ledger_id]
+        for bookie in self._absent_since.keys() - marked:
+            del self._absent_since[bookie]
         self._undecodable &= seen
         return worked
 
@@ -265,6 +270,20 @@ class ReplicationWorker:
             )
 
     # ------------------------------------------------------------------ one ledger
+    async def heal_locked(self, lock: ReplicationLock) -> HealResult:
+        """Heal the mark of ``lock``'s ledger as it is now (it may have grown, or gone meanwhile:
+        ``resolved`` with nothing healed) under the caller's ``lock``, then release it (a release
+        that failed is taken up again by the next acquire). Raises what :meth:`heal` raises, and
+        MetadataError or TimeoutError from metadata."""
+        try:
+            fresh = await self._urm.get(lock.ledger_id)
+            if fresh is None:
+                return HealResult(lock.ledger_id, (), (), 0, CopyStats(), resolved=True)
+            return await self.heal(fresh, lock)
+        finally:
+            with contextlib.suppress(MetadataError, TimeoutError):
+                await self._urm.unlock(lock.ledger_id, lock.lease_id)
+
     async def heal(self, mark: UnderReplicated, lock: ReplicationLock | None = None) -> HealResult:
         """Heal one marked ledger (see the module doc) under the caller's ``lock``: every metadata
         write is guarded by it (None: unguarded, for a caller that serialises heals itself).
@@ -316,24 +335,20 @@ class ReplicationWorker:
         if md.state is not LedgerState.CLOSED and in_last:
             # the grace counts from the latest first-mark of a bookie of the writer's fragment
             grace_s = self._config.open_ledger_grace_s
+            poll_s = self._config.worker_idle_poll_s
             age_s = self._grace_age_s(mark, in_last)
-            wait_s = max(grace_s - age_s, self._config.worker_idle_poll_s)
             # a bookie back with another disk lost its copies: it does not serve its writer's
             # fragment, whose entries before its return now have a copy fewer for good
             copies_gone = sorted(b for b in in_last if COPIES_GONE & set(mark.reasons_of(b)))
-            if age_s >= grace_s and not copies_gone and not await self._any_gone(in_last):
-                wait_s = max(grace_s, self._config.worker_idle_poll_s)  # back: its writer goes on
-                log.info(
-                    "autorecovery.open_ledger_bookies_back",
-                    ledger_id=ledger_id,
-                    marked=sorted(in_last),
-                    hint="not fenced: its writer still writes to them; looked at again later",
-                )
-            elif age_s >= grace_s:
+            gone, away_s = await self._gone(in_last)  # looked at every time: absences are timed
+            if age_s < grace_s:
+                wait_s = max(grace_s - age_s, poll_s)
+            elif copies_gone or gone:
                 log.info(
                     "autorecovery.fencing_open_ledger",
                     ledger_id=ledger_id,
                     missing=sorted(in_last),
+                    gone=sorted(gone),
                     copies_gone=copies_gone,
                     marked_s_ago=round(age_s, 1),
                 )
@@ -342,6 +357,26 @@ class ReplicationWorker:
                 self.metrics.ledgers_fenced += 1
                 fenced = True
                 current = await self._ctx.ledgers.read(ledger_id)
+            elif away_s is not None:
+                wait_s = max(away_s, poll_s)  # unregistered, not yet for the lost-bookie delay
+                log.info(
+                    "autorecovery.open_ledger_bookie_away",
+                    ledger_id=ledger_id,
+                    marked=sorted(in_last),
+                    gone_in_s=round(away_s, 1),
+                    hint="not fenced unless it stays unregistered for the lost-bookie delay",
+                )
+            else:
+                # back: its writer goes on; a new absence waits a new grace, and the delay
+                mark = await self._urm.restamp(ledger_id, in_last, lock=lock) or mark
+                self._note_marks(mark)
+                wait_s = max(grace_s, poll_s)
+                log.info(
+                    "autorecovery.open_ledger_bookies_back",
+                    ledger_id=ledger_id,
+                    marked=sorted(in_last),
+                    hint="not fenced: its writer still writes to them; looked at again later",
+                )
         codec = codec_for(current.metadata, password)
         key = codec.master_key
         replacer = BookieReplacer(self._ctx, ledger_id)
@@ -401,21 +436,44 @@ class ReplicationWorker:
         self._note_marks(mark)
         since_ms = max(mark.since_ms(b) for b in in_last)
         stamped_s = (self._now_ms() - since_ms) / 1000
-        return min(stamped_s, self._monotonic_s() - self._grace_seen[mark.ledger_id, since_ms])
+        return min(stamped_s, self._monotonic_s() - self._grace_seen[mark.ledger_id][since_ms])
 
     def _note_marks(self, mark: UnderReplicated) -> None:
-        """Note when this worker first saw each of ``mark``'s stamps (now, for new ones)."""
+        """Note when this worker first saw each of ``mark``'s stamps (now, for new ones; those
+        the mark no longer has are forgotten)."""
         now = self._monotonic_s()
-        for bookie in mark.missing:
-            self._grace_seen.setdefault((mark.ledger_id, mark.since_ms(bookie)), now)
+        stamps = {mark.since_ms(bookie) for bookie in mark.missing}
+        noted = self._grace_seen.setdefault(mark.ledger_id, {})
+        for stale in noted.keys() - stamps:
+            del noted[stale]
+        for stamp in stamps:
+            noted.setdefault(stamp, now)
 
-    async def _any_gone(self, bookies: Collection[str]) -> bool:
-        """Whether one of ``bookies`` is not registered (neither writable nor read-only) or is
-        being decommissioned: a reason to take an idle writer's ledger from it."""
-        registered = await list_bookies(self._urm.store, self._urm.keys.root)
+    async def _gone(self, bookies: Collection[str]) -> tuple[set[str], float | None]:
+        """Which of ``bookies`` are gone — being decommissioned, or unregistered at every look of
+        this worker for ``lost_bookie_recovery_delay_s`` (a restart deregisters a bookie at once:
+        one look must not take an idle writer's ledger for it) — and in how long the first of
+        those unregistered but not yet for the delay would be (None: none is)."""
+        registered = await self._observe_registrations()
         leaving = await self._urm.decommissioning()
-        present = registered.registered - leaving
-        return not set(bookies) <= present
+        now = self._monotonic_s()
+        delay_s = self._config.lost_bookie_recovery_delay_s
+        gone = set(bookies) & leaving
+        waits = []
+        for bookie in set(bookies) - leaving - registered:
+            away_s = now - self._absent_since.setdefault(bookie, now)
+            if away_s >= delay_s:
+                gone.add(bookie)
+            else:
+                waits.append(delay_s - away_s)
+        return gone, min(waits, default=None)
+
+    async def _observe_registrations(self) -> frozenset[str]:
+        """The registered bookies now; forgets the absence of those among them."""
+        registered = (await list_bookies(self._urm.store, self._urm.keys.root)).registered
+        for bookie in self._absent_since.keys() & registered:
+            del self._absent_since[bookie]
+        return registered
 
     async def _replace(
         self,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import os
 import signal
@@ -25,6 +24,7 @@ import metadata
 from bookkeeper_aio.autorecovery.auditor import mark_ledgers_on
 from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
 from bookkeeper_aio.autorecovery.daemon import AutorecoveryDaemon, ReplacementDirectory
+from bookkeeper_aio.autorecovery.lease import KeptLease
 from bookkeeper_aio.autorecovery.metrics import AutorecoveryCollector, AutorecoveryMetrics
 from bookkeeper_aio.autorecovery.worker import ReplicationWorker
 from bookkeeper_aio.cli import output
@@ -248,61 +248,52 @@ async def _heal_inline(
     timeout_s: float,
     label: str,
 ) -> tuple[int, list[str]]:
-    """Heal the marks of ``ledger_ids`` with a worker of this process; returns (ledgers healed,
-    problems left)."""
-    store = urm.store
-    lease = await store.grant_lease(config.lease_ttl_s)
-    keeper = asyncio.create_task(_keepalive(store, lease, config.lease_ttl_s))
+    """Heal the marks of ``ledger_ids`` with a worker of this process, under a lease kept alive
+    (a new one when it expired, as the daemon's) until done or ``timeout_s``; returns (ledgers
+    healed, problems left). A ledger whose heal failed (metadata timing out, no replacement, ...)
+    is tried again at the next round, its problem kept for the report."""
+    lease = KeptLease(urm.store, config.lease_ttl_s, owner=f"{label}-{bookie_id}")
+    await lease.start()
     worker = ReplicationWorker(bk, urm, config, worker_id=f"{label}-{bookie_id}")
     pending = set(ledger_ids)
     problems: dict[int, str] = {}
     progress = output.Progress("heal", len(ledger_ids))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
+
+    def copied() -> str:
+        return f"copied {_size(worker.metrics.bytes_copied)}"
+
     try:
         while pending and loop.time() < deadline:
             for ledger_id in sorted(pending):
-                mark = await urm.get(ledger_id)
-                if mark is None or bookie_id not in mark.missing:
-                    pending.discard(ledger_id)
-                    continue
-                lock = await urm.acquire(ledger_id, worker.worker_id, lease)
-                if lock is None:
-                    problems[ledger_id] = "being healed by a daemon"
-                    continue
                 try:
-                    result = await worker.heal(mark, lock)
-                    if bookie_id in result.healed:
+                    mark = await urm.get(ledger_id)
+                    if mark is None or bookie_id not in mark.missing:
+                        pending.discard(ledger_id)
+                        continue
+                    lock = await urm.acquire(ledger_id, worker.worker_id, lease.lease_id())
+                    if lock is None:
+                        problems[ledger_id] = "being healed by a daemon"
+                        continue
+                    result = await worker.heal_locked(lock)
+                    if result.resolved or bookie_id in result.healed:
                         pending.discard(ledger_id)
                         problems.pop(ledger_id, None)
                     else:
                         problems[ledger_id] = "open ledger: waiting for its writer or the grace period"
-                except BKError as error:
-                    problems[ledger_id] = f"{type(error).__name__}: {error}"
-                finally:
-                    await urm.unlock(ledger_id, lease)
-                progress.update(
-                    len(ledger_ids) - len(pending), f"copied {_size(worker.metrics.bytes_copied)}"
-                )
+                except (BKError, metadata.MetadataError, TimeoutError) as error:
+                    # as in the daemon: retried at the next round (LeaseExpired: a new lease soon)
+                    problems[ledger_id] = f"{type(error).__name__}: {str(error) or 'no answer in time'}"
+                progress.update(len(ledger_ids) - len(pending), copied())
             if pending:
                 await asyncio.sleep(HEAL_RETRY_S)
-        progress.update(len(ledger_ids) - len(pending), f"copied {_size(worker.metrics.bytes_copied)}")
-        progress.finish(f"copied {_size(worker.metrics.bytes_copied)}")
+        progress.update(len(ledger_ids) - len(pending), copied())
+        progress.finish(copied())
     finally:
-        keeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await keeper
-        with contextlib.suppress(metadata.MetadataError):
-            await store.revoke_lease(lease)
+        await lease.close()
     left = [f"ledger {lid}: {problems.get(lid, 'not healed in time')}" for lid in sorted(pending)]
     return len(ledger_ids) - len(pending), left
-
-
-async def _keepalive(store: metadata.MetadataStore, lease: int, ttl_s: int) -> None:
-    while True:
-        await asyncio.sleep(ttl_s / 3)
-        with contextlib.suppress(metadata.MetadataError):
-            await store.keepalive(lease)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -107,6 +107,25 @@ class ReadSpec:
     password: bytes = field(repr=False)  # logs and tracebacks print the repr
 
 
+def check_listed(
+    name: str, position: LogPosition, log: str | None, ids: Sequence[int], truncated_before: int
+) -> None:
+    """Raise SparkOptionError naming the option ``name`` when ``position``'s ledger is not among
+    ``ids``: the ledgers of ``log`` (those truncated said so), or those read (``log`` None)."""
+    if position.ledger_id in ids:
+        return
+    if log is None:
+        problem = f"ledger {position.ledger_id} is not among the ledgers read ({list(ids)})"
+    elif position.ledger_id < truncated_before:
+        problem = (
+            f"ledger {position.ledger_id} of log {log!r} was truncated (the log starts at "
+            f'ledger {truncated_before}); start at "earliest" or a later position'
+        )
+    else:
+        problem = f"ledger {position.ledger_id} is not in log {log!r} (its ledgers: {list(ids)})"
+    raise opt.SparkOptionError(name, problem)
+
+
 class BookKeeperBatchReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str]) -> None:
         opt.check_known(options, opt.READ_OPTIONS, "batch read")
@@ -127,8 +146,8 @@ class BookKeeperBatchReader(DataSourceReader):
         truncated_before, sequenced, extents = runtime.run(self._extents)
         ids = [extent.ledger_id for extent in extents]
         for name, position in ((opt.STARTING_POSITION, self.start), (opt.ENDING_POSITION, self.end)):
-            if position is not None and position.ledger_id not in ids:
-                raise opt.SparkOptionError(name, self._not_there(position, ids, truncated_before))
+            if position is not None:
+                check_listed(name, position, self.spec.log, ids, truncated_before)
         if self.start is not None and self.end is not None and self.end < self.start:
             raise opt.SparkOptionError(
                 opt.ENDING_POSITION, f"{tuple(self.end)} is before the startingPosition {tuple(self.start)}"
@@ -137,16 +156,6 @@ class BookKeeperBatchReader(DataSourceReader):
             extents = in_log_order(extents)
         ranges = plan_ranges(extents, self.start, self.end, self.max_entries)
         return [RangePartition(i, entries, sequenced) for i, entries in enumerate(ranges)]
-
-    def _not_there(self, position: LogPosition, ids: list[int], truncated_before: int) -> str:
-        if self.spec.log is None:
-            return f"ledger {position.ledger_id} is not among the ledgers read ({ids})"
-        if position.ledger_id < truncated_before:
-            return (
-                f"ledger {position.ledger_id} of log {self.spec.log!r} was truncated (the log starts at "
-                f'ledger {truncated_before}); start at "earliest" or a later position'
-            )
-        return f"ledger {position.ledger_id} is not in log {self.spec.log!r} (its ledgers: {ids})"
 
     async def _extents(self) -> tuple[int, bool, list[LedgerExtent]]:
         async with connect(self.spec.metadata) as bk:

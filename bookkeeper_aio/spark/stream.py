@@ -43,7 +43,7 @@ from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark import runtime
 from bookkeeper_aio.spark.catalog import connect, log_extents
 from bookkeeper_aio.spark.plan import LedgerExtent, plan_ranges
-from bookkeeper_aio.spark.reader import RangePartition, ReadSpec, read_range
+from bookkeeper_aio.spark.reader import RangePartition, ReadSpec, check_listed, read_range
 
 if TYPE_CHECKING:
     from pyarrow import RecordBatch
@@ -132,6 +132,8 @@ class BookKeeperStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 if consumed is not None:
                     start = LogPosition(consumed.ledger_id, consumed.entry_id + 1)
         if start is None and isinstance(self.starting, LogPosition):
+            ids = [extent.ledger_id for extent in extents]
+            check_listed(opt.STARTING_POSITION, self.starting, self.log, ids, info.truncated_before)
             start = self.starting
         elif start is None and not extents:  # empty: its next ledger's id is above truncated_before
             start = LogPosition(info.truncated_before, 0)

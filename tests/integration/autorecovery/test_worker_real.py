@@ -100,7 +100,7 @@ async def _fenced_only_after_the_grace(cluster: Cluster, bk: BookKeeper, writer:
     assert result.left == (victim,)  # the writer's fragment is left alone within the grace
     assert not result.fenced
     assert (await bk.context.ledgers.read(handle.id)).metadata.state is LedgerState.OPEN
-    after_grace, _ = _worker(bk, cluster, open_ledger_grace_s=0)
+    after_grace, _ = _worker(bk, cluster, open_ledger_grace_s=0, lost_bookie_recovery_delay_s=0)
     result = await after_grace.heal((await urm.get(handle.id)) or mark)
     assert result.fenced
     assert result.resolved

@@ -294,3 +294,39 @@ async def test_each_bookie_keeps_its_own_reasons(store: MetadataStore, root: str
     )
     with pytest.raises(MetadataFormatError, match="bookie_reasons"):
         await urm.get(8)
+
+
+async def test_restamp_sets_the_found_bookies_since_under_the_lock(store: MetadataStore, root: str) -> None:
+    now = [1_000]
+    urm = UnderReplicationManager(store, root, now_ms=lambda: now[0])
+    await urm.mark(8, ["a", "b"], reason="lost")
+    now[0] = 5_000
+    stamped = await urm.restamp(8, ["b", "not-marked"])
+    assert stamped is not None
+    assert (stamped.since_ms("a"), stamped.since_ms("b")) == (1_000, 5_000)
+    assert await urm.get(8) == stamped
+    assert (await urm.restamp(8, ["b"])).version == stamped.version  # type: ignore[union-attr]
+    assert await urm.restamp(99, ["a"]) is None
+    lease = await store.grant_lease(5)
+    lock = await urm.acquire(8, "w", lease)
+    assert lock is not None
+    await store.revoke_lease(lease)  # the lock goes with its lease: the restamp is refused
+    now[0] = 9_000
+    with pytest.raises(GuardFailed):
+        await urm.restamp(8, ["a"], lock=lock)
+    assert await urm.get(8) == stamped
+
+
+async def test_instances_are_recorded_by_cas(store: MetadataStore, root: str) -> None:
+    urm = UnderReplicationManager(store, root)
+    assert await urm.seen_instance("b0") is None
+    assert await urm.record_instance("b0", "disk-1", None)
+    first = await urm.seen_instance("b0")
+    assert first is not None
+    assert first.instance == "disk-1"
+    assert not await urm.record_instance("b0", "disk-x", None)  # recorded meanwhile
+    assert await urm.record_instance("b0", "disk-2", first)
+    assert not await urm.record_instance("b0", "disk-3", first)  # stale: it changed since
+    second = await urm.seen_instance("b0")
+    assert second is not None
+    assert second.instance == "disk-2"

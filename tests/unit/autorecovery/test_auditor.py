@@ -222,6 +222,41 @@ async def test_a_bookie_back_with_another_data_dir_is_marked_at_once() -> None:
         await ctx.pool.close()
 
 
+async def test_a_new_auditor_tells_a_bookie_replaced_while_none_watched() -> None:
+    """The auditor that saw the old data dir dies; the bookie comes back formatted before another
+    leads (or the daemons restart): the new auditor reads the last instance seen from metadata."""
+    store = MemoryStore()
+    ctx = _ctx(store)
+    urm = UnderReplicationManager(store, ROOT)
+
+    async def register(instance: str) -> BookieRegistration:
+        info = BookieInfo("b0", "127.0.0.1", 4200, attributes={"instance_id": instance})
+        registration = BookieRegistration(store, ROOT, info, ttl_s=5)
+        await registration.start()
+        return registration
+
+    reg = await register("disk-1")
+    on_b0 = (await ctx.ledgers.create(("b0",), write_quorum=1, ack_quorum=1)).ledger_id
+    config = AutorecoveryConfig(lost_bookie_recovery_delay_s=30)
+    try:
+        assert await Auditor(ctx, urm, config, candidate_id="a1").audit_once() == []  # sees disk-1
+        await reg.close()
+        reg = await register("disk-2")  # formatted while no auditor watched
+        fresh = Auditor(ctx, urm, config, candidate_id="a2")
+        assert await fresh.audit_once() == [on_b0]
+        mark = await urm.get(on_b0)
+        assert mark is not None
+        assert mark.reasons == ("replaced",)
+        assert await fresh.audit_once() == []  # once
+        assert await Auditor(ctx, urm, config, candidate_id="a3").audit_once() == []  # recorded
+        seen = await urm.seen_instance("b0")
+        assert seen is not None
+        assert seen.instance == "disk-2"
+    finally:
+        await reg.close()
+        await ctx.pool.close()
+
+
 async def test_a_bookie_with_an_undecodable_registration_is_not_taken_for_lost() -> None:
     # A live bookie whose registration this auditor cannot read (a newer format during a rolling
     # upgrade) holds its key under a live lease: re-replicating its ledgers away would be wrong.

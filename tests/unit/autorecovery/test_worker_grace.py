@@ -3,10 +3,15 @@ ledger's first mark (an older mark for another bookie must not make the fence co
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from bookkeeper_aio import BookKeeper
 from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
-from bookkeeper_aio.autorecovery.worker import ReplicationWorker
+from bookkeeper_aio.autorecovery.worker import HealResult, ReplicationWorker
 from bookkeeper_aio.client.context import StaticDirectory
+from metadata.bookies import BookieInfo, BookieRegistration
 from metadata.ledger_manager import LedgerManager
 from metadata.ledger_metadata import LedgerState
 from metadata.memory import MemoryStore
@@ -79,3 +84,79 @@ async def test_a_mark_stamped_by_a_clock_behind_this_workers_does_not_shorten_th
         assert (await ledgers.read(created.ledger_id)).metadata.state is LedgerState.OPEN
     finally:
         await bk.close()
+
+
+class _Fenced(Exception):
+    """The worker fenced the writer's ledger (the test's stand-in for open_ledger(recovery=True))."""
+
+
+async def _register(store: MemoryStore, bookie_id: str, port: int) -> BookieRegistration:
+    registration = BookieRegistration(store, ROOT, BookieInfo(bookie_id, "127.0.0.1", port), ttl_s=5)
+    await registration.start()
+    return registration
+
+
+async def test_a_restart_of_a_marked_bookie_that_is_back_does_not_fence_its_idle_writer() -> None:
+    """b was lost once (marked) and came back with its disk: its idle writer goes on. A graceful
+    restart of b deregisters it at once; a look during it must not fence the writer's ledger: only
+    an absence that outlasts the lost-bookie delay at every look of the worker does, and only a
+    grace after b was last found back."""
+    store = MemoryStore()
+    now = [1_000_000]
+    local = [0.0]
+    urm = UnderReplicationManager(store, ROOT, now_ms=lambda: now[0])
+    ledgers = LedgerManager(store, ROOT)
+    registrations = {b: await _register(store, b, 4000 + i) for i, b in enumerate("abcd")}
+    bk = BookKeeper(ledgers, StaticDirectory(list("abcd")))
+    fenced: list[int] = []
+
+    async def open_ledger(ledger_id: int, *, password: bytes = b"", recovery: bool = False) -> None:
+        fenced.append(ledger_id)
+        raise _Fenced
+
+    bk.open_ledger = open_ledger  # type: ignore[method-assign]
+    config = AutorecoveryConfig(open_ledger_grace_s=30, lost_bookie_recovery_delay_s=30, worker_idle_poll_s=1)
+    worker = ReplicationWorker(
+        bk, urm, config, worker_id="w", now_ms=lambda: now[0], monotonic_s=lambda: local[0]
+    )
+
+    def advance(seconds: int) -> None:
+        now[0] += seconds * 1000
+        local[0] += seconds
+
+    async def look() -> HealResult:
+        mark = await urm.get(created.ledger_id)
+        assert mark is not None
+        return await worker.heal(mark)
+
+    try:
+        created = await ledgers.create(("a", "b", "c"), write_quorum=2, ack_quorum=2)
+        await urm.mark(created.ledger_id, ["b"], reason="lost")
+        assert (await look()).wait_s == 30  # the worker sees the mark: the grace runs
+        advance(40)
+        back = await look()  # b is back: its writer keeps it, and the grace starts anew
+        assert (back.fenced, back.left, back.wait_s) == (False, ("b",), 30)
+        restamped = await urm.get(created.ledger_id)
+        assert restamped is not None
+        assert restamped.since_ms("b") == now[0]
+        await registrations["b"].close()  # a rolling restart of b
+        advance(30)
+        during = await look()  # the worker's next look falls in the restart
+        assert not during.fenced
+        assert during.wait_s == 30  # looked at again when the delay would be over
+        registrations["b"] = await _register(store, "b", 4001)  # b is back within seconds
+        advance(2)
+        lease = await store.grant_lease(10)
+        await worker._one_pass(lambda: lease, asyncio.get_running_loop())  # a pass sees b back
+        await registrations["b"].close()  # and restarts again, just before the next look
+        advance(28)
+        assert not (await look()).fenced  # two short absences are no long one
+        assert fenced == []
+        advance(30)  # b stayed away for the delay at every look: lost, and the writer is fenced
+        with pytest.raises(_Fenced):
+            await look()
+        assert fenced == [created.ledger_id]
+    finally:
+        await bk.close()
+        for registration in registrations.values():
+            await registration.close()

@@ -106,7 +106,11 @@ async def test_an_open_ledger_whose_bookie_is_back_is_not_fenced() -> None:
         assert result.left == ("b",)
         assert result.wait_s >= 30  # looked at again later
         assert (await ledgers.read(created.ledger_id)).metadata.state is LedgerState.OPEN
-        await registrations[1].close()  # b is gone after all: now the idle writer is fenced
+        await registrations[1].close()  # b is gone after all (or restarting)
+        mark = await urm.get(created.ledger_id)  # found back: its grace started anew
+        assert mark is not None
+        assert not (await worker.heal(mark)).fenced  # a look in a restart fences nothing
+        now[0] += 30_000  # unregistered for the lost-bookie delay: now the idle writer is fenced
         with contextlib.suppress(RuntimeError):
             await worker.heal(mark)
         assert fenced == [created.ledger_id]

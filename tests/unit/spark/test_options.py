@@ -7,6 +7,7 @@ import pytest
 from bookkeeper_aio import BKInterfaceError, LogPosition
 from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark.options import SparkOptionError
+from bookkeeper_aio.spark.reader import check_listed
 
 URL = "etcd://127.0.0.1:2379/bookkeeper/x"
 
@@ -97,3 +98,17 @@ def test_bad_counts_name_the_option(text: str) -> None:
 def test_counts() -> None:
     assert opt.parse_positive_int({}, "maxEntriesPerPartition", 10) == 10
     assert opt.parse_positive_int({"maxentriesperpartition": " 7"}, "maxEntriesPerPartition", 10) == 7
+
+
+def test_a_position_outside_what_is_read_names_its_option() -> None:
+    check_listed(opt.STARTING_POSITION, LogPosition(7, 3), "l", [5, 7], 5)  # listed: no error
+    cases = [
+        (None, 0, "option 'endingPosition': ledger 9 is not among the ledgers read ([5, 7])"),
+        ("l", 5, "option 'endingPosition': ledger 9 is not in log 'l' (its ledgers: [5, 7])"),
+        ("l", 10, "option 'endingPosition': ledger 9 of log 'l' was truncated (the log starts at ledger 10)"),
+    ]
+    for log, truncated_before, message in cases:
+        with pytest.raises(opt.SparkOptionError) as raised:
+            check_listed(opt.ENDING_POSITION, LogPosition(9, 0), log, [5, 7], truncated_before)
+        assert str(raised.value).startswith(message)
+        assert raised.value.option == opt.ENDING_POSITION

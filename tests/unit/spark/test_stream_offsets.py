@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from bookkeeper_aio import LogPosition, LogTruncated
+from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark import stream
 from bookkeeper_aio.spark.plan import EntryRange, LedgerExtent, plan_ranges
 from bookkeeper_aio.spark.stream import (
@@ -234,3 +235,20 @@ def test_a_batch_planned_again_holds_the_same_entries(
         again = data.draw(_regressed(extents))
         assert plan_ranges(batch_extents("l", again, end), start, end, 1000) == chosen
         start = end
+
+
+def test_a_starting_position_outside_the_log_is_an_error_naming_the_option(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As for a batch read: a streaming query told to start in a ledger the log does not list
+    fails at once (it would otherwise read nothing, or what it was not asked to, unseen)."""
+    log = _Log(5, [LedgerExtent(5, 4, first_offset=40), LedgerExtent(7, 2, first_offset=45, closed=False)])
+    reader = _reader(monkeypatch, log)
+    reader.starting = P(99_999_999, 0)
+    with pytest.raises(opt.SparkOptionError, match=r"startingPosition.*ledger 99999999 is not in log 'l'"):
+        reader.initialOffset()
+    reader.starting = P(3, 0)
+    with pytest.raises(opt.SparkOptionError, match=r"startingPosition.*ledger 3 of log 'l' was truncated"):
+        reader.initialOffset()
+    reader.starting = P(7, 1)  # a listed ledger: taken as is
+    assert from_offset(reader.initialOffset()) == (P(7, 1), 46)
