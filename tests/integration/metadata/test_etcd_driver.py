@@ -41,7 +41,9 @@ async def test_dead_first_endpoint_fails_over_to_a_live_one(etcd_server: EtcdClu
         with capture_logs() as logs:
             version = await store.create(f"{root}/k", b"v")
         switched = [line for line in logs if line["event"] == "metadata.etcd.endpoint_switched"]
-        assert [line["failed"] for line in switched] == [f"127.0.0.1:{dead[1]}"]
+        # the first switch leaves the dead endpoint (a loaded machine may time out the live one too)
+        assert switched, logs
+        assert switched[0]["failed"] == f"127.0.0.1:{dead[1]}"
         got = await store.get(f"{root}/k")
         assert got is not None
         assert got.version == version
