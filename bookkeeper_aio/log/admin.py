@@ -31,7 +31,7 @@ from bookkeeper_aio.log._common import (
     recover_ledgers,
     taken_over,
 )
-from bookkeeper_aio.log.position import LogPosition
+from bookkeeper_aio.log.position import LogPosition, check_position
 from metadata.errors import BadVersion, CasResultUnknown, InvalidMetadata
 from metadata.log_metadata import LogMetadata
 
@@ -119,20 +119,30 @@ async def delete_log(bk: BookKeeper, name: str, *, password: bytes = b"") -> Non
 async def commit_cursor(bk: BookKeeper, name: str, cursor: str, position: LogPosition) -> None:
     """Record that ``cursor`` consumed the log up to ``position`` (inclusive); last commit wins.
     Truncation reads the cursors when it plans its cut: a commit into a ledger a truncation already
-    removed raises `LogTruncated` (the cursor is stored, but what follows it is gone); one between a
-    truncation's plan and its CAS returns, and the truncation still removes its ledger (a reader
-    resuming after it then gets `LogTruncated`, never a silent gap).
+    removed raises `LogTruncated` and stores nothing (if that truncation lands between the check and
+    the write, the cursor is stored and `LogTruncated` raised all the same; truncation ignores a
+    cursor below the log's start, so it never holds anything back); one between a truncation's plan
+    and its CAS returns, and the truncation still removes its ledger (a reader resuming after it
+    then gets `LogTruncated`, never a silent gap).
     Raises NoSuchLog, BKInterfaceError (bad cursor name or position)."""
+    check_position(position, "position", entry_min=-1)
     manager = log_manager(bk)
-    await manager.read(name)  # the log must exist
+    try:
+        manager.keys.log_cursor(name, cursor)  # the names, checked before anything is read
+    except InvalidMetadata as error:
+        raise BKInterfaceError(f"log {name!r}: {error}") from error
+    _raise_if_truncated((await manager.read(name)).metadata, cursor, position)
     try:
         await manager.write_cursor(name, cursor, position.ledger_id, position.entry_id)
     except InvalidMetadata as error:
         raise BKInterfaceError(f"log {name!r}: {error}") from error
-    md = (await manager.read(name)).metadata
+    _raise_if_truncated((await manager.read(name)).metadata, cursor, position)
+
+
+def _raise_if_truncated(md: LogMetadata, cursor: str, position: LogPosition) -> None:
     if position.ledger_id < md.truncated_before:
         first = (md.ledgers[0].ledger_id, 0) if md.ledgers else None
-        raise LogTruncated(name, f"cursor {cursor!r} at {tuple(position)}", first)
+        raise LogTruncated(md.name, f"cursor {cursor!r} at {tuple(position)}", first)
 
 
 async def read_cursors(bk: BookKeeper, name: str) -> dict[str, LogPosition]:

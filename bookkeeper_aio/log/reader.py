@@ -30,7 +30,7 @@ from bookkeeper_aio.client.read_handle import LedgerEntry, ReadHandle
 from bookkeeper_aio.errors import BKInterfaceError, LogTruncated, NoSuchLedger, NoSuchLog
 from bookkeeper_aio.log import records
 from bookkeeper_aio.log._common import log_manager
-from bookkeeper_aio.log.position import LogPosition, LogRecord
+from bookkeeper_aio.log.position import LogPosition, LogRecord, check_position
 from metadata.log_manager import LogManager
 from metadata.log_metadata import LogLedger, LogMetadata
 
@@ -58,8 +58,8 @@ async def open_log_reader(
     LogTruncated (``start`` was truncated), BKInterfaceError (``start`` not in the log, bad
     arguments), and the ledger API's read errors.
     """
-    if end is not None and not isinstance(end, LogPosition):
-        raise BKInterfaceError(f"end must be a LogPosition or None, got {end!r}")
+    if end is not None:
+        check_position(end, "end")
     manager = log_manager(bk)
     md = (await manager.read(name)).metadata
     first_index, first_entry = await _start_at(bk, md, start, password)
@@ -82,12 +82,13 @@ async def _start_at(bk: BookKeeper, md: LogMetadata, start: Start, password: byt
         return len(ledger_ids) - 1, handle.last_add_confirmed + 1
     if not isinstance(start, LogPosition):
         raise BKInterfaceError(f"start must be 'earliest', 'latest' or a LogPosition, got {start!r}")
+    check_position(start, "start")
     if start.ledger_id < md.truncated_before or (ledger_ids and start.ledger_id < ledger_ids[0]):
         raise LogTruncated(md.name, f"position {tuple(start)}", _first_position(md))
     if start.ledger_id not in ledger_ids:
         raise BKInterfaceError(f"log {md.name!r}: ledger {start.ledger_id} is not in the log")
     await _check_not_beyond_end(bk, md.name, start, password)
-    return ledger_ids.index(start.ledger_id), max(0, start.entry_id)
+    return ledger_ids.index(start.ledger_id), start.entry_id
 
 
 async def _check_not_beyond_end(bk: BookKeeper, name: str, start: LogPosition, password: bytes) -> None:

@@ -1,9 +1,11 @@
 """Truncation and retention (docs/api.md "Logs"): whole ledgers leave the front of the list.
 
 A cut never removes the last ledger, an OPEN ledger or anything after one, nor the ledger a named
-cursor points into (or anything after it): the slowest cursor bounds it. The list changes first (one
-CAS: the metadata then records ``truncated_before``, so a reader asking for a truncated position gets
-`LogTruncated`, never a silent gap), then the dropped ledgers are deleted.
+cursor points into (or anything after it): the slowest cursor bounds it. A cursor below the
+log's start (``truncated_before``: committed while a truncation removed its ledger) bounds nothing.
+The list changes first (one CAS: the metadata then records ``truncated_before``, so a reader asking
+for a truncated position gets `LogTruncated`, never a silent gap), then the dropped ledgers are
+deleted; with nothing to cut the list is not written.
 
 A lost CAS answer (`CasResultUnknown`) is settled by reading the list again: every planned ledger
 it no longer lists, below its ``truncated_before``, left it (by this cut or a later one: deleting
@@ -16,13 +18,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
-from bookkeeper_aio.errors import BKError
+from bookkeeper_aio.errors import BKError, MetadataConflict, NoSuchLedger
 from bookkeeper_aio.log import records
 from bookkeeper_aio.log._common import delete_ledgers, log, log_manager
-from bookkeeper_aio.log.position import LogPosition
+from bookkeeper_aio.log.position import LogPosition, check_position
 from metadata.errors import CasResultUnknown
-from metadata.log_manager import LogManager, VersionedLog
+from metadata.ledger_manager import _Unchanged
+from metadata.log_manager import UNCHANGED, LogManager, VersionedLog
 from metadata.log_metadata import LogLedgerState, LogMetadata
+
+PLAN_ATTEMPTS_MAX = 50
 
 
 def truncate_list(
@@ -37,7 +42,8 @@ def truncate_list(
             cut = min(cut, entry.ledger_id)
             break
     for ledger_id, _ in cursors.values():
-        cut = min(cut, ledger_id)
+        if ledger_id >= md.truncated_before:  # one below it points at nothing left to hold back
+            cut = min(cut, ledger_id)
     dropped = [entry.ledger_id for entry in md.ledgers if entry.ledger_id < cut]
     if not dropped:
         return md, []
@@ -80,12 +86,18 @@ async def truncate_log(
     delete them; a live writer keeps writing. Returns the log's first position afterwards (None: no
     ledger). ``password`` (the log's) reads a sequenced log's last removed record and deletes the
     dropped ledgers (without it they stay as orphans, logged). Raises NoSuchLog,
-    MetadataFormatError, MetadataUnavailable."""
+    MetadataFormatError, MetadataUnavailable, BKInterfaceError (``before`` not a position)."""
+    check_position(before, "before")
     manager = log_manager(bk)
     current = await manager.read(name)
     change, planned = await plan_truncation(bk, manager, current.metadata, before.ledger_id, password)
+
+    def change_or_unchanged(md: LogMetadata) -> LogMetadata | _Unchanged:
+        proposed = change(md)
+        return UNCHANGED if proposed == md else proposed  # nothing to cut: no write
+
     try:
-        versioned = await manager.update(name, change, current=current)
+        versioned = await manager.update(name, change_or_unchanged, current=current)
     except CasResultUnknown as error:
         versioned = await settle_lost_truncation(manager, name, planned, error)
     await delete_ledgers(bk, name, truncated_ids(versioned.metadata, planned), password, why="truncated")
@@ -125,12 +137,22 @@ async def plan_truncation(
     cut is fixed here, from the cursors and the list as they are now (a retry of the
     CAS never cuts further); for a sequenced log the highest removed sequence number goes along."""
     cursors = await manager.read_cursors(md.name)
-    planned, gone = truncate_list(md, before_ledger_id, cursors)
-    cut = planned.truncated_before if gone else before_ledger_id
-    sequence = None
-    if md.sequenced and gone:
+    for _ in range(PLAN_ATTEMPTS_MAX):
+        planned, gone = truncate_list(md, before_ledger_id, cursors)
+        sequence = None
+        if not (md.sequenced and gone):
+            break
         removed = [entry for entry in md.ledgers if entry.ledger_id in set(gone)]
-        sequence = await records.last_sequence_in(bk, md.name, removed, password)
+        try:
+            sequence = await records.last_sequence_in(bk, md.name, removed, password)
+            break
+        except NoSuchLedger:
+            # ``md`` is stale (a writer's own view): another truncation removed and deleted the
+            # ledger since; the list as it is now says what is left to cut.
+            md = (await manager.read(md.name)).metadata
+    else:
+        raise MetadataConflict(f"log {md.name!r}: the list kept being truncated while planning a truncation")
+    cut = planned.truncated_before if gone else before_ledger_id
     ids = list(gone)
 
     def change(current: LogMetadata) -> LogMetadata:

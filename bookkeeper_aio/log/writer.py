@@ -68,7 +68,7 @@ from bookkeeper_aio.log._common import (
     recover_ledgers,
     taken_over,
 )
-from bookkeeper_aio.log.position import LogPosition
+from bookkeeper_aio.log.position import LogPosition, check_position
 from bookkeeper_aio.log.truncation import (
     plan_truncation,
     retention_cut,
@@ -222,9 +222,12 @@ class LogWriter:
                     try:
                         return await handle.append_async(data)
                     except _FENCING_ERRORS as error:
-                        rolled = handle is not self._handle
-                        if rolled and type(error) is LedgerClosed and not error.outcome_unknown:
-                            continue  # a roll closed it while we waited for a slot: nothing was sent
+                        if type(error) is LedgerClosed and not error.outcome_unknown:
+                            # Closed by this writer while we waited for a slot: nothing was sent.
+                            if handle is not self._handle:
+                                continue  # a roll closed it: on to the new ledger
+                            if self._closed:  # our own close(): a closed writer, not a fencing
+                                raise BKInterfaceError(f"log {self.name!r}: the writer is closed") from error
                         raise self._fence(error) from error
         finally:
             self._queued -= 1
@@ -304,6 +307,8 @@ class LogWriter:
                 return self._versioned
             except BadVersion:
                 pass
+            except NoSuchLog as error:  # delete_log fences the writer; its list is gone
+                raise self._fence("the log was deleted") from error
             try:
                 current = await self._manager.read(self.name)
             except NoSuchLog as error:
@@ -448,7 +453,11 @@ class LogWriter:
         (the list moved past the version that CAS expected); a spare the list still records is kept
         for the next roll, any other ledger discarded; ``error`` is raised. Listed after or under
         another writer's change, or the list unreadable: as for a takeover."""
-        current = await _read_or_none(self._manager, self.name)
+        try:
+            current = await _read_or_none(self._manager, self.name)
+        except NoSuchLog as deleted:
+            await discard_ledger(self._bk, new, self._password)  # deleted with the log, or never listed
+            raise self._fence("the log was deleted") from deleted
         if current is None:
             new.abort()  # may be listed: whoever opens the log next recovers it
             raise error
@@ -518,6 +527,7 @@ class LogWriter:
         """Drop the whole ledgers before ``position``'s ledger from the list (never the ledger being
         written, never past the slowest named cursor) and delete them. Returns the log's first
         position afterwards. See `bookkeeper_aio.log.truncate_log`."""
+        check_position(position, "position")
         self._check_writable()
         async with self._roll_lock:
             return await self._truncate(position.ledger_id)
@@ -697,11 +707,16 @@ async def _take_over(
     expected). An unreadable list raises the `CasResultUnknown`."""
     try:
         versioned = await cas_log(manager, proposed, current.version)
-    except BadVersion:
-        await discard_ledger(bk, handle, password)  # the CAS never applied: the list does not hold it
+    except (BadVersion, NoSuchLog):
+        # The CAS never applied (or the log was deleted, with whatever it listed): no list holds it.
+        await discard_ledger(bk, handle, password)
         return None
     except CasResultUnknown:
-        read = await _read_or_none(manager, current.metadata.name)
+        try:
+            read = await _read_or_none(manager, current.metadata.name)
+        except NoSuchLog:
+            await discard_ledger(bk, handle, password)  # deleted with the log, or never listed
+            return None
         if read is None:
             raise  # the caller aborts the handle: a later writer fences it
         versioned, md = read, read.metadata
@@ -722,9 +737,12 @@ async def _take_over(
 
 
 async def _read_or_none(manager: LogManager, name: str) -> VersionedLog | None:
-    """The list, or None when it cannot be read now (settling a lost CAS answer then fails)."""
+    """The list, or None when it cannot be read now (settling a lost CAS answer then fails).
+    Raises `NoSuchLog`: the log was deleted."""
     try:
         return await manager.read(name)
+    except NoSuchLog:
+        raise
     except BKError as error:
         log.warning("log.list_unreadable", log=name, error=repr(error))
         return None

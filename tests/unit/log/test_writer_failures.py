@@ -1,0 +1,103 @@
+"""The log writer under its own close, failed closes of a rolled ledger, lost roll answers with an
+unreadable list, and a log deleted under a roll: the writer never fences itself, never leaves a
+ledger OPEN behind it while it lives, and never leaks a ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from bookkeeper_aio import (
+    BKInterfaceError,
+    BookKeeper,
+    LogFenced,
+    delete_log,
+    describe_log,
+    open_log_reader,
+    open_log_writer,
+)
+from bookkeeper_aio.log import writer as writer_module
+from metadata.log_manager import LogManager, VersionedLog
+from metadata.log_metadata import LogMetadata
+from tests.unit.client.conftest import FAST, ROOT
+from tests.unit.log.fakes import world
+
+
+async def _states(bk: BookKeeper, name: str) -> list[str]:
+    return [e.state for e in (await describe_log(bk, name)).ledgers]
+
+
+async def test_close_with_appends_waiting_for_a_slot_closes_the_ledger_and_does_not_fence() -> None:
+    """close() releases appends waiting for a window slot: they were never sent, so they fail as
+    appends on a closed writer (nothing written), the sent ones complete, and the ledger is closed."""
+    async with world(dataclasses.replace(FAST, add_window_max=2)) as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg")
+        await writer.append(b"first")
+        tasks = [asyncio.create_task(writer.append(b"x%d" % i)) for i in range(6)]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        await writer.close()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert results[:2] == [(writer.ledger_id, 1), (writer.ledger_id, 2)]  # the window's two, sent
+        for refused in results[2:]:
+            assert isinstance(refused, BKInterfaceError), refused
+            assert not refused.outcome_unknown
+        assert await _states(bk, "lg") == ["closed"]
+        ledger = await other.open_ledger(writer.ledger_id)
+        assert ledger.is_closed
+        assert ledger.last_add_confirmed == 2
+        got = [r.payload async for r in await open_log_reader(other, "lg")]
+        assert got == [b"first", b"x0", b"x1"]
+
+
+class _DeleteFirst(LogManager):
+    """Deletes the log (through another client) just before the first CAS of the list."""
+
+    def __init__(self, store: object, root: str, other: BookKeeper) -> None:
+        super().__init__(store, root)  # type: ignore[arg-type]
+        self.other: BookKeeper | None = other
+
+    async def write(self, metadata: LogMetadata, expected_version: int) -> VersionedLog:
+        if self.other is not None:
+            other, self.other = self.other, None
+            await delete_log(other, metadata.name)
+        return await super().write(metadata, expected_version)
+
+
+async def test_a_roll_racing_delete_log_raises_log_fenced_and_deletes_its_new_ledger() -> None:
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg")
+        await writer.append(b"a")
+        first = writer.ledger_id
+        writer._manager = _DeleteFirst(w.store, ROOT, other)
+        with pytest.raises(LogFenced, match="deleted"):
+            await writer.roll()
+        assert not await bk.context.ledgers.exists(first)  # delete_log's
+        assert not await bk.context.ledgers.exists(first + 1)  # the roll's new ledger, not listed
+        with pytest.raises(LogFenced):
+            await writer.append(b"b")
+
+
+async def test_an_open_racing_delete_log_deletes_its_new_ledger_and_starts_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The log is deleted between the open's ledger creation and its CAS: the ledger is not listed
+    anywhere, so it is deleted, and the open starts over (``create=True``: on a new log)."""
+    async with world() as w:
+        bk, other = w.clients
+        old = await open_log_writer(other, "lg")
+        await old.append(b"a")
+        manager = _DeleteFirst(w.store, ROOT, other)
+        monkeypatch.setattr(writer_module, "log_manager", lambda client: manager)
+        writer = await open_log_writer(bk, "lg")
+        info = await describe_log(bk, "lg")
+        assert [e.ledger_id for e in info.ledgers] == [writer.ledger_id]
+        for ledger_id in range(1, writer.ledger_id):  # the old writer's and the lost open's
+            assert not await bk.context.ledgers.exists(ledger_id)
+        await writer.append(b"b")
+        await writer.close()
+        assert [r.payload async for r in await open_log_reader(other, "lg")] == [b"b"]
