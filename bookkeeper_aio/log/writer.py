@@ -14,7 +14,9 @@ chosen a roll runs to its end in a task of its own, whatever happens to its call
 ``roll()`` or ``close()``): a listed ledger always gets the switch, and the ledger before it is
 always closed and marked, or readers would stop at it. A roll's CAS answer lost after the list moved
 on is settled as an open's: listed, the roll goes on; not listed, a spare the list still records
-stays the spare, any other ledger is deleted.
+stays the spare, any other ledger is deleted. With the list unreadable then, the ledger is kept and
+the list read again before it next changes (`_repair`: in the background, and first in every roll,
+truncation and close); so is a ledger rolled away from whose close failed closed again.
 
 With automatic rolls the next ledger is created ahead, once the current one is half way to a limit
 (`SPARE_AT`), and recorded in the list as its ``spare`` (one CAS): the roll itself is then the CAS
@@ -46,7 +48,7 @@ from typing import Any, cast
 import structlog
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
-from bookkeeper_aio.client.ledger import LedgerHandle
+from bookkeeper_aio.client.ledger import HandleState, LedgerHandle
 from bookkeeper_aio.errors import (
     BKError,
     BKInterfaceError,
@@ -84,7 +86,11 @@ log = structlog.get_logger("bookkeeper_aio.log.writer")
 OPEN_ATTEMPTS_MAX = 50
 CHANGE_ATTEMPTS_MAX = 100
 ROLL_RETRY_S = 1.0
-"""After a failed automatic roll (or spare), appends do not start another one for this long."""
+"""After a failed automatic roll (or spare), appends do not start another one for this long; the
+repair of a failed roll step (`LogWriter._repair`) is tried again after it."""
+REPAIR_ATTEMPTS_MAX = 600
+"""Background tries of a repair (`ROLL_RETRY_S` apart); the next roll, truncation and close() try
+too."""
 SPARE_AT = 0.5
 """The spare ledger is created once the current one reached this fraction of a roll limit."""
 _FENCING_ERRORS = (LedgerFenced, LedgerClosed, MetadataConflict)
@@ -131,6 +137,10 @@ class LogWriter:
         self._rolling: asyncio.Task[None] | None = None  # the last roll's CAS, switch and close
         self._spare_retry_at = 0.0
         self._unmarked: dict[int, tuple[int, int]] = {}  # closed by us, not yet CLOSED in the list
+        self._unclosed: dict[int, LedgerHandle] = {}  # rolled away from, their close failed
+        self._maybe_listed: LedgerHandle | None = None  # a roll's ledger, its CAS outcome unknown
+        self._repair_task: asyncio.Task[None] | None = None
+        self._repairing = False  # the repair task holds the roll lock (close() waits, not cancels)
         self._close_done = False
         self._fenced: LogFenced | None = None
         self._closed = False
@@ -360,6 +370,7 @@ class LogWriter:
             try:
                 async with self._roll_lock:
                     self._check_writable()
+                    await self._repair()
                     if spare.id <= self._versioned.metadata.last_ledger_id:  # a roll() overtook it
                         raise BKInterfaceError(f"ledger {spare.id} is below the list's last one")
                     await self._change(lambda md: md.with_spare(spare.id), self._handle.id)
@@ -410,6 +421,7 @@ class LogWriter:
         await self._roll_lock.acquire()
         try:
             self._check_writable()
+            await self._repair()
             old = self._handle
             new = self._take_spare() or await self._create_ledger()
         except BaseException:
@@ -459,7 +471,10 @@ class LogWriter:
             await discard_ledger(self._bk, new, self._password)  # deleted with the log, or never listed
             raise self._fence("the log was deleted") from deleted
         if current is None:
-            new.abort()  # may be listed: whoever opens the log next recovers it
+            # It may be listed: until the list tells, appends stay on ``old`` (a roll's old ledger
+            # may take appends until it is closed) and every change of the list waits (`_repair`).
+            self._maybe_listed = new
+            self._schedule_repair()
             raise error
         md = current.metadata
         last = md.ledgers[-1] if md.ledgers else None
@@ -503,7 +518,105 @@ class LogWriter:
             self._queued -= 1
 
     async def _close_old(self, old: LedgerHandle) -> None:
-        await self._close_and_mark(old, self._handle.id)
+        """Close and mark the ledger a roll left. If its close fails (`MetadataUnavailable`, a
+        timeout), it is kept and closed again later (`_repair`): left OPEN it would stop every
+        reader at it, and truncation too."""
+        try:
+            await self._close_and_mark(old, self._handle.id)
+        except LogFenced:
+            raise
+        except BKError:
+            if old.state is not HandleState.CLOSED:
+                self._unclosed[old.id] = old
+                self._schedule_repair()
+            raise
+
+    # ------------------------------------------------------------------ repairs
+    def _schedule_repair(self) -> None:
+        if self._repair_task is None:
+            self._repair_task = asyncio.create_task(self._repair_later())
+            self._repair_task.add_done_callback(_retrieve_error)
+
+    async def _repair_later(self) -> None:
+        """Try `_repair` every `ROLL_RETRY_S` until it is done (or the writer stops)."""
+        try:
+            for _ in range(REPAIR_ATTEMPTS_MAX):
+                await asyncio.sleep(ROLL_RETRY_S)
+                if self._fenced is not None or not (self._unclosed or self._maybe_listed):
+                    return
+                async with self._roll_lock:
+                    self._repairing = True
+                    try:
+                        await self._repair()
+                        return
+                    except LogFenced:
+                        return
+                    except BKError as error:
+                        log.warning("log.repair_failed", log=self.name, error=repr(error))
+                        if self._closed:
+                            return  # close() repairs (and raises what fails): it waits for us
+                    finally:
+                        self._repairing = False
+        finally:
+            self._repair_task = None
+
+    async def _repair(self) -> None:
+        """What a failed roll step left, settled before the list changes again (the caller holds
+        the roll lock): a roll's ledger whose CAS answer was lost with the list unreadable (listed:
+        the roll goes on to it; not listed: discarded or kept as the spare), then the close of the
+        ledgers rolled away from whose close failed. Raises what still fails (tried again later)."""
+        if self._maybe_listed is not None:
+            await self._settle_maybe_listed(self._maybe_listed)
+        if not self._unclosed:
+            return
+        for ledger_id, handle in list(self._unclosed.items()):
+            try:
+                await handle.close()
+            except _FENCING_ERRORS as error:
+                raise self._fence(error) from error
+            del self._unclosed[ledger_id]
+            md = handle.metadata
+            self._unmarked[ledger_id] = (-1 if md.last_entry_id is None else md.last_entry_id, md.length)
+            log.info("log.rolled_ledger_closed", log=self.name, ledger_id=ledger_id)
+        await self._change(lambda md: md, self._handle.id)  # marks them CLOSED in the list
+
+    async def _settle_maybe_listed(self, new: LedgerHandle) -> None:
+        """A roll's CAS of ``new`` whose answer was lost, the list unreadable then: read it now.
+        Listed right after the current ledger and last: that CAS applied, so switch to ``new`` and
+        close the current ledger (the roll's end). Not listed: it never will be (the list moved past
+        the version that CAS expected): kept as the spare if the list records it so, else discarded.
+        Listed otherwise: another writer took the log over."""
+        try:
+            current = await self._manager.read(self.name)
+        except NoSuchLog as error:
+            self._maybe_listed = None
+            await discard_ledger(self._bk, new, self._password)
+            raise self._fence("the log was deleted") from error
+        md = current.metadata
+        self._maybe_listed = None
+        index = md.index_of(new.id)
+        if index is None:
+            log.info("log.roll_answer_lost", log=self.name, ledger_id=new.id, applied=False, late=True)
+            if md.spare == new.id and self._spare is None:
+                self._spare = new
+            else:
+                await discard_ledger(self._bk, new, self._password)
+            return
+        ours = (
+            index == len(md.ledgers) - 1
+            and index > 0
+            and md.ledgers[index - 1].ledger_id == self._handle.id
+            and md.ledgers[index].state is LogLedgerState.OPEN
+        )
+        if not ours:
+            new.abort()
+            raise self._fence("the ledger list changed (another writer took the log over)")
+        log.info("log.roll_answer_lost", log=self.name, ledger_id=new.id, applied=True, late=True)
+        old = self._handle
+        self._versioned = current
+        await self._switch(old, new)
+        log.info("log.rolled", log=self.name, old_ledger=old.id, new_ledger=new.id)
+        await self._close_old(old)
 
     async def _close_and_mark(
         self,
@@ -530,6 +643,7 @@ class LogWriter:
         check_position(position, "position")
         self._check_writable()
         async with self._roll_lock:
+            await self._repair()
             return await self._truncate(position.ledger_id)
 
     async def _apply_retention(self) -> None:
@@ -540,6 +654,7 @@ class LogWriter:
         if cut is not None:
             try:
                 async with self._roll_lock:
+                    await self._repair()
                     await self._truncate(cut)
             except BKError as error:
                 log.warning("log.retention_failed", log=self.name, error=repr(error))
@@ -574,9 +689,18 @@ class LogWriter:
                 await asyncio.shield(self._rolling)
         if self._spare_task is not None:
             await asyncio.wait([self._spare_task])
+        if self._repair_task is not None:
+            if not self._repairing:
+                self._repair_task.cancel()  # asleep: this close repairs now
+            await asyncio.wait([self._repair_task])
         if self._fenced is None:
             async with self._roll_lock:
+                await self._repair()
                 await self._close_and_mark(self._handle, self._handle.id, lambda md: md.with_spare(None))
+        else:  # the new leader recovers them (listed) or they never were (an orphan at worst)
+            for handle in (*self._unclosed.values(), self._maybe_listed):
+                if handle is not None:
+                    handle.abort()
         await self._drop_spare()  # fenced: the new leader deletes it too (the list records it)
         self._close_done = True
 

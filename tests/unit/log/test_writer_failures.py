@@ -18,7 +18,9 @@ from bookkeeper_aio import (
     open_log_reader,
     open_log_writer,
 )
+from bookkeeper_aio.client import ledger as ledger_module
 from bookkeeper_aio.log import writer as writer_module
+from metadata.errors import CasResultUnknown, MetadataUnavailable
 from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogMetadata
 from tests.unit.client.conftest import FAST, ROOT
@@ -101,3 +103,104 @@ async def test_an_open_racing_delete_log_deletes_its_new_ledger_and_starts_over(
         await writer.append(b"b")
         await writer.close()
         assert [r.payload async for r in await open_log_reader(other, "lg")] == [b"b"]
+
+
+def _close_fails_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = ledger_module.close_in_metadata
+    failed: list[bool] = []
+
+    async def flaky(*args: object, **kwargs: object) -> object:
+        if not failed:
+            failed.append(True)
+            raise MetadataUnavailable("etcd blip")
+        return await original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ledger_module, "close_in_metadata", flaky)
+
+
+async def test_a_rolled_ledger_whose_close_failed_is_closed_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Readers stop at an OPEN ledger: the writer closes it again in the background, without
+    waiting for another roll."""
+    monkeypatch.setattr(writer_module, "ROLL_RETRY_S", 0.05)
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg")
+        await writer.append(b"a")
+        _close_fails_once(monkeypatch)
+        with pytest.raises(MetadataUnavailable):
+            await writer.roll()
+        await writer.append(b"b")  # on the new ledger
+        for _ in range(100):
+            if await _states(bk, "lg") == ["closed", "open"]:
+                break
+            await asyncio.sleep(0.02)
+        assert await _states(bk, "lg") == ["closed", "open"]
+        assert [r.payload async for r in await open_log_reader(other, "lg")][:1] == [b"a"]
+        await writer.close()
+        assert [r.payload async for r in await open_log_reader(other, "lg")] == [b"a", b"b"]
+
+
+async def test_close_closes_a_rolled_ledger_whose_close_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(writer_module, "ROLL_RETRY_S", 3600.0)  # no background try: close() does it
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg")
+        await writer.append(b"a")
+        _close_fails_once(monkeypatch)
+        with pytest.raises(MetadataUnavailable):
+            await writer.roll()
+        await writer.append(b"b")
+        await writer.close()
+        assert await _states(bk, "lg") == ["closed", "closed"]
+        assert [r.payload async for r in await open_log_reader(other, "lg")] == [b"a", b"b"]
+
+
+class _LostAndUnreadable(LogManager):
+    """The first CAS applies but its answer is lost, and the next two reads fail."""
+
+    lost = True
+    unreadable = 0
+
+    async def write(self, metadata: LogMetadata, expected_version: int) -> VersionedLog:
+        written = await super().write(metadata, expected_version)
+        if self.lost:
+            self.lost = False
+            self.unreadable = 2
+            raise CasResultUnknown(self.keys.log(metadata.name), "deadline exceeded")
+        return written
+
+    async def read(self, name: str) -> VersionedLog:
+        if self.unreadable:
+            self.unreadable -= 1
+            raise MetadataUnavailable("etcd blip")
+        return await super().read(name)
+
+
+@pytest.mark.parametrize("repair", ["background", "next roll"])
+async def test_a_lost_roll_answer_with_the_list_unreadable_is_settled_without_fencing(
+    monkeypatch: pytest.MonkeyPatch, repair: str
+) -> None:
+    monkeypatch.setattr(writer_module, "ROLL_RETRY_S", 0.05 if repair == "background" else 3600.0)
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg")
+        await writer.append(b"a")
+        first = writer.ledger_id
+        writer._manager = _LostAndUnreadable(w.store, ROOT)
+        with pytest.raises(CasResultUnknown):
+            await writer.roll()
+        appended = await writer.append(b"b")  # the writer goes on, on the old ledger until it knows
+        assert appended is not None
+        assert appended.ledger_id == first or repair == "background"
+        if repair == "background":
+            for _ in range(100):
+                if writer.ledger_id != first:
+                    break
+                await asyncio.sleep(0.02)
+            assert await _states(bk, "lg") == ["closed", "open"]
+        else:
+            await writer.roll()  # the listed ledger first, then a new one
+            assert await _states(bk, "lg") == ["closed", "closed", "open"]
+        await writer.append(b"c")
+        await writer.close()
+        assert [r.payload async for r in await open_log_reader(other, "lg")] == [b"a", b"b", b"c"]
