@@ -189,6 +189,20 @@ class LogFenced(BKError):
         self.outcome_unknown = outcome_unknown
 
 
+class LogFull(BKError):
+    """The log's ledger list has no room for another ledger: its metadata value is capped at 1 MiB
+    (docs/metadata.md "Logs": about 19,700 ledgers when every number in them is large, about 30,000
+    typically). Nothing was created or changed. Truncate the log (`truncate_log`, ``bkaio log
+    truncate``, or retention on the writer) to make room."""
+
+    def __init__(self, name: str, detail: str) -> None:
+        super().__init__(
+            f"log {name!r}: the ledger list is full ({detail}); truncate the log (truncate_log, "
+            "'bkaio log truncate' or retention) to make room"
+        )
+        self.name = name
+
+
 class LogTruncated(BKError):
     """The records asked for were truncated from the log (docs/api.md "Logs": truncation).
     ``first_position`` is the log's first position now (None: the log holds no ledger)."""

@@ -29,9 +29,18 @@ closed_ms]`` plus ``truncated_before``, ``sequenced`` and ``commits`` (a version
 the new fields unknown or empty); ``truncated_sequence`` and ``spare`` are optional (absent: None)."""
 MAGIC = b"BKLG"
 LEDGER_ID_MAX = 2**63 - 1
-LEDGERS_MAX = 100_000
-COMMITS_MAX = 10_000
 ENCODED_BYTES_MAX = 1024 * 1024
+"""The cap on a stored list: it bounds the number of ledgers (`has_room`)."""
+LEDGER_BYTES_MAX = 53
+"""The most one ledger takes in the encoded list: ``[id, "closed", first_offset, last_entry_id,
+length, closed_ms]`` with every number a 9-byte msgpack uint64. So a list has room for at least
+(`ENCODED_BYTES_MAX` - the rest) / 53 ~ 19,700 ledgers; typical values (ids, offsets and lengths
+below 2^32, a millisecond close time) take 33-37 bytes: ~28,000-31,000."""
+LEDGER_BYTES_MIN = 11
+"""The least one ledger takes (a small id, ``"open"``, four nils)."""
+LEDGERS_MAX = ENCODED_BYTES_MAX // LEDGER_BYTES_MIN
+"""No list within `ENCODED_BYTES_MAX` holds more (a decoding bound; `has_room` is the limit)."""
+COMMITS_MAX = 10_000
 
 
 class LogLedgerState(enum.Enum):
@@ -259,8 +268,29 @@ def _ledger_problem(entry: object) -> str | None:
     return None
 
 
+def has_room(md: LogMetadata, ledgers: int = 1) -> bool:
+    """Whether ``md`` stays within `ENCODED_BYTES_MAX` with ``ledgers`` more ledgers, whatever
+    their values, and the changes that go with adding them: the last two listed ledgers marked
+    CLOSED with their ends and a spare recorded. Checked before a ledger is created for the list
+    (a roll, a spare, a new writer) or imported into it, so a full list refuses the ledger up front
+    and the writer's close and the next takeover still fit."""
+    return encoded_size(md) + (ledgers + 2) * LEDGER_BYTES_MAX + 9 <= ENCODED_BYTES_MAX
+
+
+def encoded_size(md: LogMetadata) -> int:
+    """The length of `encode` ``md`` (without its cap check)."""
+    return len(MAGIC) + len(_packed(md))
+
+
 def encode(md: LogMetadata) -> bytes:
     """``MAGIC`` + msgpack map. Raises `InvalidMetadata` when the result exceeds `ENCODED_BYTES_MAX`."""
+    data = MAGIC + _packed(md)
+    if len(data) > ENCODED_BYTES_MAX:
+        raise InvalidMetadata(f"log {md.name!r}: encoded metadata is {len(data)} bytes > {ENCODED_BYTES_MAX}")
+    return data
+
+
+def _packed(md: LogMetadata) -> bytes:
     body = {
         "format_version": FORMAT_VERSION,
         "name": md.name,
@@ -275,10 +305,7 @@ def encode(md: LogMetadata) -> bytes:
         "truncated_sequence": md.truncated_sequence,
         "spare": md.spare,
     }
-    data = MAGIC + msgpack.packb(body, use_bin_type=True)
-    if len(data) > ENCODED_BYTES_MAX:
-        raise InvalidMetadata(f"log {md.name!r}: encoded metadata is {len(data)} bytes > {ENCODED_BYTES_MAX}")
-    return data
+    return msgpack.packb(body, use_bin_type=True)
 
 
 def decode(data: bytes, *, key: str, name: str) -> LogMetadata:

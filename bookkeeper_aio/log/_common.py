@@ -10,10 +10,10 @@ import structlog
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.client.ledger import LedgerHandle
-from bookkeeper_aio.errors import BKError, NoSuchLedger, NoSuchLog
+from bookkeeper_aio.errors import BKError, LogFull, NoSuchLedger, NoSuchLog
 from metadata.errors import BadVersion, CasResultUnknown, MetadataError, NodeExists
 from metadata.log_manager import LogManager, VersionedLog
-from metadata.log_metadata import LogLedgerState, LogMetadata
+from metadata.log_metadata import ENCODED_BYTES_MAX, LogLedgerState, LogMetadata, encoded_size, has_room
 
 log = structlog.get_logger("bookkeeper_aio.log")
 
@@ -65,6 +65,14 @@ async def cas_log(manager: LogManager, proposed: LogMetadata, expected_version: 
                     manager.keys.log(proposed.name), "log CAS outcome lost and the list moved on"
                 ) from error
     raise CasResultUnknown(manager.keys.log(proposed.name), "log CAS outcome lost twice")
+
+
+def check_room(md: LogMetadata, ledgers: int = 1) -> None:
+    """`LogFull` unless the list has room for ``ledgers`` more (`has_room`): checked before a
+    ledger is created for it (or imported), so a full list never leaves one behind."""
+    if not has_room(md, ledgers):
+        detail = f"{len(md.ledgers)} ledgers, {encoded_size(md)} of {ENCODED_BYTES_MAX} bytes"
+        raise LogFull(md.name, detail)
 
 
 async def recover_ledgers(

@@ -24,6 +24,7 @@ from bookkeeper_aio.errors import (
 )
 from bookkeeper_aio.log._common import (
     cas_log,
+    check_room,
     delete_ledgers,
     delete_spare,
     log_manager,
@@ -185,7 +186,8 @@ async def append_ledgers(
 
     Raises BKInterfaceError (a ledger not closed, bad token, a sequenced log; `CommitTokenReused`),
     MetadataConflict (a ledger id not above every listed one: the log got a newer ledger since these
-    were created), NoSuchLog (``create=False``), the ledger API's errors.
+    were created), LogFull (the list has no room for them: nothing changed), NoSuchLog
+    (``create=False``), the ledger API's errors.
     """
     if commit is not None and (not isinstance(commit[0], str) or not commit[0] or commit[1] < 0):
         raise BKInterfaceError(f"commit must be (non-empty importer id, batch id >= 0), got {commit!r}")
@@ -231,6 +233,7 @@ async def append_ledgers(
                 f"log {name!r}: ledger {min(ends)} is not above the log's last ledger {last} "
                 "(create ledgers for a log with after_ledger_id=its last ledger, and write them again)"
             )
+        check_room(current.metadata, len(ends))
         recovered = await recover_ledgers(bk, current.metadata.ledger_ids[-2:], password)
         proposed = taken_over(current.metadata, recovered, manager.now_ms())
         for ledger_id, (last_entry_id, length) in sorted(ends.items()):

@@ -62,6 +62,7 @@ from bookkeeper_aio.errors import (
 from bookkeeper_aio.log import records
 from bookkeeper_aio.log._common import (
     cas_log,
+    check_room,
     delete_ledgers,
     delete_spare,
     discard_ledger,
@@ -79,7 +80,7 @@ from bookkeeper_aio.log.truncation import (
 )
 from metadata.errors import BadVersion, CasResultUnknown
 from metadata.log_manager import LogManager, VersionedLog
-from metadata.log_metadata import LogLedgerState, LogMetadata
+from metadata.log_metadata import LogLedgerState, LogMetadata, has_room
 
 log = structlog.get_logger("bookkeeper_aio.log.writer")
 
@@ -366,6 +367,7 @@ class LogWriter:
         """Create the next roll's ledger and record it in the list as the spare. A failure is
         logged: the roll then creates its ledger itself."""
         try:
+            check_room(self._versioned.metadata)
             spare = await self._create_ledger()
             try:
                 async with self._roll_lock:
@@ -413,15 +415,22 @@ class LogWriter:
     async def roll(self) -> int:
         """Move appends to a new ledger (the spare, or a new one: CAS it into the list, then close
         the previous one), then apply retention. Returns the new ledger's id. Raises `LogFenced`
-        when another writer took the log over. Cancelling it once the new ledger is chosen does not
-        stop the roll: its CAS, switch and close run on (`_finish_roll`), and `close()` waits for
-        them."""
+        when another writer took the log over, `LogFull` (the list has no room for another ledger:
+        nothing created; retention, if set, was applied first). Cancelling it once the new ledger
+        is chosen does not stop the roll: its CAS, switch and close run on (`_finish_roll`), and
+        `close()` waits for them."""
         if self._spare_task is not None:
             await asyncio.wait([self._spare_task])  # the ledger it makes is this roll's
+        roomy: LogMetadata | None = self._versioned.metadata  # checked once per list: it encodes it
+        if not has_room(self._versioned.metadata):
+            roomy = None
+            await self._apply_retention()  # it may make room
         await self._roll_lock.acquire()
         try:
             self._check_writable()
             await self._repair()
+            if self._versioned.metadata is not roomy:
+                check_room(self._versioned.metadata)  # LogFull: nothing created
             old = self._handle
             new = self._take_spare() or await self._create_ledger()
         except BaseException:
@@ -764,8 +773,9 @@ async def open_log_writer(
     """Become the log's writer (docs/replication.md §7). Fences whoever wrote before.
 
     ``sequenced`` applies when this call creates the log. Raises NoSuchLog (``create=False`` and no
-    such log), MetadataFormatError (a corrupt log key, naming the log), the ledger API's errors
-    (recovery, creation), BKInterfaceError (bad limits).
+    such log), MetadataFormatError (a corrupt log key, naming the log), LogFull (the list has no
+    room for another ledger: truncate it), the ledger API's errors (recovery, creation),
+    BKInterfaceError (bad limits).
     """
     _check_limits(roll_entries_max, roll_bytes_max, roll_age_s, retention_age_s, retention_bytes)
     manager = log_manager(bk)
@@ -778,6 +788,7 @@ async def open_log_writer(
             if await _still_listed_missing(manager, name, fencing, bk):
                 raise  # a listed ledger is gone (deleted by hand): the log lost data, say so
             continue  # a truncation removed it from the list meanwhile: start over
+        check_room(current.metadata)
         handle = await bk.create_ledger(
             ensemble,
             write_quorum,

@@ -1,0 +1,106 @@
+"""The ledger list's size cap: a list without room for another ledger refuses it with `LogFull`
+before creating anything (no orphan per refused roll), the writer still closes, and truncation makes
+room again. The cap is made small here (4 KiB) so the list fills in a few dozen ledgers."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from bookkeeper_aio import (
+    BookKeeper,
+    LogFull,
+    LogPosition,
+    append_ledgers,
+    describe_log,
+    open_log_writer,
+    truncate_log,
+)
+from metadata import log_metadata
+from metadata.log_metadata import LogLedger, LogLedgerState, LogMetadata, encode, encoded_size, has_room
+from tests.unit.log.fakes import world
+
+CAP = 4096
+
+
+async def _ledger_ids(bk: BookKeeper) -> list[int]:
+    return [ledger_id for ledger_id in range(1, 200) if await bk.context.ledgers.exists(ledger_id)]
+
+
+@pytest.mark.parametrize("spare", [False, True], ids=["roll", "spare"])
+async def test_a_full_list_refuses_a_roll_before_creating_its_ledger(
+    monkeypatch: pytest.MonkeyPatch, spare: bool
+) -> None:
+    monkeypatch.setattr(log_metadata, "ENCODED_BYTES_MAX", CAP)
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg", roll_entries_max=2 if spare else None)
+        for _ in range(200):
+            await writer.append(b"x")
+            try:
+                await writer.roll()
+            except LogFull:
+                break
+        else:
+            pytest.fail("the list never filled")
+        listed = list(writer.ledger_ids)
+        for _ in range(3):  # refused again: still nothing created
+            with pytest.raises(LogFull, match="truncate"):
+                await writer.roll()
+        await writer.append(b"y")
+        await writer.close()  # the close's mark still fits
+        assert [e.state for e in (await describe_log(bk, "lg")).ledgers] == ["closed"] * len(listed)
+        assert await _ledger_ids(bk) == listed  # no orphan, no spare left
+        with pytest.raises(LogFull):  # a takeover needs the room of a roll too
+            await open_log_writer(other, "lg")
+        assert await _ledger_ids(bk) == listed
+        await truncate_log(other, "lg", LogPosition(listed[-10], 0))
+        reopened = await open_log_writer(other, "lg")
+        await reopened.append(b"z")
+        await reopened.roll()
+        await reopened.close()
+
+
+async def test_an_import_into_a_full_list_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(log_metadata, "ENCODED_BYTES_MAX", CAP)
+    async with world() as w:
+        bk, _ = w.clients
+        imported: list[int] = []
+        for _ in range(200):
+            ledger = await bk.create_ledger(3, 2, 2, after_ledger_id=max(imported, default=0))
+            await ledger.append(b"x")
+            await ledger.close()
+            try:
+                await append_ledgers(bk, "lg", [ledger.id])
+            except LogFull:
+                break
+            imported.append(ledger.id)
+        else:
+            pytest.fail("the list never filled")
+        assert list((await describe_log(bk, "lg")).ledgers)[-1].ledger_id == imported[-1]
+
+
+def test_the_documented_bounds_hold() -> None:
+    """`LEDGER_BYTES_MAX` is what the largest ledger takes; a list that `has_room` filled with such
+    ledgers holds ~19,700 and still encodes after its last ledger's close and a spare."""
+    biggest = 2**63 - 1
+    assert len(msgpack.packb([biggest, "closed", *[biggest] * 4])) == log_metadata.LEDGER_BYTES_MAX
+    assert len(msgpack.packb([0, "open", None, None, None, None])) == log_metadata.LEDGER_BYTES_MIN
+    big = 2**40  # every number a 9-byte uint64
+    entries = 2**33 + 1
+
+    def full_sized(count: int) -> LogMetadata:
+        ledgers = (
+            LogLedger(2**62 + i, LogLedgerState.CLOSED, big + i * entries, entries - 1, big, big)
+            for i in range(count)
+        )
+        return LogMetadata("lg", tuple(ledgers), truncated_before=2**62)
+
+    size = encoded_size(full_sized(19_000))  # each ledger more: 53 bytes more
+    count = 19_000 + (log_metadata.ENCODED_BYTES_MAX - size - 3 * 53 - 9) // 53
+    assert 19_700 < count < 19_800
+    md = full_sized(count)
+    assert has_room(md)
+    assert not has_room(full_sized(count + 1))
+    md = md.with_ledger_appended(md.last_ledger_id + 1).with_spare(md.last_ledger_id + 2)
+    encode(md.with_closed(md.last_ledger_id, last_entry_id=entries - 1, length=big, closed_ms=big))
