@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
+from collections.abc import Iterator
 
 import pytest
 from structlog.testing import capture_logs
@@ -14,13 +16,23 @@ from metadata.etcd import EtcdConfig, EtcdStore
 from metadata.ledger_manager import LedgerManager
 from metadata.memory import MemoryStore
 from metadata.store import EventKind, WatchEvent
-from tests.harness.etcd import EtcdCluster, free_port
+from tests.harness.etcd import EtcdCluster
 
 pytestmark = pytest.mark.etcd
 
 
-async def test_unreachable_store_fails_within_the_budget_and_stays_usable(etcd_server: EtcdCluster) -> None:
-    dead = ("127.0.0.1", free_port())
+@pytest.fixture
+def dead() -> Iterator[tuple[str, int]]:
+    """An address that refuses connections for the whole test: bound, never listening, so no other
+    test's etcd or bookie can take the port meanwhile (a port from free_port() could be)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield "127.0.0.1", held.getsockname()[1]
+
+
+async def test_unreachable_store_fails_within_the_budget_and_stays_usable(
+    etcd_server: EtcdCluster, dead: tuple[str, int]
+) -> None:
     store = EtcdStore(EtcdConfig((dead,), op_timeout_s=0.5, connect_timeout_s=0.2))
     try:
         for operation in (lambda: store.get("/x"), lambda: store.create("/x", b"1")):
@@ -34,8 +46,9 @@ async def test_unreachable_store_fails_within_the_budget_and_stays_usable(etcd_s
         await store.close()
 
 
-async def test_dead_first_endpoint_fails_over_to_a_live_one(etcd_server: EtcdCluster, root: str) -> None:
-    dead = ("127.0.0.1", free_port())
+async def test_dead_first_endpoint_fails_over_to_a_live_one(
+    etcd_server: EtcdCluster, root: str, dead: tuple[str, int]
+) -> None:
     store = EtcdStore(EtcdConfig((dead, *etcd_server.endpoints), op_timeout_s=3, connect_timeout_s=0.3))
     try:
         with capture_logs() as logs:
@@ -43,7 +56,7 @@ async def test_dead_first_endpoint_fails_over_to_a_live_one(etcd_server: EtcdClu
         switched = [line for line in logs if line["event"] == "metadata.etcd.endpoint_switched"]
         # the first switch leaves the dead endpoint (a loaded machine may time out the live one too)
         assert switched, logs
-        assert switched[0]["failed"] == f"127.0.0.1:{dead[1]}"
+        assert switched[0]["failed"] == "{}:{}".format(*dead)
         got = await store.get(f"{root}/k")
         assert got is not None
         assert got.version == version
