@@ -412,8 +412,32 @@ _OPTIONAL_FIELDS = frozenset(
 _KNOWN_FIELDS = frozenset(_FIELD_TYPES) | _OPTIONAL_FIELDS
 
 
+DECODED_MAX = 256
+"""Values :func:`decode` keeps decoded (a client reads the same value again and again: on open,
+before and after each recovery step, on every CAS conflict)."""
+DECODED_BYTES_MAX = 16 * 1024
+"""Larger values are decoded every time (the cache stays small: at most ``DECODED_MAX`` of these)."""
+_decoded: dict[bytes, LedgerMetadata] = {}
+
+
 def decode(data: bytes, *, key: str, ledger_id: int | None = None) -> LedgerMetadata:
-    """Parse stored metadata; raise `MetadataFormatError` naming ``key`` and the ledger on any problem."""
+    """Parse stored metadata; raise `MetadataFormatError` naming ``key`` and the ledger on any problem.
+
+    A value decoded before gives the same (immutable) `LedgerMetadata` again: decoding is a pure
+    function of the bytes, checked against ``ledger_id`` each time. Only successes are kept, and
+    only values whose every field is immutable (no ``unknown_fields``: those may hold lists)."""
+    md = _decoded.get(data) if type(data) is bytes else None
+    if md is not None and (ledger_id is None or md.ledger_id == ledger_id):
+        return md
+    md = _decode(data, key=key, ledger_id=ledger_id)
+    if type(data) is bytes and len(data) <= DECODED_BYTES_MAX and not md.unknown_fields:
+        if len(_decoded) >= DECODED_MAX:
+            del _decoded[next(iter(_decoded))]  # the oldest
+        _decoded[data] = md
+    return md
+
+
+def _decode(data: bytes, *, key: str, ledger_id: int | None) -> LedgerMetadata:
     who = f"ledger {ledger_id}" if ledger_id is not None else "ledger"
     body = open_envelope(
         data,
