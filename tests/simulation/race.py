@@ -121,12 +121,12 @@ class RaceScenario(Scenario):
                 return
             client = world.add_client(f"w{generation}")
             self.writers.append(client)
-            task = client.spawn(self.writer(client, world.rng_for("writer", client.name)), "writer")
-            while not task.done() and client.up:  # a crashed client's task never ends
-                await asyncio.wait([task], timeout=0.01)
-            if client.up:
-                if task.exception() is not None:
-                    self.problems.append(f"writer {client.name} crashed: {task.exception()!r}")
+            writing = self.writer(client, world.rng_for("writer", client.name))
+            try:  # a crashed client's task never ends: run_alive returns at its crash
+                if await client.run_alive(writing, "writer"):
+                    return
+            except Exception as error:
+                self.problems.append(f"writer {client.name} crashed: {error!r}")
                 return
             await asyncio.sleep(0.02)
 
