@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
+import math
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
@@ -64,6 +65,9 @@ class MemoryStore(MetadataStore):
         self._undo: list[tuple[int, str, KeyValue | None]] = []
         self._compacted_revision = 0
         self._leases: dict[int, _Lease] = {}
+        self._expiry = math.inf
+        """No lease expires before this time (at most the earliest deadline: a lease dropped or
+        kept alive since may leave it lower, which only costs a look at the leases)."""
         self._lease_ids = itertools.count(0x1000)
         self._changed: asyncio.Event | None = None
         self._closed = False
@@ -163,8 +167,11 @@ class MemoryStore(MetadataStore):
 
     def _expire_leases(self) -> None:
         now = asyncio.get_running_loop().time()
+        if now < self._expiry:  # every operation asks: most find no lease due
+            return
         for lease_id in [i for i, lease in self._leases.items() if lease.deadline <= now]:
             self._drop_lease(lease_id)
+        self._expiry = min((lease.deadline for lease in self._leases.values()), default=math.inf)
 
     def _drop_lease(self, lease_id: int) -> None:
         lease = self._leases.pop(lease_id)
@@ -181,6 +188,7 @@ class MemoryStore(MetadataStore):
         if lease.timer is not None:
             lease.timer.cancel()
         lease.deadline = loop.time() + lease.ttl_s
+        self._expiry = min(self._expiry, lease.deadline)
         lease.timer = loop.call_at(lease.deadline, self._expire_leases)
 
     # ---- MetadataStore ---------------------------------------------------------------------------
