@@ -62,6 +62,8 @@ _cache: OrderedDict[tuple[bytes, bytes, int], bytes] = OrderedDict()
 """(password, salt, rounds) -> the PBKDF2 result."""
 _client_salts: OrderedDict[tuple[bytes, int], bytes] = OrderedDict()
 """(password, rounds) -> this process's salt for the ledgers it creates with them (format 3)."""
+_keys_cache: OrderedDict[tuple[bytes, bytes, int, bytes, int], LedgerKeys] = OrderedDict()
+"""(password, salt, rounds, ledger salt, key format) -> a ledger's keys (HMACs of a PBKDF2 result)."""
 _running: dict[tuple[asyncio.AbstractEventLoop, tuple[bytes, bytes, int]], asyncio.Future[bytes]] = {}
 """PBKDF2 runs under way, awaited by every derivation of the same triple on that loop meanwhile."""
 _executor: Executor | None = None
@@ -70,6 +72,7 @@ _executor: Executor | None = None
 def clear_cache() -> None:
     """Forget every PBKDF2 result and client salt (as a fresh process would)."""
     _cache.clear()
+    _keys_cache.clear()
     _client_salts.clear()
 
 
@@ -185,13 +188,24 @@ async def open_codec(md: LedgerMetadata, password: bytes, executor: Executor | N
 
 
 def _salted_keys(md: LedgerMetadata, password: bytes) -> LedgerKeys:
-    """The keys of a ledger of key format 2, 3 or 4 (``md.key_salt`` set) for ``password``."""
+    """The keys of a ledger of key format 2, 3 or 4 (``md.key_salt`` set) for ``password``; kept
+    as the PBKDF2 results are (a ledger opened again, by recoveries or a tailer, derives none)."""
+    cache_key = (password, md.key_salt, md.key_iterations, md.key_ledger_salt, md.key_format)
+    keys = _keys_cache.get(cache_key)
+    if keys is not None:
+        _keys_cache.move_to_end(cache_key)
+        return keys
     secret = _secret(password, md.key_salt, md.key_iterations)
     if md.key_format == KEY_FORMAT_MAC_FROM_SECRET:
-        return keyed_ledger_keys(secret, md.key_ledger_salt)
-    if md.key_ledger_salt:
-        return salted_ledger_keys(secret, md.key_ledger_salt)
-    return keys_of_secret(secret)
+        keys = keyed_ledger_keys(secret, md.key_ledger_salt)
+    elif md.key_ledger_salt:
+        keys = salted_ledger_keys(secret, md.key_ledger_salt)
+    else:
+        keys = keys_of_secret(secret)
+    _keys_cache[cache_key] = keys
+    if len(_keys_cache) > KEY_CACHE_SIZE:
+        _keys_cache.popitem(last=False)
+    return keys
 
 
 def check_password(md: LedgerMetadata, password: bytes) -> bytes:

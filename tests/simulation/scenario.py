@@ -526,7 +526,7 @@ def run_seed(
     saved_keys = client_bookkeeper.NewLedgerKeys
     saved_hash = ServerConnection.__dict__.get("__hash__")
     ServerConnection.__hash__ = stable_hash  # type: ignore[method-assign,assignment]
-    client_keys._cache.clear()  # process-wide: a derivation cached by an earlier run skips a loop step
+    client_keys.clear_cache()  # process-wide: a derivation cached by an earlier run skips a loop step
     client_bookkeeper.NewLedgerKeys = SimLedgerKeys(world)  # type: ignore[misc,assignment]
     backoff._SHARED_RNG.seed(f"{seed}/backoff")  # the one process-wide RNG of the production code
     asyncio.set_event_loop(world.loop)
