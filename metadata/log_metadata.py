@@ -120,7 +120,7 @@ class LogMetadata:
         or it is not above the list's end any more). Raises `InvalidMetadata` unless its id is
         larger than every listed one."""
         ledgers = (*self.ledgers, LogLedger(ledger_id, LogLedgerState.OPEN))
-        return _with_offsets(replace(self, ledgers=ledgers, spare=None))
+        return replace(self, ledgers=_with_offsets(ledgers, self.truncated_before), spare=None)
 
     def with_spare(self, ledger_id: int | None) -> LogMetadata:
         """The list recording ``ledger_id`` as the leader's spare (None: no spare). Raises
@@ -148,7 +148,7 @@ class LogMetadata:
             else e
             for e in self.ledgers
         )
-        return _with_offsets(replace(self, ledgers=ledgers))
+        return replace(self, ledgers=_with_offsets(ledgers, self.truncated_before))
 
     def with_truncated_before(self, ledger_id: int, *, sequence: int | None = None) -> LogMetadata:
         """The list without the ledgers whose ids are below ``ledger_id``; ``sequence``: the highest
@@ -179,21 +179,21 @@ def _comparable(md: LogMetadata) -> tuple[object, ...]:
     )
 
 
-def _with_offsets(md: LogMetadata) -> LogMetadata:
-    """First offsets filled in along the list where the previous ledger's are known (the first
-    ledger of a never-truncated log starts at 0)."""
-    ledgers = list(md.ledgers)
+def _with_offsets(entries: tuple[LogLedger, ...], truncated_before: int) -> tuple[LogLedger, ...]:
+    """``entries`` with first offsets filled in along the list where the previous ledger's are
+    known (the first ledger of a never-truncated log starts at 0)."""
+    ledgers = list(entries)
     for index, entry in enumerate(ledgers):
         if entry.first_offset is not None:
             continue
         if index == 0:
-            if md.truncated_before == 0:
+            if truncated_before == 0:
                 ledgers[0] = entry._replace(first_offset=0)
             continue
         previous = ledgers[index - 1]
         if previous.first_offset is not None and previous.entries is not None:
             ledgers[index] = entry._replace(first_offset=previous.first_offset + previous.entries)
-    return replace(md, ledgers=tuple(ledgers))
+    return tuple(ledgers)
 
 
 def validate(md: LogMetadata) -> None:
@@ -256,16 +256,18 @@ def _ledger_problem(entry: object) -> str | None:
         return f"bad ledger entry {entry!r}"
     if not _is_int(entry.ledger_id, 0):
         return f"bad ledger id {entry.ledger_id!r}"
-    optional = (
-        ("first_offset", entry.first_offset, 0),
-        ("last_entry_id", entry.last_entry_id, -1),
-        ("length", entry.length, 0),
-        ("closed_ms", entry.closed_ms, 0),
-    )
-    for what, value, minimum in optional:
+    for what, index, minimum in _OPTIONAL_FIELDS:
+        value = entry[index]
         if value is not None and not _is_int(value, minimum):
             return f"ledger {entry.ledger_id}: bad {what} {value!r}"
     return None
+
+
+_OPTIONAL_FIELDS = tuple(
+    (what, LogLedger._fields.index(what), minimum)
+    for what, minimum in (("first_offset", 0), ("last_entry_id", -1), ("length", 0), ("closed_ms", 0))
+)
+"""The optional fields of a `LogLedger`: (name, index, minimum)."""
 
 
 def has_room(md: LogMetadata, ledgers: int = 1) -> bool:
