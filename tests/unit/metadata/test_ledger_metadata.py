@@ -154,6 +154,32 @@ def test_value_naming_another_ledger_is_rejected() -> None:
         serde.decode(serde.encode(make()), key="k", ledger_id=8)
 
 
+def test_a_value_decoded_again_is_the_same_metadata_and_still_checked_against_the_ledger_id() -> None:
+    data = serde.encode(make(ctime_ms=123_456))
+    first = serde.decode(data, key="k", ledger_id=7)
+    assert serde.decode(bytes(bytearray(data)), key="k", ledger_id=7) is first  # by value, not identity
+    assert serde.decode(data, key="k") is first
+    with pytest.raises(MetadataFormatError, match="names ledger 7"):
+        serde.decode(data, key="k", ledger_id=8)
+
+
+def test_a_value_with_unknown_fields_is_decoded_anew_each_time() -> None:
+    body = msgpack.unpackb(serde.encode(make(ctime_ms=654_321))[4:])
+    body["future_field"] = [1, 2]  # mutable: not shared between two readers
+    data = serde.MAGIC + msgpack.packb(body)
+    first = serde.decode(data, key="k", ledger_id=7)
+    second = serde.decode(data, key="k", ledger_id=7)
+    assert first == second
+    assert first is not second
+    assert first.unknown_fields["future_field"] is not second.unknown_fields["future_field"]
+
+
+def test_the_decoded_values_kept_are_bounded() -> None:
+    for ctime_ms in range(serde.DECODED_MAX + 10):
+        serde.decode(serde.encode(make(ctime_ms=ctime_ms)), key="k", ledger_id=7)
+    assert len(serde._decoded) == serde.DECODED_MAX
+
+
 def test_invariant_violation_in_stored_value_is_a_format_error() -> None:
     body = msgpack.unpackb(serde.encode(make())[4:])
     body["write_quorum"] = 9
