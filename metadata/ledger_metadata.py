@@ -38,7 +38,7 @@ import dataclasses
 import enum
 import functools
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -130,12 +130,24 @@ class LedgerMetadata:
     separated from format 3's."""
 
     def __post_init__(self) -> None:
-        ensembles = tuple((int(first), tuple(bookies)) for first, bookies in self.ensembles)
-        object.__setattr__(self, "ensembles", ensembles)
-        object.__setattr__(self, "replaced_bookies", tuple(ReplacedBookie(*r) for r in self.replaced_bookies))
-        object.__setattr__(self, "custom_metadata", types.MappingProxyType(dict(self.custom_metadata)))
-        object.__setattr__(self, "unknown_fields", types.MappingProxyType(dict(self.unknown_fields)))
+        object.__setattr__(self, "ensembles", _ensembles(self.ensembles))
+        object.__setattr__(self, "replaced_bookies", _replaced_bookies(self.replaced_bookies))
+        object.__setattr__(self, "custom_metadata", _frozen_map(self.custom_metadata))
+        object.__setattr__(self, "unknown_fields", _frozen_map(self.unknown_fields))
         validate(self)
+
+    def _replace(self, **changes: Any) -> LedgerMetadata:
+        """``dataclasses.replace(self, **changes)`` without its generic machinery: the fields not
+        changed are taken as they are (this instance's are normalized already), the changed ones
+        are normalized as ``__post_init__`` does, and the result is validated whole."""
+        new: LedgerMetadata = object.__new__(LedgerMetadata)
+        for name in _FIELD_NAMES:
+            object.__setattr__(new, name, getattr(self, name))
+        for name, value in changes.items():
+            normalized = _NORMALIZED.get(name)
+            object.__setattr__(new, name, value if normalized is None else normalized(value))
+        validate(new)
+        return new
 
     @classmethod
     def new(
@@ -196,7 +208,7 @@ class LedgerMetadata:
             raise InvalidMetadata(
                 f"ledger {self.ledger_id}: illegal transition {self.state.name} -> {target.name}"
             )
-        return dataclasses.replace(self, state=target, **changes)
+        return self._replace(state=target, **changes)
 
     def in_recovery(self) -> LedgerMetadata:
         """OPEN -> IN_RECOVERY (a recoverer marks the ledger before fencing)."""
@@ -217,18 +229,42 @@ class LedgerMetadata:
                 f"precedes the current fragment starting at {last_first}"
             )
         kept = self.ensembles[:-1] if first_entry_id == last_first else self.ensembles
-        return dataclasses.replace(self, ensembles=(*kept, (first_entry_id, tuple(bookies))))
+        return self._replace(ensembles=(*kept, (first_entry_id, tuple(bookies))))
 
     def with_replaced_bookies(self, records: Sequence[ReplacedBookie]) -> LedgerMetadata:
         """``records`` appended to the replaced-bookies history (the latest `REPLACED_BOOKIES_MAX` kept)."""
         if not records:
             return self
         history = (*self.replaced_bookies, *records)[-REPLACED_BOOKIES_MAX:]
-        return dataclasses.replace(self, replaced_bookies=history)
+        return self._replace(replaced_bookies=history)
 
     def with_custom_metadata(self, updates: Mapping[str, bytes]) -> LedgerMetadata:
         """Custom metadata with ``updates`` merged in."""
-        return dataclasses.replace(self, custom_metadata={**self.custom_metadata, **updates})
+        return self._replace(custom_metadata={**self.custom_metadata, **updates})
+
+
+def _ensembles(ensembles: Sequence[tuple[int, Sequence[str]]]) -> tuple[Fragment, ...]:
+    return tuple((int(first), tuple(bookies)) for first, bookies in ensembles)
+
+
+def _replaced_bookies(records: Sequence[Sequence[Any]]) -> tuple[ReplacedBookie, ...]:
+    return tuple(ReplacedBookie(*record) for record in records)
+
+
+def _frozen_map(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    return types.MappingProxyType(dict(mapping))
+
+
+_FIELD_NAMES = tuple(field.name for field in dataclasses.fields(LedgerMetadata))
+_NORMALIZED: Mapping[str, Callable[[Any], Any]] = types.MappingProxyType(
+    {
+        "ensembles": _ensembles,
+        "replaced_bookies": _replaced_bookies,
+        "custom_metadata": _frozen_map,
+        "unknown_fields": _frozen_map,
+    }
+)
+"""What ``__post_init__`` makes of the fields a caller may pass in another shape (lists, dicts)."""
 
 
 def validate(md: LedgerMetadata) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import pathlib
 
 import msgpack
@@ -253,3 +254,20 @@ def test_may_not_hold_leaves_out_only_ledgers_that_list_the_bookie() -> None:
             [serde.ReplacedBookie(0, name, "b-3", 1)]
         )
         assert serde.may_not_hold(serde.encode(moved), name)  # a history: decoded to judge
+
+
+def test_the_with_helpers_build_what_dataclasses_replace_builds() -> None:
+    md = make(custom_metadata={"a": b"1"})
+    record = serde.ReplacedBookie(0, "b1:3181", "b4:3181", 9)
+    changed = md.with_ensemble_change(5, ["b1:3181", "b4:3181", "b3:3181"])  # a list: normalized
+    assert changed == dataclasses.replace(
+        md, ensembles=(*md.ensembles, (5, ("b1:3181", "b4:3181", "b3:3181")))
+    )
+    assert changed.ensembles[-1][1] == ("b1:3181", "b4:3181", "b3:3181")
+    assert md.closed(4, 40) == dataclasses.replace(md, state=LedgerState.CLOSED, last_entry_id=4, length=40)
+    assert md.with_replaced_bookies([record]).replaced_bookies == (record,)
+    merged = md.with_custom_metadata({"b": b"2"})
+    assert dict(merged.custom_metadata) == {"a": b"1", "b": b"2"}
+    assert dict(md.custom_metadata) == {"a": b"1"}  # the original is untouched
+    with pytest.raises(InvalidMetadata, match="repeats a bookie"):
+        md.with_ensemble_change(5, ["b1:3181", "b1:3181", "b3:3181"])  # validated whole
