@@ -14,8 +14,8 @@ from __future__ import annotations
 import enum
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from dataclasses import dataclass, field, fields
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -92,6 +92,17 @@ class LogMetadata:
         object.__setattr__(self, "commits", types.MappingProxyType(dict(self.commits)))
         validate(self)
 
+    def _replace(self, **changes: Any) -> LogMetadata:
+        """``dataclasses.replace(self, **changes)``, checking again only what changed: the ledger
+        entries and the commits this (valid) instance hands on are not validated twice."""
+        new: LogMetadata = object.__new__(LogMetadata)
+        for name in _FIELD_NAMES:
+            object.__setattr__(new, name, changes[name] if name in changes else getattr(self, name))
+        if "commits" in changes:
+            object.__setattr__(new, "commits", types.MappingProxyType(dict(new.commits)))
+        validate(new, valid=self)
+        return new
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LogMetadata):
             return NotImplemented
@@ -120,12 +131,12 @@ class LogMetadata:
         or it is not above the list's end any more). Raises `InvalidMetadata` unless its id is
         larger than every listed one."""
         ledgers = (*self.ledgers, LogLedger(ledger_id, LogLedgerState.OPEN))
-        return replace(self, ledgers=_with_offsets(ledgers, self.truncated_before), spare=None)
+        return self._replace(ledgers=_with_offsets(ledgers, self.truncated_before), spare=None)
 
     def with_spare(self, ledger_id: int | None) -> LogMetadata:
         """The list recording ``ledger_id`` as the leader's spare (None: no spare). Raises
         `InvalidMetadata` unless its id is larger than every listed one."""
-        return replace(self, spare=ledger_id)
+        return self._replace(spare=ledger_id)
 
     def with_closed(
         self,
@@ -148,21 +159,20 @@ class LogMetadata:
             else e
             for e in self.ledgers
         )
-        return replace(self, ledgers=_with_offsets(ledgers, self.truncated_before))
+        return self._replace(ledgers=_with_offsets(ledgers, self.truncated_before))
 
     def with_truncated_before(self, ledger_id: int, *, sequence: int | None = None) -> LogMetadata:
         """The list without the ledgers whose ids are below ``ledger_id``; ``sequence``: the highest
         sequence number among the records removed (sequenced logs)."""
         floors = [value for value in (self.truncated_sequence, sequence) if value is not None]
-        return replace(
-            self,
+        return self._replace(
             ledgers=tuple(e for e in self.ledgers if e.ledger_id >= ledger_id),
             truncated_before=max(self.truncated_before, ledger_id),
             truncated_sequence=max(floors) if floors else None,
         )
 
     def with_commit(self, importer: str, batch_id: int) -> LogMetadata:
-        return replace(self, commits={**self.commits, importer: batch_id})
+        return self._replace(commits={**self.commits, importer: batch_id})
 
 
 def _comparable(md: LogMetadata) -> tuple[object, ...]:
@@ -196,8 +206,13 @@ def _with_offsets(entries: tuple[LogLedger, ...], truncated_before: int) -> tupl
     return tuple(ledgers)
 
 
-def validate(md: LogMetadata) -> None:
-    problem = _first_problem(md)
+_FIELD_NAMES = tuple(f.name for f in fields(LogMetadata))
+
+
+def validate(md: LogMetadata, *, valid: LogMetadata | None = None) -> None:
+    """Raise `InvalidMetadata` naming the first problem of ``md``. ``valid``: a valid instance
+    whose ledger entries and commits ``md`` shares need no second look (immutable, checked)."""
+    problem = _first_problem(md, valid)
     if problem is not None:
         raise InvalidMetadata(f"invalid metadata for log {md.name!r}: {problem}")
 
@@ -206,7 +221,7 @@ def _is_int(value: object, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and minimum <= value <= LEDGER_ID_MAX
 
 
-def _first_problem(md: LogMetadata) -> str | None:
+def _first_problem(md: LogMetadata, valid: LogMetadata | None = None) -> str | None:
     name: object = md.name
     if not isinstance(name, str):
         return "name must be a string"
@@ -233,15 +248,17 @@ def _first_problem(md: LogMetadata) -> str | None:
         return f"spare ledger {md.spare!r} is not above the last listed ledger {md.last_ledger_id}"
     if len(md.commits) > COMMITS_MAX:
         return f"{len(md.commits)} commit tokens > {COMMITS_MAX}"
-    for importer, batch in md.commits.items():
+    commits = md.commits.items() if valid is None or md.commits is not valid.commits else ()
+    for importer, batch in commits:
         if not isinstance(importer, str) or not importer or not _is_int(batch, 0):
             return f"bad commit token {importer!r}: {batch!r}"
     if len(md.ledgers) > LEDGERS_MAX:
         return f"{len(md.ledgers)} ledgers > {LEDGERS_MAX}"
     previous = md.truncated_before - 1
     entries: tuple[object, ...] = md.ledgers
+    checked = {id(entry) for entry in valid.ledgers} if valid is not None else set()
     for entry in entries:
-        problem = _ledger_problem(entry)
+        problem = None if id(entry) in checked else _ledger_problem(entry)
         if problem is not None:
             return problem
         assert isinstance(entry, LogLedger)

@@ -6,7 +6,7 @@ import msgpack
 import pytest
 
 from bookkeeper_aio.errors import NoSuchLog
-from metadata import MemoryStore
+from metadata import MemoryStore, log_metadata
 from metadata.errors import BadVersion, InvalidMetadata, MetadataFormatError, NodeExists
 from metadata.keys import ClusterKeys
 from metadata.log_manager import UNCHANGED, LogManager
@@ -69,6 +69,26 @@ def test_truncation_keeps_the_offsets_and_new_ledgers_must_sort_after_truncated_
     assert md.with_truncated_before(5).last_ledger_id == 4  # an empty list still remembers
     with pytest.raises(InvalidMetadata, match="ids must grow"):
         md.with_truncated_before(5).with_ledger_appended(4)
+
+
+def test_a_change_checks_its_new_entries_and_hands_on_the_checked_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    md = LogMetadata("orders", (), 5, commits={"imp": 3}).with_ledger_appended(7).with_ledger_appended(9)
+    checked: list[object] = []
+    real = log_metadata._ledger_problem
+    monkeypatch.setattr(log_metadata, "_ledger_problem", lambda entry: checked.append(entry) or real(entry))
+    appended = md.with_ledger_appended(11)
+    assert checked == [LogLedger(11, LogLedgerState.OPEN)]  # 7 and 9 were checked when they came
+    assert appended == LogMetadata(
+        "orders", (*md.ledgers, LogLedger(11, LogLedgerState.OPEN)), 5, commits={"imp": 3}
+    )
+    assert md.with_commit("imp", 4).commits == {"imp": 4}
+    assert md.commits == {"imp": 3}  # the original is untouched
+    with pytest.raises(InvalidMetadata, match="bad ledger id"):
+        md._replace(ledgers=(*md.ledgers, LogLedger(-1, LogLedgerState.OPEN)))  # a new entry: checked
+    with pytest.raises(InvalidMetadata, match="ids must grow"):
+        md._replace(ledgers=(md.ledgers[1], md.ledgers[0]))  # checked entries, still in order
 
 
 @pytest.mark.parametrize("name", ["", "a/b", ".", "..", "x" * 257])
