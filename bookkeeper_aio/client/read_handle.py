@@ -35,7 +35,7 @@ from bookkeeper_aio.client.batch_read import (
 )
 from bookkeeper_aio.client.connection import Result
 from bookkeeper_aio.client.context import ClientContext
-from bookkeeper_aio.client.quorum import DistributionSchedule
+from bookkeeper_aio.client.quorum import schedule_of
 from bookkeeper_aio.client.speculation import SpeculativeOp
 from bookkeeper_aio.client.tail import LONG_POLL_TIMEOUT_MS, Tail
 from bookkeeper_aio.errors import (
@@ -184,9 +184,7 @@ class EntryReader:
         self.flags = flags
         self.master_key = codec.master_key if master_key is None else master_key
         """Carried by every read (the codec's: bookies refuse a read without the ledger's key)."""
-        self.schedule = DistributionSchedule(
-            metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
-        )
+        self.schedule = schedule_of(metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum)
         self.speculative_delay_s = ctx.config.speculative_read_delay_ms / 1000
         self.metrics = ctx.metrics
 
@@ -247,7 +245,7 @@ async def read_lac_with_coverage(ctx: ClientContext, metadata: LedgerMetadata, k
     Raises BKError when the answers cannot cover the ensemble (too many bookies unreachable).
     """
     first, ensemble = metadata.ensembles[-1]
-    schedule = DistributionSchedule(metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum)
+    schedule = schedule_of(metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum)
     lac = first - 1
     answered: set[int] = set()
     errors: list[BaseException] = []

@@ -53,7 +53,7 @@ import structlog
 
 from bookkeeper_aio.client.connection import Result
 from bookkeeper_aio.client.context import ClientContext
-from bookkeeper_aio.client.quorum import DistributionSchedule
+from bookkeeper_aio.client.quorum import schedule_of
 from bookkeeper_aio.client.read_handle import EntryReader
 from bookkeeper_aio.client.recovery_writeback import WriteBack, describe
 from bookkeeper_aio.common import failpoints
@@ -234,7 +234,7 @@ class LedgerRecovery:
     # ------------------------------------------------------------------ step 2: fence
     async def _fence(self, md: LedgerMetadata) -> _Fenced:
         first, ensemble = md.ensembles[-1]
-        schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
+        schedule = schedule_of(md.ensemble_size, md.write_quorum, md.ack_quorum)
         ctx, ledger_id, key = self._ctx, self._ledger_id, self._key
         floor = first - 1  # the 2615 rule here too: what precedes the last fragment is settled
         if failpoints.switched(failpoints.BUG_RECOVERY_FROM_FENCED_LAC):  # a planted bug (tests/simulation)
@@ -487,7 +487,7 @@ class _ReadAndReplicate:
         self.start = start
         self.hint = fenced.last_entry_hint
         self._last_stored = fenced.last_stored
-        self.schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
+        self.schedule = schedule_of(md.ensemble_size, md.write_quorum, md.ack_quorum)
         self.ensemble = md.ensembles[-1][1]  # every entry past `start` lives in the last fragment
         self.writer = WriteBack(self.ctx, self.ledger_id, self.schedule, self.ensemble, owner._key, start)
         self._read_timeout_s = self.ctx.config.read_timeout_s

@@ -49,7 +49,7 @@ from bookkeeper_aio.autorecovery.auditor import mark_ledgers_on
 from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
 from bookkeeper_aio.autorecovery.daemon import AutorecoveryDaemon
 from bookkeeper_aio.client.keys import codec_for
-from bookkeeper_aio.client.quorum import DistributionSchedule
+from bookkeeper_aio.client.quorum import schedule_of
 from bookkeeper_aio.protocol.errors import DigestMismatch
 from metadata.cluster import init_cluster
 from metadata.errors import MetadataError
@@ -423,7 +423,7 @@ class AutorecoveryScenario(Scenario):
             if md is None or md.state is not LedgerState.CLOSED or md.last_entry_id is None:
                 continue
             codec = codec_for(md, PASSWORD)
-            schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
+            schedule = schedule_of(md.ensemble_size, md.write_quorum, md.ack_quorum)
             ends = dict(_fragment_ends(md))
             for first, position, bookie in sorted(placements):
                 if first not in ends or md.ensemble_for(first)[position] != bookie:

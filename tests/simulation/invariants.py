@@ -30,7 +30,7 @@ import itertools
 from typing import TYPE_CHECKING
 
 from bookie.storage import EntryCorrupt, NoEntry, Storage
-from bookkeeper_aio.client.quorum import DistributionSchedule
+from bookkeeper_aio.client.quorum import schedule_of
 from metadata import log_metadata
 from metadata.errors import InvalidMetadata, MetadataFormatError
 from metadata.keys import ClusterKeys
@@ -157,7 +157,7 @@ def replica_problems(scenario: Scenario) -> list[str]:
             problems.append(f"liveness: ledger {lid} is {md.state.name} after the heal")
             continue
         assert md.last_entry_id is not None
-        schedule = DistributionSchedule(md.ensemble_size, md.write_quorum, md.ack_quorum)
+        schedule = schedule_of(md.ensemble_size, md.write_quorum, md.ack_quorum)
         for entry_id in range(md.last_entry_id + 1):
             ensemble = md.ensemble_for(entry_id)
             bodies: dict[str, bytes] = {}
