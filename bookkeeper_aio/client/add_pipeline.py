@@ -141,6 +141,7 @@ class AddPipeline:
         "_budget_waiters",
         "_changing",
         "_codec",
+        "_completing",
         "_config",
         "_crc32c",
         "_ctx",
@@ -218,6 +219,7 @@ class AddPipeline:
         self._drained: asyncio.Event | None = None
         self._failed_bookies: dict[str, BKError] = {}
         self._changing = False
+        self._completing = False  # a _complete_soon is scheduled
         self._lac_sent = -1
         self._sends = 0
         self._sends_at_lac_check = 0
@@ -448,8 +450,11 @@ class AddPipeline:
             if op.ack(bookie_id) >= self._ack_quorum and not op.quorum:
                 op.quorum = True
                 pending = self._pending
-                if pending and pending[0] is op:
-                    self._complete_ready()
+                if pending and pending[0] is op and not self._completing:
+                    # Completed once the acks at hand are counted (the rest of the socket read, its
+                    # other answers): one pass per burst of acks, not one per entry of it.
+                    self._completing = True
+                    self._loop.call_soon(self._complete_soon)
             return
         error = result if isinstance(result, BKError) else error_for_status(result.status, result.message)
         if bookie_id not in op.write_set or bookie_id not in self._ensemble:
@@ -464,6 +469,10 @@ class AddPipeline:
             self._fail(error)
             return
         self._bookie_failed(bookie_id, error)
+
+    def _complete_soon(self) -> None:
+        self._completing = False
+        self._complete_ready()
 
     def _complete_ready(self) -> None:
         if self._changing:
@@ -598,7 +607,10 @@ class AddPipeline:
         self._fail_outstanding(error)
 
     def _fail_outstanding(self, error: BKError) -> None:
-        """Fail every outstanding add: each was sent, so its error says ``outcome_unknown``."""
+        """Fail every outstanding add: each was sent, so its error says ``outcome_unknown``. Those
+        whose completion is due (``_complete_soon``) complete first, as they would have had it run."""
+        if self._completing:
+            self._complete_ready()
         pending, self._pending = self._pending, collections.deque()
         metrics = self._metrics
         if pending:
