@@ -1,0 +1,76 @@
+"""How a burst of acks completes its adds: once the acks at hand are counted, in one pass in entry
+order (not one pass per entry), and a failure in the same burst still completes the adds that had
+their quorum before it (they are durable: failing them would say "outcome unknown" of data known
+to be stored). The acks are handed to the handle directly, as one socket read's ADD_ACKS would:
+the fake bookies are told to drop the adds."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bookkeeper_aio import BookKeeper, LedgerFenced
+from bookkeeper_aio.client.connection import ADD_OK
+from bookkeeper_aio.protocol import messages as m
+from tests.harness.fake_bookie import FakeCluster, Reply
+
+ENTRIES = 8
+
+
+def _drop_adds(request: m.Request) -> Reply | None:
+    return Reply.drop() if isinstance(request, m.AddEntryRequest) else None
+
+
+async def _unanswered_adds(bk: BookKeeper, cluster: FakeCluster):  # type: ignore[no-untyped-def]
+    lh = await bk.create_ledger(3, 2, 2)
+    for bookie_id in lh.metadata.current_ensemble:
+        cluster.by_id(bookie_id).script = _drop_adds
+    futures = [await lh.append_async(b"%d" % i) for i in range(ENTRIES)]
+    return lh, futures, list(lh._pending)
+
+
+def _ack_to_quorum(lh, ops) -> None:  # type: ignore[no-untyped-def]
+    """Every bookie of each op's write set acks it, last entry first (the order acks of two bookies
+    may interleave in): nothing may complete before entry 0 does."""
+    for op in reversed(ops):
+        for bookie_id in op.write_set:
+            lh._on_add_result(op, bookie_id, ADD_OK)
+
+
+async def test_a_burst_of_acks_completes_its_adds_in_one_pass_in_entry_order(
+    bk: BookKeeper, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lh, futures, ops = await _unanswered_adds(bk, cluster)
+    passes = 0
+    complete_ready = type(lh)._complete_ready
+
+    def counted(handle) -> None:  # type: ignore[no-untyped-def]
+        nonlocal passes
+        passes += 1
+        complete_ready(handle)
+
+    monkeypatch.setattr(type(lh), "_complete_ready", counted)
+    done_order: list[int] = []
+    for entry_id, future in enumerate(futures):
+        future.add_done_callback(lambda _f, e=entry_id: done_order.append(e))
+    _ack_to_quorum(lh, ops)
+    assert not any(f.done() for f in futures)  # counted first, completed once they all are
+    assert await asyncio.gather(*futures) == list(range(ENTRIES))
+    assert passes == 1
+    assert done_order == list(range(ENTRIES))
+    assert lh.last_add_confirmed == ENTRIES - 1
+    lh.abort()
+
+
+async def test_a_failure_in_the_same_burst_completes_the_adds_that_had_their_quorum(
+    bk: BookKeeper, cluster: FakeCluster
+) -> None:
+    lh, futures, ops = await _unanswered_adds(bk, cluster)
+    _ack_to_quorum(lh, ops[:5])  # entries 0..4 reach Qa
+    lh._on_add_result(ops[6], ops[6].write_set[0], ADD_OK)  # one ack: below Qa
+    lh._fail(LedgerFenced("fenced in the same read"))
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    assert results[:5] == [0, 1, 2, 3, 4]
+    assert all(isinstance(r, LedgerFenced) for r in results[5:])
+    assert lh.last_add_confirmed == 4
