@@ -574,6 +574,9 @@ class ServerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._last_active = self._loop.time()
         self._spoke = True
+        if not self._buf and not self._reading_paused and not self._handshake:
+            self._process_buffer(data)  # nothing buffered (most reads): no copy of the read
+            return
         self._buf += data
         if self._reading_paused:  # uvloop starts reading after connection_made, whatever it asked
             if self._transport is not None:
@@ -880,11 +883,13 @@ class ServerConnection(asyncio.Protocol):
         return False  # close our side too
 
     # ------------------------------------------------------------------ framing
-    def _process_buffer(self) -> None:
+    def _process_buffer(self, data: bytes | None = None) -> None:
+        """Handle the buffered frames, or those of ``data``, a read that came with nothing buffered
+        (then only what is left of it after the frames handled is buffered)."""
         if self._handshake and not self._handshake_frames():
             self._update_deadline()
             return
-        buf = self._buf
+        buf: bytes | bytearray = self._buf if data is None else data
         size_total = len(buf)
         limit = self._in_flight_max
         frame_max = self._frame_max
@@ -894,6 +899,8 @@ class ServerConnection(asyncio.Protocol):
         # of the frame on the hot path.
         with memoryview(buf) as view:
             pos = self._processor.dispatch_frames(self, buf, view, 0, limit, frame_max, load)
+            if data is not None and pos < size_total:
+                self._buf += view[pos:]  # (still empty: a read is not re-entered)
         if size_total - pos >= 4 and not self.halted and self.in_flight < limit:
             (size,) = _LENGTH.unpack_from(buf, pos)
             if size > frame_max:
@@ -903,7 +910,8 @@ class ServerConnection(asyncio.Protocol):
                 return
         if pos:
             self._frames_since_arm += 1  # progress (read as a flag by the deadline)
-            del buf[:pos]
+            if data is None:
+                del self._buf[:pos]
             if frame_max != self._limits.frame_bytes_max:  # a frame handled: out of probation
                 self._frame_max = self._limits.frame_bytes_max
         if self.closed:
@@ -913,7 +921,7 @@ class ServerConnection(asyncio.Protocol):
         if self.in_flight >= limit and not self._paused_by_permits:
             self._paused_by_permits = True
             self._update_reading()
-        if buf or self._deadline is not None:  # every frame handled and no timer (most reads): no call
+        if self._buf or self._deadline is not None:  # every frame handled and no timer (most reads): no call
             self._update_deadline()
 
     def _update_deadline(self) -> None:

@@ -207,7 +207,7 @@ class Processor:
     def dispatch_frames(
         self,
         conn: ServerConnection,
-        buf: bytearray,
+        buf: bytes | bytearray,
         view: memoryview,
         pos: int,
         limit: int,
