@@ -329,7 +329,12 @@ def entry_bodies(
     return True
 
 
-_ZERO_SCAN_CHUNK_BYTES = 1 << 20
+_ZERO_SCAN_CHUNK_BYTES = 1 << 16
+"""Zeros are looked for a chunk at a time: one memcmp against `_ZEROS` (a chunk under malloc's
+mmap threshold, so its copy out of the segment reuses the heap instead of faulting fresh pages)."""
+_ZEROS = bytes(_ZERO_SCAN_CHUNK_BYTES)
+_ZERO_SCAN_STRIP_BYTES = 64
+"""Below this, the zero tail of a chunk is stripped byte by byte (``rstrip`` is ~2 ns a byte)."""
 
 
 def find_valid_record(data: Buffer, start: int, end: int | None = None) -> int | None:
@@ -348,11 +353,24 @@ def _last_nonzero(data: Buffer, start: int) -> int:
     end = len(data)
     while end > start:
         chunk_start = max(start, end - _ZERO_SCAN_CHUNK_BYTES)
-        stripped = data[chunk_start:end].rstrip(b"\x00")
-        if stripped:
-            return chunk_start + len(stripped)
+        chunk = data[chunk_start:end]
+        if chunk != _ZEROS[: len(chunk)]:
+            return chunk_start + _end_of_nonzero(chunk)
         end = chunk_start
     return start
+
+
+def _end_of_nonzero(chunk: bytes) -> int:
+    """Offset just past the last non-zero byte of ``chunk``, which has one: its zero tail is
+    narrowed by halves, each a memcmp, and only the last few bytes are stripped one by one."""
+    low, high = 0, len(chunk)  # chunk[high:] is all zero; chunk[low:high] holds a non-zero byte
+    while high - low > _ZERO_SCAN_STRIP_BYTES:
+        middle = (low + high) // 2
+        if chunk[middle:high] == _ZEROS[: high - middle]:
+            high = middle
+        else:
+            low = middle
+    return low + len(chunk[low:high].rstrip(b"\x00"))
 
 
 def is_all_zero(data: Buffer) -> bool:

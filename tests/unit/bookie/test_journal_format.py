@@ -100,6 +100,24 @@ def test_preallocated_zeros_are_a_clean_end() -> None:
     assert scan.end == len(data) - 4096
 
 
+@pytest.mark.parametrize("length", [0, 1, 63, 64, 65, 4096, (1 << 16) - 1, 1 << 16, (1 << 16) + 1, 200_000])
+def test_the_end_of_the_non_zero_bytes_is_found_at_every_place(length: int) -> None:
+    """The zero scan (chunks compared whole, the zero tail narrowed by halves) agrees with a plain
+    rstrip for a last non-zero byte at each place, from any start."""
+    for last in sorted({0, 1, length // 3, length // 2, length - 65, length - 64, length - 2, length - 1}):
+        if not 0 <= last < length:
+            continue
+        data = bytearray(length)
+        data[last] = 7
+        if last > 10:
+            data[last - 10] = 1  # a non-zero byte before it changes nothing
+        for start in (0, min(last, 5), last, last + 1):
+            want = max(start, len(bytes(data).rstrip(b"\x00")))
+            assert fmt._last_nonzero(bytes(data), start) == want, (length, last, start)
+    assert fmt.is_all_zero(bytes(length))
+    assert fmt._last_nonzero(bytes(length), 0) == 0
+
+
 @pytest.mark.parametrize("zeros", [0, 1000])
 def test_torn_tail_every_offset_of_last_three_groups(zeros: int) -> None:
     """A process crash: the final group is a prefix of what was written (one record per group)."""
