@@ -12,6 +12,7 @@ import pytest
 
 from bookkeeper_aio import BookKeeper, LedgerFenced
 from bookkeeper_aio.client.connection import ADD_OK
+from bookkeeper_aio.errors import BKTimeout
 from bookkeeper_aio.protocol import messages as m
 from tests.harness.fake_bookie import FakeCluster, Reply
 
@@ -74,3 +75,21 @@ async def test_a_failure_in_the_same_burst_completes_the_adds_that_had_their_quo
     assert results[:5] == [0, 1, 2, 3, 4]
     assert all(isinstance(r, LedgerFenced) for r in results[5:])
     assert lh.last_add_confirmed == 4
+
+
+async def test_a_bookie_failure_in_the_same_burst_completes_the_adds_that_had_their_quorum_first(
+    bk: BookKeeper, cluster: FakeCluster
+) -> None:
+    """A bookie failure read after acks in the same burst (before the pass runs) must not hold back
+    the adds whose quorum was counted: they complete before the ensemble change starts, which then
+    starts its new fragment after them (not at the stale LAC, taking their acks away)."""
+    lh, futures, ops = await _unanswered_adds(bk, cluster)
+    events: list[tuple[str, object]] = []
+    lh.set_event_listener(lambda name, arg: events.append((name, arg)))
+    _ack_to_quorum(lh, ops[:5])  # entries 0..4 reach Qa
+    lh._bookie_failed(ops[6].write_set[0], BKTimeout("failed in the same read"))
+    assert [f.done() for f in futures[:5]] == [True] * 5
+    assert await asyncio.gather(*futures[:5]) == [0, 1, 2, 3, 4]
+    assert lh.last_add_confirmed == 4
+    assert ("ensemble_change.started", 4) in events
+    lh.abort()
