@@ -233,7 +233,8 @@ async def append_ledgers(
                 f"log {name!r}: ledger {min(ends)} is not above the log's last ledger {last} "
                 "(create ledgers for a log with after_ledger_id=its last ledger, and write them again)"
             )
-        check_room(current.metadata, len(ends))
+        # with its commit token (an importer's name has no length cap): LogFull before the fencing
+        check_room(current.metadata if commit is None else current.metadata.with_commit(*commit), len(ends))
         recovered = await recover_ledgers(bk, current.metadata.ledger_ids[-2:], password)
         proposed = taken_over(current.metadata, recovered, manager.now_ms())
         for ledger_id, (last_entry_id, length) in sorted(ends.items()):

@@ -419,6 +419,7 @@ class LogWriter:
         nothing created; retention, if set, was applied first). Cancelling it once the new ledger
         is chosen does not stop the roll: its CAS, switch and close run on (`_finish_roll`), and
         `close()` waits for them."""
+        self._check_writable()  # a closed writer's roll is misuse, not a fencing (retention below)
         if self._spare_task is not None:
             await asyncio.wait([self._spare_task])  # the ledger it makes is this roll's
         roomy: LogMetadata | None = self._versioned.metadata  # checked once per list: it encodes it

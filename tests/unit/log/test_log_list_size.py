@@ -8,6 +8,7 @@ import msgpack
 import pytest
 
 from bookkeeper_aio import (
+    BKInterfaceError,
     BookKeeper,
     LogFull,
     LogPosition,
@@ -16,6 +17,7 @@ from bookkeeper_aio import (
     open_log_writer,
     truncate_log,
 )
+from bookkeeper_aio.log._common import log_manager
 from metadata import log_metadata
 from metadata.log_metadata import LogLedger, LogLedgerState, LogMetadata, encode, encoded_size, has_room
 from tests.unit.log.fakes import world
@@ -78,6 +80,53 @@ async def test_an_import_into_a_full_list_is_refused(monkeypatch: pytest.MonkeyP
         else:
             pytest.fail("the list never filled")
         assert list((await describe_log(bk, "lg")).ledgers)[-1].ledger_id == imported[-1]
+
+
+async def test_an_import_whose_commit_token_does_not_fit_is_refused_before_fencing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The room an import checks counts its commit token (an importer's name has no length cap):
+    LogFull before the log's last ledgers are fenced, not InvalidMetadata after."""
+    monkeypatch.setattr(log_metadata, "ENCODED_BYTES_MAX", CAP)
+    async with world() as w:
+        bk, _ = w.clients
+        imported: list[int] = []
+        for _ in range(200):
+            ledger = await bk.create_ledger(3, 2, 2, after_ledger_id=max(imported, default=0))
+            await ledger.append(b"x")
+            await ledger.close()
+            md = (await log_manager(bk).read("lg")).metadata if imported else None
+            if md is not None and has_room(md, 1) and not has_room(md, 2):
+                with pytest.raises(LogFull):
+                    await append_ledgers(bk, "lg", [ledger.id], commit=("importer-" + "x" * 300, 1))
+                assert (await log_manager(bk).read("lg")).metadata == md  # nothing changed
+                return
+            await append_ledgers(bk, "lg", [ledger.id])
+            imported.append(ledger.id)
+        pytest.fail("the list never reached one ledger's room")
+
+
+async def test_a_closed_writers_roll_is_misuse_not_a_fencing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A roll after close() on a full list with retention set: BKInterfaceError, and the writer is
+    not marked fenced (retention used to run first and take the closed last ledger for a takeover)."""
+    monkeypatch.setattr(log_metadata, "ENCODED_BYTES_MAX", CAP)
+    async with world() as w:
+        bk, _ = w.clients
+        writer = await open_log_writer(bk, "lg", retention_age_s=100)
+        for _ in range(200):
+            await writer.append(b"x")
+            try:
+                await writer.roll()
+            except LogFull:
+                break
+        else:
+            pytest.fail("the list never filled")
+        await writer.close()
+        now_ms = writer._manager.now_ms
+        monkeypatch.setattr(writer._manager, "now_ms", lambda: now_ms() + 10_000_000)
+        with pytest.raises(BKInterfaceError, match="closed"):
+            await writer.roll()
+        assert writer._fenced is None
 
 
 def test_the_documented_bounds_hold() -> None:
