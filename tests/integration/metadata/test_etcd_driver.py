@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import time
 from collections.abc import Iterator
 
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from metadata.errors import MetadataUnavailable, WatchCompacted
@@ -22,6 +24,13 @@ pytestmark = pytest.mark.etcd
 
 
 @pytest.fixture
+def info_logged() -> None:
+    """Info events reach ``capture_logs``: importing the client configures structlog at warning
+    (the autouse fixture in tests/conftest.py restores the configuration after the test)."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+
+
+@pytest.fixture
 def dead() -> Iterator[tuple[str, int]]:
     """An address that refuses connections for the whole test: bound, never listening, so no other
     test's etcd or bookie can take the port meanwhile (a port from free_port() could be)."""
@@ -31,7 +40,7 @@ def dead() -> Iterator[tuple[str, int]]:
 
 
 async def test_unreachable_store_fails_within_the_budget_and_stays_usable(
-    etcd_server: EtcdCluster, dead: tuple[str, int]
+    etcd_server: EtcdCluster, dead: tuple[str, int], info_logged: None
 ) -> None:
     store = EtcdStore(EtcdConfig((dead,), op_timeout_s=0.5, connect_timeout_s=0.2))
     try:
@@ -47,7 +56,7 @@ async def test_unreachable_store_fails_within_the_budget_and_stays_usable(
 
 
 async def test_dead_first_endpoint_fails_over_to_a_live_one(
-    etcd_server: EtcdCluster, root: str, dead: tuple[str, int]
+    etcd_server: EtcdCluster, root: str, dead: tuple[str, int], info_logged: None
 ) -> None:
     store = EtcdStore(EtcdConfig((dead, *etcd_server.endpoints), op_timeout_s=3, connect_timeout_s=0.3))
     try:
