@@ -289,7 +289,7 @@ class Processor:
         """Decode one frame body into a request object and run its handler (every op; an ADD the
         inline checks did not accept). Always answers or closes; never raises."""
         try:
-            request = m.decode_request(body)
+            request = m.decode_request_generic(body)
         except ProtocolError as exc:
             self._bad_frame(conn, exc, len(body))
             return

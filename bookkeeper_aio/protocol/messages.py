@@ -443,6 +443,21 @@ _OPTIONAL_FIELDS: dict[type[Any], int] = {
 REQUEST_OP: dict[type[Any], int] = {cls: op for op, (cls, _) in _REQUESTS.items()}
 RESPONSE_OP: dict[type[Any], int] = {cls: op for op, (cls, _) in _RESPONSES.items()}
 
+_Spec = tuple[type[Any], tuple[Check, ...], int, int]
+"""What :func:`_validate` checks a message against: its class, its fields' checks, their number,
+and how many of them must be there (all but the optional trailing ones)."""
+
+
+def _specs(table: dict[int, tuple[type[Any], tuple[Check, ...]]]) -> dict[int, _Spec]:
+    return {
+        op: (cls, checks, len(checks), len(checks) - _OPTIONAL_FIELDS.get(cls, 0))
+        for op, (cls, checks) in table.items()
+    }
+
+
+_REQUEST_SPECS = _specs(_REQUESTS)
+_RESPONSE_SPECS = _specs(_RESPONSES)
+
 
 # ---------------------------------------------------------------- codec
 _UNPACK_ERRORS = (ValueError, TypeError, OverflowError, msgpack.UnpackException)
@@ -530,21 +545,28 @@ def _unpack_bounded(body: bytes | memoryview, unicode_errors: str) -> Any:
     )
 
 
-def _validate(
-    fields: list[Any], spec: tuple[type[Any], tuple[Check, ...]], op: int, rid: int, lenient: bool
-) -> Any:
-    cls, checks = spec
+def _validate(fields: list[Any], spec: _Spec, op: int, rid: int, lenient: bool) -> Any:
+    cls, checks, count, required = spec
     # Error responses may stop after the message; everything else needs every field but the
     # optional trailing ones.
-    required = len(checks) - _OPTIONAL_FIELDS.get(cls, 0)
     if len(fields) < required and not (lenient and len(fields) >= 3):
-        raise ProtocolError(f"op {op}: {len(fields)} fields, expected {len(checks)}", request_id=rid, op=op)
+        raise ProtocolError(f"op {op}: {len(fields)} fields, expected {count}", request_id=rid, op=op)
+    for check, value in zip(checks, fields, strict=False):
+        if not check(value):
+            raise _bad_field(spec, fields, op, rid)
+    if len(fields) >= count:  # every field there: no defaults to fill in
+        return _new_tuple(cls, fields[:count])
+    return cls(*fields)
+
+
+def _bad_field(spec: _Spec, fields: list[Any], op: int, rid: int) -> ProtocolError:
+    """The error for the first of ``fields`` its check refuses (:func:`_validate` found one)."""
+    cls, checks = spec[0], spec[1]
     for name, check, value in zip(cls._fields, checks, fields, strict=False):
         if not check(value):
-            raise ProtocolError(
-                f"op {op}: bad value for {name}: {_shown(name, value)}", request_id=rid, op=op
-            )
-    return cls(*fields[: len(checks)])
+            reason = f"op {op}: bad value for {name}: {_shown(name, value)}"
+            return ProtocolError(reason, request_id=rid, op=op)
+    raise AssertionError("every field passes its check")
 
 
 def _head(obj: Any, what: str) -> tuple[int, int]:
@@ -694,14 +716,15 @@ def decode_request(body: bytes | memoryview) -> Request:
     fast = decode_add_request(body)
     if fast is not None:
         return fast
-    return _decode_request_generic(body)
+    return decode_request_generic(body)
 
 
-def _decode_request_generic(body: bytes | memoryview) -> Request:
-    """:func:`decode_request` without the ADD shortcut: every field through its checker."""
+def decode_request_generic(body: bytes | memoryview) -> Request:
+    """:func:`decode_request` without the ADD shortcut: every field through its checker (for a
+    frame :meth:`AddRequests.take` did not take: the shortcut would not either)."""
     obj = _unpack_request(body)
     op, rid = _head(obj, "request")
-    spec = _REQUESTS.get(op)
+    spec = _REQUEST_SPECS.get(op)
     if spec is None:
         raise ProtocolError(f"unknown op {op}", request_id=rid, op=op)
     result: Request = _validate(obj[1:], spec, op, rid, lenient=False)
@@ -727,7 +750,7 @@ def decode_response_object(obj: Any) -> Response:
     ):
         return fast
     op, rid = _head(obj, "response")
-    spec = _RESPONSES.get(op)
+    spec = _RESPONSE_SPECS.get(op)
     if spec is None:
         raise ProtocolError(f"response for unknown op {op}", request_id=rid, op=op)
     lenient = len(obj) > 2 and obj[2] != StatusCode.EOK

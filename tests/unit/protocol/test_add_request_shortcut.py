@@ -34,7 +34,7 @@ _value = st.one_of(
 
 def _generic(raw: bytes | memoryview) -> Any:
     try:
-        return m._decode_request_generic(raw)
+        return m.decode_request_generic(raw)
     except ProtocolError:
         return None
 
