@@ -139,7 +139,7 @@ def password_secret(password: bytes, salt: bytes, iterations: int) -> bytes:
 def keys_of_secret(secret: bytes) -> LedgerKeys:
     """The master key (an HMAC of a ledger's secret, domain separated from the check value and the
     MAC key) and its check value."""
-    key = hmac.new(secret, _MASTER_KEY_LABEL, hashlib.sha256).digest()
+    key = hmac.digest(secret, _MASTER_KEY_LABEL, "sha256")
     return LedgerKeys(key, key_check(key))
 
 
@@ -154,7 +154,7 @@ def salted_ledger_keys(secret: bytes, ledger_salt: bytes) -> LedgerKeys:
     the creating client's salt) and the ledger's own random salt: its secret is
     ``HMAC-SHA256(secret, label + ledger_salt)``, distinct per ledger, and neither it nor the
     master key gives ``secret`` or another ledger's key."""
-    ledger_secret = hmac.new(secret, _LEDGER_SECRET_LABEL + ledger_salt, hashlib.sha256).digest()
+    ledger_secret = hmac.digest(secret, _LEDGER_SECRET_LABEL + ledger_salt, "sha256")
     return keys_of_secret(ledger_secret)
 
 
@@ -164,9 +164,9 @@ def keyed_ledger_keys(secret: bytes, ledger_salt: bytes) -> LedgerKeys:
     master key and the MAC key of its HMAC digests derive (each an HMAC of it with its own label).
     So the MAC key costs the PBKDF2 behind ``secret`` to compute from a password, differs per
     ledger, and neither the master key (which bookies hold) nor the check value gives it."""
-    ledger_secret = hmac.new(secret, _LEDGER_SECRET_LABEL_4 + ledger_salt, hashlib.sha256).digest()
-    key = hmac.new(ledger_secret, _MASTER_KEY_LABEL, hashlib.sha256).digest()
-    mac_key = hmac.new(ledger_secret, _MAC_KEY_LABEL, hashlib.sha256).digest()
+    ledger_secret = hmac.digest(secret, _LEDGER_SECRET_LABEL_4 + ledger_salt, "sha256")
+    key = hmac.digest(ledger_secret, _MASTER_KEY_LABEL, "sha256")
+    mac_key = hmac.digest(ledger_secret, _MAC_KEY_LABEL, "sha256")
     return LedgerKeys(MasterKey(key, mac_key), key_check(key))
 
 

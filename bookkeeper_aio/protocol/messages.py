@@ -442,6 +442,8 @@ _OPTIONAL_FIELDS: dict[type[Any], int] = {
 
 REQUEST_OP: dict[type[Any], int] = {cls: op for op, (cls, _) in _REQUESTS.items()}
 RESPONSE_OP: dict[type[Any], int] = {cls: op for op, (cls, _) in _RESPONSES.items()}
+_OP_OF = {**REQUEST_OP, **RESPONSE_OP}
+"""Every message class's op (no class is both a request and a response)."""
 
 _Spec = tuple[type[Any], tuple[Check, ...], int, int]
 """What :func:`_validate` checks a message against: its class, its fields' checks, their number,
@@ -767,10 +769,7 @@ _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 def encode(msg: Request | Response) -> bytes:
     """One message as a whole frame (length prefix included)."""
-    op = REQUEST_OP.get(type(msg))
-    if op is None:
-        op = RESPONSE_OP[type(msg)]
-    body = _packb((op, *msg))
+    body = _packb((_OP_OF[type(msg)], *msg))
     return LENGTH.pack(len(body)) + body
 
 
