@@ -496,7 +496,7 @@ class Processor:
                 frame = m.encode(m.ReadEntryResponse(rid, 0, None, lid, req.entry_id, None, state.lac))
             else:
                 entry_id, body = await self.storage.read_entry(lid, req.entry_id)
-                frame = m.encode(m.ReadEntryResponse(rid, 0, None, lid, entry_id, bytes(body), state.lac))
+                frame = m.encode_read_ok(rid, lid, entry_id, body, state.lac)
                 self.entries_read += 1
         except asyncio.CancelledError:
             raise

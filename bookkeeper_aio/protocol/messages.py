@@ -841,6 +841,23 @@ def encode_batch_read_ok(
     return b"".join(parts)
 
 
+_READ_ENTRY = int(OpCode.READ_ENTRY)
+_FALSE = _packb(False)
+
+
+def encode_read_ok(
+    request_id: int, ledger_id: int, entry_id: int, body: bytes | memoryview, lac: int
+) -> bytes:
+    """``encode(ReadEntryResponse(request_id, EOK, None, ledger_id, entry_id, bytes(body), lac))``
+    in one join: the body (bytes, or a view of what the bookie read) is copied once, into the
+    frame, instead of three times (``bytes``, the packer's buffer, the frame); a unit test pins the
+    two to the same bytes."""
+    head = _packb((_READ_ENTRY, request_id, 0, None, ledger_id, entry_id))
+    parts = [b"", _ARRAY9, head[1:], _bin_header(len(body)), body, _packb(lac), _FALSE]
+    parts[0] = LENGTH.pack(sum(map(len, parts)))
+    return b"".join(parts)
+
+
 def encode_error(op: int, request_id: int, status: StatusCode, message: str) -> bytes:
     """A short error response ``[op, request_id, status, message]`` as a whole frame."""
     body = _packb((op, request_id, int(status), message[:TEXT_CHARS_MAX]))

@@ -159,6 +159,24 @@ def test_encode_batch_read_ok__generic_bytes(
     assert m.encode_batch_read_ok(rid, ledger_id, start, parts, lac, step) == generic
 
 
+@given(
+    rid=rids,
+    ledger_id=ids,
+    entry_id=ids,
+    body=st.one_of(st.binary(max_size=300), st.integers(65500, 65600).map(lambda n: b"\xa5" * n)),
+    lac=lacs,
+    view=st.booleans(),
+)
+@settings(max_examples=200)
+def test_encode_read_ok__generic_bytes(
+    rid: int, ledger_id: int, entry_id: int, body: bytes, lac: int, view: bool
+) -> None:
+    """The bookie's READ_ENTRY answer with its entry, built in one join (the body as bytes or as a
+    view of what it read), is the generic encoder's frame."""
+    generic = m.encode(m.ReadEntryResponse(rid, 0, None, ledger_id, entry_id, body, lac))
+    assert m.encode_read_ok(rid, ledger_id, entry_id, memoryview(body) if view else body, lac) == generic
+
+
 def test_encode_batch_read_ok__array_header_sizes() -> None:
     for count in (0, 15, 16, 65_535, 65_536):
         bodies = [b""] * count
