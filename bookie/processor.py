@@ -118,6 +118,11 @@ def status_for(error: BaseException) -> StatusCode:
 
 
 _ADD_OP = int(OpCode.ADD_ENTRY)
+# Read flags as plain ints: ``int & IntFlag`` builds a flag object through the enum machinery
+# (microseconds per read request).
+_FENCE_LEDGER = int(ReadFlag.FENCE_LEDGER)
+_LONG_POLL = int(ReadFlag.LONG_POLL)
+_ENTRY_PIGGYBACK = int(ReadFlag.ENTRY_PIGGYBACK)
 _BEFORE_ACK = failpoints.BEFORE_ACK
 _AddEntryRequest = m.AddEntryRequest
 _AddRequests = m.AddRequests
@@ -353,7 +358,7 @@ class Processor:
                 return True  # its fence may have been cut: metadata must show it OPEN first
             creates = True
         elif kind is m.ReadEntryRequest or kind is m.BatchReadRequest:
-            creates = bool(request.flags & ReadFlag.FENCE_LEDGER) and request.master_key is not None
+            creates = bool(request.flags & _FENCE_LEDGER) and request.master_key is not None
         else:
             return False
         if not creates:
@@ -461,12 +466,12 @@ class Processor:
 
     # ------------------------------------------------------------------ reads
     def _read_entry(self, conn: ServerConnection, req: m.ReadEntryRequest) -> None:
-        if req.flags & ReadFlag.FENCE_LEDGER:
+        if req.flags & _FENCE_LEDGER:
             if req.master_key is None:
                 raise BadRequest("a fencing read must carry the master key")
             self.storage.fence(req.ledger_id, req.master_key, lambda e: self._after_fence(conn, req, e))
             return
-        if req.flags & ReadFlag.LONG_POLL:
+        if req.flags & _LONG_POLL:
             self._long_poll(conn, req)
             return
         self.storage.check_read_key(req.ledger_id, req.master_key)
@@ -501,7 +506,7 @@ class Processor:
         except asyncio.CancelledError:
             raise
         except NoEntry as exc:
-            if req.flags & ReadFlag.LONG_POLL:
+            if req.flags & _LONG_POLL:
                 # a long poll's piggybacked entry is a bonus: one gone since it was judged present
                 # (its ledger re-keyed or forgotten meanwhile) leaves the LAC answer, never ENOENTRY
                 frame = m.encode(m.ReadEntryResponse(rid, 0, None, lid, req.entry_id, None, state.lac))
@@ -512,7 +517,7 @@ class Processor:
                     m.ReadEntryResponse(rid, StatusCode.ENOENTRY, str(exc), lid, req.entry_id, None, lac)
                 )
         except (EntryCorrupt, OSError) as exc:
-            if req.entry_id == LAST_ENTRY and req.flags & ReadFlag.FENCE_LEDGER:
+            if req.entry_id == LAST_ENTRY and req.flags & _FENCE_LEDGER:
                 frame = self._fenced_last_unreadable(conn, rid, lid, state, exc)
             else:
                 frame = self._read_failed(conn, OpCode.READ_ENTRY, rid, lid, req.entry_id, exc)
@@ -537,7 +542,7 @@ class Processor:
 
     def _long_poll(self, conn: ServerConnection, req: m.ReadEntryRequest) -> None:
         state = self.storage.ledger_for_read(req.ledger_id, req.master_key)
-        piggyback = bool(req.flags & ReadFlag.ENTRY_PIGGYBACK)
+        piggyback = bool(req.flags & _ENTRY_PIGGYBACK)
         if state.lac > req.previous_lac or state.fenced or req.timeout_ms == 0:
             self._answer_long_poll(conn, req, state, piggyback)
             return
@@ -571,7 +576,7 @@ class Processor:
         )
 
     def _batch_read(self, conn: ServerConnection, req: m.BatchReadRequest) -> None:
-        if req.flags & ReadFlag.FENCE_LEDGER:
+        if req.flags & _FENCE_LEDGER:
             if req.master_key is None:
                 raise BadRequest("a fencing read must carry the master key")
             self.storage.fence(
