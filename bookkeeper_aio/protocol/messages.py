@@ -463,6 +463,8 @@ _RESPONSE_SPECS = _specs(_RESPONSES)
 
 # ---------------------------------------------------------------- codec
 _UNPACK_ERRORS = (ValueError, TypeError, OverflowError, msgpack.UnpackException)
+_TAKE_ERRORS = (*_UNPACK_ERRORS, IndexError)
+"""What :meth:`AddRequests.take` refuses a frame for (IndexError: one shorter than two bytes)."""
 
 
 def _unpack(body: bytes | memoryview) -> Any:
@@ -621,13 +623,18 @@ class AddRequests:
         if len(body) > PLAIN_REQUEST_BYTES_MAX:
             return -1
         try:
+            # Byte 1 is the op as encoders write an ADD (after the fixarray's one byte): a frame
+            # with another op there (a read's) is not unpacked here only to fail (an ADD encoded
+            # unusually goes the generic way too). A frame under two bytes raises IndexError.
+            if body[1] != _ADD:
+                return -1
             # No keyword limits (parsing them cost ~15% of this call): the frame is at most
             # PLAIN_REQUEST_BYTES_MAX, which bounds what it can build, and anything but an array
             # of exactly seven items fails the unpacking below or the type checks (a map's keys are
             # str or bytes, never the int op; a string's items are not ints and bytes). Anything
             # else (another op's request, a malformed one) is the generic path's, with its bounds.
             op, rid, lid, eid, flags, key, entry = _unpackb(body)
-        except _UNPACK_ERRORS:
+        except _TAKE_ERRORS:
             return -1
         if (
             op == _ADD
