@@ -729,8 +729,8 @@ def decode_request(body: bytes | memoryview) -> Request:
 
 
 def decode_request_generic(body: bytes | memoryview) -> Request:
-    """:func:`decode_request` without the ADD shortcut: every field through its checker (for a
-    frame :meth:`AddRequests.take` did not take: the shortcut would not either)."""
+    """:func:`decode_request` without the ADD shortcut: every field through its checker (the
+    bookie's decoder for a frame its :meth:`AddRequests.take` already saw)."""
     obj = _unpack_request(body)
     op, rid = _head(obj, "request")
     spec = _REQUEST_SPECS.get(op)
