@@ -1002,4 +1002,21 @@ def decode_answer(body: bytes | memoryview) -> int | Response:
             if type(request_id) is not int or request_id < 0:
                 raise ProtocolError(f"op {_ADD_ACKS}: bad value for request_ids: {_short(rids)}")
         return _new_tuple(AddAcksResponse, (0, 0, None, rids))
+    if (  # [READ_ENTRY, request_id, EOK, nil, ledger_id, entry_id, body, lac, unreadable]: a read's entry
+        type(obj) is list
+        and len(obj) == 9
+        and obj[0] == _READ_ENTRY
+        and obj[2] == 0
+        and obj[3] is None
+        and type(obj[0]) is type(rid := obj[1]) is type(obj[2]) is int
+        and type(lid := obj[4]) is type(eid := obj[5]) is type(lac := obj[7]) is int
+        and type(entry := obj[6]) is bytes
+        and type(obj[8]) is bool
+        and rid >= 0
+        and 0 <= lid <= ID_MAX
+        and NO_ENTRY <= eid <= ID_MAX
+        and NO_ENTRY <= lac <= ID_MAX
+        and len(entry) <= FRAME_BYTES_MAX
+    ):
+        return _new_tuple(ReadEntryResponse, obj[1:])
     return decode_response_object(obj)

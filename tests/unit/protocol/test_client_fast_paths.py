@@ -75,6 +75,8 @@ answers = st.one_of(
     ),
     st.builds(m.AddAcksResponse, st.just(0), st.just(0), st.none(), st.lists(rids, min_size=1, max_size=50)),
     st.builds(m.ReadLacResponse, rids, st.just(0), st.none(), ids, lacs),
+    st.builds(m.ReadEntryResponse, rids, st.just(0), st.none(), ids, lacs, st.binary(max_size=9), lacs),
+    st.builds(m.ReadEntryResponse, rids, st.just(0), st.none(), ids, lacs, st.none(), lacs, st.booleans()),
     st.builds(m.WriteLacResponse, rids, st.just(0), st.none(), ids),
 )
 
@@ -116,7 +118,9 @@ scalars = st.one_of(
     st.text(max_size=5),
     st.binary(max_size=5),
 )
-ops = st.sampled_from([int(OpCode.ADD_ENTRY), int(OpCode.ADD_ACKS), int(OpCode.READ_LAC), True, -1, 99])
+ops = st.sampled_from(
+    [int(OpCode.ADD_ENTRY), int(OpCode.ADD_ACKS), int(OpCode.READ_ENTRY), int(OpCode.READ_LAC), True, -1, 99]
+)
 near_misses = st.one_of(
     st.tuples(ops, scalars, st.sampled_from([0, 1, False]), scalars, scalars, scalars).map(list),
     st.tuples(ops, st.sampled_from([0, 1, False]), st.sampled_from([0, False]), scalars).map(
@@ -124,7 +128,18 @@ near_misses = st.one_of(
     ),
     st.tuples(ops, scalars, scalars, scalars).map(lambda t: [*t, [0] * (ADD_ACKS_IDS_MAX + 1)]),
     st.tuples(ops, st.just(0), st.just(0), st.none(), st.lists(scalars, min_size=1, max_size=4)).map(list),
-    st.lists(scalars, max_size=8),
+    st.tuples(  # a read's answer: nine items
+        ops,
+        scalars,
+        st.sampled_from([0, 1, False]),
+        st.sampled_from([None, "x"]),
+        scalars,
+        scalars,
+        st.one_of(st.binary(max_size=5), scalars),
+        scalars,
+        st.one_of(st.booleans(), scalars),
+    ).map(list),
+    st.lists(scalars, max_size=10),
 )
 
 
@@ -182,3 +197,29 @@ def test_encode_batch_read_ok__array_header_sizes() -> None:
         bodies = [b""] * count
         generic = m.encode(m.BatchReadResponse(1, 0, None, 2, 3, bodies, 4, 1))
         assert m.encode_batch_read_ok(1, 2, 3, bodies, 4, 1) == generic
+
+
+def test_decode_answer__a_read_answer_with_one_field_wrong_decodes_as_the_generic_decoder() -> None:
+    """The read answer's shortcut, field by field: each value out of its type or range (or at its
+    edge) is decoded, or refused, exactly as the generic decoder does."""
+    valid = [int(OpCode.READ_ENTRY), 7, 0, None, 3, 4, b"entry", 2, False]
+    bad: list[list[Any]] = [
+        [True, 2, -1, 99],
+        [-1, True, REQUEST_ID_MAX, None],
+        [1, False, 999_999, True],
+        ["x", "", b"m"],
+        [-1, ID_MAX, ID_MAX + 1, True, None],
+        [-2, -1, ID_MAX, ID_MAX + 1, False, "4"],
+        [None, "s", 5, [b"a"]],
+        [-2, -1, ID_MAX, ID_MAX + 1, True],
+        [0, 1, None, "t", True],
+    ]
+    assert len(bad) == len(valid)
+    _same_decode(msgpack.packb(valid, use_bin_type=True))
+    assert m.decode_answer(msgpack.packb(valid, use_bin_type=True)) == m.ReadEntryResponse(*valid[1:])
+    for i, values in enumerate(bad):
+        for value in values:
+            obj = [*valid[:i], value, *valid[i + 1 :]]
+            _same_decode(msgpack.packb(obj, use_bin_type=True))
+    for obj in (valid[:8], [*valid, 0], valid[:7]):  # one short (unreadable omitted), one long, too short
+        _same_decode(msgpack.packb(obj, use_bin_type=True))
