@@ -12,6 +12,7 @@ from bookkeeper_aio import (
     BookKeeper,
     LogFull,
     LogPosition,
+    LogWriter,
     append_ledgers,
     describe_log,
     open_log_writer,
@@ -29,6 +30,25 @@ async def _ledger_ids(bk: BookKeeper) -> list[int]:
     return [ledger_id for ledger_id in range(1, 200) if await bk.context.ledgers.exists(ledger_id)]
 
 
+async def _roll_until_full(writer: LogWriter) -> None:
+    """Append and roll until the list refuses a roll (LogFull)."""
+    for _ in range(200):
+        await writer.append(b"x")
+        try:
+            await writer.roll()
+        except LogFull:
+            return
+    pytest.fail("the list never filled")
+
+
+async def _closed_ledger(bk: BookKeeper, after_ledger_id: int) -> int:
+    """A new ledger for the log, one entry written, closed: ready to import."""
+    ledger = await bk.create_ledger(3, 2, 2, after_ledger_id=after_ledger_id)
+    await ledger.append(b"x")
+    await ledger.close()
+    return ledger.id
+
+
 @pytest.mark.parametrize("spare", [False, True], ids=["roll", "spare"])
 async def test_a_full_list_refuses_a_roll_before_creating_its_ledger(
     monkeypatch: pytest.MonkeyPatch, spare: bool
@@ -37,14 +57,7 @@ async def test_a_full_list_refuses_a_roll_before_creating_its_ledger(
     async with world() as w:
         bk, other = w.clients
         writer = await open_log_writer(bk, "lg", roll_entries_max=2 if spare else None)
-        for _ in range(200):
-            await writer.append(b"x")
-            try:
-                await writer.roll()
-            except LogFull:
-                break
-        else:
-            pytest.fail("the list never filled")
+        await _roll_until_full(writer)
         listed = list(writer.ledger_ids)
         for _ in range(3):  # refused again: still nothing created
             with pytest.raises(LogFull, match="truncate"):
@@ -69,14 +82,12 @@ async def test_an_import_into_a_full_list_is_refused(monkeypatch: pytest.MonkeyP
         bk, _ = w.clients
         imported: list[int] = []
         for _ in range(200):
-            ledger = await bk.create_ledger(3, 2, 2, after_ledger_id=max(imported, default=0))
-            await ledger.append(b"x")
-            await ledger.close()
+            ledger_id = await _closed_ledger(bk, max(imported, default=0))
             try:
-                await append_ledgers(bk, "lg", [ledger.id])
+                await append_ledgers(bk, "lg", [ledger_id])
             except LogFull:
                 break
-            imported.append(ledger.id)
+            imported.append(ledger_id)
         else:
             pytest.fail("the list never filled")
         assert list((await describe_log(bk, "lg")).ledgers)[-1].ledger_id == imported[-1]
@@ -92,17 +103,15 @@ async def test_an_import_whose_commit_token_does_not_fit_is_refused_before_fenci
         bk, _ = w.clients
         imported: list[int] = []
         for _ in range(200):
-            ledger = await bk.create_ledger(3, 2, 2, after_ledger_id=max(imported, default=0))
-            await ledger.append(b"x")
-            await ledger.close()
+            ledger_id = await _closed_ledger(bk, max(imported, default=0))
             md = (await log_manager(bk).read("lg")).metadata if imported else None
             if md is not None and has_room(md, 1) and not has_room(md, 2):
                 with pytest.raises(LogFull):
-                    await append_ledgers(bk, "lg", [ledger.id], commit=("importer-" + "x" * 300, 1))
+                    await append_ledgers(bk, "lg", [ledger_id], commit=("importer-" + "x" * 300, 1))
                 assert (await log_manager(bk).read("lg")).metadata == md  # nothing changed
                 return
-            await append_ledgers(bk, "lg", [ledger.id])
-            imported.append(ledger.id)
+            await append_ledgers(bk, "lg", [ledger_id])
+            imported.append(ledger_id)
         pytest.fail("the list never reached one ledger's room")
 
 
@@ -113,14 +122,7 @@ async def test_a_closed_writers_roll_is_misuse_not_a_fencing(monkeypatch: pytest
     async with world() as w:
         bk, _ = w.clients
         writer = await open_log_writer(bk, "lg", retention_age_s=100)
-        for _ in range(200):
-            await writer.append(b"x")
-            try:
-                await writer.roll()
-            except LogFull:
-                break
-        else:
-            pytest.fail("the list never filled")
+        await _roll_until_full(writer)
         await writer.close()
         now_ms = writer._manager.now_ms
         monkeypatch.setattr(writer._manager, "now_ms", lambda: now_ms() + 10_000_000)
