@@ -33,8 +33,13 @@ def _ctx(store: MemoryStore) -> ClientContext:
     )
 
 
-async def _register(store: MemoryStore, bookie_id: str, port: int) -> BookieRegistration:
-    registration = BookieRegistration(store, ROOT, BookieInfo(bookie_id, "127.0.0.1", port), ttl_s=5)
+async def _register(
+    store: MemoryStore, bookie_id: str, port: int, instance: str | None = None
+) -> BookieRegistration:
+    """``bookie_id`` registered; with ``instance``, its data dir's instance id."""
+    attributes = {} if instance is None else {"instance_id": instance}
+    info = BookieInfo(bookie_id, "127.0.0.1", port, attributes=attributes)
+    registration = BookieRegistration(store, ROOT, info, ttl_s=5)
     await registration.start()
     return registration
 
@@ -194,23 +199,16 @@ async def test_a_bookie_back_with_another_data_dir_is_marked_at_once() -> None:
     store = MemoryStore()
     ctx = _ctx(store)
     urm = UnderReplicationManager(store, ROOT)
-
-    async def register(instance: str) -> BookieRegistration:
-        info = BookieInfo("b0", "127.0.0.1", 4200, attributes={"instance_id": instance})
-        registration = BookieRegistration(store, ROOT, info, ttl_s=5)
-        await registration.start()
-        return registration
-
-    reg = await register("disk-1")
+    reg = await _register(store, "b0", 4200, "disk-1")
     on_b0 = (await ctx.ledgers.create(("b0",), write_quorum=1, ack_quorum=1)).ledger_id
     auditor = Auditor(ctx, urm, AutorecoveryConfig(lost_bookie_recovery_delay_s=30), candidate_id="a1")
     try:
         assert await auditor.audit_once() == []
         await reg.close()
-        reg = await register("disk-1")  # a plain restart: nothing to mark
+        reg = await _register(store, "b0", 4200, "disk-1")  # a plain restart: nothing to mark
         assert await auditor.audit_once() == []
         await reg.close()
-        reg = await register("disk-2")  # back at once, but with an empty data dir
+        reg = await _register(store, "b0", 4200, "disk-2")  # back at once, but with an empty data dir
         assert await auditor.audit_once() == [on_b0]
         mark = await urm.get(on_b0)
         assert mark is not None
@@ -228,20 +226,13 @@ async def test_a_new_auditor_tells_a_bookie_replaced_while_none_watched() -> Non
     store = MemoryStore()
     ctx = _ctx(store)
     urm = UnderReplicationManager(store, ROOT)
-
-    async def register(instance: str) -> BookieRegistration:
-        info = BookieInfo("b0", "127.0.0.1", 4200, attributes={"instance_id": instance})
-        registration = BookieRegistration(store, ROOT, info, ttl_s=5)
-        await registration.start()
-        return registration
-
-    reg = await register("disk-1")
+    reg = await _register(store, "b0", 4200, "disk-1")
     on_b0 = (await ctx.ledgers.create(("b0",), write_quorum=1, ack_quorum=1)).ledger_id
     config = AutorecoveryConfig(lost_bookie_recovery_delay_s=30)
     try:
         assert await Auditor(ctx, urm, config, candidate_id="a1").audit_once() == []  # sees disk-1
         await reg.close()
-        reg = await register("disk-2")  # formatted while no auditor watched
+        reg = await _register(store, "b0", 4200, "disk-2")  # formatted while no auditor watched
         fresh = Auditor(ctx, urm, config, candidate_id="a2")
         assert await fresh.audit_once() == [on_b0]
         mark = await urm.get(on_b0)
