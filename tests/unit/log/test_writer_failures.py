@@ -13,6 +13,7 @@ from bookkeeper_aio import (
     BKInterfaceError,
     BookKeeper,
     LogFenced,
+    LogWriter,
     delete_log,
     describe_log,
     open_log_reader,
@@ -118,17 +119,23 @@ def _close_fails_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ledger_module, "close_in_metadata", flaky)
 
 
+async def _rolled_with_a_failed_close(bk: BookKeeper, monkeypatch: pytest.MonkeyPatch) -> LogWriter:
+    """A writer of log "lg" that wrote b"a", then rolled: the roll's close of that ledger failed."""
+    writer = await open_log_writer(bk, "lg")
+    await writer.append(b"a")
+    _close_fails_once(monkeypatch)
+    with pytest.raises(MetadataUnavailable):
+        await writer.roll()
+    return writer
+
+
 async def test_a_rolled_ledger_whose_close_failed_is_closed_later(monkeypatch: pytest.MonkeyPatch) -> None:
     """Readers stop at an OPEN ledger: the writer closes it again in the background, without
     waiting for another roll."""
     monkeypatch.setattr(writer_module, "ROLL_RETRY_S", 0.05)
     async with world() as w:
         bk, other = w.clients
-        writer = await open_log_writer(bk, "lg")
-        await writer.append(b"a")
-        _close_fails_once(monkeypatch)
-        with pytest.raises(MetadataUnavailable):
-            await writer.roll()
+        writer = await _rolled_with_a_failed_close(bk, monkeypatch)
         await writer.append(b"b")  # on the new ledger
         for _ in range(100):
             if await _states(bk, "lg") == ["closed", "open"]:
@@ -144,11 +151,7 @@ async def test_close_closes_a_rolled_ledger_whose_close_failed(monkeypatch: pyte
     monkeypatch.setattr(writer_module, "ROLL_RETRY_S", 3600.0)  # no background try: close() does it
     async with world() as w:
         bk, other = w.clients
-        writer = await open_log_writer(bk, "lg")
-        await writer.append(b"a")
-        _close_fails_once(monkeypatch)
-        with pytest.raises(MetadataUnavailable):
-            await writer.roll()
+        writer = await _rolled_with_a_failed_close(bk, monkeypatch)
         await writer.append(b"b")
         await writer.close()
         assert await _states(bk, "lg") == ["closed", "closed"]
