@@ -282,32 +282,19 @@ class UnderReplicationManager:
         """Remove ``healed`` bookies from the ledger's mark; delete it when none is left. Returns
         what is left (None: the ledger is no longer marked). With ``lock`` (the caller's), only
         while it is still held: else `GuardFailed` and the mark stays."""
-        key = self.keys.underreplicated(ledger_id)
-        guards = () if lock is None else (self.guard(lock),)
         gone = set(healed)
-        backoff = _conflict_backoff()
-        for _ in range(UPDATE_ATTEMPTS_MAX):
-            current = await self.get(ledger_id)
-            if current is None:
-                return None
+
+        def resolved(current: UnderReplicated) -> UnderReplicated | None:
             left = tuple(b for b in current.missing if b not in gone)
-            try:
-                if not left:
-                    await self._store.delete(key, current.version, guards=guards)
-                    return None
-                if left == current.missing:
-                    return current
-                since = tuple((b, ms) for b, ms in current.since if b in left)
-                by_bookie = tuple((b, r) for b, r in current.bookie_reasons if b in left)
-                fresh = dataclasses.replace(current, missing=left, since=since, bookie_reasons=by_bookie)
-                version = await self._store.compare_and_set(
-                    key, fresh.encode(), current.version, guards=guards
-                )
-                return dataclasses.replace(fresh, version=version)
-            except (BadVersion, NoNode, CasResultUnknown):
-                await asyncio.sleep(backoff.next_delay_s())
-                continue
-        raise UpdateRetriesExhausted(key, UPDATE_ATTEMPTS_MAX)
+            if not left:
+                return None
+            if left == current.missing:
+                return current
+            since = tuple((b, ms) for b, ms in current.since if b in left)
+            by_bookie = tuple((b, r) for b, r in current.bookie_reasons if b in left)
+            return dataclasses.replace(current, missing=left, since=since, bookie_reasons=by_bookie)
+
+        return await self._change_mark(ledger_id, resolved, lock)
 
     async def restamp(
         self, ledger_id: int, bookies: Collection[str], *, lock: ReplicationLock | None = None
@@ -315,6 +302,25 @@ class UnderReplicationManager:
         """Set the ``since`` of ``bookies`` (those still marked) to now: a worker found them back,
         and a new absence must wait a new grace. Returns the stored mark (None: not marked). With
         ``lock``, only while it is still held: else `GuardFailed` and the mark stays."""
+
+        def restamped(current: UnderReplicated) -> UnderReplicated:
+            now = self._now_ms()
+            since = {b: current.since_ms(b) for b in current.missing}
+            since.update({b: now for b in bookies if b in since})
+            fresh = dataclasses.replace(current, since=tuple(sorted(since.items())))
+            return current if fresh.since == current.since else fresh
+
+        return await self._change_mark(ledger_id, restamped, lock)
+
+    async def _change_mark(
+        self,
+        ledger_id: int,
+        change: Callable[[UnderReplicated], UnderReplicated | None],
+        lock: ReplicationLock | None,
+    ) -> UnderReplicated | None:
+        """Read the ledger's mark, ``change`` it and write it back by CAS (guarded by ``lock``),
+        again on a conflict or a lost answer. ``change`` returns the new mark, the one it was given
+        (nothing to write), or None (delete the mark). Returns the stored mark (None: not marked)."""
         key = self.keys.underreplicated(ledger_id)
         guards = () if lock is None else (self.guard(lock),)
         backoff = _conflict_backoff()
@@ -322,20 +328,20 @@ class UnderReplicationManager:
             current = await self.get(ledger_id)
             if current is None:
                 return None
-            now = self._now_ms()
-            since = {b: current.since_ms(b) for b in current.missing}
-            since.update({b: now for b in bookies if b in since})
-            fresh = dataclasses.replace(current, since=tuple(sorted(since.items())))
-            if fresh.since == current.since:
-                return current
+            fresh = change(current)
             try:
+                if fresh is None:
+                    await self._store.delete(key, current.version, guards=guards)
+                    return None
+                if fresh is current:
+                    return current
                 version = await self._store.compare_and_set(
                     key, fresh.encode(), current.version, guards=guards
                 )
+                return dataclasses.replace(fresh, version=version)
             except (BadVersion, NoNode, CasResultUnknown):
                 await asyncio.sleep(backoff.next_delay_s())
                 continue
-            return dataclasses.replace(fresh, version=version)
         raise UpdateRetriesExhausted(key, UPDATE_ATTEMPTS_MAX)
 
     async def list_page(
