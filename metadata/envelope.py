@@ -3,12 +3,14 @@
 Pure (no I/O). :func:`open_envelope` does the checks every decoder starts with — size bound before
 parsing, magic, msgpack, a map, a supported ``format_version``, the required fields' types — and
 raises `MetadataFormatError` naming the key and ``who`` (e.g. ``ledger 7``, ``log 'orders'``).
+:func:`copy_with` makes a changed copy of a decoded value (a frozen dataclass) for its ``with_*``
+helpers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -65,3 +67,25 @@ def unpack_map(key: str, data: bytes, *, bytes_max: int, format_version_max: int
     if not isinstance(version, int) or not 1 <= version <= format_version_max:
         raise MetadataFormatError(key, f"unsupported format_version {version!r} (max {format_version_max})")
     return body
+
+
+_Value = TypeVar("_Value")
+
+
+def copy_with(
+    value: _Value,
+    names: tuple[str, ...],
+    changes: Mapping[str, Any],
+    normalize: Mapping[str, Callable[[Any], Any]],
+) -> _Value:
+    """``dataclasses.replace(value, **changes)`` without its generic machinery (no ``__init__``, no
+    ``__post_init__``): the fields ``names`` not changed are taken as they are (``value``'s are
+    normalized already), a changed one goes through its ``normalize`` function if it has one. The
+    caller validates the copy."""
+    new = object.__new__(type(value))
+    for name in names:
+        object.__setattr__(new, name, getattr(value, name))
+    for name, changed in changes.items():
+        fix = normalize.get(name)
+        object.__setattr__(new, name, changed if fix is None else fix(changed))
+    return new

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from metadata.envelope import open_envelope
+from metadata.envelope import copy_with, open_envelope
 from metadata.errors import InvalidMetadata, MetadataFormatError
 
 FORMAT_VERSION = 1
@@ -140,12 +140,7 @@ class LedgerMetadata:
         """``dataclasses.replace(self, **changes)`` without its generic machinery: the fields not
         changed are taken as they are (this instance's are normalized already), the changed ones
         are normalized as ``__post_init__`` does, and the result is validated whole."""
-        new: LedgerMetadata = object.__new__(LedgerMetadata)
-        for name in _FIELD_NAMES:
-            object.__setattr__(new, name, getattr(self, name))
-        for name, value in changes.items():
-            normalized = _NORMALIZED.get(name)
-            object.__setattr__(new, name, value if normalized is None else normalized(value))
+        new = copy_with(self, _FIELD_NAMES, changes, _NORMALIZED)
         validate(new)
         return new
 

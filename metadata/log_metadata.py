@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import enum
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 import msgpack
 
-from metadata.envelope import open_envelope
+from metadata.envelope import copy_with, open_envelope
 from metadata.errors import InvalidMetadata, MetadataFormatError
 from metadata.keys import validate_name
 
@@ -95,11 +95,7 @@ class LogMetadata:
     def _replace(self, **changes: Any) -> LogMetadata:
         """``dataclasses.replace(self, **changes)``, checking again only what changed: the ledger
         entries and the commits this (valid) instance hands on are not validated twice."""
-        new: LogMetadata = object.__new__(LogMetadata)
-        for name in _FIELD_NAMES:
-            object.__setattr__(new, name, changes[name] if name in changes else getattr(self, name))
-        if "commits" in changes:
-            object.__setattr__(new, "commits", types.MappingProxyType(dict(new.commits)))
+        new = copy_with(self, _FIELD_NAMES, changes, _NORMALIZED)
         validate(new, valid=self)
         return new
 
@@ -207,6 +203,10 @@ def _with_offsets(entries: tuple[LogLedger, ...], truncated_before: int) -> tupl
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(LogMetadata))
+_NORMALIZED: Mapping[str, Callable[[Any], Any]] = types.MappingProxyType(
+    {"commits": lambda commits: types.MappingProxyType(dict(commits))}
+)
+"""What ``__post_init__`` makes of a field a caller may pass in another shape (a dict)."""
 
 
 def validate(md: LogMetadata, *, valid: LogMetadata | None = None) -> None:
