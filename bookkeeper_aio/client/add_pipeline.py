@@ -474,6 +474,12 @@ class AddPipeline:
         self._completing = False
         self._complete_ready()
 
+    def _complete_due(self) -> None:
+        """Complete now the adds whose quorum was counted but whose pass (``_complete_soon``) has
+        not run yet: before a failure is acted on, as they would have had the pass run first."""
+        if self._completing:
+            self._complete_ready()
+
     def _complete_ready(self) -> None:
         if self._changing:
             return
@@ -609,8 +615,7 @@ class AddPipeline:
     def _fail_outstanding(self, error: BKError) -> None:
         """Fail every outstanding add: each was sent, so its error says ``outcome_unknown``. Those
         whose completion is due (``_complete_soon``) complete first, as they would have had it run."""
-        if self._completing:
-            self._complete_ready()
+        self._complete_due()
         pending, self._pending = self._pending, collections.deque()
         metrics = self._metrics
         if pending:

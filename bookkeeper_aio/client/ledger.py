@@ -118,10 +118,9 @@ class LedgerHandle(AddPipeline):
     def _bookie_failed(self, bookie_id: str, error: BKError) -> None:
         if self._state not in _ACTIVE:
             return
-        if self._completing:
-            # acks counted before this failure (the same burst): those adds complete first, and
-            # the change's new fragment starts after them
-            self._complete_ready()
+        # acks counted before this failure (the same burst): those adds complete first, and the
+        # change's new fragment starts after them
+        self._complete_due()
         if self._state is HandleState.CLOSING and not self._pending and self._change_task is None:
             # a late failure of an entry already acknowledged (Qw > Qa), with no add left to send:
             # a change now would race the close's CAS (or outlive the close) for nothing
