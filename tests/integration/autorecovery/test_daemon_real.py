@@ -47,6 +47,13 @@ async def _ledgers(bk: BookKeeper, count: int, entries: int) -> dict[int, list[b
     return written
 
 
+async def _a_bookie_they_name(bk: BookKeeper, ledger_ids: object) -> str:
+    """A bookie the first of ``ledger_ids`` is written to: with 4 bookies each E = 3 ledger leaves
+    one out, so a fixed id could be in none of a few ledgers (nothing to heal)."""
+    md = (await bk.context.ledgers.read(min(ledger_ids))).metadata  # type: ignore[call-overload]
+    return md.ensembles[0][1][0]
+
+
 async def _references(bk: BookKeeper, ledger_ids: object, bookie_id: str) -> bool:
     for ledger_id in ledger_ids:  # type: ignore[attr-defined]
         md = (await bk.context.ledgers.read(ledger_id)).metadata
@@ -117,7 +124,7 @@ async def test_commands_drive_and_report_a_daemon_process(cluster: Cluster, bk: 
         assert daemon.stdout is not None
         ready = (await asyncio.wait_for(daemon.stdout.readline(), 30)).decode()
         assert ready.startswith("READY autorecovery d-proc"), (ready, log_path.read_text()[-2000:])
-        victim = "b2"
+        victim = await _a_bookie_they_name(bk, written)
         await cluster.kill(victim)
         urm = UnderReplicationManager(cluster.meta.store, cluster.root)
 
@@ -135,8 +142,9 @@ async def test_commands_drive_and_report_a_daemon_process(cluster: Cluster, bk: 
             _bkaio, cluster.url, "autorecovery", "list-underreplicated", "--bookie", victim, "--json"
         )
         assert [r["ledger_id"] for r in json.loads(only.stdout)["ledgers"]] == [r["ledger_id"] for r in rows]
+        bystander = "b1" if victim == "b0" else "b0"  # alive: none of its ledgers is marked
         other = await asyncio.to_thread(
-            _bkaio, cluster.url, "autorecovery", "list-underreplicated", "--bookie", "b0", "--json"
+            _bkaio, cluster.url, "autorecovery", "list-underreplicated", "--bookie", bystander, "--json"
         )
         assert json.loads(other.stdout)["ledgers"] == []
         await asyncio.sleep(1.0)
@@ -181,7 +189,7 @@ async def test_commands_drive_and_report_a_daemon_process(cluster: Cluster, bk: 
 async def test_recover_command_heals_a_bookie_without_a_daemon(cluster: Cluster, bk: BookKeeper) -> None:
     await cluster.start(4)
     written = await _ledgers(bk, 3, 12)
-    victim = "b0"
+    victim = await _a_bookie_they_name(bk, written)
     await cluster.kill(victim)
     result = await asyncio.to_thread(_bkaio, cluster.url, "recover", victim, "--password", "pw", "--json")
     assert result.returncode == 0, result.stderr
