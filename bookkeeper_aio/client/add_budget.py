@@ -59,7 +59,9 @@ class AddBudget:
         self.in_flight -= count
         assert self.in_flight >= 0, "more permits released than taken"
         waiters = self._waiters
-        while self._live and self.in_flight < self.limit:
+        # ``waiters`` may run out before ``_live`` does: a waiter cancelled in this loop turn is
+        # done at once but leaves the count only when its ``wait`` runs again (``_left``).
+        while self._live and waiters and self.in_flight < self.limit:
             waiter = waiters.popleft()
             if not waiter.done():
                 self._live -= 1

@@ -14,7 +14,7 @@ import dataclasses
 
 import pytest
 
-from bookkeeper_aio import BookKeeper, ClientConfig, LedgerClosed
+from bookkeeper_aio import BKError, BookKeeper, ClientConfig, LedgerClosed
 from bookkeeper_aio.client.add_budget import AddBudget
 from bookkeeper_aio.client.context import StaticDirectory
 from bookkeeper_aio.protocol import messages as m
@@ -205,6 +205,62 @@ def test_budget__release_hands_permits_to_waiters_before_anyone_else() -> None:
     asyncio.run(run())
     with pytest.raises(ValueError, match="> 0"):
         AddBudget(0)
+
+
+def test_budget__a_waiter_cancelled_in_the_turn_a_permit_comes_back_takes_none_and_breaks_nothing() -> None:
+    """``Task.cancel`` cancels the waiter's future at once, but its ``wait`` leaves the queue only
+    when it runs again: a release in between finds the queue emptier than the count of waiters."""
+
+    async def run() -> None:
+        budget = AddBudget(1)
+        budget.in_flight = 1
+        loop = asyncio.get_running_loop()
+        first, second = loop.create_future(), loop.create_future()
+        cancelled = asyncio.ensure_future(budget.wait(first))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        budget.release(1)  # same turn: the cancelled waiter is still counted
+        assert budget.in_flight == 0
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert budget.waiting == 0
+        assert budget.free()
+        budget.in_flight = 1
+        behind = asyncio.ensure_future(budget.wait(second))  # the queue still works after it
+        await asyncio.sleep(0)
+        budget.release(1)
+        assert await behind is True
+        assert budget.in_flight == 1
+
+    asyncio.run(run())
+
+
+async def test_abort_in_the_turn_a_waiting_append_is_cancelled_fails_the_add_in_flight(
+    ledgers: LedgerManager, cluster: FakeCluster
+) -> None:
+    """The shutdown pattern ``task.cancel(); handle.abort()``: the add in flight fails at once
+    (before: ``abort`` raised IndexError from the budget and the add's caller waited forever)."""
+    hold = asyncio.Event()
+    for bookie in cluster.bookies:
+        bookie.script = lambda r: Reply.hold(hold) if isinstance(r, m.AddEntryRequest) else None
+    bk = make_client(ledgers, StaticDirectory(cluster.ids), _config(1))
+    try:
+        handle = await bk.create_ledger(3, 3, 2)
+        in_flight = asyncio.ensure_future(handle.append(b"a"))
+        await asyncio.sleep(0.05)
+        waiting = asyncio.ensure_future(handle.append(b"b"))  # waits for the one permit
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        handle.abort()
+        with pytest.raises(BKError):
+            await asyncio.wait_for(in_flight, 2)
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert bk._ctx.add_budget.in_flight == 0
+        assert bk._ctx.add_budget.waiting == 0
+    finally:
+        hold.set()
+        await bk.close()
 
 
 def _write_lacs(cluster: FakeCluster, ledger_id: int) -> list[int]:
