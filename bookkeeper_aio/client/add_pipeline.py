@@ -74,9 +74,9 @@ EventListener = Callable[[str, int], None]
 LAC), ``ensemble_change.finished`` (first entry of the new fragment). Observability and tests."""
 
 LAC_SLOW_WRITER_INTERVALS = 4
+"""An add this many explicit-LAC intervals or sooner after a WRITE_LAC doubles the interval."""
 OVERLOADED_RETRY_S = 0.01
 """How soon an add the client's own cap on requests pending to a bookie refused is sent again."""
-"""An add this many explicit-LAC intervals or sooner after a WRITE_LAC doubles the interval."""
 
 _WRITABLE = HandleState.WRITABLE
 _CLOSED = ConnectionState.CLOSED
@@ -437,11 +437,17 @@ class AddPipeline:
 
     def _send_again(self, op: PendingAdd, bookie_id: str) -> None:
         """Send ``op`` to ``bookie_id`` again after the client's own cap on requests pending to it
-        refused it, unless the add is done or the bookie left its write set meanwhile (an
-        ensemble change sends it anew)."""
+        refused it, unless the add is done, the bookie left its write set meanwhile, or it was
+        sent since. During an ensemble change it waits: the change's end sends every entry to
+        the bookies of its write set it is not sent to (:meth:`_resend_outstanding`)."""
         if op.future.done() or self._state not in (_WRITABLE, HandleState.CLOSING) or self._changing:
             return
-        if bookie_id in op.write_set and bookie_id in self._ensemble and not op.has_acked(bookie_id):
+        if (
+            bookie_id in op.write_set
+            and bookie_id in self._ensemble
+            and bookie_id not in op.sent_to
+            and not op.has_acked(bookie_id)
+        ):
             self._resend(op, bookie_id)
 
     # ------------------------------------------------------------------ responses
@@ -463,6 +469,7 @@ class AddPipeline:
             # the client's own cap on requests pending to one bookie (connection_pending_max), not
             # the bookie's answer: nothing was sent, the bookie did not fail. Backpressure: sent
             # again shortly (a bookie that stopped answering still times out on what it holds)
+            op.sent_to = {sent for sent in op.sent_to if sent != bookie_id}
             self._loop.call_later(OVERLOADED_RETRY_S, self._send_again, op, bookie_id)
             return
         if isinstance(error, LedgerFenced | Unauthorized):
@@ -517,12 +524,17 @@ class AddPipeline:
 
     def _resend_outstanding(self) -> None:
         """After an ensemble change: acks of replaced bookies no longer count, and each entry goes
-        to the bookies of its new write set it was not sent to."""
+        to the bookies of its write set it is not sent to (new ones, and any whose send the
+        client's own cap refused during the change)."""
         write_sets = self._write_sets
         quorum = self._ack_quorum
         for op in self._pending:
             write_set = write_sets[op.entry_id % len(write_sets)]
             if write_set == op.write_set:
+                if type(op.sent_to) is set:
+                    for bookie_id in write_set:
+                        if bookie_id not in op.sent_to:
+                            self._resend(op, bookie_id)
                 continue
             op.quorum = op.move_to(write_set) >= quorum
             sent_to = op.sent_to
