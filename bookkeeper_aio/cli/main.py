@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -117,10 +118,13 @@ def _main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `bkaio bench` records its command
     daemon = args.command == "autorecovery" and getattr(args, "autorecovery_command", None) == "run"
-    configure_logging(log_level(args.log_level, args.verbose, daemon=daemon))
+    level = log_level(args.log_level, args.verbose, daemon=daemon)
+    configure_logging(level)
     if args.client_config:
         os.environ[CLIENT_CONFIG_ENV] = args.client_config  # read by every client this command makes
     name = " ".join(filter(None, ["bkaio", args.command, getattr(args, f"{args.command}_command", None)]))
+    if args.command == "sandbox" and (args.bookies < 1 or args.hosts < 0):
+        raise SystemExit("bkaio sandbox: --bookies must be >= 1 and --hosts >= 0")
     try:
         if args.func is not None:
             code: int = uvloop.run(args.func(args))
@@ -128,8 +132,6 @@ def _main(argv: Sequence[str] | None = None) -> int:
         if args.command == "sandbox":
             from bookkeeper_aio.cli import sandbox
 
-            if args.bookies < 1 or args.hosts < 0:
-                raise SystemExit("bkaio sandbox: --bookies must be >= 1 and --hosts >= 0")
             data_dir = args.data_dir or state.home() / "sandbox"
             return sandbox.run(
                 data_dir.resolve(),
@@ -151,23 +153,47 @@ def _main(argv: Sequence[str] | None = None) -> int:
         print(f"{name}: {exc}", file=sys.stderr)
         return 1
     except (BKError, metadata.MetadataError) as exc:
-        hint = ""
-        if isinstance(exc, metadata.MetadataUnavailable):
-            hint = (
-                " (check that etcd runs at the URL's HOST:PORT, from --metadata, $BKAIO_METADATA or "
-                "the running sandbox's state file, and that the URL's TLS options match it; `make run` "
-                "starts a sandbox)"
-            )
-        print(f"{name}: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
+        print(f"{name}: {type(exc).__name__}: {exc}{_hint(exc)}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         raise  # stdout closed: main() ends quietly
+    except TimeoutError:  # before OSError, its base: a bare one has no text to show
+        print(f"{name}: TimeoutError: an operation got no answer in time{_CHECK_ETCD}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"{name}: {_os_error(exc, args)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130  # Ctrl-C, e.g. of `bkaio log tail --follow`: no traceback
+    except Exception as exc:  # noqa: BLE001 -- a bug: one line by default, the traceback on request
+        if level.lower() == "debug":
+            traceback.print_exc()
+        print(
+            f"{name}: unexpected {type(exc).__name__}: {exc} (a bug: run it again with --log-level debug "
+            "for the traceback, and report it)",
+            file=sys.stderr,
+        )
+        return 1
     return 2
+
+
+_CHECK_ETCD = (
+    " (check that etcd runs at the URL's HOST:PORT, from --metadata, $BKAIO_METADATA or "
+    "the running sandbox's state file, and that the URL's TLS options match it; `make run` "
+    "starts a sandbox)"
+)
+
+
+def _hint(exc: BaseException) -> str:
+    """What to do next after a typed error, where the error itself does not say it."""
+    if isinstance(exc, metadata.MetadataUnavailable):
+        return _CHECK_ETCD
+    if isinstance(exc, metadata.CasResultUnknown):
+        return (
+            " (the change may or may not have been made: look at the current state, e.g. with "
+            "`bkaio ledger show` or `bkaio log show`, before running the command again)"
+        )
+    return ""
 
 
 def log_level(given: str | None, verbose: int, *, daemon: bool = False) -> str:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
+import metadata
 from bookkeeper_aio.client import discovery
 from bookkeeper_aio.client.discovery import (
     METADATA_ENV,
@@ -42,6 +44,9 @@ __all__ = [
 
 
 ADMIN_TOKEN_ENV = "BKAIO_ADMIN_TOKEN_FILE"
+PROBE_TIMEOUT_S = 0.5
+"""How long the refused-connection probe of one etcd endpoint may take (a host that drops the
+connect silently costs this once; the command then goes on and the store's own budget decides)."""
 
 
 class NoClusterConfigured(RuntimeError):
@@ -84,8 +89,11 @@ def clear_state(pid: int) -> None:
 
 
 def resolve_metadata_url(explicit: str | None) -> str:
+    """The cluster's metadata URL (see the module docstring). Raises `NoClusterConfigured`, and
+    `metadata.MetadataUnavailable` at once when every etcd endpoint refuses a connection
+    (:func:`fail_fast_when_refused`)."""
     try:
-        return discovery.find_metadata_url(explicit)
+        url = discovery.find_metadata_url(explicit)
     except discovery.SandboxNotRunning as error:
         raise NoClusterConfigured(
             f"the sandbox is not running (stale state from pid {error.pid} in {error.path}): "
@@ -96,3 +104,36 @@ def resolve_metadata_url(explicit: str | None) -> str:
             f"no cluster given: pass --metadata etcd://HOST:PORT/ROOT, set ${METADATA_ENV}, "
             "or start a sandbox with `make run` (bkaio sandbox)"
         ) from None
+    fail_fast_when_refused(url)
+    return url
+
+
+def fail_fast_when_refused(url: str) -> None:
+    """Raise `metadata.MetadataUnavailable` when every etcd endpoint of ``url`` refuses a TCP
+    connection: nothing listens there, and a command would otherwise spend the store's whole
+    operation budget (``op_timeout_s``, about 6 s with the connect) retrying before saying so.
+
+    Only the command line does this, before it connects: the library keeps retrying within its
+    budget (an etcd restarting takes a few seconds to listen again; a daemon or a writer should
+    ride that out). Any other outcome of the probe (connected, no answer within
+    `PROBE_TIMEOUT_S`, an unknown host) leaves the decision to the store. TLS URLs are not probed:
+    a bare TCP connection to a TLS etcd makes it log a rejected handshake for every command.
+    """
+    try:
+        parsed = metadata.parse_url(url)
+    except metadata.InvalidUrl:
+        return  # the command reports it when it connects
+    if parsed.scheme != "etcd" or parsed.tls or parsed.ca_file or parsed.cert_file:
+        return
+    for host, port in parsed.endpoints:
+        try:
+            with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
+                return
+        except ConnectionRefusedError:
+            continue
+        except OSError:
+            return
+    targets = ", ".join(f"{host}:{port}" for host, port in parsed.endpoints)
+    raise metadata.MetadataUnavailable(
+        f"connection refused by every etcd endpoint ({targets}): nothing listens there"
+    )

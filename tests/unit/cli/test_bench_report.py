@@ -130,9 +130,7 @@ def test_cmd_bench__a_run_with_failed_adds_exits_1_and_says_why(
     monkeypatch.setattr(bench, "_scenario", lambda name: failing)
     parser = argparse.ArgumentParser()
     bench.add_commands(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(
-        ["bench", "write", "--metadata", "etcd://127.0.0.1:1/x", "--out", str(tmp_path), "-q"]
-    )
+    args = parser.parse_args(["bench", "write", "--metadata", "memory:///x", "--out", str(tmp_path), "-q"])
     assert asyncio.run(bench.cmd_bench(args)) == 1
     err = capsys.readouterr().err
     assert "bkaio bench write: bookkeeper rep 0: 3 add(s) failed; first error: BKTimeout()" in err

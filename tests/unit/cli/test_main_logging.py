@@ -55,3 +55,57 @@ def test_an_unreachable_etcd_says_what_to_check(
     err = capsys.readouterr().err
     assert "bkaio simpletest: MetadataUnavailable: no etcd endpoint reachable" in err
     assert "check that etcd runs at the URL's HOST:PORT" in err
+
+
+def test_a_bare_timeout_says_what_timed_out_and_what_to_check(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A TimeoutError has no text of its own (``asyncio.timeout``): before, the line read
+    ``bkaio ledgers: TimeoutError: `` and nothing after it."""
+    from bookkeeper_aio.cli import shell
+
+    async def times_out(args: object) -> int:
+        raise TimeoutError
+
+    monkeypatch.setattr(shell, "cmd_ledgers", times_out)
+    assert cli_main.main(["ledgers", "--metadata", "memory:///x"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "bkaio ledgers: TimeoutError: an operation got no answer in time" in err
+    assert "check that etcd runs at the URL's HOST:PORT" in err
+
+
+def test_a_lost_metadata_answer_says_to_look_before_retrying(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import metadata
+    from bookkeeper_aio.cli import shell
+
+    async def lost(args: object) -> int:
+        raise metadata.CasResultUnknown("/x/ledgers/7", "etcd UNAVAILABLE: connection reset")
+
+    monkeypatch.setattr(shell, "cmd_ledger_delete", lost)
+    assert cli_main.main(["ledger", "delete", "7", "--metadata", "memory:///x"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "may or may not have been made" in err
+
+
+def test_an_unexpected_error_is_one_line_and_its_traceback_is_on_request(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bookkeeper_aio.cli import shell
+
+    async def broken(args: object) -> int:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(shell, "cmd_ledgers", broken)
+    assert cli_main.main(["ledgers", "--metadata", "memory:///x"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip() == (
+        "bkaio ledgers: unexpected RuntimeError: a bug (a bug: run it again with --log-level debug for "
+        "the traceback, and report it)"
+    )
+    assert cli_main.main(["--log-level", "debug", "ledgers", "--metadata", "memory:///x"]) == 1
+    assert "Traceback" in capsys.readouterr().err
