@@ -41,6 +41,10 @@ LEDGER_BYTES_MIN = 11
 LEDGERS_MAX = ENCODED_BYTES_MAX // LEDGER_BYTES_MIN
 """No list within `ENCODED_BYTES_MAX` holds more (a decoding bound; `has_room` is the limit)."""
 COMMITS_MAX = 10_000
+IMPORTER_BYTES_MAX = 256
+"""The longest importer id of a commit token, in UTF-8 bytes (as long as a log name may be). The
+list's room (`has_room`) counts the tokens' bytes too: without a cap one importer id could take
+the room of thousands of ledgers, and a few such ids all of it."""
 
 
 class LogLedgerState(enum.Enum):
@@ -250,7 +254,10 @@ def _first_problem(md: LogMetadata, valid: LogMetadata | None = None) -> str | N
         return f"{len(md.commits)} commit tokens > {COMMITS_MAX}"
     commits = md.commits.items() if valid is None or md.commits is not valid.commits else ()
     for importer, batch in commits:
-        if not isinstance(importer, str) or not importer or not _is_int(batch, 0):
+        problem = importer_problem(importer)
+        if problem is not None:
+            return problem
+        if not _is_int(batch, 0):
             return f"bad commit token {importer!r}: {batch!r}"
     if len(md.ledgers) > LEDGERS_MAX:
         return f"{len(md.ledgers)} ledgers > {LEDGERS_MAX}"
@@ -265,6 +272,19 @@ def _first_problem(md: LogMetadata, valid: LogMetadata | None = None) -> str | N
         if entry.ledger_id <= previous:
             return f"ledger {entry.ledger_id} is not above the one before it ({previous}): ids must grow"
         previous = entry.ledger_id
+    return None
+
+
+def importer_problem(importer: object) -> str | None:
+    """What is wrong with ``importer`` as the importer id of a commit token (None: nothing)."""
+    if not isinstance(importer, str) or not importer:
+        return f"bad importer id {importer!r:.60}: must be a non-empty string"
+    try:
+        size = len(importer.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"bad importer id {importer!r}: not encodable as UTF-8"
+    if size > IMPORTER_BYTES_MAX:
+        return f"importer id of {size} bytes > {IMPORTER_BYTES_MAX} (UTF-8): {importer[:40]!r}..."
     return None
 
 

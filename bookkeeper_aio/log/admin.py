@@ -34,7 +34,7 @@ from bookkeeper_aio.log._common import (
 )
 from bookkeeper_aio.log.position import LogPosition, check_position
 from metadata.errors import BadVersion, CasResultUnknown, InvalidMetadata
-from metadata.log_metadata import LogMetadata
+from metadata.log_metadata import IMPORTER_BYTES_MAX, LogMetadata, importer_problem
 
 log = structlog.get_logger("bookkeeper_aio.log.admin")
 
@@ -189,8 +189,13 @@ async def append_ledgers(
     were created), LogFull (the list has no room for them: nothing changed), NoSuchLog
     (``create=False``), the ledger API's errors.
     """
-    if commit is not None and (not isinstance(commit[0], str) or not commit[0] or commit[1] < 0):
-        raise BKInterfaceError(f"commit must be (non-empty importer id, batch id >= 0), got {commit!r}")
+    if commit is not None:
+        problem = importer_problem(commit[0])
+        if problem is not None or not isinstance(commit[1], int) or commit[1] < 0:
+            raise BKInterfaceError(
+                f"commit must be (importer id of 1..{IMPORTER_BYTES_MAX} UTF-8 bytes, batch id >= 0), got "
+                f"{commit!r:.120}{': ' + problem if problem else ''}"
+            )
     ends = {}
     for ledger_id in sorted(set(ledger_ids)):
         handle = await bk.open_ledger(ledger_id, password=password)
@@ -233,7 +238,7 @@ async def append_ledgers(
                 f"log {name!r}: ledger {min(ends)} is not above the log's last ledger {last} "
                 "(create ledgers for a log with after_ledger_id=its last ledger, and write them again)"
             )
-        # with its commit token (an importer's name has no length cap): LogFull before the fencing
+        # with its commit token (its importer id counts too): LogFull before the fencing
         check_room(current.metadata if commit is None else current.metadata.with_commit(*commit), len(ends))
         recovered = await recover_ledgers(bk, current.metadata.ledger_ids[-2:], password)
         proposed = taken_over(current.metadata, recovered, manager.now_ms())

@@ -239,6 +239,25 @@ async def test_import_of_closed_ledgers_is_exactly_once(cluster: Cluster, bk: Bo
         await append_ledgers(bk, "imp", [unclosed.id], password=b"pw")
 
 
+async def test_an_importer_id_over_the_cap_is_refused_before_anything_changes(
+    cluster: Cluster, bk: BookKeeper
+) -> None:
+    """The list's room counts the commit tokens: an importer id of a megabyte would leave none."""
+    await cluster.start(3)
+    live = await open_log_writer(bk, "imp-cap", **QUORUM)  # type: ignore[arg-type]
+    await live.append(b"live")
+    before = await describe_log(bk, "imp-cap")
+    handle = await bk.create_ledger(3, 2, 2, password=b"pw", after_ledger_id=before.ledgers[-1].ledger_id)
+    await handle.append(b"batch")
+    await handle.close()
+    with pytest.raises(BKInterfaceError, match="importer id of 257 bytes > 256"):
+        await append_ledgers(bk, "imp-cap", [handle.id], password=b"pw", commit=("i" * 257, 1))
+    assert (await describe_log(bk, "imp-cap")).version == before.version
+    assert await live.append(b"still the writer") is not None  # not taken over
+    assert await append_ledgers(bk, "imp-cap", [handle.id], password=b"pw", commit=("i" * 256, 1))
+    assert await committed_batch(bk, "imp-cap", "i" * 256) == 1
+
+
 async def test_new_ledgers_sort_after_the_list_even_from_an_old_id_block(
     cluster: Cluster, bk: BookKeeper
 ) -> None:

@@ -96,7 +96,7 @@ async def test_an_import_into_a_full_list_is_refused(monkeypatch: pytest.MonkeyP
 async def test_an_import_whose_commit_token_does_not_fit_is_refused_before_fencing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The room an import checks counts its commit token (an importer's name has no length cap):
+    """The room an import checks counts its commit token (an importer id of up to 256 bytes):
     LogFull before the log's last ledgers are fenced, not InvalidMetadata after."""
     monkeypatch.setattr(log_metadata, "ENCODED_BYTES_MAX", CAP)
     async with world() as w:
@@ -107,7 +107,7 @@ async def test_an_import_whose_commit_token_does_not_fit_is_refused_before_fenci
             md = (await log_manager(bk).read("lg")).metadata if imported else None
             if md is not None and has_room(md, 1) and not has_room(md, 2):
                 with pytest.raises(LogFull):
-                    await append_ledgers(bk, "lg", [ledger_id], commit=("importer-" + "x" * 300, 1))
+                    await append_ledgers(bk, "lg", [ledger_id], commit=("importer-" + "x" * 240, 1))
                 assert (await log_manager(bk).read("lg")).metadata == md  # nothing changed
                 return
             await append_ledgers(bk, "lg", [ledger_id])

@@ -11,6 +11,7 @@ from metadata.errors import BadVersion, InvalidMetadata, MetadataFormatError, No
 from metadata.keys import ClusterKeys
 from metadata.log_manager import UNCHANGED, LogManager
 from metadata.log_metadata import (
+    IMPORTER_BYTES_MAX,
     MAGIC,
     LogLedger,
     LogLedgerState,
@@ -127,6 +128,7 @@ def _body(**changes: object) -> bytes:
         (_body(ledgers=[[1, "open"], [1, "closed"]]), "ids must grow"),
         (_body(ledgers=[[1, "open", -5, None, None, None]]), "bad first_offset"),
         (_body(commits=[1]), "commits must be a map"),
+        (_body(format_version=2, commits={"i" * 257: 1}), "importer id of 257 bytes > 256"),
         (_body(sequenced="yes"), "sequenced must be a bool"),
         (_body(ledgers=[["1", "open"]]), "bad ledger entry"),
     ],
@@ -226,3 +228,17 @@ async def test_manager_cursors_round_trip_and_reject_bad_names() -> None:
         await manager.write_cursor("orders", "a/b", 1, 1)
     with pytest.raises(InvalidMetadata):
         await manager.write_cursor("orders", "c", -1, 1)
+
+
+def test_an_importer_id_is_capped_in_utf8_bytes() -> None:
+    """`has_room` counts the tokens' bytes: one unbounded importer id could fill the list."""
+    md = LogMetadata("orders", (), 5)
+    assert md.with_commit("i" * IMPORTER_BYTES_MAX, 1).commits == {"i" * IMPORTER_BYTES_MAX: 1}
+    with pytest.raises(InvalidMetadata, match="importer id of 257 bytes > 256"):
+        md.with_commit("i" * (IMPORTER_BYTES_MAX + 1), 1)
+    with pytest.raises(InvalidMetadata, match="importer id of 258 bytes"):
+        md.with_commit("é" * 129, 1)  # 129 characters, 258 bytes
+    with pytest.raises(InvalidMetadata, match="not encodable"):
+        md.with_commit("\udc80", 1)
+    with pytest.raises(InvalidMetadata, match="non-empty"):
+        LogMetadata("orders", (), 5, commits={"": 1})
