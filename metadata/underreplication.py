@@ -25,7 +25,10 @@ Keys (docs/metadata.md, *Autorecovery*):
   replacement; removed once no ledger references it.
 - ``R/replication/instances/<bookie id>``: the data dir instance (UTF-8) the auditor last saw the
   bookie registered with, written by CAS: a bookie registered with another one lost what it held
-  (``replaced``), and any auditor, a new leader too, tells so from this key.
+  (``replaced``), and any auditor, a new leader too, tells so from this key. Deleted with the
+  bookie's cookie when it is decommissioned (``forget_instance``, at the version read, only while
+  it still names the cookie's instance); kept when a bookie is merely lost or formatted, since a
+  replacement must still be told.
 
 A mark is resolved (``resolve``) by removing the bookies a worker replaced, by CAS: bookies marked
 meanwhile stay, and the key goes only when nothing is left. A key under ``R/underreplicated/`` that
@@ -524,6 +527,26 @@ class UnderReplicationManager:
             else:
                 await self._store.compare_and_set(key, value, seen.version)
         except (NodeExists, BadVersion, NoNode, CasResultUnknown):
+            return False
+        return True
+
+    async def forget_instance(self, bookie_id: str, instance: str | None) -> bool:
+        """Delete the recorded instance of a decommissioned bookie: the one whose cookie was just
+        deleted (``instance``; None: it had none left), read and deleted at one version. A record
+        of another instance, or one rewritten meanwhile (the bookie back with a new data dir and
+        an auditor recording it), stays: it is what tells that bookie's next replacement. False:
+        something stayed (read it again to see what); True: no record is left."""
+        key = self.keys.replication_instance(bookie_id)
+        current = await self._store.get(key)
+        if current is None:
+            return True
+        if instance is not None and current.value.decode(errors="replace") != instance:
+            return False
+        try:
+            await self._store.delete(key, current.version)
+        except NoNode:
+            return True
+        except (BadVersion, CasResultUnknown):
             return False
         return True
 

@@ -448,6 +448,8 @@ async def cmd_decommission(args: argparse.Namespace) -> int:
         cookie = await metadata.read_cookie(meta.store, meta.root, bookie_id)
         if cookie is not None:
             await metadata.delete_cookie(meta.store, meta.root, bookie_id, cookie[1])
+        # the auditor's record of its data dir goes with the cookie (a fresher record stays)
+        await urm.forget_instance(bookie_id, None if cookie is None else cookie[0].instance_id)
         await urm.end_decommission(bookie_id)
     print(
         f"{bookie_id} holds no ledger that metadata lists and its cookie is gone: stop it now",

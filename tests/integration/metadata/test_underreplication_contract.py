@@ -330,3 +330,43 @@ async def test_instances_are_recorded_by_cas(store: MetadataStore, root: str) ->
     second = await urm.seen_instance("b0")
     assert second is not None
     assert second.instance == "disk-2"
+
+
+async def test_forget_instance_deletes_only_the_decommissioned_instance(
+    store: MetadataStore, root: str
+) -> None:
+    urm = UnderReplicationManager(store, root)
+    assert await urm.forget_instance("b0", "disk-1")  # nothing recorded: nothing left
+    assert await urm.record_instance("b0", "disk-1", None)
+    assert await urm.forget_instance("b0", "disk-1")
+    assert await urm.seen_instance("b0") is None
+    # the bookie came back with a new data dir and an auditor recorded it before the old cookie's
+    # decommission got there: the fresh record stays (it tells that bookie's next replacement)
+    assert await urm.record_instance("b0", "disk-2", None)
+    assert not await urm.forget_instance("b0", "disk-1")
+    fresh = await urm.seen_instance("b0")
+    assert fresh is not None
+    assert fresh.instance == "disk-2"
+    assert await urm.forget_instance("b0", None)  # no cookie left to name one: whatever is recorded
+    assert await urm.seen_instance("b0") is None
+
+
+async def test_forget_instance_keeps_a_record_rewritten_between_its_read_and_delete(
+    store: MetadataStore, root: str
+) -> None:
+    """The delete is at the version read: a record an auditor rewrote in between stays."""
+    urm = UnderReplicationManager(store, root)
+    assert await urm.record_instance("b0", "disk-1", None)
+    key = urm.keys.replication_instance("b0")
+    real_get = store.get
+
+    async def get_then_rewrite(wanted: str) -> object:
+        current = await real_get(wanted)
+        if wanted == key and current is not None:
+            await store.compare_and_set(key, b"disk-1", current.version)  # same instance, new version
+        return current
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store, "get", get_then_rewrite)
+        assert not await urm.forget_instance("b0", "disk-1")
+    assert await urm.seen_instance("b0") is not None
