@@ -14,12 +14,13 @@ Healing one ledger (:meth:`ReplicationWorker.heal`), for the bookies its mark li
 4. The last fragment of an OPEN (or IN_RECOVERY) ledger belongs to its writer, whose next add
    replaces a dead bookie itself (an ensemble change). It is touched only after
    ``open_ledger_grace_s`` from the first mark, only while a marked bookie of it is gone (this
-   worker saw it unregistered at every look for ``lost_bookie_recovery_delay_s``: a restart is no
-   absence), being decommissioned, or was marked ``replaced`` (it came back with another disk: its
-   copies are gone) — a bookie that came back with its disk serves its writer, which is not fenced
-   for a restart that outlasted the lost-bookie delay: its mark's grace starts anew (``restamp``)
-   — and only after the ledger was fenced and recovered (``open_ledger(recovery=True)``: from
-   then on it is CLOSED and its last fragment fixed).
+   worker saw it unregistered at every look for ``lost_bookie_recovery_delay_s``, and its
+   registration watch saw no return in between: a restart is no absence), being decommissioned,
+   or was marked ``replaced`` (it came back with another disk: its copies are gone) — a bookie
+   that came back with its disk serves its writer, which is not fenced for a restart that
+   outlasted the lost-bookie delay: its mark's grace starts anew (``restamp``) — and only after
+   the ledger was fenced and recovered (``open_ledger(recovery=True)``: from then on it is CLOSED
+   and its last fragment fixed).
 5. The mark loses the bookies no fragment lists any more (by CAS: a bookie marked meanwhile
    stays). Time to heal is counted from the first mark.
 
@@ -53,9 +54,10 @@ from bookkeeper_aio.autorecovery.metrics import AutorecoveryMetrics
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.client.ensemble_change import BookieReplacer, Replacement
 from bookkeeper_aio.client.keys import codec_for, password_matches
+from bookkeeper_aio.common.backoff import Backoff
 from bookkeeper_aio.errors import BKError, MetadataConflict
 from bookkeeper_aio.protocol.digest import EntryCodec
-from metadata.bookies import list_bookies
+from metadata.bookies import list_bookies, watch_bookies
 from metadata.errors import GuardFailed, MetadataError, NoSuchLedger
 from metadata.ledger_manager import VersionedLedger
 from metadata.ledger_metadata import LedgerMetadata, LedgerState
@@ -72,6 +74,9 @@ to this many times it: a fragment no replica can complete is not copied (in part
 replacement each time) every few seconds for ever."""
 FRAGMENT_ATTEMPTS_MAX = 8
 """Times one fragment is looked at again after it changed during its copy."""
+WATCH_RETRY_S_MIN = 0.1
+WATCH_RETRY_S_MAX = 5.0
+"""The registration watch set up again after a failure: backoff bounds (seconds)."""
 COPIES_GONE = frozenset({"replaced"})
 """Reasons a bookie was marked that say its copies are gone even while it is registered: its
 writer's fragment is fenced and healed past the grace (no "it is back" exemption)."""
@@ -167,7 +172,36 @@ class ReplicationWorker:
     # ------------------------------------------------------------------ the loop
     async def run(self, lease_id: Callable[[], int], wakeup: asyncio.Event | None = None) -> None:
         """Take marked ledgers under a lock bound to ``lease_id()`` and heal them, forever: no error
-        ends the loop (a worker that stopped would leave its daemon healing nothing, unseen)."""
+        ends the loop (a worker that stopped would leave its daemon healing nothing, unseen).
+        Beside it, a watch of the registrations (:meth:`_follow_registrations`)."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._follow_registrations(), name=f"{self.worker_id} registrations")
+            await self._passes(lease_id, wakeup)
+
+    async def _follow_registrations(self) -> None:
+        """Forget the absence of every bookie a registration watch shows registered: a bookie back
+        between two looks of this worker (a restart that both looks fell out of; a busy pass looks
+        minutes apart) is not gone, its absence starts anew at the next look. While the watch is
+        down a return may go unseen: when it is set up again, every absence being timed starts
+        anew (a fence comes later, never sooner). No error ends it (as the passes)."""
+        backoff = Backoff(WATCH_RETRY_S_MIN, WATCH_RETRY_S_MAX)
+        resumed = False
+        while True:
+            try:
+                async for bookies in watch_bookies(self._urm.store, self._urm.keys.root):
+                    if resumed:  # the first listing after a gap: what happened in it is unknown
+                        self._absent_since.clear()
+                        resumed = False
+                    self._forget_absences(bookies.registered)
+                    backoff.reset()
+            except (MetadataError, TimeoutError) as error:
+                log.info("autorecovery.worker_watch_failed", worker=self.worker_id, error=repr(error))
+            except Exception:
+                log.exception("autorecovery.worker_watch_crashed", worker=self.worker_id)
+            resumed = True
+            await asyncio.sleep(backoff.next_delay_s())
+
+    async def _passes(self, lease_id: Callable[[], int], wakeup: asyncio.Event | None) -> None:
         loop = asyncio.get_running_loop()
         while True:
             worked = False
@@ -471,9 +505,12 @@ class ReplicationWorker:
     async def _observe_registrations(self) -> frozenset[str]:
         """The registered bookies now; forgets the absence of those among them."""
         registered = (await list_bookies(self._urm.store, self._urm.keys.root)).registered
-        for bookie in self._absent_since.keys() & registered:
-            del self._absent_since[bookie]
+        self._forget_absences(registered)
         return registered
+
+    def _forget_absences(self, registered: Collection[str]) -> None:
+        for bookie in self._absent_since.keys() & set(registered):
+            del self._absent_since[bookie]
 
     async def _replace(
         self,

@@ -4,6 +4,9 @@ ledger's first mark (an older mark for another bookie must not make the fence co
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -12,10 +15,13 @@ from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
 from bookkeeper_aio.autorecovery.worker import HealResult, ReplicationWorker
 from bookkeeper_aio.client.context import StaticDirectory
 from metadata.bookies import BookieInfo, BookieRegistration
+from metadata.etcd import EtcdConfig, EtcdStore
 from metadata.ledger_manager import LedgerManager
 from metadata.ledger_metadata import LedgerState
 from metadata.memory import MemoryStore
+from metadata.store import MetadataStore
 from metadata.underreplication import UnderReplicationManager
+from tests.harness.etcd import EtcdCluster
 
 ROOT = "/bookkeeper/grace"
 
@@ -90,8 +96,8 @@ class _Fenced(Exception):
     """The worker fenced the writer's ledger (the test's stand-in for open_ledger(recovery=True))."""
 
 
-async def _register(store: MemoryStore, bookie_id: str, port: int) -> BookieRegistration:
-    registration = BookieRegistration(store, ROOT, BookieInfo(bookie_id, "127.0.0.1", port), ttl_s=5)
+async def _register(store: MetadataStore, bookie_id: str, port: int, root: str = ROOT) -> BookieRegistration:
+    registration = BookieRegistration(store, root, BookieInfo(bookie_id, "127.0.0.1", port), ttl_s=5)
     await registration.start()
     return registration
 
@@ -157,6 +163,90 @@ async def test_a_restart_of_a_marked_bookie_that_is_back_does_not_fence_its_idle
             await look()
         assert fenced == [created.ledger_id]
     finally:
+        await bk.close()
+        for registration in registrations.values():
+            await registration.close()
+
+
+@pytest.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.etcd)])
+async def any_store(request: pytest.FixtureRequest) -> AsyncIterator[MetadataStore]:
+    if request.param == "memory":
+        driver: MetadataStore = MemoryStore()
+    else:
+        server: EtcdCluster = request.getfixturevalue("etcd_server")
+        driver = EtcdStore(EtcdConfig(server.endpoints))
+    try:
+        yield driver
+    finally:
+        await driver.close()
+
+
+async def test_a_bookie_back_between_two_looks_is_not_gone(any_store: MetadataStore) -> None:
+    """b is unregistered at each look of the worker, but registered in between (a restart, and
+    another one just before the next look): the running worker's registration watch sees it back,
+    so two short absences are no long one and its idle writer is not fenced. Without the watch the
+    worker, which only looks, took b for away the whole time."""
+    store = any_store
+    root = f"/bookkeeper/between-{uuid.uuid4().hex[:8]}"
+    now = [1_000_000]
+    local = [0.0]
+    urm = UnderReplicationManager(store, root, now_ms=lambda: now[0])
+    ledgers = LedgerManager(store, root)
+    registrations = {b: await _register(store, b, 4000 + i, root) for i, b in enumerate("abcd")}
+    bk = BookKeeper(ledgers, StaticDirectory(list("abcd")))
+    fenced: list[int] = []
+
+    async def open_ledger(ledger_id: int, *, password: bytes = b"", recovery: bool = False) -> None:
+        fenced.append(ledger_id)
+        raise _Fenced
+
+    bk.open_ledger = open_ledger  # type: ignore[method-assign]
+    config = AutorecoveryConfig(open_ledger_grace_s=30, lost_bookie_recovery_delay_s=30, worker_idle_poll_s=1)
+    worker = ReplicationWorker(
+        bk, urm, config, worker_id="w", now_ms=lambda: now[0], monotonic_s=lambda: local[0]
+    )
+    await urm.set_enabled(False)  # the worker's own passes take nothing: the test looks itself
+    running = asyncio.create_task(worker.run(lambda: 0))
+
+    def advance(seconds: int) -> None:
+        now[0] += seconds * 1000
+        local[0] += seconds
+
+    async def look() -> HealResult:
+        mark = await urm.get(created.ledger_id)
+        assert mark is not None
+        return await worker.heal(mark)
+
+    async def settle() -> None:
+        """Until the watch delivered the registration change (a few loop turns in memory)."""
+        for _ in range(20):
+            await asyncio.sleep(0)
+        if not isinstance(store, MemoryStore):
+            await asyncio.sleep(0.5)
+
+    try:
+        created = await ledgers.create(("a", "b", "c"), write_quorum=2, ack_quorum=2)
+        await urm.mark(created.ledger_id, ["b"], reason="lost")
+        assert (await look()).wait_s == 30  # the grace runs
+        advance(40)
+        await registrations["b"].close()  # a restart of b
+        away = await look()  # the grace is over, b unregistered: its absence is timed from here
+        assert (away.fenced, away.wait_s) == (False, 30)
+        registrations["b"] = await _register(store, "b", 4001, root)  # back between two looks
+        await settle()
+        await registrations["b"].close()  # and restarting again just before the next look
+        await settle()
+        advance(30)
+        assert not (await look()).fenced  # away at both looks, but not in between
+        assert fenced == []
+        advance(30)  # this time b stayed away for the delay: lost, and the writer is fenced
+        with pytest.raises(_Fenced):
+            await look()
+        assert fenced == [created.ledger_id]
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
         await bk.close()
         for registration in registrations.values():
             await registration.close()
