@@ -55,6 +55,7 @@ from bookkeeper_aio.errors import (
     LedgerClosed,
     LedgerFenced,
     LogFenced,
+    LogFull,
     MetadataConflict,
     NoSuchLedger,
     NoSuchLog,
@@ -78,7 +79,7 @@ from bookkeeper_aio.log.truncation import (
     settle_lost_truncation,
     truncated_ids,
 )
-from metadata.errors import BadVersion, CasResultUnknown
+from metadata.errors import BadVersion, CasResultUnknown, MetadataError
 from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogLedgerState, LogMetadata, has_room
 
@@ -89,6 +90,13 @@ CHANGE_ATTEMPTS_MAX = 100
 ROLL_RETRY_S = 1.0
 """After a failed automatic roll (or spare), appends do not start another one for this long; the
 repair of a failed roll step (`LogWriter._repair`) is tried again after it."""
+ROLL_FULL_RETRY_S_MAX = 30.0
+"""While the list is full (`LogFull`), automatic rolls and spares wait `ROLL_RETRY_S` doubled for
+each refusal in a row, up to this: each try encodes the list (about 60 ms of CPU at 31,000
+ledgers) and reads it again (another client's truncation makes room too), so a full log's writer
+must not try every second until someone truncates. A truncation through this writer
+(`truncate_before`, retention) ends the wait at once; one by another client is seen at the next
+try."""
 REPAIR_ATTEMPTS_MAX = 600
 """Background tries of a repair (`ROLL_RETRY_S` apart); the next roll, truncation and close() try
 too."""
@@ -133,6 +141,7 @@ class LogWriter:
         self._append_lock = asyncio.Lock()
         self._queued = 0  # appends in the slow path (waiting for their turn or a window slot)
         self._roll_retry_at = 0.0
+        self._full_retry_s = 0.0  # the wait after the last LogFull of an automatic roll or spare
         self._spare: LedgerHandle | None = None  # created ahead, recorded in the list as its spare
         self._spare_task: asyncio.Task[None] | None = None
         self._rolling: asyncio.Task[None] | None = None  # the last roll's CAS, switch and close
@@ -293,11 +302,17 @@ class LogWriter:
             self._handle.abort()
 
     # ------------------------------------------------------------------ list changes
-    async def _change(self, change: Callable[[LogMetadata], LogMetadata], leader_ledger: int) -> VersionedLog:
+    async def _change(
+        self,
+        change: Callable[[LogMetadata], LogMetadata],
+        leader_ledger: int,
+        current: VersionedLog | None = None,
+    ) -> VersionedLog:
         """CAS ``change`` of the list, re-applied on a newer list while this writer is still its
         leader (``leader_ledger`` is the last ledger and OPEN, or CLOSED by this writer's own mark:
-        a close whose CAS answer was lost); `LogFenced` once it is not."""
-        current = self._versioned
+        a close whose CAS answer was lost); `LogFenced` once it is not. ``current``: the list as
+        just read (default: this writer's copy)."""
+        current = self._versioned if current is None else current
         for _ in range(CHANGE_ATTEMPTS_MAX):
             last = current.metadata.ledgers[-1] if current.metadata.ledgers else None
             if last is None or last.ledger_id != leader_ledger:
@@ -358,10 +373,30 @@ class LogWriter:
         try:
             await self.roll()
         except BKError as error:
-            self._roll_retry_at = self._loop.time() + ROLL_RETRY_S  # not on every append meanwhile
-            log.warning("log.auto_roll_failed", log=self.name, error=repr(error), retry_in_s=ROLL_RETRY_S)
+            retry_s = self._wait_after(error)
+            self._roll_retry_at = self._loop.time() + retry_s  # not on every append meanwhile
+            log.warning("log.auto_roll_failed", log=self.name, error=repr(error), retry_in_s=retry_s)
         finally:
             self._roll_task = None
+
+    def _wait_after(self, error: BKError) -> float:
+        """How long an automatic roll or spare waits after ``error``: `ROLL_RETRY_S`; after a
+        LogFull, doubled for each one in a row up to `ROLL_FULL_RETRY_S_MAX`, the roll and the
+        spare alike (both would meet the same full list)."""
+        if not isinstance(error, LogFull):
+            return ROLL_RETRY_S
+        self._full_retry_s = min(ROLL_FULL_RETRY_S_MAX, 2 * self._full_retry_s or ROLL_RETRY_S)
+        retry_at = self._loop.time() + self._full_retry_s
+        self._roll_retry_at = max(self._roll_retry_at, retry_at)
+        self._spare_retry_at = max(self._spare_retry_at, retry_at)
+        return self._full_retry_s
+
+    def _room_made(self) -> None:
+        """The list changed so that a roll may fit (a roll, a truncation): automatic rolls and
+        spares held back by a LogFull may try at once."""
+        if self._full_retry_s:
+            self._full_retry_s = 0.0
+            self._roll_retry_at = self._spare_retry_at = 0.0
 
     async def _prepare_spare(self) -> None:
         """Create the next roll's ledger and record it in the list as the spare. A failure is
@@ -381,8 +416,9 @@ class LogWriter:
                 await discard_ledger(self._bk, spare, self._password)
                 raise
         except BKError as error:
-            self._spare_retry_at = self._loop.time() + ROLL_RETRY_S  # not on every append meanwhile
-            log.warning("log.spare_failed", log=self.name, error=repr(error), retry_in_s=ROLL_RETRY_S)
+            retry_s = self._wait_after(error)
+            self._spare_retry_at = self._loop.time() + retry_s  # not on every append meanwhile
+            log.warning("log.spare_failed", log=self.name, error=repr(error), retry_in_s=retry_s)
         finally:
             self._spare_task = None
 
@@ -416,22 +452,23 @@ class LogWriter:
         """Move appends to a new ledger (the spare, or a new one: CAS it into the list, then close
         the previous one), then apply retention. Returns the new ledger's id. Raises `LogFenced`
         when another writer took the log over, `LogFull` (the list has no room for another ledger:
-        nothing created; retention, if set, was applied first). Cancelling it once the new ledger
+        nothing created; retention, if set, was applied first, and the list read again, as another
+        client's truncation makes room too). Cancelling it once the new ledger
         is chosen does not stop the roll: its CAS, switch and close run on (`_finish_roll`), and
         `close()` waits for them."""
         self._check_writable()  # a closed writer's roll is misuse, not a fencing (retention below)
         if self._spare_task is not None:
             await asyncio.wait([self._spare_task])  # the ledger it makes is this roll's
-        roomy: LogMetadata | None = self._versioned.metadata  # checked once per list: it encodes it
-        if not has_room(self._versioned.metadata):
-            roomy = None
+        checked = self._versioned.metadata
+        roomy = has_room(checked)  # checked once per list: it encodes it
+        if not roomy:
             await self._apply_retention()  # it may make room
         await self._roll_lock.acquire()
         try:
             self._check_writable()
             await self._repair()
-            if self._versioned.metadata is not roomy:
-                check_room(self._versioned.metadata)  # LogFull: nothing created
+            if not roomy or self._versioned.metadata is not checked:
+                await self._check_room(known_full=not roomy and self._versioned.metadata is checked)
             old = self._handle
             new = self._take_spare() or await self._create_ledger()
         except BaseException:
@@ -441,8 +478,27 @@ class LogWriter:
         finishing.add_done_callback(_retrieve_error)
         self._rolling = finishing
         await asyncio.shield(finishing)
+        self._room_made()
         await self._apply_retention()
         return new.id
+
+    async def _check_room(self, *, known_full: bool) -> None:
+        """`LogFull` (nothing created) unless the list has room for a roll. A full list is read
+        again first: another client may have truncated it (adopted as a change of ours would be:
+        `LogFenced` when this writer no longer leads it). ``known_full``: this copy was found
+        full already (each check encodes it)."""
+        if not known_full and has_room(self._versioned.metadata):
+            return
+        try:
+            stored = await self._manager.read_if_changed(self.name, self._versioned.version)
+        except NoSuchLog as error:
+            raise self._fence("the log was deleted") from error
+        except MetadataError as error:  # unreadable now: this writer's copy answers, as before
+            log.info("log.full_list_unread", log=self.name, error=repr(error))
+            stored = None
+        if stored is not None:
+            await self._change(lambda md: md, self._handle.id, stored)
+        check_room(self._versioned.metadata)
 
     async def _finish_roll(self, old: LedgerHandle, new: LedgerHandle) -> None:
         """The roll once ``new`` is chosen, holding the roll lock (released at the end): CAS ``new``
@@ -680,6 +736,7 @@ class LogWriter:
             # own view stays as it was: the next change meets BadVersion and reads the list again.
             versioned = await settle_lost_truncation(self._manager, self.name, planned, error)
         dropped = truncated_ids(versioned.metadata, planned)
+        self._room_made()
         await delete_ledgers(self._bk, self.name, dropped, self._password, why="truncated")
         return LogPosition(versioned.metadata.ledgers[0].ledger_id, 0)
 

@@ -10,6 +10,7 @@ from bookkeeper_aio import (
     BKInterfaceError,
     BookKeeper,
     LogFenced,
+    LogFull,
     LogPosition,
     LogRecord,
     LogTruncated,
@@ -28,7 +29,9 @@ from bookkeeper_aio import (
     read_cursors,
     truncate_log,
 )
+from bookkeeper_aio.log import writer as writer_module
 from bookkeeper_aio.log._common import log_manager
+from metadata import log_metadata
 from tests.integration.log.conftest import CONFIG, Cluster
 
 pytestmark = pytest.mark.etcd
@@ -301,3 +304,36 @@ async def test_bad_limits_and_arguments(cluster: Cluster, bk: BookKeeper) -> Non
         await writer.append(b"p", sequence=1)
     with pytest.raises(BKInterfaceError, match="end must be"):
         await open_log_reader(bk, "x", end=(1, 2))  # type: ignore[arg-type]
+
+
+async def test_a_full_writer_rolls_again_once_another_client_truncates(
+    cluster: Cluster, bk: BookKeeper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The list's cap made small (2 KiB: a few dozen ledgers) to fill it on real bookies: a writer
+    whose automatic rolls are refused (LogFull) rolls again after `bkaio log truncate`-style
+    truncation by another client, read from etcd (before, its own copy kept saying full)."""
+    monkeypatch.setattr(log_metadata, "ENCODED_BYTES_MAX", 2048)
+    monkeypatch.setattr(writer_module, "ROLL_RETRY_S", 0.05)
+    monkeypatch.setattr(writer_module, "ROLL_FULL_RETRY_S_MAX", 0.2)
+    await cluster.start(3)
+    writer = await open_log_writer(bk, "full", **QUORUM, roll_entries_max=2)  # type: ignore[arg-type]
+    for _ in range(200):
+        await writer.append(b"x")
+        try:
+            await writer.roll()
+        except LogFull:
+            break
+    else:
+        pytest.fail("the list never filled")
+    full = writer.ledger_ids
+    async with BookKeeper.connect(cluster.url, config=CONFIG) as other:
+        await truncate_log(other, "full", LogPosition(full[-5], 0), password=b"pw")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while writer.ledger_ids[-1] == full[-1] and loop.time() < deadline:
+        await writer.append(b"y")
+        await asyncio.sleep(0.02)
+    assert writer.ledger_ids[0] == full[-5]
+    assert writer.ledger_ids[-1] > full[-1]  # an automatic roll found the room
+    await writer.close()
+    assert [r.payload for r in await _read_all(bk, "full")][-1] == b"y"

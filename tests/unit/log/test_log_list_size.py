@@ -4,6 +4,8 @@ room again. The cap is made small here (4 KiB) so the list fills in a few dozen 
 
 from __future__ import annotations
 
+import asyncio
+
 import msgpack
 import pytest
 
@@ -18,6 +20,7 @@ from bookkeeper_aio import (
     open_log_writer,
     truncate_log,
 )
+from bookkeeper_aio.log import writer as writer_module
 from bookkeeper_aio.log._common import log_manager
 from metadata import log_metadata
 from metadata.log_metadata import LogLedger, LogLedgerState, LogMetadata, encode, encoded_size, has_room
@@ -155,3 +158,79 @@ def test_the_documented_bounds_hold() -> None:
     assert not has_room(full_sized(count + 1))
     md = md.with_ledger_appended(md.last_ledger_id + 1).with_spare(md.last_ledger_id + 2)
     encode(md.with_closed(md.last_ledger_id, last_entry_id=entries - 1, length=big, closed_ms=big))
+
+
+def _count_refusals(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the writer's room checks that refused (each encodes the whole list)."""
+    refusals = [0]
+    real = writer_module.check_room
+
+    def counting(md: LogMetadata, ledgers: int = 1) -> None:
+        try:
+            real(md, ledgers)
+        except LogFull:
+            refusals[0] += 1
+            raise
+
+    monkeypatch.setattr(writer_module, "check_room", counting)
+    return refusals
+
+
+async def _append_for(writer: LogWriter, seconds: float) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while loop.time() < end:
+        await writer.append(b"x")
+        await asyncio.sleep(0.005)
+
+
+async def test_automatic_rolls_of_a_full_list_back_off_and_a_truncation_ends_the_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the list is full, appends past the roll limit tried a roll (and a spare) every
+    ROLL_RETRY_S, each encoding the list, until someone truncated. They back off now, doubling up
+    to ROLL_FULL_RETRY_S_MAX; the writer's own truncation ends the wait at once."""
+    monkeypatch.setattr(log_metadata, "ENCODED_BYTES_MAX", CAP)
+    monkeypatch.setattr(writer_module, "ROLL_RETRY_S", 0.02)
+    monkeypatch.setattr(writer_module, "ROLL_FULL_RETRY_S_MAX", 0.16)
+    refusals = _count_refusals(monkeypatch)
+    async with world() as w:
+        bk, _ = w.clients
+        writer = await open_log_writer(bk, "lg", roll_entries_max=2)
+        await _roll_until_full(writer)
+        full = writer.ledger_ids
+        refusals[0] = 0
+        await _append_for(writer, 1.0)
+        # a roll and a spare per try: every 20 ms, ~100 in the second (measured before: 87);
+        # waits of 20, 40, 80, then 160 ms: about 9 tries, ~14 refusals (measured)
+        assert 1 <= refusals[0] <= 24, refusals[0]
+        assert writer.ledger_ids == full  # still full: nothing rolled, nothing created
+        monkeypatch.setattr(writer_module, "ROLL_FULL_RETRY_S_MAX", 600.0)
+        monkeypatch.setattr(writer_module, "ROLL_RETRY_S", 300.0)
+        await _append_for(writer, 0.1)  # the next refusal waits 300 s
+        await writer.truncate_before(LogPosition(full[-10], 0))
+        await _append_for(writer, 0.5)  # ... but the truncation made room: a roll at once
+        assert writer.ledger_ids[-1] > full[-1]
+        await writer.close()
+
+
+async def test_a_full_writer_sees_another_clients_truncation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A truncation by another client (`truncate_log`, `bkaio log truncate`) makes room too: a roll
+    that finds this writer's copy of the list full reads the list again (before, it refused with
+    LogFull until the writer was reopened)."""
+    monkeypatch.setattr(log_metadata, "ENCODED_BYTES_MAX", CAP)
+    monkeypatch.setattr(writer_module, "ROLL_RETRY_S", 0.02)
+    monkeypatch.setattr(writer_module, "ROLL_FULL_RETRY_S_MAX", 0.16)
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg", roll_entries_max=2)
+        await _roll_until_full(writer)
+        full = writer.ledger_ids
+        await _append_for(writer, 0.2)  # refused and waiting
+        await truncate_log(other, "lg", LogPosition(full[-10], 0))
+        await _append_for(writer, 0.5)  # the next automatic roll reads the list: room
+        assert writer.ledger_ids[0] == full[-10]
+        assert writer.ledger_ids[-1] > full[-1]
+        assert await writer.roll() > writer.ledger_ids[-2]  # and explicit rolls too
+        await writer.close()
+        assert (await describe_log(bk, "lg")).ledgers[-1].ledger_id == writer.ledger_ids[-1]

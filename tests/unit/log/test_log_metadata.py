@@ -191,6 +191,23 @@ async def test_manager_update_loop_retries_on_conflict() -> None:
     assert same == result
 
 
+async def test_manager_read_if_changed_decodes_only_a_newer_list() -> None:
+    store = MemoryStore()
+    manager = LogManager(store, ROOT)
+    start = await manager.create("orders")
+    assert await manager.read_if_changed("orders", start.version) is None
+    await store.put(KEY, b"not a log", lease_id=0)  # a value it would fail to decode...
+    with pytest.raises(MetadataFormatError):
+        await manager.read_if_changed("orders", start.version)  # ...at a new version: decoded
+    garbage = await store.get(KEY)
+    assert garbage is not None
+    newer = await manager.write(start.metadata.with_ledger_appended(4), garbage.version)
+    assert await manager.read_if_changed("orders", start.version) == newer
+    await manager.delete("orders")
+    with pytest.raises(NoSuchLog):
+        await manager.read_if_changed("orders", newer.version)
+
+
 async def test_manager_corrupt_value_names_the_log() -> None:
     store = MemoryStore()
     await store.put(KEY, b"not a log")
