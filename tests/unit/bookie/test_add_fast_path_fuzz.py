@@ -9,7 +9,10 @@ location; then each indexed entry is read back (offset/segment check) and the jo
 Deterministic: the journal's groups depend on when the writer thread's fdatasync returns, so with a
 real thread the journal bytes of two runs differed under load. Both runs write each group inline
 on the event loop instead (:class:`InlineThreads`), its completion queued like the thread's: the
-groups then follow from the streams and the loop alone.
+groups then follow from the streams and the loop alone. So do reads: the first read of a segment
+goes to the reader executor (no descriptor open yet), and on a real thread the LAC its answer
+carries depended on how far the loop got meanwhile (seed 25 once the journal's ENTRY records
+shrank by 16 bytes and moved the segment rolls); they run at once, on the loop, instead.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import asyncio
 import os
 import random
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +52,26 @@ class _InlineWorker:
         pass
 
 
+class _InlineExecutor(Executor):
+    """An executor that runs each call at once, on the caller's thread."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # handed to the awaiting caller
+            future.set_exception(exc)
+        return future
+
+
 class InlineThreads(OsThreads):
-    """Real executors (reads, recovery), an inline journal writer."""
+    """An inline journal writer and reader; real executors for the rest (recovery)."""
 
     def start_worker(self, handle: Callable[[Any], None], name: str) -> Worker:
         return _InlineWorker(handle)
+
+    def executor(self, name: str) -> Executor:
+        return _InlineExecutor() if name == "storage-reader" else super().executor(name)
 
 
 INLINE = InlineThreads()
