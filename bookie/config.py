@@ -31,7 +31,7 @@ from metadata.cluster import parse_url
 from metadata.errors import InvalidUrl
 
 ENV_PREFIX = "BKAIO_BOOKIE_"
-_RECORD_OVERHEAD_BYTES = fmt.RECORD_HEADER_BYTES + fmt.ENTRY_PREFIX_BYTES
+_RECORD_OVERHEAD_BYTES = fmt.ENTRY_RECORD_OVERHEAD_BYTES_MAX  # compaction copies format-2 records too
 
 
 class ConfigError(ValueError):

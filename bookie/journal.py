@@ -366,9 +366,11 @@ class Journal:
         threads: Threads = OS_THREADS,
         clock: Clock = SYSTEM_CLOCK,
         synced_mark: str | None = None,
+        start_format: int = fmt.SEGMENT_VERSION,
     ) -> None:
         """``synced_mark``: the path of the synced mark to keep (``journal_format``'s module doc);
-        None keeps none."""
+        None keeps none. ``start_format``: the format version of the segment ``start`` is in; in a
+        segment of an older one nothing more is appended, the journal goes on in the next."""
         config.validate()
         self._config = config
         self._clock = clock
@@ -384,6 +386,8 @@ class Journal:
         self._segment_id, self._offset = start
         self._synced = start
         self._runs: list[_Run] = [_Run(start.segment_id, start.offset)]
+        if start_format != fmt.SEGMENT_VERSION:
+            self._roll()  # as a record that did not fit would: the first group writes the header
         self._callbacks: list[Callback] = []
         self._inflight_callbacks: list[Callback] | None = None
         self._pending_records = 0  # completions in the gathering group (a batch counts its items)

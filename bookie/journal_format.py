@@ -8,14 +8,30 @@ record, then the records appended meanwhile. Every record, the group header incl
     magic:u32 | body_length:u32 | crc32c:u32 | type:u8 | body (body_length bytes)
 
 The CRC32C covers ``body_length``, ``type`` and the body, so a torn or corrupt record is caught
-whatever part of it is damaged. Space after the last group is zeros (segments are preallocated).
+whatever part of it is damaged; but for ENTRY records (type 7, format 3), whose CRC32C is the
+body's alone: one C call per add on the bookie's loop instead of two and a pack of the prefix
+(docs/benchmarks.md, issue 19). Nothing it leaves out goes unchecked: a changed type makes the other
+rule apply (or is no type), a changed length checksums other bytes, either fails the check but for
+the CRC's 2^-32 chance, as a changed body does; and the ids a read or replay takes are the body's
+first 16 bytes, under the CRC. Space after the last group is zeros (segments are preallocated).
+
+Format versions (the segment header's): 3 writes ENTRY records of type 7, 2 wrote type 1. Records
+say their own kind, so a segment of either version is read by the same decoder, and compaction's
+verbatim copies of type-1 records may lie in a version-3 segment. A journal found ending in an
+older segment goes on in the next one (``Recovered.start_format``): a segment never holds a record
+its header's version does not know, so a bookie that reads only version 2 refuses a journal this
+one wrote (``JournalFormatUnsupported``) rather than taking its records for damage.
 
 Record bodies (all integers big-endian; ids signed 64-bit):
 
 =============  =============================================================
 GROUP          segment_id u64, offset u32 (where this header itself lies),
                length u32 (bytes of the group's records after this header)
-ENTRY          ledger_id, entry_id, then the entry body exactly as received
+ENTRY (7)      the entry body exactly as received; it starts with its ledger id
+               and entry id (protocol/digest.py), which the add path checked
+               against the request, so the record needs no copy of them
+ENTRY_V2 (1)   ledger_id, entry_id, then the entry body exactly as received
+               (format 2; still read, no longer written)
 MASTER_KEY     ledger_id, then the master key bytes
 FENCE          ledger_id
 EXPLICIT_LAC   ledger_id, lac, then the opaque LAC body from WRITE_LAC
@@ -88,9 +104,11 @@ Buffer = bytes | mmap.mmap
 """What a segment is scanned from: bytes in tests, a read-only mmap at startup (nothing copied)."""
 
 SEGMENT_MAGIC = b"BKJS"
-SEGMENT_VERSION = 2
-"""2: records come in groups, each led by a GROUP header record (1 had no groups).
-No upgrade path: the project has no releases, an old data dir is wiped."""
+SEGMENT_VERSION = 3
+"""3: ENTRY records of type 7 (the body's CRC32C alone, no id prefix). 2: records come in groups,
+each led by a GROUP header record, ENTRY records of type 1; still read. 1 had no groups and has no
+upgrade path (the project had no releases then: an old data dir is wiped)."""
+READABLE_SEGMENT_VERSIONS = frozenset((2, 3))
 SEGMENT_HEADER = struct.Struct(">4sHxxQ")  # magic, version, padding, segment id
 SEGMENT_HEADER_BYTES = SEGMENT_HEADER.size  # 16
 
@@ -110,15 +128,18 @@ ENTRY_PREFIX_BYTES = LEDGER_ENTRY.size
 
 
 class RecordType(enum.IntEnum):
-    ENTRY = 1
+    ENTRY_V2 = 1
     MASTER_KEY = 2
     FENCE = 3
     EXPLICIT_LAC = 4
     GROUP = 5
     REKEY = 6
+    ENTRY = 7
 
 
 _TYPES = frozenset(int(t) for t in RecordType)
+ENTRY_TYPES = frozenset((RecordType.ENTRY, RecordType.ENTRY_V2))
+"""The types of ENTRY records, either format: a record of one is an entry (:func:`entry_of`)."""
 
 
 class JournalCorrupt(Exception):
@@ -160,7 +181,9 @@ class ScanResult(NamedTuple):
 
 
 def _crc(body: bytes | memoryview, record_type: int) -> int:
-    return crc32c.crc32c(body, crc32c.crc32c(_LEN_TYPE.pack(len(body), record_type)))
+    if record_type == _ENTRY:
+        return _crc32c(body)
+    return _crc32c(body, _crc32c(_LEN_TYPE.pack(len(body), record_type)))
 
 
 def encode_record(record_type: int, body: bytes | memoryview) -> bytes:
@@ -171,27 +194,46 @@ def encode_record(record_type: int, body: bytes | memoryview) -> bytes:
     return header + bytes(body)
 
 
-def encode_entry(ledger_id: int, entry_id: int, entry_body: bytes | memoryview) -> bytes:
-    return encode_record(RecordType.ENTRY, LEDGER_ENTRY.pack(ledger_id, entry_id) + bytes(entry_body))
+def encode_entry(entry_body: bytes | memoryview) -> bytes:
+    """An ENTRY record of ``entry_body``, which starts with its ledger and entry ids."""
+    if len(entry_body) < ENTRY_PREFIX_BYTES:
+        raise ValueError(f"an entry body of {len(entry_body)} bytes does not hold its ids")
+    return encode_record(RecordType.ENTRY, entry_body)
 
 
-_pack_entry_crc_prefix = struct.Struct(">IBqq").pack  # body length, type, ledger id, entry id
-_pack_entry_head = struct.Struct(">IIIBqq").pack  # the record header followed by the ENTRY id prefix
+def encode_entry_v2(ledger_id: int, entry_id: int, entry_body: bytes | memoryview) -> bytes:
+    """An ENTRY record of format 2 (type 1), as bookies wrote them before format 3: replay and
+    reads still take them (tests write old journals with it)."""
+    return encode_record(RecordType.ENTRY_V2, LEDGER_ENTRY.pack(ledger_id, entry_id) + bytes(entry_body))
+
+
+_pack_entry_v2_crc_prefix = struct.Struct(">IBqq").pack  # body length, type, ledger id, entry id
+_pack_record_header = RECORD_HEADER.pack
 _crc32c = crc32c.crc32c
-_ENTRY = 1
-ENTRY_RECORD_OVERHEAD_BYTES = RECORD_HEADER_BYTES + ENTRY_PREFIX_BYTES
-"""An ENTRY record's bytes besides the entry body."""
+_ENTRY = int(RecordType.ENTRY)
+_ENTRY_V2 = int(RecordType.ENTRY_V2)
+ENTRY_RECORD_OVERHEAD_BYTES = RECORD_HEADER_BYTES
+"""An ENTRY record's bytes besides the entry body (a format-2 record has ``ENTRY_PREFIX_BYTES``
+more)."""
+ENTRY_RECORD_OVERHEAD_BYTES_MAX = RECORD_HEADER_BYTES + ENTRY_PREFIX_BYTES
+"""The same for the ENTRY record kind with the most (format 2's, which compaction may copy)."""
 
 
-def encode_entry_head(ledger_id: int, entry_id: int, entry_body: bytes) -> bytes:
-    """The bytes of an ENTRY record before its entry body (record header and id prefix): the
-    record is this followed by ``entry_body``, so the add path never copies a body (the journal
-    joins a whole group's parts in one go). The one producer of ENTRY record bytes; the caller
-    keeps ``ENTRY_PREFIX_BYTES + len(entry_body)`` within ``RECORD_BODY_BYTES_MAX`` (the journal's
+def encode_entry_head(entry_body: bytes) -> bytes:
+    """The bytes of an ENTRY record before its entry body (the record header): the record is this
+    followed by ``entry_body``, so the add path never copies a body (the journal joins a whole
+    group's parts in one go). The one producer of ENTRY record bytes; the caller checked that the
+    body starts with the ids of the entry it is (the add path compares them with the request's)
+    and keeps ``len(entry_body)`` within ``RECORD_BODY_BYTES_MAX`` (the journal's
     ``record_bytes_max`` does). Same bytes as :func:`encode_entry`, pinned by a test."""
-    length = ENTRY_PREFIX_BYTES + len(entry_body)
-    crc = _crc32c(entry_body, _crc32c(_pack_entry_crc_prefix(length, _ENTRY, ledger_id, entry_id)))
-    return _pack_entry_head(RECORD_MAGIC, length, crc, _ENTRY, ledger_id, entry_id)
+    return _pack_record_header(RECORD_MAGIC, len(entry_body), _crc32c(entry_body), _ENTRY)
+
+
+def entry_of(record: Record) -> memoryview:
+    """The entry body (as the client sent it) of an ENTRY record of either format."""
+    if record.type == _ENTRY:
+        return record.body
+    return record.body[ENTRY_PREFIX_BYTES:]
 
 
 def encode_master_key(ledger_id: int, key: bytes) -> bytes:
@@ -212,6 +254,14 @@ def encode_explicit_lac(ledger_id: int, lac: int, lac_body: bytes) -> bytes:
 
 def encode_segment_header(segment_id: int) -> bytes:
     return SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, segment_id)
+
+
+def segment_format(data: Buffer) -> int:
+    """The format version a segment's header names (:data:`SEGMENT_VERSION` for a header that is
+    not ours: the writer writes its header again with its first group)."""
+    if len(data) < SEGMENT_HEADER_BYTES or bytes(data[:4]) != SEGMENT_MAGIC:
+        return SEGMENT_VERSION
+    return int(SEGMENT_HEADER.unpack_from(data, 0)[1])
 
 
 GROUP_BODY = struct.Struct(">QII")  # segment id, offset of this header, length of the records after it
@@ -255,17 +305,18 @@ def check_segment_header(data: Buffer, segment_id: int) -> SegmentHeader:
     if magic != SEGMENT_MAGIC:
         return SegmentHeader.GARBLED
     head = bytes(data[:SEGMENT_HEADER_BYTES])
-    expected = encode_segment_header(segment_id)
+    readable = version in READABLE_SEGMENT_VERSIONS
+    expected = SEGMENT_HEADER.pack(SEGMENT_MAGIC, version if readable else SEGMENT_VERSION, segment_id)
     kept = len(head.rstrip(b"\0"))
     if head != expected and head[:kept] == expected[:kept]:
         # our header's first bytes, then zeros: its write was torn (never synced, so nothing
         # acknowledged lies behind it), not a header of another version or segment
         return SegmentHeader.GARBLED
-    if version != SEGMENT_VERSION:
+    if not readable:
         raise JournalFormatUnsupported(
             f"journal segment {segment_id:016x} is in journal format version {version}; this bookie "
-            f"reads only version {SEGMENT_VERSION} and has no upgrade path (the project has no "
-            "releases yet): wipe the data dir and let re-replication rebuild the bookie"
+            f"reads versions {sorted(READABLE_SEGMENT_VERSIONS)} and has no upgrade path from it: "
+            "wipe the data dir and let re-replication rebuild the bookie"
         )
     if found_id != segment_id:
         raise JournalCorrupt(f"journal segment {segment_id:016x}: its header names segment {found_id:016x}")
@@ -284,12 +335,13 @@ def decode_record_at(data: Buffer, offset: int) -> Record | None:
     if end > len(data):
         return None
     body = memoryview(data)[start:end]
-    if _crc(body, record_type) != crc:
+    if _crc(body, record_type) != crc or (record_type == _ENTRY and length < ENTRY_PREFIX_BYTES):
         return None
     return Record(offset, record_type, body, RECORD_HEADER_BYTES + length)
 
 
-_unpack_entry_head = struct.Struct(">IIIBqq").unpack_from  # the record header and the ENTRY id prefix
+_unpack_entry_head = struct.Struct(">IIIBqq").unpack_from  # the record header and the entry's ids
+_ENTRY_HEAD_BYTES = RECORD_HEADER_BYTES + ENTRY_PREFIX_BYTES
 
 
 def entry_bodies(
@@ -305,24 +357,32 @@ def entry_bodies(
     ``+ step``, ... of ``ledger_id``, whose ENTRY records lie at ``offsets[k] - base`` in ``data``:
     what a read asks of the records the index points it at, in one loop. Each must be that entry's
     record, whole and valid (checksum); False at the first that is not (those before it are in
-    ``out``; :func:`decode_record_at` says what is wrong with it)."""
+    ``out``; :func:`decode_record_at` says what is wrong with it). Either ENTRY format: the ids
+    follow the record header in both (a format-3 body starts with them)."""
     entry_id = first_entry_id
     size = len(data)
     for offset in offsets:
         offset -= base
-        if size - offset < ENTRY_RECORD_OVERHEAD_BYTES:
+        if size - offset < _ENTRY_HEAD_BYTES:
             return False
         magic, length, crc, record_type, lid, eid = _unpack_entry_head(data, offset)
         if (
             magic != RECORD_MAGIC
-            or record_type != _ENTRY
             or lid != ledger_id
             or eid != entry_id
             or not ENTRY_PREFIX_BYTES <= length <= size - offset - RECORD_HEADER_BYTES
         ):
             return False
-        body = data[offset + ENTRY_RECORD_OVERHEAD_BYTES : offset + RECORD_HEADER_BYTES + length]
-        if _crc32c(body, _crc32c(_pack_entry_crc_prefix(length, _ENTRY, lid, eid))) != crc:
+        start = offset + RECORD_HEADER_BYTES
+        if record_type == _ENTRY:
+            body = data[start : start + length]
+            if _crc32c(body) != crc:
+                return False
+        elif record_type == _ENTRY_V2:
+            body = data[start + ENTRY_PREFIX_BYTES : start + length]
+            if _crc32c(body, _crc32c(_pack_entry_v2_crc_prefix(length, _ENTRY_V2, lid, eid))) != crc:
+                return False
+        else:
             return False
         out.append(body)
         entry_id += step

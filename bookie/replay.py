@@ -47,6 +47,9 @@ CHECKPOINT_FILE = "checkpoint"
 class Recovered:
     ledgers: dict[int, LedgerState]
     start: Position  # where the journal continues appending
+    start_format: int = fmt.SEGMENT_VERSION
+    """The format version of the segment at ``start``: when it is an older one the journal goes on
+    in the next segment (``journal_format``'s module doc), never adds records of this format to it."""
     replayed_from: Position | None = None
     """Where replay started: the position of the checkpoint on disk, or the journal's start when
     there is none. Everything after it is what a checkpoint has yet to cover."""
@@ -65,10 +68,10 @@ def apply_record(ledgers: dict[int, LedgerState], segment_id: int, record: fmt.R
     if state is None:
         state = ledgers[ledger_id] = LedgerState(ledger_id)
     state.row = None  # the checkpoint row kept from the file no longer says it all
-    if record.type == fmt.RecordType.ENTRY:
+    if record.type in fmt.ENTRY_TYPES:
         _, entry_id = fmt.parse_ledger_entry(body)
         state.index.put(entry_id, segment_id, record.offset, record.length)
-        entry = body[fmt.ENTRY_PREFIX_BYTES :]
+        entry = fmt.entry_of(record)
         if len(entry) >= 24:
             state.advance_piggyback(int.from_bytes(entry[16:24], "big", signed=True))
     elif record.type == fmt.RecordType.MASTER_KEY:
@@ -195,6 +198,7 @@ def recover(
                 # a segment with its header alone (a roll) is where the journal went on; a cut from
                 # offset 0 (torn segment header) appends just past the header to come
                 result.start = Position(segment_id, max(scan.end, fmt.SEGMENT_HEADER_BYTES))
+                result.start_format = fmt.segment_format(data)
             if scan.tail is not fmt.Tail.CLEAN:
                 damaged = (segment_id, scan.bad)
                 torn = (segment_id, scan.end, scan.garbage_end)

@@ -73,7 +73,9 @@ log = structlog.get_logger(__name__)
 READ_FDS_MAX = 256
 """Open read descriptors on journal segments; beyond this the least recently opened is closed."""
 
-_RECORD_OVERHEAD_BYTES = fmt.RECORD_HEADER_BYTES + fmt.ENTRY_PREFIX_BYTES
+_RECORD_OVERHEAD_BYTES = fmt.ENTRY_RECORD_OVERHEAD_BYTES
+"""What a read's byte budget takes off a record length for its body: a format-2 record has more, so
+its body is counted a little large and a batch ends early, never late."""
 _COALESCE_GAP_BYTES = 64 * 1024
 """Compaction reads live records that lie closer than this in one ``pread`` (dead bytes between)."""
 _COALESCE_BYTES_MAX = 4 * 1024 * 1024
@@ -131,7 +133,7 @@ def _corrupt(ledger_id: int, entry_id: int, data: memoryview) -> EntryCorrupt:
     """The error for a record ``data`` the index points entry ``ledger_id:entry_id`` at and that
     is not that entry's valid ENTRY record (reads check with ``fmt.entry_bodies``)."""
     record = fmt.decode_record_at(bytes(data), 0)
-    if record is None or record.type != fmt.RecordType.ENTRY:
+    if record is None or record.type not in fmt.ENTRY_TYPES:
         return EntryCorrupt(f"entry {ledger_id}:{entry_id}: journal record fails its checksum")
     return EntryCorrupt(f"entry {ledger_id}:{entry_id}: index points at another record")
 
@@ -286,6 +288,7 @@ class Storage:
             threads,
             clock,
             synced_mark=os.path.join(config.data_dir, fmt.SYNCED_MARK_FILE),
+            start_format=recovered.start_format,
         )
         self._clock = clock
         self._lock_fd = lock_fd
@@ -455,7 +458,7 @@ class Storage:
                         run = AddRun(state, records.segment_id, offset, len(entry_ids))
                         batch.runs.append(run)
                         run_state, lac_max = state, -1
-                    parts.append(_encode_entry_head(lid, eid, body))
+                    parts.append(_encode_entry_head(body))
                     parts.append(body)
                     entry_ids.append(eid)
                     lengths.append(size)
@@ -793,7 +796,7 @@ class Storage:
                     record = fmt.decode_record_at(data, location.offset - first)
                     if (
                         record is None
-                        or record.type != fmt.RecordType.ENTRY
+                        or record.type not in fmt.ENTRY_TYPES
                         or record.length != location.length
                         or fmt.parse_ledger_entry(record.body) != (ledger_id, entry_id)
                     ):

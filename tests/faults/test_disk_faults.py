@@ -94,12 +94,13 @@ def tear_tail(data_dir: Path, rng: random.Random) -> tuple[str, int, int] | None
     end = scan.end
     if rng.random() < 0.5:
         # the next entries of the last ledger written: were the cut missed, they would be read back
-        entries = [fmt.parse_ledger_entry(r.body) for r in scan.records if r.type == fmt.RecordType.ENTRY]
+        entries = [fmt.parse_ledger_entry(r.body) for r in scan.records if r.type in fmt.ENTRY_TYPES]
         ledger_id, last = entries[-1] if entries else (10**9, -1)
-        records = b"".join(
-            fmt.encode_entry(ledger_id, last + 1 + k, os.urandom(rng.randrange(50, 600)))
+        bodies = [
+            fmt.LEDGER_ENTRY.pack(ledger_id, last + 1 + k) + os.urandom(rng.randrange(50, 600))
             for k in range(rng.randint(1, 4))
-        )
+        ]
+        records = b"".join(fmt.encode_entry(b) for b in bodies)
         torn = fmt.encode_group_header(segment_id, end, len(records)) + records
         torn = torn[: rng.randrange(fmt.RECORD_HEADER_BYTES + 1, len(torn))]  # cut mid-group
         kind = f"torn group of {len(records)} bytes cut at {len(torn)}"
@@ -127,7 +128,7 @@ def flip_bit(
         scan = fmt.scan(data, fmt.SEGMENT_HEADER_BYTES, segment_id)
         for record in scan.records:
             covered = segment_id < position.segment_id or record.offset + record.length <= position.offset
-            if record.type == fmt.RecordType.ENTRY and covered:
+            if record.type in fmt.ENTRY_TYPES and covered:
                 ledger_id, entry_id = fmt.parse_ledger_entry(record.body)
                 if ledger_id in ledgers and (ledger_id, entry_id) not in spared:
                     candidates.append((path, record, ledger_id, entry_id))

@@ -203,7 +203,7 @@ async def write_journal_of_50(tmp_path: Path) -> tuple[Path, list[int]]:
     bookie.kill()  # no final checkpoint: a restart must replay the journal
     data = (origin / "journal" / fmt.segment_name(1)).read_bytes()
     scan = fmt.scan(data, fmt.SEGMENT_HEADER_BYTES, 1)
-    entries = [r for r in scan.records if r.type == fmt.RecordType.ENTRY]
+    entries = [r for r in scan.records if r.type in fmt.ENTRY_TYPES]
     assert len(entries) == TORN_RECORDS
     return origin, [r.offset + r.length for r in entries]
 

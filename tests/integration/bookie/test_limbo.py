@@ -109,7 +109,7 @@ async def test_bit_rot_in_the_final_synced_group_leaves_acked_entries_unknown_ne
             victim = procs[0]
             victim.kill()  # the writer of ``writer`` is abandoned: it never writes again
             segment, group = final_group(victim.data_dir)
-            lost = [fmt.parse_ledger_entry(r.body) for r in group if r.type == fmt.RecordType.ENTRY]
+            lost = [fmt.parse_ledger_entry(r.body) for r in group if r.type in fmt.ENTRY_TYPES]
             assert {lid for lid, _ in lost} == set(keys), (
                 f"the final group holds no entry of one ledger: {lost}"
             )

@@ -19,8 +19,8 @@ SMALL = JournalConfig(segment_bytes=64 * 1024, record_bytes_max=4096)
 
 
 def _record(i: int, size: int = 100) -> tuple[bytes, ...]:
-    payload = bytes([i % 256]) * size
-    return fmt.encode_entry_head(1, i, payload), payload
+    payload = fmt.LEDGER_ENTRY.pack(1, i) + bytes([i % 256]) * size
+    return fmt.encode_entry_head(payload), payload
 
 
 def _read_all(directory: Path) -> list[tuple[int, int]]:

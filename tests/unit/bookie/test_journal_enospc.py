@@ -38,8 +38,8 @@ class FullDisk(FileIO):
 
 
 def _record(i: int, size: int = 1000) -> tuple[bytes, ...]:
-    payload = bytes([i % 256]) * size
-    return fmt.encode_entry_head(1, i, payload), payload
+    payload = fmt.LEDGER_ENTRY.pack(1, i) + bytes([i % 256]) * size
+    return fmt.encode_entry_head(payload), payload
 
 
 async def _append_and_wait(journal: Journal, first: int, count: int) -> list[BaseException | None]:

@@ -16,8 +16,13 @@ def _segment(groups: list[list[bytes]], segment_id: int = 1, zeros: int = 0) -> 
     return out + bytes(zeros)
 
 
+def _body(ledger_id: int, entry_id: int, payload: bytes) -> bytes:
+    """An entry body as the add path takes it: it starts with its ids (protocol/digest.py)."""
+    return fmt.LEDGER_ENTRY.pack(ledger_id, entry_id) + payload
+
+
 def _entries(count: int, size: int = 40) -> list[bytes]:
-    return [fmt.encode_entry(7, i, bytes([i % 251]) * size) for i in range(count)]
+    return [fmt.encode_entry(_body(7, i, bytes([i % 251]) * size)) for i in range(count)]
 
 
 def _scan(data: bytes, segment_id: int = 1) -> fmt.ScanResult:
@@ -26,35 +31,64 @@ def _scan(data: bytes, segment_id: int = 1) -> fmt.ScanResult:
 
 def test_record_round_trip_all_types() -> None:
     records = [
-        fmt.encode_entry(1, 2, b"body"),
+        fmt.encode_entry(_body(1, 2, b"body")),
         fmt.encode_master_key(1, b"k" * 32),
         fmt.encode_fence(1),
         fmt.encode_explicit_lac(1, 5, b"lacbody"),
+        fmt.encode_entry_v2(1, 3, _body(1, 3, b"old")),
     ]
     scan = _scan(_segment([records]))
     assert scan.tail is fmt.Tail.CLEAN
     assert scan.groups == 1
-    assert [r.type for r in scan.records] == [1, 2, 3, 4]  # the group header is not a record
+    assert [r.type for r in scan.records] == [7, 2, 3, 4, 1]  # the group header is not a record
     assert fmt.parse_ledger_entry(scan.records[0].body) == (1, 2)
-    assert bytes(scan.records[0].body[fmt.ENTRY_PREFIX_BYTES :]) == b"body"
+    assert bytes(fmt.entry_of(scan.records[0])) == _body(1, 2, b"body")
     assert bytes(scan.records[1].body[8:]) == b"k" * 32
     assert fmt.parse_ledger(scan.records[2].body) == 1
     assert fmt.parse_ledger_entry(scan.records[3].body) == (1, 5)
+    assert fmt.parse_ledger_entry(scan.records[4].body) == (1, 3)  # format 2: the ids come first too
+    assert bytes(fmt.entry_of(scan.records[4])) == _body(1, 3, b"old")
 
 
 @pytest.mark.parametrize("size", [0, 1, 1000, 70_000])
 def test_entry_head_and_body_equal_whole_record(size: int) -> None:
-    body = bytes(i & 0xFF for i in range(size))
-    head = fmt.encode_entry_head(3, 4, body)
-    assert len(head) + len(body) == fmt.ENTRY_RECORD_OVERHEAD_BYTES + size
-    assert head + body == fmt.encode_entry(3, 4, body)
+    body = _body(3, 4, bytes(i & 0xFF for i in range(size)))
+    head = fmt.encode_entry_head(body)
+    assert len(head) + len(body) == fmt.ENTRY_RECORD_OVERHEAD_BYTES + len(body)
+    assert head + body == fmt.encode_entry(body)
+    record = fmt.decode_record_at(head + body, 0)
+    assert record is not None
+    assert record.type == fmt.RecordType.ENTRY
+    assert bytes(fmt.entry_of(record)) == body
+
+
+def test_an_entry_record_is_checked_whole_whichever_field_is_damaged() -> None:
+    """A format-3 ENTRY record's CRC32C is its body's alone: a change of any one of its bytes
+    (magic, length, checksum, type, the ids at the body's start, the rest of the body) still makes
+    it no valid record, and so does a format-2 record's. A body too short to hold its ids is none."""
+    entry = _body(5, 6, b"x" * 40)
+    for record in (fmt.encode_entry(entry), fmt.encode_entry_v2(5, 6, entry)):
+        assert fmt.decode_record_at(record + bytes(8), 0) is not None
+        for i in range(len(record)):
+            for bit in (0x01, 0x80):
+                damaged = bytearray(record + bytes(8))
+                damaged[i] ^= bit
+                assert fmt.decode_record_at(bytes(damaged), 0) is None, (record[12], i, bit)
+    with pytest.raises(ValueError, match="does not hold its ids"):
+        fmt.encode_entry(b"short")
+    short = fmt.encode_record(fmt.RecordType.ENTRY, b"short")  # what a checksum alone would pass
+    assert fmt.decode_record_at(short, 0) is None
 
 
 def test_entry_bodies__every_record_checked_like_the_decoder() -> None:
     """``entry_bodies`` (a read's check of the records the index points at) takes a record exactly
     when ``decode_record_at`` finds a valid ENTRY record of the entry wanted there, and stops at
     the first that is not: every byte of a record flipped, a wrong ledger or entry, a cut."""
-    records = [fmt.encode_entry(7, i, bytes([i]) * 50) for i in range(0, 12, 3)]  # a stripe, step 3
+    # a stripe (step 3), in both formats: compaction copies format-2 records as they are
+    records = [
+        fmt.encode_entry(entry) if i % 2 else fmt.encode_entry_v2(7, i, entry)
+        for i, entry in ((i, _body(7, i, bytes([i]) * 50)) for i in range(0, 12, 3))
+    ]
     offsets, at = [], 100
     for record in records:
         offsets.append(at)
@@ -64,19 +98,21 @@ def test_entry_bodies__every_record_checked_like_the_decoder() -> None:
         data[offset - 100 : offset - 100 + len(record)] = record
     out: list[memoryview] = []
     assert fmt.entry_bodies(memoryview(bytes(data)), offsets, 100, 7, 0, 3, out)
-    assert [bytes(b) for b in out] == [bytes([i]) * 50 for i in range(0, 12, 3)]
+    assert [bytes(b) for b in out] == [_body(7, i, bytes([i]) * 50) for i in range(0, 12, 3)]
     for ledger_id, first, step in ((8, 0, 3), (7, 1, 3), (7, 0, 1)):
         out = []
         assert not fmt.entry_bodies(memoryview(bytes(data)), offsets, 100, ledger_id, first, step, out)
         assert len(out) == (1 if step == 1 else 0)  # (7, 0, 1): entry 0 right, 1 wanted next
+    for k in (1, 2):  # format 3, then format 2
+        at = offsets[k] - 100
+        for i in range(len(records[k])):
+            damaged = bytearray(data)
+            damaged[at + i] ^= 0x10
+            out = []
+            assert not fmt.entry_bodies(memoryview(bytes(damaged)), offsets, 100, 7, 0, 3, out)
+            assert len(out) == k
+            assert fmt.decode_record_at(bytes(damaged), at) is None  # the same verdict
     second = offsets[1] - 100
-    for i in range(len(records[1])):
-        damaged = bytearray(data)
-        damaged[second + i] ^= 0x10
-        out = []
-        assert not fmt.entry_bodies(memoryview(bytes(damaged)), offsets, 100, 7, 0, 3, out)
-        assert len(out) == 1
-        assert fmt.decode_record_at(bytes(damaged), second) is None  # the same verdict
     out = []
     cut = memoryview(bytes(data[: second + len(records[1]) - 1]))
     assert not fmt.entry_bodies(cut, offsets, 100, 7, 0, 3, out)
@@ -164,11 +200,23 @@ def test_segment_header_checks() -> None:
             torn = header[:kept] + bytes(4096 - kept)
             if any(torn[:16]) and torn[:16] != header:
                 assert fmt.check_segment_header(torn, segment_id) is fmt.SegmentHeader.GARBLED, kept
-    old = fmt.SEGMENT_HEADER.pack(fmt.SEGMENT_MAGIC, 1, 9)
-    with pytest.raises(
-        fmt.JournalFormatUnsupported, match="format version 1; this bookie reads only version 2"
-    ):
-        fmt.check_segment_header(old, 9)
+        format_2 = fmt.SEGMENT_HEADER.pack(fmt.SEGMENT_MAGIC, 2, segment_id)  # torn before the upgrade
+        for kept in range(6, fmt.SEGMENT_HEADER_BYTES):
+            torn = format_2[:kept] + bytes(4096 - kept)
+            if torn[:16] != format_2:
+                assert fmt.check_segment_header(torn, segment_id) is fmt.SegmentHeader.GARBLED, kept
+    for version in (2, 3):
+        header = fmt.SEGMENT_HEADER.pack(fmt.SEGMENT_MAGIC, version, 9)
+        assert fmt.check_segment_header(header, 9) is fmt.SegmentHeader.VALID
+        assert fmt.segment_format(header) == version
+    assert fmt.segment_format(bytes(16)) == fmt.SEGMENT_VERSION  # not ours: rewritten with its first group
+    for version in (1, 4):
+        other = fmt.SEGMENT_HEADER.pack(fmt.SEGMENT_MAGIC, version, 9)
+        with pytest.raises(
+            fmt.JournalFormatUnsupported,
+            match=rf"format version {version}; this bookie reads versions \[2, 3\]",
+        ):
+            fmt.check_segment_header(other, 9)
 
 
 def test_decode_rejects_huge_declared_length() -> None:

@@ -36,7 +36,8 @@ class Layout:
         for count, size in sizes:
             records = []
             for _ in range(count):
-                records.append(fmt.encode_entry(9, entry, bytes([entry % 251 + 1]) * size))
+                payload = bytes([entry % 251 + 1]) * size
+                records.append(fmt.encode_entry(fmt.LEDGER_ENTRY.pack(9, entry) + payload))
                 entry += 1
             start = len(out)
             out += fmt.encode_group_header(SEG, start, sum(len(r) for r in records))

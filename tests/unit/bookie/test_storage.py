@@ -630,3 +630,80 @@ async def test_a_segment_header_torn_inside_its_id_is_cut_as_a_torn_start(tmp_pa
         assert (await storage.read_entry(1, 0))[1] == body(1, 0, -1)
     finally:
         storage.abort()
+
+
+def _format_2_segment(segment_id: int, groups: list[list[bytes]]) -> bytes:
+    """A journal segment as a bookie of journal format 2 wrote it: its header says version 2, its
+    ENTRY records are of type 1 (the ids before the body, the CRC32C over length, type and body)."""
+    out = fmt.SEGMENT_HEADER.pack(fmt.SEGMENT_MAGIC, 2, segment_id)
+    for records in groups:
+        out += fmt.encode_group_header(segment_id, len(out), sum(len(r) for r in records))
+        out += b"".join(records)
+    return out + bytes(4096)
+
+
+@pytest.mark.parametrize("restart", ["abort", "close"])
+async def test_a_format_2_journal_replays_and_the_journal_goes_on_in_a_format_3_segment(
+    tmp_path: Path, restart: str
+) -> None:
+    """Journals on disk from before format 3: their records replay and read back (a read's batch
+    spans both formats), the journal appends nothing to the old segment but goes on in the next
+    one, whose header says version 3, and a restart (from replay alone, or from the checkpoint a
+    close writes) reads both."""
+    storage = await Storage.open(config(tmp_path))
+    storage.abort()
+    old = [fmt.encode_master_key(1, KEY)] + [fmt.encode_entry_v2(1, i, body(1, i, i - 1)) for i in range(3)]
+    later = [fmt.encode_entry_v2(1, i, body(1, i, i - 1)) for i in range(3, 5)]
+    segment = _format_2_segment(1, [old, later])
+    _journal_file(tmp_path).write_bytes(segment)
+    storage = await Storage.open(config(tmp_path))
+    try:
+        assert storage.ledger(1).lac == 3
+        assert await storage.read_range(1, 0, 10, 1 << 20) == [body(1, i, i - 1) for i in range(5)]
+        await add(storage, 1, 5)
+        await add(storage, 1, 6)
+        location = storage.ledger(1).index.get(5)
+        assert location is not None
+        assert location.segment_id == 2
+    finally:
+        if restart == "abort":
+            storage.abort()
+        else:
+            await storage.close()
+    assert _journal_file(tmp_path).read_bytes() == segment  # the old segment as it was
+    new = (tmp_path / "journal" / fmt.segment_name(2)).read_bytes()
+    assert fmt.segment_format(new) == 3
+    scan = fmt.scan(new, fmt.SEGMENT_HEADER_BYTES, 2)
+    assert [r.type for r in scan.records] == [fmt.RecordType.ENTRY] * 2
+    storage = await Storage.open(config(tmp_path))
+    try:
+        assert storage.journal.segment_id == 2  # the newest segment is of this format: appends go on there
+        assert await storage.read_range(1, 0, 10, 1 << 20) == [body(1, i, i - 1) for i in range(7)]
+        assert storage.ledger(1).lac == 5
+    finally:
+        storage.abort()
+
+
+async def test_a_damaged_format_2_record_is_eio_and_a_torn_format_2_tail_is_cut(tmp_path: Path) -> None:
+    """The old format keeps its checks: a flipped byte of a format-2 record read is EIO, and a torn
+    final group of format 2 is cut (the entries before it stay)."""
+    storage = await Storage.open(config(tmp_path))
+    storage.abort()
+    groups = [[fmt.encode_master_key(1, KEY), fmt.encode_entry_v2(1, 0, body(1, 0, -1))]]
+    groups += [[fmt.encode_entry_v2(1, i, body(1, i, i - 1))] for i in (1, 2)]
+    segment = bytearray(_format_2_segment(1, groups))
+    last = len(segment) - 4096 - len(groups[-1][0])
+    segment[last + 20 :] = bytes(len(segment) - last - 20)  # the last group torn mid-record
+    _journal_file(tmp_path).write_bytes(bytes(segment))
+    storage = await Storage.open(config(tmp_path))
+    try:
+        assert storage.ledger(1).index.get(2) is None
+        location = storage.ledger(1).index.get(1)
+        assert location is not None
+        offset = location.offset + location.length - 1
+        patch(_journal_file(tmp_path), offset, bytes([_journal_file(tmp_path).read_bytes()[offset] ^ 0xFF]))
+        with pytest.raises(EntryCorrupt):
+            await storage.read_entry(1, 1)
+        assert (await storage.read_entry(1, 0))[1] == body(1, 0, -1)
+    finally:
+        storage.abort()
