@@ -19,7 +19,7 @@ from bookie.storage import EntryCorrupt, NoLedger, Storage, StorageConfig
 from bookkeeper_aio.common import failpoints
 
 from .test_gc import Catalog, Clock
-from .test_storage import JOURNAL, body, config, start_add
+from .test_storage import JOURNAL, KEY, body, config, start_add
 
 LEDGERS = range(1, 21)
 ENTRIES = 60
@@ -455,3 +455,59 @@ async def test_walks_skip_ledgers_without_entries_and_count_every_entry() -> Non
     assert [(lid, eid) for _, lid, eid, _ in live[4]] == [(8, 0)]
     assert len(live[3]) == 1 + steps // 2
     assert 2 <= turns < 20  # the big ledger yields; 2000 empty ledgers cost no turn each
+
+
+def _write_format_2_journal(path: Path) -> int:
+    """The journal ``fill`` makes, as a bookie of journal format 2 wrote it (version-2 segments,
+    ENTRY records of type 1), over what a fresh start left in ``path``; returns its last segment."""
+    journal = path / replay.JOURNAL_DIR
+    for name in os.listdir(journal):
+        os.remove(journal / name)
+    records = [fmt.encode_master_key(i, KEY) for i in LEDGERS]
+    records += [fmt.encode_entry_v2(i, e, entry(i, e)) for e in range(ENTRIES) for i in LEDGERS]
+    segment_id, out = 1, bytearray()
+    for start in range(0, len(records), 20):
+        group = b"".join(records[start : start + 20])
+        if out and len(out) + fmt.GROUP_HEADER_BYTES + len(group) > JOURNAL.segment_bytes:
+            (journal / fmt.segment_name(segment_id)).write_bytes(bytes(out))
+            segment_id, out = segment_id + 1, bytearray()
+        if not out:
+            out += fmt.SEGMENT_HEADER.pack(fmt.SEGMENT_MAGIC, 2, segment_id)
+        out += fmt.encode_group_header(segment_id, len(out), len(group)) + group
+    (journal / fmt.segment_name(segment_id)).write_bytes(bytes(out))
+    return segment_id
+
+
+async def test_format_2_records_are_compacted_as_they_are(tmp_path: Path) -> None:
+    """Compaction of a journal written in format 2: the live records are copied byte for byte into
+    format-3 segments (a record says its own kind), the old segments go, and every kept entry reads
+    back, before and after a restart."""
+    storage = await Storage.open(config(tmp_path))
+    storage.abort()
+    last = _write_format_2_journal(tmp_path)
+    assert last >= 5
+    storage = await Storage.open(config(tmp_path))
+    await assert_kept_read_back(storage)
+    report = await collector(storage).run_once()
+    assert report.error is None
+    assert report.segments_deleted >= 4
+    assert report.entries_copied > 0
+    copies = [
+        location
+        for i in KEPT
+        for _, location in storage.ledger(i).index.items()
+        if location.segment_id > last
+    ]
+    assert copies
+    await assert_kept_read_back(storage)
+    await storage.close()
+    kinds = set()
+    for segment_id in sorted({c.segment_id for c in copies}):
+        data = (tmp_path / replay.JOURNAL_DIR / fmt.segment_name(segment_id)).read_bytes()
+        assert fmt.segment_format(data) == fmt.SEGMENT_VERSION
+        kinds |= {r.type for r in fmt.scan(data, fmt.SEGMENT_HEADER_BYTES, segment_id).records}
+    assert fmt.RecordType.ENTRY_V2 in kinds
+    reopened = await Storage.open(config(tmp_path))
+    assert sorted(reopened.ledgers) == sorted(KEPT)
+    await assert_kept_read_back(reopened)
+    await reopened.close()
