@@ -73,9 +73,6 @@ log = structlog.get_logger(__name__)
 READ_FDS_MAX = 256
 """Open read descriptors on journal segments; beyond this the least recently opened is closed."""
 
-_RECORD_OVERHEAD_BYTES = fmt.ENTRY_RECORD_OVERHEAD_BYTES
-"""What a read's byte budget takes off a record length for its body: a format-2 record has more, so
-its body is counted a little large and a batch ends early, never late."""
 _COALESCE_GAP_BYTES = 64 * 1024
 """Compaction reads live records that lie closer than this in one ``pread`` (dead bytes between)."""
 _COALESCE_BYTES_MAX = 4 * 1024 * 1024
@@ -649,11 +646,12 @@ class Storage:
         positions, lengths = state.index.run(first, count_max, step)
         if not positions:
             raise self._no_entry(ledger_id, first)
-        # count entry bodies, as the client sees them; the first entry always goes
-        if sum(lengths) - len(lengths) * _RECORD_OVERHEAD_BYTES > bytes_max:
-            count, total = 1, lengths[0] - _RECORD_OVERHEAD_BYTES
+        # count entry bodies, as the client sees them; the first entry always goes (a format-2
+        # record has more bytes besides its body: counted a little large, a batch ends early, never late)
+        if sum(lengths) - len(lengths) * _ENTRY_RECORD_OVERHEAD_BYTES > bytes_max:
+            count, total = 1, lengths[0] - _ENTRY_RECORD_OVERHEAD_BYTES
             for length in lengths[1:]:
-                total += length - _RECORD_OVERHEAD_BYTES
+                total += length - _ENTRY_RECORD_OVERHEAD_BYTES
                 if total > bytes_max:
                     break
                 count += 1
