@@ -340,8 +340,9 @@ def decode_record_at(data: Buffer, offset: int) -> Record | None:
     return Record(offset, record_type, body, RECORD_HEADER_BYTES + length)
 
 
-_unpack_entry_head = struct.Struct(">IIIBqq").unpack_from  # the record header and the entry's ids
-_ENTRY_HEAD_BYTES = RECORD_HEADER_BYTES + ENTRY_PREFIX_BYTES
+_ENTRY_HEAD = struct.Struct(">IIIBqq")  # the record header and the entry's ids
+_unpack_entry_head = _ENTRY_HEAD.unpack_from
+_ENTRY_HEAD_BYTES = _ENTRY_HEAD.size
 
 
 def entry_bodies(
