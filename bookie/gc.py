@@ -199,7 +199,11 @@ class MetadataCatalog:
         except metadata.InvalidMetadata:  # a foreign key under the ledgers: read them one by one
             return {}
         infos: dict[int, KeyInfo] = {}
+        # A short page (large metadata) says nothing of the ids after its last one: read one by one.
+        listed_upto = page.ledger_ids[-1] if page.more and page.ledger_ids else ids[-1]
         for ledger_id in ids:
+            if ledger_id > listed_upto:
+                break
             versioned = page.ledgers.get(ledger_id)
             if versioned is not None:
                 infos[ledger_id] = _key_info_of(versioned.metadata)

@@ -556,7 +556,7 @@ async def list_cookie_ids(store: MetadataStore, root: str) -> list[str]:
     ids: list[str] = []
     start_after: str | None = None
     while True:
-        page = await store.list(prefix, start_after=start_after, limit=1000)
+        page = await store.list(prefix, start_after=start_after, limit=1000, keys_only=True)
         ids.extend(kv.key[len(prefix) :] for kv in page.items)
         if not page.more or not page.items:
             return ids

@@ -42,6 +42,7 @@ from metadata.errors import (
     WatchCompacted,
 )
 from metadata.store import (
+    LIST_REPLY_BYTES_MAX,
     EventKind,
     Guards,
     KeyValue,
@@ -82,6 +83,9 @@ class EtcdConfig:
     # gRPC keepalive detects a dead peer on an idle watch; etcd rejects pings more often than 5 s.
     keepalive_time_ms: int = 10_000
     keepalive_timeout_ms: int = 5_000
+    # The largest reply taken (gRPC's receive limit, 4 MiB unless raised). A listing whose reply
+    # would pass it is asked again for half the keys (a short page), down to one key.
+    reply_bytes_max: int = LIST_REPLY_BYTES_MAX
     # TLS toward etcd (docs/security.md): on when ``tls`` or any file is set; the server's
     # certificate is verified against ``ca_file`` (else gRPC's default roots); ``cert_file`` and
     # ``key_file`` present a client certificate (etcd's --client-cert-auth).
@@ -103,6 +107,8 @@ class EtcdConfig:
             raise ValueError("etcd credentials need both user and password_file")
         if self.op_timeout_s <= 0 or self.connect_timeout_s <= 0 or self.attempt_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
+        if self.reply_bytes_max < 1024 * 1024:
+            raise ValueError("reply_bytes_max must be at least 1 MiB (one etcd value's default limit)")
 
     @property
     def secure(self) -> bool:
@@ -144,6 +150,16 @@ def _auth_expired(error: Any) -> bool:
     """etcd refused the call's token (expired, revoked, or etcd restarted): authenticate again."""
     details = str(error.details() or "").lower()
     return _code_name(error) == "UNAUTHENTICATED" or "invalid auth token" in details
+
+
+def _too_big(error: MetadataError) -> bool:
+    """The reply passed the receive limit (`EtcdConfig.reply_bytes_max`)."""
+    cause = error.__cause__
+    return (
+        isinstance(cause, rpc.AioRpcError)
+        and _code_name(cause) == "RESOURCE_EXHAUSTED"
+        and "larger than max" in str(cause.details() or "")
+    )
 
 
 def _key_end(prefix: bytes) -> bytes:
@@ -214,6 +230,7 @@ class EtcdStore(MetadataStore):
                 ("grpc.min_reconnect_backoff_ms", 100),
                 ("grpc.max_reconnect_backoff_ms", 1000),
                 ("grpc.enable_retries", 0),
+                ("grpc.max_receive_message_length", self._config.reply_bytes_max),
             ]
             if self._config.secure:
                 credentials = _channel_credentials(self._config)
@@ -488,26 +505,42 @@ class EtcdStore(MetadataStore):
         start_after: str | None = None,
         limit: int = 1000,
         revision: int | None = None,
+        keys_only: bool = False,
     ) -> Page:
         validate_list_limit(limit)
         raw_prefix = prefix.encode()
         start = raw_prefix
         if start_after is not None and start_after.encode() >= raw_prefix:
             start = start_after.encode() + b"\x00"
-        request = rpc.RangeRequest(
-            key=start, range_end=_key_end(raw_prefix), limit=limit, revision=revision or 0
-        )
+        while True:
+            request = rpc.RangeRequest(
+                key=start,
+                range_end=_key_end(raw_prefix),
+                limit=limit,
+                revision=revision or 0,
+                keys_only=keys_only,
+            )
 
-        async def op(endpoint: _Endpoint, timeout_s: float) -> Any:
-            return await endpoint.kv.Range(request, timeout=timeout_s, metadata=endpoint.metadata)
+            async def op(endpoint: _Endpoint, timeout_s: float, request: Any = request) -> Any:
+                return await endpoint.kv.Range(request, timeout=timeout_s, metadata=endpoint.metadata)
 
-        try:
-            response = await self._call(op)
-        except MetadataError as error:
-            if "compacted" in str(error):
-                raise WatchCompacted(prefix, revision or 0) from error
-            raise
-        return Page(tuple(_kv(kv) for kv in response.kvs), bool(response.more), int(response.header.revision))
+            try:
+                response = await self._call(op)
+            except MetadataError as error:
+                if "compacted" in str(error):
+                    raise WatchCompacted(prefix, revision or 0) from error
+                if not _too_big(error):
+                    raise
+                if limit == 1:
+                    raise MetadataError(
+                        f"etcd: one value under {prefix!r} is larger than the reply limit "
+                        f"({self._config.reply_bytes_max} bytes: reply_bytes_max)"
+                    ) from error
+                limit = max(1, limit // 2)  # a short page (more stays True): the caller pages on
+                log.info("metadata.etcd.list_page_halved", prefix=prefix, limit=limit)
+                continue
+            items = tuple(_kv(kv) for kv in response.kvs)
+            return Page(items, bool(response.more), int(response.header.revision))
 
     async def current_revision(self) -> int:
         request = rpc.RangeRequest(key=b"\x00", limit=1, count_only=True)

@@ -305,9 +305,12 @@ class LedgerManager:
     async def list_page(
         self, *, start_after: int | None = None, limit: int = LIST_PAGE_SIZE_DEFAULT
     ) -> LedgerIdPage:
-        """Up to ``limit`` ledger ids greater than ``start_after``, in increasing order."""
+        """Up to ``limit`` ledger ids greater than ``start_after``, in increasing order (a keys-only
+        listing: the size of the metadata does not matter)."""
         after = None if start_after is None else self.keys.ledger(start_after)
-        page = await self._store.list(self.keys.ledgers_prefix, start_after=after, limit=limit)
+        page = await self._store.list(
+            self.keys.ledgers_prefix, start_after=after, limit=limit, keys_only=True
+        )
         return LedgerIdPage(tuple(self.keys.ledger_id_of(kv.key) for kv in page.items), page.more)
 
     async def read_page(
@@ -325,7 +328,8 @@ class LedgerManager:
         out), so a scan for the copies one bookie holds but may not need decodes few. Raises
         `MetadataFormatError` (naming the ledger) unless ``on_undecodable`` is given: then such a
         ledger is passed to it and left out of ``ledgers`` (its id stays listed), so one value a
-        newer writer or a stray tool left cannot stop a scan of every ledger. Raises
+        newer writer or a stray tool left cannot stop a scan of every ledger. The page may stop
+        short of ``limit`` while ``more`` (large metadata: `metadata.store.Page`). Raises
         `MetadataUnavailable`."""
         after = None if start_after is None else self.keys.ledger(start_after)
         page = await self._store.list(self.keys.ledgers_prefix, start_after=after, limit=limit)

@@ -179,10 +179,13 @@ class LogManager:
             await self.delete_cursor(name, cursor)
 
     async def iter_names(self, *, page_size: int = LIST_PAGE_SIZE_DEFAULT) -> AsyncIterator[str]:
-        """Every log name in key order, page by page (not a snapshot)."""
+        """Every log name in key order, page by page (not a snapshot; keys only: log values may be
+        large)."""
         start_after: str | None = None
         while True:
-            page = await self._store.list(self.keys.logs_prefix, start_after=start_after, limit=page_size)
+            page = await self._store.list(
+                self.keys.logs_prefix, start_after=start_after, limit=page_size, keys_only=True
+            )
             for kv in page.items:
                 yield self.keys.log_name_of(kv.key)
             if not page.more or not page.items:

@@ -6,7 +6,9 @@ concurrent tasks interleave the way they do against a real store (CAS races are 
 
 Fault injection for tests: `set_unavailable()` makes every call fail with `MetadataUnavailable`;
 `lose_next_write_result(applied=...)` makes the next mutation raise `CasResultUnknown` after applying
-it (or not). `compact()` drops watch history like etcd's compaction.
+it (or not). `compact()` drops watch history like etcd's compaction. A listing page stops short at
+``list_reply_bytes_max`` bytes of keys and values, as the etcd driver's does at its receive limit
+(small in a test: the short pages large values cause).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from metadata.errors import (
     WatchCompacted,
 )
 from metadata.store import (
+    LIST_REPLY_BYTES_MAX,
     EventKind,
     Guards,
     KeyValue,
@@ -52,10 +55,33 @@ class _Lease:
     timer: asyncio.TimerHandle | None = None
 
 
+class _Pager:
+    """The items of one listing page: up to ``limit`` keys and about ``bytes_max`` bytes of keys
+    and values (at least one key), values left out when ``keys_only``."""
+
+    def __init__(self, limit: int, bytes_max: int, keys_only: bool) -> None:
+        self.items: list[KeyValue] = []
+        self._limit = limit
+        self._bytes_left = bytes_max
+        self._keys_only = keys_only
+
+    def add(self, kv: KeyValue) -> bool:
+        """Take ``kv``; False (not taken) when the page is full."""
+        if self._keys_only:
+            kv = KeyValue(kv.key, b"", kv.version, kv.create_revision, kv.lease_id)
+        size = len(kv.key) + len(kv.value)
+        if len(self.items) == self._limit or (self.items and size > self._bytes_left):
+            return False
+        self.items.append(kv)
+        self._bytes_left -= size
+        return True
+
+
 class MemoryStore(MetadataStore):
     """A single-process store. Not shared across processes; use etcd for multi-process tests."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, list_reply_bytes_max: int = LIST_REPLY_BYTES_MAX) -> None:
+        self._list_reply_bytes_max = list_reply_bytes_max
         self._data: dict[str, KeyValue] = {}
         self._sorted_keys: list[str] = []
         self._revision = 1
@@ -254,11 +280,16 @@ class MemoryStore(MetadataStore):
         start_after: str | None = None,
         limit: int = 1000,
         revision: int | None = None,
+        keys_only: bool = False,
     ) -> Page:
         validate_list_limit(limit)
         await self._enter()
+        pager = _Pager(limit, self._list_reply_bytes_max, keys_only)
         if revision and revision != self._revision:
-            return self._list_at(prefix, start_after, limit, revision)
+            return self._list_at(prefix, start_after, pager, revision)
+        return self._list_now(prefix, start_after, pager)
+
+    def _list_now(self, prefix: str, start_after: str | None, pager: _Pager) -> Page:
         # Like etcd: a ``start_after`` below the prefix lists from the prefix itself, a key equal to
         # the prefix included.
         inclusive = start_after is None or start_after < prefix
@@ -266,15 +297,13 @@ class MemoryStore(MetadataStore):
         index = bisect.bisect_left(self._sorted_keys, start)
         if not inclusive and index < len(self._sorted_keys) and self._sorted_keys[index] == start:
             index += 1
-        items: list[KeyValue] = []
         while index < len(self._sorted_keys) and self._sorted_keys[index].startswith(prefix):
-            if len(items) == limit:
-                return Page(tuple(items), True, self._revision)
-            items.append(self._data[self._sorted_keys[index]])
+            if not pager.add(self._data[self._sorted_keys[index]]):
+                return Page(tuple(pager.items), True, self._revision)
             index += 1
-        return Page(tuple(items), False, self._revision)
+        return Page(tuple(pager.items), False, self._revision)
 
-    def _list_at(self, prefix: str, start_after: str | None, limit: int, revision: int) -> Page:
+    def _list_at(self, prefix: str, start_after: str | None, pager: _Pager, revision: int) -> Page:
         """A listing as of an older ``revision`` (etcd's read at a revision): the keys now, with
         every change made since undone (costs the page plus the changes since, not the prefix).
         Refused like etcd for a compacted or a future revision."""
@@ -293,7 +322,6 @@ class MemoryStore(MetadataStore):
         index = bisect.bisect_left(self._sorted_keys, after)
         if not inclusive and index < len(self._sorted_keys) and self._sorted_keys[index] == after:
             index += 1
-        items: list[KeyValue] = []
         u = 0
         while True:
             now_key = self._sorted_keys[index] if index < len(self._sorted_keys) else None
@@ -301,7 +329,7 @@ class MemoryStore(MetadataStore):
                 now_key = None
             old_key = undone[u] if u < len(undone) else None
             if now_key is None and old_key is None:
-                return Page(tuple(items), False, self._revision)
+                return Page(tuple(pager.items), False, self._revision)
             if old_key is not None and (now_key is None or old_key <= now_key):
                 key, value = old_key, changed[old_key]
                 u += 1
@@ -313,9 +341,8 @@ class MemoryStore(MetadataStore):
                 index += 1
             if value is None:
                 continue  # absent at that revision
-            if len(items) == limit:
-                return Page(tuple(items), True, self._revision)
-            items.append(value)
+            if not pager.add(value):
+                return Page(tuple(pager.items), True, self._revision)
 
     async def current_revision(self) -> int:
         await self._enter()

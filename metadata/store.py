@@ -36,6 +36,10 @@ from metadata.errors import WatchCompacted
 
 # One page of a listing holds at most this many keys: bounds the memory of one response.
 LIST_PAGE_LIMIT_MAX = 10_000
+# ... and about this many bytes of keys and values: a page that would hold more stops short of its
+# ``limit`` (``more`` stays True; at least one key). Values may be large (ledger metadata with
+# custom metadata, 1 MiB log values): 1000 of them must not make a listing impossible.
+LIST_REPLY_BYTES_MAX = 64 * 1024 * 1024
 # Lease TTLs are whole seconds (etcd's unit); below 2 s a single GC pause expires a lease.
 LEASE_TTL_S_MIN = 2
 LEASE_TTL_S_MAX = 3600
@@ -57,7 +61,8 @@ class Page:
     """One page of a prefix listing, in key order.
 
     ``more`` says whether keys after the last one remain; pass ``items[-1].key`` as ``start_after`` and
-    ``revision`` as ``revision`` to read the next page from the same snapshot.
+    ``revision`` as ``revision`` to read the next page from the same snapshot. A page may hold fewer
+    keys than asked for while ``more`` (large values: `LIST_REPLY_BYTES_MAX`), never none then.
     """
 
     items: tuple[KeyValue, ...]
@@ -131,8 +136,12 @@ class MetadataStore(abc.ABC):
         start_after: str | None = None,
         limit: int = 1000,
         revision: int | None = None,
+        keys_only: bool = False,
     ) -> Page:
-        """Up to ``limit`` keys starting with ``prefix`` and greater than ``start_after``, in key order."""
+        """Up to ``limit`` keys starting with ``prefix`` and greater than ``start_after``, in key order
+        (fewer when their values would pass `LIST_REPLY_BYTES_MAX`: see `Page`). ``keys_only``: every
+        value comes back empty (b""), versions and leases as they are: for callers that need the keys
+        alone, whatever the size of the values."""
 
     @abc.abstractmethod
     async def current_revision(self) -> int:

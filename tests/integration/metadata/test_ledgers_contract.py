@@ -19,7 +19,7 @@ from metadata.errors import (
     NoSuchLedger,
 )
 from metadata.idgen import IdGenerator, raise_counter, read_counter
-from metadata.ledger_manager import UNCHANGED, LedgerManager, VersionedLedger
+from metadata.ledger_manager import UNCHANGED, LedgerIdPage, LedgerManager, VersionedLedger
 from metadata.ledger_metadata import LedgerMetadata, LedgerState, ReplacedBookie
 from metadata.memory import MemoryStore
 from metadata.store import KeyValue, MetadataStore
@@ -187,6 +187,23 @@ async def test_list_pages_through_all_ledgers_in_id_order(store: MetadataStore, 
     assert page.ledger_ids == tuple(sorted(ids)[:3])
     assert page.more
     assert [i async for i in manager.iter_ledger_ids(page_size=3)] == sorted(ids)
+
+
+async def test_ledgers_with_the_largest_custom_metadata_list_and_read_in_pages(
+    store: MetadataStore, root: str
+) -> None:
+    """Ten ledgers at the custom metadata limit (64 x 8 KiB each: a 5 MiB page, past gRPC's default
+    4 MiB reply limit) list in one page of ids and read in one page of metadata."""
+    manager = LedgerManager(store, root)
+    custom = {f"k{i:02d}": bytes([i]) * serde.CUSTOM_METADATA_VALUE_BYTES_MAX for i in range(64)}
+    created = [
+        await manager.create(BOOKIES, write_quorum=2, ack_quorum=2, custom_metadata=custom) for _ in range(10)
+    ]
+    ids = tuple(sorted(v.ledger_id for v in created))
+    assert await manager.list_page(limit=1000) == LedgerIdPage(ids, False)
+    page = await manager.read_page(limit=1000)
+    assert (page.ledger_ids, page.more) == (ids, False)
+    assert {i: v.metadata for i, v in page.ledgers.items()} == {v.ledger_id: v.metadata for v in created}
 
 
 async def test_read_page_lists_ledgers_with_their_metadata(store: MetadataStore, root: str) -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 
 import pytest
 
 from metadata.errors import BadVersion, GuardFailed, LeaseExpired, NodeExists, NoNode, WatchCompacted
+from metadata.etcd import EtcdStore
+from metadata.memory import MemoryStore
 from metadata.store import EventKind, Guard, MetadataStore, WatchEvent, list_all
 from tests.integration.metadata.conftest import compact
 
@@ -114,6 +117,51 @@ async def test_delete_with_and_without_version(store: MetadataStore, root: str) 
     await store.create(f"{root}/b", b"1")
     await store.delete(f"{root}/b")
     assert await store.get(f"{root}/b") is None
+
+
+def _small_reply_store(store: MetadataStore) -> MetadataStore:
+    """A store of ``store``'s kind (and etcd) whose listing replies stop at 1 MiB."""
+    if isinstance(store, MemoryStore):
+        return MemoryStore(list_reply_bytes_max=1024 * 1024)
+    assert isinstance(store, EtcdStore)
+    return EtcdStore(dataclasses.replace(store.config, reply_bytes_max=1024 * 1024))
+
+
+async def test_list_takes_a_page_larger_than_grpc_default_limit(store: MetadataStore, root: str) -> None:
+    """A page of large values (6 MiB: more than gRPC's default 4 MiB receive limit) comes back
+    whole; a keys-only listing leaves the values out and keeps the versions."""
+    value = b"v" * (512 * 1024)
+    versions = [await store.put(f"{root}/big/{i:02d}", value) for i in range(12)]
+    page = await store.list(f"{root}/big/", limit=1000)
+    assert [kv.version for kv in page.items] == versions
+    assert all(kv.value == value for kv in page.items)
+    assert not page.more
+    keys = await store.list(f"{root}/big/", limit=1000, keys_only=True)
+    assert [(kv.key, kv.version, kv.value) for kv in keys.items] == [
+        (kv.key, kv.version, b"") for kv in page.items
+    ]
+
+
+async def test_a_listing_too_large_for_one_reply_comes_in_short_pages(
+    store: MetadataStore, root: str
+) -> None:
+    """Past the reply limit a page stops short (``more``), never fails: paging on lists every
+    key, from one snapshot too; a keys-only listing of the same keys fits one page."""
+    small = _small_reply_store(store)
+    try:
+        value = b"w" * (200 * 1024)
+        for i in range(12):
+            await small.put(f"{root}/big/{i:02d}", value)
+        first = await small.list(f"{root}/big/", limit=1000)
+        assert 1 <= len(first.items) < 12
+        assert first.more
+        everything, _ = await list_all(small, f"{root}/big/", page_size=1000)
+        assert [kv.key for kv in everything] == [f"{root}/big/{i:02d}" for i in range(12)]
+        assert all(kv.value == value for kv in everything)
+        keys = await small.list(f"{root}/big/", limit=1000, keys_only=True)
+        assert (len(keys.items), keys.more) == (12, False)
+    finally:
+        await small.close()
 
 
 async def test_list_pages_in_key_order_within_prefix_only(store: MetadataStore, root: str) -> None:

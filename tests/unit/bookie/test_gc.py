@@ -167,6 +167,27 @@ async def test_metadata_catalog_reads_the_keys_of_dense_ledgers_in_one_listing()
     await catalog.close()
 
 
+async def test_metadata_catalog_key_infos_leaves_out_what_a_short_page_did_not_list() -> None:
+    """Large metadata makes the store stop a listing page short (``more``): the ids after its last
+    key are left for one-by-one reads, never taken for ledgers that do not exist."""
+    store = metadata.MemoryStore(list_reply_bytes_max=20_000)
+    await metadata.init_cluster(store, "/test")
+    catalog = MetadataCatalog("memory:///test", connect=lambda url: _Connection(store, "/test"))
+    manager = metadata.LedgerManager(store, "/test", id_block_size=100)
+    custom = {"app": b"x" * 6000}
+    ids = [
+        (await manager.create(["b0"], write_quorum=1, ack_quorum=1, custom_metadata=custom)).ledger_id
+        for _ in range(8)
+    ]
+    infos = await catalog.key_infos(ids)
+    assert infos, "the first page lists some"
+    assert all(infos[lid].exists for lid in infos)
+    assert len(infos) < len(ids)
+    for lid in ids:
+        assert (await catalog.key_info(lid)).exists
+    await catalog.close()
+
+
 class _Connection:
     def __init__(self, store: metadata.MetadataStore, root: str) -> None:
         self.store, self.root = store, root
