@@ -17,6 +17,8 @@ Rules:
   to the failure branch: `GuardFailed`).
 - Watches resume from the last delivered revision on a new stream (any endpoint); etcd's
   "require leader" metadata makes a member that lost its leader end the stream instead of going quiet.
+  A watch etcd cancels for want of a valid token (it expired, or etcd restarted and forgot it)
+  logs in again before the new stream: a watch-only process makes no other call that would.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import structlog
 from aetcd import rpc
 
 from bookkeeper_aio.common.backoff import Backoff
+from bookkeeper_aio.common.log_limit import LogLimiter
 from metadata.errors import (
     BadVersion,
     CasResultUnknown,
@@ -64,6 +67,11 @@ _REQUIRE_LEADER: tuple[tuple[str, str], ...] = (("hasleader", "true"),)
 _NOT_APPLIED_MARKERS = ("no leader", "failed to connect", "connection refused", "not capable")
 # Server-side timeouts etcd reports with code UNKNOWN (a read may simply be retried).
 _SERVER_TIMEOUT_MARKERS = ("deadline exceeded", "timed out", "leader changed")
+# Why etcd cancels a watch whose token it does not take (expired, or etcd restarted and forgot
+# it): the stream opens, then the watch is canceled with a reason, not a gRPC error.
+_WATCH_AUTH_MARKERS = ("permission denied", "invalid auth token", "auth store is old")
+# One watch's reconnect warnings (an outage: one per attempt) at most this often; the rest: debug.
+_WATCH_WARNING_INTERVAL_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +218,7 @@ class EtcdStore(MetadataStore):
         self._current = 0
         self._closed = False
         self._plaintext_warned = False
+        self._watch_warnings = LogLimiter(_WATCH_WARNING_INTERVAL_S)
 
     @property
     def config(self) -> EtcdConfig:
@@ -623,7 +632,7 @@ class EtcdStore(MetadataStore):
             except MetadataUnavailable:
                 if self._closed:
                     raise
-                log.warning("metadata.etcd.watch_waiting", key=key, next_revision=cursor.next_revision)
+                self._watch_log("metadata.etcd.watch_waiting", key, next_revision=cursor.next_revision)
                 await asyncio.sleep(backoff.next_delay_s())
                 continue  # a watch outlives outages: only aclose() (or a closed store) ends it
             create = rpc.WatchCreateRequest(
@@ -644,19 +653,26 @@ class EtcdStore(MetadataStore):
             except (rpc.AioRpcError, MetadataUnavailable) as error:
                 if self._closed:
                     raise MetadataUnavailable("etcd store is closed") from error
-                if isinstance(error, rpc.AioRpcError) and _auth_expired(error):
-                    endpoint.authenticated = False
+                if isinstance(error, _WatchAuthRefused) or (
+                    isinstance(error, rpc.AioRpcError) and _auth_expired(error)
+                ):
+                    endpoint.authenticated = False  # the next stream goes out with a new token
                 reason = str(error.details()) if isinstance(error, rpc.AioRpcError) else str(error)
                 self._rotate(index, reason)
-                log.warning(
-                    "metadata.etcd.watch_reconnect",
-                    key=key,
-                    next_revision=cursor.next_revision,
-                    reason=reason,
+                self._watch_log(
+                    "metadata.etcd.watch_reconnect", key, next_revision=cursor.next_revision, reason=reason
                 )
             finally:
                 call.cancel()
             await asyncio.sleep(backoff.next_delay_s())
+
+    def _watch_log(self, event: str, key: str, **fields: Any) -> None:
+        """A watch's reconnect news: a warning at most every `_WATCH_WARNING_INTERVAL_S` per key
+        and kind (an outage retries once a second), debug in between."""
+        if self._watch_warnings.due(f"{event} {key}"):
+            log.warning(event, key=key, **fields)
+        else:
+            log.debug(event, key=key, **fields)
 
     async def close(self) -> None:
         self._closed = True
@@ -664,6 +680,10 @@ class EtcdStore(MetadataStore):
         self._endpoints = [None] * len(self._endpoints)
         for endpoint in endpoints:
             await endpoint.channel.close()
+
+
+class _WatchAuthRefused(MetadataUnavailable):
+    """etcd canceled a watch for want of a valid token: authenticate again, then watch again."""
 
 
 class _WatchCursor:
@@ -676,7 +696,10 @@ class _WatchCursor:
         if response.compact_revision:
             raise WatchCompacted(key, int(response.compact_revision))
         if response.canceled:
-            raise MetadataUnavailable(f"etcd canceled the watch on {key!r}: {response.cancel_reason}")
+            message = f"etcd canceled the watch on {key!r}: {response.cancel_reason}"
+            if any(marker in response.cancel_reason.lower() for marker in _WATCH_AUTH_MARKERS):
+                raise _WatchAuthRefused(message)
+            raise MetadataUnavailable(message)
         if response.created:
             if self.next_revision is None:
                 self.next_revision = int(response.header.revision) + 1

@@ -4,8 +4,9 @@ metadata URL options every component takes (docs/security.md)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,59 @@ async def test_credentials_without_tls_are_warned_about_at_connect(
     assert warnings[0]["user"] == "root"
     assert "tls=1" in warnings[0]["fix"]
     assert "plain-pass" not in repr(logs)
+
+
+async def _until(condition: Callable[[], bool], *, timeout_s: float) -> None:
+    for _ in range(int(timeout_s / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not within {timeout_s} s")
+
+
+async def test_a_watch_resumes_after_etcd_forgot_its_token(
+    tls_etcd: EtcdMember, certs: tuple[CertFiles, CertFiles], tmp_path: Path
+) -> None:
+    """etcd restarted (every simple token gone): it opens the watch's new stream but cancels the
+    watch ("permission denied"). The watch logs in again and goes on, on a store that makes no
+    other call (a tailing reader, bookie discovery), and warns once, not once per attempt."""
+    server, client = certs
+    password_file = tmp_path / "etcd-password"
+    password_file.write_text("r00t-pass\n")
+    await _enable_auth(tls_etcd, client, "r00t-pass")
+    url = _url(
+        tls_etcd,
+        ca_file=server.ca,
+        cert_file=client.cert,
+        key_file=client.key,
+        user="root",
+        password_file=str(password_file),
+    )
+    seen: list[bytes | None] = []
+    async with connect(url) as watching, connect(url) as writing:
+        revision = await writing.store.put("/test/secure/w", b"0")
+        events = watching.store.watch("/test/secure/w", start_revision=revision + 1)
+
+        async def follow() -> None:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    seen.append(event.value)
+
+        with capture_logs() as logs:
+            task = asyncio.create_task(follow())
+            try:
+                await writing.store.put("/test/secure/w", b"1")
+                await _until(lambda: seen == [b"1"], timeout_s=5)
+                tls_etcd.stop()
+                tls_etcd.start()
+                await asyncio.to_thread(tls_etcd.wait_ready)
+                await writing.store.put("/test/secure/w", b"2")
+                await _until(lambda: seen == [b"1", b"2"], timeout_s=8)
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+    warned = [
+        e for e in logs if e["event"] == "metadata.etcd.watch_reconnect" and e["log_level"] == "warning"
+    ]
+    assert len(warned) <= 1, warned
