@@ -93,7 +93,14 @@ _EXPORTS: dict[str, str] = {
     "ReplacedBookie": "metadata.ledger_metadata",
     # what metadata operations raise (a BKError each): unreachable etcd, an unknown CAS outcome, garbage
     **dict.fromkeys(
-        ["CasResultUnknown", "MetadataError", "MetadataFormatError", "MetadataUnavailable"], "metadata.errors"
+        [
+            "CasResultUnknown",
+            "LedgerCreateUnknown",
+            "MetadataError",
+            "MetadataFormatError",
+            "MetadataUnavailable",
+        ],
+        "metadata.errors",
     ),
 }
 
@@ -116,6 +123,7 @@ __all__ = [
     "DigestType",
     "HandleState",
     "LedgerClosed",
+    "LedgerCreateUnknown",
     "LedgerEntry",
     "LedgerFenced",
     "LedgerHandle",
@@ -229,5 +237,11 @@ if TYPE_CHECKING:
     from bookkeeper_aio.log.truncation import truncate_log
     from bookkeeper_aio.log.writer import LogWriter, open_log_writer
     from bookkeeper_aio.protocol.digest import DigestType
-    from metadata.errors import CasResultUnknown, MetadataError, MetadataFormatError, MetadataUnavailable
+    from metadata.errors import (
+        CasResultUnknown,
+        LedgerCreateUnknown,
+        MetadataError,
+        MetadataFormatError,
+        MetadataUnavailable,
+    )
     from metadata.ledger_metadata import LedgerState, ReplacedBookie

@@ -38,6 +38,18 @@ class CasResultUnknown(MetadataError):
         self.key = key
 
 
+class LedgerCreateUnknown(CasResultUnknown):
+    """A ledger's create was sent, its answer lost, and reading the ledger back failed as well for
+    the whole budget: ledger ``ledger_id`` may exist (OPEN, no writer). The client deletes it once
+    metadata answers, if nobody touched it (`BookKeeper.create_ledger`)."""
+
+    def __init__(self, key: str, ledger_id: int, value: bytes, message: str) -> None:
+        super().__init__(key, f"ledger {ledger_id} may have been created: {message}")
+        self.ledger_id = ledger_id
+        self.value = value
+        """What the create wrote: the ledger is discarded only while it still holds exactly this."""
+
+
 class BadVersion(MetadataError):
     """A compare-and-set found a different version than expected (someone else wrote first)."""
 

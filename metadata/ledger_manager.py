@@ -11,7 +11,8 @@ again on the fresh metadata, so decisions are always taken on the latest state (
 `CasResultUnknown` from the CAS is propagated, not guessed: the caller re-runs its update, and a
 well-written transform recognises that its change is already there (e.g. close finds CLOSED at the same
 last entry) and returns `UNCHANGED`. Create is the exception: a new id is ours alone, so an unknown
-create is resolved by reading the key back.
+create is resolved by reading the key back (for a while, if the store is unavailable); one that still
+cannot be resolved is `LedgerCreateUnknown`, carrying the id, for the caller to discard.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from typing import Final
 import structlog
 
 from bookkeeper_aio.common import failpoints
+from bookkeeper_aio.common.backoff import Backoff
 from metadata import ledger_metadata as serde
 from metadata.errors import (
     BadVersion,
     CasResultUnknown,
+    LedgerCreateUnknown,
     MetadataFormatError,
     MetadataUnavailable,
     NodeExists,
@@ -40,7 +43,7 @@ from metadata.errors import (
 from metadata.idgen import IdGenerator
 from metadata.keys import ClusterKeys
 from metadata.ledger_metadata import LedgerMetadata
-from metadata.store import Guards, MetadataStore, watch_value
+from metadata.store import Guards, KeyValue, MetadataStore, watch_value
 
 log = structlog.get_logger("metadata.ledger_manager")
 
@@ -50,6 +53,8 @@ CAS_CONFLICT_SLEEP_S_MAX = 0.02
 LIST_PAGE_SIZE_DEFAULT = 1000
 ID_TAKEN_ATTEMPTS_MAX = 100
 """Creates in a row that may meet an id a ledger already holds before `LedgerManager.create` gives up."""
+CREATE_RESOLVE_TIMEOUT_S = 10.0
+"""How long a create whose answer was lost keeps reading its key back before `LedgerCreateUnknown`."""
 
 
 class _Unchanged:
@@ -139,6 +144,7 @@ class LedgerManager:
         key_iterations: int = 0,
         key_ledger_salt: bytes = b"",
         key_format: int = 0,
+        resolve_timeout_s: float = CREATE_RESOLVE_TIMEOUT_S,
     ) -> VersionedLedger:
         """A new OPEN ledger with a fresh unique id larger than ``after_ledger_id``.
 
@@ -146,7 +152,7 @@ class LedgerManager:
         metadata snapshot, docs/operations.md) is never overwritten: the create moves to a fresh id
         above it, and logs ``ledger_manager.id_taken`` (run ``bkaio cluster raise-ids``). Raises
         `InvalidMetadata`, `MetadataUnavailable`, `NodeExists` (ids taken `ID_TAKEN_ATTEMPTS_MAX`
-        times in a row)."""
+        times in a row), `LedgerCreateUnknown` (:meth:`create_metadata`)."""
         after = after_ledger_id
         for _ in range(ID_TAKEN_ATTEMPTS_MAX):
             ledger_id = await self._ids.next_id(after)
@@ -165,7 +171,7 @@ class LedgerManager:
                 key_format=key_format,
             )
             try:
-                return await self.create_metadata(metadata)
+                return await self.create_metadata(metadata, resolve_timeout_s=resolve_timeout_s)
             except NodeExists:
                 log.warning(
                     "ledger_manager.id_taken",
@@ -177,10 +183,18 @@ class LedgerManager:
                 after = ledger_id
         raise NodeExists(self.keys.ledger(after)) from None
 
-    async def create_metadata(self, metadata: LedgerMetadata) -> VersionedLedger:
-        """Store metadata under its own id. Raises `NodeExists` if the ledger exists."""
+    async def create_metadata(
+        self, metadata: LedgerMetadata, *, resolve_timeout_s: float = CREATE_RESOLVE_TIMEOUT_S
+    ) -> VersionedLedger:
+        """Store metadata under its own id. Raises `NodeExists` if the ledger exists.
+
+        A create whose answer is lost is resolved by reading the key back, again and again while the
+        store is unavailable, until ``resolve_timeout_s`` from the start; when it still cannot tell, it
+        raises `LedgerCreateUnknown` (the ledger may exist: :meth:`discard_created` removes it
+        once the store answers)."""
         key = self.keys.ledger(metadata.ledger_id)
         data = serde.encode(metadata)
+        deadline = asyncio.get_running_loop().time() + resolve_timeout_s
         for attempt in range(2):
             try:
                 failpoints.hit(failpoints.CAS_BEFORE, key=key)
@@ -192,21 +206,51 @@ class LedgerManager:
                     raise
                 # Our first create's answer was lost and it applied after the read-back (it was
                 # still in flight): the key holding our very value is ours, not someone else's.
-                current = await self._store.get(key)
+                current = await self._read_back(key, metadata.ledger_id, data, deadline)
                 if current is not None and current.value == data:
                     return VersionedLedger(metadata, current.version)
                 raise
-            except CasResultUnknown as unknown:
-                try:
-                    current = await self._store.get(key)
-                except MetadataUnavailable:
-                    raise unknown from None  # still cannot tell whether the create applied
+            except CasResultUnknown:
+                current = await self._read_back(key, metadata.ledger_id, data, deadline)
                 if current is None:
                     continue  # not applied (yet): creating again is safe, the id is ours alone
                 if current.value == data:
                     return VersionedLedger(metadata, current.version)
                 raise NodeExists(key) from None
-        raise CasResultUnknown(key, "create outcome lost twice")
+        raise LedgerCreateUnknown(key, metadata.ledger_id, data, "create outcome lost twice")
+
+    async def _read_back(self, key: str, ledger_id: int, data: bytes, deadline: float) -> KeyValue | None:
+        """``key`` as the store has it now, read again (backing off) while the store is unavailable,
+        until the loop's time ``deadline``; then `LedgerCreateUnknown`."""
+        loop = asyncio.get_running_loop()
+        backoff = Backoff(0.05, 1.0)
+        while True:
+            try:
+                return await self._store.get(key)
+            except MetadataUnavailable as error:
+                remaining_s = deadline - loop.time()
+                if remaining_s <= 0:
+                    raise LedgerCreateUnknown(
+                        key,
+                        ledger_id,
+                        data,
+                        f"answer lost, and reading back failed until the create's deadline: {error}",
+                    ) from error
+                await asyncio.sleep(min(backoff.next_delay_s(), remaining_s))
+
+    async def discard_created(self, unknown: LedgerCreateUnknown) -> bool:
+        """Delete the ledger the create that raised ``unknown`` may have made, only while it holds
+        exactly what that create wrote (nobody recovered, closed or changed it since): whether it
+        was deleted. Raises `MetadataUnavailable`, `CasResultUnknown`."""
+        key = self.keys.ledger(unknown.ledger_id)
+        current = await self._store.get(key)
+        if current is None or current.value != unknown.value:
+            return False
+        try:
+            await self._store.delete(key, current.version)
+        except (BadVersion, NoNode):
+            return False  # changed or gone meanwhile: not ours to delete
+        return True
 
     async def read(self, ledger_id: int) -> VersionedLedger:
         """Raises `NoSuchLedger`, `MetadataFormatError` (naming the ledger), `MetadataUnavailable`."""

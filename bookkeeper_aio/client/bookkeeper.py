@@ -32,6 +32,7 @@ from bookkeeper_aio.client.metrics import ClientMetrics
 from bookkeeper_aio.client.placement import PlacementPolicy, RandomPlacement
 from bookkeeper_aio.client.read_handle import ReadHandle, read_lac_with_coverage
 from bookkeeper_aio.client.recovery import fence_ledger, recover_ledger
+from bookkeeper_aio.common.backoff import Backoff
 from bookkeeper_aio.errors import (
     BKError,
     BKInterfaceError,
@@ -54,6 +55,9 @@ __all__ = ["BookKeeper", "RegistryDirectory", "password_hash"]
 
 DELETE_ATTEMPTS_MAX = 5
 """Metadata changes (a live writer's ensemble change) a delete re-reads and re-fences after."""
+CREATE_DISCARD_TIMEOUT_S = 300.0
+"""How long a client tries to delete a ledger whose create's outcome stayed unknown
+(`LedgerCreateUnknown`) while metadata does not answer."""
 
 
 class RegistryDirectory:
@@ -142,6 +146,8 @@ class BookKeeper:
             metrics=metrics,
         )
         self._writers: weakref.WeakSet[LedgerHandle] = weakref.WeakSet()
+        self._discards: dict[asyncio.Task[None], int] = {}
+        """Deletes of ledgers whose create's outcome stayed unknown (`_discard`)."""
         self._closed = False
 
     @classmethod
@@ -185,7 +191,12 @@ class BookKeeper:
         that ledger ids grow along their list; a client's id block below it is dropped).
 
         Raises BKInterfaceError (E >= Qw >= Qa >= 1 violated, bad digest, bad ``after_ledger_id``:
-        nothing is written), NotEnoughBookies, MetadataUnavailable.
+        nothing is written), NotEnoughBookies, MetadataUnavailable (nothing was created),
+        LedgerCreateUnknown (a CasResultUnknown: the create's answer was lost and metadata stayed
+        unreadable for ``metadata_timeout_s``, so ledger ``error.ledger_id`` may exist, OPEN with no
+        writer; this client deletes it in the background once metadata answers, for up to
+        `CREATE_DISCARD_TIMEOUT_S` or until it is closed, unless someone changed it meanwhile:
+        creating again is safe and makes another ledger).
         """
         self._check_open()
         if not ensemble >= write_quorum >= ack_quorum >= 1:
@@ -206,6 +217,7 @@ class BookKeeper:
         try:
             versioned = await ctx.ledgers.create(
                 bookies,
+                resolve_timeout_s=ctx.config.metadata_timeout_s,
                 write_quorum=write_quorum,
                 ack_quorum=ack_quorum,
                 digest_type=digest_type.value,
@@ -219,10 +231,40 @@ class BookKeeper:
             )
         except md_errors.InvalidMetadata as error:
             raise BKInterfaceError(str(error)) from error
+        except md_errors.LedgerCreateUnknown as unknown:
+            task = asyncio.get_running_loop().create_task(self._discard(unknown))
+            self._discards[task] = unknown.ledger_id
+            task.add_done_callback(lambda done: self._discards.pop(done, None))
+            raise
         handle = LedgerHandle(ctx, versioned, password, keys.keys.master_key)
         self._writers.add(handle)
         log.info("ledger.created", ledger_id=handle.id, ensemble=list(bookies))
         return handle
+
+    async def _discard(self, unknown: md_errors.LedgerCreateUnknown) -> None:
+        """Delete the ledger a create that raised ``unknown`` may have made, once metadata answers
+        (`LedgerManager.discard_created`: only while nobody changed it)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CREATE_DISCARD_TIMEOUT_S
+        backoff = Backoff(0.1, 5.0)
+        while True:
+            try:
+                deleted = await self._ctx.ledgers.discard_created(unknown)
+            except (md_errors.MetadataUnavailable, md_errors.CasResultUnknown) as error:
+                if loop.time() >= deadline:
+                    log.warning(
+                        "ledger.create_unknown_left",
+                        ledger_id=unknown.ledger_id,
+                        error=repr(error),
+                        hint="the ledger may exist, OPEN with no writer: delete it when metadata is back",
+                    )
+                    return
+                await asyncio.sleep(backoff.next_delay_s())
+                continue
+            # A warning: a create failed, and a ledger it made may stay (deleted=False: someone
+            # changed it since, so it is in use, or the create never applied).
+            log.warning("ledger.create_unknown_resolved", ledger_id=unknown.ledger_id, deleted=deleted)
+            return
 
     async def open_ledger(
         self, ledger_id: int, *, password: bytes = b"", recovery: bool = False
@@ -328,6 +370,7 @@ class BookKeeper:
             except BKError as error:
                 log.warning("client.close_ledger_failed", ledger_id=handle.id, error=repr(error))
         self._writers.clear()
+        self._stop_discards()
         self._ctx.lac_timers.close()
         await self._ctx.pool.close()
         if self._metadata is not None:
@@ -338,8 +381,19 @@ class BookKeeper:
         for handle in self._writers:
             handle.abort()
         self._writers.clear()
+        self._stop_discards()
         self._ctx.lac_timers.close()
         self._ctx.pool.abort()
+
+    def _stop_discards(self) -> None:
+        for task, ledger_id in self._discards.items():
+            task.cancel()
+            log.warning(
+                "ledger.create_unknown_left",
+                ledger_id=ledger_id,
+                hint="client closed before metadata answered: the ledger may exist, OPEN with no writer",
+            )
+        self._discards.clear()
 
     async def __aenter__(self) -> BookKeeper:
         return self

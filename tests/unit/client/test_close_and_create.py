@@ -8,13 +8,17 @@ import random
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from bookkeeper_aio import (
     BKInterfaceError,
     BookKeeper,
+    CasResultUnknown,
     LedgerClosed,
+    LedgerCreateUnknown,
     LedgerFenced,
     MetadataConflict,
+    MetadataUnavailable,
     NoSuchLedger,
     NotEnoughBookies,
     RandomPlacement,
@@ -24,6 +28,7 @@ from bookkeeper_aio.client.add_pipeline import HandleState
 from bookkeeper_aio.client.context import StaticDirectory
 from bookkeeper_aio.errors import BKInternalError
 from bookkeeper_aio.protocol import messages as m
+from metadata import ledger_metadata as serde
 from metadata.ledger_manager import LedgerManager
 from metadata.ledger_metadata import LedgerState
 from metadata.memory import MemoryStore
@@ -200,5 +205,76 @@ async def test_a_late_failure_of_an_acknowledged_entry_starts_no_change_during_c
         assert "ensemble_change.started" not in events
         md = (await ledgers.read(lh.id)).metadata
         assert (md.state, md.last_entry_id, len(md.ensembles)) == (LedgerState.CLOSED, 4, 1)
+    finally:
+        await bk.close()
+
+
+class _UnreadableLedgers(MemoryStore):
+    """Reads of ledger keys fail (``MetadataUnavailable``) the next ``failing`` times (-1: until
+    set back to 0)."""
+
+    failing = 0
+
+    async def get(self, key: str) -> Any:
+        if "/ledgers/" in key and self.failing:
+            self.failing -= 1 if self.failing > 0 else 0
+            raise MetadataUnavailable("injected: read-back failed")
+        return await super().get(key)
+
+
+async def _ledger_ids(store: MemoryStore) -> list[int]:
+    return [i async for i in LedgerManager(store, ROOT).iter_ledger_ids()]
+
+
+async def test_create_with_a_lost_answer_reads_back_again_while_metadata_is_unavailable(
+    directory: StaticDirectory,
+) -> None:
+    """The create applied, its answer was lost and the first read-backs fail: the create reads
+    back again within its budget and returns the ledger it made (no second, orphaned ledger)."""
+    store = _UnreadableLedgers()
+    bk = make_client(LedgerManager(store, ROOT), directory)
+    try:
+        await bk.create_ledger(3, 2, 2)  # claims the id block
+        store.lose_next_write_result(applied=True)
+        store.failing = 2
+        lh = await bk.create_ledger(3, 2, 2)
+        assert await _ledger_ids(store) == [lh.id - 1, lh.id]
+        await lh.append(b"x")
+    finally:
+        await bk.close()
+
+
+@pytest.mark.parametrize("touched", [False, True])
+async def test_create_whose_outcome_stays_unknown_names_the_ledger_and_discards_it(
+    directory: StaticDirectory, touched: bool
+) -> None:
+    """Metadata stays unreadable past ``metadata_timeout_s``: create_ledger raises
+    LedgerCreateUnknown naming the ledger it may have made; once metadata answers, the client
+    deletes that ledger, unless it changed meanwhile (someone recovered it: in use)."""
+    store = _UnreadableLedgers()
+    manager = LedgerManager(store, ROOT)
+    bk = make_client(manager, directory, dataclasses.replace(FAST, metadata_timeout_s=0.3))
+    try:
+        first = (await bk.create_ledger(3, 2, 2)).id  # claims the id block
+        store.lose_next_write_result(applied=True)
+        store.failing = -1
+        with capture_logs() as logs:
+            with pytest.raises(LedgerCreateUnknown) as info:
+                await bk.create_ledger(3, 2, 2)
+            assert isinstance(info.value, CasResultUnknown)
+            ledger_id = info.value.ledger_id
+            assert await _ledger_ids(store) == [first, ledger_id]  # the create applied
+            if touched:
+                kv = (await store.list(manager.keys.ledgers_prefix)).items[-1]
+                md = serde.decode(kv.value, key=kv.key, ledger_id=ledger_id)
+                await store.compare_and_set(kv.key, serde.encode(md.in_recovery()), kv.version)
+            store.failing = 0
+            for _ in range(100):
+                if any(e["event"] == "ledger.create_unknown_resolved" for e in logs):
+                    break
+                await asyncio.sleep(0.02)
+        resolved = [e for e in logs if e["event"] == "ledger.create_unknown_resolved"]
+        assert [(e["ledger_id"], e["deleted"]) for e in resolved] == [(ledger_id, not touched)]
+        assert await _ledger_ids(store) == ([first, ledger_id] if touched else [first])
     finally:
         await bk.close()
