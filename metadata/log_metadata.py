@@ -42,9 +42,10 @@ LEDGERS_MAX = ENCODED_BYTES_MAX // LEDGER_BYTES_MIN
 """No list within `ENCODED_BYTES_MAX` holds more (a decoding bound; `has_room` is the limit)."""
 COMMITS_MAX = 10_000
 IMPORTER_BYTES_MAX = 256
-"""The longest importer id of a commit token, in UTF-8 bytes (as long as a log name may be). The
-list's room (`has_room`) counts the tokens' bytes too: without a cap one importer id could take
-the room of thousands of ledgers, and a few such ids all of it."""
+"""The longest importer id of a commit token a change may add, in UTF-8 bytes (as long as a log
+name may be). The list's room (`has_room`) counts the tokens' bytes too: without a cap one importer
+id could take the room of thousands of ledgers, and a few such ids all of it. A token stored before
+the cap existed still decodes (and may get new batch ids)."""
 
 
 class LogLedgerState(enum.Enum):
@@ -254,7 +255,9 @@ def _first_problem(md: LogMetadata, valid: LogMetadata | None = None) -> str | N
         return f"{len(md.commits)} commit tokens > {COMMITS_MAX}"
     commits = md.commits.items() if valid is None or md.commits is not valid.commits else ()
     for importer, batch in commits:
-        problem = importer_problem(importer)
+        # The cap binds a token a change adds: one stored before the cap (decoded, no ``valid``)
+        # stays readable, so its log can still be written, truncated and deleted.
+        problem = importer_problem(importer, capped=valid is not None and importer not in valid.commits)
         if problem is not None:
             return problem
         if not _is_int(batch, 0):
@@ -275,10 +278,13 @@ def _first_problem(md: LogMetadata, valid: LogMetadata | None = None) -> str | N
     return None
 
 
-def importer_problem(importer: object) -> str | None:
-    """What is wrong with ``importer`` as the importer id of a commit token (None: nothing)."""
+def importer_problem(importer: object, *, capped: bool = True) -> str | None:
+    """What is wrong with ``importer`` as the importer id of a commit token (None: nothing);
+    ``capped``: held to `IMPORTER_BYTES_MAX` too (a new token)."""
     if not isinstance(importer, str) or not importer:
         return f"bad importer id {importer!r:.60}: must be a non-empty string"
+    if not capped:
+        return None
     try:
         size = len(importer.encode("utf-8"))
     except UnicodeEncodeError:

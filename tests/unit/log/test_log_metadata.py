@@ -128,7 +128,6 @@ def _body(**changes: object) -> bytes:
         (_body(ledgers=[[1, "open"], [1, "closed"]]), "ids must grow"),
         (_body(ledgers=[[1, "open", -5, None, None, None]]), "bad first_offset"),
         (_body(commits=[1]), "commits must be a map"),
-        (_body(format_version=2, commits={"i" * 257: 1}), "importer id of 257 bytes > 256"),
         (_body(sequenced="yes"), "sequenced must be a bool"),
         (_body(ledgers=[["1", "open"]]), "bad ledger entry"),
     ],
@@ -259,3 +258,15 @@ def test_an_importer_id_is_capped_in_utf8_bytes() -> None:
         md.with_commit("\udc80", 1)
     with pytest.raises(InvalidMetadata, match="non-empty"):
         LogMetadata("orders", (), 5, commits={"": 1})
+
+
+def test_an_importer_id_stored_before_the_cap_still_decodes_and_its_log_still_changes() -> None:
+    """A log whose list holds a longer importer id (stored before the cap) must stay readable:
+    every operation on the log, its deletion included, reads the list first."""
+    long_id = "i" * (IMPORTER_BYTES_MAX + 44)
+    md = decode(_body(format_version=2, commits={long_id: 1}), key=KEY, name="orders")
+    assert md.commits == {long_id: 1}
+    assert md.with_commit(long_id, 2).commits == {long_id: 2}  # its own next batch
+    assert md.with_truncated_before(0).commits == {long_id: 1}  # other changes keep it
+    with pytest.raises(InvalidMetadata, match="importer id of 257 bytes > 256"):
+        md.with_commit("j" * (IMPORTER_BYTES_MAX + 1), 1)  # a new one is capped
