@@ -49,8 +49,10 @@ class NoSuchClusterHere(BKInterfaceError):
     """The URL's root holds no cluster."""
 
 
-async def _connect(args: argparse.Namespace) -> metadata.MetadataConnection:
-    url = resolve_metadata_url(args.metadata)
+async def _connect(args: argparse.Namespace, *, daemon: bool = False) -> metadata.MetadataConnection:
+    """The cluster's metadata; a ``daemon`` is not refused at once by an etcd that is restarting
+    (no fail-fast probe: the store's retry budget applies)."""
+    url = resolve_metadata_url(args.metadata, probe=not daemon)
     meta = metadata.connect(url)
     if await metadata.read_cluster_info(meta.store, meta.root) is None:
         await meta.close()
@@ -82,7 +84,7 @@ def _config(args: argparse.Namespace) -> AutorecoveryConfig:
 
 async def cmd_run(args: argparse.Namespace) -> int:
     config = _config(args)
-    meta = await _connect(args)
+    meta = await _connect(args, daemon=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -88,10 +88,10 @@ def clear_state(pid: int) -> None:
         state_path().unlink(missing_ok=True)
 
 
-def resolve_metadata_url(explicit: str | None) -> str:
+def resolve_metadata_url(explicit: str | None, *, probe: bool = True) -> str:
     """The cluster's metadata URL (see the module docstring). Raises `NoClusterConfigured`, and
-    `metadata.MetadataUnavailable` at once when every etcd endpoint refuses a connection
-    (:func:`fail_fast_when_refused`)."""
+    with ``probe`` `metadata.MetadataUnavailable` at once when every etcd endpoint refuses a
+    connection (:func:`fail_fast_when_refused`; a daemon passes False: it rides a restart out)."""
     try:
         url = discovery.find_metadata_url(explicit)
     except discovery.SandboxNotRunning as error:
@@ -104,7 +104,8 @@ def resolve_metadata_url(explicit: str | None) -> str:
             f"no cluster given: pass --metadata etcd://HOST:PORT/ROOT, set ${METADATA_ENV}, "
             "or start a sandbox with `make run` (bkaio sandbox)"
         ) from None
-    fail_fast_when_refused(url)
+    if probe:
+        fail_fast_when_refused(url)
     return url
 
 
@@ -113,10 +114,11 @@ def fail_fast_when_refused(url: str) -> None:
     connection: nothing listens there, and a command would otherwise spend the store's whole
     operation budget (``op_timeout_s``, about 6 s with the connect) retrying before saying so.
 
-    Only the command line does this, before it connects: the library keeps retrying within its
-    budget (an etcd restarting takes a few seconds to listen again; a daemon or a writer should
-    ride that out). Any other outcome of the probe (connected, no answer within
-    `PROBE_TIMEOUT_S`, an unknown host) leaves the decision to the store. TLS URLs are not probed:
+    Only the command line's one-shot commands do this, before they connect: the library keeps
+    retrying within its budget (an etcd restarting takes a few seconds to listen again; a daemon,
+    `bkaio autorecovery run`, or a writer should ride that out). Any other outcome of the probe
+    (connected, no answer within `PROBE_TIMEOUT_S`, an unknown host) leaves the decision to the
+    store. TLS URLs are not probed:
     a bare TCP connection to a TLS etcd makes it log a rejected handshake for every command.
     """
     try:

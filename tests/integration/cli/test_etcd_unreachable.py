@@ -4,6 +4,7 @@ traceback; an etcd that refuses connections is reported at once, not after the s
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import time
 
@@ -72,3 +73,30 @@ def test_a_paused_etcd_still_gets_the_stores_budget(
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
     assert "MetadataUnavailable" in err
+
+
+def test_the_autorecovery_daemon_rides_out_an_etcd_that_starts_late(etcd_private: EtcdCluster) -> None:
+    """`bkaio autorecovery run` is a daemon: started while etcd restarts (refusing connections),
+    it waits within the store's budget instead of taking the one-shot commands' fail-fast exit."""
+    url = etcd_private.url("/cli-daemon")
+    asyncio.run(_init(url))
+    member = etcd_private.members[0]
+    member.stop()
+    with subprocess.Popen(
+        [sys.executable, "-m", "bookkeeper_aio.cli.main", "autorecovery", "run", "--metadata", url,
+         "--id", "d-late", "--password", "pw"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as daemon:  # fmt: skip
+        try:
+            time.sleep(1.5)  # the fail-fast probe would have refused it by now (about 0.65 s)
+            assert daemon.poll() is None, "the daemon exited while etcd was restarting"
+            member.start()
+            member.wait_ready()
+            assert daemon.stdout is not None
+            ready = daemon.stdout.readline()
+            assert ready.startswith("READY autorecovery d-late"), (ready, daemon.poll())
+        finally:
+            daemon.terminate()
+            daemon.wait(10)
