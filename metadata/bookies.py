@@ -150,6 +150,9 @@ class BookieSet:
     readonly: Mapping[str, BookieInfo]
     revision: int
     undecodable: frozenset[str] = frozenset()
+    listed: bool = field(default=False, compare=False)
+    """Made by a full listing, not a watch event: in `watch_bookies`, every set after the first
+    one so made follows a gap (a compacted watch) whose changes went unseen."""
 
     @property
     def registered(self) -> frozenset[str]:
@@ -174,7 +177,9 @@ def _log_undecodable(key: str, error: MetadataFormatError) -> None:
     )
 
 
-def _bookie_set(keys: ClusterKeys, items: list[KeyValue], revision: int) -> BookieSet:
+def _bookie_set(
+    keys: ClusterKeys, items: list[KeyValue], revision: int, *, listed: bool = False
+) -> BookieSet:
     found: dict[BookieState, dict[str, BookieInfo]] = {state: {} for state in BookieState}
     undecodable: set[str] = set()
     for kv in items:
@@ -192,6 +197,7 @@ def _bookie_set(keys: ClusterKeys, items: list[KeyValue], revision: int) -> Book
         found[BookieState.READONLY],
         revision,
         frozenset(undecodable - found[BookieState.WRITABLE].keys() - found[BookieState.READONLY].keys()),
+        listed,
     )
 
 
@@ -200,16 +206,17 @@ async def list_bookies(store: MetadataStore, root: str) -> BookieSet:
     ``writable`` / ``readonly`` (logged, rate-limited) and named in ``undecodable``."""
     keys = ClusterKeys(root)
     items, revision = await list_all(store, keys.bookies_prefix)
-    return _bookie_set(keys, items, revision)
+    return _bookie_set(keys, items, revision, listed=True)
 
 
 async def watch_bookies(store: MetadataStore, root: str) -> AsyncGenerator[BookieSet, None]:
-    """The current `BookieSet`, then a new one after every registration change (re-lists on compaction)."""
+    """The current `BookieSet`, then a new one after every registration change. On compaction it
+    lists again: that set has ``listed`` set, as the first (changes in between went unseen)."""
     keys = ClusterKeys(root)
     while True:
         items, revision = await list_all(store, keys.bookies_prefix)
         current = {kv.key: kv for kv in items}
-        yield _bookie_set(keys, list(current.values()), revision)
+        yield _bookie_set(keys, list(current.values()), revision, listed=True)
         events = store.watch(keys.bookies_prefix, prefix=True, start_revision=revision + 1)
         try:
             async with contextlib.aclosing(events):

@@ -188,9 +188,13 @@ class ReplicationWorker:
         resumed = False
         while True:
             try:
+                listings = 0
                 async for bookies in watch_bookies(self._urm.store, self._urm.keys.root):
-                    if resumed:  # the first listing after a gap: what happened in it is unknown
-                        self._absent_since.clear()
+                    if bookies.listed:
+                        listings += 1
+                        if resumed or listings > 1:  # after a gap (the watch failed, or was
+                            # compacted and listed again): what happened in it is unknown
+                            self._absent_since.clear()
                         resumed = False
                     self._forget_absences(bookies.registered)
                     backoff.reset()

@@ -141,6 +141,32 @@ async def test_watch_bookies_sees_joins_state_changes_and_leaves(store: Metadata
     assert done.is_set()
 
 
+async def test_watch_bookies_lists_again_after_a_compaction_and_marks_that_set_listed(
+    store: MetadataStore, root: str
+) -> None:
+    """A bookie that came and went while the watch was behind a compaction goes unseen: the set
+    listed again says so (``listed``), so a follower can tell a gap from a change."""
+    async with contextlib.aclosing(watch_bookies(store, root)) as updates:
+        first = await asyncio.wait_for(anext(updates), 5)
+        assert first.listed
+        assert not first.registered
+        came_and_went = BookieRegistration(store, root, info(5), ttl_s=5)
+        await came_and_went.start()  # the generator waits at its yield: no watch runs yet
+        await came_and_went.close()
+        await compact(store)  # the watch from the first listing's revision is gone
+        again = await asyncio.wait_for(anext(updates), 5)
+        assert again.listed
+        assert not again.registered
+        joined = BookieRegistration(store, root, info(6), ttl_s=5)
+        await joined.start()
+        try:
+            change = await asyncio.wait_for(anext(updates), 5)
+            assert not change.listed
+            assert change.registered == {"127.0.0.1:3186"}
+        finally:
+            await joined.close()
+
+
 async def test_an_undecodable_registration_is_skipped_but_counted_as_registered(
     store: MetadataStore, root: str
 ) -> None:

@@ -14,7 +14,7 @@ from bookkeeper_aio import BookKeeper
 from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
 from bookkeeper_aio.autorecovery.worker import HealResult, ReplicationWorker
 from bookkeeper_aio.client.context import StaticDirectory
-from metadata.bookies import BookieInfo, BookieRegistration
+from metadata.bookies import BookieInfo, BookieRegistration, BookieSet
 from metadata.etcd import EtcdConfig, EtcdStore
 from metadata.ledger_manager import LedgerManager
 from metadata.ledger_metadata import LedgerState
@@ -250,3 +250,38 @@ async def test_a_bookie_back_between_two_looks_is_not_gone(any_store: MetadataSt
         await bk.close()
         for registration in registrations.values():
             await registration.close()
+
+
+async def test_a_compacted_registration_watch_starts_every_timed_absence_anew(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`watch_bookies` lists again after a compaction: a bookie that came back in the gap went
+    unseen, so the absences being timed start anew (a fence later, never sooner), as after a
+    failed watch. Before, only a failed watch did so."""
+    store = MemoryStore()
+    urm = UnderReplicationManager(store, ROOT)
+    bk = BookKeeper(LedgerManager(store, ROOT), StaticDirectory(["a"]))
+    worker = ReplicationWorker(bk, urm, AutorecoveryConfig(), worker_id="w")
+    step = asyncio.Event()
+
+    async def watch(*_args: object) -> AsyncIterator[BookieSet]:
+        yield BookieSet({}, {}, 1, listed=True)  # the first listing: b is away
+        await step.wait()
+        yield BookieSet({}, {}, 9, listed=True)  # listed again after a compaction: b still away
+
+    monkeypatch.setattr("bookkeeper_aio.autorecovery.worker.watch_bookies", watch)
+    worker._absent_since["b"] = 5.0
+    following = asyncio.create_task(worker._follow_registrations())
+    try:
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert worker._absent_since == {"b": 5.0}  # the first listing is no gap
+        step.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert worker._absent_since == {}
+    finally:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+        await bk.close()
