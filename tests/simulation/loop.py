@@ -77,9 +77,15 @@ _heappush = heapq.heappush
 
 class _Handle(asyncio.Handle):
     """A ``Handle`` the loop fills in itself (:meth:`SimLoop.call_soon`), without an ``__init__``
-    frame and without the debug-mode lookups (the simulated loop never runs in debug)."""
+    frame and without the debug-mode lookups (the simulated loop never runs in debug).
+
+    ``_repr`` and ``_source_traceback`` are None in every handle of a loop that is never in debug
+    (asyncio writes them only in debug mode): class attributes here, which shadow the base
+    class's slots, so making a handle stores neither."""
 
     __slots__ = ()
+    _repr = None
+    _source_traceback = None
 
 
 class _TimerHandle(asyncio.TimerHandle):
@@ -87,6 +93,8 @@ class _TimerHandle(asyncio.TimerHandle):
     see :data:`_TIE`."""
 
     __slots__ = ()
+    _repr = None
+    _source_traceback = None
 
 
 _TIE = float("nan")
@@ -155,8 +163,6 @@ class SimLoop(asyncio.BaseEventLoop):
         handle._callback = callback
         handle._args = args
         handle._cancelled = False
-        handle._repr = None
-        handle._source_traceback = None
         self._ready.append(handle)
         return handle
 
@@ -173,8 +179,6 @@ class SimLoop(asyncio.BaseEventLoop):
         timer._callback = callback
         timer._args = args
         timer._cancelled = False
-        timer._repr = None
-        timer._source_traceback = None
         timer._when = when
         timer._scheduled = True
         _heappush(self._scheduled, (when, -_TIE, timer))
@@ -192,8 +196,6 @@ class SimLoop(asyncio.BaseEventLoop):
         timer._callback = callback
         timer._args = args
         timer._cancelled = False
-        timer._repr = None
-        timer._source_traceback = None
         timer._when = when
         timer._scheduled = True
         _heappush(self._scheduled, (when, -_TIE, timer))
@@ -215,64 +217,79 @@ class SimLoop(asyncio.BaseEventLoop):
         shuffle = rng.shuffle if self._shuffle else None
         node_var = NODE
         dropped = self.dropped
-        while True:
-            ready = self._ready
-            if not ready:
-                while scheduled and scheduled[0][2]._cancelled:
-                    self._pop_timer()
-                if not scheduled:
-                    if self._stopping:
-                        return
-                    raise Deadlock(
-                        "nothing is ready and no timer is set, but the awaited operation is pending"
-                    )
-                if scheduled[0][0] > self._now_s:
-                    self._now_s = scheduled[0][0]
-                    self._iterations_now = 0
-            self._iterations_now += 1
-            if self._iterations_now > ITERATIONS_AT_ONE_INSTANT_MAX:
-                raise Livelock(f"{ITERATIONS_AT_ONE_INSTANT_MAX} loop iterations at t={self._now_s:.6f} s")
-            now = self._now_s
-            while scheduled and scheduled[0][0] <= now:
-                handle = heappop(scheduled)[2]
-                handle._scheduled = False
-                if handle._cancelled:
-                    self._timer_cancelled_count = max(0, self._timer_cancelled_count - 1)
-                else:
-                    ready.append(handle)
-            batch = ready
-            self._ready = []
-            if len(batch) > 1:
-                if self.explorer is not None:
-                    batch = self.explorer.order(self, batch)
-                elif getrandbits is not None:
-                    _shuffle(batch, getrandbits)
-                elif shuffle is not None:
-                    shuffle(batch)
-            ran = 0
-            for handle in batch:
-                if handle._cancelled:
-                    continue
-                context = handle._context
-                node = context.get(node_var)
-                if node is not None and node.dead:
-                    self.callbacks_dropped += 1
-                    dropped.append(handle)
-                    continue
-                ran += 1
-                try:  # Handle._run, inline
-                    context.run(handle._callback, *handle._args)
-                except (SystemExit, KeyboardInterrupt):
-                    self.callbacks_run += ran
-                    raise
-                except BaseException as exc:
-                    callback = format_helpers._format_callback_source(handle._callback, handle._args)
-                    self.call_exception_handler(
-                        {"message": f"Exception in callback {callback}", "exception": exc, "handle": handle}
-                    )
-            self.callbacks_run += ran
-            if self._stopping:
-                return
+        now = self._now_s
+        iterations = self._iterations_now  # a local while this runs (stored back on the way out)
+        try:
+            while True:
+                ready = self._ready
+                if not ready:
+                    while True:
+                        if not scheduled:
+                            if self._stopping:
+                                return
+                            raise Deadlock(
+                                "nothing is ready and no timer is set, but the awaited operation is pending"
+                            )
+                        first = scheduled[0]
+                        if not first[2]._cancelled:
+                            break
+                        self._pop_timer()
+                    if first[0] > now:
+                        self._now_s = now = first[0]
+                        iterations = 0
+                iterations += 1
+                if iterations > ITERATIONS_AT_ONE_INSTANT_MAX:
+                    raise Livelock(f"{ITERATIONS_AT_ONE_INSTANT_MAX} loop iterations at t={now:.6f} s")
+                while scheduled and scheduled[0][0] <= now:
+                    handle = heappop(scheduled)[2]
+                    handle._scheduled = False
+                    if handle._cancelled:
+                        self._timer_cancelled_count = max(0, self._timer_cancelled_count - 1)
+                    else:
+                        ready.append(handle)
+                batch = ready
+                self._ready = []
+                if len(batch) > 1:
+                    if self.explorer is not None:
+                        batch = self.explorer.order(self, batch)
+                    elif getrandbits is not None:
+                        _shuffle(batch, getrandbits)
+                    elif shuffle is not None:
+                        shuffle(batch)
+                ran = 0
+                for handle in batch:
+                    if handle._cancelled:
+                        continue
+                    context = handle._context
+                    node = context.get(node_var)
+                    if node is not None and node.dead:
+                        self.callbacks_dropped += 1
+                        dropped.append(handle)
+                        continue
+                    ran += 1
+                    try:  # Handle._run, inline (a task's step has no arguments: no tuple to build)
+                        args = handle._args
+                        if args:
+                            context.run(handle._callback, *args)
+                        else:
+                            context.run(handle._callback)
+                    except (SystemExit, KeyboardInterrupt):
+                        self.callbacks_run += ran
+                        raise
+                    except BaseException as exc:
+                        callback = format_helpers._format_callback_source(handle._callback, handle._args)
+                        self.call_exception_handler(
+                            {
+                                "message": f"Exception in callback {callback}",
+                                "exception": exc,
+                                "handle": handle,
+                            }
+                        )
+                self.callbacks_run += ran
+                if self._stopping:
+                    return
+        finally:
+            self._iterations_now = iterations
 
     def _pop_timer(self) -> asyncio.TimerHandle:
         handle: asyncio.TimerHandle = heapq.heappop(self._scheduled)[2]
