@@ -409,11 +409,13 @@ class ServerConnection(asyncio.Protocol):
         self._out_bytes = 0
         """Bytes of read answers queued in ``_out_counted`` (:meth:`take_read_slot`)."""
         self.answers_held = 0
+        """Unread answer bytes charged to the bookie-wide :class:`AnswerBudget`."""
         self._loading = 0
         """Reads of this connection loading an entry (:meth:`take_read_slot`)."""
         self._loaded = asyncio.Event()
-        self._loaded.set()
-        """Unread answer bytes charged to the bookie-wide :class:`AnswerBudget`."""
+        self._load_waiters = False
+        """A read waits on ``_loaded`` for this connection's loads to end (:meth:`take_read_slot`
+        clears it first); :meth:`give_read_slot` sets it, only then, once none is loading."""
         self._answers_throttled = False
         """Over the budget, this connection's high-water mark is lowered (:meth:`throttle_answers`)."""
         self._reads = asyncio.Semaphore(limits.reads_in_flight_max)
@@ -656,15 +658,17 @@ class ServerConnection(asyncio.Protocol):
                 and budget.held + budget.loading * budget.estimate > budget.limit // 2
                 and not self.closed
             ):
-                await self._loaded.wait()  # past half the budget: this connection loads one at a time
+                # past half the budget: this connection loads one at a time (set again, waking
+                # every read waiting here, once none of its reads is loading: give_read_slot)
+                self._loaded.clear()
+                self._load_waiters = True
+                await self._loaded.wait()
                 await self._writable.wait()
         except BaseException:  # cancelled while waiting: the slot goes to the next read
             self._reads.release()
             raise
         self._loading += 1
         budget.loading += 1
-        if self._loading == 1:
-            self._loaded.clear()
 
     def give_read_slot(self, answered: bool) -> None:
         """Give back the slot of :meth:`take_read_slot`; ``answered``: the read queued its answer
@@ -673,7 +677,8 @@ class ServerConnection(asyncio.Protocol):
             self._loading -= 1
             budget = self._limits.answers
             budget.loading -= 1
-            if not self._loading:
+            if not self._loading and self._load_waiters:
+                self._load_waiters = False
                 self._loaded.set()
             out = self._out
             if answered and out:

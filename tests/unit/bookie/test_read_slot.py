@@ -109,6 +109,12 @@ async def test_past_half_the_answer_budget_a_connections_reads_load_one_at_a_tim
     await reads.finish(0)
     await _turns()
     assert reads.entered == [0, 1]
+    reads.start(2)  # waits again, for 1 this time
+    await _turns()
+    assert reads.entered == [0, 1]
+    await reads.finish(1)
+    await _turns()
+    assert reads.entered == [0, 1, 2]
     for group in (reads, others):
         await group.finish(group.entered[-1])
     assert limits.answers.loading == 0
