@@ -70,6 +70,8 @@ class Incarnation:
 
 
 NODE: contextvars.ContextVar[Incarnation | None] = contextvars.ContextVar("sim_node", default=None)
+_NOBODY = Incarnation("-")
+"""What the loop takes a callback's node to be when its context names none (never dead)."""
 
 _copy_context = contextvars.copy_context
 _heappush = heapq.heappush
@@ -246,6 +248,7 @@ class SimLoop(asyncio.BaseEventLoop):
         getrandbits = rng.getrandbits if self._shuffle and type(rng) is random.Random else None
         shuffle = rng.shuffle if self._shuffle else None
         node_var = NODE
+        nobody = _NOBODY
         dropped = self.dropped
         now = self._now_s
         iterations = self._iterations_now  # a local while this runs (stored back on the way out)
@@ -267,6 +270,9 @@ class SimLoop(asyncio.BaseEventLoop):
                     if first[0] > now:
                         self._now_s = now = first[0]
                         iterations = 0
+                    handle = heappop(scheduled)[2]  # due, not cancelled: what the loop below takes first
+                    handle._scheduled = False
+                    ready.append(handle)
                 iterations += 1
                 if iterations > ITERATIONS_AT_ONE_INSTANT_MAX:
                     raise Livelock(f"{ITERATIONS_AT_ONE_INSTANT_MAX} loop iterations at t={now:.6f} s")
@@ -291,8 +297,7 @@ class SimLoop(asyncio.BaseEventLoop):
                     if handle._cancelled:
                         continue
                     context = handle._context
-                    node = context.get(node_var)
-                    if node is not None and node.dead:
+                    if context.get(node_var, nobody).dead:
                         self.callbacks_dropped += 1
                         dropped.append(handle)
                         continue
