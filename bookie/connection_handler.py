@@ -57,14 +57,13 @@ An ``asyncio.Protocol`` (3x cheaper than streams here, docs/internals.md §6). R
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import itertools
 import socket
 import struct
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, cast
 
 import structlog
@@ -408,13 +407,15 @@ class ServerConnection(asyncio.Protocol):
         self._writable.set()
         self._out_counted: list[bytes] | None = None
         self._out_bytes = 0
-        """Bytes of read answers queued in ``_out_counted`` (:meth:`read_slot`)."""
+        """Bytes of read answers queued in ``_out_counted`` (:meth:`take_read_slot`)."""
         self.answers_held = 0
-        self._loading = 0
-        """Reads of this connection loading an entry (:meth:`read_slot`)."""
-        self._loaded = asyncio.Event()
-        self._loaded.set()
         """Unread answer bytes charged to the bookie-wide :class:`AnswerBudget`."""
+        self._loading = 0
+        """Reads of this connection loading an entry (:meth:`take_read_slot`)."""
+        self._loaded = asyncio.Event()
+        self._load_waiters = False
+        """A read waits on ``_loaded`` for this connection's loads to end (:meth:`take_read_slot`
+        clears it first); :meth:`give_read_slot` sets it, only then, once none is loading."""
         self._answers_throttled = False
         """Over the budget, this connection's high-water mark is lowered (:meth:`throttle_answers`)."""
         self._reads = asyncio.Semaphore(limits.reads_in_flight_max)
@@ -628,10 +629,10 @@ class ServerConnection(asyncio.Protocol):
         self.warn("connection.write_stalled", unread_bytes=size, timeout_s=self._limits.frame_read_timeout_s)
         self.abort()
 
-    @contextlib.asynccontextmanager
-    async def read_slot(self) -> AsyncIterator[None]:
-        """Held by a read from before it loads its entry until its answer is queued: waits while
-        the peer is not reading its answers, at most ``reads_in_flight_max`` at once.
+    async def take_read_slot(self) -> None:
+        """Taken by a read before it loads its entry, given back (:meth:`give_read_slot`) once its
+        answer is queued: waits while the peer is not reading its answers, at most
+        ``reads_in_flight_max`` at once (in the order they asked).
 
         Answers are queued for the end of the loop's turn (:meth:`send`), and a read of an entry
         in the page cache does not yield: many reads could each take a slot, load, queue and give
@@ -643,30 +644,44 @@ class ServerConnection(asyncio.Protocol):
         Bookie-wide (:class:`AnswerBudget`): each answer is counted as it is queued, and once the
         answers held pass half the budget a connection's reads load their entries one at a time,
         so the entries loading when the budget is reached are at most one per connection (16 each
-        before: 24 connections went 60 MiB over a 32 MiB budget)."""
-        async with self._reads:
-            await self._writable.wait()
+        before: 24 connections went 60 MiB over a 32 MiB budget).
+
+        A plain pair of calls, not a context manager: one per read, and the generator-based one
+        cost more than the rest of a cached read's answer."""
+        await self._reads.acquire()
+        try:
+            if not self._writable.is_set():
+                await self._writable.wait()
             budget = self._limits.answers
             while (
                 self._loading
                 and budget.held + budget.loading * budget.estimate > budget.limit // 2
                 and not self.closed
             ):
-                await self._loaded.wait()  # past half the budget: this connection loads one at a time
-                await self._writable.wait()
-            self._loading += 1
-            budget.loading += 1
-            if self._loading == 1:
+                # past half the budget: this connection loads one at a time (set again, waking
+                # every read waiting here, once none of its reads is loading: give_read_slot)
                 self._loaded.clear()
-            try:
-                yield
-            finally:
-                self._loading -= 1
-                budget.loading -= 1
-                if not self._loading:
-                    self._loaded.set()
+                self._load_waiters = True
+                await self._loaded.wait()
+                await self._writable.wait()
+        except BaseException:  # cancelled while waiting: the slot goes to the next read
+            self._reads.release()
+            raise
+        self._loading += 1
+        budget.loading += 1
+
+    def give_read_slot(self, answered: bool) -> None:
+        """Give back the slot of :meth:`take_read_slot`; ``answered``: the read queued its answer
+        (the last frame queued), which is counted now (False: it failed or was cancelled)."""
+        try:
+            self._loading -= 1
+            budget = self._limits.answers
+            budget.loading -= 1
+            if not self._loading and self._load_waiters:
+                self._load_waiters = False
+                self._loaded.set()
             out = self._out
-            if out:
+            if answered and out:
                 if out is not self._out_counted:  # flushed since: a new turn's list
                     self._out_counted = out
                     self._out_bytes = 0
@@ -676,6 +691,8 @@ class ServerConnection(asyncio.Protocol):
                 self._charge_answers(size)  # counted at once: cached reads queue many in one turn
                 if self._out_bytes > self._limits.answer_bytes_buffered_max:
                     self._flush()
+        finally:
+            self._reads.release()
 
     def recount_answers(self) -> None:
         """Take this connection's count again from its transport (and the answers of this turn

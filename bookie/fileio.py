@@ -41,6 +41,10 @@ DIR_MODE = 0o700
 class FileIO:
     """Blocking file operations on file descriptors; subclass to inject faults."""
 
+    reads_nowait: bool = _RWF_NOWAIT is not None
+    """Whether :meth:`pread_nowait` can ever find cached bytes. False (a platform without
+    ``RWF_NOWAIT``, a twin that cannot tell): the storage does not ask it before each read."""
+
     def open_append(self, path: str) -> int:
         """Open (creating if needed) ``path`` for positional writes."""
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)

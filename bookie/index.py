@@ -18,7 +18,6 @@ allocate huge arrays: ids each 65,535 past the last made them grow by half at ev
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from array import array
 from collections.abc import Sequence
@@ -177,7 +176,7 @@ class LedgerIndex:
         if not self._overflow and 0 <= slot < len(positions):
             stop = slot + count_max * step
             found = positions[slot:stop:step]
-            with contextlib.suppress(ValueError):  # no absent slot: the run is the whole slice
+            if -1 in found:  # stop before the first absent slot (none: the run is the whole slice)
                 del found[found.index(-1) :]
             return found, self._lengths[slot : slot + len(found) * step : step]
         found_list: list[int] = []

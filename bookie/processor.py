@@ -488,8 +488,13 @@ class Processor:
     async def _answer_read(
         self, conn: ServerConnection, req: m.ReadEntryRequest, piggyback: bool = True
     ) -> None:
-        async with conn.read_slot():
+        await conn.take_read_slot()
+        answered = False
+        try:
             await self._answer_read_in_slot(conn, req, piggyback)
+            answered = True
+        finally:
+            conn.give_read_slot(answered)
 
     async def _answer_read_in_slot(
         self, conn: ServerConnection, req: m.ReadEntryRequest, piggyback: bool
@@ -593,8 +598,13 @@ class Processor:
             conn.spawn(self._answer_batch(conn, req))
 
     async def _answer_batch(self, conn: ServerConnection, req: m.BatchReadRequest) -> None:
-        async with conn.read_slot():
+        await conn.take_read_slot()
+        answered = False
+        try:
             await self._answer_batch_in_slot(conn, req)
+            answered = True
+        finally:
+            conn.give_read_slot(answered)
 
     async def _answer_batch_in_slot(self, conn: ServerConnection, req: m.BatchReadRequest) -> None:
         rid, lid = req.request_id, req.ledger_id

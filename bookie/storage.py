@@ -290,6 +290,7 @@ class Storage:
         self._clock = clock
         self._lock_fd = lock_fd
         self._reader = threads.executor("storage-reader")
+        self._reads_nowait = fileio.reads_nowait
         self._cold = threads.executor("storage-cold")
         self._read_fds: dict[int, int] = {}
         self._fds_lock = threading.Lock()
@@ -664,8 +665,10 @@ class Storage:
         """The bodies of entries ``first``, ``first + step``, ... at ``positions`` (of
         :meth:`LedgerIndex.run <bookie.index.LedgerIndex.run>`): read on the loop when the page
         cache holds them all (recently written entries, the common case: no thread hand-off),
-        else on the reader thread."""
-        bodies = self._read_spans(ledger_id, first, step, positions, lengths, self._pread_cached)
+        else on the reader thread (at once when the file seam cannot tell: ``FileIO.reads_nowait``)."""
+        bodies: list[memoryview] | None = None
+        if self._reads_nowait:
+            bodies = self._read_spans(ledger_id, first, step, positions, lengths, self._pread_cached)
         if bodies is None:
             bodies = await self._loop.run_in_executor(
                 self._reader, self._read_spans, ledger_id, first, step, positions, lengths, self._pread

@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 import structlog
 
@@ -98,6 +98,19 @@ class LedgerPage:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+_T = TypeVar("_T")
+
+
+async def _within(timeout_s: float | None, step: Awaitable[_T]) -> _T:
+    """``await step`` within ``timeout_s`` (``TimeoutError``); None: no bound, and no timeout made
+    for nothing (an ``asyncio.timeout(None)`` costs a context and two coroutines, per read and per
+    CAS of every update)."""
+    if timeout_s is None:
+        return await step
+    async with asyncio.timeout(timeout_s):
+        return await step
 
 
 class LedgerManager:
@@ -315,8 +328,7 @@ class LedgerManager:
         `MetadataUnavailable`, ``TimeoutError``.
         """
         if current is None:
-            async with asyncio.timeout(attempt_timeout_s):
-                current = await self.read(ledger_id)
+            current = await _within(attempt_timeout_s, self.read(ledger_id))
         retried = (BadVersion, CasResultUnknown) if retry_unknown else (BadVersion,)
         for attempt in range(1, attempts_max + 2):
             proposed = transform(current.metadata)
@@ -327,13 +339,11 @@ class LedgerManager:
             if proposed.ledger_id != ledger_id:
                 raise ValueError(f"transform changed the ledger id {ledger_id} -> {proposed.ledger_id}")
             try:
-                async with asyncio.timeout(attempt_timeout_s):
-                    return await self.write(proposed, current.version, guards=guards)
+                return await _within(attempt_timeout_s, self.write(proposed, current.version, guards=guards))
             except retried as error:
                 log.debug("ledger.cas_conflict", ledger_id=ledger_id, attempt=attempt, error=repr(error))
             await asyncio.sleep(self._rng.uniform(0, min(CAS_CONFLICT_SLEEP_S_MAX, 0.001 * attempt)))
-            async with asyncio.timeout(attempt_timeout_s):
-                current = await self.read(ledger_id)
+            current = await _within(attempt_timeout_s, self.read(ledger_id))
         raise UpdateRetriesExhausted(self.keys.ledger(ledger_id), attempts_max)
 
     # ---- delete / list / watch -------------------------------------------------------------------

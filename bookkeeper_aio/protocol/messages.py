@@ -730,8 +730,66 @@ def decode_request(body: bytes | memoryview) -> Request:
 
 def decode_request_generic(body: bytes | memoryview) -> Request:
     """:func:`decode_request` without the ADD shortcut: every field through its checker (the
-    bookie's decoder for a frame its :meth:`AddRequests.take` already saw)."""
+    bookie's decoder for a frame its :meth:`AddRequests.take` already saw), after one shortcut:
+    :func:`_read_request`."""
     obj = _unpack_request(body)
+    read: ReadEntryRequest | BatchReadRequest | None = _read_request(obj)
+    if read is None:
+        read = _batch_read_request(obj)
+    if read is not None:
+        return read
+    return _checked_request(obj)
+
+
+def _read_request(obj: Any) -> ReadEntryRequest | None:
+    """The unpacked ``obj`` as a READ_ENTRY request if it has all its fields and a key (every read a
+    client sends: fences and recovery reads are most of a recovery's requests), checked in one flat
+    test as strictly as the checkers (ints, not bools, in range); else None (:func:`_checked_request`
+    decodes it, or says precisely what is wrong)."""
+    if (  # [READ_ENTRY, request_id, ledger_id, entry_id, flags, master_key, previous_lac, timeout_ms]
+        type(obj) is list
+        and len(obj) == 8
+        and obj[0] == _READ_ENTRY
+        and type(obj[0]) is type(rid := obj[1]) is type(lid := obj[2]) is type(eid := obj[3]) is int
+        and type(flags := obj[4]) is type(previous := obj[6]) is type(timeout := obj[7]) is int
+        and type(key := obj[5]) is bytes
+        and 0 <= rid <= REQUEST_ID_MAX
+        and 0 <= lid <= ID_MAX
+        and NO_ENTRY <= eid <= ID_MAX
+        and 0 <= flags <= 0xFF
+        and len(key) <= MASTER_KEY_BYTES_MAX
+        and NO_ENTRY <= previous <= ID_MAX
+        and 0 <= timeout <= LONG_POLL_TIMEOUT_MS_MAX
+    ):
+        return _new_tuple(ReadEntryRequest, obj[1:])
+    return None
+
+
+def _batch_read_request(obj: Any) -> BatchReadRequest | None:
+    """As :func:`_read_request`, for a BATCH_READ request with all its fields and a key."""
+    if (  # [BATCH_READ, request_id, ledger_id, start_entry_id, max_count, max_bytes, flags, master_key, step]
+        type(obj) is list
+        and len(obj) == 9
+        and obj[0] == _BATCH_READ
+        and type(obj[0]) is type(rid := obj[1]) is type(lid := obj[2]) is type(start := obj[3]) is int
+        and type(count := obj[4]) is type(size := obj[5]) is int
+        and type(flags := obj[6]) is type(step := obj[8]) is int
+        and type(key := obj[7]) is bytes
+        and 0 <= rid <= REQUEST_ID_MAX
+        and 0 <= lid <= ID_MAX
+        and 0 <= start <= ID_MAX
+        and 1 <= count <= BATCH_READ_COUNT_MAX
+        and 1 <= size <= FRAME_BYTES_MAX
+        and 0 <= flags <= 0xFF
+        and len(key) <= MASTER_KEY_BYTES_MAX
+        and 1 <= step <= BATCH_READ_STEP_MAX
+    ):
+        return _new_tuple(BatchReadRequest, obj[1:])
+    return None
+
+
+def _checked_request(obj: Any) -> Request:
+    """The unpacked ``obj`` as a request, every field through its checker."""
     op, rid = _head(obj, "request")
     spec = _REQUEST_SPECS.get(op)
     if spec is None:
@@ -963,7 +1021,8 @@ class AddFrameEncoder:
 
 
 def decode_answer(body: bytes | memoryview) -> int | Response:
-    """One response frame body, decoded on the client's hot path.
+    """One response frame body, decoded on the client's hot path (an add's, a read's or a batch
+    read's answer in one flat test each; anything else by :func:`decode_response_object`).
 
     A successful ADD_ENTRY answer ``[ADD_ENTRY, request_id, EOK, nil, ledger_id, entry_id]`` comes
     back as its request id alone (an ``int``: no object per ack); anything else as
@@ -1002,21 +1061,37 @@ def decode_answer(body: bytes | memoryview) -> int | Response:
             if type(request_id) is not int or request_id < 0:
                 raise ProtocolError(f"op {_ADD_ACKS}: bad value for request_ids: {_short(rids)}")
         return _new_tuple(AddAcksResponse, (0, 0, None, rids))
-    if (  # [READ_ENTRY, request_id, EOK, nil, ledger_id, entry_id, body, lac, unreadable]: a read's entry
+    if (  # [READ_ENTRY, request_id, status, message, ledger_id, entry_id, body, lac, unreadable]: a
+        # read's answer, its entry or its refusal (recovery reads past the end are refused ENOENTRY)
         type(obj) is list
         and len(obj) == 9
         and obj[0] == _READ_ENTRY
-        and obj[2] == 0
-        and obj[3] is None
-        and type(obj[0]) is type(rid := obj[1]) is type(obj[2]) is int
+        and type(obj[0]) is type(rid := obj[1]) is type(status := obj[2]) is int
+        and status in STATUS_VALUES
+        and ((message := obj[3]) is None or (type(message) is str and len(message) <= TEXT_CHARS_MAX))
         and type(lid := obj[4]) is type(eid := obj[5]) is type(lac := obj[7]) is int
-        and type(entry := obj[6]) is bytes
+        and ((entry := obj[6]) is None or (type(entry) is bytes and len(entry) <= FRAME_BYTES_MAX))
         and type(obj[8]) is bool
         and rid >= 0
         and 0 <= lid <= ID_MAX
         and NO_ENTRY <= eid <= ID_MAX
         and NO_ENTRY <= lac <= ID_MAX
-        and len(entry) <= FRAME_BYTES_MAX
     ):
         return _new_tuple(ReadEntryResponse, obj[1:])
+    if (  # [BATCH_READ, request_id, status, message, ledger_id, start_entry_id, bodies, lac, step]
+        type(obj) is list
+        and len(obj) == 9
+        and obj[0] == _BATCH_READ
+        and type(obj[0]) is type(rid := obj[1]) is type(status := obj[2]) is int
+        and status in STATUS_VALUES
+        and ((message := obj[3]) is None or (type(message) is str and len(message) <= TEXT_CHARS_MAX))
+        and type(lid := obj[4]) is type(start := obj[5]) is type(lac := obj[7]) is type(step := obj[8]) is int
+        and _bodies(obj[6])
+        and rid >= 0
+        and 0 <= lid <= ID_MAX
+        and 0 <= start <= ID_MAX
+        and NO_ENTRY <= lac <= ID_MAX
+        and 1 <= step <= BATCH_READ_STEP_MAX
+    ):
+        return _new_tuple(BatchReadResponse, obj[1:])
     return decode_response_object(obj)

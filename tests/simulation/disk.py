@@ -170,6 +170,8 @@ class _Mapped(bytes):
 class SimFileIO(FileIO):
     """The bookie's file seam over a :class:`Disk`. File descriptors are small integers."""
 
+    reads_nowait = False  # every read goes through the reader executor's twin (pread_nowait)
+
     def __init__(self, disk: Disk) -> None:
         self.disk = disk
         self._fds: dict[int, tuple[str, SimFile]] = {}

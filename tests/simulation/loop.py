@@ -70,6 +70,8 @@ class Incarnation:
 
 
 NODE: contextvars.ContextVar[Incarnation | None] = contextvars.ContextVar("sim_node", default=None)
+_NOBODY = Incarnation("-")
+"""What the loop takes a callback's node to be when its context names none (never dead)."""
 
 _copy_context = contextvars.copy_context
 _heappush = heapq.heappush
@@ -77,9 +79,15 @@ _heappush = heapq.heappush
 
 class _Handle(asyncio.Handle):
     """A ``Handle`` the loop fills in itself (:meth:`SimLoop.call_soon`), without an ``__init__``
-    frame and without the debug-mode lookups (the simulated loop never runs in debug)."""
+    frame and without the debug-mode lookups (the simulated loop never runs in debug).
+
+    ``_repr`` and ``_source_traceback`` are None in every handle of a loop that is never in debug
+    (asyncio writes them only in debug mode): class attributes here, which shadow the base
+    class's slots, so making a handle stores neither."""
 
     __slots__ = ()
+    _repr = None
+    _source_traceback = None
 
 
 class _TimerHandle(asyncio.TimerHandle):
@@ -87,6 +95,18 @@ class _TimerHandle(asyncio.TimerHandle):
     see :data:`_TIE`."""
 
     __slots__ = ()
+    _repr = None
+    _source_traceback = None
+
+    def cancel(self) -> None:
+        """``TimerHandle.cancel`` (the loop's count of cancelled timers, then ``Handle.cancel``) in
+        one frame instead of three: timeouts and sleeps cancel a timer each."""
+        if not self._cancelled:
+            if self._scheduled:  # BaseEventLoop._timer_handle_cancelled
+                self._loop._timer_cancelled_count += 1  # type: ignore[attr-defined]
+            self._cancelled = True
+            self._callback = None
+            self._args = None
 
 
 _TIE = float("nan")
@@ -100,13 +120,22 @@ about one per five callbacks."""
 
 
 _new_handle = object.__new__
+_Task = asyncio.Task
 
 
 def _shuffle(batch: list[Any], getrandbits: Callable[[int], int]) -> None:
     """``random.Random.shuffle(batch)`` with its ``_randbelow`` inline: the same draws from the same
     generator, in the same order, so the same permutation (a seed keeps its trace), without two
-    method calls per element."""
-    for i in range(len(batch) - 1, 0, -1):
+    method calls per element. Two callbacks (over half the batches) take the one draw directly."""
+    last = len(batch) - 1
+    if last == 1:  # i = 1 below: n = 2, k = 2; j = 0 swaps the two
+        j = getrandbits(2)
+        while j >= 2:
+            j = getrandbits(2)
+        if not j:
+            batch.reverse()
+        return
+    for i in range(last, 0, -1):
         n = i + 1
         k = n.bit_length()
         j = getrandbits(k)
@@ -139,6 +168,8 @@ class SimLoop(asyncio.BaseEventLoop):
         # time(), asked by asyncio's timeouts and the code under test (and the clock seam), as a
         # C call that reads the attribute: no Python frame per call.
         self.time = functools.partial(getattr, self, "_now_s")  # type: ignore[method-assign]
+        # create_future(), asked by every Future the code under test awaits: the class itself, no frame.
+        self.create_future = functools.partial(asyncio.Future, loop=self)  # type: ignore[method-assign]
 
     # ------------------------------------------------------------------ time
     def time(self) -> float:  # replaced per instance by a C call doing the same (__init__)
@@ -146,6 +177,15 @@ class SimLoop(asyncio.BaseEventLoop):
 
     # Every Future and Task asks its loop this when it is made: a builtin answers without a frame.
     get_debug = staticmethod(bool)  # type: ignore[assignment]
+
+    def create_task(
+        self, coro: Any, *, name: str | None = None, context: contextvars.Context | None = None
+    ) -> Any:
+        """``BaseEventLoop.create_task`` without the checks a never-debug loop with no task factory
+        does not need (the same task, the same name)."""
+        if self._closed or self._task_factory is not None:
+            return super().create_task(coro, name=name, context=context)
+        return _Task(coro, loop=self, name=name, context=context)
 
     # ------------------------------------------------------------------ scheduling (lean)
     def call_soon(self, callback: Any, *args: Any, context: contextvars.Context | None = None) -> Any:
@@ -155,8 +195,6 @@ class SimLoop(asyncio.BaseEventLoop):
         handle._callback = callback
         handle._args = args
         handle._cancelled = False
-        handle._repr = None
-        handle._source_traceback = None
         self._ready.append(handle)
         return handle
 
@@ -173,8 +211,6 @@ class SimLoop(asyncio.BaseEventLoop):
         timer._callback = callback
         timer._args = args
         timer._cancelled = False
-        timer._repr = None
-        timer._source_traceback = None
         timer._when = when
         timer._scheduled = True
         _heappush(self._scheduled, (when, -_TIE, timer))
@@ -192,8 +228,6 @@ class SimLoop(asyncio.BaseEventLoop):
         timer._callback = callback
         timer._args = args
         timer._cancelled = False
-        timer._repr = None
-        timer._source_traceback = None
         timer._when = when
         timer._scheduled = True
         _heappush(self._scheduled, (when, -_TIE, timer))
@@ -214,65 +248,83 @@ class SimLoop(asyncio.BaseEventLoop):
         getrandbits = rng.getrandbits if self._shuffle and type(rng) is random.Random else None
         shuffle = rng.shuffle if self._shuffle else None
         node_var = NODE
+        nobody = _NOBODY
         dropped = self.dropped
-        while True:
-            ready = self._ready
-            if not ready:
-                while scheduled and scheduled[0][2]._cancelled:
-                    self._pop_timer()
-                if not scheduled:
-                    if self._stopping:
-                        return
-                    raise Deadlock(
-                        "nothing is ready and no timer is set, but the awaited operation is pending"
-                    )
-                if scheduled[0][0] > self._now_s:
-                    self._now_s = scheduled[0][0]
-                    self._iterations_now = 0
-            self._iterations_now += 1
-            if self._iterations_now > ITERATIONS_AT_ONE_INSTANT_MAX:
-                raise Livelock(f"{ITERATIONS_AT_ONE_INSTANT_MAX} loop iterations at t={self._now_s:.6f} s")
-            now = self._now_s
-            while scheduled and scheduled[0][0] <= now:
-                handle = heappop(scheduled)[2]
-                handle._scheduled = False
-                if handle._cancelled:
-                    self._timer_cancelled_count = max(0, self._timer_cancelled_count - 1)
-                else:
+        now = self._now_s
+        iterations = self._iterations_now  # a local while this runs (stored back on the way out)
+        try:
+            while True:
+                ready = self._ready
+                if not ready:
+                    while True:
+                        if not scheduled:
+                            if self._stopping:
+                                return
+                            raise Deadlock(
+                                "nothing is ready and no timer is set, but the awaited operation is pending"
+                            )
+                        first = scheduled[0]
+                        if not first[2]._cancelled:
+                            break
+                        self._pop_timer()
+                    if first[0] > now:
+                        self._now_s = now = first[0]
+                        iterations = 0
+                    handle = heappop(scheduled)[2]  # due, not cancelled: what the loop below takes first
+                    handle._scheduled = False
                     ready.append(handle)
-            batch = ready
-            self._ready = []
-            if len(batch) > 1:
-                if self.explorer is not None:
-                    batch = self.explorer.order(self, batch)
-                elif getrandbits is not None:
-                    _shuffle(batch, getrandbits)
-                elif shuffle is not None:
-                    shuffle(batch)
-            ran = 0
-            for handle in batch:
-                if handle._cancelled:
-                    continue
-                context = handle._context
-                node = context.get(node_var)
-                if node is not None and node.dead:
-                    self.callbacks_dropped += 1
-                    dropped.append(handle)
-                    continue
-                ran += 1
-                try:  # Handle._run, inline
-                    context.run(handle._callback, *handle._args)
-                except (SystemExit, KeyboardInterrupt):
-                    self.callbacks_run += ran
-                    raise
-                except BaseException as exc:
-                    callback = format_helpers._format_callback_source(handle._callback, handle._args)
-                    self.call_exception_handler(
-                        {"message": f"Exception in callback {callback}", "exception": exc, "handle": handle}
-                    )
-            self.callbacks_run += ran
-            if self._stopping:
-                return
+                iterations += 1
+                if iterations > ITERATIONS_AT_ONE_INSTANT_MAX:
+                    raise Livelock(f"{ITERATIONS_AT_ONE_INSTANT_MAX} loop iterations at t={now:.6f} s")
+                while scheduled and scheduled[0][0] <= now:
+                    handle = heappop(scheduled)[2]
+                    handle._scheduled = False
+                    if handle._cancelled:
+                        self._timer_cancelled_count = max(0, self._timer_cancelled_count - 1)
+                    else:
+                        ready.append(handle)
+                batch = ready
+                self._ready = []
+                if len(batch) > 1:
+                    if self.explorer is not None:
+                        batch = self.explorer.order(self, batch)
+                    elif getrandbits is not None:
+                        _shuffle(batch, getrandbits)
+                    elif shuffle is not None:
+                        shuffle(batch)
+                ran = 0
+                for handle in batch:
+                    if handle._cancelled:
+                        continue
+                    context = handle._context
+                    if context.get(node_var, nobody).dead:
+                        self.callbacks_dropped += 1
+                        dropped.append(handle)
+                        continue
+                    ran += 1
+                    try:  # Handle._run, inline (a task's step has no arguments: no tuple to build)
+                        args = handle._args
+                        if args:
+                            context.run(handle._callback, *args)
+                        else:
+                            context.run(handle._callback)
+                    except (SystemExit, KeyboardInterrupt):
+                        self.callbacks_run += ran
+                        raise
+                    except BaseException as exc:
+                        callback = format_helpers._format_callback_source(handle._callback, handle._args)
+                        self.call_exception_handler(
+                            {
+                                "message": f"Exception in callback {callback}",
+                                "exception": exc,
+                                "handle": handle,
+                            }
+                        )
+                self.callbacks_run += ran
+                if self._stopping:
+                    return
+        finally:
+            self._iterations_now = iterations
 
     def _pop_timer(self) -> asyncio.TimerHandle:
         handle: asyncio.TimerHandle = heapq.heappop(self._scheduled)[2]

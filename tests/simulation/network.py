@@ -54,10 +54,11 @@ class _Reset:
 class Pipe:
     """One direction of a connection: ordered, delayed delivery to ``receiver``."""
 
-    __slots__ = ("closed", "conn", "last_at", "queue", "receiver", "scheduled", "sender")
+    __slots__ = ("closed", "conn", "last_at", "net", "queue", "receiver", "scheduled", "sender")
 
     def __init__(self, conn: Connection, sender: Endpoint, receiver: Endpoint) -> None:
         self.conn = conn
+        self.net = conn.net
         self.sender = sender
         self.receiver = receiver
         self.queue: deque[tuple[float, bytes | _Reset | None]] = deque()  # None: EOF
@@ -67,19 +68,19 @@ class Pipe:
         """Nothing more is delivered (a reset): what was queued is lost."""
 
     def push(self, data: bytes | _Reset | None) -> None:
-        net = self.conn.net
+        net = self.net
         at = net.loop._now_s + net.latency_s(self.sender.node, self.receiver.node)
         if at < self.last_at:
             at = self.last_at
         self.last_at = at
         self.queue.append((at, data))
-        if not self.scheduled:
+        if not self.scheduled and not self.closed:
             self.kick()
 
     def kick(self) -> None:
         if self.scheduled or not self.queue or self.closed:
             return
-        net = self.conn.net
+        net = self.net
         if net.partitions and frozenset((self.sender.node, self.receiver.node)) in net.partitions:
             return  # resumed by heal()
         transport = self.receiver.transport
@@ -93,7 +94,7 @@ class Pipe:
         queue = self.queue
         if self.closed or not queue:
             return
-        net = self.conn.net
+        net = self.net
         receiver = self.receiver
         if net.partitions and frozenset((self.sender.node, receiver.node)) in net.partitions:
             return

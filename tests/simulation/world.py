@@ -464,7 +464,7 @@ def _log_sink(trace: Trace) -> Any:
 
     def sink(logger: Any, method: str, event: dict[str, Any]) -> str:
         name = event.pop("event", "?")
-        fields = " ".join(f"{k}={event[k]}" for k in sorted(event) if k not in ("exc_info",))
+        fields = " ".join([f"{k}={event[k]}" for k in sorted(event) if k != "exc_info"])
         node = NODE.get()
         trace(f"[{node.name if node else '-'}] {method} {name} {fields}".rstrip())
         raise structlog.DropEvent

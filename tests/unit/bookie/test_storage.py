@@ -512,6 +512,26 @@ class NothingCached(FileIO):
         return super().pread(fd, length, offset)
 
 
+class CannotTell(NothingCached):
+    """A file seam whose ``pread_nowait`` can never find cached bytes, and says so."""
+
+    reads_nowait = False
+
+    def pread_nowait(self, fd: int, length: int, offset: int) -> None:
+        raise AssertionError("asked for cached bytes it said it cannot tell")
+
+
+async def test_a_file_seam_that_cannot_tell_cached_bytes_is_not_asked(tmp_path: Path) -> None:
+    fileio = CannotTell()
+    storage = await Storage.open(config(tmp_path), fileio)
+    for i in range(3):
+        await add(storage, 1, i)
+    assert await storage.read_range(1, 0, 100, 1 << 20) == [body(1, i, i - 1) for i in range(3)]
+    assert await storage.read_entry(1, 2) == (2, body(1, 2, 1))
+    assert fileio.blocking_reads == 2
+    await storage.close()
+
+
 @pytest.mark.parametrize("cached", [True, False], ids=["page-cache", "reader-thread"])
 async def test_a_batch_stops_before_a_corrupt_record_and_fails_on_a_corrupt_first(
     tmp_path: Path, cached: bool

@@ -223,3 +223,53 @@ def test_decode_answer__a_read_answer_with_one_field_wrong_decodes_as_the_generi
             _same_decode(msgpack.packb(obj, use_bin_type=True))
     for obj in (valid[:8], [*valid, 0], valid[:7]):  # one short (unreadable omitted), one long, too short
         _same_decode(msgpack.packb(obj, use_bin_type=True))
+
+
+def test_decode_answer__a_refused_read_decodes_as_the_generic_decoder() -> None:
+    """The read answer's shortcut takes refusals too (ENOENTRY for a recovery read past the end, with
+    a message and no entry): field by field, as the generic decoder does, message edges included."""
+    valid = [int(OpCode.READ_ENTRY), 7, int(StatusCode.ENOENTRY), "no entry 4", 3, 4, None, 2, False]
+    assert m.decode_answer(msgpack.packb(valid, use_bin_type=True)) == m.ReadEntryResponse(*valid[1:])
+    changes: list[tuple[int, Any]] = [
+        (2, int(StatusCode.EIO)),
+        (2, 0),
+        (2, 9999),
+        (3, None),
+        (3, "m" * m.TEXT_CHARS_MAX),
+        (3, "m" * (m.TEXT_CHARS_MAX + 1)),
+        (3, b"bytes"),
+        (6, b"entry"),
+        (6, 5),
+        (8, True),
+        (8, 0),
+    ]
+    for i, value in changes:
+        obj = [*valid[:i], value, *valid[i + 1 :]]
+        _same_decode(msgpack.packb(obj, use_bin_type=True))
+    for obj in (valid[:4], valid[:8]):  # a refusal may stop after its message; one short
+        _same_decode(msgpack.packb(obj, use_bin_type=True))
+
+
+def test_decode_answer__a_batch_read_answer_with_one_field_wrong_decodes_as_the_generic_decoder() -> None:
+    """The batch read answer's shortcut, field by field (its entries, a refusal's message), as the
+    generic decoder does."""
+    valid = [int(OpCode.BATCH_READ), 7, 0, None, 3, 4, [b"a", b"bc"], 5, 1]
+    assert m.decode_answer(msgpack.packb(valid, use_bin_type=True)) == m.BatchReadResponse(*valid[1:])
+    bad: list[list[Any]] = [
+        [True, 10, -1],
+        [-1, True, REQUEST_ID_MAX, None],
+        [True, 2, -1, 99, int(StatusCode.ENOENTRY)],
+        ["m" * m.TEXT_CHARS_MAX, "m" * (m.TEXT_CHARS_MAX + 1), b"m", 5],
+        [-1, ID_MAX, ID_MAX + 1, True],
+        [-1, ID_MAX, ID_MAX + 1, False, None],
+        [[], [b"a", "b"], [b"a", None], b"ab", None, [b"x"] * 3],
+        [-2, -1, ID_MAX, ID_MAX + 1, True],
+        [0, 1, 64, 65, True, None],
+    ]
+    assert len(bad) == len(valid)
+    for i, values in enumerate(bad):
+        for value in values:
+            obj = [*valid[:i], value, *valid[i + 1 :]]
+            _same_decode(msgpack.packb(obj, use_bin_type=True))
+    for obj in (valid[:8], [*valid, 0], valid[:4], valid[:3]):  # step omitted, one long, refusal-short
+        _same_decode(msgpack.packb(obj, use_bin_type=True))
