@@ -16,7 +16,9 @@ Strategy (docs/bookie.md "Group commit"; docs/internals.md §6):
   fills it in. Replay uses it to tell the final group, torn by a power loss in any page order, from
   damage before a later group (``bookie.journal_format``).
 - A group that spans a segment roll syncs the older segment before writing the newer one, so a
-  crash never leaves a hole before durable records (the replay table relies on it). The next
+  crash never leaves a hole before durable records (the replay table relies on it). A segment's
+  header, written with its first run, records where the segment before it ended, so replay can
+  tell that segment's lost last groups from space never written. The next
   segment is created (directory fsynced) ahead of time, off the hot path; segments grow in
   preallocated 16 MiB steps.
 - Bytes waiting for the disk are bounded (``queue_bytes_max``): above it ``on_pressure(True)`` tells
@@ -96,15 +98,17 @@ class JournalConfig:
 
 class _Run:
     """Consecutive bytes of one group that go to one segment: from ``offset`` (the GROUP header,
-    once a record is in ``parts``) to ``end`` (set when the run is closed by a roll or a flush)."""
+    once a record is in ``parts``) to ``end`` (set when the run is closed by a roll or a flush).
+    ``previous_end``: where the segment before ended, for the header of a run that writes it."""
 
-    __slots__ = ("end", "offset", "parts", "segment_id")
+    __slots__ = ("end", "offset", "parts", "previous_end", "segment_id")
 
-    def __init__(self, segment_id: int, offset: int) -> None:
+    def __init__(self, segment_id: int, offset: int, previous_end: int) -> None:
         self.segment_id = segment_id
         self.offset = offset
         self.end = offset
         self.parts: list[bytes] = []
+        self.previous_end = previous_end
 
 
 class RecordBatch:
@@ -199,7 +203,7 @@ class _Writer:
                 length = run.end - run.offset - fmt.GROUP_HEADER_BYTES
                 run.parts.insert(0, fmt.encode_group_header(run.segment_id, run.offset, length))
             if run.offset == fmt.SEGMENT_HEADER_BYTES:
-                run.parts.insert(0, fmt.encode_segment_header(run.segment_id))
+                run.parts.insert(0, fmt.encode_segment_header(run.segment_id, run.previous_end))
                 run.offset = 0
             data = b"".join(run.parts)
             self._ensure_allocated(run.segment_id, fd, run.offset + len(data))
@@ -337,6 +341,7 @@ class Journal:
         "_pending_bytes",
         "_pending_records",
         "_pressure",
+        "_previous_end",
         "_record_bytes_max",
         "_refusing",
         "_runs",
@@ -367,10 +372,14 @@ class Journal:
         clock: Clock = SYSTEM_CLOCK,
         synced_mark: str | None = None,
         start_format: int = fmt.SEGMENT_VERSION,
+        previous_end: int = 0,
     ) -> None:
         """``synced_mark``: the path of the synced mark to keep (``journal_format``'s module doc);
         None keeps none. ``start_format``: the format version of the segment ``start`` is in; in a
-        segment of an older one nothing more is appended, the journal goes on in the next."""
+        segment of an older one nothing more is appended, the journal goes on in the next.
+        ``previous_end``: where the segment before ``start``'s ended (replay's
+        :attr:`~bookie.replay.Recovered.previous_end`), recorded in that segment's header when
+        ``start`` is just past it; 0 records none."""
         config.validate()
         self._config = config
         self._clock = clock
@@ -385,7 +394,8 @@ class Journal:
         self._writer.mark_synced(start)
         self._segment_id, self._offset = start
         self._synced = start
-        self._runs: list[_Run] = [_Run(start.segment_id, start.offset)]
+        self._previous_end = previous_end
+        self._runs: list[_Run] = [_Run(start.segment_id, start.offset, previous_end)]
         if start_format != fmt.SEGMENT_VERSION:
             self._roll()  # as a record that did not fit would: the first group writes the header
         self._callbacks: list[Callback] = []
@@ -575,10 +585,10 @@ class Journal:
         return True
 
     def _roll(self) -> None:
-        self._runs[-1].end = self._offset
+        self._runs[-1].end = self._previous_end = self._offset
         self._segment_id += 1
         self._offset = fmt.SEGMENT_HEADER_BYTES
-        self._runs.append(_Run(self._segment_id, self._offset))
+        self._runs.append(_Run(self._segment_id, self._offset, self._previous_end))
 
     def _after_append(self) -> None:
         if self._pending_bytes + self._inflight_bytes > self._config.queue_bytes_max:
@@ -602,7 +612,7 @@ class Journal:
             self.queue_wait_seconds.observe(self._clock.monotonic() - self._first_append_s)
         runs[-1].end = self._offset
         end = Position(self._segment_id, self._offset)
-        self._runs = [_Run(self._segment_id, self._offset)]
+        self._runs = [_Run(self._segment_id, self._offset, self._previous_end)]
         self._callbacks = []
         acked_early = None
         if failpoints.switched(failpoints.BUG_ACK_BEFORE_SYNC):  # a planted bug (tests/simulation)

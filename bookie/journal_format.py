@@ -1,9 +1,16 @@
 """Journal records and the replay decision table: pure (bytes in, records out, no I/O).
 
 A journal is a sequence of segment files ``segment-<id:016x>.log``. Each segment starts with a
-16-byte header (magic ``BKJS``, format version, segment id) and is followed by groups. A group is
-what one ``pwrite`` + ``fdatasync`` of the journal writer puts in one segment: a GROUP header
-record, then the records appended meanwhile. Every record, the group header included, is::
+24-byte header and is followed by groups::
+
+    magic "BKJS" | version:u16 (4) | padding:u16 | segment_id:u64 | previous_end:u32 | crc32c:u32
+
+``previous_end`` is where the segment before it ended (the end of its last group) when the writer
+rolled into this one, 0 when there is none to check (segment 1; a segment whose predecessor a
+restart found behind the checkpoint); the CRC32C covers the 20 bytes before it. A version 2 or 3
+header is the first 16 bytes alone (no previous end). A group is what one ``pwrite`` + ``fdatasync``
+of the journal writer puts in one segment: a GROUP header record, then the records appended
+meanwhile. Every record, the group header included, is::
 
     magic:u32 | body_length:u32 | crc32c:u32 | type:u8 | body (body_length bytes)
 
@@ -15,9 +22,10 @@ rule apply (or is no type), a changed length checksums other bytes, either fails
 the CRC's 2^-32 chance, as a changed body does; and the ids a read or replay takes are the body's
 first 16 bytes, under the CRC. Space after the last group is zeros (segments are preallocated).
 
-Format versions (the segment header's): 3 writes ENTRY records of type 7, 2 wrote type 1. Records
-say their own kind, so a segment of either version is read by the same decoder, and compaction's
-verbatim copies of type-1 records may lie in a version-3 segment. A journal found ending in an
+Format versions (the segment header's): 4 adds the previous end to the header (24 bytes; the
+records are 3's), 3 writes ENTRY records of type 7, 2 wrote type 1. Records say their own kind, so a
+segment of any version is read by the same decoder, and compaction's verbatim copies of type-1
+records may lie in a later segment. A journal found ending in an
 older segment goes on in the next one (``Recovered.start_format``): a segment never holds a record
 its header's version does not know, so a bookie that reads only version 2 refuses a journal this
 one wrote (``JournalFormatUnsupported``) rather than taking its records for damage.
@@ -68,9 +76,21 @@ bytes, and no evidence of a later group               TORN         cut (zero) fr
 Across segments: only the last segment holding bytes may end TORN; a TORN or CORRUPT segment followed
 by a segment holding any bytes is CORRUPT (a group that spans segments is written as one group per
 segment and the writer syncs the older segment before writing the newer one, so power loss tears at
-most the newer of them). A segment header that is zeros or not ours (magic) is a torn segment start
-when nothing in the segment or after it says otherwise; a header with our magic but another format
-version refuses to start (:class:`JournalFormatUnsupported`).
+most the newer of them). Zeros are space never written only at the end of the journal:
+
+- a segment holding nothing (zero length, or all zeros: created ahead of time) followed by a segment
+  holding any bytes is CORRUPT: the writer writes a segment's header with its first group before a
+  later segment gets a byte (it rolls only out of a segment holding a record), so it lost them all;
+- a segment whose header records a ``previous_end`` (version 4, not 0) is the writer's word on where
+  the segment before it ended: when that one is replayed, its whole groups must end exactly there,
+  else CORRUPT (its last groups read back as zeros: a lost write, a zeroed extent, a truncation; they
+  were synced, and acknowledged, before the roll that wrote the header). A restart that goes on just
+  past a segment's header writes it again with the same previous end (replay's, :mod:`bookie.replay`).
+  Before a version 2 or 3 segment (no previous end) zeros at a segment's end stay undetected.
+
+A segment header that is zeros, not ours (magic), or of version 4 failing its CRC is a torn segment
+start when nothing in the segment or after it says otherwise; a header with our magic but a format
+version not read refuses to start (:class:`JournalFormatUnsupported`).
 
 Known limit: the final group of a journal is indistinguishable from an unsynced one, so damage in the
 last group before a power loss or a crash is cut like a torn group even if it had been synced; a later
@@ -104,13 +124,19 @@ Buffer = bytes | mmap.mmap
 """What a segment is scanned from: bytes in tests, a read-only mmap at startup (nothing copied)."""
 
 SEGMENT_MAGIC = b"BKJS"
-SEGMENT_VERSION = 3
-"""3: ENTRY records of type 7 (the body's CRC32C alone, no id prefix). 2: records come in groups,
-each led by a GROUP header record, ENTRY records of type 1; still read. 1 had no groups and has no
-upgrade path (the project had no releases then: an old data dir is wiped)."""
-READABLE_SEGMENT_VERSIONS = frozenset((2, 3))
-SEGMENT_HEADER = struct.Struct(">4sHxxQ")  # magic, version, padding, segment id
-SEGMENT_HEADER_BYTES = SEGMENT_HEADER.size  # 16
+SEGMENT_VERSION = 4
+"""4: the segment header records where the segment before it ended, under a CRC32C (24 bytes).
+3: ENTRY records of type 7 (the body's CRC32C alone, no id prefix). 2: records come in groups,
+each led by a GROUP header record, ENTRY records of type 1. 2 and 3 are still read (their 16-byte
+headers record no previous end: the segment before one is checked as it was). 1 had no groups and
+has no upgrade path (the project had no releases then: an old data dir is wiped)."""
+READABLE_SEGMENT_VERSIONS = frozenset((2, 3, 4))
+_SHORT_HEADER_VERSIONS = frozenset((2, 3))
+SEGMENT_HEADER = struct.Struct(">4sHxxQ")  # magic, version, padding, segment id: every version starts so
+SHORT_SEGMENT_HEADER_BYTES = SEGMENT_HEADER.size  # 16: all of a version 2 or 3 header
+_U32 = struct.Struct(">I")  # version 4 adds two: the previous segment's end, crc32c of the bytes before it
+SEGMENT_HEADER_BYTES = SEGMENT_HEADER.size + 2 * _U32.size  # 24
+"""The header this bookie writes: a new segment's first group lies just past it."""
 
 RECORD_MAGIC = 0xB00C1E5A
 _RECORD_MAGIC_BYTES = struct.pack(">I", RECORD_MAGIC)
@@ -252,14 +278,18 @@ def encode_explicit_lac(ledger_id: int, lac: int, lac_body: bytes) -> bytes:
     return encode_record(RecordType.EXPLICIT_LAC, LEDGER_ENTRY.pack(ledger_id, lac) + lac_body)
 
 
-def encode_segment_header(segment_id: int) -> bytes:
-    return SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, segment_id)
+def encode_segment_header(segment_id: int, previous_end: int) -> bytes:
+    """The header of segment ``segment_id`` (current version); ``previous_end``: where the segment
+    before it ended (the end of its last group), 0 when there is none to check (segment 1, or one
+    a restart found gone or behind the checkpoint)."""
+    head = SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, segment_id) + _U32.pack(previous_end)
+    return head + _U32.pack(crc32c.crc32c(head))
 
 
 def segment_format(data: Buffer) -> int:
     """The format version a segment's header names (:data:`SEGMENT_VERSION` for a header that is
     not ours: the writer writes its header again with its first group)."""
-    if len(data) < SEGMENT_HEADER_BYTES or bytes(data[:4]) != SEGMENT_MAGIC:
+    if len(data) < SHORT_SEGMENT_HEADER_BYTES or bytes(data[:4]) != SEGMENT_MAGIC:
         return SEGMENT_VERSION
     return int(SEGMENT_HEADER.unpack_from(data, 0)[1])
 
@@ -298,13 +328,13 @@ class SegmentHeader(enum.Enum):
 
 def check_segment_header(data: Buffer, segment_id: int) -> SegmentHeader:
     """Classify the header of segment ``segment_id``. Raises :class:`JournalFormatUnsupported` for
-    our magic with another format version, :class:`JournalCorrupt` for another segment's id."""
-    if len(data) < SEGMENT_HEADER_BYTES or not any(data[:SEGMENT_HEADER_BYTES]):
+    our magic with a format version not read, :class:`JournalCorrupt` for another segment's id."""
+    if len(data) < SHORT_SEGMENT_HEADER_BYTES or not any(data[:SHORT_SEGMENT_HEADER_BYTES]):
         return SegmentHeader.ZERO
     magic, version, found_id = SEGMENT_HEADER.unpack_from(data, 0)
     if magic != SEGMENT_MAGIC:
         return SegmentHeader.GARBLED
-    head = bytes(data[:SEGMENT_HEADER_BYTES])
+    head = bytes(data[:SHORT_SEGMENT_HEADER_BYTES])
     readable = version in READABLE_SEGMENT_VERSIONS
     expected = SEGMENT_HEADER.pack(SEGMENT_MAGIC, version if readable else SEGMENT_VERSION, segment_id)
     kept = len(head.rstrip(b"\0"))
@@ -318,9 +348,24 @@ def check_segment_header(data: Buffer, segment_id: int) -> SegmentHeader:
             f"reads versions {sorted(READABLE_SEGMENT_VERSIONS)} and has no upgrade path from it: "
             "wipe the data dir and let re-replication rebuild the bookie"
         )
+    if version not in _SHORT_HEADER_VERSIONS:
+        if len(data) < SEGMENT_HEADER_BYTES:
+            return SegmentHeader.GARBLED
+        (crc,) = _U32.unpack_from(data, SEGMENT_HEADER_BYTES - _U32.size)
+        if crc32c.crc32c(data[: SEGMENT_HEADER_BYTES - _U32.size]) != crc:
+            return SegmentHeader.GARBLED  # a torn or damaged header: what follows says which
     if found_id != segment_id:
         raise JournalCorrupt(f"journal segment {segment_id:016x}: its header names segment {found_id:016x}")
     return SegmentHeader.VALID
+
+
+def segment_layout(data: Buffer) -> tuple[int, int]:
+    """Of a VALID segment header (:func:`check_segment_header`): where the segment's first group
+    lies, and where its writer recorded the segment before it ended (0: none recorded, as in every
+    version 2 or 3 header)."""
+    if SEGMENT_HEADER.unpack_from(data, 0)[1] in _SHORT_HEADER_VERSIONS:
+        return SHORT_SEGMENT_HEADER_BYTES, 0
+    return SEGMENT_HEADER_BYTES, int(_U32.unpack_from(data, SEGMENT_HEADER.size)[0])
 
 
 def decode_record_at(data: Buffer, offset: int) -> Record | None:

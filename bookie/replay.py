@@ -4,7 +4,8 @@ Blocking; runs once before the bookie serves (in a worker thread). Follows the d
 :mod:`bookie.journal_format`: the final group, torn by a crash or a power loss (any subset of its
 pages), is zeroed and synced (logged with its offset and size); damage followed by a later group, or
 by a later segment holding bytes, refuses to start with :class:`~bookie.journal_format.JournalCorrupt`,
-naming the segment and offset.
+naming the segment and offset; so do a segment holding nothing before one holding bytes, and a
+segment whose groups end short of where the next segment's header says its writer ended it.
 
 A cut that zeroes anything is made under a durable limbo marker, written before the cut
 (:mod:`bookie.limbo`): the final group may have been synced and acknowledged (bit rot looks like a
@@ -58,6 +59,9 @@ class Recovered:
     segments: list[int] = field(default_factory=list)
     limbo: limbo_marker.Limbo | None = None
     """The ledgers in limbo (the marker on disk, this cut's included); None without a marker."""
+    previous_end: int = 0
+    """Where the segment before ``start``'s ended, for that segment's header when the journal
+    writes it (``start`` just past it); 0 when unknown (gone, or behind the checkpoint)."""
 
 
 def apply_record(ledgers: dict[int, LedgerState], segment_id: int, record: fmt.Record) -> None:
@@ -165,20 +169,28 @@ def recover(
     else:
         _check_consecutive([i for i in ids if i >= position.segment_id])
         _check_indexed_segments(ledgers, ids)
-    result = Recovered(ledgers, position, replayed_from=position, segments=ids)
+    # a journal whose segment holds nothing yet starts just past the header its first group writes
+    start = Position(position.segment_id, max(position.offset, fmt.SEGMENT_HEADER_BYTES))
+    result = Recovered(ledgers, start, replayed_from=position, segments=ids)
     damaged: tuple[int, int] | None = None  # segment and offset of the damage found so far
     torn: tuple[int, int, int] | None = None
+    empty: int | None = None  # the first segment found holding nothing
     replayed: dict[int, int] = {}  # segment -> the end of its whole groups replayed
+    ends: dict[int, int] = {}  # segment -> where its whole groups end, as scanned
+    recorded: dict[int, int] = {}  # segment -> where its header says the segment before it ended
     for segment_id in (i for i in ids if i >= position.segment_id):
         path = os.path.join(journal_dir, fmt.segment_name(segment_id))
         data = fileio.map_read(path)
         if data is None:
             _check_not_behind_checkpoint(segment_id, 0, position)
-            continue  # created, never written
+            empty = segment_id if empty is None else empty
+            continue  # created, never written (or its bytes are gone: a later segment says which)
         try:
-            scan = _scan_segment(data, segment_id, position)
-            if scan is None:
-                continue  # created ahead of time, never written
+            scanned = _scan_segment(data, segment_id, position)
+            if scanned is None:
+                empty = segment_id if empty is None else empty
+                continue  # created ahead of time, never written (or zeroed: as above)
+            scan, recorded[segment_id] = scanned
             if damaged is not None:
                 # any byte of a later segment, its header alone included (a roll: bookie GC), was
                 # written after the damaged one's last group was synced: the damage is to synced data
@@ -187,18 +199,30 @@ def recover(
                     f"journal segment {bad_id:016x} is damaged at offset {bad_at} but later segment "
                     f"{segment_id:016x} holds data: refusing to start (no silent truncation)"
                 )
+            if empty is not None:
+                # the writer writes a segment's header (with its first group) before any later
+                # segment gets a byte: a segment holding nothing before this one lost all it held
+                raise fmt.JournalCorrupt(
+                    f"journal segment {empty:016x} holds nothing (empty or all zeros) but later "
+                    f"segment {segment_id:016x} holds data: the records it held are gone; refusing "
+                    "to start (no silent truncation). Restore the segment, or wipe the bookie and "
+                    "let re-replication rebuild it."
+                )
+            _check_previous_end(segment_id, recorded[segment_id], ends)
             tick = GilShare().tick
             for record in scan.records:
                 tick()
                 apply_record(ledgers, segment_id, record)
             result.records_replayed += len(scan.records)
+            ends[segment_id] = scan.end
             if scan.end > 0:
                 replayed[segment_id] = scan.end
             if scan.groups or segment_id == position.segment_id or scan.end > 0:
                 # a segment with its header alone (a roll) is where the journal went on; a cut from
                 # offset 0 (torn segment header) appends just past the header to come
-                result.start = Position(segment_id, max(scan.end, fmt.SEGMENT_HEADER_BYTES))
-                result.start_format = fmt.segment_format(data)
+                result.start = Position(segment_id, scan.end or fmt.SEGMENT_HEADER_BYTES)
+                # a cut from offset 0 leaves the segment to be written anew, header first
+                result.start_format = fmt.segment_format(data) if scan.end else fmt.SEGMENT_VERSION
             if scan.tail is not fmt.Tail.CLEAN:
                 damaged = (segment_id, scan.bad)
                 torn = (segment_id, scan.end, scan.garbage_end)
@@ -217,13 +241,30 @@ def recover(
         result.torn_bytes_cut = _cut_torn_tail(fileio, journal_dir, *torn, never_synced=never_synced)
     _make_durable(fileio, journal_dir, replayed, synced)  # the journal then marks its start synced
     result.limbo = limbo_marker.load_blocking(fileio, data_dir)
+    segment_id = result.start.segment_id
+    result.previous_end = recorded.get(segment_id) or ends.get(segment_id - 1, 0)
     return result
 
 
-def _scan_segment(data: mmap.mmap, segment_id: int, position: Position) -> fmt.ScanResult | None:
-    """Scan one segment; None when it was never written. A zero or garbled segment header over
-    non-zero bytes is the start of a torn final group (scanned from offset 0: everything is cut)
-    unless a group header after it, or the checkpoint, says the segment was synced."""
+def _check_previous_end(segment_id: int, previous_end: int, ends: dict[int, int]) -> None:
+    """The segment before ``segment_id``, when it was replayed, must end exactly where its writer
+    ended it (``previous_end``, recorded in ``segment_id``'s header; 0: nothing recorded). Short of
+    it, its last groups were lost (zeros look like space never written): synced, acknowledged data."""
+    end = ends.get(segment_id - 1)
+    if previous_end and end is not None and end != previous_end:
+        raise fmt.JournalCorrupt(
+            f"journal segment {segment_id - 1:016x}: its groups end at offset {end} but the writer "
+            f"ended it at offset {previous_end} (recorded in segment {segment_id:016x}): the records "
+            "in between are gone; refusing to start (no silent truncation). Inspect the segment; "
+            "the bookie's data on this disk cannot be trusted as is."
+        )
+
+
+def _scan_segment(data: mmap.mmap, segment_id: int, position: Position) -> tuple[fmt.ScanResult, int] | None:
+    """Scan one segment: its scan and where its header says the segment before it ended (0: not
+    recorded); None when it was never written. A zero or garbled segment header over non-zero bytes
+    is the start of a torn final group (scanned from offset 0: everything is cut) unless a group
+    header after it, or the checkpoint, says the segment was synced."""
     header = fmt.check_segment_header(data, segment_id)
     if header is not fmt.SegmentHeader.VALID:
         if header is fmt.SegmentHeader.ZERO and fmt.is_all_zero(data):
@@ -241,9 +282,12 @@ def _scan_segment(data: mmap.mmap, segment_id: int, position: Position) -> fmt.S
                 f"offset {scan.evidence} follows: refusing to start (no silent truncation). Inspect "
                 "the segment; the bookie's data on this disk cannot be trusted as is."
             )
-        return scan
+        return scan, 0
     _check_not_behind_checkpoint(segment_id, len(data), position)
-    start = position.offset if segment_id == position.segment_id else fmt.SEGMENT_HEADER_BYTES
+    first_group, previous_end = fmt.segment_layout(data)
+    start = first_group
+    if segment_id == position.segment_id and position.offset > fmt.SEGMENT_HEADER_BYTES:
+        start = position.offset  # no group ends before the header's end: less is the first group
     scan = fmt.scan(data, start, segment_id)
     if scan.tail is fmt.Tail.CORRUPT:
         raise fmt.JournalCorrupt(
@@ -252,7 +296,7 @@ def _scan_segment(data: mmap.mmap, segment_id: int, position: Position) -> fmt.S
             "silent truncation; the later group was written after the damaged one was synced). "
             "Inspect the segment; the bookie's data on this disk cannot be trusted as is."
         )
-    return scan
+    return scan, previous_end
 
 
 def _check_not_behind_checkpoint(segment_id: int, size: int, position: Position) -> None:

@@ -286,6 +286,7 @@ class Storage:
             clock,
             synced_mark=os.path.join(config.data_dir, fmt.SYNCED_MARK_FILE),
             start_format=recovered.start_format,
+            previous_end=recovered.previous_end,
         )
         self._clock = clock
         self._lock_fd = lock_fd

@@ -233,6 +233,33 @@ MUTANTS = (
         ("tests/unit/bookie/test_limbo.py",),
         "a writer's add of a ledger in limbo is journaled without metadata showing the ledger OPEN",
     ),
+    Mutant(
+        "replay-empty-middle-segment-skipped",
+        "bookie/replay.py",
+        "            if empty is not None:\n",
+        "            if False:\n",
+        ("tests/unit/bookie/test_journal_segments.py",),
+        "replay skips a journal segment that holds nothing (emptied or zeroed) before one that holds "
+        "data: the entries it held answer ENOENTRY",
+    ),
+    Mutant(
+        "replay-previous-end-unchecked",
+        "bookie/replay.py",
+        "    if previous_end and end is not None and end != previous_end:\n",
+        "    if False:\n",
+        ("tests/unit/bookie/test_journal_segments.py",),
+        "replay takes zeros in place of the last groups of a segment before another for space never "
+        "written: the entries they held answer ENOENTRY",
+    ),
+    Mutant(
+        "segment-header-without-previous-end",
+        "bookie/journal.py",
+        "                run.parts.insert(0, fmt.encode_segment_header(run.segment_id, run.previous_end))\n",
+        "                run.parts.insert(0, fmt.encode_segment_header(run.segment_id, 0))\n",
+        ("tests/unit/bookie/test_journal_segments.py",),
+        "the journal records no previous end in a new segment's header: replay cannot tell the "
+        "segment before lost its last groups",
+    ),
 )
 
 

@@ -250,3 +250,34 @@ async def test_torn_tail_every_offset_in_last_three_records(tmp_path: Path) -> N
     origin, ends = await write_journal_of_50(tmp_path)
     for cut in cut_offsets(ends):
         await check_cut(tmp_path, origin, ends, cut)
+
+
+async def test_records_lost_at_the_end_of_a_middle_segment_refuse_to_start(tmp_path: Path) -> None:
+    """The last group of a segment that is not the last one reads back as zeros after a crash (a
+    lost write, a zeroed extent): the bookie refuses to start (exit 3) instead of serving without
+    those acknowledged entries (it used to start and answer ENOENTRY for them)."""
+    data_dir = tmp_path / "b"
+    args = ["--checkpoint-interval-s", "3600", "--journal-segment-bytes", "262144"]
+    args += ["--frame-bytes-max", "65536"]
+    bookie = BookieProcess(data_dir, bookie_id="lost", extra_args=args)
+    try:
+        bookie.start()
+        client = await WireClient.connect(*bookie.address)
+        payload = b"x" * 20_000  # a dozen entries per segment, one group each (acked one by one)
+        for entry_id in range(40):
+            assert (await client.add(1, entry_id, payload)).status == StatusCode.EOK
+        client.close()
+        bookie.kill()
+        middle = data_dir / "journal" / fmt.segment_name(2)
+        assert (data_dir / "journal" / fmt.segment_name(3)).stat().st_size > 0
+        data = middle.read_bytes()
+        last = fmt.scan(data, fmt.SEGMENT_HEADER_BYTES, 2).records[-1]
+        group = last.offset - fmt.GROUP_HEADER_BYTES
+        assert fmt.group_length_at(data, group, 2) == last.length  # the whole last group
+        with middle.open("r+b") as out:
+            out.seek(group)
+            out.write(bytes(len(data) - group))
+        assert bookie.start_expect_failure() == 3
+        assert "refusing to start" in bookie.log_tail(20)
+    finally:
+        bookie.cleanup()

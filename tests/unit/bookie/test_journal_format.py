@@ -9,7 +9,7 @@ from bookie import journal_format as fmt
 
 def _segment(groups: list[list[bytes]], segment_id: int = 1, zeros: int = 0) -> bytes:
     """A segment as the journal writes it: the header, then each group led by its GROUP header."""
-    out = fmt.encode_segment_header(segment_id)
+    out = fmt.encode_segment_header(segment_id, 0)
     for records in groups:
         out += fmt.encode_group_header(segment_id, len(out), sum(len(r) for r in records))
         out += b"".join(records)
@@ -188,20 +188,20 @@ def test_garbage_without_valid_records_after_is_torn() -> None:
 
 
 def test_segment_header_checks() -> None:
-    assert fmt.check_segment_header(fmt.encode_segment_header(9), 9) is fmt.SegmentHeader.VALID
+    assert fmt.check_segment_header(fmt.encode_segment_header(9, 0), 9) is fmt.SegmentHeader.VALID
     assert fmt.check_segment_header(bytes(16), 9) is fmt.SegmentHeader.ZERO
     assert fmt.check_segment_header(b"", 9) is fmt.SegmentHeader.ZERO
     assert fmt.check_segment_header(b"\x07" * 16, 9) is fmt.SegmentHeader.GARBLED
     with pytest.raises(fmt.JournalCorrupt, match="names segment"):
-        fmt.check_segment_header(fmt.encode_segment_header(8), 9)
+        fmt.check_segment_header(fmt.encode_segment_header(8, 0), 9)
     for segment_id in (1, 9, 256, 2**40):  # a header write cut short (simulation race seed 2677)
-        header = fmt.encode_segment_header(segment_id)
+        header = fmt.encode_segment_header(segment_id, 0)
         for kept in range(1, fmt.SEGMENT_HEADER_BYTES):
             torn = header[:kept] + bytes(4096 - kept)
-            if any(torn[:16]) and torn[:16] != header:
+            if any(torn[:16]):
                 assert fmt.check_segment_header(torn, segment_id) is fmt.SegmentHeader.GARBLED, kept
         format_2 = fmt.SEGMENT_HEADER.pack(fmt.SEGMENT_MAGIC, 2, segment_id)  # torn before the upgrade
-        for kept in range(6, fmt.SEGMENT_HEADER_BYTES):
+        for kept in range(6, fmt.SHORT_SEGMENT_HEADER_BYTES):
             torn = format_2[:kept] + bytes(4096 - kept)
             if torn[:16] != format_2:
                 assert fmt.check_segment_header(torn, segment_id) is fmt.SegmentHeader.GARBLED, kept
@@ -209,14 +209,37 @@ def test_segment_header_checks() -> None:
         header = fmt.SEGMENT_HEADER.pack(fmt.SEGMENT_MAGIC, version, 9)
         assert fmt.check_segment_header(header, 9) is fmt.SegmentHeader.VALID
         assert fmt.segment_format(header) == version
+    assert fmt.segment_format(fmt.encode_segment_header(9, 0)) == fmt.SEGMENT_VERSION == 4
     assert fmt.segment_format(bytes(16)) == fmt.SEGMENT_VERSION  # not ours: rewritten with its first group
-    for version in (1, 4):
+    for version in (1, 5):
         other = fmt.SEGMENT_HEADER.pack(fmt.SEGMENT_MAGIC, version, 9)
         with pytest.raises(
             fmt.JournalFormatUnsupported,
-            match=rf"format version {version}; this bookie reads versions \[2, 3\]",
+            match=rf"format version {version}; this bookie reads versions \[2, 3, 4\]",
         ):
             fmt.check_segment_header(other, 9)
+
+
+def test_a_version_4_header_records_the_previous_end_under_its_checksum() -> None:
+    header = fmt.encode_segment_header(9, 70_001)
+    assert len(header) == fmt.SEGMENT_HEADER_BYTES == 24
+    data = header + bytes(100)
+    assert fmt.check_segment_header(data, 9) is fmt.SegmentHeader.VALID
+    assert fmt.segment_layout(data) == (fmt.SEGMENT_HEADER_BYTES, 70_001)
+    assert fmt.segment_layout(fmt.encode_segment_header(1, 0)) == (fmt.SEGMENT_HEADER_BYTES, 0)
+    for at in range(16, fmt.SEGMENT_HEADER_BYTES):  # a flipped bit in the previous end or the CRC
+        damaged = bytearray(data)
+        damaged[at] ^= 0x10
+        assert fmt.check_segment_header(damaged, 9) is fmt.SegmentHeader.GARBLED, at
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_a_short_header_of_an_older_version_is_read_and_records_no_previous_end(version: int) -> None:
+    data = fmt.SEGMENT_HEADER.pack(fmt.SEGMENT_MAGIC, version, 9) + bytes(100)
+    assert fmt.check_segment_header(data, 9) is fmt.SegmentHeader.VALID
+    assert fmt.segment_layout(data) == (fmt.SHORT_SEGMENT_HEADER_BYTES, 0)
+    torn = fmt.SEGMENT_HEADER.pack(fmt.SEGMENT_MAGIC, version, 9)[:10] + bytes(100)
+    assert fmt.check_segment_header(torn, 9) is fmt.SegmentHeader.GARBLED
 
 
 def test_decode_rejects_huge_declared_length() -> None:

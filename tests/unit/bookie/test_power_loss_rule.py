@@ -29,7 +29,7 @@ class Layout:
     """A segment of groups G0..Gn; ``spans[i]`` = (header offset, end) of group i."""
 
     def __init__(self, sizes: list[tuple[int, int]], zeros: int = 2 * PAGE) -> None:
-        out = bytearray(fmt.encode_segment_header(SEG))
+        out = bytearray(fmt.encode_segment_header(SEG, 0))
         self.spans: list[tuple[int, int]] = []
         self.record_offsets: list[list[int]] = []
         entry = 0

@@ -638,7 +638,7 @@ async def test_a_segment_header_torn_inside_its_id_is_cut_as_a_torn_start(tmp_pa
     Nothing acknowledged lies behind it: the bookie starts, cuts it, and the journal goes on."""
     storage = await Storage.open(config(tmp_path))
     storage.abort()
-    header = fmt.encode_segment_header(1)
+    header = fmt.encode_segment_header(1, 0)
     _journal_file(tmp_path).write_bytes(header[:12] + bytes(4096))
     storage = await Storage.open(config(tmp_path))
     try:
@@ -692,7 +692,7 @@ async def test_a_format_2_journal_replays_and_the_journal_goes_on_in_a_format_3_
             await storage.close()
     assert _journal_file(tmp_path).read_bytes() == segment  # the old segment as it was
     new = (tmp_path / "journal" / fmt.segment_name(2)).read_bytes()
-    assert fmt.segment_format(new) == 3
+    assert fmt.segment_format(new) == fmt.SEGMENT_VERSION  # 3's records, the header of 4 (previous end)
     scan = fmt.scan(new, fmt.SEGMENT_HEADER_BYTES, 2)
     assert [r.type for r in scan.records] == [fmt.RecordType.ENTRY] * 2
     storage = await Storage.open(config(tmp_path))
