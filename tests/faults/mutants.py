@@ -260,6 +260,15 @@ MUTANTS = (
         "the journal records no previous end in a new segment's header: replay cannot tell the "
         "segment before lost its last groups",
     ),
+    Mutant(
+        "wiped-data-dir-starts-empty",
+        "bookie/cookie.py",
+        "    if cookie.get(JOURNAL_CREATED) is True:\n",
+        "    if False:\n",
+        ("tests/unit/bookie/test_wiped_data_dir.py",),
+        "a data dir whose journal and index were wiped under a kept COOKIE starts empty under its old "
+        "identity: ENOLEDGER / ENOENTRY for what it acknowledged",
+    ),
 )
 
 

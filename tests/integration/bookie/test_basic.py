@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from pathlib import Path
 
@@ -156,6 +157,24 @@ async def test_cookie_refuses_other_bookie_id(bookie: BookieProcess) -> None:
     other = BookieProcess(bookie.data_dir, bookie_id="someone-else")
     assert other.start_expect_failure() == 3
     assert "belongs to bookie" in other.log_tail()
+
+
+async def test_a_data_dir_wiped_but_its_cookie_refuses_to_start(tmp_path: Path) -> None:
+    """An operator clears journal/ and index/ and keeps the COOKIE: the bookie used to start empty
+    under its old identity and answer ENOLEDGER for the entry it had acknowledged."""
+    proc = BookieProcess(tmp_path / "b", bookie_id="b")
+    try:
+        proc.start()
+        client = await WireClient.connect(*proc.address)
+        assert (await client.add(1, 0, b"acked")).status == StatusCode.EOK
+        client.close()
+        assert proc.stop() == 0
+        shutil.rmtree(proc.data_dir / "journal")
+        shutil.rmtree(proc.data_dir / "index")
+        assert proc.start_expect_failure() == 3
+        assert "wiped or lost" in proc.log_tail()
+    finally:
+        proc.cleanup()
 
 
 @pytest.mark.parametrize("flag", [ReadFlag.FENCE_LEDGER])
