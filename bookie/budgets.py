@@ -18,6 +18,7 @@ from typing import Protocol
 import structlog
 
 from bookkeeper_aio.protocol.codes import StatusCode
+from bookkeeper_aio.protocol.errors import ProtocolError, RequestTooComplex
 
 log = structlog.get_logger(__name__)
 
@@ -268,6 +269,20 @@ REFUSED_BYTES_PER_CHARGE = 64 * 1024
 whole frame before it could refuse it, so 1 MiB frames of garbage at the refusal rate (100/s) made
 it read 100 MiB/s on its event loop (a well-behaved client beside it: p99 2.4x); charged by size,
 6 MiB/s."""
+COMPLEX_REFUSED_BYTES_PER_CHARGE = 256
+"""A frame refused for holding too many arrays, maps and extension values
+(:class:`~bookkeeper_aio.protocol.errors.RequestTooComplex`) is charged one refusal per this many
+bytes: one shaped as an ADD_ENTRY was first unpacked whole by the add shortcut, which counts
+nothing (~150-180 ns a byte of nested values: a 54 KB frame held the event loop ~8 ms). At the
+default rate an address gets one such frame of 54 KB about every 2 s."""
+
+
+def refused_frame_cost(error: ProtocolError, size: int) -> float:
+    """The refusals a frame of ``size`` bytes refused for ``error`` is charged (at least one)."""
+    if isinstance(error, RequestTooComplex):
+        return max(1.0, size / COMPLEX_REFUSED_BYTES_PER_CHARGE)
+    return max(1.0, size / REFUSED_BYTES_PER_CHARGE)
+
 
 BUDGETED_STATUSES = frozenset({StatusCode.EUA, StatusCode.EBADREQ, StatusCode.ETOOMANYREQUESTS})
 """The answers charged to a peer's error budget: an honest client gets them rarely (a wrong key or

@@ -77,6 +77,7 @@ from bookie.budgets import (
     ErrorBudget,
     LogLines,
     Refusals,
+    refused_frame_cost,
 )
 from bookie.tarpit import Tarpit
 from bookkeeper_aio.protocol import messages as m
@@ -996,7 +997,13 @@ class ServerConnection(asyncio.Protocol):
                 if not required:
                     self._handshake = False
                     return True  # answered (or closed) by the processor's path, as always
-                self._refuse(exc.op or 0, exc.request_id, StatusCode.EBADREQ, f"bad request: {exc}")
+                self._refuse(
+                    exc.op or 0,
+                    exc.request_id,
+                    StatusCode.EBADREQ,
+                    f"bad request: {exc}",
+                    refused_frame_cost(exc, size),
+                )
                 return False
             if type(request) is m.HelloRequest:
                 self._hellos += 1
@@ -1091,10 +1098,12 @@ class ServerConnection(asyncio.Protocol):
         if self._buf:
             self._loop.call_soon(self._process_buffer)
 
-    def _refuse(self, op: int, request_id: int | None, status: StatusCode, message: str) -> None:
-        """End a connection that failed the handshake: the answer (when the request id is known),
-        then close."""
-        self._processor.count_error(status, self)
+    def _refuse(
+        self, op: int, request_id: int | None, status: StatusCode, message: str, cost: float = 1.0
+    ) -> None:
+        """End a connection that failed the handshake (charged ``cost`` refusals): the answer (when
+        the request id is known), then close."""
+        self._processor.count_error(status, self, cost)
         self.warn("connection.auth_refused", reason=message, status=status.name)
         self.close_erred(None if request_id is None else m.encode_error(op, request_id, status, message))
 

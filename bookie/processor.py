@@ -37,7 +37,7 @@ from typing import Any
 
 import structlog
 
-from bookie.budgets import REFUSED_BYTES_PER_CHARGE
+from bookie.budgets import refused_frame_cost
 from bookie.connection_handler import ServerConnection, ServerLoad
 from bookie.journal import JournalError
 from bookie.ledger_keys import KeyRefused, NotOpen
@@ -396,7 +396,7 @@ class Processor:
 
     def _bad_frame(self, conn: ServerConnection, exc: ProtocolError, size: int = 0) -> None:
         """Answer (or close on) a frame that does not decode, charged by its ``size``."""
-        self.count_error(StatusCode.EBADREQ, conn, max(1.0, size / REFUSED_BYTES_PER_CHARGE))
+        self.count_error(StatusCode.EBADREQ, conn, refused_frame_cost(exc, size))
         if exc.request_id is None:
             conn.warn("connection.bad_frame", error=str(exc))
             conn.complete(None, None)

@@ -27,5 +27,12 @@ class FrameTooLarge(ProtocolError):
         self.limit = limit
 
 
+class RequestTooComplex(ProtocolError):
+    """A request frame holding more arrays, maps and extension values than ``REQUEST_ITEMS_MAX``
+    (docs/protocol.md, request size limits): refused part way through its decoding, no request id
+    recovered. Abusive: no request defines a nested value, and a frame of them is the costliest to
+    decode per byte."""
+
+
 class DigestMismatch(ProtocolError):
     """An entry whose digest does not match its bytes: corrupt, or not the entry we asked for."""

@@ -269,6 +269,15 @@ MUTANTS = (
         "a data dir whose journal and index were wiped under a kept COOKIE starts empty under its old "
         "identity: ENOLEDGER / ENOENTRY for what it acknowledged",
     ),
+    Mutant(
+        "request-values-uncounted",
+        "bookkeeper_aio/protocol/messages.py",
+        "    if len(body) <= UNCOUNTED_REQUEST_BYTES_MAX:\n",
+        "    if len(body) <= PLAIN_REQUEST_BYTES_MAX:\n",
+        ("tests/unit/protocol/test_decode_regressions.py",),
+        "request frames up to 64 KiB are unpacked with no count of their arrays, maps and extension "
+        "values: 54 KB of nested arrays hold the event loop ~8 ms each",
+    ),
 )
 
 

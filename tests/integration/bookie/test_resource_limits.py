@@ -17,7 +17,7 @@ import pytest
 
 from bookie.connection_handler import address_key
 from bookkeeper_aio.protocol import messages as m
-from bookkeeper_aio.protocol.codes import ReadFlag, StatusCode
+from bookkeeper_aio.protocol.codes import OpCode, ReadFlag, StatusCode
 from tests.harness.admin_http import get_json
 from tests.harness.bookie_proc import BookieProcess
 
@@ -598,3 +598,50 @@ async def test_a_burst_of_requests_answered_at_once_is_answered_in_order(tmp_pat
         client.close()
     finally:
         bookie.cleanup()
+
+
+def _nested_frame(op: int) -> bytes:
+    """A 54 KB request frame shaped as ``op``'s whose last field is a tree of 50,625 empty arrays,
+    each of them within REQUEST_ITEMS_MAX items (an ADD_ENTRY's: the add shortcut unpacks it first)."""
+
+    def tree(depth: int) -> bytes:
+        return b"\x90" if depth == 0 else b"\x9f" + tree(depth - 1) * 15
+
+    if op == OpCode.ADD_ENTRY:  # [op, request id, ledger, entry, flags, key, <tree>]
+        body = bytes([0x97, op, 7, 1, 0, 0, 0xC4, 1]) + b"k" + tree(4)
+    else:  # [op, request id, ledger, <tree>]
+        body = bytes([0x94, op, 7, 1]) + tree(4)
+    return struct.pack(">I", len(body)) + body
+
+
+async def test_a_frame_of_nested_arrays_is_refused_unbuilt_closed_and_charged_by_size(
+    tmp_path: Path,
+) -> None:
+    """A READ_ENTRY frame of 54 KB whose last field is a tree of 50,000 empty arrays used to be
+    built whole (6-8 ms of the event loop each) and answered EBADREQ on a connection kept open, one
+    refusal's charge: a thousand held the loop for seconds. It is refused once it holds more than
+    64 arrays (no request id: the connection closes, unanswered), and charged a refusal per 256
+    bytes: five such frames shaped as adds (the add shortcut still unpacks those whole) put their
+    address in deficit, where five bad frames of another kind do not."""
+    bookie = _bookie(tmp_path)
+    try:
+        reader = await _connect_from(bookie, "127.0.0.2")
+        reader.send_raw(_nested_frame(OpCode.READ_ENTRY))
+        await asyncio.wait_for(asyncio.shield(reader.closed), 5)
+        assert reader.unmatched == []
+        for _ in range(4):  # 4 x 212 refusals of the 1,000 an address may earn at once
+            adder = await _connect_from(bookie, "127.0.0.3")
+            adder.send_raw(_nested_frame(OpCode.ADD_ENTRY))
+            await asyncio.wait_for(asyncio.shield(adder.closed), 5)
+        last = await _connect_from(bookie, "127.0.0.3")
+        last.send_raw(_nested_frame(OpCode.ADD_ENTRY))  # into deficit: its close waits its turn
+        await _canary(bookie, 11)
+    finally:
+        bookie.cleanup()
+    throttled = [
+        line
+        for line in bookie.log_path.read_text(errors="replace").splitlines()
+        if "connection.throttled" in line
+    ]
+    assert any("127.0.0.3" in line for line in throttled), throttled
+    assert not any("127.0.0.2" in line for line in throttled), throttled

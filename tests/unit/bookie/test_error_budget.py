@@ -12,6 +12,7 @@ from structlog.testing import capture_logs
 
 from bookie import budgets
 from bookie.budgets import SWEEP_BUCKETS_MIN, SWEEP_INTERVAL_S, ErrorBudget, LogLines, Refusals
+from bookkeeper_aio.protocol.errors import ProtocolError, RequestTooComplex
 
 
 class Clock:
@@ -46,6 +47,14 @@ def test_a_large_refused_frame_costs_one_refusal_per_64_kib() -> None:
     cost = (1024 * 1024) / budgets.REFUSED_BYTES_PER_CHARGE  # a 1 MiB frame of garbage: 16
     assert [budget.charge("a", cost) for _ in range(6)] == [0.0] * 6  # 96 of the burst
     assert budget.charge("a", cost) == pytest.approx(1.2)  # 12 in deficit at 10/s
+
+
+def test_a_frame_refused_for_nested_values_costs_one_refusal_per_256_bytes() -> None:
+    nested = RequestTooComplex("request frame holds more than 64 arrays, maps and extension values")
+    assert budgets.refused_frame_cost(nested, 54_250) == pytest.approx(54_250 / 256)  # ~212
+    assert budgets.refused_frame_cost(nested, 100) == 1.0
+    assert budgets.refused_frame_cost(ProtocolError("not msgpack"), 54_250) == 1.0
+    assert budgets.refused_frame_cost(ProtocolError("not msgpack"), 1 << 20) == 16.0
 
 
 def test_buckets_are_dropped_only_when_full_again() -> None:
