@@ -400,7 +400,7 @@ class Journal:
             self._roll()  # as a record that did not fit would: the first group writes the header
         self._callbacks: list[Callback] = []
         self._inflight_callbacks: list[Callback] | None = None
-        self._pending_records = 0  # completions in the gathering group (a batch counts its items)
+        self._pending_records = 0  # records in the gathering group (with or without a completion)
         self._inflight_records = 0
         self._pending_bytes = 0
         self._inflight_bytes = 0
@@ -443,7 +443,7 @@ class Journal:
 
     @property
     def queue_records(self) -> int:
-        """Completions waiting for an fdatasync (gathering + in the group being written)."""
+        """Records appended but not yet durable (gathering + in the group being written)."""
         return self._pending_records + self._inflight_records
 
     @property
@@ -468,7 +468,7 @@ class Journal:
         run_parts.extend(parts)
         if callback is not None:
             self._callbacks.append(callback)
-        self._appended(offset + size, 0 if callback is None else 1)
+        self._appended(offset + size, 1)
         return segment_id, offset
 
     @property
@@ -518,11 +518,11 @@ class Journal:
             offset = self._offset + _GROUP_HEADER_BYTES
         return parts, self._segment_id, offset
 
-    def _appended(self, end: int, completions: int) -> None:
-        """Account for the records just appended up to ``end`` and the completions added."""
+    def _appended(self, end: int, records: int) -> None:
+        """Account for the ``records`` records just appended, up to ``end``."""
         size = end - self._offset
         self._offset = end
-        self._pending_records += completions
+        self._pending_records += records
         if not self._pending_bytes:
             self._first_append_s = self._clock.monotonic()
         self._pending_bytes += size
@@ -534,10 +534,8 @@ class Journal:
             callback(JournalError("journal failed"))
         elif self._pending_bytes or self._callbacks:
             self._callbacks.append(callback)
-            self._pending_records += 1
         elif self._inflight_callbacks is not None:
             self._inflight_callbacks.append(callback)
-            self._inflight_records += 1
         else:
             self._loop.call_soon(callback, None)
 
@@ -574,13 +572,11 @@ class Journal:
             if self._inflight_callbacks is None and not self._pending_bytes and not self._callbacks:
                 # a group of nothing: after it the writer creates the next segment ahead, as always
                 self._callbacks.append(_ignore)
-                self._pending_records += 1
                 self._after_append()
             return False
         self._roll()
         # a group of no record: its last run writes the new segment's header and syncs it
         self._callbacks.append(callback)
-        self._pending_records += 1
         self._after_append()
         return True
 

@@ -432,9 +432,7 @@ def _request_families(snap: Snapshot) -> Iterator[Metric]:
 
 def _journal_families(snap: Snapshot) -> Iterator[Metric]:
     yield _histogram("bookie_journal_fsync_seconds", "Latency of each journal fdatasync", snap.journal_fsync)
-    yield _histogram(
-        "bookie_journal_group_records", "Records acknowledged per group commit", snap.journal_group_records
-    )
+    yield _histogram("bookie_journal_group_records", "Records per group commit", snap.journal_group_records)
     yield _histogram("bookie_journal_write_seconds", "Time of each group's journal write", snap.journal_write)
     yield _histogram(
         "bookie_journal_queue_wait_seconds",
@@ -447,15 +445,13 @@ def _journal_families(snap: Snapshot) -> Iterator[Metric]:
         snap.journal_completion,
     )
     yield _counter("bookie_journal_groups", "Group commits written and synced", snap.journal_groups)
-    yield _counter(
-        "bookie_journal_records", "Records acknowledged durable by the journal", snap.journal_records
-    )
+    yield _counter("bookie_journal_records", "Records made durable by the journal", snap.journal_records)
     yield _counter(
         "bookie_journal_written_bytes", "Bytes written and synced by the journal", snap.journal_bytes
     )
     yield _gauge("bookie_journal_queue_bytes", "Bytes appended but not yet durable", snap.journal_queue_bytes)
     yield _gauge(
-        "bookie_journal_queue_records", "Completions waiting for an fdatasync", snap.journal_queue_records
+        "bookie_journal_queue_records", "Records waiting for an fdatasync", snap.journal_queue_records
     )
     yield _gauge(
         "bookie_journal_queue_max_bytes",

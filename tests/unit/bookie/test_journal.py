@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bookie import journal_format as fmt
+from bookie.fileio import OS_FILE_IO
 from bookie.journal import Journal, JournalConfig, JournalError
 from bookie.journal_format import Position
 
@@ -62,6 +63,27 @@ async def test_callbacks_fire_after_sync_in_order_on_the_loop(tmp_path: Path) ->
     assert fileio.sync_threads == {next(iter(fileio.sync_threads))}
     assert next(iter(fileio.sync_threads)).startswith("journal-writer")
     assert _read_all(tmp_path) == [(1, i) for i in range(10)]
+
+
+async def test_records_are_counted_with_or_without_a_completion(tmp_path: Path) -> None:
+    """``records_written`` (the checkpoint policy's bound, bookie_journal_records_total) counts
+    records: those appended with no completion (compaction's copies, a ledger's key) too, and a
+    sync, a completion of no record, not."""
+    journal = Journal(OS_FILE_IO, str(tmp_path), Position(1, fmt.SEGMENT_HEADER_BYTES), SMALL)
+    for i in range(30):
+        journal.append(_record(i), None)
+    acked: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+    journal.append(_record(30), acked.set_result)
+    assert journal.queue_records == 31
+    synced: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+    journal.sync(synced.set_result)
+    assert await acked is None
+    assert await synced is None
+    assert journal.records_written == 31
+    assert journal.group_records.snapshot()[1] == 31  # the sum over the groups
+    assert journal.queue_records == 0
+    await journal.close()
+    assert _read_all(tmp_path) == [(1, i) for i in range(31)]
 
 
 async def test_records_gather_while_a_sync_is_in_flight(tmp_path: Path) -> None:

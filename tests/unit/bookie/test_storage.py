@@ -272,6 +272,19 @@ async def test_a_checkpoint_is_due_after_so_many_journal_records_or_bytes(tmp_pa
     await storage.close()
 
 
+async def test_records_journaled_without_a_completion_count_towards_a_checkpoint(tmp_path: Path) -> None:
+    """Compaction's copies (and a new ledger's key) are journaled with no completion of their own,
+    then one sync: they grow what a restart replays as much as adds do, so they count towards
+    ``checkpoint_journal_records`` (they used to count as one, the sync)."""
+    storage = await Storage.open(dataclasses.replace(config(tmp_path), checkpoint_journal_records=20))
+    for i in range(25):  # as bookie/compaction.py copies live records
+        storage.journal.append((fmt.encode_entry(body(1, i, i - 1)),), None)
+    await durable(storage.journal.sync)
+    assert storage.journal.records_written == 25
+    assert storage.checkpoint_due(0.0)
+    await storage.close()
+
+
 async def test_a_failed_checkpoint_leaves_no_temp_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
