@@ -192,7 +192,9 @@ def state_digest(scenario: Scenario, loop: SimLoop) -> bytes:
     parts.append(loop.callbacks_run)  # progress: the same events in another order count the same
     parts.append(tuple(sorted((_party(h), _name(h._callback)) for h in loop._ready if not h._cancelled)))
     timers = (
-        (round(t._when, 9), _party(t), _name(t._callback)) for *_, t in loop._scheduled if not t._cancelled
+        (round(t._when, 9), _party(t), _name(t._callback))
+        for t in (due.handle for due in loop._scheduled)
+        if not t._cancelled
     )
     parts.append(tuple(sorted(timers)))
     return hashlib.blake2b(repr(parts).encode(), digest_size=16).digest()
