@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import uuid
 from collections.abc import AsyncIterator
 
@@ -102,41 +103,63 @@ async def _register(store: MetadataStore, bookie_id: str, port: int, root: str =
     return registration
 
 
+class _World:
+    """Bookies a-d registered, a worker on a clock the test advances, and an ``open_ledger`` that
+    records the fence the worker asks for and raises `_Fenced` (no real recovery)."""
+
+    def __init__(self, store: MetadataStore, root: str) -> None:
+        self.store, self.root = store, root
+        self.now = 1_000_000
+        self.local = 0.0
+        self.urm = UnderReplicationManager(store, root, now_ms=lambda: self.now)
+        self.ledgers = LedgerManager(store, root)
+        self.registrations: dict[str, BookieRegistration] = {}
+        self.bk = BookKeeper(self.ledgers, StaticDirectory(list("abcd")))
+        self.fenced: list[int] = []
+        self.bk.open_ledger = self._open_ledger  # type: ignore[method-assign]
+        config = AutorecoveryConfig(
+            open_ledger_grace_s=30, lost_bookie_recovery_delay_s=30, worker_idle_poll_s=1
+        )
+        self.worker = ReplicationWorker(
+            self.bk, self.urm, config, worker_id="w", now_ms=lambda: self.now, monotonic_s=lambda: self.local
+        )
+
+    async def _open_ledger(self, ledger_id: int, *, password: bytes = b"", recovery: bool = False) -> None:
+        self.fenced.append(ledger_id)
+        raise _Fenced
+
+    async def start(self) -> _World:
+        for i, bookie in enumerate("abcd"):
+            self.registrations[bookie] = await _register(self.store, bookie, 4000 + i, self.root)
+        return self
+
+    def advance(self, seconds: int) -> None:
+        self.now += seconds * 1000
+        self.local += seconds
+
+    async def look(self, ledger_id: int) -> HealResult:
+        mark = await self.urm.get(ledger_id)
+        assert mark is not None
+        return await self.worker.heal(mark)
+
+    async def close(self) -> None:
+        await self.bk.close()
+        for registration in self.registrations.values():
+            await registration.close()
+
+
 async def test_a_restart_of_a_marked_bookie_that_is_back_does_not_fence_its_idle_writer() -> None:
     """b was lost once (marked) and came back with its disk: its idle writer goes on. A graceful
     restart of b deregisters it at once; a look during it must not fence the writer's ledger: only
     an absence that outlasts the lost-bookie delay at every look of the worker does, and only a
     grace after b was last found back."""
     store = MemoryStore()
-    now = [1_000_000]
-    local = [0.0]
-    urm = UnderReplicationManager(store, ROOT, now_ms=lambda: now[0])
-    ledgers = LedgerManager(store, ROOT)
-    registrations = {b: await _register(store, b, 4000 + i) for i, b in enumerate("abcd")}
-    bk = BookKeeper(ledgers, StaticDirectory(list("abcd")))
-    fenced: list[int] = []
-
-    async def open_ledger(ledger_id: int, *, password: bytes = b"", recovery: bool = False) -> None:
-        fenced.append(ledger_id)
-        raise _Fenced
-
-    bk.open_ledger = open_ledger  # type: ignore[method-assign]
-    config = AutorecoveryConfig(open_ledger_grace_s=30, lost_bookie_recovery_delay_s=30, worker_idle_poll_s=1)
-    worker = ReplicationWorker(
-        bk, urm, config, worker_id="w", now_ms=lambda: now[0], monotonic_s=lambda: local[0]
-    )
-
-    def advance(seconds: int) -> None:
-        now[0] += seconds * 1000
-        local[0] += seconds
-
-    async def look() -> HealResult:
-        mark = await urm.get(created.ledger_id)
-        assert mark is not None
-        return await worker.heal(mark)
+    world = await _World(store, ROOT).start()
+    urm, registrations, fenced, advance = world.urm, world.registrations, world.fenced, world.advance
 
     try:
-        created = await ledgers.create(("a", "b", "c"), write_quorum=2, ack_quorum=2)
+        created = await world.ledgers.create(("a", "b", "c"), write_quorum=2, ack_quorum=2)
+        look = functools.partial(world.look, created.ledger_id)
         await urm.mark(created.ledger_id, ["b"], reason="lost")
         assert (await look()).wait_s == 30  # the worker sees the mark: the grace runs
         advance(40)
@@ -144,7 +167,7 @@ async def test_a_restart_of_a_marked_bookie_that_is_back_does_not_fence_its_idle
         assert (back.fenced, back.left, back.wait_s) == (False, ("b",), 30)
         restamped = await urm.get(created.ledger_id)
         assert restamped is not None
-        assert restamped.since_ms("b") == now[0]
+        assert restamped.since_ms("b") == world.now
         await registrations["b"].close()  # a rolling restart of b
         advance(30)
         during = await look()  # the worker's next look falls in the restart
@@ -153,7 +176,7 @@ async def test_a_restart_of_a_marked_bookie_that_is_back_does_not_fence_its_idle
         registrations["b"] = await _register(store, "b", 4001)  # b is back within seconds
         advance(2)
         lease = await store.grant_lease(10)
-        await worker._one_pass(lambda: lease, asyncio.get_running_loop())  # a pass sees b back
+        await world.worker._one_pass(lambda: lease, asyncio.get_running_loop())  # a pass sees b back
         await registrations["b"].close()  # and restarts again, just before the next look
         advance(28)
         assert not (await look()).fenced  # two short absences are no long one
@@ -163,9 +186,7 @@ async def test_a_restart_of_a_marked_bookie_that_is_back_does_not_fence_its_idle
             await look()
         assert fenced == [created.ledger_id]
     finally:
-        await bk.close()
-        for registration in registrations.values():
-            await registration.close()
+        await world.close()
 
 
 @pytest.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.etcd)])
@@ -187,35 +208,10 @@ async def test_a_bookie_back_between_two_looks_is_not_gone(any_store: MetadataSt
     so two short absences are no long one and its idle writer is not fenced. Without the watch the
     worker, which only looks, took b for away the whole time."""
     store = any_store
-    root = f"/bookkeeper/between-{uuid.uuid4().hex[:8]}"
-    now = [1_000_000]
-    local = [0.0]
-    urm = UnderReplicationManager(store, root, now_ms=lambda: now[0])
-    ledgers = LedgerManager(store, root)
-    registrations = {b: await _register(store, b, 4000 + i, root) for i, b in enumerate("abcd")}
-    bk = BookKeeper(ledgers, StaticDirectory(list("abcd")))
-    fenced: list[int] = []
-
-    async def open_ledger(ledger_id: int, *, password: bytes = b"", recovery: bool = False) -> None:
-        fenced.append(ledger_id)
-        raise _Fenced
-
-    bk.open_ledger = open_ledger  # type: ignore[method-assign]
-    config = AutorecoveryConfig(open_ledger_grace_s=30, lost_bookie_recovery_delay_s=30, worker_idle_poll_s=1)
-    worker = ReplicationWorker(
-        bk, urm, config, worker_id="w", now_ms=lambda: now[0], monotonic_s=lambda: local[0]
-    )
+    world = await _World(store, f"/bookkeeper/between-{uuid.uuid4().hex[:8]}").start()
+    urm, registrations, fenced, advance = world.urm, world.registrations, world.fenced, world.advance
     await urm.set_enabled(False)  # the worker's own passes take nothing: the test looks itself
-    running = asyncio.create_task(worker.run(lambda: 0))
-
-    def advance(seconds: int) -> None:
-        now[0] += seconds * 1000
-        local[0] += seconds
-
-    async def look() -> HealResult:
-        mark = await urm.get(created.ledger_id)
-        assert mark is not None
-        return await worker.heal(mark)
+    running = asyncio.create_task(world.worker.run(lambda: 0))
 
     async def settle() -> None:
         """Until the watch delivered the registration change (a few loop turns in memory)."""
@@ -225,14 +221,15 @@ async def test_a_bookie_back_between_two_looks_is_not_gone(any_store: MetadataSt
             await asyncio.sleep(0.5)
 
     try:
-        created = await ledgers.create(("a", "b", "c"), write_quorum=2, ack_quorum=2)
+        created = await world.ledgers.create(("a", "b", "c"), write_quorum=2, ack_quorum=2)
+        look = functools.partial(world.look, created.ledger_id)
         await urm.mark(created.ledger_id, ["b"], reason="lost")
         assert (await look()).wait_s == 30  # the grace runs
         advance(40)
         await registrations["b"].close()  # a restart of b
         away = await look()  # the grace is over, b unregistered: its absence is timed from here
         assert (away.fenced, away.wait_s) == (False, 30)
-        registrations["b"] = await _register(store, "b", 4001, root)  # back between two looks
+        registrations["b"] = await _register(store, "b", 4001, world.root)  # back between two looks
         await settle()
         await registrations["b"].close()  # and restarting again just before the next look
         await settle()
@@ -247,9 +244,7 @@ async def test_a_bookie_back_between_two_looks_is_not_gone(any_store: MetadataSt
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
-        await bk.close()
-        for registration in registrations.values():
-            await registration.close()
+        await world.close()
 
 
 async def test_a_compacted_registration_watch_starts_every_timed_absence_anew(
