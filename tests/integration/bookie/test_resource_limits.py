@@ -39,6 +39,15 @@ def _bookie(tmp_path: Path, *args: str) -> BookieProcess:
     return proc
 
 
+def _throttled(bookie: BookieProcess) -> list[str]:
+    """The bookie's log lines about a throttled connection."""
+    return [
+        line
+        for line in bookie.log_path.read_text(errors="replace").splitlines()
+        if "connection.throttled" in line
+    ]
+
+
 async def _canary(bookie: BookieProcess, ledger_id: int) -> None:
     """A well-behaved client: an add and a read answered at once."""
     canary = await WireClient.connect(*bookie.address)
@@ -379,11 +388,7 @@ async def test_unknown_ledgers_and_silent_connections_are_charged(tmp_path: Path
         await _canary(bookie, 11)
     finally:
         bookie.cleanup()
-    throttled = [
-        line
-        for line in bookie.log_path.read_text(errors="replace").splitlines()
-        if "connection.throttled" in line
-    ]
+    throttled = _throttled(bookie)
     assert any("127.0.0.2" in line for line in throttled), throttled
     assert any("127.0.0.3" in line for line in throttled), throttled
 
@@ -638,10 +643,6 @@ async def test_a_frame_of_nested_arrays_is_refused_unbuilt_closed_and_charged_by
         await _canary(bookie, 11)
     finally:
         bookie.cleanup()
-    throttled = [
-        line
-        for line in bookie.log_path.read_text(errors="replace").splitlines()
-        if "connection.throttled" in line
-    ]
+    throttled = _throttled(bookie)
     assert any("127.0.0.3" in line for line in throttled), throttled
     assert not any("127.0.0.2" in line for line in throttled), throttled

@@ -359,6 +359,14 @@ def _journal_file(path: Path) -> Path:
     return path / "journal" / fmt.segment_name(1)
 
 
+def _flip_last_byte(storage: Storage, path: Path, ledger_id: int, entry_id: int) -> None:
+    """Damage an entry's journal record on disk: its last byte flipped (its checksum fails)."""
+    location = storage.ledger(ledger_id).index.get(entry_id)
+    assert location is not None
+    offset = location.offset + location.length - 1
+    patch(_journal_file(path), offset, bytes([_journal_file(path).read_bytes()[offset] ^ 0xFF]))
+
+
 async def test_torn_tail_sweep_every_offset_in_last_three_records(tmp_path: Path) -> None:
     origin = tmp_path / "origin"
     storage = await Storage.open(config(origin))
@@ -502,10 +510,7 @@ async def test_corrupt_record_read_is_eio_not_no_entry(tmp_path: Path) -> None:
     storage = await Storage.open(config(tmp_path))
     for i in range(3):
         await add(storage, 1, i)
-    location = storage.ledger(1).index.get(1)
-    assert location is not None
-    offset = location.offset + location.length - 1
-    patch(_journal_file(tmp_path), offset, bytes([_journal_file(tmp_path).read_bytes()[offset] ^ 0xFF]))
+    _flip_last_byte(storage, tmp_path, 1, 1)
     with pytest.raises(EntryCorrupt):
         await storage.read_entry(1, 1)
     await storage.close()
@@ -557,10 +562,7 @@ async def test_a_batch_stops_before_a_corrupt_record_and_fails_on_a_corrupt_firs
     for i in range(8):
         await add(storage, 1, i)
     assert await storage.read_range(1, 0, 100, 1 << 20) == [body(1, i, i - 1) for i in range(8)]
-    location = storage.ledger(1).index.get(5)
-    assert location is not None
-    offset = location.offset + location.length - 1
-    patch(_journal_file(tmp_path), offset, bytes([_journal_file(tmp_path).read_bytes()[offset] ^ 0xFF]))
+    _flip_last_byte(storage, tmp_path, 1, 5)
     assert await storage.read_range(1, 2, 100, 1 << 20) == [body(1, i, i - 1) for i in (2, 3, 4)]
     with pytest.raises(EntryCorrupt, match="fails its checksum"):
         await storage.read_range(1, 5, 100, 1 << 20)
@@ -731,10 +733,7 @@ async def test_a_damaged_format_2_record_is_eio_and_a_torn_format_2_tail_is_cut(
     storage = await Storage.open(config(tmp_path))
     try:
         assert storage.ledger(1).index.get(2) is None
-        location = storage.ledger(1).index.get(1)
-        assert location is not None
-        offset = location.offset + location.length - 1
-        patch(_journal_file(tmp_path), offset, bytes([_journal_file(tmp_path).read_bytes()[offset] ^ 0xFF]))
+        _flip_last_byte(storage, tmp_path, 1, 1)
         with pytest.raises(EntryCorrupt):
             await storage.read_entry(1, 1)
         assert (await storage.read_entry(1, 0))[1] == body(1, 0, -1)
