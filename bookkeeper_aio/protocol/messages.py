@@ -740,12 +740,14 @@ def decode_request(body: bytes | memoryview) -> Request:
 
 def decode_request_generic(body: bytes | memoryview) -> Request:
     """:func:`decode_request` without the ADD shortcut: every field through its checker (the
-    bookie's decoder for a frame its :meth:`AddRequests.take` already saw), after one shortcut:
-    :func:`_read_request`."""
+    bookie's decoder for a frame its :meth:`AddRequests.take` already saw), after its shortcuts:
+    :func:`_read_request`, :func:`_batch_read_request`, :func:`_hello_request`."""
     obj = _unpack_request(body)
-    read: ReadEntryRequest | BatchReadRequest | None = _read_request(obj)
+    read: ReadEntryRequest | BatchReadRequest | HelloRequest | None = _read_request(obj)
     if read is None:
         read = _batch_read_request(obj)
+        if read is None:
+            read = _hello_request(obj)
     if read is not None:
         return read
     return _checked_request(obj)
@@ -795,6 +797,23 @@ def _batch_read_request(obj: Any) -> BatchReadRequest | None:
         and 1 <= step <= BATCH_READ_STEP_MAX
     ):
         return _new_tuple(BatchReadRequest, obj[1:])
+    return None
+
+
+def _hello_request(obj: Any) -> HelloRequest | None:
+    """As :func:`_read_request`, for a HELLO request with all its fields (every client's first frame)."""
+    if (  # [HELLO, request_id, protocol_version, client_name, features]
+        type(obj) is list
+        and len(obj) == 5
+        and obj[0] == _HELLO
+        and type(obj[0]) is type(rid := obj[1]) is type(version := obj[2]) is type(features := obj[4]) is int
+        and type(name := obj[3]) is str
+        and 0 <= rid <= REQUEST_ID_MAX
+        and 0 <= version <= 0xFFFF
+        and len(name) <= TEXT_CHARS_MAX
+        and 0 <= features <= FEATURES_MAX
+    ):
+        return _new_tuple(HelloRequest, obj[1:])
     return None
 
 
@@ -872,6 +891,7 @@ def encode_add_acks(request_ids: list[int]) -> list[bytes]:
 
 
 _BATCH_READ = int(OpCode.BATCH_READ)
+_HELLO = int(OpCode.HELLO)
 _ARRAY9 = b"\x99"  # fixarray of 9: a BATCH_READ response with all its fields
 _ARRAY16 = struct.Struct(">BH").pack
 _ARRAY32 = struct.Struct(">BI").pack
@@ -1031,8 +1051,9 @@ class AddFrameEncoder:
 
 
 def decode_answer(body: bytes | memoryview) -> int | Response:
-    """One response frame body, decoded on the client's hot path (an add's, a read's or a batch
-    read's answer in one flat test each; anything else by :func:`decode_response_object`).
+    """One response frame body, decoded on the client's hot path (an add's, a read's, a batch
+    read's or a HELLO's answer in one flat test each; anything else by
+    :func:`decode_response_object`).
 
     A successful ADD_ENTRY answer ``[ADD_ENTRY, request_id, EOK, nil, ledger_id, entry_id]`` comes
     back as its request id alone (an ``int``: no object per ack); anything else as
@@ -1104,4 +1125,20 @@ def decode_answer(body: bytes | memoryview) -> int | Response:
         and 1 <= step <= BATCH_READ_STEP_MAX
     ):
         return _new_tuple(BatchReadResponse, obj[1:])
+    if (  # [HELLO, request_id, status, message, protocol_version, bookie_id, frame_bytes_max, features]
+        type(obj) is list
+        and len(obj) == 8
+        and obj[0] == _HELLO
+        and type(obj[0]) is type(rid := obj[1]) is type(status := obj[2]) is int
+        and status in STATUS_VALUES
+        and ((message := obj[3]) is None or (type(message) is str and len(message) <= TEXT_CHARS_MAX))
+        and type(version := obj[4]) is type(size := obj[6]) is type(features := obj[7]) is int
+        and type(bookie_id := obj[5]) is str
+        and rid >= 0
+        and 0 <= version <= 0xFFFF
+        and len(bookie_id) <= TEXT_CHARS_MAX
+        and 1 <= size <= FRAME_BYTES_MAX
+        and 0 <= features <= FEATURES_MAX
+    ):
+        return _new_tuple(HelloResponse, obj[1:])
     return decode_response_object(obj)

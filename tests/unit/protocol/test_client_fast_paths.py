@@ -9,12 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import (
     ADD_ACKS_IDS_MAX,
+    FEATURES_MAX,
+    FRAME_BYTES_MAX,
     ID_MAX,
     REQUEST_ID_MAX,
     AddFlag,
@@ -273,3 +276,35 @@ def test_decode_answer__a_batch_read_answer_with_one_field_wrong_decodes_as_the_
             _same_decode(msgpack.packb(obj, use_bin_type=True))
     for obj in (valid[:8], [*valid, 0], valid[:4], valid[:3]):  # step omitted, one long, refusal-short
         _same_decode(msgpack.packb(obj, use_bin_type=True))
+
+
+def test_decode_answer__a_hello_answer_with_one_field_wrong_decodes_as_the_generic_decoder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The HELLO answer's shortcut, field by field (a refusal's message included), as the generic
+    decoder does; a HELLO answer with all its fields never reaches the generic decoder."""
+    valid = [int(OpCode.HELLO), 7, 0, None, 1, "bookie-1", FRAME_BYTES_MAX, 1]
+    bad: list[list[Any]] = [
+        [True, 2, -1, int(OpCode.READ_ENTRY)],
+        [-1, True, REQUEST_ID_MAX, None],
+        [True, -1, 9999, int(StatusCode.EBADVERSION), None],
+        ["m" * m.TEXT_CHARS_MAX, "m" * (m.TEXT_CHARS_MAX + 1), b"m", 5],
+        [-1, 0xFFFF, 0x10000, True, None],
+        ["", "b" * m.TEXT_CHARS_MAX, "b" * (m.TEXT_CHARS_MAX + 1), b"bookie", None],
+        [0, 1, FRAME_BYTES_MAX + 1, True, None],
+        [-1, 0, FEATURES_MAX, FEATURES_MAX + 1, True, None],
+    ]
+    assert len(bad) == len(valid)
+    for i, values in enumerate(bad):
+        for value in values:
+            _same_decode(msgpack.packb([*valid[:i], value, *valid[i + 1 :]], use_bin_type=True))
+    for obj in (valid[:7], [*valid, 0], valid[:4], valid[:3]):  # features omitted, one long, refusal-short
+        _same_decode(msgpack.packb(obj, use_bin_type=True))
+
+    def generic(obj: Any) -> m.Response:
+        raise AssertionError(f"not taken by the shortcut: {obj}")
+
+    monkeypatch.setattr(m, "decode_response_object", generic)
+    for status, message in ((0, None), (int(StatusCode.EBADVERSION), "too new")):
+        answer = [*valid[:2], status, message, *valid[4:]]
+        assert m.decode_answer(msgpack.packb(answer, use_bin_type=True)) == m.HelloResponse(*answer[1:])

@@ -1,8 +1,9 @@
-"""The codec's READ_ENTRY and BATCH_READ shortcuts (``_read_request``, ``_batch_read_request``,
-taken first by ``decode_request_generic``: the bookie's decoder for every read) pinned to the field
-checkers (``_checked_request``): whatever a shortcut accepts, the checkers accept and decode to
-the same request; every read a client sends (all its fields, a key) is taken; anything else
-decodes, or is refused with the same error, as before."""
+"""The codec's READ_ENTRY, BATCH_READ and HELLO shortcuts (``_read_request``,
+``_batch_read_request``, ``_hello_request``, taken first by ``decode_request_generic``: the bookie's
+decoder for every read and handshake) pinned to the field checkers (``_checked_request``): whatever
+a shortcut accepts, the checkers accept and decode to the same request; every read and HELLO a
+client sends (all its fields, a read's key) is taken; anything else decodes, or is refused with the
+same error, as before."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import (
     BATCH_READ_COUNT_MAX,
     BATCH_READ_STEP_MAX,
+    FEATURES_MAX,
     FRAME_BYTES_MAX,
     ID_MAX,
     LONG_POLL_TIMEOUT_MS_MAX,
@@ -28,6 +30,7 @@ from bookkeeper_aio.protocol.errors import ProtocolError
 
 _READ = int(OpCode.READ_ENTRY)
 _BATCH = int(OpCode.BATCH_READ)
+_HELLO = int(OpCode.HELLO)
 _ints = st.one_of(
     st.integers(-3, 3),
     st.integers(-(2**63), 2**64 - 1),
@@ -60,18 +63,26 @@ def _decoded(obj: Any) -> Any:
 
 
 @settings(max_examples=1000)
-@given(st.one_of(st.sampled_from([_READ, _BATCH]), _value), st.lists(_value, min_size=5, max_size=10))
+@given(st.one_of(st.sampled_from([_READ, _BATCH, _HELLO]), _value), st.lists(_value, min_size=3, max_size=10))
 def test_what_a_shortcut_takes_the_checkers_decode_the_same(op: Any, fields: list[Any]) -> None:
     obj = [op, *fields]
     _same(obj)
 
 
 def _same(obj: list[Any]) -> None:
-    read, batch = m._read_request(obj), m._batch_read_request(obj)
-    assert read is None or batch is None
-    fast = read if read is not None else batch
-    if fast is not None:
-        assert type(fast) is (m.ReadEntryRequest if read is not None else m.BatchReadRequest)
+    taken = [
+        (fast, cls)
+        for fast, cls in (
+            (m._read_request(obj), m.ReadEntryRequest),
+            (m._batch_read_request(obj), m.BatchReadRequest),
+            (m._hello_request(obj), m.HelloRequest),
+        )
+        if fast is not None
+    ]
+    assert len(taken) <= 1
+    fast = taken[0][0] if taken else None
+    if taken:
+        assert type(fast) is taken[0][1]
         assert fast == _checked(obj), obj
     assert _decoded(obj) == (fast if fast is not None else _checked(obj)), obj
 
@@ -167,4 +178,37 @@ def test_a_batch_read_with_one_field_wrong_decodes_or_fails_as_the_checkers() ->
     assert m._batch_read_request(no_key) is None
     assert _decoded(no_key)[0] is ProtocolError  # FENCE_LEDGER needs a master_key
     for obj in (valid[:8], [*valid, 0], valid[:4]):  # step omitted, one too many, too short
+        _same(obj)
+
+
+@settings(max_examples=300)
+@given(
+    st.integers(0, REQUEST_ID_MAX),
+    st.integers(0, 0xFFFF),
+    st.text(max_size=m.TEXT_CHARS_MAX),
+    st.integers(0, FEATURES_MAX),
+)
+def test_every_hello_a_client_sends_is_taken(rid: int, version: int, name: str, features: int) -> None:
+    request = m.HelloRequest(rid, version, name, features)
+    obj = msgpack.unpackb(m.encode(request)[4:])
+    assert m._hello_request(obj) == request
+    assert m.decode_request_generic(m.encode(request)[4:]) == request
+
+
+def test_a_hello_with_one_field_wrong_decodes_or_fails_as_the_checkers() -> None:
+    valid = [_HELLO, 7, 1, "client", 1]
+    assert m._hello_request(valid) == m.HelloRequest(*valid[1:])
+    bad: list[list[Any]] = [
+        [True, False, _READ, 0.0],
+        [-1, True, REQUEST_ID_MAX, None, "7"],
+        [-1, 0xFFFF, 0x10000, True, None],
+        ["", "c" * m.TEXT_CHARS_MAX, "c" * (m.TEXT_CHARS_MAX + 1), b"client", None, 1],
+        [-1, 0, FEATURES_MAX, FEATURES_MAX + 1, True, None],
+    ]
+    assert len(bad) == len(valid)
+    for i, values in enumerate(bad):
+        for value in values:
+            _same([*valid[:i], value, *valid[i + 1 :]])
+    for obj in (valid[:4], [*valid, 0], valid[:3]):  # features omitted, one too many, too short
+        assert m._hello_request(obj) is None
         _same(obj)
