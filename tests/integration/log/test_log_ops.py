@@ -10,7 +10,6 @@ from bookkeeper_aio import (
     BKInterfaceError,
     BookKeeper,
     LogFenced,
-    LogFull,
     LogPosition,
     LogRecord,
     LogTruncated,
@@ -33,6 +32,7 @@ from bookkeeper_aio.log import writer as writer_module
 from bookkeeper_aio.log._common import log_manager
 from metadata import log_metadata
 from tests.integration.log.conftest import CONFIG, Cluster
+from tests.unit.log.test_log_list_size import roll_until_full
 
 pytestmark = pytest.mark.etcd
 
@@ -317,14 +317,7 @@ async def test_a_full_writer_rolls_again_once_another_client_truncates(
     monkeypatch.setattr(writer_module, "ROLL_FULL_RETRY_S_MAX", 0.2)
     await cluster.start(3)
     writer = await open_log_writer(bk, "full", **QUORUM, roll_entries_max=2)  # type: ignore[arg-type]
-    for _ in range(200):
-        await writer.append(b"x")
-        try:
-            await writer.roll()
-        except LogFull:
-            break
-    else:
-        pytest.fail("the list never filled")
+    await roll_until_full(writer)
     full = writer.ledger_ids
     async with BookKeeper.connect(cluster.url, config=CONFIG) as other:
         await truncate_log(other, "full", LogPosition(full[-5], 0), password=b"pw")

@@ -33,7 +33,7 @@ async def _ledger_ids(bk: BookKeeper) -> list[int]:
     return [ledger_id for ledger_id in range(1, 200) if await bk.context.ledgers.exists(ledger_id)]
 
 
-async def _roll_until_full(writer: LogWriter) -> None:
+async def roll_until_full(writer: LogWriter) -> None:
     """Append and roll until the list refuses a roll (LogFull)."""
     for _ in range(200):
         await writer.append(b"x")
@@ -60,7 +60,7 @@ async def test_a_full_list_refuses_a_roll_before_creating_its_ledger(
     async with world() as w:
         bk, other = w.clients
         writer = await open_log_writer(bk, "lg", roll_entries_max=2 if spare else None)
-        await _roll_until_full(writer)
+        await roll_until_full(writer)
         listed = list(writer.ledger_ids)
         for _ in range(3):  # refused again: still nothing created
             with pytest.raises(LogFull, match="truncate"):
@@ -125,7 +125,7 @@ async def test_a_closed_writers_roll_is_misuse_not_a_fencing(monkeypatch: pytest
     async with world() as w:
         bk, _ = w.clients
         writer = await open_log_writer(bk, "lg", retention_age_s=100)
-        await _roll_until_full(writer)
+        await roll_until_full(writer)
         await writer.close()
         now_ms = writer._manager.now_ms
         monkeypatch.setattr(writer._manager, "now_ms", lambda: now_ms() + 10_000_000)
@@ -197,7 +197,7 @@ async def test_automatic_rolls_of_a_full_list_back_off_and_a_truncation_ends_the
     async with world() as w:
         bk, _ = w.clients
         writer = await open_log_writer(bk, "lg", roll_entries_max=2)
-        await _roll_until_full(writer)
+        await roll_until_full(writer)
         full = writer.ledger_ids
         refusals[0] = 0
         await _append_for(writer, 1.0)
@@ -224,7 +224,7 @@ async def test_a_full_writer_sees_another_clients_truncation(monkeypatch: pytest
     async with world() as w:
         bk, other = w.clients
         writer = await open_log_writer(bk, "lg", roll_entries_max=2)
-        await _roll_until_full(writer)
+        await roll_until_full(writer)
         full = writer.ledger_ids
         await _append_for(writer, 0.2)  # refused and waiting
         await truncate_log(other, "lg", LogPosition(full[-10], 0))
