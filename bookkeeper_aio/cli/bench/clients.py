@@ -26,7 +26,9 @@ from bookkeeper_aio.cli.bench.stats import latency_ms, merge
 READY_TIMEOUT_S = 60.0
 """Connecting, creating the ledgers and writing one entry each: minutes would mean a sick cluster
 (plus :data:`READY_S_PER_LEDGER` for each ledger of a process)."""
-READY_S_PER_LEDGER = 0.01
+READY_S_PER_LEDGER = 0.02
+"""Ten processes creating 100,000 ledgers each share one etcd: on a 2-core machine about 1,000
+creates a second in all, so 0.01 s per ledger of each process was too short for a million."""
 START_DELAY_S = 0.3
 """The shared start is this far ahead of the go line, so every process is waiting when it comes."""
 DRAIN_TIMEOUT_S = 60.0
@@ -67,7 +69,8 @@ async def run_clients(
             log_path = out / f"{label}-client-{index}.log"
             procs.append(await _start(index, {**spec, "index": index}, log_path))
         ready_s = READY_TIMEOUT_S + READY_S_PER_LEDGER * spec.get("ledgers", 1)
-        await asyncio.wait_for(asyncio.gather(*(_wait_ready(c) for c in procs)), ready_s)
+        async with asyncio.timeout(ready_s):
+            await asyncio.gather(*(_wait_ready(c) for c in procs))
         start = clock() + START_DELAY_S
         span = Span(start, spec["warmup_s"], spec["duration_s"], spec["interval_s"])
         for client in procs:
@@ -78,7 +81,8 @@ async def run_clients(
         samples = await _sample_and_show(span, procs, live, label, at_span_ends)
         # the result comes once the process closed and deleted its ledgers: that takes time too
         ledgers_s = READY_S_PER_LEDGER * spec.get("ledgers", 1)
-        await asyncio.wait_for(asyncio.gather(*readers), spec["duration_s"] + DRAIN_TIMEOUT_S + ledgers_s)
+        async with asyncio.timeout(spec["duration_s"] + DRAIN_TIMEOUT_S + ledgers_s):
+            await asyncio.gather(*readers)
         for client in procs:
             if client.result is None:
                 raise BenchFailed(

@@ -38,6 +38,8 @@ def worker_spec(opts: BenchOptions, system: str, **extra: Any) -> dict[str, Any]
         "warmup_s": opts.warmup_s,
         "duration_s": opts.duration_s,
         "interval_s": max(0.1, round(opts.duration_s / TIMELINE_BUCKETS, 2)),
+        # a private sandbox is removed after the run: its ledgers need no close nor delete
+        "cleanup": not opts.sandbox,
         **extra,
     }
 

@@ -115,3 +115,20 @@ def test_the_shape_names_what_the_scenario_uses(scenario: str, shape: str, tmp_p
     parser = argparse.ArgumentParser()
     options.add_arguments(parser, scenario)
     assert options.build(parser.parse_args(["--out", str(tmp_path)]), scenario).shape == shape
+
+
+@pytest.mark.parametrize(
+    ("argv", "cleanup"), [(["--sandbox"], False), (["--metadata", "etcd://h:1/r"], True)]
+)
+def test_only_a_private_sandbox_skips_closing_and_deleting_the_ledgers(
+    argv: list[str], cleanup: bool, tmp_path: Path
+) -> None:
+    import argparse
+
+    from bookkeeper_aio.cli.bench import options
+    from bookkeeper_aio.cli.bench.writes import worker_spec
+
+    parser = argparse.ArgumentParser()
+    options.add_arguments(parser, "write")
+    opts = options.build(parser.parse_args([*argv, "--out", str(tmp_path)]), "write")
+    assert worker_spec(opts, "ours")["cleanup"] is cleanup
