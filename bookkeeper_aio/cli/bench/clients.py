@@ -42,6 +42,7 @@ class _Client:
     index: int
     proc: asyncio.subprocess.Process
     log_path: Path
+    created: int = 0
     answered: int = 0
     result: dict[str, Any] | None = None
     error: str | None = None
@@ -69,8 +70,13 @@ async def run_clients(
             log_path = out / f"{label}-client-{index}.log"
             procs.append(await _start(index, {**spec, "index": index}, log_path))
         ready_s = READY_TIMEOUT_S + READY_S_PER_LEDGER * spec.get("ledgers", 1)
+        total = clients * spec.get("ledgers", 1)
+
+        def show_created() -> None:
+            live.show(f"{label}: creating ledgers {sum(c.created for c in procs):,}/{total:,}")
+
         async with asyncio.timeout(ready_s):
-            await asyncio.gather(*(_wait_ready(c) for c in procs))
+            await asyncio.gather(*(_wait_ready(c, show_created) for c in procs))
         start = clock() + START_DELAY_S
         span = Span(start, spec["warmup_s"], spec["duration_s"], spec["interval_s"])
         for client in procs:
@@ -144,8 +150,10 @@ async def _next_line(client: _Client) -> tuple[str, str] | None:
             return kind, rest
 
 
-async def _wait_ready(client: _Client) -> None:
-    got = await _next_line(client)
+async def _wait_ready(client: _Client, show_created: Callable[[], None]) -> None:
+    while (got := await _next_line(client)) is not None and got[0] == "created":
+        client.created = int(got[1])
+        show_created()
     if got is None or got[0] != "ready":
         message = got[1] if got else "exited before it was ready"
         raise BenchFailed(f"client process {client.index}: {message}; its log: {client.log_path}")

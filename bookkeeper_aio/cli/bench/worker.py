@@ -1,8 +1,9 @@
 """One client process of ``bkaio bench``: ``python -m bookkeeper_aio.cli.bench.worker``.
 
 Talks to its parent (:mod:`bookkeeper_aio.cli.bench.clients`) in lines: the spec as one JSON line
-on stdin; ``BENCH ready`` on stdout once its ledgers (or NATS publishers) exist and each has
-written one unmeasured entry (connections up); then ``go START`` on stdin (a CLOCK_MONOTONIC
+on stdin; ``BENCH created N`` on stdout about every 0.5 s while it creates ledgers; ``BENCH ready``
+once its ledgers (or NATS publishers) exist and each has written one unmeasured entry (connections
+up); then ``go START`` on stdin (a CLOCK_MONOTONIC
 instant shared by every client process); ``BENCH progress N`` about every 0.5 s; ``BENCH result
 {json}`` at the end (``BENCH error MESSAGE`` instead on failure, exit code 1). Logs go to stderr,
 which the parent sends to a file in the results folder.
@@ -44,6 +45,9 @@ def say(kind: str, data: Any = "") -> None:
     sys.stdout.flush()
 
 
+PROGRESS_INTERVAL_S = 0.5
+"""``BENCH created N`` at most this often while the ledgers are made."""
+
 CREATE_CONCURRENCY = 64
 """Ledgers created (and deleted) at a time: one by one, 100,000 ledgers took minutes."""
 
@@ -60,6 +64,7 @@ async def bookkeeper_target(spec: dict[str, Any]) -> AsyncIterator[Sequence[Subm
     """``spec["ledgers"]`` new ledgers on the cluster at ``spec["metadata_url"]``; closed and deleted
     after if ``spec["cleanup"]``, else left open (aborted) for the sandbox's removal."""
     config = ClientConfig.load(add_window_max=spec["window"])  # BKAIO_CLIENT_* still applies
+    loop = asyncio.get_running_loop()
     payload = os.urandom(spec["size"])
     async with BookKeeper.connect(spec["metadata_url"], config=config) as bk:
         handles: list[LedgerHandle] = []
@@ -82,9 +87,13 @@ async def bookkeeper_target(spec: dict[str, Any]) -> AsyncIterator[Sequence[Subm
                 await bk.delete_ledger(handle.id, password=PASSWORD)
 
         try:
+            shown = loop.time()
             for start in range(0, spec["ledgers"], CREATE_CONCURRENCY):
                 batch = min(CREATE_CONCURRENCY, spec["ledgers"] - start)
                 await asyncio.gather(*(create() for _ in range(batch)))
+                if loop.time() - shown >= PROGRESS_INTERVAL_S:
+                    shown = loop.time()
+                    say("created", str(len(handles)))
             if len(handles) >= GC_FREEZE_LEDGERS_MIN:
                 gc.freeze()
             yield [functools.partial(handle.append_async, payload) for handle in handles]
