@@ -27,13 +27,17 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import structlog
 import uvloop
 
+from bookkeeper_aio import LedgerCreateUnknown, MetadataUnavailable
 from bookkeeper_aio.cli.bench.load import Span, Submit, drive
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.common.logging_setup import configure_logging
+
+log = structlog.get_logger(__name__)
 
 PASSWORD = b"bkaio-bench"
 BENCH_MARK = "bkaio-bench"
@@ -50,6 +54,13 @@ PROGRESS_INTERVAL_S = 0.5
 
 CREATE_CONCURRENCY = 64
 """Ledgers created (and deleted) at a time: one by one, 100,000 ledgers took minutes."""
+
+CREATE_ATTEMPTS = 5
+CREATE_RETRY_S = 0.5
+"""A create that failed for a passing reason (etcd slow to answer: nothing was created, or the
+outcome is unknown and the client discards that ledger itself) is tried again after this many
+seconds times its attempt: creating is not what is measured, and a million creates beside ten
+loaded processes meet a few timeouts."""
 
 GC_FREEZE_LEDGERS_MIN = 10_000
 """From this many ledgers the process moves what exists once they are made out of the cyclic
@@ -70,13 +81,21 @@ async def bookkeeper_target(spec: dict[str, Any]) -> AsyncIterator[Sequence[Subm
         handles: list[LedgerHandle] = []
 
         async def create() -> None:
-            handle = await bk.create_ledger(
-                spec["ensemble"],
-                spec["write_quorum"],
-                spec["ack_quorum"],
-                password=PASSWORD,
-                custom_metadata={BENCH_MARK: spec["scenario"].encode()},
-            )
+            for attempt in range(1, CREATE_ATTEMPTS + 1):
+                try:
+                    handle = await bk.create_ledger(
+                        spec["ensemble"],
+                        spec["write_quorum"],
+                        spec["ack_quorum"],
+                        password=PASSWORD,
+                        custom_metadata={BENCH_MARK: spec["scenario"].encode()},
+                    )
+                    break
+                except (MetadataUnavailable, LedgerCreateUnknown) as error:
+                    if attempt == CREATE_ATTEMPTS:
+                        raise
+                    log.warning("bench.create_retried", attempt=attempt, error=str(error))
+                    await asyncio.sleep(CREATE_RETRY_S * attempt)
             handles.append(handle)
             await handle.append(b"warm-up")  # connections up before the clock starts
 
