@@ -33,6 +33,7 @@ from metadata.errors import (
     BadVersion,
     CasResultUnknown,
     LedgerCreateUnknown,
+    MetadataError,
     MetadataFormatError,
     MetadataUnavailable,
     NodeExists,
@@ -272,6 +273,31 @@ class LedgerManager:
         if current is None:
             raise NoSuchLedger(ledger_id, key)
         return VersionedLedger(serde.decode(current.value, key=key, ledger_id=ledger_id), current.version)
+
+    async def read_at(self, ledger_id: int, revision: int) -> VersionedLedger | None:
+        """This ledger's metadata as it was at store ``revision`` (with its version then), or None
+        when the ledger did not exist yet. A ledger key deleted and created again is another ledger:
+        only the history of the one that exists now is read. The store's history is needed only
+        when the ledger changed after ``revision`` (etcd's read at a revision). Raises
+        `NoSuchLedger` (deleted since), `WatchCompacted` (that history is compacted),
+        `MetadataFormatError`, `MetadataUnavailable`."""
+        key = self.keys.ledger(ledger_id)
+        current = await self._store.get(key)
+        if current is None:
+            raise NoSuchLedger(ledger_id, key)
+        if current.create_revision > revision:
+            return None
+        then = current
+        if current.version > revision:  # changed since: read it at that revision
+            page = await self._store.list(key, limit=1, revision=revision)
+            found = next((kv for kv in page.items if kv.key == key), None)
+            if found is None or found.create_revision != current.create_revision:
+                raise MetadataError(
+                    f"{key}: created at revision {current.create_revision}, but the store's history "
+                    f"at revision {revision} does not show it"
+                )
+            then = found
+        return VersionedLedger(serde.decode(then.value, key=key, ledger_id=ledger_id), then.version)
 
     async def exists(self, ledger_id: int) -> bool:
         return await self._store.get(self.keys.ledger(ledger_id)) is not None

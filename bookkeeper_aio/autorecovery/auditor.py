@@ -13,6 +13,8 @@ While it leads:
 - **Replaced bookies.** A bookie registered with another data dir instance than the one recorded
   in metadata (``R/replication/instances/``: any auditor, a new leader too, compares with it) lost
   what it held: its ledgers are marked (reason ``replaced``) at once, then the new one recorded.
+  Only the ledgers that listed it before the new instance registered (:func:`mark_replaced`): a
+  ledger placed on the new instance has its copies there, and a mark would fence its writer.
 - **Periodic check.** Every ``check_interval_s`` every ledger is checked: for each fragment and each
   registered bookie of it, the first and the last entry that bookie should hold (its write sets) are
   read from it; a bookie that answers "no such entry/ledger", or returns a body that fails its
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 
 import structlog
 
@@ -46,9 +48,9 @@ from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
 from bookkeeper_aio.protocol.digest import EntryCodec
 from bookkeeper_aio.protocol.errors import DigestMismatch
-from metadata.bookies import BookieSet, list_bookies, watch_bookies
+from metadata.bookies import BookieInfo, BookieSet, BookieState, list_bookies, watch_bookies
 from metadata.election import Election
-from metadata.errors import MetadataError, MetadataFormatError, NoSuchLedger
+from metadata.errors import MetadataError, MetadataFormatError, NoSuchLedger, WatchCompacted
 from metadata.ledger_manager import LedgerManager
 from metadata.ledger_metadata import LedgerMetadata, LedgerState
 from metadata.store import list_all
@@ -67,6 +69,8 @@ SCAN_WINDOW = 32
 
 Progress = Callable[[int, int], None]
 """``progress(ledgers_scanned, ledgers_marked)``."""
+Keep = Callable[[LedgerMetadata, set[str]], Awaitable[set[str]]]
+"""``keep(metadata, listed)``: which of the bookies to mark that the ledger lists to mark it with."""
 
 
 async def _scan(
@@ -125,9 +129,10 @@ async def mark_ledgers_on(
     *,
     reason: str,
     progress: Progress | None = None,
+    keep: Keep | None = None,
 ) -> list[int]:
-    """Mark every ledger with a fragment on one of ``bookies`` (with those of them it lists).
-    Returns the marked ledger ids, sorted."""
+    """Mark every ledger with a fragment on one of ``bookies`` (with those of them it lists; with
+    ``keep``, those of them it keeps). Returns the marked ledger ids, sorted."""
     wanted = set(bookies)
     marked: list[int] = []
     scanned = 0
@@ -135,6 +140,8 @@ async def mark_ledgers_on(
     async def visit(md: LedgerMetadata) -> None:
         nonlocal scanned
         listed = wanted & {b for _, ensemble in md.ensembles for b in ensemble}
+        if listed and keep is not None:
+            listed = await keep(md, listed)
         if listed:
             await urm.mark(md.ledger_id, listed, reason=reason)
             marked.append(md.ledger_id)
@@ -144,6 +151,53 @@ async def mark_ledgers_on(
 
     await _scan(ledgers, visit)
     return sorted(marked)
+
+
+async def mark_replaced(
+    ledgers: LedgerManager,
+    urm: UnderReplicationManager,
+    registered_at: Mapping[str, int | None],
+) -> list[int]:
+    """Mark (reason ``replaced``) every ledger that may have held entries on the old data dir of a
+    bookie now registered with a new one: those whose metadata listed the bookie just before
+    ``registered_at[bookie]`` (the store revision its new instance's registration was created at)
+    and list it still. A ledger created after that revision, or one that lists the bookie only in
+    fragments added since (an ensemble change, a worker's replacement), has every copy it put there
+    on the new data dir: marking it would fence its live writer after the grace for nothing. When
+    unsure it is marked: the revision is unknown (None), or the store's history before it is
+    compacted. Returns the marked ledger ids, sorted."""
+
+    async def listed_then(ledger_id: int, revision: int) -> set[str] | None:
+        """The bookies the ledger listed at ``revision`` (none: it did not exist); None: unknown."""
+        try:  # NoSuchLedger (deleted meanwhile) goes up: the scan skips the ledger
+            then = await ledgers.read_at(ledger_id, revision)
+        except (WatchCompacted, MetadataFormatError) as error:
+            log.info(
+                "autorecovery.replaced_history_unknown",
+                ledger_id=ledger_id,
+                revision=revision,
+                error=repr(error),
+                hint="marked: it may have held entries on the old data dir",
+            )
+            return None
+        return set() if then is None else {b for _, ensemble in then.metadata.ensembles for b in ensemble}
+
+    async def keep(md: LedgerMetadata, listed: set[str]) -> set[str]:
+        kept: set[str] = set()
+        known: dict[int, set[str] | None] = {}
+        for bookie in sorted(listed):
+            revision = registered_at[bookie]
+            if revision is None or revision <= 1:
+                kept.add(bookie)
+                continue
+            if revision not in known:
+                known[revision] = await listed_then(md.ledger_id, revision - 1)
+            then = known[revision]
+            if then is None or bookie in then:
+                kept.add(bookie)
+        return kept
+
+    return await mark_ledgers_on(ledgers, urm, registered_at.keys(), reason="replaced", keep=keep)
 
 
 async def referenced_bookies(ledgers: LedgerManager) -> set[str]:
@@ -437,7 +491,8 @@ class Auditor:
         }
         marked: list[int] = []
         if replaced:
-            marked = await mark_ledgers_on(self._ctx.ledgers, self._urm, replaced, reason="replaced")
+            registered_at = {b: await self._registered_at(b, changed[b]) for b in sorted(replaced)}
+            marked = await mark_replaced(self._ctx.ledgers, self._urm, registered_at)
             self.metrics.ledgers_marked += len(marked)
             log.warning("autorecovery.bookies_replaced", bookies=sorted(replaced), ledgers_marked=len(marked))
         # only once marked: a failed round tries again; a record that changed meanwhile (another
@@ -446,6 +501,24 @@ class Auditor:
             if await self._urm.record_instance(bookie_id, instance, seen[bookie_id]):
                 self._instances[bookie_id] = instance
         return marked
+
+    async def _registered_at(self, bookie_id: str, instance: str) -> int | None:
+        """The store revision at which ``bookie_id``'s registration naming data dir ``instance``
+        was created (the later one if both states hold one), or None when none does now. It may be
+        a later registration than the instance's first (a re-registration, a move to read-only):
+        ledgers placed on the new instance before it are marked all the same (safe, not lost)."""
+        found: list[int] = []
+        for state in BookieState:
+            kv = await self._urm.store.get(self._urm.keys.bookie(state.value, bookie_id))
+            if kv is None:
+                continue
+            try:
+                info = BookieInfo.decode(kv.key, kv.value)
+            except MetadataFormatError:
+                continue
+            if info.attributes.get("instance_id") == instance:
+                found.append(kv.create_revision)
+        return max(found, default=None)
 
     async def _check_loop(self) -> None:
         interval = self._config.check_interval_s

@@ -115,6 +115,15 @@ MUTANTS = (
         "a stale replacement after an ABA of the fragment",
     ),
     Mutant(
+        "replaced-unsure-unmarked",
+        "bookkeeper_aio/autorecovery/auditor.py",
+        "            if then is None or bookie in then:\n",
+        "            if then is not None and bookie in then:\n",
+        ("tests/unit/autorecovery/test_auditor.py",),
+        "the auditor leaves a ledger unmarked when it cannot tell whether a replaced bookie's old "
+        "data dir held entries of it (its metadata's history compacted away)",
+    ),
+    Mutant(
         "log-open-leaves-old-ledgers-open",
         "bookkeeper_aio/log/writer.py",
         "        proposed = taken_over(current.metadata, recovered, manager.now_ms())\n",

@@ -17,6 +17,7 @@ from metadata.errors import (
     MetadataFormatError,
     NodeExists,
     NoSuchLedger,
+    WatchCompacted,
 )
 from metadata.idgen import IdGenerator, raise_counter, read_counter
 from metadata.ledger_manager import UNCHANGED, LedgerIdPage, LedgerManager, VersionedLedger
@@ -226,6 +227,29 @@ async def test_read_page_lists_ledgers_with_their_metadata(store: MetadataStore,
     assert list(page.ledgers) == [created[2].ledger_id]
     page = await manager.read_page(limit=10, not_holding="b9")  # listed nowhere (but in the history)
     assert list(page.ledgers) == ids
+
+
+async def test_read_at_gives_the_metadata_as_it_was_at_a_revision(store: MetadataStore, root: str) -> None:
+    manager = LedgerManager(store, root)
+    created = await create(manager)
+    before = await store.current_revision()
+    changed = await manager.write(
+        created.metadata.with_ensemble_change(3, (BOOKIES[0], BOOKIES[1], "127.0.0.1:3184")), created.version
+    )
+    assert await manager.read_at(created.ledger_id, before) == created  # from the store's history
+    assert await manager.read_at(created.ledger_id, changed.version) == changed
+    assert await manager.read_at(created.ledger_id, created.version - 1) is None  # not created yet
+    unchanged = await create(manager)
+    assert await manager.read_at(unchanged.ledger_id, unchanged.version) == unchanged
+    await compact(store)
+    with pytest.raises(WatchCompacted):  # that history is gone
+        await manager.read_at(created.ledger_id, before)
+    # what needs no history is still known: unchanged since, or created after
+    assert await manager.read_at(unchanged.ledger_id, await store.current_revision()) == unchanged
+    assert await manager.read_at(unchanged.ledger_id, unchanged.version - 1) is None
+    await manager.delete(unchanged.ledger_id)
+    with pytest.raises(NoSuchLedger):
+        await manager.read_at(unchanged.ledger_id, unchanged.version)
 
 
 async def test_garbage_in_a_ledger_key_gives_a_decode_error_naming_the_ledger(

@@ -79,6 +79,28 @@ async def test_revoking_a_lease_deletes_all_its_keys_in_one_revision(store: Meta
     assert (await store.list(f"{root}/l/", revision=before)).items != ()  # the history before holds them
 
 
+async def test_a_listing_at_a_revision_gives_each_key_as_it_was_then(store: MetadataStore, root: str) -> None:
+    """Value, version and create revision as of that revision (the auditor reads a ledger's
+    metadata as it was before a bookie's new data dir registered: autorecovery, *replaced*)."""
+    v1 = await store.create(f"{root}/r/a", b"one")
+    v2 = await store.compare_and_set(f"{root}/r/a", b"two", v1)
+    old = await store.create(f"{root}/r/b", b"first")
+    await store.delete(f"{root}/r/b")
+    new = await store.create(f"{root}/r/b", b"again")
+    later = await store.create(f"{root}/r/c", b"later")
+
+    async def at(revision: int) -> list[tuple[str, bytes, int, int]]:
+        page = await store.list(f"{root}/r/", revision=revision)
+        return [(kv.key.rsplit("/", 1)[1], kv.value, kv.version, kv.create_revision) for kv in page.items]
+
+    assert await at(v1) == [("a", b"one", v1, v1)]
+    assert await at(old) == [("a", b"two", v2, v1), ("b", b"first", old, old)]
+    assert await at(new) == [("a", b"two", v2, v1), ("b", b"again", new, new)]
+    assert await at(later - 1) == await at(new)
+    exact = await store.list(f"{root}/r/a", limit=1, revision=v1)  # one key, as the ledger manager reads it
+    assert [(kv.value, kv.version) for kv in exact.items] == [(b"one", v1)]
+
+
 async def test_a_start_after_below_the_prefix_lists_from_the_prefix_itself(
     store: MetadataStore, root: str
 ) -> None:

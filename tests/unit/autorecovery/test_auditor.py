@@ -8,7 +8,7 @@ import contextlib
 import random
 
 from bookkeeper_aio import ClientConfig, RandomPlacement
-from bookkeeper_aio.autorecovery.auditor import Auditor, mark_ledgers_on
+from bookkeeper_aio.autorecovery.auditor import Auditor, mark_ledgers_on, mark_replaced
 from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
 from bookkeeper_aio.client.bookie_client import BookiePool
 from bookkeeper_aio.client.context import ClientContext, StaticDirectory
@@ -246,6 +246,84 @@ async def test_a_new_auditor_tells_a_bookie_replaced_while_none_watched() -> Non
     finally:
         await reg.close()
         await ctx.pool.close()
+
+
+async def _replaced_world(
+    store: MemoryStore, ctx: ClientContext, urm: UnderReplicationManager
+) -> tuple[dict[str, int], list[BookieRegistration]]:
+    """b0 registered with disk-1 (recorded by an auditor), then back with disk-2 while no auditor
+    led, and ledgers created or changed on either side of that registration."""
+    regs = [await _register(store, "b0", 4200, "disk-1")]
+    regs += [await _register(store, b, 4201 + i) for i, b in enumerate(["b1", "b2", "b3"])]
+    ledgers = ctx.ledgers
+    ids: dict[str, int] = {}
+    for name, ensemble in (("held", ("b0", "b1", "b2")), ("moved_on", ("b1", "b2", "b3"))):
+        ids[name] = (await ledgers.create(ensemble, write_quorum=2, ack_quorum=2)).ledger_id
+    writer_left = await ledgers.create(("b0", "b1", "b2"), write_quorum=2, ack_quorum=2)
+    ids["writer_left"] = writer_left.ledger_id
+    assert await Auditor(ctx, urm, AutorecoveryConfig(), candidate_id="a1").audit_once() == []
+    await regs[0].close()
+    regs[0] = await _register(store, "b0", 4200, "disk-2")  # formatted, back, writable at once
+    # after it: a new ledger on it, an old one whose writer moved onto it, one whose writer left it
+    ids["fresh"] = (await ledgers.create(("b0", "b1", "b2"), write_quorum=2, ack_quorum=2)).ledger_id
+    moved = await ledgers.read(ids["moved_on"])
+    await ledgers.write(moved.metadata.with_ensemble_change(5, ("b1", "b2", "b0")), moved.version)
+    await ledgers.write(writer_left.metadata.with_ensemble_change(5, ("b3", "b1", "b2")), writer_left.version)
+    return ids, regs
+
+
+async def test_a_replaced_bookie_marks_only_what_its_old_data_dir_may_have_held() -> None:
+    """Only the ledgers that listed the bookie before its new data dir registered lost copies; a
+    ledger placed on the new one (created, or an ensemble change, after that) is not marked, or a
+    worker would fence its live writer after the grace (every copy it has is on the new disk)."""
+    store = MemoryStore()
+    ctx = _ctx(store)
+    urm = UnderReplicationManager(store, ROOT)
+    ids, regs = await _replaced_world(store, ctx, urm)
+    try:
+        marked = await Auditor(ctx, urm, AutorecoveryConfig(), candidate_id="a2").audit_once()
+        # the one whose writer left b0 after its return keeps b0 in its first fragment: marked
+        assert marked == sorted([ids["held"], ids["writer_left"]])
+        for name in ("held", "writer_left"):
+            mark = await urm.get(ids[name])
+            assert mark is not None
+            assert (mark.missing, mark.reasons) == (("b0",), ("replaced",))
+        assert await urm.get(ids["fresh"]) is None
+        assert await urm.get(ids["moved_on"]) is None
+    finally:
+        for registration in regs:
+            await registration.close()
+        await ctx.pool.close()
+
+
+async def test_a_replaced_bookie_marks_when_the_history_before_its_registration_is_gone() -> None:
+    """The metadata before the registration compacted away: a ledger changed since may have listed
+    the bookie then, so it is marked (safe); a ledger created since needs no history."""
+    store = MemoryStore()
+    ctx = _ctx(store)
+    urm = UnderReplicationManager(store, ROOT)
+    ids, regs = await _replaced_world(store, ctx, urm)
+    store.compact()
+    try:
+        marked = await Auditor(ctx, urm, AutorecoveryConfig(), candidate_id="a2").audit_once()
+        assert marked == sorted([ids["held"], ids["writer_left"], ids["moved_on"]])
+        assert await urm.get(ids["fresh"]) is None
+    finally:
+        for registration in regs:
+            await registration.close()
+        await ctx.pool.close()
+
+
+async def test_replaced_marks_every_ledger_listing_a_bookie_whose_registration_is_unknown() -> None:
+    store = MemoryStore()
+    ctx = _ctx(store)
+    urm = UnderReplicationManager(store, ROOT)
+    first = (await ctx.ledgers.create(("b0", "b1"), write_quorum=2, ack_quorum=2)).ledger_id
+    registered = await store.current_revision() + 1  # as if it registered next
+    later = (await ctx.ledgers.create(("b0", "b1"), write_quorum=2, ack_quorum=2)).ledger_id
+    assert await mark_replaced(ctx.ledgers, urm, {"b0": registered}) == [first]
+    assert await mark_replaced(ctx.ledgers, urm, {"b1": None}) == [first, later]
+    await ctx.pool.close()
 
 
 async def test_a_bookie_with_an_undecodable_registration_is_not_taken_for_lost() -> None:
