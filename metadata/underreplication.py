@@ -22,7 +22,8 @@ Keys (docs/metadata.md, *Autorecovery*):
   the auditor keeps marking.
 - ``R/replication/daemons/<id>``: each daemon's status and metrics (msgpack map), bound to its lease.
 - ``R/replication/decommissioning/<bookie id>``: a bookie being decommissioned: never chosen as a
-  replacement; removed once no ledger references it.
+  replacement; removed once no ledger references it, or when the decommission is cancelled
+  (``bkaio decommission --cancel``: the bookie's marks for it alone go too, ``unmark``).
 - ``R/replication/instances/<bookie id>``: the data dir instance (UTF-8) the auditor last saw the
   bookie registered with, written by CAS: a bookie registered with another one lost what it held
   (``replaced``), and any auditor, a new leader too, tells so from this key. Deleted with the
@@ -201,6 +202,18 @@ def _check_missing(ledger_id: int, missing: Collection[str]) -> tuple[str, ...]:
     return bookies
 
 
+def _without(current: UnderReplicated, gone: Collection[str]) -> UnderReplicated | None:
+    """``current`` without the bookies ``gone`` (itself when it lists none; None when none is left)."""
+    left = tuple(b for b in current.missing if b not in gone)
+    if not left:
+        return None
+    if left == current.missing:
+        return current
+    since = tuple((b, ms) for b, ms in current.since if b in left)
+    by_bookie = tuple((b, r) for b, r in current.bookie_reasons if b in left)
+    return dataclasses.replace(current, missing=left, since=since, bookie_reasons=by_bookie)
+
+
 class UnderReplicationManager:
     """Marks, locks, the switch and daemon statuses under one cluster root (see the module doc)."""
 
@@ -286,18 +299,20 @@ class UnderReplicationManager:
         what is left (None: the ledger is no longer marked). With ``lock`` (the caller's), only
         while it is still held: else `GuardFailed` and the mark stays."""
         gone = set(healed)
+        return await self._change_mark(ledger_id, lambda current: _without(current, gone), lock)
 
-        def resolved(current: UnderReplicated) -> UnderReplicated | None:
-            left = tuple(b for b in current.missing if b not in gone)
-            if not left:
-                return None
-            if left == current.missing:
+    async def unmark(self, ledger_id: int, bookie_id: str, reason: str) -> UnderReplicated | None:
+        """Take ``bookie_id`` off the ledger's mark when ``reason`` is all it was marked for (a
+        decommission cancelled: a bookie also marked for another reason stays, and so do the
+        other bookies); the key goes when no bookie is left. Returns what is left (None: the
+        ledger is no longer marked)."""
+
+        def unmarked(current: UnderReplicated) -> UnderReplicated | None:
+            if bookie_id not in current.missing or current.reasons_of(bookie_id) != (reason,):
                 return current
-            since = tuple((b, ms) for b, ms in current.since if b in left)
-            by_bookie = tuple((b, r) for b, r in current.bookie_reasons if b in left)
-            return dataclasses.replace(current, missing=left, since=since, bookie_reasons=by_bookie)
+            return _without(current, {bookie_id})
 
-        return await self._change_mark(ledger_id, resolved, lock)
+        return await self._change_mark(ledger_id, unmarked, None)
 
     async def restamp(
         self, ledger_id: int, bookies: Collection[str], *, lock: ReplicationLock | None = None

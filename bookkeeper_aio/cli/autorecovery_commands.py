@@ -403,7 +403,9 @@ async def _recover(
 
 async def cmd_decommission(args: argparse.Namespace) -> int:
     """Move every ledger off a live (or dead) bookie, then let it leave: afterwards no ledger lists
-    it and its cookie is gone."""
+    it and its cookie is gone. With ``--cancel``: end a decommission left in progress."""
+    if args.cancel:
+        return await _cancel_decommission(args)
     config = _config(args)
     meta = await _connect(args)
     async with meta:
@@ -423,7 +425,12 @@ async def cmd_decommission(args: argparse.Namespace) -> int:
                 )
         await urm.start_decommission(bookie_id)  # never chosen as a replacement from now on
         if admin:
-            await asyncio.to_thread(_set_read_only, admin, token)
+            try:
+                await asyncio.to_thread(_set_read_only, admin, token, True)
+            except BaseException:
+                # nothing marked yet: no decommission is left behind (the bookie stays in service)
+                await urm.end_decommission(bookie_id)
+                raise
         else:
             print(
                 f"{bookie_id} publishes no admin endpoint and --admin was not given: it is not made "
@@ -432,6 +439,7 @@ async def cmd_decommission(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         bk = _client(meta, urm)
+        ended = False
         try:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + args.timeout
@@ -443,16 +451,19 @@ async def cmd_decommission(args: argparse.Namespace) -> int:
                 if loop.time() >= deadline:
                     print(f"ledgers still on {bookie_id}: {marked[:20]}", file=sys.stderr)
                     return 1
+            if code != 0:
+                return code
+            cookie = await metadata.read_cookie(meta.store, meta.root, bookie_id)
+            if cookie is not None:
+                await metadata.delete_cookie(meta.store, meta.root, bookie_id, cookie[1])
+            # the auditor's record of its data dir goes with the cookie (a fresher record stays)
+            await urm.forget_instance(bookie_id, None if cookie is None else cookie[0].instance_id)
+            await urm.end_decommission(bookie_id)
+            ended = True
         finally:
             await bk.close()
-        if code != 0:
-            return code
-        cookie = await metadata.read_cookie(meta.store, meta.root, bookie_id)
-        if cookie is not None:
-            await metadata.delete_cookie(meta.store, meta.root, bookie_id, cookie[1])
-        # the auditor's record of its data dir goes with the cookie (a fresher record stays)
-        await urm.forget_instance(bookie_id, None if cookie is None else cookie[0].instance_id)
-        await urm.end_decommission(bookie_id)
+            if not ended:  # failed, timed out or interrupted: say how to go on, or out
+                _say_in_progress(bookie_id)
     print(
         f"{bookie_id} holds no ledger that metadata lists and its cookie is gone: stop it now",
         file=sys.stderr,
@@ -460,18 +471,75 @@ async def cmd_decommission(args: argparse.Namespace) -> int:
     return 0
 
 
-def _set_read_only(admin: str, token: str | None) -> None:
-    url = f"http://{admin}/readonly?set=1"
+def _say_in_progress(bookie_id: str) -> None:
+    print(
+        f"the decommission of {bookie_id} is still in progress: it is never chosen as a replacement, "
+        "the autorecovery daemons go on moving its ledgers off (fencing open ones after the grace), "
+        f"and its cookie stays. Run `bkaio decommission {bookie_id}` again to finish it, or "
+        f"`bkaio decommission --cancel {bookie_id}` to end it and keep the bookie in service",
+        file=sys.stderr,
+    )
+
+
+async def _cancel_decommission(args: argparse.Namespace) -> int:
+    """End ``args.bookie_id``'s decommission: it may be chosen as a replacement again, the marks
+    that list it for the decommission alone lose it (those for another reason keep it: a lost or
+    replaced bookie must still be healed), and the manual read-only mode the decommission set
+    through its admin endpoint is cleared. Ledgers already moved off it stay where they are."""
+    meta = await _connect(args)
+    async with meta:
+        urm = UnderReplicationManager(meta.store, meta.root)
+        bookie_id = validate_name(args.bookie_id, "bookie id")
+        was_leaving = bookie_id in await urm.decommissioning()
+        await urm.end_decommission(bookie_id)  # first: from now on no worker takes it for gone
+        dropped = 0
+        async for mark in urm.iter_marks(on_undecodable=lambda _id, _error: None):
+            if bookie_id in mark.missing and mark.reasons_of(bookie_id) == ("decommission",):
+                await urm.unmark(mark.ledger_id, bookie_id, "decommission")
+                dropped += 1
+        admin = args.admin or await registered_admin(meta, bookie_id)
+    result: dict[str, Any] = {
+        "bookie": bookie_id,
+        "was_decommissioning": was_leaving,
+        "marks_dropped": dropped,
+        "writable": False,
+    }
+    if admin:
+        token = admin_token(args.admin_token_file)
+        if token is None:
+            output.emit(result, as_json=args.json)
+            raise BKInterfaceError(
+                f"the decommission of {bookie_id} is ended, but making it writable again through its "
+                f"admin endpoint {admin} needs its admin token: pass --admin-token-file FILE (or set "
+                f"${ADMIN_TOKEN_ENV}) and run this again"
+            )
+        await asyncio.to_thread(check_admin_is, admin, bookie_id)
+        await asyncio.to_thread(_set_read_only, admin, token, False)
+        result["writable"] = True
+    else:
+        print(
+            f"{bookie_id} publishes no admin endpoint (not registered?) and --admin was not given: if "
+            "the decommission made it read-only, clear that with POST /readonly?set=0 on its admin "
+            "endpoint once it runs",
+            file=sys.stderr,
+        )
+    output.emit(result, as_json=args.json)
+    return 0
+
+
+def _set_read_only(admin: str, token: str | None, read_only: bool) -> None:
+    url = f"http://{admin}/readonly?set={int(read_only)}"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     request = urllib.request.Request(url, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=ADMIN_TIMEOUT_S) as answer:
             answer.read()
     except (urllib.error.URLError, OSError) as error:
+        what = "read-only" if read_only else "writable again"
         raise BKInterfaceError(
-            f"could not make the bookie read-only through {url}: {error}; check --admin (the bookie's "
-            "ADMIN host:port) and --admin-token-file (401/403: the bookie's admin token), or leave "
-            "--admin out and stop writers from placing ledgers on it"
+            f"could not make the bookie {what} through {url}: {error}; check --admin (the bookie's "
+            "ADMIN host:port) and --admin-token-file (401/403: the bookie's admin token)"
+            + (", or leave --admin out and stop writers from placing ledgers on it" if read_only else "")
         ) from error
 
 
@@ -582,6 +650,13 @@ def add_commands(sub: Any) -> None:
         sub, "decommission", cmd_decommission, "move every ledger off a bookie, then forget it (cookie)"
     )
     _recover_options(decommission)
+    decommission.add_argument(
+        "--cancel",
+        action="store_true",
+        help="end a decommission left in progress (failed, timed out, interrupted): the bookie may be "
+        "chosen as a replacement again, its marks for the decommission alone go, and it is made "
+        "writable again through its admin endpoint; ledgers already moved off it stay moved",
+    )
     decommission.add_argument(
         "--admin",
         default=None,

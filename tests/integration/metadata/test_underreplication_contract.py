@@ -54,6 +54,22 @@ async def test_resolve_removes_only_the_healed_bookies(store: MetadataStore, roo
     assert await urm.resolve(5, ["b"]) is None  # resolving twice is harmless
 
 
+async def test_unmark_drops_a_bookie_marked_for_that_reason_alone(store: MetadataStore, root: str) -> None:
+    urm = UnderReplicationManager(store, root)
+    await urm.mark(1, ["b1", "b2"], reason="decommission")
+    await urm.mark(1, ["b2"], reason="lost")
+    left = await urm.unmark(1, "b2", "decommission")  # also lost: stays
+    assert left is not None
+    assert left.missing == ("b1", "b2")
+    left = await urm.unmark(1, "b1", "decommission")
+    assert left is not None
+    assert (left.missing, left.reasons_of("b2")) == (("b2",), ("decommission", "lost"))
+    await urm.mark(2, ["b1"], reason="decommission")
+    assert await urm.unmark(2, "b1", "decommission") is None
+    assert await urm.get(2) is None
+    assert await urm.unmark(3, "b1", "decommission") is None  # not marked: nothing to do
+
+
 async def test_list_pages_in_ledger_order_and_counts(store: MetadataStore, root: str) -> None:
     urm = UnderReplicationManager(store, root)
     ids = [900, 3, 10_000_000_000, 42, 7]
