@@ -13,8 +13,9 @@ While it leads:
 - **Replaced bookies.** A bookie registered with another data dir instance than the one recorded
   in metadata (``R/replication/instances/``: any auditor, a new leader too, compares with it) lost
   what it held: its ledgers are marked (reason ``replaced``) at once, then the new one recorded.
-  Only the ledgers that listed it before the new instance registered (:func:`mark_replaced`): a
-  ledger placed on the new instance has its copies there, and a mark would fence its writer.
+  Only the ledgers that list it in a fragment that existed before the new instance registered
+  (:func:`mark_replaced`): a ledger placed on the new instance has its copies there, and a mark
+  would fence its writer.
 - **Periodic check.** Every ``check_interval_s`` every ledger is checked: for each fragment and each
   registered bookie of it, the first and the last entry that bookie should hold (its write sets) are
   read from it; a bookie that answers "no such entry/ledger", or returns a body that fails its
@@ -159,16 +160,19 @@ async def mark_replaced(
     registered_at: Mapping[str, int | None],
 ) -> list[int]:
     """Mark (reason ``replaced``) every ledger that may have held entries on the old data dir of a
-    bookie now registered with a new one: those whose metadata listed the bookie just before
-    ``registered_at[bookie]`` (the store revision its new instance's registration was created at)
-    and list it still. A ledger created after that revision, or one that lists the bookie only in
-    fragments added since (an ensemble change, a worker's replacement), has every copy it put there
-    on the new data dir: marking it would fence its live writer after the grace for nothing. When
-    unsure it is marked: the revision is unknown (None), or the store's history before it is
-    compacted. Returns the marked ledger ids, sorted."""
+    bookie now registered with a new one: those that list it in a fragment that existed just before
+    ``registered_at[bookie]`` (the store revision its new instance's registration was created at;
+    a fragment is known by its first entry). A ledger created after that revision, or one that
+    lists the bookie only in fragments added since (a writer's ensemble change), has every copy it
+    put there on the new data dir: marking it would fence its live writer after the grace for
+    nothing. A fragment that existed before counts even if the bookie joined it since: a worker
+    copies to a replacement *before* its CAS lists it, so that copy may have gone to the old data
+    dir. When unsure it is marked: the revision is unknown (None), or the store's history before it
+    is compacted. Returns the marked ledger ids, sorted."""
 
-    async def listed_then(ledger_id: int, revision: int) -> set[str] | None:
-        """The bookies the ledger listed at ``revision`` (none: it did not exist); None: unknown."""
+    async def fragments_then(ledger_id: int, revision: int) -> set[int] | None:
+        """The first entries of the ledger's fragments at ``revision`` (none: it did not exist yet);
+        None: unknown."""
         try:  # NoSuchLedger (deleted meanwhile) goes up: the scan skips the ledger
             then = await ledgers.read_at(ledger_id, revision)
         except (WatchCompacted, MetadataFormatError) as error:
@@ -180,20 +184,21 @@ async def mark_replaced(
                 hint="marked: it may have held entries on the old data dir",
             )
             return None
-        return set() if then is None else {b for _, ensemble in then.metadata.ensembles for b in ensemble}
+        return set() if then is None else {first for first, _ in then.metadata.ensembles}
 
     async def keep(md: LedgerMetadata, listed: set[str]) -> set[str]:
         kept: set[str] = set()
-        known: dict[int, set[str] | None] = {}
+        known: dict[int, set[int] | None] = {}
         for bookie in sorted(listed):
             revision = registered_at[bookie]
             if revision is None or revision <= 1:
                 kept.add(bookie)
                 continue
             if revision not in known:
-                known[revision] = await listed_then(md.ledger_id, revision - 1)
+                known[revision] = await fragments_then(md.ledger_id, revision - 1)
             then = known[revision]
-            if then is None or bookie in then:
+            holding = {first for first, ensemble in md.ensembles if bookie in ensemble}
+            if then is None or holding & then:
                 kept.add(bookie)
         return kept
 

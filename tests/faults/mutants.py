@@ -117,8 +117,8 @@ MUTANTS = (
     Mutant(
         "replaced-unsure-unmarked",
         "bookkeeper_aio/autorecovery/auditor.py",
-        "            if then is None or bookie in then:\n",
-        "            if then is not None and bookie in then:\n",
+        "            if then is None or holding & then:\n",
+        "            if then is not None and holding & then:\n",
         ("tests/unit/autorecovery/test_auditor.py",),
         "the auditor leaves a ledger unmarked when it cannot tell whether a replaced bookie's old "
         "data dir held entries of it (its metadata's history compacted away)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 
 from bookkeeper_aio import ClientConfig, RandomPlacement
@@ -261,6 +262,11 @@ async def _replaced_world(
         ids[name] = (await ledgers.create(ensemble, write_quorum=2, ack_quorum=2)).ledger_id
     writer_left = await ledgers.create(("b0", "b1", "b2"), write_quorum=2, ack_quorum=2)
     ids["writer_left"] = writer_left.ledger_id
+    copied_onto = await ledgers.create(("b1", "b2", "b3"), write_quorum=2, ack_quorum=2)
+    copied_onto = await ledgers.write(copied_onto.metadata.closed(4, 100), copied_onto.version)
+    ids["copied_onto"] = copied_onto.ledger_id
+    healed_away = await ledgers.create(("b0", "b1", "b2"), write_quorum=2, ack_quorum=2)
+    ids["healed_away"] = healed_away.ledger_id
     assert await Auditor(ctx, urm, AutorecoveryConfig(), candidate_id="a1").audit_once() == []
     await regs[0].close()
     regs[0] = await _register(store, "b0", 4200, "disk-2")  # formatted, back, writable at once
@@ -269,6 +275,17 @@ async def _replaced_world(
     moved = await ledgers.read(ids["moved_on"])
     await ledgers.write(moved.metadata.with_ensemble_change(5, ("b1", "b2", "b0")), moved.version)
     await ledgers.write(writer_left.metadata.with_ensemble_change(5, ("b3", "b1", "b2")), writer_left.version)
+    # a worker's CAS listing b0 in an old fragment: it copied there before, maybe to the old disk
+    await ledgers.write(
+        dataclasses.replace(copied_onto.metadata, ensembles=((0, ("b1", "b2", "b0")),)), copied_onto.version
+    )
+    # b0 healed out of the old fragment (a copy elsewhere), then taken in by a new one
+    await ledgers.write(
+        dataclasses.replace(
+            healed_away.metadata, ensembles=((0, ("b3", "b1", "b2")), (5, ("b1", "b2", "b0")))
+        ),
+        healed_away.version,
+    )
     return ids, regs
 
 
@@ -283,13 +300,13 @@ async def test_a_replaced_bookie_marks_only_what_its_old_data_dir_may_have_held(
     try:
         marked = await Auditor(ctx, urm, AutorecoveryConfig(), candidate_id="a2").audit_once()
         # the one whose writer left b0 after its return keeps b0 in its first fragment: marked
-        assert marked == sorted([ids["held"], ids["writer_left"]])
-        for name in ("held", "writer_left"):
+        assert marked == sorted([ids["held"], ids["writer_left"], ids["copied_onto"]])
+        for name in ("held", "writer_left", "copied_onto"):
             mark = await urm.get(ids[name])
             assert mark is not None
             assert (mark.missing, mark.reasons) == (("b0",), ("replaced",))
-        assert await urm.get(ids["fresh"]) is None
-        assert await urm.get(ids["moved_on"]) is None
+        for name in ("fresh", "moved_on", "healed_away"):
+            assert await urm.get(ids[name]) is None
     finally:
         for registration in regs:
             await registration.close()
@@ -306,7 +323,9 @@ async def test_a_replaced_bookie_marks_when_the_history_before_its_registration_
     store.compact()
     try:
         marked = await Auditor(ctx, urm, AutorecoveryConfig(), candidate_id="a2").audit_once()
-        assert marked == sorted([ids["held"], ids["writer_left"], ids["moved_on"]])
+        assert marked == sorted(
+            ids[n] for n in ("held", "writer_left", "moved_on", "copied_onto", "healed_away")
+        )
         assert await urm.get(ids["fresh"]) is None
     finally:
         for registration in regs:
