@@ -4,6 +4,7 @@ an unlisted ledger and deleting ledgers that left the list."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 import structlog
@@ -16,6 +17,11 @@ from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import ENCODED_BYTES_MAX, LogLedgerState, LogMetadata, encoded_size, has_room
 
 log = structlog.get_logger("bookkeeper_aio.log")
+
+SETTLE_ATTEMPTS_MAX = 8
+SETTLE_RETRY_S = 0.05
+SETTLE_RETRY_S_MAX = 2.0
+"""`settle_cas` tries for about 7 s (an etcd leader election) before it gives up for now."""
 
 
 def log_manager(bk: BookKeeper) -> LogManager:
@@ -39,13 +45,25 @@ async def read_or_create(
                 await manager.create(name, sequenced=sequenced)
 
 
+class LostLogCas(CasResultUnknown):
+    """`cas_log`'s lost answer, with what that CAS sent (``proposed`` at ``expected_version``):
+    `settle_cas` needs them to settle it."""
+
+    def __init__(self, proposed: LogMetadata, expected_version: int, message: str, key: str) -> None:
+        super().__init__(key, message)
+        self.proposed = proposed
+        self.expected_version = expected_version
+
+
 async def cas_log(manager: LogManager, proposed: LogMetadata, expected_version: int) -> VersionedLog:
     """One CAS of the list. A lost answer (`CasResultUnknown`) is resolved by reading the list back:
     ours if it is exactly ``proposed``, tried again if the version did not move (not applied yet),
-    else `CasResultUnknown` (the caller must then assume its change may be in the list). So a
-    `BadVersion` from here always means the change was not applied: after a lost answer, a conflict
-    is read back too (the lost request may have landed late and be what the retry conflicts with).
+    else `LostLogCas` (the caller must then assume its change may be in the list, or yet land in
+    it: `settle_cas`). So a `BadVersion` from here always means the change was not applied: after a
+    lost answer, a conflict is read back too (the lost request may have landed late and be what the
+    retry conflicts with).
     """
+    key = manager.keys.log(proposed.name)
     answer_lost = False
     for _ in range(2):
         try:
@@ -57,14 +75,41 @@ async def cas_log(manager: LogManager, proposed: LogMetadata, expected_version: 
             try:
                 current = await manager.read(proposed.name)
             except MetadataError:
-                raise CasResultUnknown(manager.keys.log(proposed.name), "log CAS outcome lost") from error
+                raise LostLogCas(proposed, expected_version, "log CAS outcome lost", key) from error
             if current.metadata == proposed:
                 return current
             if current.version != expected_version:
-                raise CasResultUnknown(
-                    manager.keys.log(proposed.name), "log CAS outcome lost and the list moved on"
+                raise LostLogCas(
+                    proposed, expected_version, "log CAS outcome lost and the list moved on", key
                 ) from error
-    raise CasResultUnknown(manager.keys.log(proposed.name), "log CAS outcome lost twice")
+    raise LostLogCas(proposed, expected_version, "log CAS outcome lost twice", key)
+
+
+async def settle_cas(manager: LogManager, lost: LostLogCas) -> VersionedLog | None:
+    """The list once the CAS whose answer was ``lost`` can no longer land: its version past the one
+    that CAS expected, so the list tells for good whether it applied (the caller looks for its
+    change: there, it applied; not there, it never will). A list still at that version tells
+    nothing: the lost request may yet be applied (an etcd txn whose answer timed out can commit
+    after a later read), so the CAS is sent again at that version, as `cas_log` does: it applies
+    (the list is then the proposed one) or the version moved. Unreadable (or the answers lost
+    again), tried again `SETTLE_RETRY_S` apart, doubled each time, `SETTLE_ATTEMPTS_MAX` times;
+    then None: the change may still land, nothing that hangs on it may be decided (nor deleted).
+    Raises `NoSuchLog`: the log was deleted (a CAS of it never lands: versions only grow)."""
+    name = lost.proposed.name
+    for attempt in range(SETTLE_ATTEMPTS_MAX):
+        if attempt:
+            await asyncio.sleep(min(SETTLE_RETRY_S_MAX, SETTLE_RETRY_S * 2 ** (attempt - 1)))
+        try:
+            current = await manager.read(name)
+            if current.version != lost.expected_version:
+                return current
+            return await cas_log(manager, lost.proposed, lost.expected_version)
+        except NoSuchLog:
+            raise
+        except BKError as error:  # unreadable, lost again, or moved meanwhile (BadVersion): again
+            log.info("log.cas_unsettled", log=name, attempt=attempt + 1, error=repr(error))
+    log.warning("log.cas_unsettled_for_now", log=name, expected_version=lost.expected_version)
+    return None
 
 
 def check_room(md: LogMetadata, ledgers: int = 1) -> None:

@@ -7,10 +7,13 @@ The list changes first (one CAS: the metadata then records ``truncated_before``,
 for a truncated position gets `LogTruncated`, never a silent gap), then the dropped ledgers are
 deleted; with nothing to cut the list is not written.
 
-A lost CAS answer (`CasResultUnknown`) is settled by reading the list again: every planned ledger
-it no longer lists, below its ``truncated_before``, left it (by this cut or a later one: deleting
-twice is harmless) and is deleted; if the cut is not in, the error is raised (try again: the retry
-plans the same ledgers, so a late-applied lost CAS still gets its ledgers deleted).
+A lost CAS answer (`CasResultUnknown`) is settled by reading the list once that CAS can no longer
+land (`settle_cas`: a list still at the version the CAS expected gets the CAS again, and an
+unreadable list is read again with backoff, for about 7 s): every planned ledger it no longer lists,
+below its ``truncated_before``, left it (by this cut or a later one: deleting twice is harmless) and
+is deleted; if the cut is not in (it never will be), the error is raised: try again. Only a list
+unreadable for the whole budget leaves the cut undecided (the error is raised; should the lost CAS
+land after all, its ledgers stay as orphans for `bkaio ledger delete`).
 """
 
 from __future__ import annotations
@@ -18,13 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
-from bookkeeper_aio.errors import BKError, MetadataConflict, NoSuchLedger
+from bookkeeper_aio.errors import MetadataConflict, NoSuchLedger
 from bookkeeper_aio.log import records
-from bookkeeper_aio.log._common import delete_ledgers, log, log_manager
+from bookkeeper_aio.log._common import LostLogCas, cas_log, delete_ledgers, log, log_manager, settle_cas
 from bookkeeper_aio.log.position import LogPosition, check_position
-from metadata.errors import CasResultUnknown
-from metadata.ledger_manager import _Unchanged
-from metadata.log_manager import UNCHANGED, LogManager, VersionedLog
+from metadata.errors import BadVersion, UpdateRetriesExhausted
+from metadata.log_manager import CAS_ATTEMPTS_MAX, LogManager, VersionedLog
 from metadata.log_metadata import LogLedgerState, LogMetadata
 
 PLAN_ATTEMPTS_MAX = 50
@@ -91,15 +93,22 @@ async def truncate_log(
     manager = log_manager(bk)
     current = await manager.read(name)
     change, planned = await plan_truncation(bk, manager, current.metadata, before.ledger_id, password)
-
-    def change_or_unchanged(md: LogMetadata) -> LogMetadata | _Unchanged:
-        proposed = change(md)
-        return UNCHANGED if proposed == md else proposed  # nothing to cut: no write
-
-    try:
-        versioned = await manager.update(name, change_or_unchanged, current=current)
-    except CasResultUnknown as error:
-        versioned = await settle_lost_truncation(manager, name, planned, error)
+    for _ in range(CAS_ATTEMPTS_MAX):
+        proposed = change(current.metadata)
+        if proposed == current.metadata:  # nothing (left) to cut: no write
+            versioned = current
+            break
+        try:
+            versioned = await cas_log(manager, proposed, current.version)
+            break
+        except LostLogCas as lost:
+            versioned = await settle_lost_truncation(manager, planned, lost)
+            break
+        except BadVersion:
+            pass  # someone else's change first: cut from the list as it is now
+        current = await manager.read(name)
+    else:
+        raise UpdateRetriesExhausted(manager.keys.log(name), CAS_ATTEMPTS_MAX)
     await delete_ledgers(bk, name, truncated_ids(versioned.metadata, planned), password, why="truncated")
     ledgers = versioned.metadata.ledgers
     return LogPosition(ledgers[0].ledger_id, 0) if ledgers else None
@@ -111,21 +120,19 @@ def truncated_ids(md: LogMetadata, planned: list[int]) -> list[int]:
     return [ledger_id for ledger_id in planned if ledger_id not in listed and ledger_id < md.truncated_before]
 
 
-async def settle_lost_truncation(
-    manager: LogManager, name: str, planned: list[int], error: CasResultUnknown
-) -> VersionedLog:
-    """After a truncation CAS whose answer was lost: the list read again, when it shows the planned
-    ledgers truncated away (the caller deletes them); raises ``error`` when it cannot be read or does
-    not (the cut is not in: try again)."""
-    try:
-        versioned = await manager.read(name)
-    except BKError as read_error:
-        log.warning("log.list_unreadable", log=name, error=repr(read_error))
-        raise error from None
+async def settle_lost_truncation(manager: LogManager, planned: list[int], lost: LostLogCas) -> VersionedLog:
+    """After a truncation CAS whose answer was ``lost``: the list once that CAS can no longer land
+    (`settle_cas`: read again, and the CAS sent again while the list is still at the version it
+    expected, with backoff while the list cannot be read), when it shows the planned ledgers
+    truncated away (the caller deletes them). Raises ``lost`` when the cut is not in (and never will
+    be: try again) or it could not be settled within `settle_cas`'s budget; `NoSuchLog`."""
+    versioned = await settle_cas(manager, lost)
+    if versioned is None:
+        raise lost
     applied = len(truncated_ids(versioned.metadata, planned)) == len(planned)
-    log.info("log.truncate_answer_lost", log=name, planned=planned, applied=applied)
+    log.info("log.truncate_answer_lost", log=versioned.name, planned=planned, applied=applied)
     if not applied:
-        raise error
+        raise lost
     return versioned
 
 

@@ -4,19 +4,21 @@ Opening as leader: read the ledger list; fence and recover the last two ledgers
 (``open_ledger(recovery=True)``, which closes them); create a new ledger whose id is above every
 listed one; CAS the list with the recovered ledgers marked CLOSED (with their last entries) and the
 new one appended. On a CAS conflict the new ledger is deleted and the open starts over. No append is
-served before the CAS succeeded. A CAS answer lost after the list moved on is settled by reading the
-list again: the new ledger listed, the CAS applied; not listed, it never will be (a conflict).
+served before the CAS succeeded. A lost CAS answer is settled once that CAS can no longer land
+(`settle_cas`: the list's version past the one it expected; a list still at that version gets the
+CAS again, as a timed-out etcd txn may still commit): the new ledger listed, the CAS applied; not
+listed, it never will be (a conflict), and only then is the ledger deleted.
 
 Rolling (by entry count, payload bytes or age, or ``roll()``): create a new ledger, CAS it into the
 list, switch appends to it, then close the previous one and mark it CLOSED in the list. Until the
 first CAS succeeded appends go to the old ledger. Retention runs after each roll. Once its ledger is
 chosen a roll runs to its end in a task of its own, whatever happens to its caller (a cancelled
 ``roll()`` or ``close()``): a listed ledger always gets the switch, and the ledger before it is
-always closed and marked, or readers would stop at it. A roll's CAS answer lost after the list moved
-on is settled as an open's: listed, the roll goes on; not listed, a spare the list still records
-stays the spare, any other ledger is deleted. With the list unreadable then, the ledger is kept and
-the list read again before it next changes (`_repair`: in the background, and first in every roll,
-truncation and close); so is a ledger rolled away from whose close failed closed again.
+always closed and marked, or readers would stop at it. A roll's lost CAS answer is settled as an
+open's: listed, the roll goes on; not listed, a spare the list still records stays the spare, any
+other ledger is deleted. With the list unreadable then, the ledger is kept and the CAS settled
+before the list next changes (`_repair`: in the background, and first in every roll, truncation and
+close); so is a ledger rolled away from whose close failed closed again.
 
 With automatic rolls the next ledger is created ahead, once the current one is half way to a limit
 (`SPARE_AT`), and recorded in the list as its ``spare`` (one CAS): the roll itself is then the CAS
@@ -62,6 +64,7 @@ from bookkeeper_aio.errors import (
 )
 from bookkeeper_aio.log import records
 from bookkeeper_aio.log._common import (
+    LostLogCas,
     cas_log,
     check_room,
     delete_ledgers,
@@ -70,6 +73,7 @@ from bookkeeper_aio.log._common import (
     log_manager,
     read_or_create,
     recover_ledgers,
+    settle_cas,
     taken_over,
 )
 from bookkeeper_aio.log.position import LogPosition, check_position
@@ -79,7 +83,7 @@ from bookkeeper_aio.log.truncation import (
     settle_lost_truncation,
     truncated_ids,
 )
-from metadata.errors import BadVersion, CasResultUnknown, MetadataError
+from metadata.errors import BadVersion, MetadataError
 from metadata.log_manager import LogManager, VersionedLog
 from metadata.log_metadata import LogLedgerState, LogMetadata, has_room
 
@@ -148,7 +152,8 @@ class LogWriter:
         self._spare_retry_at = 0.0
         self._unmarked: dict[int, tuple[int, int]] = {}  # closed by us, not yet CLOSED in the list
         self._unclosed: dict[int, LedgerHandle] = {}  # rolled away from, their close failed
-        self._maybe_listed: LedgerHandle | None = None  # a roll's ledger, its CAS outcome unknown
+        # a roll's ledger, its CAS answer lost and not settled yet (`_settle_roll`)
+        self._maybe_listed: tuple[LedgerHandle, LostLogCas] | None = None
         self._repair_task: asyncio.Task[None] | None = None
         self._repairing = False  # the repair task holds the roll lock (close() waits, not cancels)
         self._close_done = False
@@ -513,8 +518,9 @@ class LogWriter:
                 # the list does not hold it: the CAS never applied
                 await discard_ledger(self._bk, new, self._password)
                 raise
-            except CasResultUnknown as error:
-                await self._settle_lost_roll(old, new, error)  # returns only if the list names it
+            except LostLogCas as lost:
+                if not await self._settle_roll(old, new, lost):
+                    raise
             except BaseException:
                 new.abort()  # it may be in the list (outcome unknown): a takeover recovers it
                 raise
@@ -525,26 +531,30 @@ class LogWriter:
         finally:
             self._roll_lock.release()
 
-    async def _settle_lost_roll(self, old: LedgerHandle, new: LedgerHandle, error: CasResultUnknown) -> None:
-        """A roll's CAS whose answer was lost after the list moved on: the list read again tells.
-        ``new`` listed: the CAS applied, the roll goes on (returns). Not listed: it never will be
-        (the list moved past the version that CAS expected); a spare the list still records is kept
-        for the next roll, any other ledger discarded; ``error`` is raised. Listed after or under
-        another writer's change, or the list unreadable: as for a takeover."""
+    async def _settle_roll(self, old: LedgerHandle, new: LedgerHandle, lost: LostLogCas) -> bool:
+        """A roll's CAS of ``new`` whose answer was ``lost``, settled by `settle_cas` (the list once
+        that CAS can no longer land). True: ``new`` listed last, OPEN, right after ``old``: the CAS
+        applied, the roll goes on to the switch. False: not listed, and never will be: ``new`` is
+        kept for the next roll if the list records it as the spare, else discarded. Listed
+        otherwise: another writer took the log over (`LogFenced`). Unsettled for now (the list
+        unreadable): ``new`` may yet be listed, so it is kept; appends stay on ``old`` (a roll's old
+        ledger may take appends until it is closed) and every change of the list waits until
+        `_repair` settled it (in the background, and first in every roll, truncation and close);
+        ``lost`` is raised."""
+        self._maybe_listed = None
         try:
-            current = await _read_or_none(self._manager, self.name)
+            current = await settle_cas(self._manager, lost)
         except NoSuchLog as deleted:
             await discard_ledger(self._bk, new, self._password)  # deleted with the log, or never listed
             raise self._fence("the log was deleted") from deleted
         if current is None:
-            # It may be listed: until the list tells, appends stay on ``old`` (a roll's old ledger
-            # may take appends until it is closed) and every change of the list waits (`_repair`).
-            self._maybe_listed = new
+            self._maybe_listed = (new, lost)
             self._schedule_repair()
-            raise error
+            raise lost
         md = current.metadata
-        last = md.ledgers[-1] if md.ledgers else None
-        if md.index_of(new.id) is None:
+        index = md.index_of(new.id)
+        if index is None:
+            last = md.ledgers[-1] if md.ledgers else None
             leader = last is not None and last.ledger_id == old.id and last.state is LogLedgerState.OPEN
             keep = leader and md.spare == new.id and self._spare is None
             log.info("log.roll_answer_lost", log=self.name, ledger_id=new.id, applied=False, kept_spare=keep)
@@ -552,13 +562,20 @@ class LogWriter:
                 self._spare = new  # still recorded as the spare: the next roll lists it
             else:
                 await discard_ledger(self._bk, new, self._password)
-            raise error
-        if last is None or last.ledger_id != new.id or last.state is not LogLedgerState.OPEN:
+            return False
+        ours = (
+            index == len(md.ledgers) - 1
+            and index > 0
+            and md.ledgers[index - 1].ledger_id == old.id
+            and md.ledgers[index].state is LogLedgerState.OPEN
+        )
+        if not ours:
             new.abort()
-            raise self._fence("the ledger list changed (another writer took the log over)") from error
+            raise self._fence("the ledger list changed (another writer took the log over)") from lost
         log.info("log.roll_answer_lost", log=self.name, ledger_id=new.id, applied=True)
         self._versioned = current  # our CAS applied (with the marks it carried), others' after it
         self._unmarked.clear()
+        return True
 
     async def _switch(self, old: LedgerHandle, new: LedgerHandle) -> None:
         """Send appends to ``new`` once every append sent to ``old`` is acknowledged (appends wait
@@ -632,7 +649,7 @@ class LogWriter:
         the roll goes on to it; not listed: discarded or kept as the spare), then the close of the
         ledgers rolled away from whose close failed. Raises what still fails (tried again later)."""
         if self._maybe_listed is not None:
-            await self._settle_maybe_listed(self._maybe_listed)
+            await self._settle_maybe_listed(*self._maybe_listed)
         if not self._unclosed:
             return
         for ledger_id, handle in list(self._unclosed.items()):
@@ -646,40 +663,12 @@ class LogWriter:
             log.info("log.rolled_ledger_closed", log=self.name, ledger_id=ledger_id)
         await self._change(lambda md: md, self._handle.id)  # marks them CLOSED in the list
 
-    async def _settle_maybe_listed(self, new: LedgerHandle) -> None:
-        """A roll's CAS of ``new`` whose answer was lost, the list unreadable then: read it now.
-        Listed right after the current ledger and last: that CAS applied, so switch to ``new`` and
-        close the current ledger (the roll's end). Not listed: it never will be (the list moved past
-        the version that CAS expected): kept as the spare if the list records it so, else discarded.
-        Listed otherwise: another writer took the log over."""
-        try:
-            current = await self._manager.read(self.name)
-        except NoSuchLog as error:
-            self._maybe_listed = None
-            await discard_ledger(self._bk, new, self._password)
-            raise self._fence("the log was deleted") from error
-        md = current.metadata
-        self._maybe_listed = None
-        index = md.index_of(new.id)
-        if index is None:
-            log.info("log.roll_answer_lost", log=self.name, ledger_id=new.id, applied=False, late=True)
-            if md.spare == new.id and self._spare is None:
-                self._spare = new
-            else:
-                await discard_ledger(self._bk, new, self._password)
-            return
-        ours = (
-            index == len(md.ledgers) - 1
-            and index > 0
-            and md.ledgers[index - 1].ledger_id == self._handle.id
-            and md.ledgers[index].state is LogLedgerState.OPEN
-        )
-        if not ours:
-            new.abort()
-            raise self._fence("the ledger list changed (another writer took the log over)")
-        log.info("log.roll_answer_lost", log=self.name, ledger_id=new.id, applied=True, late=True)
+    async def _settle_maybe_listed(self, new: LedgerHandle, lost: LostLogCas) -> None:
+        """A roll's CAS of ``new`` whose answer was lost, unsettled then (`_settle_roll`): settle it
+        now. Applied: switch to ``new`` and close the current ledger (the roll's end)."""
         old = self._handle
-        self._versioned = current
+        if not await self._settle_roll(old, new, lost):
+            return
         await self._switch(old, new)
         log.info("log.rolled", log=self.name, old_ledger=old.id, new_ledger=new.id)
         await self._close_old(old)
@@ -731,10 +720,14 @@ class LogWriter:
         )
         try:
             versioned = await self._change(change, self._handle.id)
-        except CasResultUnknown as error:
-            # Settled by reading the list (the ledgers it dropped are deleted, never orphaned); our
-            # own view stays as it was: the next change meets BadVersion and reads the list again.
-            versioned = await settle_lost_truncation(self._manager, self.name, planned, error)
+        except LostLogCas as lost:
+            # Settled once it can no longer land (the ledgers it dropped are deleted, never
+            # orphaned); our own view stays as it was: the next change meets BadVersion and reads
+            # the list again.
+            try:
+                versioned = await settle_lost_truncation(self._manager, planned, lost)
+            except NoSuchLog as error:
+                raise self._fence("the log was deleted") from error
         dropped = truncated_ids(versioned.metadata, planned)
         self._room_made()
         await delete_ledgers(self._bk, self.name, dropped, self._password, why="truncated")
@@ -765,9 +758,9 @@ class LogWriter:
                 await self._repair()
                 await self._close_and_mark(self._handle, self._handle.id, lambda md: md.with_spare(None))
         else:  # the new leader recovers them (listed) or they never were (an orphan at worst)
-            for handle in (*self._unclosed.values(), self._maybe_listed):
-                if handle is not None:
-                    handle.abort()
+            maybe_listed = () if self._maybe_listed is None else (self._maybe_listed[0],)
+            for handle in (*self._unclosed.values(), *maybe_listed):
+                handle.abort()
         await self._drop_spare()  # fenced: the new leader deletes it too (the list records it)
         self._close_done = True
 
@@ -894,24 +887,25 @@ async def _take_over(
 ) -> VersionedLog | None:
     """The open's CAS of ``proposed`` (``current`` taken over, ``handle`` appended), then the deletion
     of the spare it dropped from the list. None: the CAS did not apply (``handle`` is discarded:
-    start over). A lost answer after the list moved on is settled by reading the list again:
-    ``handle`` listed, the CAS applied (if another writer already listed a ledger after it, the
-    open starts over: None); not listed, it never will be (the list moved past the version it
-    expected). An unreadable list raises the `CasResultUnknown`."""
+    start over). A lost answer is settled by `settle_cas` (the list once that CAS can no longer
+    land): ``handle`` listed, the CAS applied (if another writer already listed a ledger after it,
+    the open starts over: None); not listed, it never will be. Unsettled (the list unreadable for
+    the whole budget): the `LostLogCas` is raised, and ``handle`` is kept (it may yet be listed).
+    """
     try:
         versioned = await cas_log(manager, proposed, current.version)
     except (BadVersion, NoSuchLog):
         # The CAS never applied (or the log was deleted, with whatever it listed): no list holds it.
         await discard_ledger(bk, handle, password)
         return None
-    except CasResultUnknown:
+    except LostLogCas as lost:
         try:
-            read = await _read_or_none(manager, current.metadata.name)
+            read = await settle_cas(manager, lost)
         except NoSuchLog:
             await discard_ledger(bk, handle, password)  # deleted with the log, or never listed
             return None
         if read is None:
-            raise  # the caller aborts the handle: a later writer fences it
+            raise  # the caller aborts the handle: it may yet be listed, a later writer fences it
         versioned, md = read, read.metadata
         applied = md.index_of(handle.id) is not None
         log.info("log.open_answer_lost", log=md.name, ledger_id=handle.id, applied=applied)
@@ -927,18 +921,6 @@ async def _take_over(
         return versioned
     await delete_spare(bk, current.metadata, password)
     return versioned
-
-
-async def _read_or_none(manager: LogManager, name: str) -> VersionedLog | None:
-    """The list, or None when it cannot be read now (settling a lost CAS answer then fails).
-    Raises `NoSuchLog`: the log was deleted."""
-    try:
-        return await manager.read(name)
-    except NoSuchLog:
-        raise
-    except BKError as error:
-        log.warning("log.list_unreadable", log=name, error=repr(error))
-        return None
 
 
 async def _still_listed_missing(

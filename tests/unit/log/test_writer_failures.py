@@ -20,6 +20,7 @@ from bookkeeper_aio import (
     open_log_writer,
 )
 from bookkeeper_aio.client import ledger as ledger_module
+from bookkeeper_aio.log import _common as common_module
 from bookkeeper_aio.log import writer as writer_module
 from metadata.errors import CasResultUnknown, MetadataUnavailable
 from metadata.log_manager import LogManager, VersionedLog
@@ -159,7 +160,8 @@ async def test_close_closes_a_rolled_ledger_whose_close_failed(monkeypatch: pyte
 
 
 class _LostAndUnreadable(LogManager):
-    """The first CAS applies but its answer is lost, and the next two reads fail."""
+    """The first CAS applies but its answer is lost, and the reads fail for longer than the CAS
+    answer's settling tries (`cas_log`'s read-back, then each of `settle_cas`'s)."""
 
     lost = True
     unreadable = 0
@@ -168,7 +170,7 @@ class _LostAndUnreadable(LogManager):
         written = await super().write(metadata, expected_version)
         if self.lost:
             self.lost = False
-            self.unreadable = 2
+            self.unreadable = 1 + common_module.SETTLE_ATTEMPTS_MAX
             raise CasResultUnknown(self.keys.log(metadata.name), "deadline exceeded")
         return written
 
@@ -184,6 +186,7 @@ async def test_a_lost_roll_answer_with_the_list_unreadable_is_settled_without_fe
     monkeypatch: pytest.MonkeyPatch, repair: str
 ) -> None:
     monkeypatch.setattr(writer_module, "ROLL_RETRY_S", 0.05 if repair == "background" else 3600.0)
+    monkeypatch.setattr(common_module, "SETTLE_RETRY_S", 0.001)
     async with world() as w:
         bk, other = w.clients
         writer = await open_log_writer(bk, "lg")

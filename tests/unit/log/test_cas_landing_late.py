@@ -1,0 +1,146 @@
+"""A list CAS whose answer is lost while the list still shows the version it expected may yet be
+applied (an etcd txn that timed out can commit after a later read): a roll or an open settles it by
+sending the CAS again at that version before it decides, and never deletes a ledger the late CAS
+could still list. The late request is held by a `LogManager` wrapper and lands the moment the
+ledger it lists is deleted (the worst time), or at the end, where it must find the list moved on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from bookkeeper_aio import BookKeeper, open_log_reader, open_log_writer
+from bookkeeper_aio.log import _common as common_module
+from bookkeeper_aio.log import writer as writer_module
+from metadata import MemoryStore
+from metadata.errors import BadVersion, CasResultUnknown, MetadataUnavailable
+from metadata.log_manager import LogManager, VersionedLog
+from metadata.log_metadata import LogMetadata
+from tests.unit.client.conftest import ROOT
+from tests.unit.log.fakes import world
+
+
+class _LandsLate(LogManager):
+    """The write ``armed`` picks is not applied and its answer is lost; then ``unreadable`` reads
+    fail (so `cas_log` cannot tell). `land` applies that request later, at the version it expected."""
+
+    def __init__(self, store: MemoryStore, unreadable: int) -> None:
+        super().__init__(store, ROOT)
+        self.armed: Callable[[LogMetadata], bool] | None = None
+        self.held: tuple[LogMetadata, int] | None = None
+        self.unreadable_after = unreadable
+        self.unreadable = 0
+
+    async def write(self, metadata: LogMetadata, expected_version: int) -> VersionedLog:
+        if self.armed is not None and self.armed(metadata):
+            self.armed = None
+            self.held = (metadata, expected_version)
+            self.unreadable = self.unreadable_after
+            raise CasResultUnknown(self.keys.log(metadata.name), "deadline exceeded")
+        return await super().write(metadata, expected_version)
+
+    async def read(self, name: str) -> VersionedLog:
+        if self.unreadable:
+            self.unreadable -= 1
+            raise MetadataUnavailable("etcd blip")
+        return await super().read(name)
+
+    def held_ledger(self) -> int | None:
+        return None if self.held is None else self.held[0].ledger_ids[-1]
+
+    async def land(self) -> bool:
+        """The held request reaches the store now: whether it applied (False: shut out)."""
+        assert self.held is not None
+        (metadata, version), self.held = self.held, None
+        try:
+            await super().write(metadata, version)
+        except BadVersion:
+            return False
+        return True
+
+
+def _land_on_delete(monkeypatch: pytest.MonkeyPatch, bk: BookKeeper, manager: _LandsLate) -> list[int]:
+    """The held request lands just after the ledger it lists is deleted; returns what was landed."""
+    landed: list[int] = []
+    delete = bk.delete_ledger
+
+    async def delete_then_land(ledger_id: int, **kwargs: Any) -> None:
+        await delete(ledger_id, **kwargs)
+        if ledger_id == manager.held_ledger() and await manager.land():
+            landed.append(ledger_id)
+
+    monkeypatch.setattr(bk, "delete_ledger", delete_then_land)
+    return landed
+
+
+async def _every_listed_ledger_exists(bk: BookKeeper, name: str) -> tuple[int, ...]:
+    ids = (await LogManager(bk.context.ledgers.store, ROOT).read(name)).metadata.ledger_ids
+    for ledger_id in ids:
+        assert await bk.context.ledgers.exists(ledger_id), f"listed ledger {ledger_id} was deleted"
+    return ids
+
+
+@pytest.mark.parametrize("settled", ["in the roll", "by the next roll"])
+async def test_a_roll_never_deletes_a_ledger_its_lost_cas_may_still_list(
+    monkeypatch: pytest.MonkeyPatch, settled: str
+) -> None:
+    """In the roll: the list reads back at the expected version at once. By the next roll: it
+    stays unreadable past the roll's settling tries, and the next roll settles it first."""
+    monkeypatch.setattr(common_module, "SETTLE_RETRY_S", 0.001)
+    monkeypatch.setattr(writer_module, "ROLL_RETRY_S", 3600.0)  # no background repair
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg")
+        await writer.append(b"a")
+        first = writer.ledger_id
+        unreadable = 1 if settled == "in the roll" else 1 + common_module.SETTLE_ATTEMPTS_MAX
+        manager = _LandsLate(w.store, unreadable)
+        landed = _land_on_delete(monkeypatch, bk, manager)
+        writer._manager = manager
+        manager.armed = lambda md: len(md.ledgers) == 2
+        if settled == "in the roll":
+            rolled = await writer.roll()  # the CAS sent again at its version applied
+        else:
+            with pytest.raises(CasResultUnknown):
+                await writer.roll()
+            assert manager.held is not None
+            assert writer.ledger_id == first  # appends stay on the old ledger until it is settled
+            await writer.append(b"b")
+            third = await writer.roll()  # settles the lost one first: listed, then a third ledger
+            rolled = (await _every_listed_ledger_exists(bk, "lg"))[1]
+            assert rolled < third
+        assert not landed
+        assert not await manager.land()  # the late request is shut out
+        ids = await _every_listed_ledger_exists(bk, "lg")
+        assert ids[:2] == (first, rolled)
+        await writer.append(b"c")
+        await writer.close()
+        taker = await open_log_writer(other, "lg")  # the log stays openable
+        await taker.append(b"d")
+        await taker.close()
+        expected = [b"a", b"c", b"d"] if settled == "in the roll" else [b"a", b"b", b"c", b"d"]
+        assert [r.payload async for r in await open_log_reader(other, "lg")] == expected
+
+
+async def test_an_open_never_deletes_a_ledger_its_lost_cas_may_still_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with world() as w:
+        bk, other = w.clients
+        previous = await open_log_writer(other, "lg")  # its process then dies
+        await previous.append(b"a")
+        manager = _LandsLate(w.store, unreadable=1)
+        manager.armed = lambda md: len(md.ledgers) == 2
+        landed = _land_on_delete(monkeypatch, bk, manager)
+        monkeypatch.setattr(writer_module, "log_manager", lambda client: manager)
+        writer = await open_log_writer(bk, "lg")
+        assert not landed
+        assert not await manager.land()
+        assert await _every_listed_ledger_exists(bk, "lg") == (previous.ledger_id, writer.ledger_id)
+        await writer.append(b"b")
+        await writer.close()
+        taker = await open_log_writer(other, "lg")
+        await taker.close()
+        assert [r.payload async for r in await open_log_reader(other, "lg")] == [b"a", b"b"]
