@@ -2,7 +2,9 @@
 applied (an etcd txn that timed out can commit after a later read): a roll or an open settles it by
 sending the CAS again at that version before it decides, and never deletes a ledger the late CAS
 could still list. The late request is held by a `LogManager` wrapper and lands the moment the
-ledger it lists is deleted (the worst time), or at the end, where it must find the list moved on."""
+ledger it lists is deleted (the worst time), or at the end, where it must find the list moved on.
+A truncation whose answer is lost with the list unreadable for a while settles it the same way,
+and deletes the ledgers it dropped."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from bookkeeper_aio import BookKeeper, open_log_reader, open_log_writer
+from bookkeeper_aio import BookKeeper, LogPosition, open_log_reader, open_log_writer, truncate_log
 from bookkeeper_aio.log import _common as common_module
+from bookkeeper_aio.log import truncation as truncation_module
 from bookkeeper_aio.log import writer as writer_module
 from metadata import MemoryStore
 from metadata.errors import BadVersion, CasResultUnknown, MetadataUnavailable
@@ -144,3 +147,66 @@ async def test_an_open_never_deletes_a_ledger_its_lost_cas_may_still_list(
         taker = await open_log_writer(other, "lg")
         await taker.close()
         assert [r.payload async for r in await open_log_reader(other, "lg")] == [b"a", b"b"]
+
+
+class _AnswerLostListUnreadable(LogManager):
+    """The write ``armed`` picks is applied (or not) and its answer lost; then ``unreadable`` reads
+    fail: `cas_log`'s read-back and the first of the settling ones."""
+
+    def __init__(self, store: MemoryStore, *, applied: bool, unreadable: int = 3) -> None:
+        super().__init__(store, ROOT)
+        self.applied = applied
+        self.unreadable_after = unreadable
+        self.unreadable = 0
+        self.armed: Callable[[LogMetadata], bool] | None = None
+
+    async def write(self, metadata: LogMetadata, expected_version: int) -> VersionedLog:
+        if self.armed is None or not self.armed(metadata):
+            return await super().write(metadata, expected_version)
+        self.armed = None
+        if self.applied:
+            await super().write(metadata, expected_version)
+        self.unreadable = self.unreadable_after
+        raise CasResultUnknown(self.keys.log(metadata.name), "deadline exceeded")
+
+    async def read(self, name: str) -> VersionedLog:
+        if self.unreadable:
+            self.unreadable -= 1
+            raise MetadataUnavailable("etcd blip")
+        return await super().read(name)
+
+
+@pytest.mark.parametrize("applied", [True, False])
+@pytest.mark.parametrize("by", ["truncate_log", "writer"])
+async def test_a_truncation_whose_answer_and_settling_read_are_lost_deletes_what_it_dropped(
+    monkeypatch: pytest.MonkeyPatch, by: str, applied: bool
+) -> None:
+    """The settling reads are tried again (with backoff) until the list tells: the cut is in (the
+    lost CAS applied, or its second sending at the same version did) and the dropped ledgers are
+    deleted, not left as orphans that a retry (planning from the list as it is then) never finds."""
+    monkeypatch.setattr(common_module, "SETTLE_RETRY_S", 0.001)
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg", password=b"pw")
+        ids = [writer.ledger_id]
+        for i in range(2):
+            await writer.append(b"r%d" % i)
+            ids.append(await writer.roll())
+        await writer.append(b"r2")
+        manager = _AnswerLostListUnreadable(w.store, applied=applied)
+        manager.armed = lambda md: md.truncated_before == ids[2]
+        monkeypatch.setattr(truncation_module, "log_manager", lambda client: manager)
+        writer._manager = manager
+        if by == "writer":
+            first = await writer.truncate_before(LogPosition(ids[2], 0))
+        else:
+            first = await truncate_log(bk, "lg", LogPosition(ids[2], 0), password=b"pw")
+        assert manager.armed is None  # the answer was lost
+        assert first == LogPosition(ids[2], 0)
+        assert await _every_listed_ledger_exists(bk, "lg") == (ids[2],)
+        for dropped in ids[:2]:
+            assert not await bk.context.ledgers.exists(dropped), f"ledger {dropped} orphaned"
+        await writer.append(b"after")
+        await writer.close()
+        got = [r.payload async for r in await open_log_reader(other, "lg", password=b"pw")]
+        assert got == [b"r2", b"after"]
