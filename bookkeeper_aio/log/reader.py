@@ -50,7 +50,8 @@ async def open_log_reader(
     password: bytes = b"",
     follow: bool = False,
 ) -> AsyncGenerator[LogRecord, None]:
-    """Every record from ``start`` (inclusive; "latest": only records appended from now on) up to
+    """Every record from ``start`` (inclusive; "latest": after the records confirmed now, so a
+    follower reads every append acknowledged after this call returned, also during a roll) up to
     ``end`` (exclusive), in log order: to the log's current end, or, with ``follow=True``, on and on
     as the writer appends (see the module docstring).
 
@@ -76,10 +77,14 @@ async def _start_at(bk: BookKeeper, md: LogMetadata, start: Start, password: byt
     if start == "earliest":
         return 0, 0
     if start == "latest":
-        if not ledger_ids:
-            return 0, 0
-        handle = await bk.open_ledger(ledger_ids[-1], password=password)
-        return len(ledger_ids) - 1, handle.last_add_confirmed + 1
+        # After every record confirmed now, in the first ledger that may still take appends: only
+        # the last two can (a roll lists the new ledger first; the previous one takes appends until
+        # the writer switches, then it is closed). All closed: after the last one.
+        for index in range(max(0, len(ledger_ids) - 2), len(ledger_ids)):
+            handle = await bk.open_ledger(ledger_ids[index], password=password)
+            if not handle.is_closed or index == len(ledger_ids) - 1:
+                return index, handle.last_add_confirmed + 1
+        return 0, 0  # an empty list
     if not isinstance(start, LogPosition):
         raise BKInterfaceError(f"start must be 'earliest', 'latest' or a LogPosition, got {start!r}")
     check_position(start, "start")

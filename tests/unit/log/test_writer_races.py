@@ -5,6 +5,7 @@ a following reader, repairs of lost CLOSED marks, delete_log against a rolling w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 
@@ -73,6 +74,50 @@ async def test_a_roll_whose_lost_cas_lands_late_keeps_its_listed_ledger() -> Non
         await reopened.append(b"b")
         await reopened.close()
         assert [r.payload async for r in await open_log_reader(other, "lg")] == [b"a", b"a2", b"b"]
+
+
+async def test_a_reader_at_latest_opened_during_a_roll_sees_every_append_acknowledged_after() -> None:
+    """The roll's CAS applied (the list names the new ledger), its answer is still on its way: the
+    writer appends to the old ledger meanwhile. A follower from "latest" opened then starts in the
+    old ledger (the first of the last two not closed), after its last confirmed record."""
+
+    class SlowAnswer(LogManager):
+        applied = asyncio.Event()
+        release = asyncio.Event()
+
+        async def write(self, metadata: LogMetadata, expected_version: int) -> VersionedLog:
+            written = await super().write(metadata, expected_version)
+            if len(metadata.ledgers) == 2 and not self.applied.is_set():
+                self.applied.set()
+                await self.release.wait()
+            return written
+
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg")
+        before = await writer.append(b"before")
+        manager = SlowAnswer(w.store, ROOT)
+        writer._manager = manager
+        roll = asyncio.create_task(writer.roll())
+        await asyncio.wait_for(manager.applied.wait(), 10)
+        reader = await open_log_reader(other, "lg", start="latest", follow=True)
+        during = await writer.append(b"during")  # acknowledged after the reader opened
+        assert during is not None
+        assert before is not None
+        assert during.ledger_id == before.ledger_id  # on the old ledger: the roll has not switched
+        manager.release.set()
+        await roll
+        after = await writer.append(b"after")
+        got: list[tuple[LogPosition, bytes]] = []
+        async with contextlib.aclosing(reader), asyncio.timeout(10):
+            async for record in reader:
+                got.append((record.position, record.payload))
+                if record.payload == b"after":
+                    break
+        # a suffix of the log (the LAC may lag the writer's last acknowledged record by one)
+        assert got[-2:] == [(during, b"during"), (after, b"after")]
+        assert got[:-2] in ([], [(before, b"before")])
+        await writer.close()
 
 
 async def test_a_roll_cancelled_during_its_cas_does_not_delete_a_listed_ledger() -> None:
