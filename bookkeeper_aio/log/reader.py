@@ -80,9 +80,15 @@ async def _start_at(bk: BookKeeper, md: LogMetadata, start: Start, password: byt
         # After every record confirmed now, in the first ledger that may still take appends: only
         # the last two can (a roll lists the new ledger first; the previous one takes appends until
         # the writer switches, then it is closed). All closed: after the last one.
-        for index in range(max(0, len(ledger_ids) - 2), len(ledger_ids)):
-            handle = await bk.open_ledger(ledger_ids[index], password=password)
-            if not handle.is_closed or index == len(ledger_ids) - 1:
+        last = len(ledger_ids) - 1
+        for index in range(max(0, last - 1), last + 1):
+            try:
+                handle = await bk.open_ledger(ledger_ids[index], password=password)
+            except NoSuchLedger:
+                if index == last:
+                    raise
+                continue  # truncated since the list was read: it was closed
+            if not handle.is_closed or index == last:
                 return index, handle.last_add_confirmed + 1
         return 0, 0  # an empty list
     if not isinstance(start, LogPosition):

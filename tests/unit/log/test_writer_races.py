@@ -25,6 +25,7 @@ from bookkeeper_aio import (
     truncate_log,
 )
 from bookkeeper_aio.log import admin
+from bookkeeper_aio.log import reader as reader_module
 from bookkeeper_aio.log import writer as writer_module
 from metadata.errors import CasResultUnknown, MetadataUnavailable
 from metadata.log_manager import LogManager, VersionedLog
@@ -117,6 +118,32 @@ async def test_a_reader_at_latest_opened_during_a_roll_sees_every_append_acknowl
         # a suffix of the log (the LAC may lag the writer's last acknowledged record by one)
         assert got[-2:] == [(during, b"during"), (after, b"after")]
         assert got[:-2] in ([], [(before, b"before")])
+        await writer.close()
+
+
+async def test_a_reader_at_latest_passes_a_ledger_truncated_after_it_read_the_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A start at "latest" looks at the last two ledgers; the first, closed, may be truncated (and
+    deleted) between the reader's read of the list and its open of the ledger."""
+
+    class TruncatedAfterRead(LogManager):
+        async def read(self, name: str) -> VersionedLog:
+            current = await super().read(name)
+            await truncate_log(bk, name, LogPosition(current.metadata.ledger_ids[-1], 0))
+            return current
+
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg")
+        await writer.append(b"a")
+        await writer.roll()
+        monkeypatch.setattr(reader_module, "log_manager", lambda client: TruncatedAfterRead(w.store, ROOT))
+        reader = await open_log_reader(other, "lg", start="latest", follow=True)
+        after = await writer.append(b"b")
+        async with contextlib.aclosing(reader), asyncio.timeout(10):
+            got = await anext(reader)
+        assert (got.position, got.payload) == (after, b"b")
         await writer.close()
 
 
