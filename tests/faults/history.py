@@ -62,6 +62,9 @@ class History:
     recovered: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
     reads: dict[int, list[list[tuple[int, bytes]]]] = field(default_factory=lambda: defaultdict(list))
     lacs: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
+    acked_max: dict[int, int] = field(default_factory=dict)
+    """Ledger id -> the highest entry id acknowledged so far (kept by :meth:`ok`), for every
+    ledger with an ack."""
     clock: Callable[[], float] = time.monotonic
     """When ops are invoked and complete (the simulation passes its own: no wall clock there)."""
 
@@ -73,6 +76,8 @@ class History:
 
     def ok(self, op: AddOp, entry_id: int) -> None:
         op.outcome, op.entry_id, op.completed_s = Outcome.OK, entry_id, self.clock()
+        if entry_id > self.acked_max.get(op.ledger_id, -1):
+            self.acked_max[op.ledger_id] = entry_id
 
     def failed(self, op: AddOp, error: BaseException) -> None:
         op.outcome, op.completed_s = outcome_of(error), self.clock()

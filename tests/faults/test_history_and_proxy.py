@@ -24,6 +24,18 @@ def _history(
     return history
 
 
+def test_the_history_keeps_each_ledgers_highest_ack() -> None:
+    history = History()
+    history.ok(history.invoke("w", 1, b"a"), 0)
+    late = history.invoke("w", 1, b"b")
+    history.ok(history.invoke("w", 1, b"c"), 2)
+    history.ok(late, 1)  # acked after a later entry: the highest stays
+    history.failed(history.invoke("w", 1, b"d"), LedgerClosed("x"))
+    history.ok(history.invoke("v", 7, b"e"), 0)
+    history.invoke("v", 8, b"f")  # never answered: no ack
+    assert history.acked_max == {1: 2, 7: 0}
+
+
 def test_a_consistent_history_passes() -> None:
     history = _history([b"a", b"b"])
     history.failed(history.invoke("w", 1, b"c"), LedgerClosed("x"))  # nothing sent: fail

@@ -26,6 +26,7 @@ pending, and a crash drops them.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import random
 from collections.abc import Iterable, Sequence
@@ -46,20 +47,25 @@ class ProcessKilled(BaseException):
 class SimFile:
     """Synced content, plus the pending operations since the last sync."""
 
-    __slots__ = ("data", "pending", "synced")
+    __slots__ = ("data", "mapped", "pending", "synced")
 
     def __init__(self) -> None:
         self.data = bytearray()  # what reads see now
         self.synced = bytearray()  # what a crash keeps for sure
         self.pending: list[tuple[int, bytes | None]] = []  # (offset, bytes) or (new size, None)
+        self.mapped: _Mapped | None = None
+        """``data`` as :meth:`SimFileIO.map_read` last returned it, until a write or resize: each
+        start of a bookie maps every journal segment, most of them unchanged since the last."""
 
     def write(self, offset: int, data: bytes) -> None:
+        self.mapped = None
         if self.synced is self.data:  # shared since a crash (see crashed()): copied on first write
             self.synced = bytearray(self.data)
         self.pending.append((offset, data))
         _apply(self.data, offset, data)
 
     def resize(self, size: int) -> None:
+        self.mapped = None
         if self.synced is self.data:
             self.synced = bytearray(self.data)
         self.pending.append((size, None))
@@ -88,6 +94,8 @@ class SimFile:
         # All of it is synced: one buffer serves as both until the next write or resize copies it
         # (most files a crash leaves, old journal segments, are only read again).
         after.synced = after.data
+        if self.synced is self.data:  # nothing written since the last crash: the same bytes
+            after.mapped = self.mapped
         return after
 
 
@@ -156,8 +164,9 @@ class Disk:
                 self.durable_names[name] = file
 
 
-def _parent(path: str) -> str:
-    return os.path.dirname(path)
+_parent = functools.lru_cache(maxsize=4096)(os.path.dirname)
+"""A path's directory: ``os.path.dirname`` for the few hundred paths of a seed, asked for every
+file at each directory fsync and listing."""
 
 
 class _Mapped(bytes):
@@ -314,7 +323,11 @@ class SimFileIO(FileIO):
         if not file.data:
             return None
         rotten = self.disk.rot_everywhere.get(path)
-        return _Mapped(_flip(bytes(file.data), 0, rotten) if rotten else file.data)
+        if rotten:
+            return _Mapped(_flip(bytes(file.data), 0, rotten))
+        if file.mapped is None:
+            file.mapped = _Mapped(file.data)
+        return file.mapped
 
     def size(self, fd: int) -> int:
         return len(self._file(fd).data)

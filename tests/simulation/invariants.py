@@ -36,7 +36,6 @@ from metadata.errors import InvalidMetadata, MetadataFormatError
 from metadata.keys import ClusterKeys
 from metadata.ledger_metadata import LedgerMetadata, LedgerState
 from metadata.log_metadata import LogMetadata
-from tests.faults.history import Outcome
 from tests.simulation.world import ROOT
 
 if TYPE_CHECKING:
@@ -95,24 +94,23 @@ def invalid_proposal(error: BaseException, what: str) -> list[str]:
 
 
 def acked_maxima(scenario: Scenario) -> dict[int, int]:
-    """Ledger id -> the highest entry id acked to its writer, for every ledger with an ack: one
-    pass over the history (a pass per ledger made a step's check quadratic)."""
-    maxima: dict[int, int] = {}
-    for op in scenario.world.history.adds:
-        entry_id = op.entry_id
-        if op.outcome is Outcome.OK and entry_id is not None and entry_id > maxima.get(op.ledger_id, -1):
-            maxima[op.ledger_id] = entry_id
-    return maxima
+    """Ledger id -> the highest entry id acked to its writer, for every ledger with an ack: the
+    history keeps it as acks come (a pass over every add at each step was a seed's largest check)."""
+    return scenario.world.history.acked_max
 
 
 def check_step(scenario: Scenario) -> list[str]:
     problems: list[str] = []
     maxima: dict[int, int] | None = None
+    checked = scenario.fragments_checked
     for lid in scenario.ledgers:
         md = metadata_of(scenario, lid)
         if md is None:
             continue
-        problems += fragment_problems(md)
+        last = checked.get(lid)
+        if last is None or last[0] is not md:  # the store hands back one object per stored value
+            last = checked[lid] = (md, fragment_problems(md))
+        problems += last[1]
         if md.state is LedgerState.CLOSED:
             assert md.last_entry_id is not None
             if maxima is None:

@@ -260,6 +260,7 @@ class SimLoop(asyncio.BaseEventLoop):
         dropped = self.dropped
         now = self._now_s
         iterations = self._iterations_now  # a local while this runs (stored back on the way out)
+        spare: list[asyncio.Handle] = []  # two lists take turns as the ready queue: none made per batch
         try:
             while True:
                 ready = self._ready
@@ -292,7 +293,7 @@ class SimLoop(asyncio.BaseEventLoop):
                     else:
                         ready.append(handle)
                 batch = ready
-                self._ready = []
+                self._ready = spare  # empty: what this batch's callbacks schedule goes there
                 if len(batch) > 1:
                     if self.explorer is not None:
                         batch = self.explorer.order(self, batch)
@@ -329,6 +330,8 @@ class SimLoop(asyncio.BaseEventLoop):
                             }
                         )
                 self.callbacks_run += ran
+                ready.clear()  # run (an explorer's order is a list of its own): the next spare
+                spare = ready
                 if self._stopping:
                     return
         finally:

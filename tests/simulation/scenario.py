@@ -37,6 +37,7 @@ from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.common import backoff, failpoints
 from bookkeeper_aio.log.reader import open_log_reader
 from bookkeeper_aio.log.writer import open_log_writer
+from metadata.ledger_metadata import LedgerMetadata
 from tests.faults.history import AddOp
 from tests.harness.log_history import AppendRecord, LogHistory
 from tests.harness.log_history import Outcome as LogOutcome
@@ -103,6 +104,9 @@ class Scenario:
         self.log_history = LogHistory()
         self.ledgers: list[int] = []
         self.problems: list[str] = []
+        self.fragments_checked: dict[int, tuple[LedgerMetadata, list[str]]] = {}
+        """Ledger id -> the metadata value :func:`invariants.check_step` last checked the fragments
+        of, and what it found (a value is checked once, however many steps find it unchanged)."""
         self.stop = asyncio.Event()
         self.handles: dict[int, LedgerHandle] = {}
         self.tail_reads: list[tuple[int, int, list[tuple[int, bytes]]]] = []

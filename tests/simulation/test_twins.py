@@ -198,6 +198,35 @@ def test_a_synced_write_survives_every_crash() -> None:
         assert SimFileIO(disk).read_file("/d/f") == b"synced-pending"
 
 
+def test_a_mapped_file_is_mapped_again_as_it_is_now() -> None:
+    """``map_read`` hands back the bytes it mapped last only while the file is unchanged: a write,
+    a resize, a crash's cut and bit rot everywhere each show in the next map."""
+    disk = Disk()
+    io = written(disk, sync=True)
+    first = io.map_read("/d/f")
+    assert first == b"synced-pending"
+    assert io.map_read("/d/f") is first  # unchanged: the same bytes, not copied again
+    fd = io.open_append("/d/f")
+    io.pwrite(fd, b"+", 14)
+    assert io.map_read("/d/f") == b"synced-pending+"
+    io.truncate(fd, 6)
+    assert io.map_read("/d/f") == b"synced"
+    io.fsync(fd)
+    disk.crash(random.Random(0))  # nothing pending: the crash keeps the file as mapped
+    after = SimFileIO(disk)
+    mapped = after.map_read("/d/f")
+    assert mapped == b"synced"
+    disk.crash(random.Random(1))
+    assert SimFileIO(disk).map_read("/d/f") is mapped
+    disk.rot_everywhere["/d/f"] = {0}
+    assert SimFileIO(disk).map_read("/d/f") == b"Synced"
+    del disk.rot_everywhere["/d/f"]
+    fd = after.open_append("/d/f")
+    after.pwrite(fd, b"!", 6)  # unsynced: a crash may keep it or not, never the stale map
+    disk.crash(random.Random(2))
+    assert SimFileIO(disk).map_read("/d/f") == SimFileIO(disk).read_file("/d/f")
+
+
 def test_a_file_whose_directory_was_never_synced_vanishes() -> None:
     disk = Disk()
     written(disk, sync=True, dir_sync=False)
