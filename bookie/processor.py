@@ -123,6 +123,9 @@ _ADD_OP = int(OpCode.ADD_ENTRY)
 _FENCE_LEDGER = int(ReadFlag.FENCE_LEDGER)
 _LONG_POLL = int(ReadFlag.LONG_POLL)
 _ENTRY_PIGGYBACK = int(ReadFlag.ENTRY_PIGGYBACK)
+_ENOENTRY = StatusCode.ENOENTRY
+"""As a module name, for every refused read: ``StatusCode.ENOENTRY`` goes through
+``EnumType.__getattr__``'s slow attribute path on Python 3.11 (about 0.3 us)."""
 _BEFORE_ACK = failpoints.BEFORE_ACK
 _AddEntryRequest = m.AddEntryRequest
 _AddRequests = m.AddRequests
@@ -516,11 +519,9 @@ class Processor:
                 # (its ledger re-keyed or forgotten meanwhile) leaves the LAC answer, never ENOENTRY
                 frame = m.encode(m.ReadEntryResponse(rid, 0, None, lid, req.entry_id, None, state.lac))
             else:
-                self.count_error(StatusCode.ENOENTRY)
+                self.count_error(_ENOENTRY)
                 lac = state.lac
-                frame = m.encode(
-                    m.ReadEntryResponse(rid, StatusCode.ENOENTRY, str(exc), lid, req.entry_id, None, lac)
-                )
+                frame = m.encode(m.ReadEntryResponse(rid, _ENOENTRY, str(exc), lid, req.entry_id, None, lac))
         except (EntryCorrupt, OSError) as exc:
             if req.entry_id == LAST_ENTRY and req.flags & _FENCE_LEDGER:
                 frame = self._fenced_last_unreadable(conn, rid, lid, state, exc)

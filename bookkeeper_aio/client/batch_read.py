@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+_EOK = StatusCode.EOK
+"""As a module name, asked on every batch answer: ``StatusCode.EOK`` goes through
+``EnumType.__getattr__``'s slow attribute path on Python 3.11 (about 0.3 us)."""
+
 BATCHES_IN_FLIGHT = 4
 """The read window is split into this many batches, so answers keep arriving while earlier ones
 are decoded and consumed."""
@@ -145,7 +149,7 @@ def _on_batch_result(context: tuple[_BatchOp, int], bookie_id: str, result: Resu
         log.debug(
             "read.batch_failed", ledger_id=reader.ledger_id, start=start, bookie=bookie_id, error=str(result)
         )
-    elif result.status != StatusCode.EOK:
+    elif result.status != _EOK:
         log.debug(
             "read.batch_failed",
             ledger_id=reader.ledger_id,

@@ -103,6 +103,7 @@ def check_step(scenario: Scenario) -> list[str]:
     problems: list[str] = []
     maxima: dict[int, int] | None = None
     checked = scenario.fragments_checked
+    closed = LedgerState.CLOSED  # once: an enum member is a slow lookup on Python 3.11
     for lid in scenario.ledgers:
         md = metadata_of(scenario, lid)
         if md is None:
@@ -111,7 +112,7 @@ def check_step(scenario: Scenario) -> list[str]:
         if last is None or last[0] is not md:  # the store hands back one object per stored value
             last = checked[lid] = (md, fragment_problems(md))
         problems += last[1]
-        if md.state is LedgerState.CLOSED:
+        if md.state is closed:
             assert md.last_entry_id is not None
             if maxima is None:
                 maxima = acked_maxima(scenario)

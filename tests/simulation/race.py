@@ -134,10 +134,11 @@ class RaceScenario(Scenario):
     def _writing(self) -> list[tuple[str, int]]:
         """(writer, ledger) of every live writer's open handle with adds outstanding or not."""
         out = []
+        writable = HandleState.WRITABLE  # once: an enum member is a slow lookup on Python 3.11
         for client in self.writers:
             lid = self.current.get(client.name)
             handle = self.handles.get(lid) if lid is not None else None
-            if client.up and handle is not None and handle.state is HandleState.WRITABLE:
+            if client.up and handle is not None and handle.state is writable:
                 out.append((client.name, handle.id))
         return out
 
