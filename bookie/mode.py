@@ -41,7 +41,8 @@ class Mode(enum.Enum):
 
 _READONLY = Mode.READONLY
 """As a module name: ``Mode.READONLY`` goes through ``EnumType.__getattr__``'s slow attribute
-path on Python 3.11 (about 0.3 us), and :attr:`ModeMachine.read_only` is asked on every add."""
+path on Python 3.11 (about 0.3 us), and :attr:`ModeMachine.read_only` is asked by adds
+(:meth:`ModeMachine.check_add`) and at each mode update."""
 
 
 class ReadOnly(StorageError):

@@ -95,7 +95,7 @@ def invalid_proposal(error: BaseException, what: str) -> list[str]:
 
 def acked_maxima(scenario: Scenario) -> dict[int, int]:
     """Ledger id -> the highest entry id acked to its writer, for every ledger with an ack: the
-    history keeps it as acks come (a pass over every add at each step was a seed's largest check)."""
+    history keeps it as acks come (a pass over every add at each step grew with the run)."""
     return scenario.world.history.acked_max
 
 
