@@ -344,13 +344,18 @@ def _make_durable(
     would drop it from under the checkpoint, a record that fails its checksum for good. Bytes past
     this boot's synced mark are written again first (a page whose writeback failed may be marked
     clean, and a sync alone would not write it), then every replayed segment is synced (nothing
-    to write for the clean ones)."""
+    to write for the clean ones). A mark at or before its segment's header end does not cover the
+    header: a journal starts there (its mark too) with the header unwritten, and its first group
+    writes the header with its records, so a failed sync of theirs was the header's too: that
+    segment is written again from its start."""
     for segment_id, end in sorted(replayed.items()):
         path = os.path.join(journal_dir, fmt.segment_name(segment_id))
         fd = fileio.open_append(path)
         try:
             if synced is not None and segment_id >= synced.segment_id:
                 start = synced.offset if segment_id == synced.segment_id else 0
+                if start <= fmt.SEGMENT_HEADER_BYTES:
+                    start = 0
                 if end > start:
                     fileio.pwrite(fd, fileio.pread(fd, end - start, start), start)
                     log.info(

@@ -17,7 +17,7 @@ import pytest
 
 from bookie.storage import EntryCorrupt, NoEntry, Storage
 from tests.simulation.disk import Disk, SimFileIO
-from tests.unit.bookie.test_storage import add, config
+from tests.unit.bookie.test_storage import add, body, config
 
 DATA_DIR = Path("/bookie")
 
@@ -54,5 +54,31 @@ async def test_a_replayed_unsynced_record_is_whole_or_absent_after_a_power_cut()
             pass  # never acknowledged, not durable: absent is a right answer
         except EntryCorrupt as error:
             pytest.fail(f"a record replay served was checkpointed unsynced and lost: {error}")
+    finally:
+        storage.abort()
+
+
+async def test_a_fresh_journals_header_is_made_durable_when_its_first_sync_failed() -> None:
+    """The same with the journal's FIRST group failing its sync: that group wrote the segment's
+    header too, but the synced mark (at the header's end, where the journal started) said the
+    header was synced, so replay rewrote only the bytes after it; the power cut then dropped the
+    header and the next start refused (JournalCorrupt: header zero under the checkpoint)."""
+    disk = Disk()
+    fileio = SimFileIO(disk)
+    storage = await Storage.open(config(DATA_DIR), fileio=fileio)
+    fileio.fail_next = ("sync", errno.EIO)
+    with pytest.raises(Exception, match="Input/output error"):
+        await add(storage, 1, 0)  # the header and entry 0 written, their fdatasync failed
+    storage.abort()
+
+    storage = await Storage.open(config(DATA_DIR), fileio=SimFileIO(disk))
+    assert storage.ledger(1).index.get(0) is not None
+    assert await storage.checkpoint()
+    storage.abort()
+
+    disk.crash(_KeepNothing())
+    storage = await Storage.open(config(DATA_DIR), fileio=SimFileIO(disk))  # no JournalCorrupt
+    try:
+        assert (await storage.read_entry(1, 0))[1] == body(1, 0, -1)  # made durable by the replay
     finally:
         storage.abort()
