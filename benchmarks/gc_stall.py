@@ -46,6 +46,8 @@ from metadata.ledger_metadata import encode as encode_metadata
 ME = "bookie-gc-bench-0"
 OTHERS = ("bookie-gc-bench-1", "bookie-gc-bench-2", "bookie-gc-bench-3")
 ROOT = "/gc-bench"
+CLUSTER = "gc-bench"
+"""The cluster the bench bookie's data belongs to (the catalog checks the root still holds it)."""
 
 
 class _CpuProbe(_Probe):
@@ -103,7 +105,7 @@ def _metadata(ledger_id: int, over_replicated: bool, orphan: bool = False) -> by
 async def _fill_metadata(store: metadata.MetadataStore, args: argparse.Namespace) -> tuple[int, int, int]:
     """Create the listed ledgers' metadata (ids in increasing order); returns (deleted,
     over-replicated, orphans)."""
-    await metadata.init_cluster(store, ROOT)
+    await metadata.init_cluster(store, ROOT, instance_id=CLUSTER)
     manager = metadata.LedgerManager(store, ROOT)
     deleted_every = round(1 / args.deleted) if args.deleted else 0
     over_every = round(1 / args.over_replicated) if args.over_replicated else 0
@@ -138,7 +140,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         store = metadata.MemoryStore()
         deleted, over, orphans = await _fill_metadata(store, args)
         fill_s = time.perf_counter() - started
-        catalog = MetadataCatalog(f"memory://{ROOT}", connect=lambda url: _Connection(store, ROOT))
+        catalog = MetadataCatalog(
+            f"memory://{ROOT}", connect=lambda url: _Connection(store, ROOT), cluster_id=lambda: CLUSTER
+        )
         collector = GarbageCollector(
             storage,
             GcConfig(

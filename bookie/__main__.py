@@ -11,6 +11,7 @@ by another running bookie), with one ``bookie: refusing to start: ...`` line say
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import signal
 import sys
@@ -22,7 +23,8 @@ from bookie.admin import AdminTokenError
 from bookie.auth import AuthConfigError
 from bookie.checkpoint import CheckpointCorrupt
 from bookie.config import BookieConfig, ConfigError, effective_toml, load
-from bookie.cookie import CookieMismatch
+from bookie.cookie import CookieMismatch, read_cluster_binding
+from bookie.fileio import OS_FILE_IO
 from bookie.gc import MetadataCatalog
 from bookie.journal_format import JournalCorrupt
 from bookie.malloc import keep_big_buffers
@@ -48,7 +50,13 @@ async def serve(config: BookieConfig) -> int:
     registration = (
         MetadataRegistration(config.metadata, config.registration_ttl_s) if config.metadata else None
     )
-    catalog = MetadataCatalog(config.metadata) if config.metadata else None
+    catalog = (
+        MetadataCatalog(
+            config.metadata, cluster_id=functools.partial(read_cluster_binding, OS_FILE_IO, config.data_dir)
+        )
+        if config.metadata
+        else None
+    )
     server = BookieServer(config, registration, catalog=catalog, replicas=catalog)
     refusals = (
         *(CookieMismatch, JournalCorrupt, CheckpointCorrupt, ListenError, BlockingIOError, OSError),

@@ -11,9 +11,12 @@ itself. A GC pass (periodic, every ``gc_interval_s``, or on demand through the a
    above the counter: no client was ever handed it, so its record came from a fence or an add of
    an id nobody allocated (a squatter, a stray tool); legitimate data never lies there, since
    clients allocate the id, create the metadata, then write. A listing that fails, times out,
-   finds no cluster or no id counter at the root collects nothing. Collected ledgers leave the index at
-   once (:meth:`bookie.storage.Storage.forget_ledger`) and a checkpoint is written, so a restart
-   does not bring them back.
+   finds no cluster or no id counter at the root collects nothing. A root that no longer holds
+   the cluster the bookie's COOKIE names (:class:`ForeignCluster`: the metadata store was wiped,
+   re-initialised or replaced under the running bookie) stops every metadata step for good: the
+   bookie turns read-only and unhealthy, saying what to do, until a restart. Collected ledgers
+   leave the index at once (:meth:`bookie.storage.Storage.forget_ledger`) and a checkpoint is
+   written, so a restart does not bring them back.
 2. **Compaction** (:mod:`bookie.compaction`): segments whose live fraction fell under
    ``compaction_threshold`` get their live entries copied to the journal head, throttled, the
    index switched once the copies are durable; fully dead segments are deleted after a checkpoint
@@ -148,6 +151,16 @@ class MetadataUnusable(RuntimeError):
     """The metadata cannot tell which ledgers exist (no cluster at the root, a bad id counter)."""
 
 
+class ForeignCluster(MetadataUnusable):
+    """The metadata root no longer holds the cluster this bookie's data belongs to (none, or
+    another): none of this bookie's ledgers is in it, and a new ledger there may reuse one's id."""
+
+
+CLUSTER_RECHECK_S = 1.0
+"""A key lookup (:meth:`MetadataCatalog.key_info`) checks the cluster again when the last check is
+older than this: at most one more metadata read a second on the path of new ledgers' first adds."""
+
+
 KEY_INFOS_SPAN_MAX = 4
 """:meth:`MetadataCatalog.key_infos` lists an id range at most this many times as long as the ids
 asked for (else they are read one by one): ledgers created together have dense ids."""
@@ -162,16 +175,39 @@ def _key_info_of(md: metadata.LedgerMetadata) -> KeyInfo:
 
 
 class MetadataCatalog:
-    """:class:`LedgerCatalog` over the cluster's metadata store (its own connection)."""
+    """:class:`LedgerCatalog` over the cluster's metadata store (its own connection).
 
-    def __init__(self, url: str, connect: Callable[[str], Any] = metadata.connect) -> None:
+    ``cluster_id`` says which cluster this bookie's data belongs to (the instance id its COOKIE
+    names: :func:`bookie.cookie.read_cluster_binding`; None before its first registration). Every
+    judgement made against metadata first checks that the root still holds that cluster (a key
+    lookup, within :data:`CLUSTER_RECHECK_S`): GC's listings, the over-replication check, limbo's,
+    and key lookups (a new ledger of another cluster, under the id of one held here, would have its
+    key confirmed and the held ledger's record dropped as a squatter's). The start's check
+    (:mod:`bookie.registration`) does not cover a store wiped and re-initialised under a running
+    bookie: its GC would find none of its ledgers and collect them all. Once a check finds another
+    cluster, or none, every later one raises :class:`ForeignCluster` without looking: the only way
+    back to its own cluster is a restored backup, which a bookie must not judge against with GC on
+    (docs/operations.md, *Backing up metadata*); a restart checks afresh."""
+
+    def __init__(
+        self,
+        url: str,
+        connect: Callable[[str], Any] = metadata.connect,
+        *,
+        cluster_id: Callable[[], str | None],
+    ) -> None:
         self._url = url
+        self._cluster_id = cluster_id
         self._connect = connect  # tests pass the in-memory store's
         self._connection: Any = None
         self._manager: metadata.LedgerManager | None = None
+        self.foreign_cluster: str | None = None
+        """Set (for good) by the first check that found another cluster at the root, or none."""
+        self._cluster_checked_at = -CLUSTER_RECHECK_S
 
     async def key_info(self, ledger_id: int) -> KeyInfo:
         """What metadata says of ``ledger_id``'s key (:class:`bookie.ledger_keys.KeySource`)."""
+        await self._recheck_cluster()
         try:
             versioned = await self._ledgers().read(ledger_id)
         except metadata.NoSuchLedger:
@@ -187,6 +223,7 @@ class MetadataCatalog:
         first, span = ids[0], ids[-1] - ids[0] + 1
         if span > len(ids) * KEY_INFOS_SPAN_MAX or span > LIST_PAGE_LIMIT_MAX:
             return {}
+        await self._recheck_cluster()
         undecodable: set[int] = set()
         # Ledger keys are fixed-width, so the ``span`` keys listed from ``first`` hold every ledger
         # of [first, first + span) that exists: an id of that range not listed does not exist.
@@ -219,10 +256,44 @@ class MetadataCatalog:
             self._manager = metadata.LedgerManager(conn.store, conn.root)
         return self._manager
 
+    async def _check_cluster(self, conn: Any) -> None:
+        """Raise :class:`MetadataUnusable` unless the root holds this bookie's own cluster
+        (:class:`ForeignCluster` when it holds another, or none, and from then on)."""
+        if self.foreign_cluster is None:
+            cluster = await metadata.read_cluster_info(conn.store, conn.root)
+            ours = self._cluster_id()
+            if ours is None:  # never registered: nothing to compare with (and nothing collected)
+                found = f"no cluster at {self._url}" if cluster is None else "the COOKIE names no cluster yet"
+                raise MetadataUnusable(f"{found}: judging nothing against the metadata")
+            if cluster is not None and cluster.instance_id == ours:
+                self._cluster_checked_at = asyncio.get_running_loop().time()
+                return
+            found = "no cluster" if cluster is None else f"cluster {cluster.instance_id}"
+            self.foreign_cluster = (
+                f"{self._url} holds {found}, but this bookie's data belongs to cluster {ours} (its "
+                "COOKIE): the metadata store was wiped, re-initialised or replaced while the bookie "
+                "ran. It judges nothing against it any more (GC collects nothing, limbo stays, keys "
+                "of new ledgers are not checked: their adds fail) and stays read-only. Bring back "
+                "this cluster's metadata (restoring a backup: docs/operations.md, *Backing up "
+                "metadata*, with gc_interval_s = 0 first) and restart the bookie. If that metadata "
+                "is lost for good, nothing can read this bookie's ledgers: stop it, and wipe its "
+                "data dir only once its data is not wanted (it then joins the new cluster as a new "
+                "bookie; a restart against the new cluster with this data dir is refused)"
+            )
+            log.error("bookie.foreign_cluster", problem=self.foreign_cluster)
+        raise ForeignCluster(self.foreign_cluster)
+
+    async def _recheck_cluster(self) -> None:
+        """:meth:`_check_cluster` unless one passed within :data:`CLUSTER_RECHECK_S`."""
+        if (
+            self.foreign_cluster is not None
+            or asyncio.get_running_loop().time() - self._cluster_checked_at >= CLUSTER_RECHECK_S
+        ):
+            await self._check_cluster(self._connected())
+
     async def view(self) -> MetadataView:
         conn = self._connected()
-        if await metadata.read_cluster_info(conn.store, conn.root) is None:
-            raise MetadataUnusable(f"no cluster at {self._url}: collecting nothing")
+        await self._check_cluster(conn)
         manager = metadata.LedgerManager(conn.store, conn.root)
         counter = await conn.store.get(manager.keys.idgen)
         if counter is None:  # no ledger was ever created here, or the metadata lost its counter
@@ -243,6 +314,8 @@ class MetadataCatalog:
 
     async def replica_state(self, ledger_id: int, bookie_id: str) -> ReplicaState | None:
         conn = self._connected()
+        # a cluster re-initialised since the scan may hold a ledger of this id: not ours to judge
+        await self._check_cluster(conn)
         urm = UnderReplicationManager(conn.store, conn.root)
         # The mark before the metadata: a mark removed after this read was removed after the CAS
         # that listed a copy, and the metadata read next sees that CAS.
@@ -257,6 +330,7 @@ class MetadataCatalog:
         self, ledger_ids: Sequence[int], bookie_id: str
     ) -> AsyncGenerator[list[tuple[int, ReplicaState]], None]:
         conn = self._connected()
+        await self._check_cluster(conn)
         urm = UnderReplicationManager(conn.store, conn.root)
         # Every mark before any metadata, as replica_state reads them (and they are few); one that
         # cannot be decoded counts as a mark (its ledger keeps its replicas here).
@@ -288,11 +362,10 @@ class MetadataCatalog:
 
     async def ledgers_on(self, bookie_id: str) -> AsyncIterator[Sequence[int]]:
         """The ledgers whose ensembles list ``bookie_id``, page by page (:class:`bookie.limbo.LimboCatalog`).
-        Raises :class:`MetadataUnusable` without a cluster at the root (an empty listing of the wrong
-        root would take every ledger out of limbo)."""
+        Raises :class:`MetadataUnusable` without this bookie's cluster at the root (an empty listing
+        of the wrong root would take every ledger out of limbo)."""
         conn = self._connected()
-        if await metadata.read_cluster_info(conn.store, conn.root) is None:
-            raise MetadataUnusable(f"no cluster at {self._url}: limbo stays as it is")
+        await self._check_cluster(conn)
         manager = metadata.LedgerManager(conn.store, conn.root)
         start_after: int | None = None
         while True:
@@ -317,6 +390,7 @@ class MetadataCatalog:
         """The metadata of ``ledger_ids`` (increasing), None for one metadata does not hold, a
         listing page at a time (:class:`bookie.limbo.LimboCatalog`)."""
         conn = self._connected()
+        await self._check_cluster(conn)  # another cluster's "no such ledger" would clear limbo
         manager = metadata.LedgerManager(conn.store, conn.root)
         i, count = 0, len(ledger_ids)
         while i < count:
@@ -424,8 +498,15 @@ class GarbageCollector:
         replicas: ReplicaCatalog | None = None,
         bookie_id: str = "",
         wall_clock: Callable[[], float] = time.time,
+        on_foreign_cluster: Callable[[str], None] = lambda problem: None,
     ) -> None:
+        """``on_foreign_cluster``: told the problem, once, when a pass finds the metadata root no
+        longer holds this bookie's cluster (:class:`ForeignCluster`; the server then holds the
+        bookie read-only and unhealthy)."""
         self.storage = storage
+        self.foreign_cluster: str | None = None
+        """The :class:`ForeignCluster` problem a pass met (for good: the catalog refuses from then on)."""
+        self._on_foreign_cluster = on_foreign_cluster
         self._wall_clock = wall_clock
         self.replicas = replicas
         self.bookie_id = bookie_id
@@ -522,6 +603,9 @@ class GarbageCollector:
                 except Exception as exc:  # noqa: BLE001 (metadata down, a disk error: retried next pass)
                     errors.append(f"{report.phase}: {type(exc).__name__}: {exc}")
                     log.warning("gc.failed", phase=report.phase, error=repr(exc))
+                    if isinstance(exc, ForeignCluster) and self.foreign_cluster is None:
+                        self.foreign_cluster = str(exc)
+                        self._on_foreign_cluster(self.foreign_cluster)
                     if report.phase == "checkpoint":
                         break  # the checkpoint failed (a disk error): compact nothing this pass
             report.error = "; ".join(errors) or None

@@ -126,6 +126,8 @@ class Snapshot:
     ledgers: int = 0
     registration_failed: str | None = None
     """Why the metadata registration ended for good while the bookie runs (None: registered or none)."""
+    foreign_cluster: str | None = None
+    """GC found another cluster at the metadata root than the data dir's (``bookie.gc.ForeignCluster``)."""
     limbo_ledgers: int = 0
     """Ledgers in limbo (bookie/limbo.py); -1 while every ledger is, before metadata narrowed it."""
     adds: int = 0
@@ -219,6 +221,7 @@ def snapshot(server: BookieServer, disk: DiskStatus | None = None) -> Snapshot:
         "mode_transitions": server.mode.transitions,
         "registered_read_only": server.registered_read_only if server.registration is not None else None,
         "registration_failed": _registration_failure(server),
+        "foreign_cluster": server.mode.foreign_cluster,
     }
     storage, processor = server.storage, server.processor
     if storage is not None:
@@ -307,6 +310,8 @@ def health_problems(snap: Snapshot) -> list[str]:
             f"registration ended: {snap.registration_failed} "
             "(the cluster no longer sees this bookie: restart it)"
         )
+    if snap.foreign_cluster is not None:
+        problems.append(snap.foreign_cluster)
     disk_problem = _disk_problem(snap.disk)
     if disk_problem is not None:
         problems.append(disk_problem)

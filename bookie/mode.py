@@ -9,6 +9,8 @@ decides. Reasons for READONLY, any of which holds it there:
 - **disk unusable**: statvfs failed, or the filesystem is mounted read-only / the directory is not
   writable; clears on the next good observation;
 - **journal failed**: the journal hit an I/O error (permanent until a restart);
+- **foreign cluster**: the metadata root no longer holds the cluster the data dir belongs to
+  (found by GC: :class:`bookie.gc.ForeignCluster`; permanent until a restart);
 - **operator**: set through the admin endpoint; sticks until the operator clears it, whatever the
   disk does.
 
@@ -91,6 +93,7 @@ class ModeMachine:
         self.disk_low = False
         self.disk_problem: str | None = None
         self.journal_failed: str | None = None
+        self.foreign_cluster: str | None = None
         self.manual = False
         self.transitions = 0
         self._reason: str | None = None
@@ -117,6 +120,12 @@ class ModeMachine:
             self.journal_failed = repr(failed)
             self._update()
 
+    def observe_foreign_cluster(self, problem: str) -> None:
+        """The metadata root no longer holds this bookie's cluster (sticky, as a failed journal)."""
+        if self.foreign_cluster is None:
+            self.foreign_cluster = problem
+            self._update()
+
     def set_manual(self, read_only: bool) -> None:
         """The operator's toggle: read-only until cleared, whatever the disk does."""
         if read_only != self.manual:
@@ -140,6 +149,8 @@ class ModeMachine:
             out.append("set read-only by the operator (admin: POST /readonly?set=0 with the token clears it)")
         if self.journal_failed is not None:
             out.append(f"journal failed: {self.journal_failed}")
+        if self.foreign_cluster is not None:
+            out.append(self.foreign_cluster)
         if self.disk_problem is not None:
             out.append(self.disk_problem)
         if self.disk_low:

@@ -297,6 +297,7 @@ class BookieServer:
             replicas=self.replicas,
             bookie_id=self.config.bookie_id,
             wall_clock=self.clock.wall,
+            on_foreign_cluster=self.mode.observe_foreign_cluster,
         )
         self.gc.start()
         if self.storage.limbo is not None:

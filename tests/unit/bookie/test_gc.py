@@ -113,10 +113,10 @@ async def test_metadata_catalog_on_the_in_memory_store() -> None:
     """The etcd catalog's rules, on the metadata twin: no cluster or no id counter -> refuse (a
     pass then collects nothing); else every ledger id and the counter."""
     store = metadata.MemoryStore()
-    catalog = MetadataCatalog("memory:///test", connect=lambda url: _Connection(store, "/test"))
     with pytest.raises(MetadataUnusable, match="no cluster"):
-        await catalog.view()
-    await metadata.init_cluster(store, "/test")
+        await memory_catalog(store).view()
+    await metadata.init_cluster(store, "/test", instance_id=CLUSTER)
+    catalog = memory_catalog(store)  # (the one that found no cluster refuses for good)
     with pytest.raises(MetadataUnusable, match="no id counter"):
         await catalog.view()
     manager = metadata.LedgerManager(store, "/test", id_block_size=10)
@@ -133,8 +133,8 @@ async def test_metadata_catalog_reads_the_keys_of_dense_ledgers_in_one_listing()
     id: an absent id (never created, deleted) does not exist, a closed ledger is not writable; an
     undecodable one is left out (read alone, it raises), and so are ids too spread out to list."""
     store = metadata.MemoryStore()
-    await metadata.init_cluster(store, "/test")
-    catalog = MetadataCatalog("memory:///test", connect=lambda url: _Connection(store, "/test"))
+    await metadata.init_cluster(store, "/test", instance_id=CLUSTER)
+    catalog = memory_catalog(store)
     manager = metadata.LedgerManager(store, "/test", id_block_size=100)
 
     async def create(salt: bytes) -> int:
@@ -171,8 +171,8 @@ async def test_metadata_catalog_key_infos_leaves_out_what_a_short_page_did_not_l
     """Large metadata makes the store stop a listing page short (``more``): the ids after its last
     key are left for one-by-one reads, never taken for ledgers that do not exist."""
     store = metadata.MemoryStore(list_reply_bytes_max=20_000)
-    await metadata.init_cluster(store, "/test")
-    catalog = MetadataCatalog("memory:///test", connect=lambda url: _Connection(store, "/test"))
+    await metadata.init_cluster(store, "/test", instance_id=CLUSTER)
+    catalog = memory_catalog(store)
     manager = metadata.LedgerManager(store, "/test", id_block_size=100)
     custom = {"app": b"x" * 6000}
     ids = [
@@ -194,6 +194,17 @@ class _Connection:
 
     async def close(self) -> None:
         pass
+
+
+CLUSTER = "cluster-1"
+"""The cluster instance id the COOKIE of a :func:`memory_catalog`'s bookie names."""
+
+
+def memory_catalog(store: metadata.MetadataStore, root: str = "/test") -> MetadataCatalog:
+    """The etcd catalog over the metadata twin at ``root``, for a bookie of cluster :data:`CLUSTER`."""
+    return MetadataCatalog(
+        f"memory://{root}", connect=lambda url: _Connection(store, root), cluster_id=lambda: CLUSTER
+    )
 
 
 async def test_collected_ledgers_stay_gone_after_a_restart(tmp_path: Path) -> None:

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 import metadata
-from bookie.gc import REPLICATION_LOCK_TTL_S, GarbageCollector, GcConfig, MetadataCatalog, ReplicaState
+from bookie.gc import REPLICATION_LOCK_TTL_S, GarbageCollector, GcConfig, ReplicaState
 from bookie.storage import NoLedger, Storage
 from metadata.ledger_metadata import ReplacedBookie
 from metadata.underreplication import UnderReplicationManager
 
-from .test_gc import Clock, _Connection, filled
+from .test_gc import CLUSTER, Clock, filled, memory_catalog
 from .test_storage import config
 
 ME = "bookie-1"
@@ -227,8 +227,8 @@ async def test_metadata_catalog_scans_in_pages_and_decodes_only_possible_replace
     past one page), the states of the held ledgers that record it replaced or list it nowhere
     (orphans, also on a bookie whose id contains this one's) only, marks included."""
     store = metadata.MemoryStore()
-    await metadata.init_cluster(store, "/test")
-    catalog = MetadataCatalog("memory:///test", connect=lambda url: _Connection(store, "/test"))
+    await metadata.init_cluster(store, "/test", instance_id=CLUSTER)
+    catalog = memory_catalog(store)
     manager = metadata.LedgerManager(store, "/test")
     moved: set[int] = set()
     orphans: set[int] = set()
@@ -302,8 +302,8 @@ async def test_a_lock_held_too_long_forgets_nothing(tmp_path: Path) -> None:
 
 async def test_metadata_catalog_replica_state_and_lock_on_the_in_memory_store() -> None:
     store = metadata.MemoryStore()
-    await metadata.init_cluster(store, "/test")
-    catalog = MetadataCatalog("memory:///test", connect=lambda url: _Connection(store, "/test"))
+    await metadata.init_cluster(store, "/test", instance_id=CLUSTER)
+    catalog = memory_catalog(store)
     manager = metadata.LedgerManager(store, "/test")
     created = await manager.create([ME, "b2"], write_quorum=2, ack_quorum=2)
     ledger_id = created.metadata.ledger_id

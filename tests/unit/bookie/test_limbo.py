@@ -25,7 +25,7 @@ from bookkeeper_aio.protocol.digest import key_check
 from metadata.ledger_metadata import LedgerMetadata
 from metadata.underreplication import UnderReplicationManager
 
-from .test_gc import _Connection
+from .test_gc import CLUSTER, memory_catalog
 from .test_storage import KEY, _journal_file, add, config
 
 BOOKIE = "bookie-1"
@@ -524,14 +524,14 @@ async def test_an_undecodable_ledger_anywhere_neither_stops_nor_clears_limbo(tmp
     """One ledger's metadata no longer decodes (a newer writer's format, a stray tool): the
     passes go on; that ledger stays in limbo (neither taken as deleted nor settled), the rest settle."""
     store = metadata.MemoryStore()
-    await metadata.init_cluster(store, "/test")
+    await metadata.init_cluster(store, "/test", instance_id=CLUSTER)
     manager = metadata.LedgerManager(store, "/test")
     held = (await manager.create([BOOKIE], write_quorum=1, ack_quorum=1)).ledger_id
     garbled = (await manager.create([BOOKIE, "b"], write_quorum=2, ack_quorum=2)).ledger_id
     elsewhere = (await manager.create(["a", "b"], write_quorum=2, ack_quorum=2)).ledger_id
     for ledger_id in (garbled, elsewhere):
         await store.put(manager.keys.ledger(ledger_id), b"\x00not metadata")
-    catalog = bookie_gc.MetadataCatalog("memory:///test", connect=lambda url: _Connection(store, "/test"))
+    catalog = memory_catalog(store)
     await _journal_with_torn_tail(tmp_path)  # ledger 1 (= ``held``): entries 0..8 held, 9 cut
     assert held == 1
     storage = await Storage.open(config(tmp_path))
@@ -627,10 +627,10 @@ async def test_the_metadata_catalog_lists_and_reads_in_pages(monkeypatch: pytest
     bookie (no cluster: refused), and the metadata of sparse ids, deleted ones as None."""
     monkeypatch.setattr(bookie_gc, "METADATA_PAGE", 2)
     store = metadata.MemoryStore()
-    catalog = bookie_gc.MetadataCatalog("memory:///test", connect=lambda url: _Connection(store, "/test"))
     with pytest.raises(bookie_gc.MetadataUnusable, match="no cluster"):
-        _ = [page async for page in catalog.ledgers_on(BOOKIE)]
-    await metadata.init_cluster(store, "/test")
+        _ = [page async for page in memory_catalog(store).ledgers_on(BOOKIE)]
+    await metadata.init_cluster(store, "/test", instance_id=CLUSTER)
+    catalog = memory_catalog(store)  # (the one that found no cluster refuses for good)
     manager = metadata.LedgerManager(store, "/test")
     ids = []
     for n in range(7):
