@@ -45,6 +45,14 @@ simulate: $(STAMP)
 	  tests/simulation/test_seeds.py::test_autorecovery_seeds_hold_every_invariant \
 	  --sim-seeds $(SEEDS) --race-seeds $(RACE_SEEDS) --autorecovery-seeds $(AR_SEEDS) --sim-first $(FIRST)
 
+# The three profiles with bookie GC on against the metadata (tests/simulation/gc_sweep.py): GC_SEEDS
+# seeds of each from FIRST; a failing seed prints the command that replays it (with its trace).
+GC_SEEDS ?= 300
+.PHONY: simulate-gc
+simulate-gc: $(STAMP)
+	SIM_GC_SEEDS=$(GC_SEEDS) SIM_GC_FIRST=$(FIRST) $(BIN)/python -m pytest -q -p no:xdist \
+	  tests/simulation/test_gc_seeds.py::test_gc_sweep
+
 # Exhaustive mode (tests/simulation/exhaustive.py): every schedule of the tiny world within
 # DEVIATIONS choices off the default one, per fault plan, with state hashing; BUGS plants bug.* switches.
 DEVIATIONS ?= 2

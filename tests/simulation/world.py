@@ -200,6 +200,7 @@ class SimBookie(Node):
             clock=LoopClock(world.loop),
             fileio=self.fileio,
             disk_probe=healthy_disk,
+            **self.server_options(),
         )
         if world.bookies_register:  # registering may wait a lease out: a crash may come first
             if not await self.run_alive(server.start(), "start"):
@@ -209,6 +210,11 @@ class SimBookie(Node):
             await self.spawn(server.start(), "start")
         self.server = server
         world.trace(f"bookie {self.name} started (start {self.starts})")
+
+    def server_options(self) -> dict[str, Any]:
+        """More arguments of its :class:`BookieServer` (made once :attr:`fileio` is): none here; a
+        subclass gives a metadata catalog (tests/simulation/gc_sweep.py)."""
+        return {}
 
     def _registration(self) -> MetadataRegistration:
         """The production registration (cookie check, lease-bound key) on the world's store. A
@@ -422,6 +428,8 @@ class World:
         """How often bookies look at their disk and journal (a failed journal makes a bookie
         read-only at the next look)."""
         self.bookies: list[SimBookie] = []
+        self.bookie_class: type[SimBookie] = SimBookie
+        """What :meth:`add_bookie` makes (tests/simulation/gc_sweep.py's bookies run GC on metadata)."""
         self.clients: list[SimClient] = []
         self.process_kill_probability = PROCESS_KILL_PROBABILITY
         """0 makes every crash of the fault phase a power cut (as before process kills existed)."""
@@ -449,7 +457,7 @@ class World:
         return LedgerManager(self.store, ROOT, now_ms=self.now_ms, rng=self.rng_for("ids", "checker"))
 
     def add_bookie(self) -> SimBookie:
-        bookie = SimBookie(self, f"b{len(self.bookies)}")
+        bookie = self.bookie_class(self, f"b{len(self.bookies)}")
         self.bookies.append(bookie)
         return bookie
 
