@@ -1,7 +1,7 @@
-"""A running bookie's GC after its metadata store was wiped and re-initialised (another cluster
-instance id, which a start refuses): it judges nothing against that cluster (its ledgers are not
-in it, and a new ledger there reuses an old one's id), and the bookie turns read-only and unhealthy,
-saying what to do, until it sees its own cluster again."""
+"""A running bookie after its metadata store was wiped and re-initialised (another cluster instance
+id, which a start refuses): it judges nothing against that cluster (its ledgers are not in it, and
+a new ledger there reuses an old one's id): GC collects nothing, limbo and key lookups refuse, and
+the bookie turns read-only and unhealthy, saying what to do, until a restart."""
 
 from __future__ import annotations
 
