@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from typing import TYPE_CHECKING
 
+from bookie.journal_format import segment_name
 from bookie.storage import EntryCorrupt, NoEntry, Storage
 from bookkeeper_aio.client.quorum import schedule_of
 from metadata import log_metadata
@@ -220,8 +222,12 @@ async def rot_problems(scenario: Scenario, rotten: dict[tuple[int, int], tuple[s
             continue
         state = server.storage.ledgers.get(lid)
         location = state.index.get(entry_id) if state is not None else None
-        if location is None or not location.offset <= at < location.offset + location.length:
-            continue  # the entry lives elsewhere now (written back, compacted)
+        if (
+            location is None
+            or os.path.basename(path) != segment_name(location.segment_id)
+            or not location.offset <= at < location.offset + location.length
+        ):  # the entry lives elsewhere now (written back, compacted: maybe at the same offset of
+            continue  # a later segment, and the rotten segment deleted since)
         try:
             await server.storage.read_entry(lid, entry_id)
         except EntryCorrupt:
