@@ -7,9 +7,10 @@ take an acknowledged entry away, nor leave a bookie unable to start.
 
 ``run_seed(seed, profile=GC_PROFILES["race"])``; sweeps: tests/simulation/test_gc_seeds.py. The
 other profiles' bookies keep GC off (``gc_interval_s`` an hour, no metadata), so their traces do
-not change. The sweep that first ran these (a reviewer's, 1600 seeds over the three profiles) found
-that a fresh journal's segment header was not made durable when its first fdatasync failed (race
-seed 207; tests/simulation/test_replay_durability.py pins it).
+not change. A first version of these sweeps (1,600 seeds over the three profiles) found a fresh
+journal's segment header left undurable when its first fdatasync failed (race seed 207;
+tests/simulation/test_replay_durability.py pins it); this one found the rot invariant taking an
+entry's new copy at the same offset of a later segment for its rotten one (race seed 1020).
 """
 
 from __future__ import annotations
