@@ -52,6 +52,7 @@ a task's set-up (a client, a ledger open) under 1% of its time, small enough tha
 big ledgers still spreads over the cores."""
 
 ENTRIES_MAX = 2**63 - 1
+LEDGER_ID_MAX = 2**63 - 1
 
 _POSITION_FORM = '"earliest", "latest" or a JSON position like {"ledger_id": 12, "entry_id": 0}'
 
@@ -137,8 +138,11 @@ def parse_ledgers(text: str) -> tuple[int, ...]:
     ids: list[int] = []
     for part in text.split(","):
         part = part.strip()
-        if not part.isdigit():
-            raise SparkOptionError(LEDGERS, f"a comma-separated list of ledger ids, got {text!r}")
+        # ASCII only: str.isdigit() also holds for "²", which int() refuses
+        if not (part.isascii() and part.isdigit()) or int(part) > LEDGER_ID_MAX:
+            raise SparkOptionError(
+                LEDGERS, f"a comma-separated list of ledger ids (0..{LEDGER_ID_MAX}), got {text!r}"
+            )
         ids.append(int(part))
     if len(set(ids)) != len(ids):
         raise SparkOptionError(LEDGERS, f"ledger ids repeat in {text!r}")

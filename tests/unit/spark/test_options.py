@@ -32,6 +32,9 @@ def test_a_log_or_ledgers() -> None:
         ({"metadata": URL, "path": "orders", "ledgers": "12"}, "ledgers", "not both"),
         ({"metadata": URL, "ledgers": "12,x"}, "ledgers", "comma-separated"),
         ({"metadata": URL, "ledgers": "12,-1"}, "ledgers", "comma-separated"),
+        ({"metadata": URL, "ledgers": "\u00b2"}, "ledgers", "comma-separated"),  # isdigit(), not int()
+        ({"metadata": URL, "ledgers": "\u0663"}, "ledgers", "comma-separated"),  # an Arabic-Indic 3
+        ({"metadata": URL, "ledgers": str(2**63)}, "ledgers", "comma-separated"),
         ({"metadata": URL, "ledgers": "12,12"}, "ledgers", "repeat"),
         ({"metadata": URL, "ledgers": ""}, "ledgers", "comma-separated"),
     ],
