@@ -216,20 +216,41 @@ class LogTruncated(BKError):
 
 class CommitTokenReused(BKInterfaceError):
     """An import's commit token ``(importer, batch_id)`` is below the batch id that importer already
-    committed into the log. Only the same batch id is a replay; a lower one is another producer
-    reusing the importer id (or one whose batch ids started over): nothing was changed, and none of
-    the batch's ledgers is listed. Use a new importer id."""
+    committed into the log, or equal to it with another tag (another producer: a Spark query that
+    reused a writer id). Only the same batch id of the same producer is a replay; this is a reused
+    importer id (or one whose batch ids started over): nothing was changed, and none of the batch's
+    ledgers is listed. Use a new importer id."""
 
-    def __init__(self, name: str, importer: str, batch_id: int, committed: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        importer: str,
+        batch_id: int,
+        committed: int,
+        *,
+        tag: str | None = None,
+        committed_tag: str | None = None,
+    ) -> None:
+        if batch_id == committed:
+            what = (
+                f"already committed batch {committed} from another producer (tag {committed_tag!r}, "
+                f"this batch's {tag!r}): not a replay of it"
+            )
+        else:
+            what = (
+                f"already committed batch {committed}, above this batch {batch_id}: its batch ids "
+                "started over"
+            )
         super().__init__(
-            f"log {name!r}: importer {importer!r} already committed batch {committed}, above this "
-            f"batch {batch_id}: its batch ids started over (a reused importer id); nothing was "
+            f"log {name!r}: importer {importer!r} {what} (a reused importer id); nothing was "
             "appended: use a new importer id"
         )
         self.name = name
         self.importer = importer
         self.batch_id = batch_id
         self.committed = committed
+        self.tag = tag
+        self.committed_tag = committed_tag
 
 
 def with_outcome_unknown(error: BKError, unknown: bool) -> BKError:

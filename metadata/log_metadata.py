@@ -26,7 +26,8 @@ from metadata.keys import validate_name
 FORMAT_VERSION = 2
 """1: ledgers as ``[id, state]``. 2: ledgers as ``[id, state, first_offset, last_entry_id, length,
 closed_ms]`` plus ``truncated_before``, ``sequenced`` and ``commits`` (a version-1 value decodes with
-the new fields unknown or empty); ``truncated_sequence`` and ``spare`` are optional (absent: None)."""
+the new fields unknown or empty); ``truncated_sequence`` and ``spare`` are optional (absent: None),
+``commit_tags`` too (absent: empty; a version-2 decoder that predates it ignores it)."""
 MAGIC = b"BKLG"
 LEDGER_ID_MAX = 2**63 - 1
 ENCODED_BYTES_MAX = 1024 * 1024
@@ -46,6 +47,9 @@ IMPORTER_BYTES_MAX = 256
 name may be). The list's room (`has_room`) counts the tokens' bytes too: without a cap one importer
 id could take the room of thousands of ledgers, and a few such ids all of it. A token stored before
 the cap existed still decodes (and may get new batch ids)."""
+COMMIT_TAG_BYTES_MAX = 64
+"""The longest tag of a commit token (`LogMetadata.commit_tags`), in UTF-8 bytes: a Spark query id
+(a UUID, 36 bytes) fits."""
 
 
 class LogLedgerState(enum.Enum):
@@ -78,7 +82,10 @@ class LogMetadata:
     """``truncated_before``: records of ledgers with smaller ids were truncated (0: never).
     ``sequenced``: appends carry a writer-supplied sequence number (docs/api.md "Logs").
     ``commits``: per importer id, the last batch id committed with its ledgers (exactly-once
-    imports). ``truncated_sequence``: sequenced logs, the highest sequence number truncation
+    imports). ``commit_tags``: per importer id (one of ``commits``), what produced its last committed
+    batch (a Spark query id): the same batch id from another producer is not a replay. An importer
+    without a tag (one stored before tags existed, or committed without one) has its batch id only.
+    ``truncated_sequence``: sequenced logs, the highest sequence number truncation
     removed (a new writer's duplicate check starts there when no record is left). ``spare``: a
     ledger the leader created for its next roll, not part of the log (its id is above every listed
     one); whoever takes the log over deletes it."""
@@ -92,9 +99,11 @@ class LogMetadata:
     commits: Mapping[str, int] = field(default_factory=dict)
     truncated_sequence: int | None = None
     spare: int | None = None
+    commit_tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "commits", types.MappingProxyType(dict(self.commits)))
+        object.__setattr__(self, "commit_tags", types.MappingProxyType(dict(self.commit_tags)))
         validate(self)
 
     def _replace(self, **changes: Any) -> LogMetadata:
@@ -172,8 +181,13 @@ class LogMetadata:
             truncated_sequence=max(floors) if floors else None,
         )
 
-    def with_commit(self, importer: str, batch_id: int) -> LogMetadata:
-        return self._replace(commits={**self.commits, importer: batch_id})
+    def with_commit(self, importer: str, batch_id: int, tag: str | None = None) -> LogMetadata:
+        """The list recording ``batch_id`` as ``importer``'s last committed batch, produced by
+        ``tag`` (None: no tag; an earlier batch's tag is dropped)."""
+        tags = {name: value for name, value in self.commit_tags.items() if name != importer}
+        if tag is not None:
+            tags[importer] = tag
+        return self._replace(commits={**self.commits, importer: batch_id}, commit_tags=tags)
 
 
 def _comparable(md: LogMetadata) -> tuple[object, ...]:
@@ -187,6 +201,7 @@ def _comparable(md: LogMetadata) -> tuple[object, ...]:
         tuple(sorted(md.commits.items())),
         md.truncated_sequence,
         md.spare,
+        tuple(sorted(md.commit_tags.items())),
     )
 
 
@@ -209,7 +224,10 @@ def _with_offsets(entries: tuple[LogLedger, ...], truncated_before: int) -> tupl
 
 _FIELD_NAMES = tuple(f.name for f in fields(LogMetadata))
 _NORMALIZED: Mapping[str, Callable[[Any], Any]] = types.MappingProxyType(
-    {"commits": lambda commits: types.MappingProxyType(dict(commits))}
+    {
+        "commits": lambda commits: types.MappingProxyType(dict(commits)),
+        "commit_tags": lambda tags: types.MappingProxyType(dict(tags)),
+    }
 )
 """What ``__post_init__`` makes of a field a caller may pass in another shape (a dict)."""
 
@@ -262,6 +280,13 @@ def _first_problem(md: LogMetadata, valid: LogMetadata | None = None) -> str | N
             return problem
         if not _is_int(batch, 0):
             return f"bad commit token {importer!r}: {batch!r}"
+    if valid is None or md.commit_tags is not valid.commit_tags:
+        for importer, tag in md.commit_tags.items():
+            if importer not in md.commits:
+                return f"commit tag of importer {importer!r:.60}, which has no commit token"
+            problem = commit_tag_problem(tag)
+            if problem is not None:
+                return problem
     if len(md.ledgers) > LEDGERS_MAX:
         return f"{len(md.ledgers)} ledgers > {LEDGERS_MAX}"
     previous = md.truncated_before - 1
@@ -291,6 +316,19 @@ def importer_problem(importer: object, *, capped: bool = True) -> str | None:
         return f"bad importer id {importer!r}: not encodable as UTF-8"
     if size > IMPORTER_BYTES_MAX:
         return f"importer id of {size} bytes > {IMPORTER_BYTES_MAX} (UTF-8): {importer[:40]!r}..."
+    return None
+
+
+def commit_tag_problem(tag: object) -> str | None:
+    """What is wrong with ``tag`` as the tag of a commit token (None: nothing)."""
+    if not isinstance(tag, str) or not tag:
+        return f"bad commit tag {tag!r:.60}: must be a non-empty string"
+    try:
+        size = len(tag.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"bad commit tag {tag!r:.60}: not encodable as UTF-8"
+    if size > COMMIT_TAG_BYTES_MAX:
+        return f"commit tag of {size} bytes > {COMMIT_TAG_BYTES_MAX} (UTF-8): {tag[:40]!r}..."
     return None
 
 
@@ -350,6 +388,8 @@ def _packed(md: LogMetadata) -> bytes:
         "truncated_sequence": md.truncated_sequence,
         "spare": md.spare,
     }
+    if md.commit_tags:
+        body["commit_tags"] = dict(md.commit_tags)
     return msgpack.packb(body, use_bin_type=True)
 
 
@@ -371,6 +411,7 @@ def decode(data: bytes, *, key: str, name: str) -> LogMetadata:
     try:
         ledgers = tuple(_ledger(item) for item in body["ledgers"])
         commits = _commits(body.get("commits", {}))
+        commit_tags = _commits(body.get("commit_tags", {}))
         return LogMetadata(
             name,
             ledgers,
@@ -381,12 +422,14 @@ def decode(data: bytes, *, key: str, name: str) -> LogMetadata:
             commits=commits,
             truncated_sequence=body.get("truncated_sequence"),
             spare=body.get("spare"),
+            commit_tags=commit_tags,
         )
     except (InvalidMetadata, TypeError, ValueError) as error:
         raise MetadataFormatError(key, f"{who}: {error}") from error
 
 
-def _commits(value: object) -> dict[str, int]:
+def _commits(value: object) -> dict[str, Any]:
+    """A map of commit tokens or of their tags (its entries are checked by `validate`)."""
     if not isinstance(value, dict):
         raise TypeError(f"commits must be a map, got {type(value).__name__}")
     return value

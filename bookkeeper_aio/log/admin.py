@@ -34,7 +34,7 @@ from bookkeeper_aio.log._common import (
 )
 from bookkeeper_aio.log.position import LogPosition, check_position
 from metadata.errors import BadVersion, CasResultUnknown, InvalidMetadata
-from metadata.log_metadata import IMPORTER_BYTES_MAX, LogMetadata, importer_problem
+from metadata.log_metadata import IMPORTER_BYTES_MAX, LogMetadata, commit_tag_problem, importer_problem
 
 log = structlog.get_logger("bookkeeper_aio.log.admin")
 
@@ -173,6 +173,7 @@ async def append_ledgers(
     *,
     password: bytes = b"",
     commit: tuple[str, int] | None = None,
+    commit_tag: str | None = None,
     create: bool = True,
 ) -> bool:
     """Append closed ledgers (in id order) to the log in one CAS, taking the log over as a new
@@ -183,6 +184,11 @@ async def append_ledgers(
     list, the caller deletes them) — unless these very ledgers are listed (the same call's CAS
     applied and only its answer was lost): True. A token below the importer's committed batch id
     is not a replay but a reused importer id: `CommitTokenReused`, nothing changed.
+
+    ``commit_tag`` names what produced the batch (a Spark query id, at most `COMMIT_TAG_BYTES_MAX`
+    UTF-8 bytes) and is stored with the token: the same batch id committed under another tag is
+    not a replay either (`CommitTokenReused`). A token stored without a tag (before tags existed,
+    or committed without one) or a call without one compares batch ids only.
 
     Raises BKInterfaceError (a ledger not closed, bad token, a sequenced log; `CommitTokenReused`),
     MetadataConflict (a ledger id not above every listed one: the log got a newer ledger since these
@@ -196,6 +202,10 @@ async def append_ledgers(
                 f"commit must be (importer id of 1..{IMPORTER_BYTES_MAX} UTF-8 bytes, batch id >= 0), got "
                 f"{commit!r:.120}{': ' + problem if problem else ''}"
             )
+    if commit_tag is not None:
+        problem = "commit_tag needs a commit token" if commit is None else commit_tag_problem(commit_tag)
+        if problem is not None:
+            raise BKInterfaceError(f"log {name!r}: {problem}")
     ends = {}
     for ledger_id in sorted(set(ledger_ids)):
         handle = await bk.open_ledger(ledger_id, password=password)
@@ -226,12 +236,9 @@ async def append_ledgers(
                 ):
                     await delete_spare(bk, earlier, password)
             return True
-        committed = -1 if commit is None else current.metadata.commits.get(commit[0], -1)
-        if commit is not None and committed == commit[1]:
+        if commit is not None and _is_replay(current.metadata, name, commit, commit_tag):
             log.info("log.import_replayed", log=name, importer=commit[0], batch=commit[1])
             return False
-        if commit is not None and committed > commit[1]:
-            raise CommitTokenReused(name, commit[0], commit[1], committed)
         last = current.metadata.last_ledger_id
         if ends and min(ends) <= last:
             raise MetadataConflict(
@@ -239,7 +246,10 @@ async def append_ledgers(
                 "(create ledgers for a log with after_ledger_id=its last ledger, and write them again)"
             )
         # with its commit token (its importer id counts too): LogFull before the fencing
-        check_room(current.metadata if commit is None else current.metadata.with_commit(*commit), len(ends))
+        check_room(
+            current.metadata if commit is None else current.metadata.with_commit(*commit, commit_tag),
+            len(ends),
+        )
         recovered = await recover_ledgers(bk, current.metadata.ledger_ids[-2:], password)
         proposed = taken_over(current.metadata, recovered, manager.now_ms())
         for ledger_id, (last_entry_id, length) in sorted(ends.items()):
@@ -247,7 +257,7 @@ async def append_ledgers(
                 ledger_id, last_entry_id=last_entry_id, length=length, closed_ms=manager.now_ms()
             )
         if commit is not None:
-            proposed = proposed.with_commit(*commit)
+            proposed = proposed.with_commit(*commit, commit_tag)
         try:
             await cas_log(manager, proposed, current.version)
         except BadVersion:
@@ -262,6 +272,19 @@ async def append_ledgers(
         await delete_spare(bk, current.metadata, password)
         return True
     raise MetadataConflict(f"log {name!r}: could not append ledgers after {IMPORT_ATTEMPTS_MAX} attempts")
+
+
+def _is_replay(md: LogMetadata, name: str, commit: tuple[str, int], tag: str | None) -> bool:
+    """Whether ``commit`` (with ``tag``) is the token the importer committed last (a replay: True),
+    a new batch (False) or a reused importer id (`CommitTokenReused`)."""
+    importer, batch_id = commit
+    committed = md.commits.get(importer, -1)
+    if committed < batch_id:
+        return False
+    committed_tag = md.commit_tags.get(importer)
+    if committed > batch_id or (tag is not None and committed_tag is not None and committed_tag != tag):
+        raise CommitTokenReused(name, importer, batch_id, committed, tag=tag, committed_tag=committed_tag)
+    return True
 
 
 async def committed_batch(bk: BookKeeper, name: str, importer: str) -> int | None:

@@ -12,7 +12,9 @@ The writer id is the ``writerId`` option, else ``spark-query-<id>`` from the str
 id, which Spark keeps in the checkpoint (stable across restarts; a new checkpoint is a new query,
 with batch ids from 0 again). Two queries writing one log need distinct writer ids: a batch id
 below the one its writer id already committed is refused (``SparkOptionError`` naming ``writerId``),
-never dropped as a replay.
+never dropped as a replay. So is an equal batch id from another query: with an explicit
+``writerId`` the token is committed with the query id as its tag (``append_ledgers(...,
+commit_tag=...)``), and only the same query's batch is a replay.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 class BatchLedgerWritten(WriterCommitMessage):
     written: LedgerWritten
     writer_id: str
+    query_id: str | None = None
+    """The streaming query's id (Spark's task-local property), the token's tag; None: not known."""
 
 
 class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
@@ -59,52 +63,69 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
         self.writer_id = opt.get(options, opt.WRITER_ID) or None
 
     def write(self, iterator: Iterator[RecordBatch]) -> BatchLedgerWritten:
-        writer_id = self.writer_id or _query_writer_id()
+        query_id = _query_id()
+        if self.writer_id is not None:
+            writer_id = self.writer_id
+        elif query_id is not None:
+            writer_id = f"spark-query-{query_id}"
+        else:
+            raise opt.SparkOptionError(
+                opt.WRITER_ID,
+                "the streaming query's id is not known to the task: set a writerId for the query",
+            )
         written = runtime.run(lambda: write_task(self.spec, iterator))
-        return BatchLedgerWritten(written, writer_id)
+        return BatchLedgerWritten(written, writer_id, query_id)
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
-        ledger_ids, writer_id = _batch(messages)
+        ledger_ids, writer_id, query_id = _batch(messages)
         if writer_id is None:
             return  # no task wrote anything
         retried = any(isinstance(m, BatchLedgerWritten) and m.written.attempt > 0 for m in messages)
+        # The default writer id holds the query id already: a tag would only take room in the list.
+        tag = None if writer_id == f"spark-query-{query_id}" else query_id
         try:
-            runtime.run(lambda: commit_ledgers(self.spec, ledger_ids, (writer_id, batchId), sweep=retried))
+            runtime.run(
+                lambda: commit_ledgers(self.spec, ledger_ids, (writer_id, batchId), sweep=retried, tag=tag)
+            )
         except CommitTokenReused as error:
             raise writer_id_reused(self.spec.log, error) from error
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
-        ledger_ids, _ = _batch(messages)
+        ledger_ids, _, _ = _batch(messages)
         runtime.run(lambda: discard_unlisted(self.spec, ledger_ids))
 
 
 def writer_id_reused(log: str, error: CommitTokenReused) -> opt.SparkOptionError:
-    """What to tell when a batch id is below the one this writer id already committed: the writer id
-    is another query's (or this query's, started again from a new checkpoint, whose batch ids start
-    at 0 again). Its rows would be dropped as a replay; the query stops instead."""
+    """What to tell when this writer id already committed a batch id above this one, or this one
+    from another query: the writer id is another query's (or this query's, started again from a new
+    checkpoint, whose batch ids start at 0 again). Its rows would be dropped as a replay; the query
+    stops instead."""
+    if error.batch_id == error.committed:
+        which = f"from another query ({error.committed_tag}), not as a batch of this one"
+    else:
+        which = f"above this batch {error.batch_id}"
     return opt.SparkOptionError(
         opt.WRITER_ID,
         f"writer id {error.importer!r} already committed batch {error.committed} into log {log!r}, "
-        f"above this batch {error.batch_id}: another query, or this one from a new checkpoint (batch "
-        "ids start at 0 again), used this writerId. Nothing of this batch was written: give the query "
-        "a new writerId (or leave it out: the default is per checkpoint), or restart it from the "
-        "checkpoint that committed those batches",
+        f"{which}: another query, or "
+        "this one from a new checkpoint (batch ids start at 0 again), used this writerId. Nothing of "
+        "this batch was written: give the query a new writerId (or leave it out: the default is per "
+        "checkpoint), or restart it from the checkpoint that committed those batches",
     )
 
 
-def _query_writer_id() -> str:
+def _query_id() -> str | None:
     context = TaskContext.get()
     query_id = context.getLocalProperty(QUERY_ID_PROPERTY) if context is not None else None
-    if not query_id:
-        raise opt.SparkOptionError(
-            opt.WRITER_ID, "the streaming query's id is not known to the task: set a writerId for the query"
-        )
-    return f"spark-query-{query_id}"
+    return query_id or None
 
 
-def _batch(messages: Sequence[WriterCommitMessage | None]) -> tuple[list[int], str | None]:
+def _batch(messages: Sequence[WriterCommitMessage | None]) -> tuple[list[int], str | None, str | None]:
+    """The batch's ledger ids, its writer id (None: no task wrote a row) and its query id."""
     done = [m for m in messages if isinstance(m, BatchLedgerWritten)]
     ids = sorted(m.written.ledger_id for m in done if m.written.ledger_id is not None)
     writer_ids = {m.writer_id for m in done}
+    query_ids = {m.query_id for m in done}
     assert len(writer_ids) <= 1, writer_ids
-    return ids, (writer_ids.pop() if writer_ids and ids else None)
+    assert len(query_ids) <= 1, query_ids
+    return ids, (writer_ids.pop() if writer_ids and ids else None), (query_ids.pop() if query_ids else None)

@@ -231,9 +231,15 @@ def _payloads(batch: RecordBatch, column: str) -> list[bytes]:
 
 
 async def commit_ledgers(
-    spec: WriteSpec, ledger_ids: list[int], token: tuple[str, int] | None, *, sweep: bool = False
+    spec: WriteSpec,
+    ledger_ids: list[int],
+    token: tuple[str, int] | None,
+    *,
+    sweep: bool = False,
+    tag: str | None = None,
 ) -> bool:
-    """Append the ledgers to the log in one CAS (with ``token``: exactly once per token). False: a
+    """Append the ledgers to the log in one CAS (with ``token``: exactly once per token; ``tag``:
+    what produced the batch, the token's tag, `append_ledgers`'s ``commit_tag``). False: a
     replay of an already committed token (its ledgers are deleted). On a failure the ledgers the
     log does not list are deleted and the error is raised. ``sweep`` (some task ran more than
     once): afterwards, delete the job's ledgers the log does not list, which failed attempts
@@ -241,16 +247,24 @@ async def commit_ledgers(
     if not ledger_ids and token is None:
         return True
     async with connect(spec.metadata) as bk:
-        return await commit_with(bk, spec, ledger_ids, token, sweep=sweep)
+        return await commit_with(bk, spec, ledger_ids, token, sweep=sweep, tag=tag)
 
 
 async def commit_with(
-    bk: BookKeeper, spec: WriteSpec, ledger_ids: list[int], token: tuple[str, int] | None, *, sweep: bool
+    bk: BookKeeper,
+    spec: WriteSpec,
+    ledger_ids: list[int],
+    token: tuple[str, int] | None,
+    *,
+    sweep: bool,
+    tag: str | None = None,
 ) -> bool:
     """`commit_ledgers` with the client ``bk``. Once the CAS applied the job is committed whatever
     happens next: the sweep is best effort (a failure is logged; the leftovers keep their job tag)."""
     try:
-        appended = await append_ledgers(bk, spec.log, ledger_ids, password=spec.password, commit=token)
+        appended = await append_ledgers(
+            bk, spec.log, ledger_ids, password=spec.password, commit=token, commit_tag=tag
+        )
     except BaseException:
         await _discard_unlisted(bk, spec, ledger_ids)
         raise

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from bookkeeper_aio import (
+    BKInterfaceError,
     BookKeeper,
     CommitTokenReused,
     LogPosition,
@@ -106,6 +107,29 @@ async def test_a_batch_id_below_the_committed_one_is_refused_not_dropped_as_a_re
         # the same batch id again is a replay: False, nothing changes
         assert await append_ledgers(bk, "out", [fresh], commit=("enricher", 2)) is False
         assert (await describe_log(bk, "out")).version == version
+
+
+async def test_an_equal_batch_id_under_another_tag_is_refused_and_the_same_tag_is_a_replay() -> None:
+    """The token's tag binds it to its producer (a Spark query id): a second producer reusing the
+    importer id from batch 0 when the first committed batch 0 is not a replay (returning False made
+    the caller delete its ledgers: rows gone without an error); the first producer's replay is."""
+    async with world(clients=1) as w:
+        (bk,) = w.clients
+        first = await _ledger(bk, 0, b"q1-0")
+        assert await append_ledgers(bk, "out", [first], commit=("sink", 0), commit_tag="query-1") is True
+        info = await describe_log(bk, "out")
+        fresh = await _ledger(bk, first, b"q2-0")
+        with pytest.raises(
+            CommitTokenReused, match=r"'sink' already committed batch 0 from another producer"
+        ) as caught:
+            await append_ledgers(bk, "out", [fresh], commit=("sink", 0), commit_tag="query-2")
+        assert (caught.value.tag, caught.value.committed_tag) == ("query-2", "query-1")
+        assert (await describe_log(bk, "out")).version == info.version
+        assert await append_ledgers(bk, "out", [fresh], commit=("sink", 0), commit_tag="query-1") is False
+        assert await append_ledgers(bk, "out", [fresh], commit=("sink", 0)) is False  # untagged: ids only
+        assert (await describe_log(bk, "out")).version == info.version
+        with pytest.raises(BKInterfaceError, match="commit_tag needs a commit token"):
+            await append_ledgers(bk, "out", [fresh], commit_tag="query-1")
 
 
 async def test_a_cursor_committed_between_a_truncations_plan_and_its_cas_is_cut_and_readers_say_so() -> None:

@@ -11,6 +11,7 @@ from metadata.errors import BadVersion, InvalidMetadata, MetadataFormatError, No
 from metadata.keys import ClusterKeys
 from metadata.log_manager import UNCHANGED, LogManager
 from metadata.log_metadata import (
+    COMMIT_TAG_BYTES_MAX,
     IMPORTER_BYTES_MAX,
     MAGIC,
     LogLedger,
@@ -270,3 +271,28 @@ def test_an_importer_id_stored_before_the_cap_still_decodes_and_its_log_still_ch
     assert md.with_truncated_before(0).commits == {long_id: 1}  # other changes keep it
     with pytest.raises(InvalidMetadata, match="importer id of 257 bytes > 256"):
         md.with_commit("j" * (IMPORTER_BYTES_MAX + 1), 1)  # a new one is capped
+
+
+def test_a_commit_tag_goes_with_its_token_and_an_untagged_token_still_decodes() -> None:
+    """The tag (a Spark query id) is stored beside the importer's batch id; a token stored before
+    tags existed decodes with none, and a new batch without a tag drops the old batch's tag."""
+    md = decode(_body(format_version=2, commits={"sink": 4}), key=KEY, name="orders")
+    assert (dict(md.commits), dict(md.commit_tags)) == ({"sink": 4}, {})
+    tagged = md.with_commit("sink", 5, "query-1").with_commit("other", 1)
+    assert decode(encode(tagged), key=KEY, name="orders") == tagged
+    assert dict(tagged.commit_tags) == {"sink": "query-1"}
+    assert tagged != md.with_commit("sink", 5, "query-2").with_commit("other", 1)
+    assert dict(tagged.with_commit("sink", 6).commit_tags) == {}
+    assert tagged.with_truncated_before(0).commit_tags == {"sink": "query-1"}
+    assert (
+        md.with_commit("sink", 5, "q" * COMMIT_TAG_BYTES_MAX).commit_tags["sink"]
+        == "q" * COMMIT_TAG_BYTES_MAX
+    )
+    with pytest.raises(InvalidMetadata, match=f"commit tag of {COMMIT_TAG_BYTES_MAX + 1} bytes"):
+        md.with_commit("sink", 5, "q" * (COMMIT_TAG_BYTES_MAX + 1))
+    with pytest.raises(MetadataFormatError, match="has no commit token"):
+        decode(
+            _body(format_version=2, commits={"sink": 4}, commit_tags={"gone": "q"}), key=KEY, name="orders"
+        )
+    with pytest.raises(MetadataFormatError, match="bad commit tag"):
+        decode(_body(format_version=2, commits={"sink": 4}, commit_tags={"sink": 7}), key=KEY, name="orders")

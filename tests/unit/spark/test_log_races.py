@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 
 import pytest
@@ -78,7 +79,9 @@ async def test_a_committed_batch_write_is_reported_committed_though_its_sweep_fa
 def test_a_streaming_batch_below_its_writer_ids_committed_one_fails_naming_writer_id(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async def reused(spec: WriteSpec, ledger_ids: list[int], token: tuple[str, int], *, sweep: bool) -> bool:
+    async def reused(
+        spec: WriteSpec, ledger_ids: list[int], token: tuple[str, int], *, sweep: bool, tag: str | None
+    ) -> bool:
         raise CommitTokenReused(spec.log, token[0], token[1], 2)
 
     monkeypatch.setattr(stream_writer, "commit_ledgers", reused)
@@ -92,6 +95,50 @@ def test_a_streaming_batch_below_its_writer_ids_committed_one_fails_naming_write
         sink.commit([written], 0)
     assert caught.value.option == "writerId"
     assert isinstance(caught.value.__cause__, CommitTokenReused)
+
+
+async def test_a_streaming_batch_equal_to_its_writer_ids_committed_one_from_another_query_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second query (a new checkpoint) with the same writerId reaches the batch id the first one
+    committed last: the token carries the query id as its tag, so the batch is refused, not taken
+    for a replay (its rows deleted, the query reporting success); the first query's own replay of
+    that batch is still skipped."""
+    async with client() as bk:
+        loop = asyncio.get_running_loop()
+        monkeypatch.setattr(
+            stream_writer.runtime, "run", lambda make: asyncio.run_coroutine_threadsafe(make(), loop).result()
+        )
+        monkeypatch.setattr(stream_writer, "commit_ledgers", functools.partial(spark_writer.commit_with, bk))
+        sink = stream_writer.BookKeeperStreamWriter.__new__(stream_writer.BookKeeperStreamWriter)
+        sink.spec = WriteSpec("unused", "out", b"", "payload", 3, 2, 2, "job-1")
+        sink.writer_id = "orders-sink"
+
+        async def commit(query_id: str, batch_id: int) -> None:
+            handle = await bk.create_ledger(
+                3, 2, 2, after_ledger_id=await spark_writer.last_ledger_id(bk, "out")
+            )
+            await handle.append(b"row of " + query_id.encode())
+            await handle.close()
+            written = spark_writer.LedgerWritten(handle.id, 1, 10)
+            message = stream_writer.BatchLedgerWritten(written, "orders-sink", query_id)
+            await asyncio.to_thread(sink.commit, [message], batch_id)
+
+        await commit("query-1", 0)
+        first = await describe_log(bk, "out")
+        listed = [ledger.ledger_id for ledger in first.ledgers]
+        with pytest.raises(
+            SparkOptionError,
+            match=r"already committed batch 0 into log 'out', from another query \(query-1\)",
+        ) as caught:
+            await commit("query-2", 0)
+        assert caught.value.option == "writerId"
+        assert isinstance(caught.value.__cause__, CommitTokenReused)
+        assert (await describe_log(bk, "out")).version == first.version
+        assert [ledger_id async for ledger_id in bk.list_ledgers()] == listed  # its ledger: deleted
+        await commit("query-1", 0)  # the first query's replay of its batch: nothing changes
+        assert (await describe_log(bk, "out")).version == first.version
+        assert [ledger_id async for ledger_id in bk.list_ledgers()] == listed
 
 
 async def test_a_streaming_batch_reads_its_whole_interval_though_a_later_lac_read_answers_lower() -> None:
