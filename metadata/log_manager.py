@@ -9,6 +9,7 @@ a version it holds) where a conflict must not be retried blindly (docs/replicati
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -74,9 +75,16 @@ class LogManager:
         return self._now_ms()
 
     async def create(self, name: str, *, sequenced: bool = False) -> VersionedLog:
-        """A new empty log. Raises `NodeExists`, `InvalidMetadata` (bad name), `CasResultUnknown`."""
+        """A new empty log, without cursors: those a deleted log of that name left (one committed
+        while it was being deleted, or all of them when ``delete_log`` stopped half way) are
+        removed first, so they never hold back its truncation. (Should another caller create the
+        log meanwhile, a cursor committed to it in that moment is removed too: truncation may then
+        cut what that consumer had not read, which its next read reports, `LogTruncated`.)
+        Raises `NodeExists`, `InvalidMetadata` (bad name), `CasResultUnknown`."""
         metadata = LogMetadata(name, (), self._now_ms(), sequenced=sequenced)
-        version = await self._store.create(self.keys.log(name), serde.encode(metadata))
+        key = self.keys.log(name)
+        await self.delete_cursors(name)
+        version = await self._store.create(key, serde.encode(metadata))
         return VersionedLog(metadata, version)
 
     async def read(self, name: str) -> VersionedLog:
@@ -175,8 +183,19 @@ class LogManager:
         return True
 
     async def delete_cursors(self, name: str) -> None:
-        for cursor in await self.read_cursors(name):
-            await self.delete_cursor(name, cursor)
+        """Remove every cursor of the log (their values are not read: a corrupt one goes too)."""
+        prefix = self.keys.log_cursors_prefix(name)
+        start_after: str | None = None
+        while True:
+            page = await self._store.list(
+                prefix, start_after=start_after, limit=LIST_PAGE_SIZE_DEFAULT, keys_only=True
+            )
+            for kv in page.items:
+                with contextlib.suppress(NoNode):
+                    await self._store.delete(kv.key)
+            if not page.more or not page.items:
+                return
+            start_after = page.items[-1].key
 
     async def iter_names(self, *, page_size: int = LIST_PAGE_SIZE_DEFAULT) -> AsyncIterator[str]:
         """Every log name in key order, page by page (not a snapshot; keys only: log values may be

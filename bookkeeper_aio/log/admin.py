@@ -93,27 +93,49 @@ async def list_logs(bk: BookKeeper) -> list[str]:
 
 
 async def delete_log(bk: BookKeeper, name: str, *, password: bytes = b"") -> None:
-    """Fence the log's writer (recover its last two ledgers), remove the log, then delete its
-    ledgers and cursors. The key is deleted at the version whose last ledgers were fenced: if the
-    list changed meanwhile (a roll, a new writer), its new last ledgers are fenced first. Raises
-    NoSuchLog and the ledger API's recovery errors."""
+    """Fence the log's writer (recover its last two ledgers), delete its cursors, remove the log,
+    then delete its ledgers. The key is deleted at the version whose last ledgers were fenced: if
+    the list changed meanwhile (a roll, a new writer), its new last ledgers are fenced first. A
+    delete whose answer was lost is settled by reading the log back: gone (or a new log of that
+    name, created since: another ``ctime_ms``), the delete applied and the ledgers of the list it
+    was issued for are deleted; still there, it is tried again. A crash after the key's delete
+    leaves the ledgers outside every log; a cursor committed while the log was being deleted is
+    cleared when a log of that name is created again. Raises NoSuchLog, MetadataConflict (the list
+    kept changing), the metadata store's errors and the ledger API's recovery errors."""
     manager = log_manager(bk)
+    lost: LogMetadata | None = None  # the list a delete whose answer was lost was issued for
     for _ in range(DELETE_ATTEMPTS_MAX):
-        versioned = await manager.read(name)
+        try:
+            versioned = await manager.read(name)
+        except NoSuchLog:
+            if lost is None:
+                raise
+            break  # that delete applied
+        if lost is not None and versioned.metadata.ctime_ms != lost.ctime_ms:
+            break  # it applied, and a new log of that name was created since
         await recover_ledgers(bk, versioned.metadata.ledger_ids[-2:], password)
+        await manager.delete_cursors(name)  # before the key: afterwards they could be a new log's
         try:
             await manager.delete(name, versioned.version)
-            break
         except BadVersion:
             continue  # fence what the newer list ends with, then try again
+        except NoSuchLog:
+            if lost is None:
+                raise  # deleted by another caller since our read: that caller deletes the rest
+            break
+        except CasResultUnknown as error:
+            log.info("log.delete_answer_lost", log=name, error=repr(error))
+            lost = versioned.metadata
+            continue
+        lost = versioned.metadata
+        break
     else:
         raise MetadataConflict(
             f"log {name!r}: the list kept changing ({DELETE_ATTEMPTS_MAX} attempts to delete it)"
         )
-    await delete_ledgers(bk, name, list(versioned.metadata.ledger_ids), password, why="log deleted")
-    await delete_spare(bk, versioned.metadata, password)
-    await manager.delete_cursors(name)
-    log.info("log.deleted", log=name, ledgers=len(versioned.metadata.ledgers))
+    await delete_ledgers(bk, name, list(lost.ledger_ids), password, why="log deleted")
+    await delete_spare(bk, lost, password)
+    log.info("log.deleted", log=name, ledgers=len(lost.ledgers))
 
 
 # ---------------------------------------------------------------------- cursors
