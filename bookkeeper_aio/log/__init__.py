@@ -7,6 +7,7 @@ already-written ledgers. Floor 4 (docs/internals.md): it uses the client
 (:mod:`bookkeeper_aio.client`) and :mod:`metadata`, never :mod:`bookie`.
 """
 
+from bookkeeper_aio.log._common import LEDGER_LOG_KEY
 from bookkeeper_aio.log.admin import (
     LogInfo,
     LogLedgerInfo,
@@ -25,6 +26,7 @@ from bookkeeper_aio.log.truncation import truncate_log
 from bookkeeper_aio.log.writer import LogWriter, open_log_writer
 
 __all__ = [
+    "LEDGER_LOG_KEY",
     "LogInfo",
     "LogLedgerInfo",
     "LogPosition",

@@ -23,6 +23,16 @@ SETTLE_RETRY_S = 0.05
 SETTLE_RETRY_S_MAX = 2.0
 """`settle_cas` tries for about 7 s (an etcd leader election) before it gives up for now."""
 
+LEDGER_LOG_KEY = "bookkeeper-aio.log"
+"""Custom metadata of a ledger made for a log (a log writer's, a Spark write task's) or imported
+into one: the log's name, UTF-8. `append_ledgers` refuses a ledger that names another log (once
+in two lists, truncating or deleting either log would delete it under the other)."""
+
+
+def ledger_log_tag(name: str) -> dict[str, bytes]:
+    """The custom metadata that ties a new ledger to the log ``name`` (`LEDGER_LOG_KEY`)."""
+    return {LEDGER_LOG_KEY: name.encode()}
+
 
 def log_manager(bk: BookKeeper) -> LogManager:
     """A `LogManager` on the client's metadata store and cluster root."""

@@ -7,6 +7,7 @@ the last position it processed; truncation and retention never cut into a cursor
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from bookkeeper_aio.errors import (
     NoSuchLog,
 )
 from bookkeeper_aio.log._common import (
+    LEDGER_LOG_KEY,
     cas_log,
     check_room,
     delete_ledgers,
@@ -34,6 +36,8 @@ from bookkeeper_aio.log._common import (
 )
 from bookkeeper_aio.log.position import LogPosition, check_position
 from metadata.errors import BadVersion, CasResultUnknown, InvalidMetadata
+from metadata.ledger_manager import UNCHANGED, _Unchanged
+from metadata.ledger_metadata import LedgerMetadata
 from metadata.log_metadata import IMPORTER_BYTES_MAX, LogMetadata, commit_tag_problem, importer_problem
 
 log = structlog.get_logger("bookkeeper_aio.log.admin")
@@ -212,7 +216,12 @@ async def append_ledgers(
     not a replay either (`CommitTokenReused`). A token stored without a tag (before tags existed,
     or committed without one) or a call without one compares batch ids only.
 
-    Raises BKInterfaceError (a ledger not closed, bad token, a sequenced log; `CommitTokenReused`),
+    A ledger belongs to one log: its custom metadata `LEDGER_LOG_KEY` names it (set when a log
+    writer or a Spark task creates it for the log, else here before the CAS, one ledger-metadata
+    CAS per untagged ledger); one that names another log is refused.
+
+    Raises BKInterfaceError (a ledger not closed, or another log's; bad token, a sequenced log;
+    `CommitTokenReused`),
     MetadataConflict (a ledger id not above every listed one: the log got a newer ledger since these
     were created), LogFull (the list has no room for them: nothing changed), NoSuchLog
     (``create=False``), the ledger API's errors.
@@ -229,6 +238,7 @@ async def append_ledgers(
         if problem is not None:
             raise BKInterfaceError(f"log {name!r}: {problem}")
     ends = {}
+    unclaimed: list[int] = []  # ledgers no log's name is on yet
     for ledger_id in sorted(set(ledger_ids)):
         handle = await bk.open_ledger(ledger_id, password=password)
         if not handle.is_closed:
@@ -237,6 +247,8 @@ async def append_ledgers(
             )
         md = handle.metadata
         ends[ledger_id] = (-1 if md.last_entry_id is None else md.last_entry_id, md.length)
+        if not _owned_by(name, md):
+            unclaimed.append(ledger_id)
     manager = log_manager(bk)
     lost_from: list[LogMetadata] = []  # the lists our CASes whose answers were lost started from
     for _ in range(IMPORT_ATTEMPTS_MAX):
@@ -272,6 +284,9 @@ async def append_ledgers(
             current.metadata if commit is None else current.metadata.with_commit(*commit, commit_tag),
             len(ends),
         )
+        for ledger_id in unclaimed:  # before the list names them: never listed untagged
+            await bk.context.ledgers.update(ledger_id, functools.partial(_claimed, name), retry_unknown=True)
+        unclaimed = []
         recovered = await recover_ledgers(bk, current.metadata.ledger_ids[-2:], password)
         proposed = taken_over(current.metadata, recovered, manager.now_ms())
         for ledger_id, (last_entry_id, length) in sorted(ends.items()):
@@ -294,6 +309,26 @@ async def append_ledgers(
         await delete_spare(bk, current.metadata, password)
         return True
     raise MetadataConflict(f"log {name!r}: could not append ledgers after {IMPORT_ATTEMPTS_MAX} attempts")
+
+
+def _owned_by(name: str, md: LedgerMetadata) -> bool:
+    """Whether the ledger's custom metadata names the log ``name`` (False: it names none);
+    BKInterfaceError when it names another log."""
+    owner = md.custom_metadata.get(LEDGER_LOG_KEY)
+    if owner is None:
+        return False
+    if owner != name.encode():
+        raise BKInterfaceError(
+            f"log {name!r}: ledger {md.ledger_id} belongs to log {owner.decode(errors='replace')!r} "
+            f"(its custom metadata {LEDGER_LOG_KEY!r}); a ledger goes into one log only: truncating "
+            "or deleting either log would delete it under the other"
+        )
+    return True
+
+
+def _claimed(name: str, md: LedgerMetadata) -> LedgerMetadata | _Unchanged:
+    """The ledger's metadata naming the log ``name`` (`UNCHANGED`: it does already)."""
+    return UNCHANGED if _owned_by(name, md) else md.with_custom_metadata({LEDGER_LOG_KEY: name.encode()})
 
 
 def _is_replay(md: LogMetadata, name: str, commit: tuple[str, int], tag: str | None) -> bool:

@@ -70,6 +70,7 @@ from bookkeeper_aio.log._common import (
     delete_ledgers,
     delete_spare,
     discard_ledger,
+    ledger_log_tag,
     log_manager,
     read_or_create,
     recover_ledgers,
@@ -430,7 +431,12 @@ class LogWriter:
     def _create_ledger(self) -> Awaitable[LedgerHandle]:
         ensemble, wq, aq = self._ensemble
         return self._bk.create_ledger(
-            ensemble, wq, aq, password=self._password, after_ledger_id=self._versioned.metadata.last_ledger_id
+            ensemble,
+            wq,
+            aq,
+            password=self._password,
+            after_ledger_id=self._versioned.metadata.last_ledger_id,
+            custom_metadata=ledger_log_tag(self.name),
         )
 
     def _take_spare(self) -> LedgerHandle | None:
@@ -846,6 +852,7 @@ async def open_log_writer(
             ack_quorum,
             password=password,
             after_ledger_id=current.metadata.last_ledger_id,
+            custom_metadata=ledger_log_tag(name),
         )
         proposed = taken_over(current.metadata, recovered, manager.now_ms())
         proposed = proposed.with_ledger_appended(handle.id)

@@ -45,6 +45,7 @@ from bookkeeper_aio import (
     append_ledgers,
     describe_log,
 )
+from bookkeeper_aio.log import LEDGER_LOG_KEY
 from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark import runtime
 from bookkeeper_aio.spark.catalog import connect
@@ -203,7 +204,7 @@ async def _create(bk: BookKeeper, spec: WriteSpec) -> LedgerHandle:
         spec.write_quorum,
         spec.ack_quorum,
         password=spec.password,
-        custom_metadata={JOB_METADATA_KEY: spec.job_id.encode()},
+        custom_metadata={JOB_METADATA_KEY: spec.job_id.encode(), LEDGER_LOG_KEY: spec.log.encode()},
         after_ledger_id=after,
     )
 

@@ -13,13 +13,14 @@ from bookkeeper_aio import (
     CommitTokenReused,
     LogPosition,
     LogTruncated,
+    NoSuchLog,
     append_ledgers,
     commit_cursor,
     describe_log,
     open_log_reader,
     open_log_writer,
 )
-from bookkeeper_aio.log import admin
+from bookkeeper_aio.log import LEDGER_LOG_KEY, admin
 from bookkeeper_aio.log._common import log_manager
 from bookkeeper_aio.log.truncation import plan_truncation
 from metadata.errors import CasResultUnknown
@@ -130,6 +131,30 @@ async def test_an_equal_batch_id_under_another_tag_is_refused_and_the_same_tag_i
         assert (await describe_log(bk, "out")).version == info.version
         with pytest.raises(BKInterfaceError, match="commit_tag needs a commit token"):
             await append_ledgers(bk, "out", [fresh], commit_tag="query-1")
+
+
+async def test_a_ledger_another_log_lists_is_refused() -> None:
+    """A ledger in two lists: truncating (or deleting) one log deletes it, and the other can then
+    be neither read nor opened. An import names the log in the ledger's custom metadata (a log
+    writer's ledgers carry it from creation); a ledger naming another log is refused."""
+    async with world(clients=1) as w:
+        (bk,) = w.clients
+        shared = await _ledger(bk, 0, b"shared")
+        assert await append_ledgers(bk, "a", [shared]) is True
+        tagged = (await bk.open_ledger(shared)).metadata.custom_metadata
+        assert tagged[LEDGER_LOG_KEY] == b"a"
+        with pytest.raises(BKInterfaceError, match=rf"ledger {shared} belongs to log 'a'"):
+            await append_ledgers(bk, "b", [shared])
+        assert await append_ledgers(bk, "a", [shared]) is True  # a retry into its own log: listed
+
+        writer = await open_log_writer(bk, "c")
+        await writer.append(b"c-0")
+        await writer.close()
+        with pytest.raises(BKInterfaceError, match=rf"ledger {writer.ledger_id} belongs to log 'c'"):
+            await append_ledgers(bk, "b", [writer.ledger_id])
+        with pytest.raises(NoSuchLog):  # refused before anything changed
+            await describe_log(bk, "b")
+        assert [ledger.ledger_id for ledger in (await describe_log(bk, "a")).ledgers] == [shared]
 
 
 async def test_a_cursor_committed_between_a_truncations_plan_and_its_cas_is_cut_and_readers_say_so() -> None:
