@@ -25,6 +25,7 @@ from bookkeeper_aio.errors import (
 )
 from bookkeeper_aio.log._common import (
     LEDGER_LOG_KEY,
+    LostLogCas,
     cas_log,
     check_room,
     delete_ledgers,
@@ -32,6 +33,7 @@ from bookkeeper_aio.log._common import (
     log_manager,
     read_or_create,
     recover_ledgers,
+    settle_cas,
     taken_over,
 )
 from bookkeeper_aio.log.position import LogPosition, check_position
@@ -224,7 +226,9 @@ async def append_ledgers(
     `CommitTokenReused`),
     MetadataConflict (a ledger id not above every listed one: the log got a newer ledger since these
     were created), LogFull (the list has no room for them: nothing changed), NoSuchLog
-    (``create=False``), the ledger API's errors.
+    (``create=False``), CasResultUnknown (the CAS's answer was lost and the list stayed unreadable
+    past `settle_cas`'s budget: it may list the ledgers yet, so do not delete them), the ledger
+    API's errors.
     """
     if commit is not None:
         problem = importer_problem(commit[0])
@@ -299,11 +303,14 @@ async def append_ledgers(
             await cas_log(manager, proposed, current.version)
         except BadVersion:
             continue
-        except CasResultUnknown as error:
-            # Applied or not: the list read again settles it (these ledgers listed, or not and
-            # never will be, since the list moved past the version that CAS expected).
-            log.info("log.import_answer_lost", log=name, ledgers=sorted(ends), error=repr(error))
+        except LostLogCas as lost:
+            # Applied or not: the list read again once that CAS can no longer land settles it
+            # (these ledgers listed, or not and never will be). Unsettled, the caller must not
+            # delete them: the lost CAS may list them yet.
+            log.info("log.import_answer_lost", log=name, ledgers=sorted(ends), error=repr(lost))
             lost_from.append(current.metadata)
+            if await settle_cas(manager, lost) is None:
+                raise
             continue
         log.info("log.imported", log=name, ledgers=sorted(ends), commit=commit)
         await delete_spare(bk, current.metadata, password)

@@ -38,6 +38,7 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 from bookkeeper_aio import (
     BKError,
     BookKeeper,
+    CasResultUnknown,
     LedgerHandle,
     NoSuchLedger,
     NoSuchLog,
@@ -242,9 +243,11 @@ async def commit_ledgers(
     """Append the ledgers to the log in one CAS (with ``token``: exactly once per token; ``tag``:
     what produced the batch, the token's tag, `append_ledgers`'s ``commit_tag``). False: a
     replay of an already committed token (its ledgers are deleted). On a failure the ledgers the
-    log does not list are deleted and the error is raised. ``sweep`` (some task ran more than
-    once): afterwards, delete the job's ledgers the log does not list, which failed attempts
-    whose Python worker Spark killed before it could delete them left behind."""
+    log does not list are deleted and the error is raised, but for an unknown outcome
+    (`CasResultUnknown`: the CAS may list them yet), which leaves them to a later sweep.
+    ``sweep`` (some task ran more than once): afterwards, delete the job's ledgers the log does
+    not list, which failed attempts whose Python worker Spark killed before it could delete them
+    left behind."""
     if not ledger_ids and token is None:
         return True
     async with connect(spec.metadata) as bk:
@@ -266,6 +269,9 @@ async def commit_with(
         appended = await append_ledgers(
             bk, spec.log, ledger_ids, password=spec.password, commit=token, commit_tag=tag
         )
+    except CasResultUnknown:
+        # the CAS may yet list them: they stay (tagged with the job id) for a later sweep
+        raise
     except BaseException:
         await _discard_unlisted(bk, spec, ledger_ids)
         raise

@@ -210,3 +210,32 @@ async def test_a_truncation_whose_answer_and_settling_read_are_lost_deletes_what
         await writer.close()
         got = [r.payload async for r in await open_log_reader(other, "lg", password=b"pw")]
         assert got == [b"r2", b"after"]
+
+
+async def test_an_import_whose_lost_cas_cannot_be_settled_raises_it_and_its_ledgers_stay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An import's CAS answer lost and the list unreadable past the settling budget: the import
+    raises the lost CAS (its outcome unknown), never a plain unavailability that tells its caller
+    (Spark's commit) to delete the ledgers; the late CAS then lists them, and they exist."""
+    from bookkeeper_aio import append_ledgers
+    from bookkeeper_aio.log import admin as admin_module
+
+    monkeypatch.setattr(common_module, "SETTLE_RETRY_S", 0.001)
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg")
+        await writer.append(b"a")
+        await writer.close()
+        handle = await bk.create_ledger(3, 2, 2, after_ledger_id=writer.ledger_id)
+        await handle.append(b"imported")
+        await handle.close()
+        manager = _LandsLate(w.store, unreadable=1 + common_module.SETTLE_ATTEMPTS_MAX)
+        manager.armed = lambda md: handle.id in md.ledger_ids
+        monkeypatch.setattr(admin_module, "log_manager", lambda client: manager)
+        with pytest.raises(CasResultUnknown):
+            await append_ledgers(bk, "lg", [handle.id], commit=("job", 0))
+        assert manager.held is not None
+        assert await manager.land()  # the late CAS lists the ledger
+        assert await _every_listed_ledger_exists(bk, "lg") == (writer.ledger_id, handle.id)
+        assert [r.payload async for r in await open_log_reader(other, "lg")] == [b"a", b"imported"]
