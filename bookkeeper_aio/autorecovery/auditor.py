@@ -13,9 +13,10 @@ While it leads:
 - **Replaced bookies.** A bookie registered with another data dir instance than the one recorded
   in metadata (``R/replication/instances/``: any auditor, a new leader too, compares with it) lost
   what it held: its ledgers are marked (reason ``replaced``) at once, then the new one recorded.
-  Only the ledgers that list it in a fragment that existed before the new instance registered
-  (:func:`mark_replaced`): a ledger placed on the new instance has its copies there, and a mark
-  would fence its writer.
+  Only the ledgers that list it in a fragment whose copies may have been written before the new
+  instance registered (:func:`mark_replaced`: a fragment that existed then, or any fragment of a
+  ledger that was under recovery then): a ledger a writer placed on the new instance has its
+  copies there, and a mark would fence its writer.
 - **Periodic check.** Every ``check_interval_s`` every ledger is checked: for each fragment and each
   registered bookie of it, the first and the last entry that bookie should hold (its write sets) are
   read from it; a bookie that answers "no such entry/ledger", or returns a body that fails its
@@ -34,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass
 
 import structlog
 
@@ -154,25 +156,47 @@ async def mark_ledgers_on(
     return sorted(marked)
 
 
+@dataclass(frozen=True)
+class _Before:
+    """A ledger's fragments at the revision before a bookie's new registration (mark_replaced)."""
+
+    firsts: frozenset[int]
+    """The first entries of its fragments then."""
+    recovering_from: int | None
+    """IN_RECOVERY then: its last fragment's first entry (recovery's write-back may have written
+    every fragment from there on to the old data dir before its closing CAS listed them)."""
+
+    def existed(self, first: int) -> bool:
+        """Whether copies of the fragment starting at ``first`` may predate the registration."""
+        recovered = self.recovering_from is not None and first >= self.recovering_from
+        return first in self.firsts or recovered
+
+
 async def mark_replaced(
     ledgers: LedgerManager,
     urm: UnderReplicationManager,
     registered_at: Mapping[str, int | None],
 ) -> list[int]:
     """Mark (reason ``replaced``) every ledger that may have held entries on the old data dir of a
-    bookie now registered with a new one: those that list it in a fragment that existed just before
-    ``registered_at[bookie]`` (the store revision its new instance's registration was created at;
-    a fragment is known by its first entry). A ledger created after that revision, or one that
-    lists the bookie only in fragments added since (a writer's ensemble change), has every copy it
-    put there on the new data dir: marking it would fence its live writer after the grace for
-    nothing. A fragment that existed before counts even if the bookie joined it since: a worker
-    copies to a replacement *before* its CAS lists it, so that copy may have gone to the old data
-    dir. When unsure it is marked: the revision is unknown (None), or the store's history before it
-    is compacted. Returns the marked ledger ids, sorted."""
+    bookie now registered with a new one: those that list it in a fragment that may have had
+    copies written to it before ``registered_at[bookie]`` (the store revision its new instance's
+    registration was created at; a fragment is known by its first entry). Each path that writes
+    entries to a bookie, and when its fragment reaches metadata:
 
-    async def fragments_then(ledger_id: int, revision: int) -> set[int] | None:
-        """The first entries of the ledger's fragments at ``revision`` (none: it did not exist yet);
-        None: unknown."""
+    - a writer's ensemble change: after its CAS lists the new fragment. A ledger created after that
+      revision, or one that lists the bookie only in fragments a writer added since, has every copy
+      on the new data dir: marking it would fence its live writer after the grace for nothing;
+    - a worker's re-replication: *before* its CAS lists the replacement in a fragment that already
+      existed. A fragment that existed before counts even if the bookie joined it since;
+    - recovery's write-back: *before* its closing CAS adds its fragments. A ledger IN_RECOVERY at
+      the revision before counts every fragment from its then-last fragment's first entry on as
+      existing before (its recovery may have written them to the old data dir).
+
+    When unsure it is marked: the revision is unknown (None), or the store's history before it is
+    compacted. Returns the marked ledger ids, sorted."""
+
+    async def fragments_then(ledger_id: int, revision: int) -> _Before | None:
+        """The ledger's fragments at ``revision`` (none: it did not exist yet); None: unknown."""
         try:  # NoSuchLedger (deleted meanwhile) goes up: the scan skips the ledger
             then = await ledgers.read_at(ledger_id, revision)
         except (WatchCompacted, MetadataFormatError) as error:
@@ -184,11 +208,15 @@ async def mark_replaced(
                 hint="marked: it may have held entries on the old data dir",
             )
             return None
-        return set() if then is None else {first for first, _ in then.metadata.ensembles}
+        if then is None:
+            return _Before(frozenset(), None)
+        md = then.metadata
+        recovering = md.ensembles[-1][0] if md.state is LedgerState.IN_RECOVERY else None
+        return _Before(frozenset(first for first, _ in md.ensembles), recovering)
 
     async def keep(md: LedgerMetadata, listed: set[str]) -> set[str]:
         kept: set[str] = set()
-        known: dict[int, set[int] | None] = {}
+        known: dict[int, _Before | None] = {}
         for bookie in sorted(listed):
             revision = registered_at[bookie]
             if revision is None or revision <= 1:
@@ -197,8 +225,8 @@ async def mark_replaced(
             if revision not in known:
                 known[revision] = await fragments_then(md.ledger_id, revision - 1)
             then = known[revision]
-            holding = {first for first, ensemble in md.ensembles if bookie in ensemble}
-            if then is None or holding & then:
+            holding = [first for first, ensemble in md.ensembles if bookie in ensemble]
+            if then is None or any(then.existed(first) for first in holding):
                 kept.add(bookie)
         return kept
 

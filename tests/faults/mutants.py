@@ -117,11 +117,21 @@ MUTANTS = (
     Mutant(
         "replaced-unsure-unmarked",
         "bookkeeper_aio/autorecovery/auditor.py",
-        "            if then is None or holding & then:\n",
-        "            if then is not None and holding & then:\n",
+        "            if then is None or any(then.existed(first) for first in holding):\n",
+        "            if then is not None and any(then.existed(first) for first in holding):\n",
         ("tests/unit/autorecovery/test_auditor.py",),
         "the auditor leaves a ledger unmarked when it cannot tell whether a replaced bookie's old "
         "data dir held entries of it (its metadata's history compacted away)",
+    ),
+    Mutant(
+        "replaced-recovery-unmarked",
+        "bookkeeper_aio/autorecovery/auditor.py",
+        "        return first in self.firsts or recovered\n",
+        "        return first in self.firsts\n",
+        ("tests/unit/autorecovery/test_auditor.py",),
+        "the auditor leaves unmarked a ledger that was under recovery when a bookie's new data dir "
+        "registered, whose close then listed the bookie in a new fragment: recovery's write-back "
+        "may have written it to the old data dir before that CAS",
     ),
     Mutant(
         "log-open-leaves-old-ledgers-open",

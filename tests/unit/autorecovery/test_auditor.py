@@ -15,7 +15,7 @@ from bookkeeper_aio.client.bookie_client import BookiePool
 from bookkeeper_aio.client.context import ClientContext, StaticDirectory
 from metadata.bookies import BookieInfo, BookieRegistration
 from metadata.cluster import init_cluster
-from metadata.ledger_manager import LedgerManager
+from metadata.ledger_manager import LedgerManager, VersionedLedger
 from metadata.memory import MemoryStore
 from metadata.underreplication import UnderReplicationManager
 from tests.unit.autorecovery.waiting import wait_until
@@ -342,6 +342,48 @@ async def test_replaced_marks_every_ledger_listing_a_bookie_whose_registration_i
     later = (await ctx.ledgers.create(("b0", "b1"), write_quorum=2, ack_quorum=2)).ledger_id
     assert await mark_replaced(ctx.ledgers, urm, {"b0": registered}) == [first]
     assert await mark_replaced(ctx.ledgers, urm, {"b1": None}) == [first, later]
+    await ctx.pool.close()
+
+
+async def test_replaced_marks_a_ledger_whose_recovery_listed_the_bookie_after_its_registration() -> None:
+    """Recovery's write-back writes found entries to its replacement *before* its closing CAS adds
+    the fragment naming it: a ledger IN_RECOVERY just before the new registration may have such
+    copies on the old data dir, even in a fragment that did not exist then. A ledger whose recovery
+    started after the registration wrote to the new data dir only: not marked."""
+    store = MemoryStore()
+    ctx = _ctx(store)
+    urm = UnderReplicationManager(store, ROOT)
+    lm = ctx.ledgers
+
+    async def in_recovery() -> VersionedLedger:
+        created = await lm.create(("b1", "b2", "b3"), write_quorum=2, ack_quorum=2)
+        changed = created.metadata.with_ensemble_change(3, ("b1", "b2", "b4"))
+        opened = await lm.write(changed, created.version)
+        return await lm.write(opened.metadata.in_recovery(), opened.version)
+
+    async def close_onto_b0(versioned: VersionedLedger, first: int) -> None:
+        # the close CAS of a recovery whose write-back replaced b1 by b0 from entry `first` on
+        closed = versioned.metadata.with_ensemble_change(first, ("b0", "b2", "b4")).closed(9, 100)
+        await lm.write(closed, versioned.version)
+
+    recovering_then = await in_recovery()
+    in_place_then = await in_recovery()
+    open_then = await lm.create(("b1", "b2", "b3"), write_quorum=2, ack_quorum=2)
+    registered = await store.current_revision() + 1  # b0's new data dir registers now
+    await store.create(f"{ROOT}/registration-of-b0", b"x")
+    assert await store.current_revision() == registered
+    await close_onto_b0(recovering_then, 5)  # a fragment that did not exist at the registration
+    await close_onto_b0(in_place_then, 3)  # the last fragment replaced in place
+    # recovery of a ledger still open at the registration: it starts (and writes) only after it
+    started = await lm.write(open_then.metadata.in_recovery(), open_then.version)
+    await close_onto_b0(started, 5)
+    marked = await mark_replaced(lm, urm, {"b0": registered})
+    assert marked == sorted([recovering_then.ledger_id, in_place_then.ledger_id])
+    for ledger_id in marked:
+        mark = await urm.get(ledger_id)
+        assert mark is not None
+        assert (mark.missing, mark.reasons) == (("b0",), ("replaced",))
+    assert await urm.get(open_then.ledger_id) is None
     await ctx.pool.close()
 
 
