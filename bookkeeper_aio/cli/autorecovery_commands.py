@@ -423,13 +423,17 @@ async def cmd_decommission(args: argparse.Namespace) -> int:
                     f"token: pass --admin-token-file FILE (or set ${ADMIN_TOKEN_ENV}): the bookie's "
                     "admin_token_file, or <its data dir>/admin.token"
                 )
+        # a run before left it in progress (the re-run _say_in_progress asks for): its marks stand
+        resumed = bookie_id in await urm.decommissioning()
         await urm.start_decommission(bookie_id)  # never chosen as a replacement from now on
         if admin:
             try:
                 await asyncio.to_thread(_set_read_only, admin, token, True)
             except BaseException:
-                # nothing marked yet: no decommission is left behind (the bookie stays in service)
-                await urm.end_decommission(bookie_id)
+                if resumed:  # ending it would leave the marks for it naming a replacement candidate
+                    _say_in_progress(bookie_id)
+                else:  # this run started it and marked nothing yet: no decommission is left behind
+                    await urm.end_decommission(bookie_id)
                 raise
         else:
             print(

@@ -1,8 +1,9 @@
 """A ``bkaio decommission`` that fails or is interrupted leaves no bookie stuck in
 ``R/replication/decommissioning/`` (never a replacement again, its open ledgers' writers fenced):
-a failure before anything was marked ends the decommission itself; one left in progress (a
-timeout, an interrupt, a ledger that could not be healed) is finished by running the command
-again, or ended by ``bkaio decommission --cancel BOOKIE``. In process, on the memory store."""
+a failure before this run marked anything ends the decommission it started; one left in
+progress (a timeout, an interrupt, a ledger that could not be healed) is finished by running the
+command again, or ended by ``bkaio decommission --cancel BOOKIE``. In process, on the memory
+store."""
 
 from __future__ import annotations
 
@@ -71,6 +72,33 @@ async def test_a_decommission_whose_read_only_step_fails_is_ended(
         with pytest.raises(BKInterfaceError):
             await autorecovery_commands.cmd_decommission(_args(BOOKIE))
         assert await UnderReplicationManager(meta.store, meta.root).decommissioning() == set()
+    finally:
+        await registration.close()
+
+
+async def test_a_rerun_whose_read_only_step_fails_leaves_the_decommission_in_progress(
+    meta: metadata.MetadataConnection, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The re-run the command asks for after an interrupted decommission: its read-only step
+    failing must not end the decommission the first run started, whose marks still list the
+    bookie (it would be chosen as a replacement again while they move its ledgers off)."""
+    urm = UnderReplicationManager(meta.store, meta.root)
+    await urm.start_decommission(BOOKIE)  # the first run, interrupted after marking a ledger
+    await urm.mark(7, [BOOKIE], reason="decommission")
+
+    def refused(admin: str, token: str | None, read_only: bool) -> None:
+        raise BKInterfaceError("could not make the bookie read-only: timed out")
+
+    monkeypatch.setattr(autorecovery_commands, "_set_read_only", refused)
+    registration = await _registered(meta.store)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(BKInterfaceError):
+            await autorecovery_commands.cmd_decommission(_args(BOOKIE))
+        assert await urm.decommissioning() == {BOOKIE}
+        mark = await urm.get(7)
+        assert mark is not None
+        assert mark.missing == (BOOKIE,)
+        assert f"the decommission of {BOOKIE} is still in progress" in capsys.readouterr().err
     finally:
         await registration.close()
 
