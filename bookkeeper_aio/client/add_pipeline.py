@@ -169,6 +169,7 @@ class AddPipeline:
         "_metadata",
         "_metrics",
         "_next_entry_id",
+        "_on_acks",
         "_on_add",
         "_pending",
         "_pool",
@@ -232,6 +233,7 @@ class AddPipeline:
         self._explicit_lac_at: float | None = None  # when the last WRITE_LAC went out, until an add
         self._metrics: ClientMetrics | None = ctx.metrics
         self._on_add = self._on_add_result
+        self._on_acks = self._on_add_acks
         self._listener: EventListener | None = None
         self._results: AddResults | None = None
 
@@ -408,14 +410,14 @@ class AddPipeline:
         if self._metrics is not None:
             op.started = self._loop.time()
         self._pending.append(op)
-        timeout_s, on_add = self._add_timeout_s, self._on_add
+        timeout_s, on_add, on_acks = self._add_timeout_s, self._on_add, self._on_acks
         if self._failed_bookies:
             failed = self._failed_bookies
             op.sent_to = sent_to = set()
             for bookie_id in write_set:
                 if bookie_id not in failed:
                     sent_to.add(bookie_id)
-                    pool.connection(bookie_id).request(rid, frame, on_add, op, timeout_s)
+                    pool.connection(bookie_id).request(rid, frame, on_add, op, timeout_s, on_acks)
         else:
             conns = self._write_conns[index]
             if conns is None:
@@ -424,7 +426,7 @@ class AddPipeline:
                 if conn.state is _CLOSED:  # the pool replaces it: look the set up again next time
                     self._write_conns[index] = None
                     conn = pool.connection(conn.bookie_id)
-                conn.request(rid, frame, on_add, op, timeout_s)
+                conn.request(rid, frame, on_add, op, timeout_s, on_acks)
         return future
 
     def _resend(self, op: PendingAdd, bookie_id: str) -> None:
@@ -433,7 +435,9 @@ class AddPipeline:
         if type(op.sent_to) is not set:
             op.sent_to = set(op.sent_to)
         op.sent_to.add(bookie_id)
-        self._pool.connection(bookie_id).request(rid, frame, self._on_add, op, self._add_timeout_s)
+        self._pool.connection(bookie_id).request(
+            rid, frame, self._on_add, op, self._add_timeout_s, self._on_acks
+        )
 
     def _send_again(self, op: PendingAdd, bookie_id: str) -> None:
         """Send ``op`` to ``bookie_id`` again after the client's own cap on requests pending to it
@@ -452,7 +456,7 @@ class AddPipeline:
 
     # ------------------------------------------------------------------ responses
     def _on_add_result(self, op: PendingAdd, bookie_id: str, result: Result) -> None:
-        if result is ADD_OK:  # the hot path: an ack (from a bookie replaced since: not counted)
+        if result is ADD_OK:  # an ack of its own (from a bookie replaced since: not counted)
             if op.ack(bookie_id) >= self._ack_quorum and not op.quorum:
                 op.quorum = True
                 pending = self._pending
@@ -476,6 +480,16 @@ class AddPipeline:
             self._fail(error)
             return
         self._bookie_failed(bookie_id, error)
+
+    def _on_add_acks(self, ops: list[PendingAdd], bookie_id: str) -> None:
+        """``bookie_id`` acked ``ops`` (one batched answer, a journal group's): as
+        ``_on_add_result`` with ADD_OK for each, in one call."""
+        for op in AckSet.ack_each(ops, bookie_id, self._ack_quorum):
+            op.quorum = True
+        pending = self._pending
+        if pending and pending[0].quorum and not self._completing:
+            self._completing = True  # one pass once the rest of the read is counted, as above
+            self._loop.call_soon(self._complete_soon)
 
     def _complete_soon(self) -> None:
         self._completing = False

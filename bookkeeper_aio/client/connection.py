@@ -80,6 +80,12 @@ ResponseCallback = Callable[[Any, str, Result], None]
 is answered with the shared :data:`ADD_OK` (the ack was matched by request id; its ledger and
 entry ids were validated, not repeated)."""
 
+AcksCallback = Callable[[list[Any], str], None]
+"""``acks(contexts, bookie_id)``: the EOK answers of several ADD_ENTRY requests at once, those of
+one ADD_ACKS answer made with this same ``acks``, in the answer's order (one call per run of them,
+not one per request). Each such request gets this instead of ``callback(context, bookie_id,
+ADD_OK)``; anything else (a single ADD answer, a failure) still goes to its ``callback``."""
+
 ADD_OK = m.AddEntryResponse(0, 0, None, 0, 0)
 """The result of every successful ADD_ENTRY (one object, not a tuple per ack)."""
 
@@ -93,8 +99,8 @@ class ConnectionState(enum.Enum):
     CLOSED = "closed"
 
 
-# (callback, context, op of the request)
-_Pending = tuple[ResponseCallback, Any, int]
+# (callback, context, op of the request, acks callback or None)
+_Pending = tuple[ResponseCallback, Any, int, AcksCallback | None]
 _CLOSED = ConnectionState.CLOSED
 _READY = ConnectionState.READY
 _OPEN_GROUP = float("inf")
@@ -193,7 +199,7 @@ class BookieConnection(asyncio.Protocol):
     def _handshake_request(self, request_id: int, frame: bytes, callback: ResponseCallback) -> None:
         """A HELLO or AUTH request: its own deadline, written before any queued request."""
         self._rid_max = max(self._rid_max, request_id)
-        self._pending[request_id] = (callback, self, frame[5])
+        self._pending[request_id] = (callback, self, frame[5], None)
         self._timers[request_id] = self._loop.call_at(
             self._time() + self._standard_timeout_s, self._expire_one, request_id
         )
@@ -219,11 +225,18 @@ class BookieConnection(asyncio.Protocol):
             self._flush()
 
     def request(
-        self, request_id: int, frame: bytes, callback: ResponseCallback, context: Any, timeout_s: float
+        self,
+        request_id: int,
+        frame: bytes,
+        callback: ResponseCallback,
+        context: Any,
+        timeout_s: float,
+        acks: AcksCallback | None = None,
     ) -> None:
         """Send ``frame`` (a whole encoded request whose id is ``request_id``, unique among the
         requests pending on this connection; normally higher than any earlier one); exactly one
-        ``callback(context, bookie_id, result)`` follows."""
+        ``callback(context, bookie_id, result)`` follows, or for an ADD_ENTRY with ``acks``, its
+        EOK answer may come in a call of ``acks`` instead (:data:`AcksCallback`)."""
         if self.state is _CLOSED:
             error = BookieConnectionLost(f"connection to {self.bookie_id} is closed")
             error.__cause__ = self._error
@@ -249,7 +262,7 @@ class BookieConnection(asyncio.Protocol):
             )
         # Every request frame is [len:4][fixarray][op as a positive fixint]...: frame[5] is the op,
         # kept to check that the answer is for a request of that op.
-        pending[request_id] = (callback, context, frame[5])
+        pending[request_id] = (callback, context, frame[5], acks)
         out = self._out
         out.append(frame)
         self._out_bytes += len(frame)
@@ -353,19 +366,36 @@ class BookieConnection(asyncio.Protocol):
                 del buf[:pos]
 
     def _ack_adds(self, request_ids: list[int]) -> None:
-        """Complete the ADD_ENTRY requests of one ADD_ACKS response (validated by the decoder)."""
+        """Complete the ADD_ENTRY requests of one ADD_ACKS response (validated by the decoder):
+        each run of requests made with the same ``acks`` in one call of it (a journal group's adds
+        of one ledger, usually the whole answer), the others one callback each, in order."""
         if not self._add_acks:
             raise ProtocolError("ADD_ACKS without FEATURE_ADD_ACKS agreed in HELLO")
         pending, timers, bookie_id = self._pending, self._timers, self.bookie_id
-        for rid in request_ids:
-            entry = pending.pop(rid, None)
-            if entry is None:
-                continue
-            if entry[2] != _ADD:
-                self._wrong_op(rid, entry, _ADD_ACKS)
-            if timers and (timer := timers.pop(rid, None)) is not None:
-                timer.cancel()
-            entry[0](entry[1], bookie_id, ADD_OK)
+        run: AcksCallback | None = None
+        contexts: list[Any] = []
+        try:
+            for rid in request_ids:
+                entry = pending.pop(rid, None)
+                if entry is None:
+                    continue
+                if entry[2] != _ADD:
+                    self._wrong_op(rid, entry, _ADD_ACKS)
+                if timers and (timer := timers.pop(rid, None)) is not None:
+                    timer.cancel()
+                acks = entry[3]
+                if acks is not run:
+                    if contexts:  # the run before ends here
+                        done, contexts = contexts, []
+                        run(done, bookie_id)  # type: ignore[misc]
+                    run = acks
+                if acks is None:
+                    entry[0](entry[1], bookie_id, ADD_OK)
+                else:
+                    contexts.append(entry[1])
+        finally:  # popped requests get their answer even when a later id breaks the protocol
+            if contexts:
+                run(contexts, bookie_id)  # type: ignore[misc]
 
     def _wrong_op(self, request_id: int, entry: _Pending, op: int) -> NoReturn:
         """An answer of ``op`` to a request of another op: a protocol error. The request goes back
@@ -477,7 +507,7 @@ class BookieConnection(asyncio.Protocol):
         entry = self._pending.pop(request_id, None)
         if entry is None:
             return
-        callback, context, _ = entry
+        callback, context, _, _ = entry
         callback(context, self.bookie_id, BKTimeout(f"no answer from {self.bookie_id} in time"))
 
     def _shutdown(self, cause: BaseException | None, *, abort: bool) -> None:
@@ -514,7 +544,7 @@ class BookieConnection(asyncio.Protocol):
             timer.cancel()
         entries = list(pending.values())
         pending.clear()  # a data_received loop still holding the dict finds nothing to answer twice
-        for callback, context, _ in entries:
+        for callback, context, _, _ in entries:
             lost = BookieConnectionLost(f"connection to {self.bookie_id} closed with the request pending")
             lost.__cause__ = cause
             callback(context, self.bookie_id, lost)
