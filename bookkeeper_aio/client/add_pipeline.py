@@ -80,6 +80,7 @@ OVERLOADED_RETRY_S = 0.01
 
 _WRITABLE = HandleState.WRITABLE
 _CLOSED = ConnectionState.CLOSED
+_request_each = BookieConnection.request_each
 
 
 class PendingAdd(AckSet):
@@ -423,10 +424,10 @@ class AddPipeline:
             if conns is None:
                 conns = self._write_conns[index] = tuple(pool.connection(b) for b in write_set)
             for conn in conns:
-                if conn.state is _CLOSED:  # the pool replaces it: look the set up again next time
-                    self._write_conns[index] = None
-                    conn = pool.connection(conn.bookie_id)
-                conn.request(rid, frame, on_add, op, timeout_s, on_acks)
+                if conn.state is _CLOSED:  # the pool replaces it: look the set up again
+                    conns = self._write_conns[index] = tuple(pool.connection(b) for b in write_set)
+                    break
+            _request_each(conns, rid, frame, on_add, op, timeout_s, on_acks)
         return future
 
     def _resend(self, op: PendingAdd, bookie_id: str) -> None:

@@ -46,7 +46,7 @@ import asyncio
 import collections
 import enum
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import structlog
@@ -237,42 +237,60 @@ class BookieConnection(asyncio.Protocol):
         requests pending on this connection; normally higher than any earlier one); exactly one
         ``callback(context, bookie_id, result)`` follows, or for an ADD_ENTRY with ``acks``, its
         EOK answer may come in a call of ``acks`` instead (:data:`AcksCallback`)."""
-        if self.state is _CLOSED:
-            error = BookieConnectionLost(f"connection to {self.bookie_id} is closed")
-            error.__cause__ = self._error
-            self._loop.call_soon(callback, context, self.bookie_id, error)
-            return
-        pending = self._pending
-        if len(pending) >= self._pending_max:
-            overload = TooManyRequests(f"{self._pending_max} requests pending on {self.bookie_id}")
-            self._loop.call_soon(callback, context, self.bookie_id, overload)
-            return
-        if request_id > self._rid_max and timeout_s == self._standard_timeout_s:
-            self._rid_max = request_id
-            if not self._group_open:
-                self._group_open = True
-                self._marks.append([_OPEN_GROUP, request_id, 0])
-                if self._sweep is None:
-                    self._sweep = self._loop.call_later(self._sweep_interval_s, self._sweep_expired)
-        else:  # a long poll, or an id below one already sent: grouping would misorder the sweep
-            if request_id > self._rid_max:
-                self._rid_max = request_id
-            self._timers[request_id] = self._loop.call_at(
-                self._time() + timeout_s, self._expire_one, request_id
-            )
+        BookieConnection.request_each((self,), request_id, frame, callback, context, timeout_s, acks)
+
+    @staticmethod
+    def request_each(
+        conns: Iterable[BookieConnection],
+        request_id: int,
+        frame: bytes,
+        callback: ResponseCallback,
+        context: Any,
+        timeout_s: float,
+        acks: AcksCallback | None = None,
+    ) -> None:
+        """:meth:`request` of the same request on each of ``conns``, in one call (an add's write
+        set: one request id and one frame for all of them, one Python call per add, not per
+        bookie)."""
         # Every request frame is [len:4][fixarray][op as a positive fixint]...: frame[5] is the op,
         # kept to check that the answer is for a request of that op.
-        pending[request_id] = (callback, context, frame[5], acks)
-        out = self._out
-        out.append(frame)
-        self._out_bytes += len(frame)
-        if (
-            self._out_bytes >= self._write_eager_bytes or len(out) >= self._write_eager_frames
-        ) and self._transport is not None:
-            self._write_out()  # a large burst: the bookie starts on it while we build the rest
-        elif not self._flush_scheduled and self._transport is not None:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        entry = (callback, context, frame[5], acks)
+        size = len(frame)
+        for conn in conns:
+            if conn.state is _CLOSED:
+                error = BookieConnectionLost(f"connection to {conn.bookie_id} is closed")
+                error.__cause__ = conn._error
+                conn._loop.call_soon(callback, context, conn.bookie_id, error)
+                continue
+            pending = conn._pending
+            if len(pending) >= conn._pending_max:
+                overload = TooManyRequests(f"{conn._pending_max} requests pending on {conn.bookie_id}")
+                conn._loop.call_soon(callback, context, conn.bookie_id, overload)
+                continue
+            if request_id > conn._rid_max and timeout_s == conn._standard_timeout_s:
+                conn._rid_max = request_id
+                if not conn._group_open:
+                    conn._group_open = True
+                    conn._marks.append([_OPEN_GROUP, request_id, 0])
+                    if conn._sweep is None:
+                        conn._sweep = conn._loop.call_later(conn._sweep_interval_s, conn._sweep_expired)
+            else:  # a long poll, or an id below one already sent: grouping would misorder the sweep
+                if request_id > conn._rid_max:
+                    conn._rid_max = request_id
+                conn._timers[request_id] = conn._loop.call_at(
+                    conn._time() + timeout_s, conn._expire_one, request_id
+                )
+            pending[request_id] = entry
+            out = conn._out
+            out.append(frame)
+            conn._out_bytes += size
+            if (
+                conn._out_bytes >= conn._write_eager_bytes or len(out) >= conn._write_eager_frames
+            ) and conn._transport is not None:
+                conn._write_out()  # a large burst: the bookie starts on it while we build the rest
+            elif not conn._flush_scheduled and conn._transport is not None:
+                conn._flush_scheduled = True
+                conn._loop.call_soon(conn._flush)
 
     def forget(self, request_id: int) -> None:
         """Drop a pending request without calling its callback (its answer will be ignored)."""
