@@ -9,7 +9,10 @@ Rules (docs/internals.md §6 for the performance choices):
 - No Future per request: the caller registers ``callback(context, bookie_id, result)``; ``result``
   is the decoded response (any status) or a :class:`BKError` the connection produced (timeout, loss).
   Callbacks are never called re-entrantly from :meth:`request`; failures discovered there are
-  delivered on the next loop iteration.
+  delivered on the next loop iteration. An add may also register ``acks``
+  (:data:`AcksCallback`): an ADD_ACKS answer's adds of one ``acks`` come in one call of it, one
+  per ledger and answer rather than one per add. An add's write set is registered in one call
+  (:meth:`BookieConnection.request_each`).
 - Frames queued in one event-loop tick go out in one ``transport.write`` (coalescing is worth 2.4x).
 - Every request has a deadline. Requests with the connection's standard timeout carry no
   per-request state for it: they are grouped by the write tick that sends them (one mark per
