@@ -34,7 +34,7 @@ import collections
 class AddBudget:
     """Permits for adds in flight across one client's ledger handles."""
 
-    __slots__ = ("_live", "_waiters", "in_flight", "limit")
+    __slots__ = ("_live", "_waiters", "in_flight", "limit", "open_limit")
 
     def __init__(self, limit: int) -> None:
         if limit <= 0:
@@ -44,6 +44,9 @@ class AddBudget:
         """Permits taken (by adds in flight, and by waiters woken but not yet run)."""
         self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
         self._live = 0  # waiters in the queue not done yet
+        self.open_limit = limit
+        """``limit`` while nobody waits, 0 while anyone does: an append may take a permit without
+        waiting iff ``in_flight < open_limit`` (:meth:`free`, as one comparison on the add path)."""
 
     @property
     def waiting(self) -> int:
@@ -52,7 +55,7 @@ class AddBudget:
 
     def free(self) -> bool:
         """Whether an append may take a permit now without waiting."""
-        return self.in_flight < self.limit and not self._live
+        return self.in_flight < self.open_limit
 
     def release(self, count: int) -> None:
         """``count`` adds left flight: their permits go to the oldest waiters first."""
@@ -67,6 +70,8 @@ class AddBudget:
                 self._live -= 1
                 self.in_flight += 1
                 waiter.set_result(True)
+        if not self._live:
+            self.open_limit = self.limit
 
     async def wait(self, waiter: asyncio.Future[bool]) -> bool:
         """Queue ``waiter`` and wait until it holds a permit (True) or is refused (False). The
@@ -74,6 +79,7 @@ class AddBudget:
         given a permit: the permit goes back."""
         self._waiters.append(waiter)
         self._live += 1
+        self.open_limit = 0
         try:
             return await waiter
         except asyncio.CancelledError:
@@ -95,3 +101,4 @@ class AddBudget:
         self._live -= 1
         if not self._live:
             self._waiters.clear()  # only done ones are left
+            self.open_limit = self.limit

@@ -80,6 +80,7 @@ OVERLOADED_RETRY_S = 0.01
 
 _WRITABLE = HandleState.WRITABLE
 _CLOSED = ConnectionState.CLOSED
+_request_each = BookieConnection.request_each
 
 
 class PendingAdd(AckSet):
@@ -169,6 +170,7 @@ class AddPipeline:
         "_metadata",
         "_metrics",
         "_next_entry_id",
+        "_on_acks",
         "_on_add",
         "_pending",
         "_pool",
@@ -232,6 +234,7 @@ class AddPipeline:
         self._explicit_lac_at: float | None = None  # when the last WRITE_LAC went out, until an add
         self._metrics: ClientMetrics | None = ctx.metrics
         self._on_add = self._on_add_result
+        self._on_acks = self._on_add_acks
         self._listener: EventListener | None = None
         self._results: AddResults | None = None
 
@@ -262,7 +265,7 @@ class AddPipeline:
             and len(payload) <= self._entry_bytes_max
             and not self._slot_waiters
             and len(self._pending) + self._slots_reserved < self._window
-            and self._budget.free()
+            and self._budget.in_flight < self._budget.open_limit  # AddBudget.free() without a call
         ):
             future = self._start_add(payload)
         else:
@@ -276,7 +279,7 @@ class AddPipeline:
         if (
             self._slot_waiters
             or len(self._pending) + self._slots_reserved >= self._window
-            or not self._budget.free()
+            or self._budget.in_flight >= self._budget.open_limit  # not AddBudget.free()
         ):
             return None
         self._check_writable()
@@ -301,7 +304,7 @@ class AddPipeline:
                 await self._wait_for_slot()
                 slot = True
                 self._check_writable()
-            if not self._budget.free():
+            if self._budget.in_flight >= self._budget.open_limit:  # not AddBudget.free()
                 permit = await self._wait_for_permit()
         except BaseException:
             if slot:  # unused: pass it on
@@ -408,23 +411,23 @@ class AddPipeline:
         if self._metrics is not None:
             op.started = self._loop.time()
         self._pending.append(op)
-        timeout_s, on_add = self._add_timeout_s, self._on_add
+        timeout_s, on_add, on_acks = self._add_timeout_s, self._on_add, self._on_acks
         if self._failed_bookies:
             failed = self._failed_bookies
             op.sent_to = sent_to = set()
             for bookie_id in write_set:
                 if bookie_id not in failed:
                     sent_to.add(bookie_id)
-                    pool.connection(bookie_id).request(rid, frame, on_add, op, timeout_s)
+                    pool.connection(bookie_id).request(rid, frame, on_add, op, timeout_s, on_acks)
         else:
             conns = self._write_conns[index]
             if conns is None:
                 conns = self._write_conns[index] = tuple(pool.connection(b) for b in write_set)
             for conn in conns:
-                if conn.state is _CLOSED:  # the pool replaces it: look the set up again next time
-                    self._write_conns[index] = None
-                    conn = pool.connection(conn.bookie_id)
-                conn.request(rid, frame, on_add, op, timeout_s)
+                if conn.state is _CLOSED:  # the pool replaces it: look the set up again
+                    conns = self._write_conns[index] = tuple(pool.connection(b) for b in write_set)
+                    break
+            _request_each(conns, rid, frame, on_add, op, timeout_s, on_acks)
         return future
 
     def _resend(self, op: PendingAdd, bookie_id: str) -> None:
@@ -433,7 +436,9 @@ class AddPipeline:
         if type(op.sent_to) is not set:
             op.sent_to = set(op.sent_to)
         op.sent_to.add(bookie_id)
-        self._pool.connection(bookie_id).request(rid, frame, self._on_add, op, self._add_timeout_s)
+        self._pool.connection(bookie_id).request(
+            rid, frame, self._on_add, op, self._add_timeout_s, self._on_acks
+        )
 
     def _send_again(self, op: PendingAdd, bookie_id: str) -> None:
         """Send ``op`` to ``bookie_id`` again after the client's own cap on requests pending to it
@@ -452,7 +457,7 @@ class AddPipeline:
 
     # ------------------------------------------------------------------ responses
     def _on_add_result(self, op: PendingAdd, bookie_id: str, result: Result) -> None:
-        if result is ADD_OK:  # the hot path: an ack (from a bookie replaced since: not counted)
+        if result is ADD_OK:  # an ack of its own (from a bookie replaced since: not counted)
             if op.ack(bookie_id) >= self._ack_quorum and not op.quorum:
                 op.quorum = True
                 pending = self._pending
@@ -477,6 +482,16 @@ class AddPipeline:
             return
         self._bookie_failed(bookie_id, error)
 
+    def _on_add_acks(self, ops: list[PendingAdd], bookie_id: str) -> None:
+        """``bookie_id`` acked ``ops`` (one batched answer, a journal group's): as
+        ``_on_add_result`` with ADD_OK for each, in one call."""
+        for op in AckSet.ack_each(ops, bookie_id, self._ack_quorum):
+            op.quorum = True
+        pending = self._pending
+        if pending and pending[0].quorum and not self._completing:
+            self._completing = True  # one pass once the rest of the read is counted, as above
+            self._loop.call_soon(self._complete_soon)
+
     def _complete_soon(self) -> None:
         self._completing = False
         self._complete_ready()
@@ -500,9 +515,12 @@ class AddPipeline:
             op = pending.popleft()
             self._lac = op.entry_id
             self._length_confirmed = op.length
-            if not op.future.done():
-                # an adapted handle's futures carry what ``results.ok`` makes (typed int for the rest)
+            # an adapted handle's futures carry what ``results.ok`` makes (typed int for the rest);
+            # try, not contextlib.suppress (two calls per add) nor future.done() (one)
+            try:  # noqa: SIM105
                 op.future.set_result(op.entry_id if results is None else results.ok(self._id, op.entry_id))  # type: ignore[arg-type]
+            except asyncio.InvalidStateError:
+                pass  # its caller cancelled it: the add completed all the same
             if metrics is not None:
                 metrics.add_completed(now - op.started)
             if listener is not None:

@@ -74,6 +74,12 @@ def check(response: m.Response) -> m.Response:
     return response
 
 
+def request_ids(first: int = 1, last: int = REQUEST_ID_MAX) -> Callable[[], int]:
+    """A counter of request ids: ``first`` .. ``last``, then from ``first`` again (2^64 requests
+    are not in a process's lifetime), each call the next; in C, no Python frame per add."""
+    return itertools.chain.from_iterable(itertools.repeat(range(first, last + 1))).__next__
+
+
 def _set_future(future: asyncio.Future[Result], bookie_id: str, result: Result) -> None:
     if not future.done():
         future.set_result(result)
@@ -89,7 +95,8 @@ class BookiePool:
         self._retry_at_s: dict[str, float] = {}
         self._refused: dict[str, Unauthorized] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._ids = itertools.count(1)
+        self.next_request_id = request_ids()
+        """A new request id (unique per pool, hence per connection) per call."""
         self._closed = False
         self._auth = provider_for(config)
         self._tls = None
@@ -107,13 +114,6 @@ class BookiePool:
     @property
     def resolver(self) -> AddressResolver:
         return self._resolver
-
-    def next_request_id(self) -> int:
-        rid = next(self._ids)
-        if rid > REQUEST_ID_MAX:  # 2^64 requests: not in this process's lifetime
-            self._ids = itertools.count(1)
-            rid = next(self._ids)
-        return rid
 
     def connection(self, bookie_id: str) -> BookieConnection:
         conn = self._connections.get(bookie_id)

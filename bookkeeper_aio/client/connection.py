@@ -9,7 +9,10 @@ Rules (docs/internals.md §6 for the performance choices):
 - No Future per request: the caller registers ``callback(context, bookie_id, result)``; ``result``
   is the decoded response (any status) or a :class:`BKError` the connection produced (timeout, loss).
   Callbacks are never called re-entrantly from :meth:`request`; failures discovered there are
-  delivered on the next loop iteration.
+  delivered on the next loop iteration. An add may also register ``acks``
+  (:data:`AcksCallback`): an ADD_ACKS answer's adds of one ``acks`` come in one call of it, one
+  per ledger and answer rather than one per add. An add's write set is registered in one call
+  (:meth:`BookieConnection.request_each`).
 - Frames queued in one event-loop tick go out in one ``transport.write`` (coalescing is worth 2.4x).
 - Every request has a deadline. Requests with the connection's standard timeout carry no
   per-request state for it: they are grouped by the write tick that sends them (one mark per
@@ -46,7 +49,7 @@ import asyncio
 import collections
 import enum
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import structlog
@@ -80,6 +83,12 @@ ResponseCallback = Callable[[Any, str, Result], None]
 is answered with the shared :data:`ADD_OK` (the ack was matched by request id; its ledger and
 entry ids were validated, not repeated)."""
 
+AcksCallback = Callable[[list[Any], str], None]
+"""``acks(contexts, bookie_id)``: the EOK answers of several ADD_ENTRY requests at once, those of
+one ADD_ACKS answer made with this same ``acks``, in the answer's order (one call per run of them,
+not one per request). Each such request gets this instead of ``callback(context, bookie_id,
+ADD_OK)``; anything else (a single ADD answer, a failure) still goes to its ``callback``."""
+
 ADD_OK = m.AddEntryResponse(0, 0, None, 0, 0)
 """The result of every successful ADD_ENTRY (one object, not a tuple per ack)."""
 
@@ -93,8 +102,8 @@ class ConnectionState(enum.Enum):
     CLOSED = "closed"
 
 
-# (callback, context, op of the request)
-_Pending = tuple[ResponseCallback, Any, int]
+# (callback, context, op of the request, acks callback or None)
+_Pending = tuple[ResponseCallback, Any, int, AcksCallback | None]
 _CLOSED = ConnectionState.CLOSED
 _READY = ConnectionState.READY
 _OPEN_GROUP = float("inf")
@@ -193,7 +202,7 @@ class BookieConnection(asyncio.Protocol):
     def _handshake_request(self, request_id: int, frame: bytes, callback: ResponseCallback) -> None:
         """A HELLO or AUTH request: its own deadline, written before any queued request."""
         self._rid_max = max(self._rid_max, request_id)
-        self._pending[request_id] = (callback, self, frame[5])
+        self._pending[request_id] = (callback, self, frame[5], None)
         self._timers[request_id] = self._loop.call_at(
             self._time() + self._standard_timeout_s, self._expire_one, request_id
         )
@@ -219,47 +228,72 @@ class BookieConnection(asyncio.Protocol):
             self._flush()
 
     def request(
-        self, request_id: int, frame: bytes, callback: ResponseCallback, context: Any, timeout_s: float
+        self,
+        request_id: int,
+        frame: bytes,
+        callback: ResponseCallback,
+        context: Any,
+        timeout_s: float,
+        acks: AcksCallback | None = None,
     ) -> None:
         """Send ``frame`` (a whole encoded request whose id is ``request_id``, unique among the
         requests pending on this connection; normally higher than any earlier one); exactly one
-        ``callback(context, bookie_id, result)`` follows."""
-        if self.state is _CLOSED:
-            error = BookieConnectionLost(f"connection to {self.bookie_id} is closed")
-            error.__cause__ = self._error
-            self._loop.call_soon(callback, context, self.bookie_id, error)
-            return
-        pending = self._pending
-        if len(pending) >= self._pending_max:
-            overload = TooManyRequests(f"{self._pending_max} requests pending on {self.bookie_id}")
-            self._loop.call_soon(callback, context, self.bookie_id, overload)
-            return
-        if request_id > self._rid_max and timeout_s == self._standard_timeout_s:
-            self._rid_max = request_id
-            if not self._group_open:
-                self._group_open = True
-                self._marks.append([_OPEN_GROUP, request_id, 0])
-                if self._sweep is None:
-                    self._sweep = self._loop.call_later(self._sweep_interval_s, self._sweep_expired)
-        else:  # a long poll, or an id below one already sent: grouping would misorder the sweep
-            if request_id > self._rid_max:
-                self._rid_max = request_id
-            self._timers[request_id] = self._loop.call_at(
-                self._time() + timeout_s, self._expire_one, request_id
-            )
+        ``callback(context, bookie_id, result)`` follows, or for an ADD_ENTRY with ``acks``, its
+        EOK answer may come in a call of ``acks`` instead (:data:`AcksCallback`)."""
+        BookieConnection.request_each((self,), request_id, frame, callback, context, timeout_s, acks)
+
+    @staticmethod
+    def request_each(
+        conns: Iterable[BookieConnection],
+        request_id: int,
+        frame: bytes,
+        callback: ResponseCallback,
+        context: Any,
+        timeout_s: float,
+        acks: AcksCallback | None = None,
+    ) -> None:
+        """:meth:`request` of the same request on each of ``conns``, in one call (an add's write
+        set: one request id and one frame for all of them, one Python call per add, not per
+        bookie)."""
         # Every request frame is [len:4][fixarray][op as a positive fixint]...: frame[5] is the op,
         # kept to check that the answer is for a request of that op.
-        pending[request_id] = (callback, context, frame[5])
-        out = self._out
-        out.append(frame)
-        self._out_bytes += len(frame)
-        if (
-            self._out_bytes >= self._write_eager_bytes or len(out) >= self._write_eager_frames
-        ) and self._transport is not None:
-            self._write_out()  # a large burst: the bookie starts on it while we build the rest
-        elif not self._flush_scheduled and self._transport is not None:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        entry = (callback, context, frame[5], acks)
+        size = len(frame)
+        for conn in conns:
+            if conn.state is _CLOSED:
+                error = BookieConnectionLost(f"connection to {conn.bookie_id} is closed")
+                error.__cause__ = conn._error
+                conn._loop.call_soon(callback, context, conn.bookie_id, error)
+                continue
+            pending = conn._pending
+            if len(pending) >= conn._pending_max:
+                overload = TooManyRequests(f"{conn._pending_max} requests pending on {conn.bookie_id}")
+                conn._loop.call_soon(callback, context, conn.bookie_id, overload)
+                continue
+            if request_id > conn._rid_max and timeout_s == conn._standard_timeout_s:
+                conn._rid_max = request_id
+                if not conn._group_open:
+                    conn._group_open = True
+                    conn._marks.append([_OPEN_GROUP, request_id, 0])
+                    if conn._sweep is None:
+                        conn._sweep = conn._loop.call_later(conn._sweep_interval_s, conn._sweep_expired)
+            else:  # a long poll, or an id below one already sent: grouping would misorder the sweep
+                if request_id > conn._rid_max:
+                    conn._rid_max = request_id
+                conn._timers[request_id] = conn._loop.call_at(
+                    conn._time() + timeout_s, conn._expire_one, request_id
+                )
+            pending[request_id] = entry
+            out = conn._out
+            out.append(frame)
+            conn._out_bytes += size
+            if (
+                conn._out_bytes >= conn._write_eager_bytes or len(out) >= conn._write_eager_frames
+            ) and conn._transport is not None:
+                conn._write_out()  # a large burst: the bookie starts on it while we build the rest
+            elif not conn._flush_scheduled and conn._transport is not None:
+                conn._flush_scheduled = True
+                conn._loop.call_soon(conn._flush)
 
     def forget(self, request_id: int) -> None:
         """Drop a pending request without calling its callback (its answer will be ignored)."""
@@ -353,19 +387,36 @@ class BookieConnection(asyncio.Protocol):
                 del buf[:pos]
 
     def _ack_adds(self, request_ids: list[int]) -> None:
-        """Complete the ADD_ENTRY requests of one ADD_ACKS response (validated by the decoder)."""
+        """Complete the ADD_ENTRY requests of one ADD_ACKS response (validated by the decoder):
+        each run of requests made with the same ``acks`` in one call of it (a journal group's adds
+        of one ledger, usually the whole answer), the others one callback each, in order."""
         if not self._add_acks:
             raise ProtocolError("ADD_ACKS without FEATURE_ADD_ACKS agreed in HELLO")
         pending, timers, bookie_id = self._pending, self._timers, self.bookie_id
-        for rid in request_ids:
-            entry = pending.pop(rid, None)
-            if entry is None:
-                continue
-            if entry[2] != _ADD:
-                self._wrong_op(rid, entry, _ADD_ACKS)
-            if timers and (timer := timers.pop(rid, None)) is not None:
-                timer.cancel()
-            entry[0](entry[1], bookie_id, ADD_OK)
+        run: AcksCallback | None = None
+        contexts: list[Any] = []
+        try:
+            for rid in request_ids:
+                entry = pending.pop(rid, None)
+                if entry is None:
+                    continue
+                if entry[2] != _ADD:
+                    self._wrong_op(rid, entry, _ADD_ACKS)
+                if timers and (timer := timers.pop(rid, None)) is not None:
+                    timer.cancel()
+                acks = entry[3]
+                if acks is not run:
+                    if contexts:  # the run before ends here
+                        done, contexts = contexts, []
+                        run(done, bookie_id)  # type: ignore[misc]
+                    run = acks
+                if acks is None:
+                    entry[0](entry[1], bookie_id, ADD_OK)
+                else:
+                    contexts.append(entry[1])
+        finally:  # popped requests get their answer even when a later id breaks the protocol
+            if contexts:
+                run(contexts, bookie_id)  # type: ignore[misc]
 
     def _wrong_op(self, request_id: int, entry: _Pending, op: int) -> NoReturn:
         """An answer of ``op`` to a request of another op: a protocol error. The request goes back
@@ -477,7 +528,7 @@ class BookieConnection(asyncio.Protocol):
         entry = self._pending.pop(request_id, None)
         if entry is None:
             return
-        callback, context, _ = entry
+        callback, context, _, _ = entry
         callback(context, self.bookie_id, BKTimeout(f"no answer from {self.bookie_id} in time"))
 
     def _shutdown(self, cause: BaseException | None, *, abort: bool) -> None:
@@ -514,7 +565,7 @@ class BookieConnection(asyncio.Protocol):
             timer.cancel()
         entries = list(pending.values())
         pending.clear()  # a data_received loop still holding the dict finds nothing to answer twice
-        for callback, context, _ in entries:
+        for callback, context, _, _ in entries:
             lost = BookieConnectionLost(f"connection to {self.bookie_id} closed with the request pending")
             lost.__cause__ = cause
             callback(context, self.bookie_id, lost)

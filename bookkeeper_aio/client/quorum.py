@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from typing import TypeVar
 
 
 class DistributionSchedule:
@@ -81,6 +82,9 @@ def schedule_of(ensemble_size: int, write_quorum: int, ack_quorum: int) -> Distr
     return DistributionSchedule(ensemble_size, write_quorum, ack_quorum)
 
 
+_A = TypeVar("_A", bound="AckSet")
+
+
 class AckSet:
     """The bookies of one entry's write set that acked it: bit ``i`` of ``acked`` is
     ``write_set[i]`` (a bitmask: no allocation per ack on the add hot path). Subclassed by the
@@ -102,6 +106,22 @@ class AckSet:
         acked = self.acked | (1 << position)
         self.acked = acked
         return acked.bit_count()
+
+    @staticmethod
+    def ack_each(acksets: Iterable[_A], bookie_id: str, quorum: int) -> list[_A]:
+        """:meth:`ack` of ``bookie_id`` on each of ``acksets`` in one call (the acks of one
+        batched answer); returns those that have ``quorum`` or more acks now, in order."""
+        reached = []
+        for ackset in acksets:
+            try:
+                position = ackset.write_set.index(bookie_id)
+            except ValueError:
+                continue  # replaced since the send: not counted
+            acked = ackset.acked | (1 << position)
+            ackset.acked = acked
+            if acked.bit_count() >= quorum:
+                reached.append(ackset)
+        return reached
 
     @property
     def count(self) -> int:

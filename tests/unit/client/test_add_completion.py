@@ -93,3 +93,35 @@ async def test_a_bookie_failure_in_the_same_burst_completes_the_adds_that_had_th
     assert lh.last_add_confirmed == 4
     assert ("ensemble_change.started", 4) in events
     lh.abort()
+
+
+async def test_batched_acks_complete_in_entry_order_and_count_only_write_set_members(
+    bk: BookKeeper, cluster: FakeCluster
+) -> None:
+    """``_on_add_acks`` (one ADD_ACKS answer's adds of this ledger): a bookie's ack counts for the
+    entries whose write set holds it, and none for the others."""
+    lh, futures, ops = await _unanswered_adds(bk, cluster)
+    ensemble = lh.metadata.current_ensemble
+    lh._on_add_acks(ops, ensemble[0])  # counts for the entries of the write sets holding it only
+    assert [op.acked.bit_count() for op in ops] == [int(ensemble[0] in op.write_set) for op in ops]
+    for bookie_id in reversed(ensemble[1:]):
+        lh._on_add_acks(ops, bookie_id)
+    assert not any(f.done() for f in futures)  # one pass, once the read's acks are counted
+    assert await asyncio.gather(*futures) == list(range(ENTRIES))
+    assert [op.acked.bit_count() for op in ops] == [2] * ENTRIES
+    assert lh.last_add_confirmed == ENTRIES - 1
+    lh.abort()
+
+
+async def test_an_add_whose_caller_cancelled_its_future_still_completes_in_order(
+    bk: BookKeeper, cluster: FakeCluster
+) -> None:
+    lh, futures, ops = await _unanswered_adds(bk, cluster)
+    futures[2].cancel()
+    _ack_to_quorum(lh, ops)
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    assert isinstance(results[2], asyncio.CancelledError)
+    assert results[:2] + results[3:] == [0, 1, 3, 4, 5, 6, 7]
+    assert lh.last_add_confirmed == ENTRIES - 1
+    assert not lh._pending
+    lh.abort()

@@ -211,3 +211,40 @@ async def test_connection__close_aborts_when_the_bookie_does_not_take_what_was_s
         assert all(isinstance(r, BookieConnectionLost) for r in failed)
         for writer in held:
             writer.close()
+
+
+def test_request_ids__count_up_then_start_again_from_the_first() -> None:
+    from bookkeeper_aio.client.bookie_client import request_ids
+
+    ids = request_ids(1, 3)
+    assert [ids() for _ in range(7)] == [1, 2, 3, 1, 2, 3, 1]
+    ids = request_ids()
+    assert (ids(), ids()) == (1, 2)
+
+
+async def test_connection__request_each_sends_one_frame_to_each_and_fails_only_on_a_closed_one() -> None:
+    """An add's write set in one call: the open connections queue the frame under the one request
+    id; a closed one answers its callback with BookieConnectionLost on the next tick, never inline."""
+    from bookkeeper_aio.client.connection import BookieConnection
+
+    def conn(name: str) -> tuple[BookieConnection, _RecordingTransport]:
+        c = BookieConnection(name, standard_timeout_s=1.0, pending_max=10, frame_bytes_max=1 << 20)
+        transport = _RecordingTransport()
+        c.connection_made(transport)  # type: ignore[arg-type]
+        return c, transport
+
+    (a, ta), (b, tb), (c, tc) = conn("a"), conn("b"), conn("c")
+    b.abort()
+    results: list[tuple[str, Result]] = []
+    frame = m.encode(_info(5))
+    BookieConnection.request_each((a, b, c), 5, frame, lambda _c, bid, r: results.append((bid, r)), None, 1.0)
+    assert results == []
+    await asyncio.sleep(0)
+    assert [bid for bid, _ in results] == ["b"]
+    assert isinstance(results[0][1], BookieConnectionLost)
+    assert ta.writes == [frame]
+    assert tc.writes == [frame]
+    assert tb.writes == []
+    assert a.pending_count == c.pending_count == 1
+    a.abort()
+    c.abort()
