@@ -52,7 +52,9 @@ async def serve(config: BookieConfig) -> int:
     )
     catalog = (
         MetadataCatalog(
-            config.metadata, cluster_id=functools.partial(read_cluster_binding, OS_FILE_IO, config.data_dir)
+            config.metadata,
+            cluster_id=functools.partial(read_cluster_binding, OS_FILE_IO, config.data_dir),
+            scan_ledgers_per_s=config.gc_over_replicated_scan_ledgers_per_s,
         )
         if config.metadata
         else None

@@ -248,6 +248,12 @@ class BookieConfig:
         "of a heal whose metadata update failed); each is collected once two checks found it so, "
         "under its replication lock. 0 = never.",
     )
+    gc_over_replicated_scan_ledgers_per_s: float = _key(
+        5000.0,
+        "Pace of the over-replication check's scan of the ledgers' metadata (whole values, read a "
+        "page of 1,000 at a time), so the bookies' daily scans leave etcd to the clients; 0 = "
+        "unpaced.",
+    )
     compaction_threshold: float = _key(
         0.5,
         "Journal segments whose live bytes fall below this fraction of their size are compacted "
@@ -304,6 +310,7 @@ class BookieConfig:
             "gc_deleted_ledger_grace_s",
             "gc_future_ledger_grace_s",
             "gc_over_replicated_interval_s",
+            "gc_over_replicated_scan_ledgers_per_s",
             "compaction_roll_dead_bytes",
         ):
             if getattr(config, name) < 0:

@@ -195,9 +195,14 @@ class MetadataCatalog:
         connect: Callable[[str], Any] = metadata.connect,
         *,
         cluster_id: Callable[[], str | None],
+        scan_ledgers_per_s: float = 0.0,
     ) -> None:
         self._url = url
         self._cluster_id = cluster_id
+        self._scan_ledgers_per_s = scan_ledgers_per_s
+        """Pace of :meth:`replica_states`' listings (whole values): unpaced, three bookies started
+        together scanned 700,000 ledgers at once, and etcd, busy with them, kept new ledgers' key
+        lookups (their first adds) past the clients' add timeout. 0 = unpaced."""
         self._connect = connect  # tests pass the in-memory store's
         self._connection: Any = None
         self._manager: metadata.LedgerManager | None = None
@@ -339,7 +344,12 @@ class MetadataCatalog:
             marked.add(mark.ledger_id)
         manager = metadata.LedgerManager(conn.store, conn.root)
         i, count = 0, len(ledger_ids)
+        loop, pace = asyncio.get_running_loop(), self._scan_ledgers_per_s
+        started, listed = loop.time(), 0
         while i < count:
+            if pace > 0 and (ahead := started + listed / pace - loop.time()) > 0:
+                await asyncio.sleep(ahead)
+            listed += METADATA_PAGE
             # A listing from the next ledger held here: where they are dense (they mostly are),
             # one listing covers a page of them; where sparse, one per ledger at worst.
             first = ledger_ids[i]
@@ -393,7 +403,12 @@ class MetadataCatalog:
         await self._check_cluster(conn)  # another cluster's "no such ledger" would clear limbo
         manager = metadata.LedgerManager(conn.store, conn.root)
         i, count = 0, len(ledger_ids)
+        loop, pace = asyncio.get_running_loop(), self._scan_ledgers_per_s
+        started, listed = loop.time(), 0
         while i < count:
+            if pace > 0 and (ahead := started + listed / pace - loop.time()) > 0:
+                await asyncio.sleep(ahead)
+            listed += METADATA_PAGE
             first = ledger_ids[i]
             undecodable: list[int] = []  # left out: neither deleted nor settled
             page = await manager.read_page(

@@ -5,6 +5,7 @@ in."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
@@ -270,6 +271,30 @@ async def test_metadata_catalog_scans_in_pages_and_decodes_only_possible_replace
     assert await catalog.replica_state(ids[0], ME) == states[ids[0]]  # the same judgement, one by one
     assert [s async for s in catalog.replica_states([], ME)] == []
     await catalog.close()
+
+
+async def test_metadata_catalog_paces_its_scan() -> None:
+    """`scan_ledgers_per_s` spreads the listings (a page of `METADATA_PAGE` each) over time: 3,000
+    ledgers at 20,000 a second take three listings 50 ms apart; unpaced they follow at once."""
+    store = metadata.MemoryStore()
+    await metadata.init_cluster(store, "/test", instance_id=CLUSTER)
+    manager = metadata.LedgerManager(store, "/test")
+    held = [
+        (await manager.create([ME, "b2"], write_quorum=2, ack_quorum=2)).metadata.ledger_id
+        for _ in range(3000)
+    ]
+    loop = asyncio.get_running_loop()
+    took = {}
+    for pace in (0.0, 20_000.0):
+        catalog = memory_catalog(store)
+        catalog._scan_ledgers_per_s = pace
+        started = loop.time()
+        pages = [page async for page in catalog.replica_states(held, ME)]
+        took[pace] = loop.time() - started
+        assert pages == []  # every ledger lists this bookie
+        await catalog.close()
+    assert took[20_000.0] >= 0.1
+    assert took[20_000.0] - took[0.0] >= 0.09
 
 
 async def test_a_lock_held_too_long_forgets_nothing(tmp_path: Path) -> None:
