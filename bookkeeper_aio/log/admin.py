@@ -99,17 +99,20 @@ async def list_logs(bk: BookKeeper) -> list[str]:
 
 
 async def delete_log(bk: BookKeeper, name: str, *, password: bytes = b"") -> None:
-    """Fence the log's writer (recover its last two ledgers), delete its cursors, remove the log,
-    then delete its ledgers. The key is deleted at the version whose last ledgers were fenced: if
-    the list changed meanwhile (a roll, a new writer), its new last ledgers are fenced first. A
-    delete whose answer was lost is settled by reading the log back: gone (or a new log of that
-    name, created since: another ``ctime_ms``), the delete applied and the ledgers of the list it
-    was issued for are deleted; still there, it is tried again. A crash after the key's delete
-    leaves the ledgers outside every log; a cursor committed while the log was being deleted is
-    cleared when a log of that name is created again. Raises NoSuchLog, MetadataConflict (the list
+    """Fence the log's writer (recover its last two ledgers), remove the log, then delete its
+    cursors and ledgers. The key is deleted at the version whose last ledgers were fenced: if the
+    list changed meanwhile (a roll, a new writer), its new last ledgers are fenced first. A delete
+    whose answer was lost is settled by reading the log back: gone (or a new log of that name,
+    created since: another ``ctime_ms``), the delete applied and the ledgers of the list it was
+    issued for are deleted; still there, it is tried again. The cursors go once the key is gone
+    (not when that read back found a new log: they are its own), so a call that fails leaves the
+    log with its cursors, still holding back its truncation. A crash after the key's delete leaves
+    cursors and ledgers outside every log; a log created again under that name starts without
+    those cursors (`LogManager.create` clears them). Raises NoSuchLog, MetadataConflict (the list
     kept changing), the metadata store's errors and the ledger API's recovery errors."""
     manager = log_manager(bk)
     lost: LogMetadata | None = None  # the list a delete whose answer was lost was issued for
+    recreated = False  # a new log of that name exists: the cursors are its own
     for _ in range(DELETE_ATTEMPTS_MAX):
         try:
             versioned = await manager.read(name)
@@ -118,9 +121,9 @@ async def delete_log(bk: BookKeeper, name: str, *, password: bytes = b"") -> Non
                 raise
             break  # that delete applied
         if lost is not None and versioned.metadata.ctime_ms != lost.ctime_ms:
+            recreated = True
             break  # it applied, and a new log of that name was created since
         await recover_ledgers(bk, versioned.metadata.ledger_ids[-2:], password)
-        await manager.delete_cursors(name)  # before the key: afterwards they could be a new log's
         try:
             await manager.delete(name, versioned.version)
         except BadVersion:
@@ -139,6 +142,8 @@ async def delete_log(bk: BookKeeper, name: str, *, password: bytes = b"") -> Non
         raise MetadataConflict(
             f"log {name!r}: the list kept changing ({DELETE_ATTEMPTS_MAX} attempts to delete it)"
         )
+    if not recreated:
+        await manager.delete_cursors(name)
     await delete_ledgers(bk, name, list(lost.ledger_ids), password, why="log deleted")
     await delete_spare(bk, lost, password)
     log.info("log.deleted", log=name, ledgers=len(lost.ledgers))

@@ -8,6 +8,7 @@ import pytest
 from bookkeeper_aio import (
     BookKeeper,
     LogPosition,
+    MetadataConflict,
     NoSuchLog,
     commit_cursor,
     delete_log,
@@ -17,7 +18,7 @@ from bookkeeper_aio import (
     truncate_log,
 )
 from bookkeeper_aio.log import admin
-from metadata.errors import CasResultUnknown
+from metadata.errors import BadVersion, CasResultUnknown
 from metadata.log_manager import LogManager
 from tests.unit.client.conftest import ROOT
 from tests.unit.log.fakes import world
@@ -69,6 +70,64 @@ async def test_a_delete_whose_answer_was_lost_still_deletes_the_ledgers_and_curs
         assert await manager.read_cursors("d") == {}
         with pytest.raises(NoSuchLog):
             await delete_log(bk, "d")
+
+
+class _Rolling(LogManager):
+    """Every delete of the log's key finds the list moved on (a writer that keeps rolling)."""
+
+    async def delete(self, name: str, expected_version: int | None = None) -> None:
+        assert expected_version is not None
+        raise BadVersion(self.keys.log(name), expected_version, expected_version + 1)
+
+
+async def test_a_delete_that_fails_leaves_the_log_its_cursors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """delete_log gives up (MetadataConflict) and the log stays: its cursors stay too, or its
+    retention and truncation would cut what its consumers have not read."""
+    async with world(clients=1) as w:
+        (bk,) = w.clients
+        await _log_with_cursor(bk, "d")
+        cursors = await read_cursors(bk, "d")
+        assert list(cursors) == ["consumer"]
+        monkeypatch.setattr(admin, "log_manager", lambda _bk: _Rolling(w.store, ROOT))
+        with pytest.raises(MetadataConflict):
+            await delete_log(bk, "d")
+        monkeypatch.undo()
+        assert (await describe_log(bk, "d")).name == "d"
+        assert await read_cursors(bk, "d") == cursors
+
+
+class _LostThenRecreated(_LostDelete):
+    """The first delete applies and its answer is lost; before delete_log reads the log back, a
+    new log of that name is created and a consumer commits a cursor to it."""
+
+    def __init__(self, *args: object, bk: BookKeeper, **kwargs: object) -> None:
+        super().__init__(*args, applies=True, **kwargs)
+        self.bk = bk
+
+    async def delete(self, name: str, expected_version: int | None = None) -> None:
+        try:
+            await super().delete(name, expected_version)
+        except CasResultUnknown:
+            writer = await open_log_writer(self.bk, name)
+            await commit_cursor(self.bk, name, "new-consumer", await writer.append(b"new"))
+            await writer.close()
+            raise
+
+
+async def test_a_delete_settled_by_a_new_log_leaves_the_new_logs_cursors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cursors go after the key's delete; when the read back finds a new log, they are the new
+    log's (its create cleared the deleted one's) and stay."""
+    async with world(clients=1) as w:
+        (bk,) = w.clients
+        ledger_ids = await _log_with_cursor(bk, "d")
+        manager = _LostThenRecreated(w.store, ROOT, bk=bk)
+        monkeypatch.setattr(admin, "log_manager", lambda _bk: manager)
+        await delete_log(bk, "d")
+        assert not manager.armed
+        assert [i for i in ledger_ids if await bk.context.ledgers.exists(i)] == []
+        assert list(await read_cursors(bk, "d")) == ["new-consumer"]
 
 
 async def test_a_new_log_does_not_inherit_the_cursors_a_deleted_one_left() -> None:
