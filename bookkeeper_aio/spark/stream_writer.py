@@ -32,6 +32,7 @@ from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark import runtime
 from bookkeeper_aio.spark.writer import (
     LedgerWritten,
+    after_commit,
     commit_ledgers,
     discard_unlisted,
     parse_write_spec,
@@ -91,6 +92,8 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
             raise writer_id_reused(self.spec.log, error) from error
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        if after_commit(messages):
+            return  # the batch's commit failed and already decided about its ledgers
         ledger_ids, _, _ = _batch(messages)
         runtime.run(lambda: discard_unlisted(self.spec, ledger_ids))
 

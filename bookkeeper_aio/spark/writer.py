@@ -7,9 +7,11 @@ Python worker Spark kills (an upstream failure in the same task, a cancelled job
 driver looks for the job's unlisted ledgers (tagged with the job id) on abort, and on commit when
 a task ran more than once. The driver's ``commit`` appends every task's ledger to the log with
 one ``append_ledgers`` (a CAS on the log's list: readers see all of the job's rows or none);
-``abort``, and a ``commit`` whose CAS did not happen, delete them. A ledger the log lists is
-never deleted: after an error whose outcome is not known (the metadata store did not answer), the
-log's list is read back first.
+a ``commit`` whose CAS did not happen deletes them, and so does ``abort`` after a failed task. A
+ledger the log lists is never deleted: after an error whose outcome is not known (the metadata
+store did not answer), the log's list is read back first, and a commit whose CAS stays unsettled
+(`CasResultUnknown`: it may list them yet) leaves them all; Spark's ``abort`` after a failed
+commit leaves the commit's ledgers as the commit left them (`after_commit`).
 
 Order: each task's rows stay in order in its ledger; a job's ledgers go into the log in ledger id
 order, which is the order the tasks created them (when each got its first row), not partition order:
@@ -158,11 +160,23 @@ class BookKeeperBatchWriter(DataSourceArrowWriter):
         runtime.run(lambda: commit_ledgers(self.spec, _written(messages), None, sweep=retried))
 
     def abort(self, messages: Sequence[WriterCommitMessage | None]) -> None:
-        runtime.run(lambda: abort_job(self.spec, _written(messages)))
+        committed = after_commit(messages)
+        runtime.run(lambda: abort_job(self.spec, _written(messages), after_commit=committed))
 
 
 def _written(messages: Sequence[WriterCommitMessage | None]) -> list[int]:
     return sorted(m.ledger_id for m in messages if isinstance(m, LedgerWritten) and m.ledger_id is not None)
+
+
+def after_commit(messages: Sequence[WriterCommitMessage | None]) -> bool:
+    """Whether an ``abort(messages)`` follows a commit of them: every task's message is there (a
+    failed task's is None), so every task finished and Spark called ``commit``, which raised. That
+    commit decided about those ledgers already (it deleted the ones the log does not list, or left
+    them all when its CAS's outcome is unknown: `CasResultUnknown`, the CAS may list them yet), so
+    the abort must not delete them. Spark runs ``commit`` and ``abort`` each in a Python worker of
+    its own, on a writer unpickled (batch) or created (streaming) anew: the messages are all that
+    abort learns of the commit."""
+    return all(m is not None for m in messages)
 
 
 async def write_task(spec: WriteSpec, batches: Iterator[RecordBatch]) -> LedgerWritten:
@@ -299,13 +313,18 @@ async def with_floor(spec: WriteSpec) -> WriteSpec:
         return dataclasses.replace(spec, floor_ledger_id=await last_ledger_id(bk, spec.log))
 
 
-async def abort_job(spec: WriteSpec, ledger_ids: list[int]) -> None:
+async def abort_job(spec: WriteSpec, ledger_ids: list[int], *, after_commit: bool = False) -> None:
     """Delete the ledgers of finished tasks, then look for those of tasks Spark killed when the job
     failed (a killed task's Python worker gets SIGKILL: it cannot delete its own): ledgers above
-    the job's floor whose custom metadata carries the job's id, and which the log does not list."""
+    the job's floor whose custom metadata carries the job's id, and which the log does not list.
+    ``after_commit`` (`after_commit`): the commit of ``ledger_ids`` failed; they are left as that
+    commit left them (its CAS may still list them), and only the other leftovers are deleted."""
     async with connect(spec.metadata) as bk:
-        await _discard_unlisted(bk, spec, ledger_ids)
-        await _discard_unlisted(bk, spec, await _ledgers_of_job(bk, spec))
+        if not after_commit:
+            await _discard_unlisted(bk, spec, ledger_ids)
+        committing = set(ledger_ids) if after_commit else set()
+        leftovers = [i for i in await _ledgers_of_job(bk, spec) if i not in committing]
+        await _discard_unlisted(bk, spec, leftovers)
 
 
 async def _ledgers_of_job(bk: BookKeeper, spec: WriteSpec) -> list[int]:
