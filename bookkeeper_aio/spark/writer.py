@@ -317,14 +317,15 @@ async def abort_job(spec: WriteSpec, ledger_ids: list[int], *, after_commit: boo
     """Delete the ledgers of finished tasks, then look for those of tasks Spark killed when the job
     failed (a killed task's Python worker gets SIGKILL: it cannot delete its own): ledgers above
     the job's floor whose custom metadata carries the job's id, and which the log does not list.
-    ``after_commit`` (`after_commit`): the commit of ``ledger_ids`` failed; they are left as that
-    commit left them (its CAS may still list them), and only the other leftovers are deleted."""
+    With ``after_commit`` (the abort of a failed commit of ``ledger_ids``) those ledgers are left
+    as that commit left them (its CAS may still list them); only the other leftovers go."""
     async with connect(spec.metadata) as bk:
-        if not after_commit:
+        if after_commit:
+            kept = set(ledger_ids)
+        else:
             await _discard_unlisted(bk, spec, ledger_ids)
-        committing = set(ledger_ids) if after_commit else set()
-        leftovers = [i for i in await _ledgers_of_job(bk, spec) if i not in committing]
-        await _discard_unlisted(bk, spec, leftovers)
+            kept = set()
+        await _discard_unlisted(bk, spec, [i for i in await _ledgers_of_job(bk, spec) if i not in kept])
 
 
 async def _ledgers_of_job(bk: BookKeeper, spec: WriteSpec) -> list[int]:
