@@ -19,6 +19,7 @@ commit_tag=...)``), and only the same query's batch is a replay.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -32,6 +33,7 @@ from bookkeeper_aio.spark import options as opt
 from bookkeeper_aio.spark import runtime
 from bookkeeper_aio.spark.writer import (
     LedgerWritten,
+    WriteSpec,
     after_commit,
     commit_ledgers,
     discard_unlisted,
@@ -53,6 +55,10 @@ class BatchLedgerWritten(WriterCommitMessage):
     writer_id: str
     query_id: str | None = None
     """The streaming query's id (Spark's task-local property), the token's tag; None: not known."""
+    job: tuple[str, int] | None = None
+    """The task's writer's job id (the tag on its ledger) and floor. Spark runs the driver's
+    ``commit`` on a writer created anew, with a job id of its own: its look for leftovers takes
+    the tasks' from here. None: not known."""
 
 
 class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
@@ -75,7 +81,7 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
                 "the streaming query's id is not known to the task: set a writerId for the query",
             )
         written = runtime.run(lambda: write_task(self.spec, iterator))
-        return BatchLedgerWritten(written, writer_id, query_id)
+        return BatchLedgerWritten(written, writer_id, query_id, (self.spec.job_id, self.spec.floor_ledger_id))
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         ledger_ids, writer_id, query_id = _batch(messages)
@@ -84,9 +90,10 @@ class BookKeeperStreamWriter(DataSourceStreamArrowWriter):
         retried = any(isinstance(m, BatchLedgerWritten) and m.written.attempt > 0 for m in messages)
         # The default writer id holds the query id already: a tag would only take room in the list.
         tag = None if writer_id == f"spark-query-{query_id}" else query_id
+        spec = _tasks_spec(self.spec, messages)
         try:
             runtime.run(
-                lambda: commit_ledgers(self.spec, ledger_ids, (writer_id, batchId), sweep=retried, tag=tag)
+                lambda: commit_ledgers(spec, ledger_ids, (writer_id, batchId), sweep=retried, tag=tag)
             )
         except CommitTokenReused as error:
             raise writer_id_reused(self.spec.log, error) from error
@@ -121,6 +128,15 @@ def _query_id() -> str | None:
     context = TaskContext.get()
     query_id = context.getLocalProperty(QUERY_ID_PROPERTY) if context is not None else None
     return query_id or None
+
+
+def _tasks_spec(spec: WriteSpec, messages: Sequence[WriterCommitMessage | None]) -> WriteSpec:
+    """``spec`` with the job id and floor the batch's tasks wrote with (when the messages tell one)."""
+    jobs = {m.job for m in messages if isinstance(m, BatchLedgerWritten) and m.job is not None}
+    if len(jobs) != 1:
+        return spec
+    ((job_id, floor),) = jobs
+    return dataclasses.replace(spec, job_id=job_id, floor_ledger_id=floor)
 
 
 def _batch(messages: Sequence[WriterCommitMessage | None]) -> tuple[list[int], str | None, str | None]:

@@ -1,6 +1,6 @@
-"""Spark's abort after a failed commit, on fake bookies and MemoryStore (no Spark session: the
-driver-side methods are called directly, each on a writer object of its own, as Spark runs
-``commit`` and ``abort`` in Python workers of their own)."""
+"""Spark's driver-side commit and abort, on fake bookies and MemoryStore (no Spark session: the
+methods are called directly, each on a writer object of its own, as Spark runs ``commit`` and
+``abort`` in Python workers of their own, the streaming ones on a writer created anew)."""
 
 from __future__ import annotations
 
@@ -132,3 +132,18 @@ async def test_an_abort_after_a_failed_task_still_deletes_the_finished_tasks_led
             await asyncio.to_thread(_stream_writer(setup.spec).abort, [message, None], 0)
         assert not await setup.bk.context.ledgers.exists(written.ledger_id)
         assert written.ledger_id not in await _listed(setup.bk)
+
+
+async def test_a_streaming_commit_of_a_retried_task_deletes_the_leftover_of_its_killed_attempt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The commit runs on a writer created anew (another job id): it looks for leftovers with the
+    job id the tasks wrote with, which their messages carry, else it never finds one."""
+    async with _log_losing_the_commit(monkeypatch) as setup:
+        leftover = (await _task_ledger(setup)).ledger_id  # attempt 0, its worker killed
+        written = await _task_ledger(setup, attempt=1)
+        job = (setup.spec.job_id, setup.spec.floor_ledger_id)
+        message = stream_writer.BatchLedgerWritten(written, "spark-query-q", "q", job)
+        await asyncio.to_thread(_stream_writer(setup.spec).commit, [message], 0)
+        assert written.ledger_id in await _listed(setup.bk)
+        assert not await setup.bk.context.ledgers.exists(leftover)
