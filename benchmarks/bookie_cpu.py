@@ -26,13 +26,15 @@ span, so the figures are the steady state of ledgers the bookie holds.
 
 ``--opcodes`` counts the Python opcodes the bookie runs per add and per group instead (loop thread
 and journal writer apart, the fake's own left out): slow, but the same count on a busy machine as
-on a quiet one, for A/B runs of small changes. Times are meaningless in that mode.
+on a quiet one, for A/B runs of small changes; ``by_function`` maps them to the functions that ran
+them (at least half an opcode per add). Times are meaningless in that mode.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import shutil
@@ -57,12 +59,14 @@ PASSWORD = b"bench"
 
 
 class Opcodes:
-    """Python opcodes run per thread while ``counting`` and not inside the fake (``--opcodes``)."""
+    """Python opcodes run per thread while ``counting`` and not inside the fake (``--opcodes``),
+    and per function (``file:qualified name``, the writer thread's marked ``[writer]``)."""
 
     counting = False
     fake = False
     loop = 0
     writer = 0
+    by_function: collections.Counter[str] = collections.Counter()
 
     @classmethod
     def start(cls) -> None:
@@ -72,10 +76,14 @@ class Opcodes:
         def tracer(frame: Any, event: str, arg: Any) -> Any:
             frame.f_trace_opcodes = True
             if event == "opcode" and cls.counting and not cls.fake:
+                code = frame.f_code
+                key = f"{os.path.basename(code.co_filename)}:{code.co_qualname}"
                 if threading.get_ident() == loop_thread:
                     cls.loop += 1
                 else:
                     cls.writer += 1
+                    key += " [writer]"
+                cls.by_function[key] += 1
             return tracer
 
         sys.settrace(tracer)
@@ -205,6 +213,7 @@ async def one_run(args: argparse.Namespace, ledger_id: int) -> dict[str, Any]:
     server = BookieServer(BookieConfig(data_dir=data_dir, bookie_id="bench", port=0))
     if args.opcodes:
         Opcodes.loop = Opcodes.writer = 0
+        Opcodes.by_function.clear()
         Opcodes.start()  # before the journal's writer thread starts
     await server.start()
     try:
@@ -252,7 +261,9 @@ async def one_run(args: argparse.Namespace, ledger_id: int) -> dict[str, Any]:
         Opcodes.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
     if args.opcodes:
+        counts = sorted(Opcodes.by_function.items(), key=lambda kv: -kv[1])
         return {
+            "by_function": {key: round(n / args.entries, 1) for key, n in counts if n * 2 >= args.entries},
             "loop_opcodes_per_entry": round(Opcodes.loop / args.entries, 1),
             "writer_opcodes_per_entry": round(Opcodes.writer / args.entries, 1),
             "records_per_group": round(args.entries / max(groups, 1), 2),
@@ -290,7 +301,7 @@ def main() -> None:
             result = runner.run(one_run(args, rep + 1))
         print(json.dumps(result), flush=True)
         runs.append(result)
-    median = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+    median = {key: statistics.median(run[key] for run in runs) for key in runs[0] if key != "by_function"}
     print(json.dumps({"median": median, "config": vars(args)}))
 
 

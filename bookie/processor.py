@@ -245,7 +245,7 @@ class Processor:
         try:
             while True:
                 if size_total - pos < 4 or in_flight + taken >= limit or conn.halted:
-                    if not adds.request_ids or size_total - pos < 4:
+                    if not adds.fields or size_total - pos < 4:
                         break  # the ``finally`` journals what gathered: no fresh list for nothing
                     conn.in_flight += taken
                     load.in_flight += taken
@@ -274,7 +274,7 @@ class Processor:
                 conn.in_flight += taken
                 load.in_flight += taken
                 taken = 0
-                if adds.request_ids:
+                if adds.fields:
                     pending, adds = adds, _AddRequests()
                     take = adds.take
                     self._add_run(conn, pending)
@@ -283,13 +283,13 @@ class Processor:
         finally:
             conn.in_flight += taken
             load.in_flight += taken
-            if adds.request_ids:  # the end of the read, an incomplete or oversized frame (or raised)
+            if adds.fields:  # the end of the read, an incomplete or oversized frame (or raised)
                 self._add_run(conn, adds)
         return pos
 
     def _add_run(self, conn: ServerConnection, adds: m.AddRequests) -> None:
         """Journal (or refuse, answering at once) consecutive adds of ``conn``."""
-        self.adds += len(adds.request_ids)
+        self.adds += len(adds.fields)
         check_add = self.mode.check_add if self.read_only and self.mode is not None else None
         self.storage.add_run(adds, conn, _AddReplies, check_add)
 

@@ -39,7 +39,6 @@ import asyncio
 import contextlib
 import gc
 import hmac
-import operator
 import os
 import struct
 import threading
@@ -164,9 +163,6 @@ _ENTRY_RECORD_OVERHEAD_BYTES = fmt.ENTRY_RECORD_OVERHEAD_BYTES
 _encode_entry_head = fmt.encode_entry_head
 _entry_bodies = fmt.entry_bodies
 _compare_digest = hmac.compare_digest
-_request_fields = operator.attrgetter(
-    "request_ids", "ledger_ids", "entry_ids", "flags", "master_keys", "bodies"
-)  # an AddRequests' lists, in the order add_run unpacks them
 AddGate = Callable[[bool], None]
 """The caller's read-only gate: ``gate(recovery)`` raises to refuse an add."""
 
@@ -396,7 +392,7 @@ class Storage:
         run_state: LedgerState | None = None  # run.state, and run.lac_max below, kept in locals
         offset = end = record_max = count = lac_max = 0
         try:
-            for rid, lid, eid, flags, key, body in zip(*_request_fields(requests), strict=True):
+            for _, rid, lid, eid, flags, key, body in requests.fields:
                 try:
                     if len(body) < _BODY_HEADER_BYTES:
                         message = f"entry body of {len(body)} bytes is shorter than its header"

@@ -606,24 +606,20 @@ _unpackb = msgpack.unpackb
 # Hot-path shortcuts: one flat check for the common, well-formed message. Anything they do not
 # accept goes through the generic validator, which also produces the precise error.
 class AddRequests:
-    """ADD_ENTRY requests decoded by :meth:`take`, kept as parallel lists: the bookie's add hot
-    path decodes a socket read's ADDs into one of these, one append per field and no object per
-    request (a NamedTuple per request, built and unpacked again, cost more than the rest of the
-    shortcut). :meth:`take` is the one fast ADD decoder (:func:`decode_add_request` is built on
-    it); tests pin it to the generic validator."""
+    """ADD_ENTRY requests decoded by :meth:`take`: ``fields`` holds one list per request,
+    ``[op, request_id, ledger_id, entry_id, flags, master_key, body]``, the list msgpack unpacked
+    (one append per request and no object of ours: a NamedTuple per request, built and unpacked
+    again, cost more than the rest of the shortcut, and a list per field an append each).
+    :meth:`take` is the one fast ADD decoder (:func:`decode_add_request` is built on it); tests
+    pin it to the generic validator."""
 
-    __slots__ = ("bodies", "entry_ids", "flags", "ledger_ids", "master_keys", "request_ids")
+    __slots__ = ("fields",)
 
     def __init__(self) -> None:
-        self.request_ids: list[int] = []
-        self.ledger_ids: list[int] = []
-        self.entry_ids: list[int] = []
-        self.flags: list[int] = []
-        self.master_keys: list[bytes] = []
-        self.bodies: list[bytes] = []
+        self.fields: list[list[Any]] = []
 
     def __len__(self) -> int:
-        return len(self.request_ids)
+        return len(self.fields)
 
     def take(self, body: bytes | memoryview) -> int:
         """Append the ADD_ENTRY request in ``body`` and return its request id if it is a
@@ -643,7 +639,8 @@ class AddRequests:
             # of exactly seven items fails the unpacking below or the type checks (a map's keys are
             # str or bytes, never the int op; a string's items are not ints and bytes). Anything
             # else (another op's request, a malformed one) is the generic path's, with its bounds.
-            op, rid, lid, eid, flags, key, entry = _unpackb(body)
+            fields = _unpackb(body)
+            op, rid, lid, eid, flags, key, entry = fields
         except _TAKE_ERRORS:
             return -1
         if (
@@ -661,48 +658,20 @@ class AddRequests:
             and 0 <= flags <= 0xFF
             and len(key) <= MASTER_KEY_BYTES_MAX
         ):
-            self.request_ids.append(rid)
-            self.ledger_ids.append(lid)
-            self.entry_ids.append(eid)
-            self.flags.append(flags)
-            self.master_keys.append(key)
-            self.bodies.append(entry)
+            self.fields.append(fields)  # a list: an array of seven unpacked to seven names
             return rid
         return -1
 
     def append(self, request: AddEntryRequest) -> None:
         """Append a request decoded otherwise (by the generic validator)."""
-        self.request_ids.append(request.request_id)
-        self.ledger_ids.append(request.ledger_id)
-        self.entry_ids.append(request.entry_id)
-        self.flags.append(request.flags)
-        self.master_keys.append(request.master_key)
-        self.bodies.append(request.body)
+        self.fields.append([_ADD, *request])
 
     def drop_last(self) -> None:
         """Forget the last request appended (one the caller refuses: a duplicate request id)."""
-        for column in (
-            self.request_ids,
-            self.ledger_ids,
-            self.entry_ids,
-            self.flags,
-            self.master_keys,
-            self.bodies,
-        ):
-            column.pop()
+        self.fields.pop()
 
     def request(self, i: int) -> AddEntryRequest:
-        return _new_tuple(
-            AddEntryRequest,
-            (
-                self.request_ids[i],
-                self.ledger_ids[i],
-                self.entry_ids[i],
-                self.flags[i],
-                self.master_keys[i],
-                self.bodies[i],
-            ),
-        )
+        return _new_tuple(AddEntryRequest, self.fields[i][1:])
 
 
 def decode_add_request(body: bytes | memoryview) -> AddEntryRequest | None:
