@@ -155,9 +155,11 @@ class StorageConfig:
     """A torn-tail cut puts every ledger in limbo first (:mod:`bookie.limbo`)."""
 
 
-_BODY_HEADER = struct.Struct(">qqq")  # ledger id, entry id, piggybacked LAC (protocol/digest.py)
-_BODY_HEADER_BYTES = 32  # digest.HEADER_BYTES: the three above and the entry's length
+# ledger id, entry id, piggybacked LAC (protocol/digest.py), and the entry's length, not unpacked:
+# a body shorter than digest.HEADER_BYTES fails the unpacking
+_BODY_HEADER = struct.Struct(">qqq8x")
 _unpack_body_header = _BODY_HEADER.unpack_from
+_struct_error = struct.error
 _RECOVERY_ADD = int(AddFlag.RECOVERY_ADD)
 _ENTRY_RECORD_OVERHEAD_BYTES = fmt.ENTRY_RECORD_OVERHEAD_BYTES
 _encode_entry_head = fmt.encode_entry_head
@@ -391,24 +393,27 @@ class Storage:
         run: AddRun | None = None
         run_state: LedgerState | None = None  # run.state, and run.lac_max below, kept in locals
         offset = end = record_max = count = lac_max = 0
+        # the last key check passed (below): ledger id, key, state
+        checked_lid, checked_key, checked_state = -1, b"", None
+        state: LedgerState | None
         try:
             for _, rid, lid, eid, flags, key, body in requests.fields:
                 try:
-                    if len(body) < _BODY_HEADER_BYTES:
+                    try:
+                        ledger_id, entry_id, lac = _unpack_body_header(body)
+                    except _struct_error:
                         message = f"entry body of {len(body)} bytes is shorter than its header"
                         batch.on_error(rid, BadRequest(message))
                         continue
-                    ledger_id, entry_id, lac = _unpack_body_header(body)
                     if ledger_id != lid or entry_id != eid:
                         batch.on_error(rid, BadRequest(f"entry body does not carry ledger {lid} entry {eid}"))
                         continue
-                    recovery = flags & _RECOVERY_ADD != 0
                     if check_add is not None:
-                        check_add(recovery)
+                        check_add(flags & _RECOVERY_ADD != 0)
                     if (
                         limbo is not None
                         and keys is not None
-                        and not recovery
+                        and not flags & _RECOVERY_ADD
                         and limbo.wants_write_check(lid)
                     ):
                         # metadata must show it OPEN first: its fence may have been cut (bookie/limbo.py)
@@ -416,21 +421,28 @@ class Storage:
                             AddEntryRequest(rid, lid, eid, flags, key, body), target, batch_type, check_add
                         )
                         continue
-                    state = ledgers.get(lid)  # ledger_for_write decides a new ledger or a wrong key
-                    if (
-                        state is None
-                        or (known_key := state.master_key) is None
-                        or not _compare_digest(known_key, key)
-                    ):
-                        if keys is not None and keys.wants(lid, key):  # checked against metadata first
-                            parked = AddEntryRequest(rid, lid, eid, flags, key, body)
-                            keys.park(parked, target, batch_type, check_add)
-                            continue
-                        if records is not None:  # a new ledger journals its key first
-                            closing, records = records, None  # closed once even if this raises
-                            journal.close_batch(closing, offset, count, batch)
-                        state = self.ledger_for_write(lid, key)
-                    if state.fenced and not recovery:
+                    if lid == checked_lid and key == checked_key and checked_state is not None:
+                        # The key an earlier add of this call passed the constant-time check with,
+                        # for this ledger: this compare's timing tells the sender only of two keys
+                        # it sent itself (a call's adds are one connection's).
+                        state = checked_state
+                    else:
+                        state = ledgers.get(lid)  # ledger_for_write decides a new ledger or a wrong key
+                        if (
+                            state is None
+                            or (known_key := state.master_key) is None
+                            or not _compare_digest(known_key, key)
+                        ):
+                            if keys is not None and keys.wants(lid, key):  # checked against metadata first
+                                parked = AddEntryRequest(rid, lid, eid, flags, key, body)
+                                keys.park(parked, target, batch_type, check_add)
+                                continue
+                            if records is not None:  # a new ledger journals its key first
+                                closing, records = records, None  # closed once even if this raises
+                                journal.close_batch(closing, offset, count, batch)
+                            state = self.ledger_for_write(lid, key)
+                        checked_lid, checked_key, checked_state = lid, key, state
+                    if state.fenced and not flags & _RECOVERY_ADD:
                         batch.on_error(rid, Fenced(f"ledger {lid} is fenced"))
                         continue
                     size = _ENTRY_RECORD_OVERHEAD_BYTES + len(body)

@@ -239,6 +239,8 @@ def mixed() -> list[bytes]:
                 *adds[10:20],  # fenced: EFENCED
                 frame(1, 306, 1, 60, 1, KEY, entry(1, 60, 9)),  # recovery add passes the fence
                 frame(1, 307, 5, 2, 0, KEY, entry(5, 2, 1)),
+                frame(1, 308, 6, 0, 0, b"z" * 32, entry(6, 0, -1)),  # a new ledger with another key
+                frame(1, 309, 1, 61, 0, b"z" * 32, entry(1, 61, 9)),  # ... that is not ledger 1's: EUA
                 *adds[20:],
             ]
         )
@@ -261,6 +263,9 @@ async def test_mixed_ops_in_one_read_match_frame_by_frame(
     assert (303, 0) in statuses
     assert (304, 502) in statuses
     assert (306, 0) in statuses
+    assert (307, 0) in statuses
+    assert (308, 0) in statuses
+    assert (309, 502) in statuses
     assert {rid for rid, status in statuses if status == 504} == set(range(10, 40))
 
 
