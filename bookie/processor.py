@@ -266,9 +266,8 @@ class Processor:
                 pos = end
                 rid = take(view[start:end])  # the codec's ADD shortcut: -1 if not taken
                 if rid >= 0:
-                    known = len(request_ids)
-                    request_ids.add(rid)
-                    if len(request_ids) != known:
+                    if rid not in request_ids:
+                        request_ids.add(rid)
                         continue
                     adds.drop_last()  # a duplicate of one in flight: the generic path refuses it
                 conn.in_flight += taken

@@ -640,13 +640,15 @@ class AddRequests:
             # str or bytes, never the int op; a string's items are not ints and bytes). Anything
             # else (another op's request, a malformed one) is the generic path's, with its bounds.
             fields = _unpackb(body)
-            op, rid, lid, eid, flags, key, entry = fields
+            _, rid, lid, eid, flags, key, entry = fields
         except _TAKE_ERRORS:
             return -1
+        # The op needs no test: of the values of seven items with 0x01 for byte 1, a fixarray has
+        # it as its first item (the int 1), a fixmap as an int key (refused by the unpacker), a
+        # fixstr's items are no ints (an array or map with a 16 or 32-bit count has 0x00 there,
+        # a bin or str8 of one byte is one item).
         if (
-            op == _ADD
-            and type(op) is int
-            and type(rid) is int
+            type(rid) is int
             and type(lid) is int
             and type(eid) is int
             and type(flags) is int
