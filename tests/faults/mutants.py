@@ -306,6 +306,24 @@ MUTANTS = (
         "records journaled without a completion (compaction's copies, keys) do not count towards the "
         "checkpoint's record bound: replay after a crash grows past it",
     ),
+    Mutant(
+        "add-key-check-reused-across-ledgers",
+        "bookie/storage.py",
+        "                    if lid == checked_lid and key == checked_key and checked_state is not None:\n",
+        "                    if key == checked_key and checked_state is not None:\n",
+        ("tests/unit/bookie/test_add_fast_path.py",),
+        "an add carrying another ledger's key, after an add of that ledger in the same socket read, "
+        "is journaled (on the other ledger's state) instead of refused EUA",
+    ),
+    Mutant(
+        "add-key-check-skipped-after-a-good-key",
+        "bookie/storage.py",
+        "                    if lid == checked_lid and key == checked_key and checked_state is not None:\n",
+        "                    if lid == checked_lid and checked_state is not None:\n",
+        ("tests/unit/bookie/test_add_fast_path.py",),
+        "an add with a wrong key, after an add of the same ledger with its key in the same socket read, "
+        "is journaled instead of refused EUA",
+    ),
 )
 
 
