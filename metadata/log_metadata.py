@@ -306,29 +306,27 @@ def _first_problem(md: LogMetadata, valid: LogMetadata | None = None) -> str | N
 def importer_problem(importer: object, *, capped: bool = True) -> str | None:
     """What is wrong with ``importer`` as the importer id of a commit token (None: nothing);
     ``capped``: held to `IMPORTER_BYTES_MAX` too (a new token)."""
-    if not isinstance(importer, str) or not importer:
-        return f"bad importer id {importer!r:.60}: must be a non-empty string"
-    if not capped:
-        return None
-    try:
-        size = len(importer.encode("utf-8"))
-    except UnicodeEncodeError:
-        return f"bad importer id {importer!r}: not encodable as UTF-8"
-    if size > IMPORTER_BYTES_MAX:
-        return f"importer id of {size} bytes > {IMPORTER_BYTES_MAX} (UTF-8): {importer[:40]!r}..."
-    return None
+    return _text_problem("importer id", importer, IMPORTER_BYTES_MAX if capped else None)
 
 
 def commit_tag_problem(tag: object) -> str | None:
     """What is wrong with ``tag`` as the tag of a commit token (None: nothing)."""
-    if not isinstance(tag, str) or not tag:
-        return f"bad commit tag {tag!r:.60}: must be a non-empty string"
+    return _text_problem("commit tag", tag, COMMIT_TAG_BYTES_MAX)
+
+
+def _text_problem(what: str, value: object, bytes_max: int | None) -> str | None:
+    """What is wrong with ``value`` as a non-empty string of at most ``bytes_max`` UTF-8 bytes
+    (None: any length), named ``what`` in the message (None: nothing)."""
+    if not isinstance(value, str) or not value:
+        return f"bad {what} {value!r:.60}: must be a non-empty string"
+    if bytes_max is None:
+        return None
     try:
-        size = len(tag.encode("utf-8"))
+        size = len(value.encode("utf-8"))
     except UnicodeEncodeError:
-        return f"bad commit tag {tag!r:.60}: not encodable as UTF-8"
-    if size > COMMIT_TAG_BYTES_MAX:
-        return f"commit tag of {size} bytes > {COMMIT_TAG_BYTES_MAX} (UTF-8): {tag[:40]!r}..."
+        return f"bad {what} {value!r:.60}: not encodable as UTF-8"
+    if size > bytes_max:
+        return f"{what} of {size} bytes > {bytes_max} (UTF-8): {value[:40]!r}..."
     return None
 
 
