@@ -85,7 +85,8 @@ async def run_clients(
             await client.proc.stdin.drain()
         readers = [asyncio.create_task(_read_until_result(c)) for c in procs]
         samples = await _sample_and_show(span, procs, live, label, at_span_ends)
-        # the result comes once the process closed and deleted its ledgers: that takes time too
+        # the result comes once the process closed and deleted its ledgers (unless the spec's
+        # cleanup is off): that takes time too
         ledgers_s = READY_S_PER_LEDGER * spec.get("ledgers", 1)
         async with asyncio.timeout(spec["duration_s"] + DRAIN_TIMEOUT_S + ledgers_s):
             await asyncio.gather(*readers)

@@ -3,10 +3,10 @@
 Talks to its parent (:mod:`bookkeeper_aio.cli.bench.clients`) in lines: the spec as one JSON line
 on stdin; ``BENCH created N`` on stdout about every 0.5 s while it creates ledgers; ``BENCH ready``
 once its ledgers (or NATS publishers) exist and each has written one unmeasured entry (connections
-up); then ``go START`` on stdin (a CLOCK_MONOTONIC
-instant shared by every client process); ``BENCH progress N`` about every 0.5 s; ``BENCH result
-{json}`` at the end (``BENCH error MESSAGE`` instead on failure, exit code 1). Logs go to stderr,
-which the parent sends to a file in the results folder.
+up); then ``go START`` on stdin (a CLOCK_MONOTONIC instant shared by every client process);
+``BENCH progress N`` about every 0.5 s; ``BENCH result {json}`` at the end (``BENCH error
+MESSAGE`` instead on failure, exit code 1). Logs go to stderr, which the parent sends to a file in
+the results folder.
 
 Ledgers are created with the custom metadata ``bkaio-bench`` and closed and deleted at the end,
 unless the spec's ``cleanup`` is false: the cluster is a private sandbox, removed after the run (a
