@@ -379,11 +379,21 @@ class LogWriter:
         try:
             await self.roll()
         except BKError as error:
+            if self._closing("roll", error):
+                return
             retry_s = self._wait_after(error)
             self._roll_retry_at = self._loop.time() + retry_s  # not on every append meanwhile
             log.warning("log.auto_roll_failed", log=self.name, error=repr(error), retry_in_s=retry_s)
         finally:
             self._roll_task = None
+
+    def _closing(self, step: str, error: BKError) -> bool:
+        """Whether ``close()`` was called: an automatic roll or spare that then fails (met the
+        closed writer, or anything on the way) is no failure to warn about, as close() closes the
+        ledger itself and wants no next one. Logged at debug level only."""
+        if self._closed:
+            log.debug("log.background_step_skipped", log=self.name, step=step, error=repr(error))
+        return self._closed
 
     def _wait_after(self, error: BKError) -> float:
         """How long an automatic roll or spare waits after ``error``: `ROLL_RETRY_S`; after a
@@ -422,6 +432,8 @@ class LogWriter:
                 await discard_ledger(self._bk, spare, self._password)
                 raise
         except BKError as error:
+            if self._closing("spare", error):
+                return
             retry_s = self._wait_after(error)
             self._spare_retry_at = self._loop.time() + retry_s  # not on every append meanwhile
             log.warning("log.spare_failed", log=self.name, error=repr(error), retry_in_s=retry_s)

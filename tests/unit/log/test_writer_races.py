@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 import pytest
+from structlog.testing import capture_logs
 
 from bookkeeper_aio import (
     BKInterfaceError,
@@ -340,3 +341,20 @@ async def test_a_following_reader_stops_at_its_end_without_waiting_for_a_later_r
 
 async def _positions(reader: AsyncIterator[object]) -> list[LogPosition]:
     return [record.position async for record in reader]  # type: ignore[attr-defined]
+
+
+async def test_an_automatic_roll_racing_close_logs_no_failure() -> None:
+    """An append that makes a roll due schedules it; a ``close()`` right after wins the race: the
+    roll (and the spare it wants) find the writer closed, which is no failure to warn about: the
+    ledger is closed anyway."""
+    async with world() as w:
+        (bk, _) = w.clients
+        writer = await open_log_writer(bk, "lg", roll_entries_max=1)
+        first = writer.ledger_id
+        with capture_logs() as logs:
+            appended = await writer.append_async(b"a")  # the roll is due: scheduled, not started
+            await writer.close()
+        assert await appended == LogPosition(first, 0)
+        assert not [e for e in logs if e["log_level"] == "warning"], logs
+        info = await describe_log(bk, "lg")
+        assert [(e.ledger_id, e.state) for e in info.ledgers] == [(first, "closed")]
