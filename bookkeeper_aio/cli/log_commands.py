@@ -2,7 +2,8 @@
 
 ``list`` (names, ledgers, state), ``show NAME`` (the ledger list with offsets, cursors, commit
 tokens), ``tail NAME`` (records from a position, ``--follow`` to keep tailing), ``truncate NAME
---before LEDGER[:ENTRY]``, ``cursors NAME`` (list; ``--set NAME=LEDGER:ENTRY``, ``--delete NAME``).
+--before LEDGER[:ENTRY]`` (a ledger of the log, unless ``--force``), ``cursors NAME`` (list; ``--set
+NAME=LEDGER:ENTRY``, a record the log holds; ``--delete NAME``).
 Human tables by default, ``--json`` for scripts, as the rest of the shell.
 """
 
@@ -54,7 +55,17 @@ def add_commands(sub: Any) -> None:
     )
     truncate = _command(logs, "truncate", cmd_log_truncate, "drop a log's whole ledgers before a position")
     truncate.add_argument("name")
-    truncate.add_argument("--before", required=True, help="LEDGER[:ENTRY]: ledgers below LEDGER are dropped")
+    truncate.add_argument(
+        "--before",
+        required=True,
+        help="LEDGER[:ENTRY]: ledgers below LEDGER, a ledger of the log (see `log show`), are dropped",
+    )
+    truncate.add_argument(
+        "--force",
+        action="store_true",
+        help="accept a LEDGER the log does not list: every ledger below it is dropped (never the last one, "
+        "an open one or one a cursor points into)",
+    )
     cli_passwords.add_options(
         truncate,
         many=False,
@@ -194,7 +205,9 @@ async def cmd_log_truncate(args: argparse.Namespace) -> int:
     before = _position(args.before, "--before")
     async with BookKeeper.connect(await _cluster_url(args)) as bk:
         was = await describe_log(bk, args.name)
-        first = await truncate_log(bk, args.name, before, password=cli_passwords.password(args))
+        first = await truncate_log(
+            bk, args.name, before, password=cli_passwords.password(args), force=args.force
+        )
         now = await describe_log(bk, args.name)
     dropped = [e.ledger_id for e in was.ledgers if e.ledger_id not in {n.ledger_id for n in now.ledgers}]
     result = {

@@ -40,7 +40,13 @@ from bookkeeper_aio.log.position import LogPosition, check_position
 from metadata.errors import BadVersion, CasResultUnknown, InvalidMetadata
 from metadata.ledger_manager import UNCHANGED, _Unchanged
 from metadata.ledger_metadata import LedgerMetadata
-from metadata.log_metadata import IMPORTER_BYTES_MAX, LogMetadata, commit_tag_problem, importer_problem
+from metadata.log_metadata import (
+    IMPORTER_BYTES_MAX,
+    LogLedgerState,
+    LogMetadata,
+    commit_tag_problem,
+    importer_problem,
+)
 
 log = structlog.get_logger("bookkeeper_aio.log.admin")
 
@@ -158,14 +164,17 @@ async def commit_cursor(bk: BookKeeper, name: str, cursor: str, position: LogPos
     cursor below the log's start, so it never holds anything back); one between a truncation's plan
     and its CAS returns, and the truncation still removes its ledger (a reader resuming after it
     then gets `LogTruncated`, never a silent gap).
-    Raises NoSuchLog, BKInterfaceError (bad cursor name or position)."""
+    Raises NoSuchLog, BKInterfaceError (bad cursor name or position: one whose ledger is not in the
+    log, or past the end of a ledger the log has closed)."""
     check_position(position, "position", entry_min=-1)
     manager = log_manager(bk)
     try:
         manager.keys.log_cursor(name, cursor)  # the names, checked before anything is read
     except InvalidMetadata as error:
         raise BKInterfaceError(f"log {name!r}: {error}") from error
-    _raise_if_truncated((await manager.read(name)).metadata, cursor, position)
+    md = (await manager.read(name)).metadata
+    _raise_if_truncated(md, cursor, position)
+    _raise_if_not_in_log(md, cursor, position)
     try:
         await manager.write_cursor(name, cursor, position.ledger_id, position.entry_id)
     except InvalidMetadata as error:
@@ -177,6 +186,25 @@ def _raise_if_truncated(md: LogMetadata, cursor: str, position: LogPosition) -> 
     if position.ledger_id < md.truncated_before:
         first = (md.ledgers[0].ledger_id, 0) if md.ledgers else None
         raise LogTruncated(md.name, f"cursor {cursor!r} at {tuple(position)}", first)
+
+
+def _raise_if_not_in_log(md: LogMetadata, cursor: str, position: LogPosition) -> None:
+    """A cursor points at a record the log holds: its ledger is listed and, once the log knows
+    that ledger's last entry (CLOSED), the entry is at most that one (-1: none of it consumed). An
+    open ledger's entries are not checked (its end is still moving)."""
+    index = md.index_of(position.ledger_id)
+    if index is None:
+        listed = f"{md.ledgers[0].ledger_id}..{md.ledgers[-1].ledger_id}" if md.ledgers else "none"
+        raise BKInterfaceError(
+            f"log {md.name!r}: cursor {cursor!r} at {tuple(position)}: ledger {position.ledger_id} is "
+            f"not in the log (its ledgers: {listed}; `describe_log` / `bkaio log show` lists them)"
+        )
+    last = md.ledgers[index].last_entry_id
+    if md.ledgers[index].state is LogLedgerState.CLOSED and last is not None and position.entry_id > last:
+        raise BKInterfaceError(
+            f"log {md.name!r}: cursor {cursor!r} at {tuple(position)}: ledger {position.ledger_id} is "
+            f"closed at entry {last}; a cursor names the last record it consumed, at most {last}"
+        )
 
 
 async def read_cursors(bk: BookKeeper, name: str) -> dict[str, LogPosition]:

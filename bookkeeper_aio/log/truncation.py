@@ -1,5 +1,9 @@
 """Truncation and retention (docs/api.md "Logs"): whole ledgers leave the front of the list.
 
+A cut is asked for before a ledger of the list (`check_cut`): an id the log does not list, above
+its first ledger, is refused unless forced, as a typo there (an id past the last ledger) would drop
+every ledger but the last.
+
 A cut never removes the last ledger, an OPEN ledger or anything after one, nor the ledger a named
 cursor points into (or anything after it): the slowest cursor bounds it. A cursor below the
 log's start (``truncated_before``: committed while a truncation removed its ledger) bounds nothing.
@@ -21,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bookkeeper_aio.client.bookkeeper import BookKeeper
-from bookkeeper_aio.errors import MetadataConflict, NoSuchLedger
+from bookkeeper_aio.errors import BKInterfaceError, MetadataConflict, NoSuchLedger
 from bookkeeper_aio.log import records
 from bookkeeper_aio.log._common import LostLogCas, cas_log, delete_ledgers, log, log_manager, settle_cas
 from bookkeeper_aio.log.position import LogPosition, check_position
@@ -81,17 +85,36 @@ def _after(md: LogMetadata, ledger_id: int) -> int:
     return md.ledgers[index + 1].ledger_id
 
 
+def check_cut(md: LogMetadata, before_ledger_id: int, *, force: bool) -> None:
+    """Refuse (BKInterfaceError) a cut before a ledger the log does not list, above its first one:
+    such an id is most likely a typo, and cutting below it (an id past the last ledger drops every
+    ledger but the last) is no truncation anyone asked for by name. ``force`` allows it. An id
+    below the log's first ledger cuts nothing and is allowed (a truncation done already)."""
+    if force or not md.ledgers or before_ledger_id <= md.ledgers[0].ledger_id:
+        return
+    if md.index_of(before_ledger_id) is None:
+        raise BKInterfaceError(
+            f"log {md.name!r}: ledger {before_ledger_id} is not in the log (its ledgers: "
+            f"{md.ledgers[0].ledger_id}..{md.ledgers[-1].ledger_id}); truncate before one of its "
+            "ledgers, or pass force=True (`bkaio log truncate --force`) to drop every ledger below "
+            f"{before_ledger_id} (never the last one, an open one or one a cursor points into)"
+        )
+
+
 async def truncate_log(
-    bk: BookKeeper, name: str, before: LogPosition, *, password: bytes = b""
+    bk: BookKeeper, name: str, before: LogPosition, *, password: bytes = b"", force: bool = False
 ) -> LogPosition | None:
     """Drop the log's whole ledgers before ``before.ledger_id`` (bounded as the module says) and
-    delete them; a live writer keeps writing. Returns the log's first position afterwards (None: no
-    ledger). ``password`` (the log's) reads a sequenced log's last removed record and deletes the
-    dropped ledgers (without it they stay as orphans, logged). Raises NoSuchLog,
-    MetadataFormatError, MetadataUnavailable, BKInterfaceError (``before`` not a position)."""
+    delete them; a live writer keeps writing. ``before.ledger_id`` must be a ledger of the log (or
+    below its first: nothing to cut) unless ``force`` (`check_cut`). Returns the log's first
+    position afterwards (None: no ledger). ``password`` (the log's) reads a sequenced log's last
+    removed record and deletes the dropped ledgers (without it they stay as orphans, logged).
+    Raises NoSuchLog, MetadataFormatError, MetadataUnavailable, BKInterfaceError (``before`` not a
+    position, or not a ledger of the log)."""
     check_position(before, "before")
     manager = log_manager(bk)
     current = await manager.read(name)
+    check_cut(current.metadata, before.ledger_id, force=force)
     change, planned = await plan_truncation(bk, manager, current.metadata, before.ledger_id, password)
     for _ in range(CAS_ATTEMPTS_MAX):
         proposed = change(current.metadata)

@@ -79,6 +79,7 @@ from bookkeeper_aio.log._common import (
 )
 from bookkeeper_aio.log.position import LogPosition, check_position
 from bookkeeper_aio.log.truncation import (
+    check_cut,
     plan_truncation,
     retention_cut,
     settle_lost_truncation,
@@ -709,14 +710,16 @@ class LogWriter:
         await self._change(change, leader_ledger)
 
     # ------------------------------------------------------------------ truncation
-    async def truncate_before(self, position: LogPosition) -> LogPosition | None:
+    async def truncate_before(self, position: LogPosition, *, force: bool = False) -> LogPosition | None:
         """Drop the whole ledgers before ``position``'s ledger from the list (never the ledger being
         written, never past the slowest named cursor) and delete them. Returns the log's first
-        position afterwards. See `bookkeeper_aio.log.truncate_log`."""
+        position afterwards. A ledger the log does not list is refused unless ``force``. See
+        `bookkeeper_aio.log.truncate_log`."""
         check_position(position, "position")
         self._check_writable()
         async with self._roll_lock:
             await self._repair()
+            check_cut(self._versioned.metadata, position.ledger_id, force=force)
             return await self._truncate(position.ledger_id)
 
     async def _apply_retention(self) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bookkeeper_aio import BookKeeper, open_log_writer
+from bookkeeper_aio import BookKeeper, describe_log, open_log_writer
 from metadata.keys import ClusterKeys
 from tests.harness.sandbox import bkaio
 from tests.integration.log.conftest import Cluster
@@ -49,6 +49,18 @@ async def test_bad_input_at_the_command_line(cluster: Cluster, bk: BookKeeper, t
             ["log", "tail", "good", "--from", f"{last.ledger_id}:{last.entry_id + 5}", "--password", "pw"],
             "'good'",
         ),
+        "not in the log: truncate": (
+            ["log", "truncate", "good", "--before", f"{last.ledger_id + 1000}", "--password", "pw"],
+            "--force",
+        ),
+        "not in the log: cursor": (
+            ["log", "cursors", "good", "--set", f"c={last.ledger_id + 1000}:0"],
+            "'good'",
+        ),
+        "beyond: a cursor past a closed ledger's end": (
+            ["log", "cursors", "good", "--set", f"c={last.ledger_id}:{last.entry_id + 5}"],
+            "'good'",
+        ),
         "corrupt: show": (["log", "show", "broken"], "'broken'"),
         "corrupt: tail": (["log", "tail", "broken", "--password", "pw"], "'broken'"),
         "corrupt: truncate": (["log", "truncate", "broken", "--before", "1:0"], "'broken'"),
@@ -61,6 +73,11 @@ async def test_bad_input_at_the_command_line(cluster: Cluster, bk: BookKeeper, t
                 f"{what}: exit {code}, stderr {err.strip()[-300:]!r}, stdout {out.strip()[-200:]!r}"
             )
     assert not failures, "\n".join(failures)
+    info = await describe_log(bk, "good")
+    assert ([e.ledger_id for e in info.ledgers], info.cursors) == ([last.ledger_id], {})  # nothing changed
+    forced = ["log", "truncate", "good", "--before", f"{last.ledger_id + 1000}", "--force", "--json"]
+    code, out, err = await _run(tmp_path, *forced, "--password", "pw", *meta)
+    assert (code, json.loads(out)["dropped_ledgers"]) == (0, []), err  # the last ledger stays
     # a listing with a corrupt log among good ones: the good one is listed, the broken one named
     code, out, err = await _run(tmp_path, "log", "list", "--json", *meta)
     assert "Traceback" not in err

@@ -84,8 +84,10 @@ async def test_truncation_drops_whole_ledgers_and_readers_say_so(cluster: Cluste
     with pytest.raises(LogTruncated, match=r"'t'.*truncated.*start from 'earliest'") as caught:
         await open_log_reader(bk, "t", start=positions[0], password=b"pw")
     assert caught.value.first_position == (ledgers[2], 0)
-    # truncation never removes the last ledger, even when asked to cut beyond it
-    await truncate_log(bk, "t", LogPosition(ledgers[-1] + 100, 0), password=b"pw")
+    # a ledger the log does not list is refused; forced, truncation still never removes the last one
+    with pytest.raises(BKInterfaceError, match="not in the log"):
+        await truncate_log(bk, "t", LogPosition(ledgers[-1] + 100, 0), password=b"pw")
+    await truncate_log(bk, "t", LogPosition(ledgers[-1] + 100, 0), password=b"pw", force=True)
     assert [e.ledger_id for e in (await describe_log(bk, "t")).ledgers] == ledgers[-1:]
 
 

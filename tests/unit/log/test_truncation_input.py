@@ -116,3 +116,58 @@ async def test_truncate_log_with_nothing_to_cut_does_not_write_the_list() -> Non
         )
         assert (await describe_log(bk, "lg")).version == before
         await writer.close()
+
+
+async def test_a_cut_before_a_ledger_the_log_does_not_list_is_refused_unless_forced() -> None:
+    """An id past the last ledger (a typo) would drop every ledger but the last: refused by the
+    API and the writer alike, the list untouched; ``force=True`` cuts below it as asked."""
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg")
+        for _ in range(3):
+            await writer.append(b"a")
+            await writer.roll()
+        other_ledger = await bk.create_ledger(3, 2, 2)  # a ledger, but not the log's
+        await writer.roll()
+        ids = writer.ledger_ids
+        assert ids[-2] < other_ledger.id < ids[-1]
+        version = (await describe_log(bk, "lg")).version
+        for stray in (ids[-1] + 999_999, other_ledger.id):
+            with pytest.raises(BKInterfaceError, match=f"ledger {stray} is not in the log"):
+                await truncate_log(other, "lg", LogPosition(stray, 0))
+            with pytest.raises(BKInterfaceError, match="force=True"):
+                await writer.truncate_before(LogPosition(stray, 0))
+        info = await describe_log(bk, "lg")
+        assert (info.version, [e.ledger_id for e in info.ledgers]) == (version, list(ids))
+        assert await truncate_log(other, "lg", LogPosition(0, 0)) == LogPosition(ids[0], 0)  # below
+        assert await truncate_log(other, "lg", LogPosition(ids[1], 0)) == LogPosition(ids[1], 0)
+        assert await writer.truncate_before(LogPosition(ids[-1] + 5, 0), force=True) == LogPosition(
+            ids[-1], 0
+        )
+        assert [e.ledger_id for e in (await describe_log(bk, "lg")).ledgers] == [ids[-1]]
+        await writer.close()
+
+
+async def test_a_cursor_outside_the_log_is_refused() -> None:
+    """A cursor names a record the log holds: a ledger it does not list, or an entry past the end
+    of a ledger it closed, raises BKInterfaceError and stores nothing; an open ledger's entries
+    are not checked (its end still moves), and -1 (none of a ledger consumed) is a position."""
+    async with world() as w:
+        bk, other = w.clients
+        writer = await open_log_writer(bk, "lg")
+        await writer.append(b"a")
+        await writer.append(b"b")
+        closed = writer.ledger_id
+        await writer.roll()
+        for bad, match in (
+            (LogPosition(writer.ledger_id + 99_999, 0), "is not in the log"),
+            (LogPosition(closed, 2), "closed at entry 1"),
+            (LogPosition(closed, 99_999), "closed at entry 1"),
+        ):
+            with pytest.raises(BKInterfaceError, match=match):
+                await commit_cursor(other, "lg", "c", bad)
+        assert await read_cursors(other, "lg") == {}
+        for good in (LogPosition(closed, 1), LogPosition(closed, -1), LogPosition(writer.ledger_id, 50)):
+            await commit_cursor(other, "lg", "c", good)
+            assert await read_cursors(other, "lg") == {"c": good}
+        await writer.close()
