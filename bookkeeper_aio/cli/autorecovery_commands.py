@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import errno
 import os
 import signal
 import sys
@@ -114,8 +115,32 @@ def serve_metrics(metrics: AutorecoveryMetrics, host: str, port: int) -> WSGISer
 
     registry = CollectorRegistry()
     registry.register(AutorecoveryCollector(metrics))
-    server, _thread = start_http_server(port, addr=host, registry=registry)
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        if error.errno == errno.EADDRINUSE:
+            hint = (
+                f"another process listens on port {port} (`ss -ltnp 'sport = :{port}'` shows which): "
+                "choose another --metrics-port"
+            )
+        else:
+            hint = "check --metrics-host (an address of this host, or 0.0.0.0) and --metrics-port"
+        raise BKInterfaceError(
+            f"the metrics endpoint cannot listen on {host}:{port}: {reason}; {hint}"
+        ) from error
     return server
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 0..65535 (0: any free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is out of range 0..65535")
+    return port
 
 
 async def _exit_with(pid: int, stop: asyncio.Event) -> None:
@@ -628,7 +653,7 @@ def add_commands(sub: Any) -> None:
         default=None,
         help="seconds between checks of every ledger's replicas (default 86400; 0: never)",
     )
-    run.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    run.add_argument("--metrics-port", type=_port, default=None, help="serve Prometheus metrics on this port")
     run.add_argument(
         "--metrics-host",
         default=METRICS_HOST,

@@ -3,11 +3,15 @@ prometheus_client's default, every interface, before), like a bookie's admin end
 
 from __future__ import annotations
 
+import socket
 import urllib.request
+
+import pytest
 
 from bookkeeper_aio.autorecovery.metrics import AutorecoveryMetrics
 from bookkeeper_aio.cli.autorecovery_commands import serve_metrics
 from bookkeeper_aio.cli.main import _parser
+from bookkeeper_aio.errors import BKInterfaceError
 
 
 def test_the_metrics_endpoint_binds_loopback_by_default_and_serves() -> None:
@@ -36,3 +40,20 @@ def test_metrics_host_widens_it_when_asked() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_port_out_of_range_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("99999", "-1", "http"):
+        with pytest.raises(SystemExit) as exited:
+            _parser().parse_args(["autorecovery", "run", "--metrics-port", bad])
+        assert exited.value.code == 2
+        assert "--metrics-port" in capsys.readouterr().err
+
+
+def test_a_port_in_use_names_the_port_and_what_to_do() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(BKInterfaceError, match=rf"127\.0\.0\.1:{port}: .*choose another --metrics-port"):
+            serve_metrics(AutorecoveryMetrics(), "127.0.0.1", port)
