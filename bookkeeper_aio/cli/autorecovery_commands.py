@@ -25,6 +25,7 @@ import metadata
 from bookkeeper_aio.autorecovery.auditor import mark_ledgers_on
 from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
 from bookkeeper_aio.autorecovery.daemon import AutorecoveryDaemon, ReplacementDirectory
+from bookkeeper_aio.autorecovery.errors import EntryUnavailable, NoPasswordForLedger
 from bookkeeper_aio.autorecovery.lease import KeptLease
 from bookkeeper_aio.autorecovery.metrics import AutorecoveryCollector, AutorecoveryMetrics
 from bookkeeper_aio.autorecovery.worker import ReplicationWorker
@@ -34,7 +35,7 @@ from bookkeeper_aio.cli.admin_endpoint import ADMIN_TIMEOUT_S, check_admin_is, r
 from bookkeeper_aio.cli.demo import DEMO_PASSWORD
 from bookkeeper_aio.cli.state import ADMIN_TOKEN_ENV, admin_token, resolve_metadata_url
 from bookkeeper_aio.client.bookkeeper import BookKeeper, RegistryDirectory
-from bookkeeper_aio.errors import BKError, BKInterfaceError
+from bookkeeper_aio.errors import BKError, BKInterfaceError, NotEnoughBookies
 from metadata.keys import validate_name
 from metadata.underreplication import UnderReplicationManager
 
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 METRICS_HOST = "127.0.0.1"
 """Where ``autorecovery run --metrics-port`` listens unless ``--metrics-host`` says otherwise."""
 HEAL_RETRY_S = 1.0
+PROBLEM_SHOWN_MAX = 100
+"""Characters of the latest heal problem the progress line shows."""
 
 
 class NoSuchClusterHere(BKInterfaceError):
@@ -266,6 +269,31 @@ async def cmd_list(args: argparse.Namespace) -> int:
 # ---- recover / decommission -----------------------------------------------------------------------
 
 
+NEEDS_OPERATOR: dict[type[BKError], str] = {
+    NoPasswordForLedger: "give the ledger's password (--password PW or --password-file FILE)",
+    NotEnoughBookies: "start a writable bookie that the ledger's fragments do not list (every other "
+    "one is in them already, read-only, or being decommissioned)",
+    EntryUnavailable: "bring {bookie} back: no other replica has the entry, its disk may hold the only copy",
+}
+"""Heal failures that do not pass by themselves (unlike a metadata timeout, a daemon holding the
+ledger, an unreachable replica), with what the operator can do."""
+STUCK_S = 10.0
+"""How long every pending ledger may keep failing for a reason of `NEEDS_OPERATOR` before
+``recover`` / ``decommission`` stop, instead of retrying until ``--timeout`` (a bookie restarting
+passes within it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HealOutcome:
+    """What an inline heal did: ledgers ``healed``, the problems ``left`` (one line per ledger), and
+    ``stuck``: the error kinds (keys of `NEEDS_OPERATOR`) that made it stop before its timeout
+    (empty: it did not)."""
+
+    healed: int
+    left: list[str]
+    stuck: tuple[type[BKError], ...] = ()
+
+
 async def _heal_inline(
     bk: BookKeeper,
     urm: UnderReplicationManager,
@@ -274,26 +302,33 @@ async def _heal_inline(
     bookie_id: str,
     timeout_s: float,
     label: str,
-) -> tuple[int, list[str]]:
+) -> HealOutcome:
     """Heal the marks of ``ledger_ids`` with a worker of this process, under a lease kept alive
-    (a new one when it expired, as the daemon's) until done or ``timeout_s``; returns (ledgers
-    healed, problems left). A ledger whose heal failed (metadata timing out, no replacement, ...)
-    is tried again at the next round, its problem kept for the report."""
+    (a new one when it expired, as the daemon's) until done or ``timeout_s``. A ledger whose heal
+    failed (metadata timing out, no replacement, ...) is tried again at the next round, its problem
+    kept for the report and the latest one shown in the progress line; once every ledger left has
+    failed for `STUCK_S` for a reason that needs the operator (`NEEDS_OPERATOR`), it stops."""
     lease = KeptLease(urm.store, config.lease_ttl_s, owner=f"{label}-{bookie_id}")
     await lease.start()
     worker = ReplicationWorker(bk, urm, config, worker_id=f"{label}-{bookie_id}")
     pending = set(ledger_ids)
     problems: dict[int, str] = {}
+    blocked: dict[int, type[BKError]] = {}  # ledger -> the NEEDS_OPERATOR kind its last try met
+    latest = ""
     progress = output.Progress("heal", len(ledger_ids))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
+    stuck_since: float | None = None
+    stuck: tuple[type[BKError], ...] = ()
 
-    def copied() -> str:
-        return f"copied {_size(worker.metrics.bytes_copied)}"
+    def status() -> str:
+        copied = f"copied {_size(worker.metrics.bytes_copied)}"
+        return f"{copied}; {latest[:PROBLEM_SHOWN_MAX]}" if latest else copied
 
     try:
         while pending and loop.time() < deadline:
             for ledger_id in sorted(pending):
+                blocked.pop(ledger_id, None)
                 try:
                     mark = await urm.get(ledger_id)
                     if mark is None or bookie_id not in mark.missing:
@@ -307,20 +342,32 @@ async def _heal_inline(
                     if result.resolved or bookie_id in result.healed:
                         pending.discard(ledger_id)
                         problems.pop(ledger_id, None)
+                        latest = ""
                     else:
                         problems[ledger_id] = "open ledger: waiting for its writer or the grace period"
                 except (BKError, metadata.MetadataError, TimeoutError) as error:
                     # as in the daemon: retried at the next round (LeaseExpired: a new lease soon)
                     problems[ledger_id] = f"{type(error).__name__}: {str(error) or 'no answer in time'}"
-                progress.update(len(ledger_ids) - len(pending), copied())
+                    latest = f"ledger {ledger_id}: {problems[ledger_id]}"
+                    kind = next((kind for kind in NEEDS_OPERATOR if isinstance(error, kind)), None)
+                    if kind is not None:
+                        blocked[ledger_id] = kind
+                progress.update(len(ledger_ids) - len(pending), status())
+            if pending and all(ledger_id in blocked for ledger_id in pending):
+                stuck_since = loop.time() if stuck_since is None else stuck_since
+                if loop.time() - stuck_since >= STUCK_S:
+                    stuck = tuple(sorted({blocked[lid] for lid in pending}, key=lambda kind: kind.__name__))
+                    break
+            else:
+                stuck_since = None
             if pending:
                 await asyncio.sleep(HEAL_RETRY_S)
-        progress.update(len(ledger_ids) - len(pending), copied())
-        progress.finish(copied())
+        progress.update(len(ledger_ids) - len(pending), status())
+        progress.finish(status())
     finally:
         await lease.close()
     left = [f"ledger {lid}: {problems.get(lid, 'not healed in time')}" for lid in sorted(pending)]
-    return len(ledger_ids) - len(pending), left
+    return HealOutcome(len(ledger_ids) - len(pending), left, stuck)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,6 +377,7 @@ class BookiePresence:
     cookie: bool
     registered: bool
     ledgers: tuple[int, ...]  # the first few ledgers whose ensembles name it
+    writable: bool = False  # registered as writable (it runs and takes writes)
 
     @property
     def known(self) -> bool:
@@ -353,7 +401,12 @@ async def bookie_presence(
         if not page.more or not page.ledger_ids:
             break
         start_after = page.ledger_ids[-1]
-    return BookiePresence(cookie is not None, bookie_id in bookies.registered, tuple(naming[:ledgers_max]))
+    return BookiePresence(
+        cookie is not None,
+        bookie_id in bookies.registered,
+        tuple(naming[:ledgers_max]),
+        writable=bookie_id in bookies.writable,
+    )
 
 
 async def require_known_bookie(
@@ -376,11 +429,26 @@ def _client(meta: metadata.MetadataConnection, urm: UnderReplicationManager) -> 
 
 
 async def cmd_recover(args: argparse.Namespace) -> int:
-    """Re-replicate every ledger fragment on BOOKIE (lost, or suspect) to other bookies."""
+    """Re-replicate every ledger fragment on BOOKIE (lost, or suspect) to other bookies; refused
+    for a bookie registered writable unless ``--force``. With ``--cancel``: drop the marks a
+    recover of it left."""
+    if args.cancel:
+        return await _cancel_recover(args)
     config = _config(args)
     meta = await _connect(args)
     async with meta:
-        await require_known_bookie(meta, validate_name(args.bookie_id, "bookie id"), "bkaio recover")
+        bookie_id = validate_name(args.bookie_id, "bookie id")
+        presence = await require_known_bookie(meta, bookie_id, "bkaio recover")
+        if presence.writable and not args.force:
+            raise SystemExit(
+                f"bkaio recover: {bookie_id} is registered and writable (it runs): recover is for a lost "
+                "or suspect bookie; it marks every ledger on it, and the marks stay until each is copied "
+                "elsewhere (the daemons retry them, the under-replicated count stays up). To retire a "
+                f"running bookie use `bkaio decommission {bookie_id}`; to copy its ledgers anyway (a "
+                f"suspect disk) add --force. A bookie that was just killed stays registered until its "
+                "registration's lease runs out (its registration_ttl_s, 10 s by default): run this again "
+                f"then. `bkaio recover --cancel {bookie_id}` drops the marks an earlier recover left"
+            )
         urm = UnderReplicationManager(meta.store, meta.root)
         bk = _client(meta, urm)
         try:
@@ -413,12 +481,25 @@ async def _recover(
         progress=lambda s, m: scan.update(min(s, total), f"marked {m}"),
     )
     scan.finish(f"marked {len(marked)}")
-    healed, left = await _heal_inline(bk, urm, config, marked, bookie_id, args.timeout, reason)
-    result = {"bookie": bookie_id, "ledgers": len(marked), "healed": healed, "left": left}
+    outcome = await _heal_inline(bk, urm, config, marked, bookie_id, args.timeout, reason)
+    result = {"bookie": bookie_id, "ledgers": len(marked), "healed": outcome.healed, "left": outcome.left}
+    if outcome.stuck:
+        result["stopped"] = [kind.__name__ for kind in outcome.stuck]
     output.emit(result, as_json=args.json)
-    if left:
+    if outcome.stuck:
+        todo = "; ".join(
+            f"{kind.__name__}: {NEEDS_OPERATOR[kind].format(bookie=bookie_id)}" for kind in outcome.stuck
+        )
         print(
-            f"{len(left)} ledger(s) still list {bookie_id}; their marks stay for the autorecovery "
+            f"stopped before --timeout: for {STUCK_S:.0f} s every ledger left failed for a reason that "
+            f"does not pass by itself. {todo}. Then run this again; their marks stay meanwhile (the "
+            "autorecovery daemons meet the same problem)",
+            file=sys.stderr,
+        )
+        return 1
+    if outcome.left:
+        print(
+            f"{len(outcome.left)} ledger(s) still list {bookie_id}; their marks stay for the autorecovery "
             "daemons (`bkaio autorecovery list-underreplicated`), or run this again",
             file=sys.stderr,
         )
@@ -474,14 +555,14 @@ async def cmd_decommission(args: argparse.Namespace) -> int:
             deadline = loop.time() + args.timeout
             while True:  # new ledgers may have been placed on it meanwhile: until a scan finds none
                 code = await _recover(args, config, meta, urm, bk, reason="decommission")
+                if code != 0:  # timed out, or stuck on what needs the operator: said already
+                    return code
                 marked = await mark_ledgers_on(meta.ledger_manager(), urm, {bookie_id}, reason="decommission")
                 if not marked:
                     break
                 if loop.time() >= deadline:
                     print(f"ledgers still on {bookie_id}: {marked[:20]}", file=sys.stderr)
                     return 1
-            if code != 0:
-                return code
             cookie = await metadata.read_cookie(meta.store, meta.root, bookie_id)
             if cookie is not None:
                 await metadata.delete_cookie(meta.store, meta.root, bookie_id, cookie[1])
@@ -553,6 +634,32 @@ async def _cancel_decommission(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     output.emit(result, as_json=args.json)
+    return 0
+
+
+async def _cancel_recover(args: argparse.Namespace) -> int:
+    """End what ``bkaio recover BOOKIE`` left: the marks that list the bookie for ``operator``
+    alone lose it, by CAS (`UnderReplicationManager.unmark`: a bookie also marked for another
+    reason, `lost`, `replaced`, `decommission`, `check`, stays, and so do the mark's other
+    bookies; a mark left with no bookie goes). Ledgers already copied elsewhere stay where they
+    are."""
+    meta = await _connect(args)
+    async with meta:
+        urm = UnderReplicationManager(meta.store, meta.root)
+        bookie_id = validate_name(args.bookie_id, "bookie id")
+        dropped = kept = 0
+        async for mark in urm.iter_marks(on_undecodable=lambda _id, _error: None):
+            if bookie_id not in mark.missing:
+                continue
+            if mark.reasons_of(bookie_id) == ("operator",):
+                await urm.unmark(mark.ledger_id, bookie_id, "operator")
+                dropped += 1
+            else:
+                kept += 1
+    output.emit(
+        {"bookie": bookie_id, "marks_dropped": dropped, "marks_kept_for_other_reasons": kept},
+        as_json=args.json,
+    )
     return 0
 
 
@@ -675,6 +782,18 @@ def add_commands(sub: Any) -> None:
     listing.add_argument("--bookie", default=None, help="only ledgers missing this bookie")
     recover = _command(sub, "recover", cmd_recover, "re-replicate every ledger fragment on a bookie")
     _recover_options(recover)
+    recover.add_argument(
+        "--force",
+        action="store_true",
+        help="recover a bookie that is registered and writable (refused without it: use decommission to "
+        "retire a running bookie)",
+    )
+    recover.add_argument(
+        "--cancel",
+        action="store_true",
+        help="drop the marks a recover of the bookie left (those for `operator` alone; a mark for another "
+        "reason keeps it); ledgers already copied stay copied. Stop a running recover of it first",
+    )
     decommission = _command(
         sub, "decommission", cmd_decommission, "move every ledger off a bookie, then forget it (cookie)"
     )

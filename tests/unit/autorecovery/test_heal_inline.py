@@ -4,14 +4,17 @@ heal that timed out on metadata (the ledger is tried again, and reported if it s
 
 from __future__ import annotations
 
+import asyncio
 import types
 
 import pytest
 
 from bookkeeper_aio.autorecovery.config import AutorecoveryConfig
 from bookkeeper_aio.autorecovery.copier import CopyStats
+from bookkeeper_aio.autorecovery.errors import NoPasswordForLedger
 from bookkeeper_aio.autorecovery.worker import HealResult, ReplicationWorker
 from bookkeeper_aio.cli import autorecovery_commands
+from bookkeeper_aio.errors import NotEnoughBookies
 from metadata.memory import MemoryStore
 from metadata.underreplication import ReplicationLock, UnderReplicated, UnderReplicationManager
 
@@ -57,7 +60,7 @@ async def test_a_lease_that_expired_is_replaced(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(store, "grant_lease", grant_lease)
     monkeypatch.setattr(ReplicationWorker, "heal", heal_outliving_the_lease)
     bk = types.SimpleNamespace(context=None)
-    healed, left = await autorecovery_commands._heal_inline(
+    outcome = await autorecovery_commands._heal_inline(
         bk,  # type: ignore[arg-type]
         urm,
         AutorecoveryConfig(lease_ttl_s=2),
@@ -66,7 +69,7 @@ async def test_a_lease_that_expired_is_replaced(monkeypatch: pytest.MonkeyPatch)
         30.0,
         "recover",
     )
-    assert (healed, left) == (2, [])
+    assert (outcome.healed, outcome.left, outcome.stuck) == (2, [], ())
     assert len(granted) == 2  # a new lease for the ledger after the expiry
     assert await urm.get(2) is None
 
@@ -88,7 +91,7 @@ async def test_a_heal_timing_out_is_retried_and_reported(
 
     monkeypatch.setattr(ReplicationWorker, "heal", heal_timing_out)
     bk = types.SimpleNamespace(context=None)
-    healed, left = await autorecovery_commands._heal_inline(
+    outcome = await autorecovery_commands._heal_inline(
         bk,  # type: ignore[arg-type]
         urm,
         AutorecoveryConfig(),
@@ -97,9 +100,94 @@ async def test_a_heal_timing_out_is_retried_and_reported(
         1.5,
         "recover",
     )
-    assert healed == 1
-    assert left == ["ledger 2: TimeoutError: metadata CAS attempt over metadata_timeout_s"]
+    assert (outcome.healed, outcome.stuck) == (1, ())
+    assert outcome.left == ["ledger 2: TimeoutError: metadata CAS attempt over metadata_timeout_s"]
     assert attempts.count(1) == 2
     assert await urm.get(1) is None
     assert await urm.lock_holder(2) is None  # released
     assert "Traceback" not in capsys.readouterr().err
+
+
+async def test_every_ledger_failing_for_what_needs_the_operator_stops_it_early(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ledger without its password, another without a possible replacement: no retry helps,
+    so it stops once that has lasted STUCK_S (not at the timeout) and says why; a ledger failing
+    for a passing reason (a metadata timeout) is retried meanwhile until it heals."""
+    urm = UnderReplicationManager(MemoryStore(), ROOT)
+    for ledger_id in (1, 2, 3):
+        await urm.mark(ledger_id, [BOOKIE], reason="operator")
+    heal = _healed(urm)
+    attempts: list[int] = []
+
+    async def heal_failing(
+        self: ReplicationWorker, mark: UnderReplicated, lock: ReplicationLock | None = None
+    ) -> HealResult:
+        attempts.append(mark.ledger_id)
+        if mark.ledger_id == 1:
+            raise NoPasswordForLedger(f"ledger {mark.ledger_id}: no password of the daemon's matches")
+        if mark.ledger_id == 2:
+            raise NotEnoughBookies(f"no writable bookie to replace {BOOKIE}")
+        if attempts.count(3) <= 3:
+            raise TimeoutError("metadata CAS attempt over metadata_timeout_s")
+        return await heal(self, mark, lock)  # type: ignore[operator]
+
+    monkeypatch.setattr(ReplicationWorker, "heal", heal_failing)
+    monkeypatch.setattr(autorecovery_commands, "HEAL_RETRY_S", 0.05)
+    monkeypatch.setattr(autorecovery_commands, "STUCK_S", 0.3)
+    bk = types.SimpleNamespace(context=None)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    outcome = await autorecovery_commands._heal_inline(
+        bk,  # type: ignore[arg-type]
+        urm,
+        AutorecoveryConfig(),
+        [1, 2, 3],
+        BOOKIE,
+        60.0,
+        "recover",
+    )
+    assert loop.time() - started < 10  # not the 60 s timeout
+    assert attempts.count(3) == 4  # the passing failure: retried until it healed
+    assert outcome.healed == 1
+    assert outcome.stuck == (NoPasswordForLedger, NotEnoughBookies)
+    assert [line.split(":")[0] for line in outcome.left] == ["ledger 1", "ledger 2"]
+    assert "NoPasswordForLedger" in outcome.left[0]
+    assert [mark.ledger_id for mark in [await urm.get(1), await urm.get(2)] if mark] == [1, 2]  # kept
+    assert await urm.lock_holder(1) is None
+    final = capsys.readouterr().err.strip().splitlines()[-1]
+    assert final.startswith("heal ["), final
+    assert "ledger 2: NotEnoughBookies" in final, final  # the latest problem, in the progress line
+
+
+async def test_a_ledger_held_by_a_daemon_does_not_stop_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One ledger needs the operator, the other is being healed by a daemon (that passes): it goes
+    on until the timeout."""
+    store = MemoryStore()
+    urm = await _marked(store)
+    lease = await store.grant_lease(30)
+    assert await urm.acquire(2, "a-daemon", lease) is not None
+
+    async def heal_without_password(
+        self: ReplicationWorker, mark: UnderReplicated, lock: ReplicationLock | None = None
+    ) -> HealResult:
+        raise NoPasswordForLedger(f"ledger {mark.ledger_id}: no password of the daemon's matches")
+
+    monkeypatch.setattr(ReplicationWorker, "heal", heal_without_password)
+    monkeypatch.setattr(autorecovery_commands, "HEAL_RETRY_S", 0.05)
+    monkeypatch.setattr(autorecovery_commands, "STUCK_S", 0.1)
+    bk = types.SimpleNamespace(context=None)
+    outcome = await autorecovery_commands._heal_inline(
+        bk,  # type: ignore[arg-type]
+        urm,
+        AutorecoveryConfig(),
+        [1, 2],
+        BOOKIE,
+        1.0,
+        "recover",
+    )
+    assert outcome.stuck == ()
+    assert outcome.left == [
+        "ledger 1: NoPasswordForLedger: ledger 1: no password of the daemon's matches",
+        "ledger 2: being healed by a daemon",
+    ]
