@@ -74,7 +74,11 @@ def add_commands(sub: Any) -> None:
     cursors = _command(logs, "cursors", cmd_log_cursors, "list a log's named cursors, or set / delete one")
     cursors.add_argument("name")
     cursors.add_argument(
-        "--set", dest="set_cursor", default=None, help="CURSOR=LEDGER:ENTRY (the last consumed)"
+        "--set",
+        dest="set_cursor",
+        default=None,
+        help="CURSOR=LEDGER:ENTRY: the last record consumed, one the log holds (a ledger of its list; "
+        "at most a closed ledger's last entry)",
     )
     cursors.add_argument("--delete", dest="delete_cursor", default=None, help="CURSOR to delete")
 
