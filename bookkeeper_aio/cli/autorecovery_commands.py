@@ -328,16 +328,17 @@ async def _heal_inline(
     try:
         while pending and loop.time() < deadline:
             for ledger_id in sorted(pending):
-                blocked.pop(ledger_id, None)
                 try:
                     mark = await urm.get(ledger_id)
                     if mark is None or bookie_id not in mark.missing:
                         pending.discard(ledger_id)
                         continue
                     lock = await urm.acquire(ledger_id, worker.worker_id, lease.lease_id())
-                    if lock is None:
-                        problems[ledger_id] = "being healed by a daemon"
+                    if lock is None:  # a daemon's turn: what our last try met still holds
+                        if ledger_id not in blocked:
+                            problems[ledger_id] = "being healed by a daemon"
                         continue
+                    blocked.pop(ledger_id, None)
                     result = await worker.heal_locked(lock)
                     if result.resolved or bookie_id in result.healed:
                         pending.discard(ledger_id)
@@ -350,7 +351,9 @@ async def _heal_inline(
                     problems[ledger_id] = f"{type(error).__name__}: {str(error) or 'no answer in time'}"
                     latest = f"ledger {ledger_id}: {problems[ledger_id]}"
                     kind = next((kind for kind in NEEDS_OPERATOR if isinstance(error, kind)), None)
-                    if kind is not None:
+                    if kind is None:
+                        blocked.pop(ledger_id, None)
+                    else:
                         blocked[ledger_id] = kind
                 progress.update(len(ledger_ids) - len(pending), status())
             if pending and all(ledger_id in blocked for ledger_id in pending):

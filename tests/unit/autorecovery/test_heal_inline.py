@@ -191,3 +191,41 @@ async def test_a_ledger_held_by_a_daemon_does_not_stop_it(monkeypatch: pytest.Mo
         "ledger 1: NoPasswordForLedger: ledger 1: no password of the daemon's matches",
         "ledger 2: being healed by a daemon",
     ]
+
+
+async def test_a_daemon_taking_its_turn_at_a_stuck_ledger_does_not_keep_it_going(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A daemon retries the same marks: when it holds the lock of a ledger whose last try here met
+    a missing password, that ledger still needs the operator (a daemon meets the same problem)."""
+    urm = await _marked(MemoryStore())
+    acquire = urm.acquire
+    tries: list[int] = []
+
+    async def acquire_unless_a_daemon_holds_it(ledger_id: int, owner: str, lease_id: int) -> object:
+        tries.append(ledger_id)
+        if ledger_id == 1 and tries.count(1) > 1:
+            return None  # a daemon's try at it, every round from now on
+        return await acquire(ledger_id, owner, lease_id)
+
+    async def no_password(
+        self: ReplicationWorker, mark: UnderReplicated, lock: ReplicationLock | None = None
+    ) -> HealResult:
+        raise NoPasswordForLedger(f"ledger {mark.ledger_id}: no password of the daemon's matches")
+
+    monkeypatch.setattr(urm, "acquire", acquire_unless_a_daemon_holds_it)
+    monkeypatch.setattr(ReplicationWorker, "heal", no_password)
+    monkeypatch.setattr(autorecovery_commands, "HEAL_RETRY_S", 0.05)
+    monkeypatch.setattr(autorecovery_commands, "STUCK_S", 0.2)
+    bk = types.SimpleNamespace(context=None)
+    outcome = await autorecovery_commands._heal_inline(
+        bk,  # type: ignore[arg-type]
+        urm,
+        AutorecoveryConfig(),
+        [1, 2],
+        BOOKIE,
+        60.0,
+        "recover",
+    )
+    assert outcome.stuck == (NoPasswordForLedger,)
+    assert outcome.left[0] == "ledger 1: NoPasswordForLedger: ledger 1: no password of the daemon's matches"
