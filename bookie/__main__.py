@@ -36,7 +36,7 @@ from bookie.registration import (
     MetadataRegistration,
 )
 from bookie.server import BookieServer, ListenError
-from bookkeeper_aio.common.logging_setup import configure_logging
+from bookkeeper_aio.common.logging_setup import LoggingConfigError, configure_logging
 from bookkeeper_aio.common.tls import TlsConfigError
 from metadata import MetadataError
 
@@ -119,7 +119,11 @@ def main(argv: list[str] | None = None) -> None:
     except (TlsConfigError, AuthConfigError) as exc:
         print(f"bookie: configuration error: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
-    configure_logging(level=config.log_level)
+    try:
+        configure_logging(level=config.log_level)
+    except LoggingConfigError as exc:  # $BKAIO_LOG_FORMAT
+        print(f"bookie: configuration error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
     keep_big_buffers()  # batch reads' frames reused from the heap (bookie/malloc.py)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         code = runner.run(serve(config))

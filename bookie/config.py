@@ -31,6 +31,7 @@ from metadata.cluster import parse_url
 from metadata.errors import InvalidUrl
 
 ENV_PREFIX = "BKAIO_BOOKIE_"
+LOG_LEVEL_ENV = "BKAIO_LOG_LEVEL"
 _RECORD_OVERHEAD_BYTES = fmt.ENTRY_RECORD_OVERHEAD_BYTES_MAX  # compaction copies format-2 records too
 
 
@@ -531,6 +532,10 @@ def load(
         for key, value in table.items():
             values[key] = _coerce(key, value, f"config file {args.config}")
             sources[key] = f"config file {args.config}"
+    # every process's $BKAIO_LOG_LEVEL (docs/configuration.md), as environment; the bookie's own wins
+    if env.get(LOG_LEVEL_ENV) and f"{ENV_PREFIX}LOG_LEVEL" not in env:
+        values["log_level"] = env[LOG_LEVEL_ENV].lower()
+        sources["log_level"] = f"environment {LOG_LEVEL_ENV}"
     for key, value in env.items():
         if key.startswith(ENV_PREFIX):
             name = key[len(ENV_PREFIX) :].lower()
@@ -542,7 +547,14 @@ def load(
             values[name] = _coerce(name, flag_value, f"flag --{name.replace('_', '-')}")
             sources[name] = f"flag --{name.replace('_', '-')}"
     args.sources = sources
-    return BookieConfig(**values).validate(), args
+    try:
+        return BookieConfig(**values).validate(), args
+    except ConfigError as exc:
+        # a message starts with the key it is about: name where that key's value came from
+        key = str(exc).split(" ", 1)[0].rstrip(":")
+        if key in sources:
+            raise ConfigError(f"{sources[key]}: {exc}") from None
+        raise
 
 
 def effective_toml(config: BookieConfig, sources: Mapping[str, str]) -> str:

@@ -23,7 +23,7 @@ from bookkeeper_aio.cli.bench import BenchFailed, PeerUnavailable
 from bookkeeper_aio.cli.netns import NetnsUnavailable
 from bookkeeper_aio.cli.procs import ChildFailed
 from bookkeeper_aio.client.discovery import CLIENT_CONFIG_ENV
-from bookkeeper_aio.common.logging_setup import configure_logging
+from bookkeeper_aio.common.logging_setup import LEVELS, LoggingConfigError, configure_logging, env_log_level
 from bookkeeper_aio.errors import BKError
 
 
@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level",
         default=None,
+        type=str.lower,
+        choices=LEVELS,
         help="debug | info | warning | error (default: error, so a failure is one clear line; "
         "$BKAIO_LOG_LEVEL sets it too)",
     )
@@ -118,8 +120,12 @@ def _main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `bkaio bench` records its command
     daemon = args.command == "autorecovery" and getattr(args, "autorecovery_command", None) == "run"
-    level = log_level(args.log_level, args.verbose, daemon=daemon)
-    configure_logging(level)
+    try:
+        level = log_level(args.log_level, args.verbose, daemon=daemon)
+        configure_logging(level)
+    except LoggingConfigError as exc:  # $BKAIO_LOG_LEVEL or $BKAIO_LOG_FORMAT: a usage error
+        print(f"bkaio: {exc}", file=sys.stderr)
+        return 2
     if args.client_config:
         os.environ[CLIENT_CONFIG_ENV] = args.client_config  # read by every client this command makes
     name = " ".join(filter(None, ["bkaio", args.command, getattr(args, f"{args.command}_command", None)]))
@@ -199,12 +205,13 @@ def _hint(exc: BaseException) -> str:
 def log_level(given: str | None, verbose: int, *, daemon: bool = False) -> str:
     """``--log-level``, else ``-v`` (warning, info, debug), else ``$BKAIO_LOG_LEVEL``, else error: a
     command that fails prints its one-line error, not the client's log lines leading to it. A
-    daemon (``autorecovery run``) logs warnings by default: its log is what an operator reads."""
+    daemon (``autorecovery run``) logs warnings by default: its log is what an operator reads.
+    Raises `LoggingConfigError` for a ``$BKAIO_LOG_LEVEL`` that is no level."""
     if given:
         return given
     if verbose:
         return ("warning", "info", "debug")[min(verbose, 3) - 1]
-    return os.environ.get("BKAIO_LOG_LEVEL") or ("warning" if daemon else "error")
+    return env_log_level() or ("warning" if daemon else "error")
 
 
 def _os_error(exc: OSError, args: argparse.Namespace) -> str:

@@ -15,6 +15,36 @@ from typing import Any
 import structlog
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+LEVELS = tuple(_LEVELS)
+"""The log levels every process takes (``--log-level``, ``$BKAIO_LOG_LEVEL``, a bookie's ``log_level``)."""
+FORMATS = ("json", "console")
+"""The values of ``$BKAIO_LOG_FORMAT``."""
+LEVEL_ENV = "BKAIO_LOG_LEVEL"
+FORMAT_ENV = "BKAIO_LOG_FORMAT"
+
+
+class LoggingConfigError(ValueError):
+    """A log level or format that is none of the known ones; the message names where it came from."""
+
+
+def env_log_level() -> str | None:
+    """``$BKAIO_LOG_LEVEL``, lower-cased, or None when unset or empty; raises `LoggingConfigError`
+    for a value that is no level (a typo must not silently log at another level)."""
+    return _env_choice(LEVEL_ENV, LEVELS)
+
+
+def env_log_format() -> str | None:
+    """``$BKAIO_LOG_FORMAT``, lower-cased, or None when unset or empty; raises `LoggingConfigError`."""
+    return _env_choice(FORMAT_ENV, FORMATS)
+
+
+def _env_choice(name: str, choices: tuple[str, ...]) -> str | None:
+    value = os.environ.get(name, "")
+    if not value:
+        return None
+    if value.lower() not in choices:
+        raise LoggingConfigError(f"${name}={value!r}: use one of {', '.join(choices)}")
+    return value.lower()
 
 
 class _DroppingPrintLogger(structlog.PrintLogger):
@@ -47,15 +77,16 @@ def configure_logging(level: str | None = None, json: bool | None = None, stream
     """Configure structlog for this process.
 
     ``level`` defaults to ``$BKAIO_LOG_LEVEL`` or ``info``; ``json`` defaults to "stream is not a
-    TTY" (``$BKAIO_LOG_FORMAT=json|console`` overrides).
+    TTY" (``$BKAIO_LOG_FORMAT=json|console`` overrides). Raises `LoggingConfigError` for a level,
+    or either variable, that is none of the known values.
     """
     out = stream if stream is not None else sys.stderr
-    name = (level or os.environ.get("BKAIO_LOG_LEVEL") or "info").lower()
+    name = level.lower() if level else env_log_level() or "info"
     if name not in _LEVELS:
-        raise ValueError(f"log level {name!r}: use one of {', '.join(_LEVELS)}")
+        raise LoggingConfigError(f"log level {level!r}: use one of {', '.join(LEVELS)}")
     if json is None:
-        fmt = os.environ.get("BKAIO_LOG_FORMAT", "")
-        json = fmt == "json" or (fmt != "console" and not out.isatty())
+        fmt = env_log_format()
+        json = fmt == "json" or (fmt is None and not out.isatty())
     renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
     structlog.configure(
         processors=[

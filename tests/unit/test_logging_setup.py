@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -59,3 +61,49 @@ def test_a_writable_stream_gets_json_lines() -> None:
     assert len(lines) == 1
     assert '"event": "kept"' in lines[0]
     assert '"answer": 42' in lines[0]
+
+
+@pytest.mark.usefixtures("restore_structlog")
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"BKAIO_LOG_LEVEL": "loud"}, "$BKAIO_LOG_LEVEL='loud': use one of debug, info, warning, error"),
+        ({"BKAIO_LOG_FORMAT": "xml"}, "$BKAIO_LOG_FORMAT='xml': use one of json, console"),
+    ],
+)
+def test_an_unknown_level_or_format_in_the_environment_is_refused(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], said: str
+) -> None:
+    """Before, ``$BKAIO_LOG_FORMAT=xml`` was ignored silently (console or JSON by the TTY)."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(logging_setup.LoggingConfigError) as raised:
+        logging_setup.configure_logging(stream=io.StringIO())
+    assert str(raised.value) == said
+
+
+@pytest.mark.usefixtures("restore_structlog")
+def test_the_environment_is_case_insensitive(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BKAIO_LOG_LEVEL", "WARNING")
+    monkeypatch.setenv("BKAIO_LOG_FORMAT", "JSON")
+    stream = io.StringIO()
+    logging_setup.configure_logging(stream=stream)
+    structlog.get_logger("test").info("below.level")
+    structlog.get_logger("test").warning("kept")
+    assert stream.getvalue().startswith("{")
+    assert '"kept"' in stream.getvalue()
+    assert "below.level" not in stream.getvalue()
+
+
+def test_the_library_imports_despite_a_bad_format_in_the_environment() -> None:
+    """The client configures a default on import: the application reports a bad variable, not the
+    import of the library."""
+    result = subprocess.run(
+        [sys.executable, "-c", "import bookkeeper_aio.client"],
+        env={**os.environ, "BKAIO_LOG_FORMAT": "xml"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr

@@ -58,6 +58,39 @@ def test_bad_values_are_refused_with_the_key_named(
         load(argv, env=env)
 
 
+@pytest.mark.parametrize(
+    ("argv", "env", "toml", "message"),
+    [
+        (["--port", "70000"], {}, "", "flag --port: port 70000 is out of range 0..65535"),
+        ([], {"BKAIO_BOOKIE_PORT": "70000"}, "", "environment BKAIO_BOOKIE_PORT: port 70000 is out of range"),
+        ([], {}, "port = 70000\n", "config file {toml}: port 70000 is out of range"),
+        (["--connections-max", "0"], {}, "", "flag --connections-max: connections_max must be > 0"),
+        ([], {"BKAIO_LOG_LEVEL": "loud"}, "", "environment BKAIO_LOG_LEVEL: log_level 'loud': use debug,"),
+    ],
+)
+def test_a_range_error_names_where_the_value_came_from(
+    tmp_path: Path, argv: list[str], env: dict[str, str], toml: str, message: str
+) -> None:
+    """docs/configuration.md: a wrong value's message names the key and its source."""
+    path = tmp_path / "bookie.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as raised:
+        load(["--data-dir", "/d", "--config", str(path), *argv], env=env)
+    assert str(raised.value).startswith(message.format(toml=path)), raised.value
+
+
+def test_bkaio_log_level_sets_the_bookies_level_below_its_own_key_and_flag() -> None:
+    """docs/configuration.md: ``$BKAIO_LOG_LEVEL`` holds for every process, the bookie too (it was
+    ignored: the bookie passed its own default, info, to the logging set-up)."""
+    argv = ["--data-dir", "/d", "--port", "3181"]
+    assert load(argv, env={})[0].log_level == "info"
+    config, args = load(argv, env={"BKAIO_LOG_LEVEL": "ERROR"})
+    assert (config.log_level, args.sources["log_level"]) == ("error", "environment BKAIO_LOG_LEVEL")
+    both = {"BKAIO_LOG_LEVEL": "error", "BKAIO_BOOKIE_LOG_LEVEL": "debug"}
+    assert load(argv, env=both)[0].log_level == "debug"
+    assert load([*argv, "--log-level", "warning"], env=both)[0].log_level == "warning"
+
+
 def test_toml_type_errors_and_unknown_keys(tmp_path: Path) -> None:
     toml = tmp_path / "bad.toml"
     toml.write_text('data_dir = "/d"\nport = "x"\n')
