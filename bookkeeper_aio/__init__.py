@@ -90,6 +90,7 @@ _EXPORTS: dict[str, str] = {
         ],
         "bookkeeper_aio.log.admin",
     ),
+    "LedgerMetadata": "metadata.ledger_metadata",
     "ReplacedBookie": "metadata.ledger_metadata",
     # what metadata operations raise (a BKError each): unreachable etcd, an unknown CAS outcome, garbage
     **dict.fromkeys(
@@ -127,6 +128,7 @@ __all__ = [
     "LedgerEntry",
     "LedgerFenced",
     "LedgerHandle",
+    "LedgerMetadata",
     "LedgerRecoveryError",
     "LedgerState",
     "LogFenced",
@@ -244,4 +246,4 @@ if TYPE_CHECKING:
         MetadataFormatError,
         MetadataUnavailable,
     )
-    from metadata.ledger_metadata import LedgerState, ReplacedBookie
+    from metadata.ledger_metadata import LedgerMetadata, LedgerState, ReplacedBookie
