@@ -11,6 +11,7 @@ URL forms:
 
 from __future__ import annotations
 
+import math
 import time
 import urllib.parse
 import uuid
@@ -83,7 +84,13 @@ def _options(pairs: list[tuple[str, str]]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for name, value in pairs:
         if name in _FLOAT_OPTIONS:
-            options[name] = float(value)
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = math.nan
+            if not (math.isfinite(seconds) and seconds > 0):
+                raise ValueError(f"{name}={value!r}: must be a positive number of seconds")
+            options[name] = seconds
         elif name in _TEXT_OPTIONS:
             options[name] = value
         elif name == "tls" and value in ("0", "1", "true", "false"):

@@ -27,12 +27,14 @@ import metadata
 from bookkeeper_aio.cli import autorecovery_commands, id_commands, output, state
 from bookkeeper_aio.cli import passwords as cli_passwords
 from bookkeeper_aio.cli.admin_endpoint import check_admin_is
+from bookkeeper_aio.cli.argtypes import int_in
 from bookkeeper_aio.cli.demo import DEMO_PASSWORD
 from bookkeeper_aio.cli.state import METADATA_ENV, resolve_metadata_url
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.client.ledger import LedgerHandle
 from bookkeeper_aio.errors import BKError, Unauthorized
 from bookkeeper_aio.protocol import messages as m
+from metadata.store import LIST_PAGE_LIMIT_MAX
 
 BOOKIE_INFO_TIMEOUT_S = 3.0
 
@@ -344,29 +346,25 @@ async def _gc_endpoint(args: argparse.Namespace) -> str:
     published loopback address names, from another host, that host's own bookie:
     :mod:`bookkeeper_aio.cli.admin_endpoint`, as ``decommission`` does); else the argument itself
     taken as the endpoint's HOST:PORT."""
-    try:
-        url = _url(args)
-    except Exception:  # noqa: BLE001 (no cluster configured: only HOST:PORT can work)
-        url = None
     registered = False
     admin = args.admin
-    if url is not None:
-        try:
-            async with metadata.connect(url) as meta:
-                found = await metadata.list_bookies(meta.store, meta.root)
-            info = found.writable.get(args.bookie) or found.readonly.get(args.bookie)
-        except metadata.MetadataError:
-            if ":" not in args.bookie and not admin:
-                raise
-            info = None
-        if info is not None:
-            registered = True
-            admin = admin or info.attributes.get("admin")
-            if not admin:
-                raise SystemExit(
-                    f"bkaio bookie gc: bookie {args.bookie} runs without an admin endpoint: restart it "
-                    "with --admin-port, or pass its admin HOST:PORT"
-                )
+    try:
+        url = _url(args)
+        async with metadata.connect(url) as meta:
+            found = await metadata.list_bookies(meta.store, meta.root)
+        info = found.writable.get(args.bookie) or found.readonly.get(args.bookie)
+    except (state.NoClusterConfigured, metadata.MetadataError):
+        if ":" not in args.bookie and not admin:
+            raise  # a bookie id is found through the cluster: say why that failed
+        info = None  # HOST:PORT, or --admin, works without it
+    if info is not None:
+        registered = True
+        admin = admin or info.attributes.get("admin")
+        if not admin:
+            raise SystemExit(
+                f"bkaio bookie gc: bookie {args.bookie} runs without an admin endpoint: restart it "
+                "with --admin-port, or pass its admin HOST:PORT"
+            )
     if admin and (registered or args.admin):
         await asyncio.to_thread(check_admin_is, admin, args.bookie)
         return str(admin)
@@ -487,7 +485,12 @@ def add_commands(sub: Any) -> None:
     id_commands.add_command(cluster, _command)
     _command(sub, "bookies", cmd_bookies, "list registered bookies (writable / read-only) with disk usage")
     ledgers = _command(sub, "ledgers", cmd_ledgers, "list ledger ids, a page at a time")
-    ledgers.add_argument("--limit", type=int, default=100, help="ledgers per page (default 100)")
+    ledgers.add_argument(
+        "--limit",
+        type=int_in(1, LIST_PAGE_LIMIT_MAX),
+        default=100,
+        help=f"ledgers per page, 1..{LIST_PAGE_LIMIT_MAX} (default 100)",
+    )
     ledgers.add_argument("--after", type=int, default=None, help="start after this ledger id (next page)")
     ledgers.add_argument("-l", "--long", action="store_true", help="show state, last entry and length too")
     ledger = _group(sub, "ledger", "one ledger: show its metadata, read its entries, delete it")
@@ -541,7 +544,7 @@ def add_commands(sub: Any) -> None:
         "sandbox's): the bookie's admin_token_file, or <its data dir>/admin.token",
     )
     simple = _command(sub, "simpletest", cmd_simpletest, "create, write, read back and delete one ledger")
-    simple.add_argument("--entries", type=int, default=100, help="entries to write (default 100)")
+    simple.add_argument("--entries", type=int_in(1), default=100, help="entries to write (default 100)")
     simple.add_argument(
         "--ensemble", "-E", type=int, default=3, help="bookies the ledger is striped over (default 3)"
     )

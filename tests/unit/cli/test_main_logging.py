@@ -1,7 +1,10 @@
 """``bkaio``'s log level: a failing command prints its one clear line, not the client's JSON log
-lines above it; ``-v`` (or ``--log-level``, or ``$BKAIO_LOG_LEVEL``) shows them."""
+lines above it; ``-v`` (or ``--log-level``, or ``$BKAIO_LOG_LEVEL``) shows them. A bad value (of an
+option, a variable, a URL) is one line too, never a traceback or "a bug"."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +112,65 @@ def test_an_unexpected_error_is_one_line_and_its_traceback_is_on_request(
     )
     assert cli_main.main(["--log-level", "debug", "ledgers", "--metadata", "memory:///x"]) == 1
     assert "Traceback" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "said"),
+    [
+        (["--log-level", "loud", "ledgers"], {}, "argument --log-level: invalid choice: 'loud'"),
+        (["ledgers"], {"BKAIO_LOG_LEVEL": "loud"}, "bkaio: $BKAIO_LOG_LEVEL='loud': use one of debug,"),
+        (["ledgers"], {"BKAIO_LOG_FORMAT": "xml"}, "bkaio: $BKAIO_LOG_FORMAT='xml': use one of json,"),
+        (["ledgers", "--limit", "0"], {}, "argument --limit: 0 is out of range: must be in 1..10000"),
+        (["ledgers", "--limit", "10001"], {}, "argument --limit: 10001 is out of range"),
+        (["simpletest", "--entries", "-1"], {}, "argument --entries: -1 is out of range: must be >= 1"),
+    ],
+)
+def test_a_bad_value_is_a_usage_error_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    env: dict[str, str],
+    said: str,
+) -> None:
+    """Exit 2 with the option (or variable) and what it takes; before, a traceback, an
+    "unexpected ValueError ... (a bug" line, or (``simpletest --entries -1``) ``ok True``."""
+    monkeypatch.delenv("BKAIO_LOG_LEVEL", raising=False)
+    monkeypatch.delenv("BKAIO_LOG_FORMAT", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    try:
+        code = cli_main.main([*argv, "--metadata", "memory:///x"])
+    except SystemExit as exit_:  # argparse's usage errors
+        code = exit_.code  # type: ignore[assignment]
+    assert code == 2
+    err = capsys.readouterr().err
+    assert said in err
+    assert "Traceback" not in err
+    assert "a bug" not in err
+
+
+def test_a_metadata_url_with_a_negative_timeout_is_an_invalid_url(capsys: pytest.CaptureFixture[str]) -> None:
+    url = "etcd://127.0.0.1:1/bookkeeper/x?op_timeout_s=-1"
+    assert cli_main.main(["ledgers", "--metadata", url]) == 1
+    err = capsys.readouterr().err
+    assert "bkaio ledgers: InvalidUrl: bad metadata URL" in err
+    assert "op_timeout_s='-1': must be a positive number of seconds" in err
+    assert "a bug" not in err
+
+
+def test_bookie_gc_says_why_it_cannot_find_a_bookie_id(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bookie id is looked up in the cluster: an etcd that refuses, or no cluster at all, is the
+    reason shown (before: "'bookie-0' is no registered bookie", as if the lookup had worked)."""
+    monkeypatch.setenv("BKAIO_HOME", str(tmp_path))  # no sandbox state
+    monkeypatch.delenv("BKAIO_METADATA", raising=False)
+    refused = ["bookie", "gc", "bookie-0", "--metadata", "etcd://127.0.0.1:1/bookkeeper/x"]
+    assert cli_main.main(refused) == 1
+    err = capsys.readouterr().err
+    assert "MetadataUnavailable: connection refused by every etcd endpoint (127.0.0.1:1)" in err
+    assert "no registered bookie" not in err
+    assert cli_main.main(["bookie", "gc", "bookie-0"]) == 1
+    err = capsys.readouterr().err
+    assert "bkaio bookie gc: no cluster given: pass --metadata" in err
+    assert "no registered bookie" not in err

@@ -34,6 +34,12 @@ def test_defaults_and_memory_url() -> None:
         "etcd://host:notaport/bookkeeper/x",
         "etcd://host:2379/bookkeeper/x/",
         "etcd://host:2379/bookkeeper/x?bogus=1",
+        "etcd://host:2379/bookkeeper/x?op_timeout_s=-1",
+        "etcd://host:2379/bookkeeper/x?op_timeout_s=0",
+        "etcd://host:2379/bookkeeper/x?connect_timeout_s=nan",
+        "etcd://host:2379/bookkeeper/x?connect_timeout_s=inf",
+        "etcd://host:2379/bookkeeper/x?op_timeout_s=soon",
+        "memory:///bookkeeper/x?op_timeout_s=-1",
     ],
 )
 def test_bad_urls_raise_invalid_url(url: str) -> None:
