@@ -6,7 +6,9 @@ print the connection string and the process table, run the demo (unless ``--no-d
 until Ctrl-C / SIGTERM and stop every child cleanly (SIGTERM, then SIGKILL after a grace period).
 
 The data directory is reused by a second run when the previous sandbox has stopped (bookie data and
-etcd state survive); ``--fresh`` wipes it first. A data directory in use by a live sandbox is refused.
+etcd state survive); ``--fresh`` wipes it first. A data directory in use by a live sandbox is refused,
+and so is a second sandbox for the same ``$BKAIO_HOME`` (its state file says where the commands go:
+a second sandbox runs with a home of its own).
 Bookies reclaim the space of deleted ledgers by garbage collection (``bkaio bookie gc`` runs a pass
 now); the first line says how big the data directory is and how to wipe it.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import os
 import secrets
@@ -41,6 +44,7 @@ ETCD_READY_TIMEOUT_S = 30.0
 BOOKIE_READY_TIMEOUT_S = 30.0
 DEFAULT_ROOT = "/bookkeeper/sandbox"
 PID_FILE = "sandbox.pid"
+HOME_LOCK_FILE = "sandbox.lock"
 CHILDREN_FILE = "sandbox.children"
 NETNS_FILE = "sandbox.netns"
 AUTORECOVERY_PASSWORDS_FILE = "autorecovery.passwords"
@@ -302,6 +306,52 @@ def _admin_address(child: Child) -> str:
     return ""
 
 
+_OWN_HOME = (
+    "or give a second sandbox a home of its own: `BKAIO_HOME=DIR bkaio sandbox` (data in DIR/sandbox), "
+    "and its commands the same BKAIO_HOME (or --metadata with the URL it prints)"
+)
+
+
+@contextmanager
+def _home_lock() -> Iterator[None]:
+    """One live sandbox per ``$BKAIO_HOME``: every command finds the sandbox through the home's one
+    state file, which a second sandbox would overwrite (and remove when it stops), taking the
+    commands, and the admin token, away from the first. A lock on ``$BKAIO_HOME/sandbox.lock``
+    (released by the kernel however this process ends; the children do not inherit it) holds
+    the home from before the start until the state file is removed; it records the owner's pid."""
+    home = state.home()
+    home.mkdir(parents=True, exist_ok=True)
+    fd = os.open(home / HOME_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ChildFailed(_home_in_use(home, os.pread(fd, 32, 0).decode(errors="replace"))) from None
+        recorded = state.read_state() or {}
+        other = int(recorded.get("pid", 0))
+        if other and other != os.getpid() and state.sandbox_alive(other):  # one without this lock
+            raise ChildFailed(_home_in_use(home, str(other)))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _home_in_use(home: Path, pid_text: str) -> str:
+    recorded = state.read_state() or {}
+    pid = pid_text.strip() if pid_text.strip().isdigit() else "?"
+    if str(recorded.get("pid")) == pid:
+        where = f", data dir {recorded.get('data_dir')}, cluster {recorded.get('metadata_url')}"
+    else:
+        where = ", still starting"
+    return (
+        f"a sandbox (pid {pid}{where}) is already running for this $BKAIO_HOME ({home}; one sandbox per "
+        f"home: commands find it through {state.state_path().name} there): use it, stop it first "
+        f"(Ctrl-C in its terminal, or kill -INT {pid}), {_OWN_HOME}"
+    )
+
+
 @contextmanager
 def _sandbox_lock(data_dir: Path) -> Iterator[None]:
     """One live sandbox per data dir: a pid file, taken over when its owner is gone."""
@@ -313,9 +363,9 @@ def _sandbox_lock(data_dir: Path) -> Iterator[None]:
         other = 0
     if other and other != os.getpid() and state.pid_alive(other):
         raise ChildFailed(
-            f"a sandbox (pid {other}) is already running on {data_dir}: use it (bkaio commands find it "
-            f"by themselves), stop it first (Ctrl-C in its terminal, or kill -INT {other}), or start "
-            "another one with --data-dir DIR"
+            f"a sandbox (pid {other}) is already running on {data_dir}: use it (bkaio commands with "
+            f"its BKAIO_HOME find it by themselves), stop it first (Ctrl-C in its terminal, or kill "
+            f"-INT {other}), {_OWN_HOME}"
         )
     left = _leftover_children(data_dir)
     if left:
@@ -446,7 +496,7 @@ def run(
     # shell inherits SIGINT as ignored, and Ctrl-C / kill -INT must still stop every child.
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    with _sandbox_lock(data_dir):
+    with _home_lock(), _sandbox_lock(data_dir):
         _remove_leftover_hosts(data_dir)
         if fresh:
             _wipe(data_dir)

@@ -86,8 +86,25 @@ def test_second_sandbox_prints_only_the_message(box: DemoSandbox) -> None:
     assert result.returncode != 0
     assert "Traceback" not in result.stdout + result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
-    assert f"a sandbox (pid {box.proc.pid}) is already running" in result.stderr
+    assert f"a sandbox (pid {box.proc.pid}, data dir " in result.stderr
+    assert "is already running for this $BKAIO_HOME" in result.stderr
     assert (box.home / "sandbox" / "etcd").is_dir()  # --fresh wiped nothing under the live one
+
+
+def test_a_second_sandbox_on_another_data_dir_keeps_the_first_reachable(
+    box: DemoSandbox, tmp_path: Path
+) -> None:
+    """Before, it started, took over ``$BKAIO_HOME/sandbox.json`` and removed it on stopping: every
+    command then said no cluster was given, though the first sandbox still ran."""
+    other = tmp_path / "other"
+    result = bkaio(box.home, "sandbox", "--data-dir", str(other), "--no-demo", "--no-serve", check=False)
+    assert result.returncode == 1
+    running = f"a sandbox (pid {box.proc.pid}, data dir {box.home / 'sandbox'}, cluster {box.url})"
+    assert running in result.stderr
+    assert "`BKAIO_HOME=DIR bkaio sandbox`" in result.stderr
+    assert not other.exists()  # refused before anything started
+    assert json.loads((box.home / "sandbox.json").read_text())["pid"] == box.proc.pid
+    assert bkaio(box.home, "bookies").returncode == 0
 
 
 # ---- 3. a wrong cluster root
@@ -285,8 +302,7 @@ def test_os_error_names_the_configured_path(tmp_path: Path) -> None:
     result = bkaio(home, "sandbox", "--no-demo", "--no-serve", check=False, timeout=60)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
-    assert f"{home}/sandbox" in result.stderr
-    assert "$BKAIO_HOME" in result.stderr
+    assert f"{home} (from $BKAIO_HOME)" in result.stderr  # the home holds the sandbox's lock first
 
 
 # ---- 8. where the sandbox's data goes
