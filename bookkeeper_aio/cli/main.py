@@ -7,13 +7,16 @@ Every command that talks to a cluster takes ``--metadata etcd://HOST:PORT[,HOST:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
@@ -133,8 +136,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("bkaio sandbox: --bookies must be >= 1 and --hosts >= 0")
     try:
         if args.func is not None:
-            code: int = uvloop.run(args.func(args))
-            return code
+            return uvloop.run(_interruptible(args.func(args)))
         if args.command == "sandbox":
             from bookkeeper_aio.cli import sandbox
 
@@ -181,6 +183,51 @@ def _main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     return 2
+
+
+INTERRUPT_GRACE_S = 10.0
+"""How long a command interrupted by Ctrl-C may take to close its connections before it exits anyway."""
+
+
+async def _interruptible(command: Coroutine[Any, Any, int]) -> int:
+    """``command``'s exit code, or 130 after Ctrl-C (SIGINT), which cancels it: its ``async with``
+    blocks close their connections (the etcd gRPC channel, the bookie connections) while the loop
+    still runs. Later SIGINTs are ignored: a second Ctrl-C, or ``timeout -s INT`` (which signals
+    the process and its group), used to raise KeyboardInterrupt wherever the process was, in the
+    gRPC channel's finaliser or a thread's join at exit, which printed a traceback. A clean-up that
+    takes more than `INTERRUPT_GRACE_S` ends with exit 130 all the same."""
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    assert main is not None
+    interrupted = False
+
+    def on_sigint() -> None:
+        nonlocal interrupted
+        interrupted = True
+        loop.remove_signal_handler(signal.SIGINT)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # to the end of the process
+        timer = threading.Timer(INTERRUPT_GRACE_S, _exit_interrupted)
+        timer.daemon = True
+        timer.start()
+        main.cancel()
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    try:
+        code = await command
+    except asyncio.CancelledError:
+        if not interrupted:
+            raise
+        return 130
+    finally:
+        if not interrupted:
+            loop.remove_signal_handler(signal.SIGINT)
+    return 130 if interrupted else code
+
+
+def _exit_interrupted() -> None:
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    os._exit(130)
 
 
 _CHECK_ETCD = (

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from bookkeeper_aio.cli.demo import DEMO_LOG, order_record, payload_for
-from tests.harness.sandbox import RunningSandbox, bkaio, running_sandbox, sandbox_env
+from tests.harness.sandbox import BKAIO, RunningSandbox, bkaio, running_sandbox, sandbox_env
 
 DEMO_ENTRIES = 300  # and a tenth as many (at least 100) at a fixed rate: 400 in all
 
@@ -200,6 +200,38 @@ def test_demo_deletes_the_previous_demo_ledger_and_says_so(box: DemoSandbox) -> 
     listed = [row["ledger_id"] for row in json.loads(bkaio(box.home, "ledgers", "--json").stdout)["ledgers"]]
     assert box.demo_ledger not in listed
     assert new_id in listed
+
+
+@pytest.mark.parametrize("run", range(2))
+def test_ctrl_c_on_a_following_tail_ends_with_130_and_no_traceback(box: DemoSandbox, run: int) -> None:
+    """SIGINT again and again (a second Ctrl-C, or `timeout -s INT`, which signals the process and
+    its group): the first cancels the command, which closes its etcd channel; the others are
+    ignored. Before, a later one landed in the gRPC channel's finaliser or a thread's join at exit
+    and printed a traceback ("Exception ignored in: ...AioChannel.__dealloc__")."""
+    tail = subprocess.Popen(
+        [*BKAIO, "log", "tail", DEMO_LOG, "--password", "sandbox-demo", "--from", "earliest", "-f"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=sandbox_env(box.home),
+    )
+    try:
+        assert tail.stdout is not None
+        assert tail.stdout.readline()  # its first line: past the start, reading (then following)
+        time.sleep(0.1 * run)  # a little later: the cancel lands in another phase
+        for _ in range(400):  # every 5 ms, for up to 2 s: through the shutdown to the exit
+            if tail.poll() is not None:
+                break
+            tail.send_signal(signal.SIGINT)
+            time.sleep(0.005)
+        _, err = tail.communicate(timeout=30)
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.wait()
+    assert tail.returncode == 130, err
+    assert "Traceback" not in err
+    assert "Exception ignored" not in err
 
 
 # ---- 5. a sandbox killed with SIGKILL (last: it ends the module's sandbox)
