@@ -11,10 +11,12 @@ by another running bookie), with one ``bookie: refusing to start: ...`` line say
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import gc
 import signal
 import sys
+from pathlib import Path
 
 import structlog
 import uvloop
@@ -38,7 +40,7 @@ from bookie.registration import (
 from bookie.server import BookieServer, ListenError
 from bookkeeper_aio.common.logging_setup import LoggingConfigError, configure_logging
 from bookkeeper_aio.common.tls import TlsConfigError
-from metadata import MetadataError
+from metadata import MetadataError, MetadataUnavailable
 
 log = structlog.get_logger("bookie")
 
@@ -78,10 +80,7 @@ async def serve(config: BookieConfig) -> int:
             await registration.close()
         if catalog is not None:
             await catalog.close()
-        if isinstance(exc, BlockingIOError):
-            reason = f"data dir {config.data_dir} is locked by another running bookie: stop it first"
-        else:
-            reason = str(exc)
+        reason = _refusal(exc, config)
         log.error("bookie.refused_to_start", reason=reason, error_type=type(exc).__name__)  # noqa: TRY400
         print(f"bookie: refusing to start: {reason}", file=sys.stderr, flush=True)
         return EXIT_REFUSED
@@ -102,6 +101,35 @@ async def serve(config: BookieConfig) -> int:
     log.info("bookie.stopping", bookie_id=config.bookie_id)
     await server.close()
     return 0
+
+
+def _refusal(exc: BaseException, config: BookieConfig) -> str:
+    """What is wrong and what to do, for the ``refusing to start`` line."""
+    if isinstance(exc, BlockingIOError):
+        return f"data dir {config.data_dir} is locked by another running bookie: stop it first"
+    if isinstance(exc, MetadataUnavailable):
+        return (
+            f"{exc}; check that etcd runs at the metadata URL's HOST:PORT ({config.metadata}) and that "
+            "the URL's TLS options match it (the bookie registers itself there)"
+        )
+    if isinstance(exc, ListenError) or not isinstance(exc, OSError):
+        return str(exc)
+    if exc.errno == errno.EADDRINUSE:  # the bookie port's is a ListenError: this is the admin port's
+        port = config.admin_port
+        return (
+            f"cannot listen on the admin endpoint {config.admin_host}:{port}: address in use "
+            f"(`ss -ltnp 'sport = :{port}'` shows which process): stop it, or start this bookie with "
+            "another --admin-port (0 picks a free one, -1 disables the endpoint)"
+        )
+    data_dir = Path(config.data_dir).absolute()
+    failed = Path(exc.filename).absolute() if exc.filename else None
+    if failed is not None and (data_dir in (failed, *failed.parents) or failed in data_dir.parents):
+        if data_dir.exists() and not data_dir.is_dir():
+            problem = "is a file, not a directory"
+        else:
+            problem = f"cannot be used: {exc.strerror or exc} ({exc.filename})"
+        return f"data dir {data_dir} {problem}: point --data-dir at a directory this user can write"
+    return str(exc)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -394,6 +394,11 @@ class EtcdStore(MetadataStore):
             return MetadataUnavailable(f"etcd {code}: {details}")
         if code == "OUT_OF_RANGE" and "compacted" in details:
             return WatchCompacted(mutation_key or "<range>", 0)
+        if code == "UNIMPLEMENTED":  # an HTTP/2 (gRPC) server answered, but not with etcd's API
+            return MetadataError(
+                f"etcd {code}: {details}: the server at {', '.join(self._targets())} is not etcd (its "
+                "v3 API); check the metadata URL's HOST:PORT, etcd's client port (2379 by default)"
+            )
         return MetadataError(f"etcd {code}: {details}")
 
     # ---- key-value -------------------------------------------------------------------------------

@@ -171,4 +171,16 @@ def test_admin_port_in_use__refuses_to_start(tmp_path: Path) -> None:
         proc = BookieProcess(tmp_path / "bookie", bookie_id="b", extra_args=["--admin-port", str(port)])
         with proc:
             assert proc.start_expect_failure() == 3
-    assert "refused_to_start" in proc.log_tail()
+    # what is wrong and what to do (before: the raw "[Errno 98] error while attempting to bind")
+    assert f"refusing to start: cannot listen on the admin endpoint 127.0.0.1:{port}" in proc.log_tail()
+    assert "another --admin-port" in proc.log_tail()
+
+
+def test_a_data_dir_that_is_a_file_refuses_to_start_saying_so(tmp_path: Path) -> None:
+    data_dir = tmp_path / "a-file"
+    data_dir.write_text("")
+    proc = BookieProcess(data_dir, bookie_id="b")
+    with proc:
+        assert proc.start_expect_failure() == 3
+    # before: "[Errno 17] File exists"
+    assert f"refusing to start: data dir {data_dir} is a file, not a directory" in proc.log_tail()

@@ -128,3 +128,12 @@ def test_a_bookie_on_every_interface_publishes_its_advertised_address(
         assert asyncio.run(write_and_read()) == [b"over the advertised address"]
     finally:
         bookie.cleanup()
+
+
+def test_an_unreachable_etcd_at_start_says_what_to_check(tmp_path: Path) -> None:
+    url = "etcd://127.0.0.1:1/bookkeeper/x?op_timeout_s=0.5&connect_timeout_s=0.2"
+    proc = BookieProcess(tmp_path / "b", bookie_id="b", extra_args=["--metadata", url])
+    with proc:
+        assert proc.start_expect_failure() == 3
+    refused = next(line for line in proc.log_tail().splitlines() if "bookie: refusing to start" in line)
+    assert f"check that etcd runs at the metadata URL's HOST:PORT ({url})" in refused
