@@ -110,6 +110,7 @@ class ClientConfig:
         (``BKAIO_CLIENT_<KEY>``) <- ``overrides``. Unknown keys and bad values raise
         BKInterfaceError naming the key and where it came from."""
         values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
         if path is not None:
             try:
                 with open(path, "rb") as handle:
@@ -118,12 +119,22 @@ class ClientConfig:
                 raise BKInterfaceError(f"client config file {path}: {error}") from error
             table = table.get("client", table)
             values.update({k: _coerce(k, v, f"config file {path}") for k, v in table.items()})
+            sources.update(dict.fromkeys(table, f"config file {path}"))
         for key, value in (os.environ if env is None else env).items():
             if key.startswith(ENV_PREFIX) and key != CONFIG_FILE_ENV:
                 name = key[len(ENV_PREFIX) :].lower()
                 values[name] = _coerce(name, value, f"environment {key}")
+                sources[name] = f"environment {key}"
         values.update({k: _coerce(k, v, "argument") for k, v in overrides.items()})
-        return cls(**values)
+        sources.update(dict.fromkeys(overrides, "argument"))
+        try:
+            return cls(**values)
+        except BKInterfaceError as error:
+            # a range error starts with the key it is about: name where that key's value came from
+            key = str(error).split(" ", 1)[0].removeprefix("ClientConfig.")
+            if key in sources:
+                raise BKInterfaceError(f"{sources[key]}: {error}") from None
+            raise
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):

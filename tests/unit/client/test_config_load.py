@@ -35,3 +35,17 @@ def test_wrong_type_in_file(tmp_path: Path) -> None:
     path.write_text('add_window_max = "lots"\n')
     with pytest.raises(BKInterfaceError, match="add_window_max must be int"):
         ClientConfig.load(str(path), env={})
+
+
+def test_a_range_error_names_where_the_value_came_from(tmp_path: Path) -> None:
+    """docs/configuration.md: a wrong value's message names the key and its source (a range error
+    named only the key)."""
+    from_env = r"^environment BKAIO_CLIENT_ADD_TIMEOUT_S: .*add_timeout_s must be >= 0"
+    with pytest.raises(BKInterfaceError, match=from_env):
+        ClientConfig.load(env={"BKAIO_CLIENT_ADD_TIMEOUT_S": "-1"})
+    path = tmp_path / "client.toml"
+    path.write_text("read_window_max = 0\n")
+    with pytest.raises(BKInterfaceError, match=rf"^config file {path}: .*read_window_max must be > 0"):
+        ClientConfig.load(str(path), env={})
+    with pytest.raises(BKInterfaceError, match=r"^argument: .*read_window_max must be > 0"):
+        ClientConfig.load(env={}, read_window_max=0)
