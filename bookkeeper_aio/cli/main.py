@@ -107,6 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
     except BrokenPipeError:
         return _stdout_closed()
+    except KeyboardInterrupt:  # Ctrl-C before a command's loop runs (parsing, logging set-up)
+        return 130
     return code
 
 

@@ -174,3 +174,26 @@ def test_bookie_gc_says_why_it_cannot_find_a_bookie_id(
     err = capsys.readouterr().err
     assert "bkaio bookie gc: no cluster given: pass --metadata" in err
     assert "no registered bookie" not in err
+
+
+class _InterruptedImport:
+    """A finder that raises KeyboardInterrupt for one module: Ctrl-C while ``bkaio`` loads."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(self, fullname: str, path: object, target: object = None) -> None:
+        if fullname == self.name:
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_while_bkaio_loads_ends_with_130_without_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from bookkeeper_aio import cli
+
+    monkeypatch.delitem(sys.modules, "bookkeeper_aio.cli.main")
+    monkeypatch.setattr(sys, "meta_path", [_InterruptedImport("bookkeeper_aio.cli.main"), *sys.meta_path])
+    with pytest.raises(SystemExit) as exited:
+        cli.run()
+    assert exited.value.code == 130
