@@ -25,13 +25,13 @@ from bookie.gc import GcConfig
 from bookie.journal import JournalConfig
 from bookie.mode import DiskThresholds
 from bookie.storage import StorageConfig
+from bookkeeper_aio.common.logging_setup import LEVEL_ENV
 from bookkeeper_aio.common.tls import server_context
 from bookkeeper_aio.protocol.codes import FRAME_BYTES_MAX
 from metadata.cluster import parse_url
 from metadata.errors import InvalidUrl
 
 ENV_PREFIX = "BKAIO_BOOKIE_"
-LOG_LEVEL_ENV = "BKAIO_LOG_LEVEL"
 _RECORD_OVERHEAD_BYTES = fmt.ENTRY_RECORD_OVERHEAD_BYTES_MAX  # compaction copies format-2 records too
 
 
@@ -533,9 +533,9 @@ def load(
             values[key] = _coerce(key, value, f"config file {args.config}")
             sources[key] = f"config file {args.config}"
     # every process's $BKAIO_LOG_LEVEL (docs/configuration.md), as environment; the bookie's own wins
-    if env.get(LOG_LEVEL_ENV) and f"{ENV_PREFIX}LOG_LEVEL" not in env:
-        values["log_level"] = env[LOG_LEVEL_ENV].lower()
-        sources["log_level"] = f"environment {LOG_LEVEL_ENV}"
+    if env.get(LEVEL_ENV) and f"{ENV_PREFIX}LOG_LEVEL" not in env:
+        values["log_level"] = env[LEVEL_ENV].lower()
+        sources["log_level"] = f"environment {LEVEL_ENV}"
     for key, value in env.items():
         if key.startswith(ENV_PREFIX):
             name = key[len(ENV_PREFIX) :].lower()

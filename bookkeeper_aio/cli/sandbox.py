@@ -327,9 +327,9 @@ def _home_lock() -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ChildFailed(_home_in_use(home, os.pread(fd, 32, 0).decode(errors="replace"))) from None
-        recorded = state.read_state() or {}
-        other = int(recorded.get("pid", 0))
-        if other and other != os.getpid() and state.sandbox_alive(other):  # one without this lock
+        other = (state.read_state() or {}).get("pid")
+        # a sandbox started before this lock existed names itself only in the state file
+        if isinstance(other, int) and other != os.getpid() and state.sandbox_alive(other):
             raise ChildFailed(_home_in_use(home, str(other)))
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
