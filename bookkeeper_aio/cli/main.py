@@ -197,7 +197,8 @@ async def _interruptible(command: Coroutine[Any, Any, int]) -> int:
     still runs. Later SIGINTs are ignored: a second Ctrl-C, or ``timeout -s INT`` (which signals
     the process and its group), used to raise KeyboardInterrupt wherever the process was, in the
     gRPC channel's finaliser or a thread's join at exit, which printed a traceback. A clean-up that
-    takes more than `INTERRUPT_GRACE_S` ends with exit 130 all the same."""
+    takes more than `INTERRUPT_GRACE_S` ends with exit 130 all the same. A command started with
+    SIGINT ignored (in the background, by a non-interactive shell) keeps ignoring it."""
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     assert main is not None
@@ -213,6 +214,9 @@ async def _interruptible(command: Coroutine[Any, Any, int]) -> int:
         timer.start()
         main.cancel()
 
+    before = signal.getsignal(signal.SIGINT)
+    if before == signal.SIG_IGN:  # started in the background by a non-interactive shell: keep it so
+        return await command
     loop.add_signal_handler(signal.SIGINT, on_sigint)
     try:
         code = await command
@@ -223,6 +227,7 @@ async def _interruptible(command: Coroutine[Any, Any, int]) -> int:
     finally:
         if not interrupted:
             loop.remove_signal_handler(signal.SIGINT)
+            signal.signal(signal.SIGINT, before)  # asyncio's, which it restores when the loop ends
     return 130 if interrupted else code
 
 
