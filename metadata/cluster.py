@@ -58,9 +58,9 @@ _TEXT_OPTIONS = frozenset({"ca_file", "cert_file", "key_file", "user", "password
 
 def parse_url(url: str) -> MetadataUrl:
     """Parse a metadata service URL (see module docstring). Raises `InvalidUrl`."""
-    parsed = urllib.parse.urlsplit(url)
-    root = parsed.path or DEFAULT_ROOT
     try:
+        parsed = urllib.parse.urlsplit(url)  # ValueError: an unclosed [IPv6 address
+        root = parsed.path or DEFAULT_ROOT
         validate_root(root)
         options = _options(urllib.parse.parse_qsl(parsed.query, strict_parsing=bool(parsed.query)))
     except ValueError as error:

@@ -40,6 +40,7 @@ def test_defaults_and_memory_url() -> None:
         "etcd://host:2379/bookkeeper/x?connect_timeout_s=inf",
         "etcd://host:2379/bookkeeper/x?op_timeout_s=soon",
         "memory:///bookkeeper/x?op_timeout_s=-1",
+        "etcd://[::1/bookkeeper/x",
     ],
 )
 def test_bad_urls_raise_invalid_url(url: str) -> None:
