@@ -15,8 +15,15 @@ from typing import Any
 
 import pytest
 import structlog
+from hypothesis import settings
 
 from tests.harness.etcd import EtcdCluster, require_etcd_binary
+
+# No example has a time limit: hypothesis's default 200 ms deadline is a timed assertion, and on a
+# loaded 2-core machine an example of the codec's property tests can take longer (a DeadlineExceeded
+# that says nothing of the code). Performance is measured in benchmarks/, never asserted in tests.
+settings.register_profile("bookkeeper_aio", deadline=None)
+settings.load_profile("bookkeeper_aio")
 
 _configure_structlog = structlog.configure
 
