@@ -999,10 +999,11 @@ class AddFrameEncoder:
     (ledger id, flags, master key) are packed once.
 
     :meth:`crc32c_frame` writes the request and entry ids as msgpack uint32 (``0xce`` and four
-    bytes) whenever they fit, the smallest form only from 65,536 on: then everything before the
-    payload is one ``struct`` call with the ledger's constant bytes in it, instead of a packer call
-    per id, a struct call per length and a join of ten parts (docs/benchmarks.md, issue 19). Any
-    msgpack decoder reads the longer form as the same int; the bookie's decoder does."""
+    bytes) and the body's length as bin16 whenever they fit (the smallest forms only from 65,536,
+    resp. 256, on): then everything before the payload is one ``struct`` call with the ledger's
+    constant bytes in it, instead of a packer call per id, a struct call per length and a join of
+    ten parts (docs/benchmarks.md, issue 19; docs/protocol.md §2). Any msgpack decoder reads the
+    longer forms as the same values; the bookie's decoder does."""
 
     __slots__ = (
         "_head",
@@ -1028,7 +1029,7 @@ class AddFrameEncoder:
     def crc32c_frame(self, request_id: int, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
         """The frame of a CRC32C entry, one copy of the payload: it decodes as
         ``frame(request_id, entry_id, EntryCodec(CRC32C, ...).encode(...))`` does, and is those
-        bytes but for the ids' widths (uint32 below 65,536, see the class)."""
+        bytes but for the widths of the ids and of the body's length (see the class)."""
         header = _entry_header(self._ledger_id, entry_id, lac, length)
         crc = _crc32c(payload, _crc32c(header))
         body_len = _CRC32C_BODY_PREFIX_BYTES + len(payload)
