@@ -18,6 +18,12 @@ Deterministic (~30 s at ``--entries 10000``): a map of where the Python work of 
 are not instructions (a ``LOAD_FAST`` is a few, a call hundreds): confirm any change with
 callgrind.
 
+With ``--load-loop SECS`` the adds come from ``bkaio bench``'s closed loop (``cli/bench/load.py``,
+``--window`` slots per ledger, for SECS seconds) with the submit ``benchmarks.write`` gives it,
+instead of a plain ``append`` per worker: the client process of the closed-loop write benchmark,
+its load loop included. ``--entries`` is then ignored; count instructions per entry over two
+spans (the difference of instructions over the difference of entries).
+
 With ``--ledgers N`` the adds go round robin over N ledgers (``--window`` in flight per ledger, one
 coroutine per slot), and the result also gives the client's memory per open ledger: traced Python
 allocations after the ledgers are created and have written one entry, over N.
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import functools
 import gc
 import json
 import os
@@ -44,6 +51,7 @@ import uvloop
 
 from benchmarks._fake_transport import FakeTransport, frame_bodies
 from bookkeeper_aio import BookKeeper, ClientConfig
+from bookkeeper_aio.cli.bench import load
 from bookkeeper_aio.client.connection import BookieConnection
 from bookkeeper_aio.client.context import StaticDirectory
 from bookkeeper_aio.protocol import messages as m
@@ -158,10 +166,17 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
 
     FakeBookieTransport.busy_s = 0.0
     FakeBookieTransport.write_lacs = 0
+    lac0 = sum(lh.last_add_confirmed for lh in handles)
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    await asyncio.gather(*(worker(lh) for lh in handles for _ in range(args.window)))
+    if args.load_loop:  # as benchmarks.write drives the client
+        submits = [functools.partial(lh.append_async, payload) for lh in handles]
+        nowait = [functools.partial(lh.append_nowait, payload) for lh in handles]
+        span = load.Span(load.clock(), 0.0, args.load_loop)
+        await load.drive(submits, span, window=args.window * args.ledgers, nowait=nowait)
+    else:
+        await asyncio.gather(*(worker(lh) for lh in handles for _ in range(args.window)))
     cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
-    entries = per_worker * args.window * args.ledgers
+    entries = sum(lh.last_add_confirmed for lh in handles) - lac0
     fake_s = FakeBookieTransport.busy_s
     write_lacs = FakeBookieTransport.write_lacs
     for start in range(0, len(handles), 64):
@@ -171,6 +186,7 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "client_cpu_us_per_entry": round((cpu_s - fake_s) / entries * 1e6, 3),
         "fake_us_per_entry": round(fake_s / entries * 1e6, 3),
+        "entries": entries,
         "entries_s": round(entries / wall_s),
         "bytes_per_open_ledger": round(bytes_per_ledger),
         "write_lac_requests_per_entry": round(write_lacs / entries, 3),
@@ -221,6 +237,9 @@ def main() -> None:
     ap.add_argument("--qw", type=int, default=2)
     ap.add_argument("--qa", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument(
+        "--load-loop", type=float, default=0.0, metavar="SECS", help="drive through bkaio bench's closed loop"
+    )
     ap.add_argument("--add-acks", action="store_true", help="the fake batches its acks (FEATURE_ADD_ACKS)")
     ap.add_argument(
         "--opcodes", action="store_true", help="no timing: Python bytecodes per entry by function (see above)"

@@ -74,7 +74,10 @@ async def drive(
     # sent each add, as replication_bound.py measures its own (a like-for-like latency ratio)
     span = load.Span(load.clock(), 0.0, args.secs)
     submit = functools.partial(lh.append_async, payload)
-    result = await load.drive([submit], span, window=args.window, rate=rate, latency_from="send")
+    nowait = functools.partial(lh.append_nowait, payload)  # a plain call, as the bound's client adds
+    result = await load.drive(
+        [submit], span, window=args.window, rate=rate, latency_from="send", nowait=[nowait]
+    )
     count = result.acked
     hist = result.histogram()
     bookie_cpu = [

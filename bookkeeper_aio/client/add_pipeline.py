@@ -282,10 +282,11 @@ class AddPipeline:
             or self._budget.in_flight >= self._budget.open_limit  # not AddBudget.free()
         ):
             return None
-        self._check_writable()
+        if self._state is not _WRITABLE:
+            self._check_writable()  # raises
         if len(payload) > self._entry_bytes_max:
             raise BKInterfaceError(f"entry of {len(payload)} bytes exceeds {self._entry_bytes_max}")
-        return self._start_add(bytes(payload))
+        return self._start_add(payload if type(payload) is bytes else bytes(payload))
 
     async def append_async(self, payload: bytes) -> asyncio.Future[int]:
         """Hand ``payload`` to the bookies; returns a future of its entry id (pipelining).

@@ -13,6 +13,7 @@ where ``message`` is a human-readable error text or nil. Rules (docs/protocol.md
 
 from __future__ import annotations
 
+import functools
 import reprlib
 import struct
 from collections.abc import Callable
@@ -40,7 +41,7 @@ from bookkeeper_aio.protocol.codes import (
 )
 from bookkeeper_aio.protocol.digest import DIGEST_BYTES, HEADER, HEADER_BYTES, DigestType
 from bookkeeper_aio.protocol.errors import ProtocolError, RequestTooComplex
-from bookkeeper_aio.protocol.framing import LENGTH
+from bookkeeper_aio.protocol.framing import LENGTH, LENGTH_BYTES
 
 
 class _ShortRepr(reprlib.Repr):
@@ -946,6 +947,11 @@ _crc32c = crc32c.crc32c
 _BIN8 = struct.Struct(">BB").pack
 _BIN16 = struct.Struct(">BH").pack
 _BIN32 = struct.Struct(">BI").pack
+_UINT32 = b"\xce"  # msgpack's uint32, four bytes follow
+_BIN16_TYPE = b"\xc5"  # msgpack's bin16, a two-byte length follows
+_ADD_HEAD_U32 = _ADD_HEAD + _UINT32
+_U32_MAX = 0xFFFFFFFF
+_U16_MAX = 0xFFFF
 _UINT_BYTES = {0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9}
 """Bytes of a msgpack unsigned int by its first byte (a positive fixint, below 0x80, is 1)."""
 
@@ -979,45 +985,70 @@ def add_request_with_id(frame: bytes, request_id: int) -> bytes:
     return b"".join((LENGTH.pack(2 + len(request_id_packed) + len(rest)), _ADD_HEAD, request_id_packed, rest))
 
 
+@functools.lru_cache(maxsize=64)
+def _add_head(ledger_id_bytes: int, tail_bytes: int) -> tuple[Callable[..., bytes], int]:
+    """The pack of a CRC32C ADD frame's head with uint32 ids, and the frame's bytes after its length
+    prefix less the payload, for a packed ledger id and a flags-and-key tail of these sizes: one
+    ``Struct`` per size shared by every ledger's encoder (one each was ~650 bytes per open ledger)."""
+    head = struct.Struct(f">I3sI{ledger_id_bytes}sI{tail_bytes}sH{HEADER_BYTES}sI")
+    return head.pack, head.size - LENGTH_BYTES
+
+
 class AddFrameEncoder:
     """ADD_ENTRY frames of one ledger, written by its one writer: the bytes common to every entry
-    (ledger id, flags, master key) are packed once."""
+    (ledger id, flags, master key) are packed once.
 
-    __slots__ = ("_head_bytes", "_ledger_id", "_ledger_id_packed", "_master_key", "_tail")
+    :meth:`crc32c_frame` writes the request and entry ids as msgpack uint32 (``0xce`` and four
+    bytes) and the body's length as bin16 whenever they fit (the smallest forms only from 65,536,
+    resp. 256, on): then everything before the payload is one ``struct`` call with the ledger's
+    constant bytes in it, instead of a packer call per id, a struct call per length and a join of
+    ten parts (docs/benchmarks.md, issue 19; docs/protocol.md §2). Any msgpack decoder reads the
+    longer forms as the same values; the bookie's decoder does."""
+
+    __slots__ = (
+        "_head",
+        "_head_bytes",
+        "_ledger_id",
+        "_ledger_id_then_u32",
+        "_master_key",
+        "_tail_then_bin16",
+    )
 
     def __init__(self, ledger_id: int, master_key: bytes) -> None:
         self._ledger_id = ledger_id
         self._master_key = master_key
-        self._ledger_id_packed = _pack(ledger_id)
-        self._tail = _pack(0) + _pack(master_key)  # flags (none), then the key
-        self._head_bytes = len(_ADD_HEAD) + len(self._ledger_id_packed) + len(self._tail)
+        # [len][0x97 op 0xce][request id][ledger id 0xce][entry id][flags key 0xc5][bin len][header][crc]
+        self._ledger_id_then_u32 = _pack(ledger_id) + _UINT32
+        self._tail_then_bin16 = _pack(0) + _pack(master_key) + _BIN16_TYPE  # flags (none), the key
+        self._head, self._head_bytes = _add_head(len(self._ledger_id_then_u32), len(self._tail_then_bin16))
 
     def frame(self, request_id: int, entry_id: int, body: bytes) -> bytes:
         """The frame of an entry whose body (any digest) is already encoded."""
         return encode_add_request(request_id, self._ledger_id, entry_id, 0, self._master_key, body)
 
     def crc32c_frame(self, request_id: int, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
-        """The frame of a CRC32C entry in one join (one copy of the payload): the same bytes as
-        ``frame(request_id, entry_id, EntryCodec(CRC32C, ...).encode(...))``."""
+        """The frame of a CRC32C entry, one copy of the payload: it decodes as
+        ``frame(request_id, entry_id, EntryCodec(CRC32C, ...).encode(...))`` does, and is those
+        bytes but for the widths of the ids and of the body's length (see the class)."""
         header = _entry_header(self._ledger_id, entry_id, lac, length)
+        crc = _crc32c(payload, _crc32c(header))
         body_len = _CRC32C_BODY_PREFIX_BYTES + len(payload)
-        rid_b = _pack(request_id)
-        eid_b = _pack(entry_id)
-        bin_head = _BIN16(0xC5, body_len) if 0x100 <= body_len < 0x10000 else _bin_header(body_len)
-        head_len = self._head_bytes + len(rid_b) + len(eid_b) + len(bin_head)
-        return b"".join(
-            (
-                _u32(head_len + body_len),
-                _ADD_HEAD,
-                rid_b,
-                self._ledger_id_packed,
-                eid_b,
-                self._tail,
-                bin_head,
+        if (request_id | entry_id) <= _U32_MAX and body_len <= _U16_MAX:  # both ids are >= 0
+            head = self._head(
+                self._head_bytes + len(payload),
+                _ADD_HEAD_U32,
+                request_id,
+                self._ledger_id_then_u32,
+                entry_id,
+                self._tail_then_bin16,
+                body_len,
                 header,
-                _u32(_crc32c(payload, _crc32c(header))),
-                payload,
+                crc,
             )
+            return head + payload
+        # an id beyond 32 bits or a body beyond 64 KiB: every field in its smallest form
+        return encode_add_request(
+            request_id, self._ledger_id, entry_id, 0, self._master_key, header + _u32(crc) + payload
         )
 
 

@@ -31,7 +31,7 @@ import structlog
 import uvloop
 
 from bookkeeper_aio import LedgerCreateUnknown, MetadataUnavailable
-from bookkeeper_aio.cli.bench.load import Span, Submit, drive
+from bookkeeper_aio.cli.bench.load import Span, Submit, SubmitNowait, drive
 from bookkeeper_aio.client.bookkeeper import BookKeeper
 from bookkeeper_aio.client.config import ClientConfig
 from bookkeeper_aio.client.ledger import LedgerHandle
@@ -70,10 +70,15 @@ entry 2.4x (docs/benchmarks.md, issue 19). An application holding that many ledg
 the same (or tune ``gc.set_threshold``)."""
 
 
+Targets = tuple[Sequence[Submit], Sequence[SubmitNowait] | None]
+"""What a system under test offers the load loop: a submit per ledger, and their nowait forms."""
+
+
 @contextlib.asynccontextmanager
-async def bookkeeper_target(spec: dict[str, Any]) -> AsyncIterator[Sequence[Submit]]:
+async def bookkeeper_target(spec: dict[str, Any]) -> AsyncIterator[Targets]:
     """``spec["ledgers"]`` new ledgers on the cluster at ``spec["metadata_url"]``; closed and deleted
-    after if ``spec["cleanup"]``, else left open (aborted) for the sandbox's removal."""
+    after if ``spec["cleanup"]``, else left open (aborted) for the sandbox's removal. Appends go
+    through ``append_nowait`` when there is room (:data:`~bookkeeper_aio.cli.bench.load.SubmitNowait`)."""
     config = ClientConfig.load(add_window_max=spec["window"])  # BKAIO_CLIENT_* still applies
     loop = asyncio.get_running_loop()
     payload = os.urandom(spec["size"])
@@ -115,7 +120,10 @@ async def bookkeeper_target(spec: dict[str, Any]) -> AsyncIterator[Sequence[Subm
                     say("created", str(len(handles)))
             if len(handles) >= GC_FREEZE_LEDGERS_MIN:
                 gc.freeze()
-            yield [functools.partial(handle.append_async, payload) for handle in handles]
+            yield (
+                [functools.partial(handle.append_async, payload) for handle in handles],
+                [functools.partial(handle.append_nowait, payload) for handle in handles],
+            )
             if spec["cleanup"]:
                 for start in range(0, len(handles), CREATE_CONCURRENCY):
                     await asyncio.gather(*(h.close() for h in handles[start : start + CREATE_CONCURRENCY]))
@@ -129,7 +137,7 @@ async def bookkeeper_target(spec: dict[str, Any]) -> AsyncIterator[Sequence[Subm
 
 
 @contextlib.asynccontextmanager
-async def nats_target(spec: dict[str, Any]) -> AsyncIterator[Sequence[Submit]]:
+async def nats_target(spec: dict[str, Any]) -> AsyncIterator[Targets]:
     """Publishers to the JetStream stream of :mod:`bookkeeper_aio.cli.bench.nats_peer`, one subject
     per "ledger"; each publish waits for the stream's acknowledgement (stored by R replicas)."""
     import nats  # the bench extra
@@ -141,7 +149,7 @@ async def nats_target(spec: dict[str, Any]) -> AsyncIterator[Sequence[Submit]]:
         subjects = [f"{spec['nats_subject']}.{spec['index']}.{i}" for i in range(spec["ledgers"])]
         for subject in subjects:
             await js.publish(subject, b"warm-up")
-        yield [functools.partial(js.publish_async, subject, payload) for subject in subjects]
+        yield [functools.partial(js.publish_async, subject, payload) for subject in subjects], None
     finally:
         await nc.close()
 
@@ -153,7 +161,7 @@ async def run(spec: dict[str, Any]) -> int:
     assert task is not None
     for signum in (signal.SIGINT, signal.SIGTERM):  # the parent stops us: clean up, then exit
         loop.add_signal_handler(signum, task.cancel)
-    async with target(spec) as submits:
+    async with target(spec) as (submits, nowait):
         say("ready")
         line = await loop.run_in_executor(None, sys.stdin.readline)
         if not line.startswith("go "):
@@ -166,6 +174,7 @@ async def run(spec: dict[str, Any]) -> int:
             rate=spec["rate"],
             latency_from=spec.get("latency_from", "intended"),
             progress=lambda answered: say("progress", str(answered)),
+            nowait=nowait,
         )
     # ru_maxrss is in KiB on Linux: the peak of this client process, window and ledgers included
     say(

@@ -4,11 +4,13 @@ the window full, and only the measured span counts."""
 
 from __future__ import annotations
 
+import array
 import asyncio
+import random
 
 import pytest
 
-from bookkeeper_aio.cli.bench.load import Span, clock, drive
+from bookkeeper_aio.cli.bench.load import Span, clock, drive, timeline_of
 from bookkeeper_aio.cli.bench.stats import latency_ms, merge
 
 
@@ -96,3 +98,67 @@ async def test_load__a_failed_submission_stops_the_load_and_is_reported() -> Non
     assert result.failed >= 1
     assert result.first_error is not None
     assert "bookie gone" in result.first_error
+
+
+async def test_closed_loop__a_nowait_submit_is_tried_first_and_the_waiting_one_when_it_declines() -> None:
+    loop = asyncio.get_running_loop()
+    state = {"in_flight": 0, "in_flight_max": 0, "nowait": 0, "declined": 0, "waited": 0}
+    room = 15  # the nowait submit declines beyond this many in flight; the loop's window is 20
+
+    def start() -> asyncio.Future[None]:
+        future: asyncio.Future[None] = loop.create_future()
+        state["in_flight"] += 1
+        state["in_flight_max"] = max(state["in_flight_max"], state["in_flight"])
+
+        def answer() -> None:
+            state["in_flight"] -= 1
+            future.set_result(None)
+
+        loop.call_later(0.01, answer)
+        return future
+
+    def nowait() -> asyncio.Future[None] | None:
+        state["nowait"] += 1
+        if state["in_flight"] >= room:
+            state["declined"] += 1
+            return None  # nothing done: the loop must call the waiting submit instead
+        return start()
+
+    async def submit() -> asyncio.Future[None]:
+        state["waited"] += 1
+        await asyncio.sleep(0)
+        return start()
+
+    span = Span(clock(), 0.0, 0.5, 0.1)
+    result = await drive([submit], span, window=20, nowait=[nowait])
+    assert result.failed == 0
+    assert state["declined"] > 0
+    assert state["waited"] == state["declined"]  # each decline, and only a decline, waits
+    assert state["nowait"] - state["declined"] > state["waited"]  # most go the plain way
+    assert state["in_flight_max"] == 20  # the window stays full
+    assert 0.4 * 2000 * 0.5 <= result.acked <= 1.1 * 2000 * 0.5
+    assert sum(result.timeline) == result.acked
+
+
+async def test_load__nowait_submits_must_match_the_submits() -> None:
+    async def submit() -> asyncio.Future[None]:
+        raise AssertionError("not called")
+
+    with pytest.raises(ValueError, match="nowait"):
+        await drive([submit, submit], Span(clock(), 0.0, 0.1), window=2, nowait=[lambda: None])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_timeline_of__is_the_bucket_of_each_answer(seed: int) -> None:
+    rng = random.Random(seed)
+    start, interval_s, buckets = 1000.0 + rng.random(), rng.choice([0.1, 0.25, 0.5]), rng.randint(1, 12)
+    # sorted, as the loop appends them; some past the last bucket's end (a rounded span)
+    times = sorted(start + rng.random() * (buckets + 0.3) * interval_s for _ in range(rng.randint(0, 500)))
+    expected = [0] * buckets  # the division per answer that timeline_of replaces
+    for now in times:
+        expected[min(int((now - start) / interval_s), buckets - 1)] += 1
+    assert timeline_of(array.array("d", times), start, interval_s, buckets) == expected
+    # An answer on an edge opens its bucket (the division may round it either way there).
+    for k in range(buckets):
+        edge = [start + k * interval_s]
+        assert timeline_of(edge, start, interval_s, buckets) == [int(i == k) for i in range(buckets)]

@@ -1,8 +1,9 @@
-"""The CRC32C ADD frame fast path (``AddFrameEncoder.crc32c_frame`` of a handle, one join) and the
-resend paths (``encode_add_request`` over the body cut back out of that frame, and
-``add_request_with_id`` of the frame itself) produce exactly the bytes of
-``messages.encode(AddEntryRequest(...))`` over ``EntryCodec.encode`` — around every msgpack length
-boundary of the body and for ids at every msgpack integer width (and LACs down to -1)."""
+"""The CRC32C ADD frame fast path (``AddFrameEncoder.crc32c_frame`` of a handle) produces exactly
+the bytes of ``messages.encode(AddEntryRequest(...))`` over ``EntryCodec.encode`` but for its ids
+written as msgpack uint32 (:func:`uint32_ids_frame`), and decodes to that request; the resend paths
+(``encode_add_request`` over the body cut back out of that frame, and ``add_request_with_id`` of the
+frame itself) decode to it too — around every msgpack length boundary of the body and for ids at
+every msgpack integer width (and LACs down to -1)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from bookkeeper_aio.protocol.messages import encode_add_request
 from metadata.ledger_manager import LedgerManager, VersionedLedger
 from metadata.ledger_metadata import LedgerMetadata
 from metadata.memory import MemoryStore
+from tests.unit.protocol.test_client_fast_paths import uint32_ids_frame
 
 PREFIX = HEADER_BYTES + DIGEST_BYTES[DigestType.CRC32C]  # entry body = prefix + payload
 
@@ -68,43 +70,52 @@ def encode_crc32c(
     return frame, len(frame) - len(body)
 
 
+def expected_frame(
+    ledger_id: int, rid: int, eid: int, lac: int, length: int, payload: bytes, pw: bytes
+) -> bytes:
+    body = EntryCodec(DigestType.CRC32C, pw).encode(ledger_id, eid, lac, length, payload)
+    return uint32_ids_frame(rid, ledger_id, eid, master_key(pw), body)
+
+
 def check_frame(lh: LedgerHandle, rid: int, eid: int, lac: int, length: int, payload: bytes) -> None:
-    expected = reference(lh.id, rid, eid, lac, length, payload, b"pw")
+    generic = reference(lh.id, rid, eid, lac, length, payload, b"pw")
     frame, body_start = encode_crc32c(lh, rid, eid, lac, length, payload)
-    assert frame == expected, (lh.id, rid, eid, lac, length, len(payload))
+    assert frame == expected_frame(lh.id, rid, eid, lac, length, payload, b"pw"), (lh.id, rid, eid, lac)
     body = frame[body_start:]
     assert len(body) == PREFIX + len(payload)
-    assert body[:HEADER_BYTES] == expected[-len(body) :][:HEADER_BYTES]
-    # The resend path cuts the body back out and re-frames it under a new request id.
+    assert body == generic[-len(body) :]  # the entry body itself is the generic one
+    # A bookie decodes it to the request we meant (the bookie's fast path).
+    request = m.AddEntryRequest(rid, lh.id, eid, int(AddFlag.NONE), master_key(b"pw"), body)
+    assert m.decode_request(frame[4:]) == request
+    # The resend paths: the body cut back out and re-framed under a new request id, and the
+    # writer's own (the frame's request id replaced).
     resent = encode_add_request(rid + 1, lh.id, eid, AddFlag.NONE, master_key(b"pw"), body)
     assert resent == reference(lh.id, rid + 1, eid, lac, length, payload, b"pw")
-    assert m.add_request_with_id(frame, rid + 1) == resent  # the writer's resend path
-    # And a bookie decodes it to the request we meant (the bookie's fast path).
-    decoded = m.decode_request(frame[4:])
-    assert decoded == m.AddEntryRequest(rid, lh.id, eid, int(AddFlag.NONE), master_key(b"pw"), body)
+    again = m.add_request_with_id(frame, rid + 1)
+    assert m.decode_request(again[4:]) == request._replace(request_id=rid + 1)
 
 
 @pytest.mark.parametrize("size", PAYLOAD_SIZES)
-async def test_crc32c_frame__byte_identical_around_every_length_boundary(size: int) -> None:
+async def test_crc32c_frame__expected_bytes_around_every_length_boundary(size: int) -> None:
     lh = await handle_for(12345)
     payload = bytes(i % 251 for i in range(size))
     check_frame(lh, rid=77, eid=3, lac=2, length=1000 + size, payload=payload)
     lh.abort()
 
 
-async def test_crc32c_frame__byte_identical_at_body_size_bin_boundaries_exactly() -> None:
+async def test_crc32c_frame__expected_bytes_at_body_size_bin_boundaries_exactly() -> None:
     lh = await handle_for(9)
     for edge in BODY_EDGES:
         for body_len in (edge - 1, edge, edge + 1):
             payload = b"\xa5" * (body_len - PREFIX)
             frame, body_start = encode_crc32c(lh, 1, 0, -1, len(payload), payload)
             assert len(frame) - body_start == body_len
-            assert frame == reference(9, 1, 0, -1, len(payload), payload, b"pw")
+            assert frame == expected_frame(9, 1, 0, -1, len(payload), payload, b"pw")
     lh.abort()
 
 
 @pytest.mark.parametrize("ledger_id", UINT_EDGES)
-async def test_crc32c_frame__byte_identical_for_every_id_width(ledger_id: int) -> None:
+async def test_crc32c_frame__expected_bytes_for_every_id_width(ledger_id: int) -> None:
     lh = await handle_for(ledger_id)
     rids = [*UINT_EDGES, REQUEST_ID_MAX - 1]  # rid + 1 is used for the resend check
     for rid, eid in itertools.product(rids, UINT_EDGES):
@@ -118,5 +129,5 @@ async def test_crc32c_frame__other_passwords_change_only_the_master_key() -> Non
     for password in (b"", b"pw", b"\x00" * 100):
         lh = await handle_for(5, password)
         frame, _ = encode_crc32c(lh, 300, 70000, 69999, 5, b"hello")
-        assert frame == reference(5, 300, 70000, 69999, 5, b"hello", password)
+        assert frame == expected_frame(5, 300, 70000, 69999, 5, b"hello", password)
         lh.abort()

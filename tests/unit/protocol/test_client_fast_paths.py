@@ -1,8 +1,8 @@
 """The client's hot-path codec (``encode_add_request``, ``AddFrameEncoder``, ``add_request_with_id``,
 ``decode_answer``) against the generic one (``encode`` / ``FrameDecoder`` / ``decode_request`` /
-``decode_response``): for random valid inputs the fast bytes are the generic bytes, and the fast
-decode of any frame body is the generic decode (an EOK ADD answer reduced to its request id), or
-both raise ProtocolError."""
+``decode_response``): for random valid inputs the fast bytes are the generic bytes (a CRC32C frame's:
+but for its ids written as uint32, :func:`uint32_ids_frame`), and the fast decode of any frame body
+is the generic decode (an EOK ADD answer reduced to its request id), or both raise ProtocolError."""
 
 from __future__ import annotations
 
@@ -33,6 +33,35 @@ from tests.unit.protocol.test_codec import ids, keys, lacs, rids
 payloads = st.one_of(st.binary(max_size=300), st.integers(65400, 65600).map(lambda n: b"\xa5" * n))
 
 
+def uint32_ids_frame(rid: int, lid: int, eid: int, key: bytes, body: bytes) -> bytes:
+    """What ``AddFrameEncoder.crc32c_frame`` writes: the generic ADD frame (flags none), except
+    that when both ids fit in 32 bits and the body in 65,535 bytes, the ids are msgpack uint32
+    (``0xce``) and the body's length a bin16 (``0xc5``) whatever their values (the smallest form
+    is only from 65,536 on, resp. 256); else the generic bytes."""
+    if rid > 0xFFFFFFFF or eid > 0xFFFFFFFF or len(body) > 0xFFFF:
+        return m.encode(m.AddEntryRequest(rid, lid, eid, 0, key, body))
+    packed = b"".join(
+        (
+            b"\x97\x01\xce",
+            rid.to_bytes(4, "big"),
+            msgpack.packb(lid),
+            b"\xce",
+            eid.to_bytes(4, "big"),
+            msgpack.packb(0),
+            msgpack.packb(key, use_bin_type=True),
+            b"\xc5",
+            len(body).to_bytes(2, "big"),
+            body,
+        )
+    )
+    return len(packed).to_bytes(4, "big") + packed
+
+
+def _uint_width(first: int) -> int:
+    """Bytes of a msgpack unsigned int that starts with ``first``."""
+    return 1 if first < 0x80 else {0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9}[first]
+
+
 def _one_frame(data: bytes) -> bytes:
     decoder = FrameDecoder()
     decoder.feed(data)
@@ -59,11 +88,17 @@ def test_add_frame_encoder__crc32c_frame_is_the_generic_frame_and_resends_are_to
 ) -> None:
     encoder = m.AddFrameEncoder(lid, key)
     body = EntryCodec(DigestType.CRC32C, b"pw").encode(lid, eid, lac, length, payload)
-    generic = m.encode(m.AddEntryRequest(rid, lid, eid, 0, key, body))
-    assert encoder.crc32c_frame(rid, eid, lac, length, payload) == generic
+    request = m.AddEntryRequest(rid, lid, eid, 0, key, body)
+    generic = m.encode(request)
+    fast = encoder.crc32c_frame(rid, eid, lac, length, payload)
+    assert fast == uint32_ids_frame(rid, lid, eid, key, body)
+    assert m.decode_request(_one_frame(fast)) == request  # what the bookie reads
     assert encoder.frame(rid, eid, body) == generic
     again = m.encode(m.AddEntryRequest(rid2, lid, eid, 0, key, body))
     assert m.add_request_with_id(generic, rid2) == again
+    resent = m.add_request_with_id(fast, rid2)  # the request id re-packed, the rest as it was
+    assert m.decode_request(_one_frame(resent)) == request._replace(request_id=rid2)
+    assert resent[6 + _uint_width(resent[6]) :] == fast[6 + _uint_width(fast[6]) :]
 
 
 answers = st.one_of(
