@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bookie import journal_format as fmt
+from bookie import replay
 from bookkeeper_aio.protocol import messages as m
 from bookkeeper_aio.protocol.codes import StatusCode
 from tests.harness.bookie_proc import BookieProcess
@@ -32,6 +33,14 @@ class KillPoint:
     failpoints: str = ""  # BKAIO_FAILPOINTS for the first run; "" = SIGKILL from the test
     kill_after_acks: int = 0
     checkpoint_interval_s: float = 0.3  # short, so checkpoints happen while entries stream in
+    # The data dir is made by a clean start and stop first, so that the count of a failpoint a
+    # first start hits too (it writes the COOKIE twice: two renames, four directory fsyncs) is
+    # the stream's alone; a count that included them killed the bookie before it was ready.
+    made_before: bool = False
+    left_behind: str = ""  # a file the kill leaves in the data dir: proof it hit the step meant
+
+
+CHECKPOINT_TMP = f"{replay.INDEX_DIR}/{replay.CHECKPOINT_FILE}.tmp"  # durable, not yet renamed
 
 
 KILL_POINTS = [
@@ -46,8 +55,14 @@ KILL_POINTS = [
     KillPoint("after-fdatasync", "journal.after_fdatasync=count:12:kill"),
     KillPoint("before-ack", "bookie.before_ack=count:2500:kill"),
     KillPoint("index-checkpoint", "index.checkpoint=count:1:kill", checkpoint_interval_s=0.05),
-    KillPoint("checkpoint-rename", "fileio.rename=count:2:kill", checkpoint_interval_s=0.05),
-    KillPoint("dir-fsync", "fileio.dir_fsync=count:4:kill", checkpoint_interval_s=0.05),
+    KillPoint(
+        "checkpoint-rename",
+        "fileio.rename=count:2:kill",
+        checkpoint_interval_s=0.05,
+        made_before=True,
+        left_behind=CHECKPOINT_TMP,
+    ),
+    KillPoint("dir-fsync", "fileio.dir_fsync=count:4:kill", checkpoint_interval_s=0.05, made_before=True),
     KillPoint("fence-persist", "bookie.fence_persist=count:1:kill"),
     KillPoint("after-fdatasync-late", "journal.after_fdatasync=count:40:kill"),
     KillPoint("sigkill-mid-checkpoint-window", kill_after_acks=6100),
@@ -152,19 +167,25 @@ async def check_after_restart(
 
 
 async def run_kill_point(tmp_path: Path, point: KillPoint) -> None:
-    env = {"BKAIO_FAILPOINTS": point.failpoints} if point.failpoints else {}
     bookie = BookieProcess(
-        tmp_path / point.name, bookie_id="durable", env=env,
+        tmp_path / point.name, bookie_id="durable",
         extra_args=[
             "--checkpoint-interval-s", str(point.checkpoint_interval_s),
             "--journal-segment-bytes", str(40 * 1024 * 1024),
         ],
     )  # fmt: skip
     try:
+        if point.made_before:
+            bookie.start()
+            assert bookie.stop() == 0
+        if point.failpoints:
+            bookie.env["BKAIO_FAILPOINTS"] = point.failpoints
         bookie.start()
         acked, lac_seen, fence_acked = await write_until_killed(bookie, point)
         print(f"{point.name}: {len(acked)} acked before the kill, lac {lac_seen}, fence acked {fence_acked}")
         assert len(acked) < ENTRIES, "the kill did not happen mid-stream"
+        if point.left_behind:
+            assert (bookie.data_dir / point.left_behind).exists(), "the kill came at another step"
         await check_after_restart(bookie, acked, lac_seen, fence_acked)
         if ":partial:" in point.failpoints:
             # the crash tore the write in flight, never synced: the journal's synced mark (same
