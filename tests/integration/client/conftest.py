@@ -9,6 +9,7 @@ its registration (what lease expiry would do).
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -38,7 +39,10 @@ class Cluster:
         await ensure_cluster(self.meta.store, self.root)
         for i in range(n):
             proc = BookieProcess(self.base / f"b{i}", bookie_id=f"b{i}")
-            host, port = proc.start()
+            # Off the loop: the registrations' keepalives run on it. A start blocks until READY
+            # (seconds on a loaded machine), and two of them in a row outlasted b0's 5 s lease:
+            # the client then saw two writable bookies and a create of E=3 failed.
+            host, port = await asyncio.to_thread(proc.start)
             self.procs.append(proc)
             registration = BookieRegistration(
                 self.meta.store, self.root, BookieInfo(f"b{i}", host, port), ttl_s=5
