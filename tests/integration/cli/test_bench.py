@@ -254,8 +254,13 @@ def test_bench_restart__ctrl_c_mid_run_leaves_no_ledger_no_cookie_and_no_traceba
         _out, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.communicate()  # reaped, its pipes closed
+            # SIGTERM first: the run stops its bookie (a SIGKILL left that child running, orphaned)
+            proc.terminate()
+            try:
+                proc.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()  # reaped, its pipes closed
     assert proc.returncode == 130, err
     assert "Traceback" not in err, err
     assert "never retrieved" not in err, err
