@@ -386,6 +386,8 @@ def encode(md: LedgerMetadata) -> bytes:
         raise InvalidMetadata(
             f"ledger {md.ledger_id}: encoded metadata is {len(data)} bytes > {ENCODED_BYTES_MAX}"
         )
+    if len(data) <= DECODED_BYTES_MAX and _round_trips(md):
+        _keep_decoded(data, md)  # what decode would make of it: a writer reads its value back
     return data
 
 
@@ -445,10 +447,42 @@ _KNOWN_FIELDS = frozenset(_FIELD_TYPES) | _OPTIONAL_FIELDS
 
 DECODED_MAX = 256
 """Values :func:`decode` keeps decoded (a client reads the same value again and again: on open,
-before and after each recovery step, on every CAS conflict)."""
+before and after each recovery step, on every CAS conflict), :func:`encode`'s among them."""
 DECODED_BYTES_MAX = 16 * 1024
 """Larger values are decoded every time (the cache stays small: at most ``DECODED_MAX`` of these)."""
 _decoded: dict[bytes, LedgerMetadata] = {}
+
+_ROUND_TRIP_TYPES: Mapping[str, type | tuple[type, ...]] = types.MappingProxyType(
+    {
+        **{
+            name: kind
+            for name, kind in _FIELD_TYPES.items()
+            if name not in ("state", "ensembles", "custom_metadata")  # validate checks these whole
+        },
+        "key_salt": bytes,
+        "key_iterations": int,
+        "key_ledger_salt": bytes,
+        "key_format": int,
+    }
+)
+
+
+def _round_trips(md: LedgerMetadata) -> bool:
+    """Whether :func:`decode` gives ``md`` back from ``encode(md)``, so that :func:`encode` may keep
+    it as that value's decoding: no unknown fields (decode makes those anew), a format version
+    decode reads, and each field whose type decode checks of that type (validation bounds values,
+    not types: a float ledger id passes it, and decode refuses it)."""
+    return (
+        not md.unknown_fields
+        and md.format_version <= FORMAT_VERSION
+        and all(isinstance(getattr(md, name), kind) for name, kind in _ROUND_TRIP_TYPES.items())
+    )
+
+
+def _keep_decoded(data: bytes, md: LedgerMetadata) -> None:
+    if len(_decoded) >= DECODED_MAX:
+        del _decoded[next(iter(_decoded))]  # the oldest
+    _decoded[data] = md
 
 
 def decode(data: bytes, *, key: str, ledger_id: int | None = None) -> LedgerMetadata:
@@ -462,9 +496,7 @@ def decode(data: bytes, *, key: str, ledger_id: int | None = None) -> LedgerMeta
         return md
     md = _decode(data, key=key, ledger_id=ledger_id)
     if type(data) is bytes and len(data) <= DECODED_BYTES_MAX and not md.unknown_fields:
-        if len(_decoded) >= DECODED_MAX:
-            del _decoded[next(iter(_decoded))]  # the oldest
-        _decoded[data] = md
+        _keep_decoded(data, md)
     return md
 
 

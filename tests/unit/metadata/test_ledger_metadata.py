@@ -181,6 +181,46 @@ def test_the_decoded_values_kept_are_bounded() -> None:
     assert len(serde._decoded) == serde.DECODED_MAX
 
 
+def _round_trip_cases() -> list[LedgerMetadata]:
+    md = make(ctime_ms=777_001, custom_metadata={"app": b"x"})
+    changed = md.with_ensemble_change(3, ("b0", "b1", "b9")).with_replaced_bookies(
+        [serde.ReplacedBookie(3, "b2", "b9", 1_000)]
+    )
+    return [
+        md,
+        md.in_recovery(),
+        changed,
+        changed.closed(9, 1_234),
+        md.closed(-1, 0),
+        make(ctime_ms=777_002, key_salt=b"s" * 16, key_iterations=3),
+        make(ctime_ms=777_003, key_salt=b"s" * 16, key_iterations=3, key_ledger_salt=b"l" * 16, key_format=4),
+        make(ctime_ms=777_004, digest_type="hmac-sha256", last_entry_id=None),
+    ]
+
+
+@pytest.mark.parametrize("md", _round_trip_cases(), ids=lambda md: f"{md.state.name}-{md.ctime_ms}")
+def test_an_encoded_value_decodes_to_the_metadata_it_was_encoded_from(md: LedgerMetadata) -> None:
+    data = serde.encode(md)
+    assert serde.decode(data, key="k", ledger_id=7) is md  # kept by encode: no decoding
+    serde._decoded.pop(data)
+    fresh = serde.decode(data, key="k", ledger_id=7)  # what decode makes of the bytes themselves
+    assert fresh == md
+    assert fresh is not md
+    assert {name: type(getattr(fresh, name)) for name in serde._FIELD_NAMES} == {
+        name: type(getattr(md, name)) for name in serde._FIELD_NAMES
+    }
+
+
+def test_an_encoded_value_that_would_not_decode_is_not_kept() -> None:
+    for md in (make(ctime_ms=777_101.0), make(ctime_ms=777_102, format_version=serde.FORMAT_VERSION + 1)):
+        data = serde.encode(md)  # validation bounds values, not types: encode takes these
+        assert data not in serde._decoded
+        with pytest.raises(MetadataFormatError):
+            serde.decode(data, key="k", ledger_id=7)
+    with_unknown = make(ctime_ms=777_103, unknown_fields={"future_field": [1, 2]})
+    assert serde.encode(with_unknown) not in serde._decoded  # decoded anew each time (mutable)
+
+
 def test_invariant_violation_in_stored_value_is_a_format_error() -> None:
     body = msgpack.unpackb(serde.encode(make())[4:])
     body["write_quorum"] = 9
