@@ -238,6 +238,10 @@ _pack_record_header = RECORD_HEADER.pack
 _crc32c = crc32c.crc32c
 _ENTRY = int(RecordType.ENTRY)
 _ENTRY_V2 = int(RecordType.ENTRY_V2)
+_MASTER_KEY = int(RecordType.MASTER_KEY)  # ints: an enum member is a slow lookup on Python 3.11
+_REKEY = int(RecordType.REKEY)
+_FENCE = int(RecordType.FENCE)
+_EXPLICIT_LAC = int(RecordType.EXPLICIT_LAC)
 ENTRY_RECORD_OVERHEAD_BYTES = RECORD_HEADER_BYTES
 """An ENTRY record's bytes besides the entry body (a format-2 record has ``ENTRY_PREFIX_BYTES``
 more)."""
@@ -263,19 +267,19 @@ def entry_of(record: Record) -> memoryview:
 
 
 def encode_master_key(ledger_id: int, key: bytes) -> bytes:
-    return encode_record(RecordType.MASTER_KEY, LEDGER.pack(ledger_id) + key)
+    return encode_record(_MASTER_KEY, LEDGER.pack(ledger_id) + key)
 
 
 def encode_rekey(ledger_id: int, key: bytes) -> bytes:
-    return encode_record(RecordType.REKEY, LEDGER.pack(ledger_id) + key)
+    return encode_record(_REKEY, LEDGER.pack(ledger_id) + key)
 
 
 def encode_fence(ledger_id: int) -> bytes:
-    return encode_record(RecordType.FENCE, LEDGER.pack(ledger_id))
+    return encode_record(_FENCE, LEDGER.pack(ledger_id))
 
 
 def encode_explicit_lac(ledger_id: int, lac: int, lac_body: bytes) -> bytes:
-    return encode_record(RecordType.EXPLICIT_LAC, LEDGER_ENTRY.pack(ledger_id, lac) + lac_body)
+    return encode_record(_EXPLICIT_LAC, LEDGER_ENTRY.pack(ledger_id, lac) + lac_body)
 
 
 def encode_segment_header(segment_id: int, previous_end: int) -> bytes:

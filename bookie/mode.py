@@ -45,6 +45,7 @@ _READONLY = Mode.READONLY
 """As a module name: ``Mode.READONLY`` goes through ``EnumType.__getattr__``'s slow attribute
 path on Python 3.11 (about 0.3 us), and :attr:`ModeMachine.read_only` is asked by adds
 (:meth:`ModeMachine.check_add`) and at each mode update."""
+_WRITABLE = Mode.WRITABLE  # likewise (each mode update, each start)
 
 
 class ReadOnly(StorageError):
@@ -85,7 +86,7 @@ class ModeMachine:
         thresholds.validate()
         self.thresholds = thresholds
         self.on_change = on_change
-        self.mode = Mode.WRITABLE
+        self.mode = _WRITABLE
         self.free_bytes: int | None = None
         """Free bytes at the last disk observation (None before the first, or when it failed)."""
         self.total_bytes: int | None = None
@@ -183,14 +184,14 @@ class ModeMachine:
     def _update(self) -> None:
         reasons = self.reasons()
         self._reason = "; ".join(reasons) if reasons else None
-        new = Mode.READONLY if reasons else Mode.WRITABLE
+        new = _READONLY if reasons else _WRITABLE
         old = self.mode
         if new is old:
             return
         self.mode = new
         self.transitions += 1
         reason = self._reason or f"no reason left to be read-only (disk free {self.free_bytes} bytes)"
-        emit = log.warning if new is Mode.READONLY else log.info
+        emit = log.warning if new is _READONLY else log.info
         emit("bookie.mode_changed", old=old.value, new=new.value, reason=reason, free_bytes=self.free_bytes)
         if self.on_change is not None:
             self.on_change(old, new, reason)

@@ -43,6 +43,14 @@ JOURNAL_DIR = "journal"
 INDEX_DIR = "index"
 CHECKPOINT_FILE = "checkpoint"
 
+# Enum members as module names: on Python 3.11 ``Enum.MEMBER`` is a slow attribute lookup (about a
+# thousand instructions), and replay compares every record's type.
+_ENTRY_TYPES = fmt.ENTRY_TYPES
+_MASTER_KEY, _FENCE = fmt.RecordType.MASTER_KEY, fmt.RecordType.FENCE
+_EXPLICIT_LAC, _REKEY = fmt.RecordType.EXPLICIT_LAC, fmt.RecordType.REKEY
+_VALID, _ZERO = fmt.SegmentHeader.VALID, fmt.SegmentHeader.ZERO
+_CLEAN, _CORRUPT = fmt.Tail.CLEAN, fmt.Tail.CORRUPT
+
 
 @dataclass
 class Recovered:
@@ -72,22 +80,22 @@ def apply_record(ledgers: dict[int, LedgerState], segment_id: int, record: fmt.R
     if state is None:
         state = ledgers[ledger_id] = LedgerState(ledger_id)
     state.row = None  # the checkpoint row kept from the file no longer says it all
-    if record.type in fmt.ENTRY_TYPES:
+    if record.type in _ENTRY_TYPES:
         _, entry_id = fmt.parse_ledger_entry(body)
         state.index.put(entry_id, segment_id, record.offset, record.length)
         entry = fmt.entry_of(record)
         if len(entry) >= 24:
             state.advance_piggyback(int.from_bytes(entry[16:24], "big", signed=True))
-    elif record.type == fmt.RecordType.MASTER_KEY:
+    elif record.type == _MASTER_KEY:
         if state.master_key is None:
             state.master_key = bytes(body[8:])
-    elif record.type == fmt.RecordType.FENCE:
+    elif record.type == _FENCE:
         state.fenced = True
         state.fence_durable = True
-    elif record.type == fmt.RecordType.EXPLICIT_LAC:
+    elif record.type == _EXPLICIT_LAC:
         _, lac = fmt.parse_ledger_entry(body)
         state.advance_explicit(lac, bytes(body[16:]))
-    elif record.type == fmt.RecordType.REKEY:  # what came before was a squatter's: start anew
+    elif record.type == _REKEY:  # what came before was a squatter's: start anew
         state.rekey(bytes(body[8:]))
 
 
@@ -223,7 +231,7 @@ def recover(
                 result.start = Position(segment_id, scan.end or fmt.SEGMENT_HEADER_BYTES)
                 # a cut from offset 0 leaves the segment to be written anew, header first
                 result.start_format = fmt.segment_format(data) if scan.end else fmt.SEGMENT_VERSION
-            if scan.tail is not fmt.Tail.CLEAN:
+            if scan.tail is not _CLEAN:
                 damaged = (segment_id, scan.bad)
                 torn = (segment_id, scan.end, scan.garbage_end)
             del scan
@@ -266,8 +274,8 @@ def _scan_segment(data: mmap.mmap, segment_id: int, position: Position) -> tuple
     is the start of a torn final group (scanned from offset 0: everything is cut) unless a group
     header after it, or the checkpoint, says the segment was synced."""
     header = fmt.check_segment_header(data, segment_id)
-    if header is not fmt.SegmentHeader.VALID:
-        if header is fmt.SegmentHeader.ZERO and fmt.is_all_zero(data):
+    if header is not _VALID:
+        if header is _ZERO and fmt.is_all_zero(data):
             _check_not_behind_checkpoint(segment_id, 0, position)
             return None
         if segment_id == position.segment_id and position.offset > fmt.SEGMENT_HEADER_BYTES:
@@ -276,7 +284,7 @@ def _scan_segment(data: mmap.mmap, segment_id: int, position: Position) -> tuple
                 f"checkpoint covers offset {position.offset} in it: refusing to start"
             )
         scan = fmt.scan(data, 0, segment_id)  # no group header can be at 0: nothing is whole
-        if scan.tail is fmt.Tail.CORRUPT:
+        if scan.tail is _CORRUPT:
             raise fmt.JournalCorrupt(
                 f"journal segment {segment_id:016x}: its header is {header.value} but a group at "
                 f"offset {scan.evidence} follows: refusing to start (no silent truncation). Inspect "
@@ -289,7 +297,7 @@ def _scan_segment(data: mmap.mmap, segment_id: int, position: Position) -> tuple
     if segment_id == position.segment_id and position.offset > fmt.SEGMENT_HEADER_BYTES:
         start = position.offset  # no group ends before the header's end: less is the first group
     scan = fmt.scan(data, start, segment_id)
-    if scan.tail is fmt.Tail.CORRUPT:
+    if scan.tail is _CORRUPT:
         raise fmt.JournalCorrupt(
             f"journal segment {segment_id:016x}: damage at offset {scan.bad} (in the group at offset "
             f"{scan.end}) and a later group's data at offset {scan.evidence}: refusing to start (no "

@@ -233,7 +233,8 @@ class BookieServer:
             raise
         self.storage.journal.on_pressure = self._on_journal_pressure
         catalog: object = self.catalog
-        if isinstance(catalog, KeySource):  # metadata checks keys before records are created
+        # a protocol's isinstance inspects the object's attributes: not asked of a bookie without one
+        if catalog is not None and isinstance(catalog, KeySource):  # metadata checks keys first
             self.storage.keys = KeyVerifier(self.storage, catalog, add_gate=self.mode.check_add)
         self.processor = Processor(
             self.storage,

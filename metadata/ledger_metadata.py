@@ -37,6 +37,7 @@ import bisect
 import dataclasses
 import enum
 import functools
+import operator
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -72,6 +73,10 @@ class LedgerState(enum.Enum):
     IN_RECOVERY = "IN_RECOVERY"
     CLOSED = "CLOSED"
 
+
+# The states as module names for the code below: on Python 3.11 every ``Enum.MEMBER`` lookup takes
+# ``EnumType.__getattr__``'s slow attribute path (about a thousand instructions).
+_OPEN, _IN_RECOVERY, _CLOSED = LedgerState.OPEN, LedgerState.IN_RECOVERY, LedgerState.CLOSED
 
 # The one transition table. A recoverer finding IN_RECOVERY proceeds without a transition.
 TRANSITIONS: Mapping[LedgerState, frozenset[LedgerState]] = types.MappingProxyType(
@@ -167,7 +172,7 @@ class LedgerMetadata:
             ensemble_size=len(ensemble),
             write_quorum=write_quorum,
             ack_quorum=ack_quorum,
-            state=LedgerState.OPEN,
+            state=_OPEN,
             ensembles=((0, tuple(ensemble)),),
             digest_type=digest_type,
             password_hash=password_hash,
@@ -183,7 +188,7 @@ class LedgerMetadata:
 
     @property
     def is_closed(self) -> bool:
-        return self.state is LedgerState.CLOSED
+        return self.state is _CLOSED
 
     @property
     def current_ensemble(self) -> Ensemble:
@@ -207,11 +212,11 @@ class LedgerMetadata:
 
     def in_recovery(self) -> LedgerMetadata:
         """OPEN -> IN_RECOVERY (a recoverer marks the ledger before fencing)."""
-        return self._transition(LedgerState.IN_RECOVERY)
+        return self._transition(_IN_RECOVERY)
 
     def closed(self, last_entry_id: int, length: int) -> LedgerMetadata:
         """OPEN/IN_RECOVERY -> CLOSED at ``last_entry_id`` (-1: empty) with ``length`` bytes."""
-        return self._transition(LedgerState.CLOSED, last_entry_id=last_entry_id, length=length)
+        return self._transition(_CLOSED, last_entry_id=last_entry_id, length=length)
 
     def with_ensemble_change(self, first_entry_id: int, bookies: Ensemble | list[str]) -> LedgerMetadata:
         """A new fragment from ``first_entry_id`` on (replaces the last one if it starts there too)."""
@@ -283,7 +288,7 @@ def _first_problem(md: LedgerMetadata) -> str | None:
         )
     if not _is(md.state, LedgerState):
         return f"unknown state {md.state!r}"
-    if md.state is LedgerState.CLOSED:
+    if md.state is _CLOSED:
         if md.last_entry_id is None or md.last_entry_id < -1:
             return f"a CLOSED ledger needs last_entry_id >= -1, got {md.last_entry_id}"
         if md.length < 0 or (md.last_entry_id == -1 and md.length != 0):
@@ -466,6 +471,9 @@ _ROUND_TRIP_TYPES: Mapping[str, type | tuple[type, ...]] = types.MappingProxyTyp
     }
 )
 
+_round_trip_fields = operator.attrgetter(*_ROUND_TRIP_TYPES)
+_ROUND_TRIP_KINDS = tuple(_ROUND_TRIP_TYPES.values())
+
 
 def _round_trips(md: LedgerMetadata) -> bool:
     """Whether :func:`decode` gives ``md`` back from ``encode(md)``, so that :func:`encode` may keep
@@ -475,7 +483,7 @@ def _round_trips(md: LedgerMetadata) -> bool:
     return (
         not md.unknown_fields
         and md.format_version <= FORMAT_VERSION
-        and all(isinstance(getattr(md, name), kind) for name, kind in _ROUND_TRIP_TYPES.items())
+        and all(map(isinstance, _round_trip_fields(md), _ROUND_TRIP_KINDS))
     )
 
 

@@ -103,6 +103,8 @@ _PENDING, _EXISTS = Decision.PENDING, Decision.EXISTS
 _ABSENT, _UNDECIDED = Decision.ABSENT, Decision.UNDECIDED
 _POSITIVE, _NEGATIVE, _UNKNOWN = Reply.POSITIVE, Reply.NEGATIVE, Reply.UNKNOWN
 _EOK = StatusCode.EOK
+_OPEN, _IN_RECOVERY, _CLOSED = LedgerState.OPEN, LedgerState.IN_RECOVERY, LedgerState.CLOSED
+_FENCE_FLAGS = int(ReadFlag.FENCE_LEDGER)  # the fencing reads' (RECOVERY_READ_FLAGS is the reads')
 _NEGATIVE_STATUSES = frozenset((StatusCode.ENOENTRY, StatusCode.ENOLEDGER))
 """The answers that say the bookie does not have the entry."""
 _FENCED_STATUSES = _NEGATIVE_STATUSES | {_EOK}
@@ -215,7 +217,7 @@ class LedgerRecovery:
     async def run(self) -> RecoveryResult:
         versioned = await self._metadata_op(self._ctx.ledgers.update(self._ledger_id, _mark_in_recovery))
         md = versioned.metadata
-        if md.state is LedgerState.CLOSED:
+        if md.state is _CLOSED:
             return RecoveryResult(versioned, 0, adopted=True)
         log.info("recovery.started", ledger_id=self._ledger_id, fragments=len(md.ensembles))
         fenced = await self._fence(md)
@@ -256,7 +258,7 @@ class LedgerRecovery:
         failures: list[str] = []
 
         def make(rid: int) -> m.Request:
-            return m.ReadEntryRequest(rid, ledger_id, LAST_ENTRY, int(ReadFlag.FENCE_LEDGER), key)
+            return m.ReadEntryRequest(rid, ledger_id, LAST_ENTRY, _FENCE_FLAGS, key)
 
         async def ask(position: int, bookie_id: str) -> tuple[int, str, m.Response | BKError]:
             try:
@@ -348,10 +350,10 @@ class LedgerRecovery:
 
         def transform(current: LedgerMetadata) -> LedgerMetadata | _Unchanged:
             nonlocal adopted
-            if current.state is LedgerState.CLOSED:
+            if current.state is _CLOSED:
                 adopted = True
                 return UNCHANGED
-            if current.state is not LedgerState.IN_RECOVERY:
+            if current.state is not _IN_RECOVERY:
                 raise BKInternalError(f"ledger {self._ledger_id} went back to {current.state.name}")
             # What recovery judged lies in the last fragment (it read from its first entry - 1 on):
             # a change there voids its decisions. An earlier fragment healed meanwhile (an
@@ -372,7 +374,7 @@ class LedgerRecovery:
                 ours=last,
                 theirs=stored.metadata.last_entry_id,
             )
-        assert stored.metadata.state is LedgerState.CLOSED
+        assert stored.metadata.state is _CLOSED
         return stored, adopted
 
     async def _metadata_op(self, operation: Any) -> VersionedLedger:
@@ -389,7 +391,7 @@ class LedgerRecovery:
 
 
 def _mark_in_recovery(current: LedgerMetadata) -> LedgerMetadata | _Unchanged:
-    if current.state is LedgerState.OPEN:
+    if current.state is _OPEN:
         return current.in_recovery()
     return UNCHANGED  # CLOSED: done; IN_RECOVERY: join
 

@@ -68,6 +68,8 @@ DIGEST_BYTES = {DigestType.CRC32C: 4, DigestType.HMAC_SHA256: 32, DigestType.NON
 _CRC32C_TYPE = DigestType.CRC32C
 """As a module name, asked on every entry encoded or verified: ``DigestType.CRC32C`` goes through
 ``EnumType.__getattr__``'s slow attribute path on Python 3.11 (about 0.3 us)."""
+_DIGEST_TYPES = {digest_type.value: digest_type for digest_type in DigestType}
+"""Value -> member: ``DigestType(value)`` (every codec made, every ledger opened) is a slower call."""
 
 
 class EntryHeader(NamedTuple):
@@ -193,7 +195,8 @@ class EntryCodec:
     def __init__(
         self, digest_type: DigestType | str, password: bytes = b"", key: bytes | None = None
     ) -> None:
-        self.digest_type = DigestType(digest_type)
+        known = _DIGEST_TYPES.get(digest_type) if isinstance(digest_type, str) else None
+        self.digest_type = known or DigestType(digest_type)  # the call refuses what is not one
         self.digest_bytes = DIGEST_BYTES[self.digest_type]
         # a format-4 key carries its MAC key; formats 1 to 3 derive it from the password alone
         self._mac_key = key.mac_key if type(key) is MasterKey else _mac_key(password)
