@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from tests.simulation.scenario import Scenario
 
 KEYS = ClusterKeys(ROOT)
+_CLOSED = LedgerState.CLOSED  # once: an enum member is a slow lookup on Python 3.11
 
 
 def metadata_of(scenario: Scenario, ledger_id: int) -> LedgerMetadata | None:
@@ -76,7 +77,7 @@ def fragment_problems(md: LedgerMetadata) -> list[str]:
     for first, ensemble in md.ensembles:
         if len(ensemble) != md.ensemble_size or len(set(ensemble)) != len(ensemble):
             problems.append(f"{where}: fragment {first} has ensemble {list(ensemble)}")
-    if md.state is LedgerState.CLOSED and md.last_entry_id is not None and firsts[-1] > md.last_entry_id + 1:
+    if md.state is _CLOSED and md.last_entry_id is not None and firsts[-1] > md.last_entry_id + 1:
         problems.append(f"{where}: closed at {md.last_entry_id} but a fragment starts at {firsts[-1]}")
     return problems
 
@@ -105,7 +106,6 @@ def check_step(scenario: Scenario) -> list[str]:
     problems: list[str] = []
     maxima: dict[int, int] | None = None
     checked = scenario.fragments_checked
-    closed = LedgerState.CLOSED  # once: an enum member is a slow lookup on Python 3.11
     for lid in scenario.ledgers:
         md = metadata_of(scenario, lid)
         if md is None:
@@ -114,7 +114,7 @@ def check_step(scenario: Scenario) -> list[str]:
         if last is None or last[0] is not md:  # the store hands back one object per stored value
             last = checked[lid] = (md, fragment_problems(md))
         problems += last[1]
-        if md.state is closed:
+        if md.state is _CLOSED:
             assert md.last_entry_id is not None
             if maxima is None:
                 maxima = acked_maxima(scenario)
@@ -154,7 +154,7 @@ def replica_problems(scenario: Scenario) -> list[str]:
         if md is None:
             problems.append(f"ledger {lid} has no metadata")
             continue
-        if md.state is not LedgerState.CLOSED:
+        if md.state is not _CLOSED:
             problems.append(f"liveness: ledger {lid} is {md.state.name} after the heal")
             continue
         assert md.last_entry_id is not None

@@ -49,6 +49,8 @@ from tests.simulation.loop import NODE
 from tests.simulation.scenario import Scenario
 from tests.simulation.world import PASSWORD, SimClient, World
 
+_WRITABLE = HandleState.WRITABLE  # once: an enum member is a slow lookup on Python 3.11
+
 RACE_FAULTS = [
     "partition_writer",
     "partition_writer",
@@ -134,11 +136,10 @@ class RaceScenario(Scenario):
     def _writing(self) -> list[tuple[str, int]]:
         """(writer, ledger) of every live writer's open handle with adds outstanding or not."""
         out = []
-        writable = HandleState.WRITABLE  # once: an enum member is a slow lookup on Python 3.11
         for client in self.writers:
             lid = self.current.get(client.name)
             handle = self.handles.get(lid) if lid is not None else None
-            if client.up and handle is not None and handle.state is writable:
+            if client.up and handle is not None and handle.state is _WRITABLE:
                 out.append((client.name, handle.id))
         return out
 

@@ -475,7 +475,7 @@ def _log_sink(trace: Trace) -> Any:
         fields = " ".join([f"{k}={event[k]}" for k in sorted(event) if k != "exc_info"])
         node = NODE.get()
         trace(f"[{node.name if node else '-'}] {method} {name} {fields}".rstrip())
-        raise structlog.DropEvent
+        return ""  # handed to the wrapped logger, which drops it (_Discard)
 
     return sink
 
@@ -492,11 +492,21 @@ def capture_logs(trace: Trace) -> dict[str, Any]:
     return saved
 
 
-_NO_LOGGER = object()
+class _Discard:
+    """What the bound loggers wrap during a run: a logger whose every method does nothing. The
+    sink has written the event into the trace and hands it an empty line (raising ``DropEvent``
+    instead unwound three frames per event)."""
+
+    def _nothing(self, *args: Any, **kw: Any) -> None:
+        return None
+
+    msg = log = debug = info = warning = warn = error = exception = critical = fatal = _nothing
+
+
+_DISCARD = _Discard()
 
 
 def _no_logger(*args: Any) -> Any:
-    """What the bound loggers wrap during a run: nothing (the sink drops every event before it
-    would reach a logger). Uncached loggers are bound anew at each call, and the default factory
-    made a ``PrintLogger`` (a lock lookup) every time."""
-    return _NO_LOGGER
+    """The logger factory during a run: the one :class:`_Discard`. Uncached loggers are bound anew
+    at each call, and the default factory made a ``PrintLogger`` (a lock lookup) every time."""
+    return _DISCARD
