@@ -44,12 +44,12 @@ class DataDirWiped(CookieMismatch):
     """The COOKIE says the bookie's journal was created here, but the journal or the index is gone."""
 
 
-def ensure_cookie(fileio: FileIO, data_dir: str, bookie_id: str, has_data: bool) -> str:
+def ensure_cookie(fileio: FileIO, data_dir: str, bookie_id: str) -> str:
     """Check or create the cookie, and the journal and index directories it vouches for; returns
     the instance id. Raises :class:`CookieMismatch` (:class:`DataDirWiped` among them)."""
     path = os.path.join(data_dir, COOKIE_FILE)
     if not fileio.exists(path):
-        if has_data:
+        if holds_data(fileio, data_dir):  # asked only here: it opens every journal segment
             raise CookieMismatch(
                 f"data dir {data_dir} holds a journal but no {COOKIE_FILE}: refusing to adopt it "
                 "(restore the cookie, or wipe the directory if its data is truly unwanted)"

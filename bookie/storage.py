@@ -50,7 +50,7 @@ import structlog
 
 from bookie import checkpoint, replay
 from bookie import journal_format as fmt
-from bookie.cookie import ensure_cookie, holds_data
+from bookie.cookie import ensure_cookie
 from bookie.fileio import OS_FILE_IO, FileIO
 from bookie.index import Location, segment_position, split_position
 from bookie.journal import Callback, Journal, JournalConfig, JournalError, RecordBatch
@@ -1017,7 +1017,7 @@ def _gc_paused() -> Iterator[None]:
 
 
 def _recover_blocking(fileio: FileIO, config: StorageConfig) -> replay.Recovered:
-    ensure_cookie(fileio, config.data_dir, config.bookie_id, holds_data(fileio, config.data_dir))
+    ensure_cookie(fileio, config.data_dir, config.bookie_id)
     return replay.recover(
         fileio, config.data_dir, ROW_CACHE_BYTES_MAX, limbo_after_cut=config.limbo_after_cut
     )
