@@ -275,7 +275,9 @@ async def test_metadata_catalog_scans_in_pages_and_decodes_only_possible_replace
 
 async def test_metadata_catalog_paces_its_scan() -> None:
     """`scan_ledgers_per_s` spreads the listings (a page of `METADATA_PAGE` each) over time: 3,000
-    ledgers at 20,000 a second take three listings 50 ms apart; unpaced they follow at once."""
+    ledgers at 4,000 a second take three listings 250 ms apart, so the scan cannot end before 0.5 s
+    however fast the machine (unpaced, the listings follow at once: tens of milliseconds). Only that
+    lower bound is asserted: an upper bound on the unpaced run would fail on a loaded machine."""
     store = metadata.MemoryStore()
     await metadata.init_cluster(store, "/test", instance_id=CLUSTER)
     manager = metadata.LedgerManager(store, "/test")
@@ -285,7 +287,7 @@ async def test_metadata_catalog_paces_its_scan() -> None:
     ]
     loop = asyncio.get_running_loop()
     took = {}
-    for pace in (0.0, 20_000.0):
+    for pace in (0.0, 4_000.0):
         catalog = memory_catalog(store)
         catalog._scan_ledgers_per_s = pace
         started = loop.time()
@@ -293,8 +295,7 @@ async def test_metadata_catalog_paces_its_scan() -> None:
         took[pace] = loop.time() - started
         assert pages == []  # every ledger lists this bookie
         await catalog.close()
-    assert took[20_000.0] >= 0.1
-    assert took[20_000.0] - took[0.0] >= 0.09
+    assert took[4_000.0] >= 0.5
 
 
 async def test_a_lock_held_too_long_forgets_nothing(tmp_path: Path) -> None:
