@@ -194,9 +194,10 @@ class AddBatch:
     ``entry_ids``, ``lengths``, ``request_ids`` (journal order), cut into ``runs`` of one ledger.
     Once the group is durable it indexes every run's entries and advances each ledger's
     piggybacked LAC, then calls :meth:`on_durable` (``error`` None on success; on error nothing is
-    indexed). :meth:`on_error` answers an add refused before the journal, at once."""
+    indexed). :meth:`on_error` answers an add refused before the journal, at once. ``end``: where
+    the last run's records end (set by each :meth:`Storage.add_run` that gave it a run)."""
 
-    __slots__ = ("entry_ids", "lengths", "request_ids", "runs", "target")
+    __slots__ = ("end", "entry_ids", "lengths", "request_ids", "runs", "target")
 
     def __init__(self, target: Any) -> None:
         self.target = target
@@ -204,6 +205,7 @@ class AddBatch:
         self.entry_ids: list[int] = []
         self.lengths: list[int] = []
         self.request_ids: list[int] = []
+        self.end = 0
 
     def on_durable(self, error: BaseException | None) -> None:
         raise NotImplementedError
@@ -234,10 +236,7 @@ def _continued(batch: AddBatch, records: RecordBatch) -> AddRun | None:
     own back to back (nothing was journaled between: a later socket read's adds go on the same run,
     one index loop and one LAC update per run, not per read), else None."""
     run = batch.runs[-1]
-    if (
-        run.segment_id == records.segment_id
-        and run.offset + sum(batch.lengths[run.start :]) == records.offset
-    ):
+    if run.segment_id == records.segment_id and batch.end == records.offset:
         return run
     return None
 
@@ -483,6 +482,7 @@ class Storage:
             if run is not None:
                 run.lac_max = lac_max
                 run.stop = len(entry_ids)
+                batch.end = offset  # where run's records end (offset is past its last one)
             if records is not None:
                 journal.close_batch(records, offset, count, batch)
 
