@@ -647,7 +647,8 @@ class AddRequests:
         # The op needs no test: of the values of seven items with 0x01 for byte 1, a fixarray has
         # it as its first item (the int 1), a fixmap as an int key (refused by the unpacker), a
         # fixstr's items are no ints (an array or map with a 16 or 32-bit count has 0x00 there,
-        # a bin or str8 of one byte is one item).
+        # a bin or str8 of one byte is one item). No test of ``rid <= REQUEST_ID_MAX``: msgpack has
+        # no int above 2**64 - 1 (and the compare with a two-digit int is not a specialised one).
         if (
             type(rid) is int
             and type(lid) is int
@@ -655,7 +656,7 @@ class AddRequests:
             and type(flags) is int
             and type(key) is bytes
             and type(entry) is bytes
-            and 0 <= rid <= REQUEST_ID_MAX
+            and rid >= 0
             and 0 <= lid <= ID_MAX
             and 0 <= eid <= ID_MAX
             and 0 <= flags <= 0xFF
