@@ -26,8 +26,9 @@ Strategy (docs/bookie.md "Group commit"; docs/internals.md §6):
 - After a write or sync error the journal is failed: pending and later appends get the error, and
   nothing is ever acknowledged that was not synced.
 - The add path appends many records with no call per record: :meth:`Journal.open_batch` hands out a
-  :class:`RecordBatch` (where the records go), :meth:`Journal.close_batch` takes it back. The bytes
-  of a record come from :mod:`bookie.journal_format` only.
+  :class:`RecordBatch` (where the records go), :meth:`Journal.close_batch` takes it back with its
+  entry bodies and adds their records in one go. The bytes of a record come from
+  :mod:`bookie.journal_format` only.
 
 Seams (docs/internals.md §2): the writer thread is made by a :class:`bookie.threads.Threads`, the disk is a
 :class:`bookie.fileio.FileIO`, time is a :class:`bookkeeper_aio.common.clock.Clock`.
@@ -112,16 +113,19 @@ class _Run:
 
 
 class RecordBatch:
-    """Records appended in bulk (:meth:`Journal.open_batch`). The caller appends each record as
-    ``parts.append(head); parts.append(body)`` at ``offset``, then advances its own copy of
-    ``offset`` by the record's size, for records with ``offset + size <= end`` and
-    ``size <= record_max``, and hands the final offset and count to :meth:`Journal.close_batch`.
-    Nothing else may be appended to the journal in between."""
+    """ENTRY records appended in bulk (:meth:`Journal.open_batch`). The caller appends each
+    record's entry body to ``entry_bodies``, the record going at ``offset``, then advances its own
+    copy of ``offset`` by the record's size (``journal_format.ENTRY_RECORD_OVERHEAD_BYTES`` + the
+    body's), for records with ``offset + size <= end`` and ``size <= record_max``, and hands the
+    final offset to :meth:`Journal.close_batch`, which adds the records' bytes. Nothing else may be
+    appended to the journal in between."""
 
-    __slots__ = ("end", "offset", "parts", "record_max", "segment_id")
+    __slots__ = ("end", "entry_bodies", "offset", "parts", "record_max", "segment_id")
 
     def __init__(self, parts: list[bytes], segment_id: int, offset: int, end: int, record_max: int) -> None:
+        self.entry_bodies: list[bytes] = []
         self.parts = parts
+        """The journal's run the records go to (the caller leaves it to :meth:`Journal.close_batch`)."""
         self.segment_id = segment_id
         self.offset = offset
         self.end = end
@@ -487,18 +491,20 @@ class Journal:
         parts, segment_id, offset = self._place(size)
         return RecordBatch(parts, segment_id, offset, self._segment_bytes, self._record_bytes_max)
 
-    def close_batch(self, batch: RecordBatch, offset: int, records: int, completion: Callback) -> None:
-        """End what :meth:`open_batch` started: ``records`` records were appended, ending at
-        ``offset``. ``completion(error)`` runs once for all of them after the covering fdatasync;
-        it is added to the group's callbacks unless it is already the last one (a completion may
-        cover records of several batches, in order)."""
-        if not records:
+    def close_batch(self, batch: RecordBatch, offset: int, completion: Callback) -> None:
+        """End what :meth:`open_batch` started: the records of ``batch.entry_bodies`` go in, ending
+        at ``offset``. ``completion(error)`` runs once for all of them after the covering
+        fdatasync; it is added to the group's callbacks unless it is already the last one (a
+        completion may cover records of several batches, in order)."""
+        bodies = batch.entry_bodies
+        if not bodies:
             return
         assert batch.parts is self._runs[-1].parts, "another append came between open and close"
+        batch.parts.extend(fmt.entry_record_parts(bodies))
         callbacks = self._callbacks
         if not callbacks or callbacks[-1] is not completion:
             callbacks.append(completion)
-        self._appended(offset, records)
+        self._appended(offset, len(bodies))
 
     def _size_error(self, size: int) -> JournalError:
         what = "empty" if size <= 0 else f"over the maximum of {self._record_bytes_max}"

@@ -18,8 +18,8 @@ Rules this module keeps:
 
 The add path (:meth:`Storage.add_run`) takes a connection's consecutive ADD requests at once: the
 entry-body checks, the ledger checks (master key, fence, read-only through the caller's check),
-then each record goes into one journal batch (:meth:`~bookie.journal.Journal.open_batch`), its
-bytes from :func:`bookie.journal_format.encode_entry_head`. What the completion needs is kept in
+then each entry body goes into one journal batch (:meth:`~bookie.journal.Journal.open_batch`),
+whose records the journal makes at its close. What the completion needs is kept in
 one :class:`AddBatch` per reply target and journal group (three lists over all its adds, no object
 per add), cut into runs of one ledger (:class:`AddRun`: a slice of those lists, no list of its own:
 with many ledgers every run holds one add); the batch indexes them and answers. Every add, the
@@ -162,7 +162,6 @@ _unpack_body_header = _BODY_HEADER.unpack_from
 _struct_error = struct.error
 _RECOVERY_ADD = int(AddFlag.RECOVERY_ADD)
 _ENTRY_RECORD_OVERHEAD_BYTES = fmt.ENTRY_RECORD_OVERHEAD_BYTES
-_encode_entry_head = fmt.encode_entry_head
 _entry_bodies = fmt.entry_bodies
 _compare_digest = hmac.compare_digest
 AddGate = Callable[[bool], None]
@@ -391,7 +390,7 @@ class Storage:
         records: RecordBatch | None = None  # the journal batch open, if any
         run: AddRun | None = None
         run_state: LedgerState | None = None  # run.state, and run.lac_max below, kept in locals
-        offset = end = record_max = count = lac_max = 0
+        offset = end = record_max = lac_max = 0
         # the last key check passed (below): ledger id, key, state
         checked_lid, checked_key, checked_state = -1, b"", None
         state: LedgerState | None
@@ -438,7 +437,7 @@ class Storage:
                                 continue
                             if records is not None:  # a new ledger journals its key first
                                 closing, records = records, None  # closed once even if this raises
-                                journal.close_batch(closing, offset, count, batch)
+                                journal.close_batch(closing, offset, batch)
                             state = self.ledger_for_write(lid, key)
                         checked_lid, checked_key, checked_state = lid, key, state
                     if state.fenced and not flags & _RECOVERY_ADD:
@@ -448,10 +447,10 @@ class Storage:
                     if records is None or offset + size > end or size > record_max:
                         if records is not None:  # full: the next batch starts in the next segment
                             closing, records = records, None
-                            journal.close_batch(closing, offset, count, batch)
+                            journal.close_batch(closing, offset, batch)
                         records = journal.open_batch(size)  # rolls to the next segment, or raises
-                        parts, offset, end = records.parts, records.offset, records.end  # in locals
-                        record_max, count = records.record_max, 0
+                        bodies, offset, end = records.entry_bodies, records.offset, records.end  # in locals
+                        record_max = records.record_max
                         run_state = None
                         if run is None and batch.runs:  # this target's adds of an earlier read
                             run = _continued(batch, records)
@@ -464,15 +463,13 @@ class Storage:
                         run = AddRun(state, records.segment_id, offset, len(entry_ids))
                         batch.runs.append(run)
                         run_state, lac_max = state, -1
-                    parts.append(_encode_entry_head(body))
-                    parts.append(body)
+                    bodies.append(body)
                     entry_ids.append(eid)
                     lengths.append(size)
                     request_ids.append(rid)
                     if lac > lac_max:
                         lac_max = lac
                     offset += size
-                    count += 1
                 except (StorageError, JournalError, OSError, KeyRefused) as exc:
                     batch.on_error(rid, exc)
                 except Exception as exc:  # a bug: answer (EIO), keep serving
@@ -484,7 +481,7 @@ class Storage:
                 run.stop = len(entry_ids)
                 batch.end = offset  # where run's records end (offset is past its last one)
             if records is not None:
-                journal.close_batch(records, offset, count, batch)
+                journal.close_batch(records, offset, batch)
 
     def _batch_for(self, target: Any, batch_type: type[AddBatch]) -> AddBatch:
         """The gathering group's last completion if it is ``target``'s (its adds keep one

@@ -62,6 +62,20 @@ def test_entry_head_and_body_equal_whole_record(size: int) -> None:
     assert bytes(fmt.entry_of(record)) == body
 
 
+def test_entry_record_parts_are_each_bodys_head_and_body() -> None:
+    """The add path's batch of ENTRY records (``entry_record_parts``) is, body by body, the record
+    ``encode_entry`` makes: its head, then the body itself (not a copy)."""
+    bodies = [
+        _body(3, entry_id, bytes([entry_id]) * size) for entry_id, size in enumerate([0, 1, 1000, 70_000, 5])
+    ]
+    parts = list(fmt.entry_record_parts(bodies))
+    assert len(parts) == 2 * len(bodies)
+    assert parts[0::2] == [fmt.encode_entry_head(body) for body in bodies]
+    assert all(part is body for part, body in zip(parts[1::2], bodies, strict=True))
+    assert b"".join(parts) == b"".join(fmt.encode_entry(body) for body in bodies)
+    assert list(fmt.entry_record_parts([])) == []
+
+
 def test_an_entry_record_is_checked_whole_whichever_field_is_damaged() -> None:
     """A format-3 ENTRY record's CRC32C is its body's alone: a change of any one of its bytes
     (magic, length, checksum, type, the ids at the body's start, the rest of the body) still makes
