@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -94,3 +95,20 @@ def test_arbitrary_bytes_are_refused_not_raised(data: bytes) -> None:
     for body in (data, b"\x97\x01" + data):
         fast = m.decode_add_request(body)
         assert fast is None or fast == _generic(body)
+
+
+_EDGES = [-(2**63), -1, 0, 1, ID_MAX, ID_MAX + 1, REQUEST_ID_MAX]
+
+
+@pytest.mark.parametrize("lid", _EDGES)
+@pytest.mark.parametrize("eid", _EDGES)
+@pytest.mark.parametrize("rid", [-1, 0, REQUEST_ID_MAX])
+@pytest.mark.parametrize("flags", [-1, 0, 0xFF, 0x100])
+def test_ids_and_flags_at_their_bounds(rid: int, lid: int, eid: int, flags: int) -> None:
+    """Each int field at and past its bounds (the ids are tested together, by their high bits):
+    taken exactly when all are in range, as the generic decoder decodes it."""
+    raw = msgpack.packb([1, rid, lid, eid, flags, b"k", b"body"], use_bin_type=True)
+    in_range = 0 <= rid <= REQUEST_ID_MAX and 0 <= lid <= ID_MAX and 0 <= eid <= ID_MAX and 0 <= flags <= 0xFF
+    fast = m.decode_add_request(raw)
+    assert (fast is not None) == in_range
+    assert fast == _generic(raw)
