@@ -262,8 +262,8 @@ def encode_entry_head(entry_body: bytes) -> bytes:
 def entry_record_parts(entry_bodies: list[bytes]) -> list[bytes]:
     """The ENTRY records of ``entry_bodies`` as parts, in order: each one's header (the bytes of
     :func:`encode_entry_head`, pinned by a test) and then its body. One call for a batch of the add
-    path (:meth:`bookie.journal.Journal.close_batch`): no Python call per record. The caller's
-    terms are :func:`encode_entry_head`'s."""
+    path (:meth:`bookie.journal.Journal.close_batch`): no Python call per record. Each body meets
+    :func:`encode_entry_head`'s terms (the add path checked its ids and size)."""
     parts = entry_bodies * 2  # the room: heads at the even places, bodies at the odd ones (slices: C)
     parts[0::2] = [
         _pack_record_header(RECORD_MAGIC, len(body), _crc32c(body), _ENTRY) for body in entry_bodies
