@@ -127,9 +127,9 @@ def test_put_run_matches_put(puts: list[tuple[int, int]], cuts: list[int]) -> No
 def test_put_run_of_a_writer_matches_put(
     first: int, steps: list[tuple[int, int, bool]], cuts: list[int]
 ) -> None:
-    """A writer's runs (ids rising, one in E/Qw with striping, now and then one sent twice) take
-    ``put_run``'s path for runs wholly past the last entry held: the same index as ``put`` one by
-    one, its count included (an id twice in a run counts once)."""
+    """A writer's runs (ids rising, one in E/Qw with striping) take ``put_run``'s path with no test
+    per entry when wholly past the last entry held; a run with an id sent twice does not (it is not
+    rising). Either way: the same index as ``put`` one by one, its count included."""
     puts, entry_id = [], first
     for step, length, again in steps:
         puts.append((entry_id, length))
