@@ -18,29 +18,15 @@ from bookkeeper_aio.errors import BKInterfaceError
 from metadata.bookies import BookieInfo, BookieRegistration
 from metadata.memory import MemoryStore
 from metadata.underreplication import UnderReplicationManager
+from tests.unit.autorecovery.commands import command_args, command_connection
 
 ROOT = "/bookkeeper/cancel"
 BOOKIE = "b3"
 
 
-class _Kept(metadata.MetadataConnection):
-    """The test's connection: the command's ``close`` leaves the store to the test."""
-
-    async def close(self) -> None:
-        pass
-
-
 @pytest.fixture
 async def meta(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[metadata.MetadataConnection]:
-    store = MemoryStore()
-    await metadata.init_cluster(store, ROOT)
-    await metadata.write_cookie(store, ROOT, metadata.Cookie(BOOKIE, "disk-1", ("d",), ("d",)), None)
-    connection = _Kept(store, ROOT)
-
-    async def connect(args: argparse.Namespace, *, daemon: bool = False) -> metadata.MetadataConnection:
-        return connection
-
-    monkeypatch.setattr(autorecovery_commands, "_connect", connect)
+    store, connection = await command_connection(monkeypatch, ROOT, BOOKIE)
     monkeypatch.setattr(autorecovery_commands, "check_admin_is", lambda admin, bookie_id: None)
     monkeypatch.setattr(autorecovery_commands, "admin_token", lambda explicit: "token")
     yield connection
@@ -48,9 +34,7 @@ async def meta(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[metadata.Metada
 
 
 def _args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    autorecovery_commands.add_commands(parser.add_subparsers())
-    return parser.parse_args(["decommission", *argv, "--metadata", f"memory://{ROOT}"])
+    return command_args("decommission", ROOT, *argv)
 
 
 async def _registered(store: MemoryStore) -> BookieRegistration:

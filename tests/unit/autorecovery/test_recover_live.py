@@ -18,37 +18,21 @@ from bookkeeper_aio.cli import autorecovery_commands
 from metadata.bookies import BookieInfo, BookieRegistration, BookieState
 from metadata.memory import MemoryStore
 from metadata.underreplication import ReplicationLock, UnderReplicated, UnderReplicationManager
+from tests.unit.autorecovery.commands import command_args, command_connection
 
 ROOT = "/bookkeeper/recover-live"
 BOOKIE = "b3"
 
 
-class _Kept(metadata.MetadataConnection):
-    """The test's connection: the command's ``close`` leaves the store to the test."""
-
-    async def close(self) -> None:
-        pass
-
-
 @pytest.fixture
 async def meta(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[metadata.MetadataConnection]:
-    store = MemoryStore()
-    await metadata.init_cluster(store, ROOT)
-    await metadata.write_cookie(store, ROOT, metadata.Cookie(BOOKIE, "disk-1", ("d",), ("d",)), None)
-    connection = _Kept(store, ROOT)
-
-    async def connect(args: argparse.Namespace, *, daemon: bool = False) -> metadata.MetadataConnection:
-        return connection
-
-    monkeypatch.setattr(autorecovery_commands, "_connect", connect)
+    store, connection = await command_connection(monkeypatch, ROOT, BOOKIE)
     yield connection
     await store.close()
 
 
 def _args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    autorecovery_commands.add_commands(parser.add_subparsers())
-    return parser.parse_args(["recover", *argv, "--metadata", f"memory://{ROOT}"])
+    return command_args("recover", ROOT, *argv)
 
 
 async def _registered(store: MemoryStore) -> BookieRegistration:
