@@ -8,8 +8,11 @@ import argparse
 import pytest
 
 import metadata
+from bookkeeper_aio.autorecovery.errors import NoPasswordForLedger
+from bookkeeper_aio.autorecovery.worker import HealResult, ReplicationWorker
 from bookkeeper_aio.cli import autorecovery_commands
 from metadata.memory import MemoryStore
+from metadata.underreplication import ReplicationLock, UnderReplicated
 
 
 class KeptConnection(metadata.MetadataConnection):
@@ -39,3 +42,10 @@ def command_args(command: str, root: str, *argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     autorecovery_commands.add_commands(parser.add_subparsers())
     return parser.parse_args([command, *argv, "--metadata", f"memory://{root}"])
+
+
+async def heal_without_password(
+    self: ReplicationWorker, mark: UnderReplicated, lock: ReplicationLock | None = None
+) -> HealResult:
+    """A worker's ``heal`` that never has the ledger's password (patched onto ReplicationWorker)."""
+    raise NoPasswordForLedger(f"ledger {mark.ledger_id}: no password of the daemon's matches")

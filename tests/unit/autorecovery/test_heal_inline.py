@@ -17,6 +17,7 @@ from bookkeeper_aio.cli import autorecovery_commands
 from bookkeeper_aio.errors import NotEnoughBookies
 from metadata.memory import MemoryStore
 from metadata.underreplication import ReplicationLock, UnderReplicated, UnderReplicationManager
+from tests.unit.autorecovery.commands import heal_without_password
 
 ROOT = "/bookkeeper/inline"
 BOOKIE = "b3"
@@ -168,11 +169,6 @@ async def test_a_ledger_held_by_a_daemon_does_not_stop_it(monkeypatch: pytest.Mo
     lease = await store.grant_lease(30)
     assert await urm.acquire(2, "a-daemon", lease) is not None
 
-    async def heal_without_password(
-        self: ReplicationWorker, mark: UnderReplicated, lock: ReplicationLock | None = None
-    ) -> HealResult:
-        raise NoPasswordForLedger(f"ledger {mark.ledger_id}: no password of the daemon's matches")
-
     monkeypatch.setattr(ReplicationWorker, "heal", heal_without_password)
     monkeypatch.setattr(autorecovery_commands, "HEAL_RETRY_S", 0.05)
     monkeypatch.setattr(autorecovery_commands, "STUCK_S", 0.1)
@@ -208,13 +204,8 @@ async def test_a_daemon_taking_its_turn_at_a_stuck_ledger_does_not_keep_it_going
             return None  # a daemon's try at it, every round from now on
         return await acquire(ledger_id, owner, lease_id)
 
-    async def no_password(
-        self: ReplicationWorker, mark: UnderReplicated, lock: ReplicationLock | None = None
-    ) -> HealResult:
-        raise NoPasswordForLedger(f"ledger {mark.ledger_id}: no password of the daemon's matches")
-
     monkeypatch.setattr(urm, "acquire", acquire_unless_a_daemon_holds_it)
-    monkeypatch.setattr(ReplicationWorker, "heal", no_password)
+    monkeypatch.setattr(ReplicationWorker, "heal", heal_without_password)
     monkeypatch.setattr(autorecovery_commands, "HEAL_RETRY_S", 0.05)
     monkeypatch.setattr(autorecovery_commands, "STUCK_S", 0.2)
     bk = types.SimpleNamespace(context=None)

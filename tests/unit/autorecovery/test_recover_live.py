@@ -12,13 +12,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 import metadata
-from bookkeeper_aio.autorecovery.errors import NoPasswordForLedger
-from bookkeeper_aio.autorecovery.worker import HealResult, ReplicationWorker
+from bookkeeper_aio.autorecovery.worker import ReplicationWorker
 from bookkeeper_aio.cli import autorecovery_commands
 from metadata.bookies import BookieInfo, BookieRegistration, BookieState
 from metadata.memory import MemoryStore
-from metadata.underreplication import ReplicationLock, UnderReplicated, UnderReplicationManager
-from tests.unit.autorecovery.commands import command_args, command_connection
+from metadata.underreplication import UnderReplicationManager
+from tests.unit.autorecovery.commands import command_args, command_connection, heal_without_password
 
 ROOT = "/bookkeeper/recover-live"
 BOOKIE = "b3"
@@ -103,12 +102,7 @@ async def test_a_recover_stuck_on_what_needs_the_operator_stops_and_says_what_to
 ) -> None:
     await meta.ledger_manager().create(("b1", "b2", BOOKIE), write_quorum=2, ack_quorum=2)
 
-    async def no_password(
-        self: ReplicationWorker, mark: UnderReplicated, lock: ReplicationLock | None = None
-    ) -> HealResult:
-        raise NoPasswordForLedger(f"ledger {mark.ledger_id}: no password of the daemon's matches")
-
-    monkeypatch.setattr(ReplicationWorker, "heal", no_password)
+    monkeypatch.setattr(ReplicationWorker, "heal", heal_without_password)
     monkeypatch.setattr(autorecovery_commands, "HEAL_RETRY_S", 0.05)
     monkeypatch.setattr(autorecovery_commands, "STUCK_S", 0.2)
     assert await autorecovery_commands.cmd_recover(_args(BOOKIE, "--timeout", "600")) == 1
