@@ -202,33 +202,55 @@ def test_demo_deletes_the_previous_demo_ledger_and_says_so(box: DemoSandbox) -> 
     assert new_id in listed
 
 
+SIGINT_DEFAULT = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
+]
+"""A prefix that starts a command with SIGINT at its default, as from a terminal: a test run started
+in the background by a non-interactive shell (`cmd &`, `nohup`) hands its children SIGINT ignored,
+and a bkaio command started so keeps ignoring it (cli/main.py), so the test's Ctrl-C would do
+nothing (a CI run launched that way failed here)."""
+
+
 @pytest.mark.parametrize("run", range(2))
 def test_ctrl_c_on_a_following_tail_ends_with_130_and_no_traceback(box: DemoSandbox, run: int) -> None:
     """SIGINT again and again (a second Ctrl-C, or `timeout -s INT`, which signals the process and
     its group): the first cancels the command, which closes its etcd channel; the others are
     ignored. Before, a later one landed in the gRPC channel's finaliser or a thread's join at exit
     and printed a traceback ("Exception ignored in: ...AioChannel.__dealloc__")."""
-    tail = subprocess.Popen(
-        [*BKAIO, "log", "tail", DEMO_LOG, "--password", "sandbox-demo", "--from", "earliest", "-f"],
+    with subprocess.Popen(  # closes the pipes whatever happens (a later test's unraisable warnings)
+        [
+            *SIGINT_DEFAULT,
+            *BKAIO,
+            "log",
+            "tail",
+            DEMO_LOG,
+            "--password",
+            "sandbox-demo",
+            "--from",
+            "earliest",
+            "-f",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=sandbox_env(box.home),
-    )
-    try:
-        assert tail.stdout is not None
-        assert tail.stdout.readline()  # its first line: past the start, reading (then following)
-        time.sleep(0.1 * run)  # a little later: the cancel lands in another phase
-        for _ in range(400):  # every 5 ms, for up to 2 s: through the shutdown to the exit
-            if tail.poll() is not None:
-                break
-            tail.send_signal(signal.SIGINT)
-            time.sleep(0.005)
-        _, err = tail.communicate(timeout=30)
-    finally:
-        if tail.poll() is None:
-            tail.kill()
-            tail.wait()
+    ) as tail:
+        try:
+            assert tail.stdout is not None
+            assert tail.stdout.readline()  # its first line: past the start, reading (then following)
+            time.sleep(0.1 * run)  # a little later: the cancel lands in another phase
+            for _ in range(400):  # every 5 ms, for up to 2 s: through the shutdown to the exit
+                if tail.poll() is not None:
+                    break
+                tail.send_signal(signal.SIGINT)
+                time.sleep(0.005)
+            _, err = tail.communicate(timeout=30)
+        finally:
+            if tail.poll() is None:
+                tail.kill()
+                tail.wait()
     assert tail.returncode == 130, err
     assert "Traceback" not in err
     assert "Exception ignored" not in err
