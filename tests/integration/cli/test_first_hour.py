@@ -205,7 +205,8 @@ def test_demo_deletes_the_previous_demo_ledger_and_says_so(box: DemoSandbox) -> 
 SIGINT_DEFAULT = [
     sys.executable,
     "-c",
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
 ]
 """A prefix that starts a command with SIGINT at its default, as from a terminal: a test run started
 in the background by a non-interactive shell (`cmd &`, `nohup`) hands its children SIGINT ignored,
