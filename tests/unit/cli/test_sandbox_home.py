@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,13 @@ def test_a_live_sandbox_named_by_the_state_file_is_respected_without_the_lock(ho
     """A sandbox started before the lock existed names itself only in the state file."""
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "sandbox"]) as other:
         try:
+            # Until the child has exec'd, its cmdline is this process's (no "sandbox" in it): under
+            # load that took long enough for the check to find no sandbox.
+            cmdline = Path(f"/proc/{other.pid}/cmdline")
+            for _ in range(1000):
+                if b"sandbox" in cmdline.read_bytes():
+                    break
+                time.sleep(0.01)
             (home / "sandbox.json").write_text(
                 json.dumps({"pid": other.pid, "data_dir": "/elsewhere", "metadata_url": "etcd://h:1/r"})
             )
