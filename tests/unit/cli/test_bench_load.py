@@ -14,6 +14,22 @@ from bookkeeper_aio.cli.bench.load import Span, clock, drive, timeline_of
 from bookkeeper_aio.cli.bench.stats import latency_ms, merge
 
 
+def answered_later(state: dict[str, int], delay_s: float) -> asyncio.Future[None]:
+    """A future the fake system answers ``delay_s`` from now, counted in ``state``'s ``in_flight``
+    and ``in_flight_max`` meanwhile."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[None] = loop.create_future()
+    state["in_flight"] += 1
+    state["in_flight_max"] = max(state["in_flight_max"], state["in_flight"])
+
+    def answer() -> None:
+        state["in_flight"] -= 1
+        future.set_result(None)
+
+    loop.call_later(delay_s, answer)
+    return future
+
+
 def fake_system(delay_s: float, stall_at: int | None = None, stall_s: float = 0.0):  # type: ignore[no-untyped-def]
     """A submit answering after ``delay_s``; submission ``stall_at`` blocks the sender ``stall_s``."""
     state = {"sent": 0, "in_flight": 0, "in_flight_max": 0}
@@ -22,17 +38,7 @@ def fake_system(delay_s: float, stall_at: int | None = None, stall_s: float = 0.
         state["sent"] += 1
         if state["sent"] == stall_at:
             await asyncio.sleep(stall_s)  # e.g. the window is full, or the client is stuck
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        state["in_flight"] += 1
-        state["in_flight_max"] = max(state["in_flight_max"], state["in_flight"])
-
-        def answer() -> None:
-            state["in_flight"] -= 1
-            future.set_result(None)
-
-        loop.call_later(delay_s, answer)
-        return future
+        return answered_later(state, delay_s)
 
     return submit, state
 
@@ -101,33 +107,20 @@ async def test_load__a_failed_submission_stops_the_load_and_is_reported() -> Non
 
 
 async def test_closed_loop__a_nowait_submit_is_tried_first_and_the_waiting_one_when_it_declines() -> None:
-    loop = asyncio.get_running_loop()
     state = {"in_flight": 0, "in_flight_max": 0, "nowait": 0, "declined": 0, "waited": 0}
     room = 15  # the nowait submit declines beyond this many in flight; the loop's window is 20
-
-    def start() -> asyncio.Future[None]:
-        future: asyncio.Future[None] = loop.create_future()
-        state["in_flight"] += 1
-        state["in_flight_max"] = max(state["in_flight_max"], state["in_flight"])
-
-        def answer() -> None:
-            state["in_flight"] -= 1
-            future.set_result(None)
-
-        loop.call_later(0.01, answer)
-        return future
 
     def nowait() -> asyncio.Future[None] | None:
         state["nowait"] += 1
         if state["in_flight"] >= room:
             state["declined"] += 1
             return None  # nothing done: the loop must call the waiting submit instead
-        return start()
+        return answered_later(state, 0.01)
 
     async def submit() -> asyncio.Future[None]:
         state["waited"] += 1
         await asyncio.sleep(0)
-        return start()
+        return answered_later(state, 0.01)
 
     span = Span(clock(), 0.0, 0.5, 0.1)
     result = await drive([submit], span, window=20, nowait=[nowait])
