@@ -23,6 +23,24 @@ ROOT = "/bookkeeper/inline"
 BOOKIE = "b3"
 
 
+async def _recover_inline(
+    urm: UnderReplicationManager,
+    ledgers: list[int],
+    timeout_s: float,
+    config: AutorecoveryConfig | None = None,
+) -> autorecovery_commands.HealOutcome:
+    """``bkaio recover BOOKIE``'s inline heal of ``ledgers`` (each test patches the worker's ``heal``)."""
+    return await autorecovery_commands._heal_inline(
+        types.SimpleNamespace(context=None),  # type: ignore[arg-type]
+        urm,
+        config or AutorecoveryConfig(),
+        ledgers,
+        BOOKIE,
+        timeout_s,
+        "recover",
+    )
+
+
 async def _marked(store: MemoryStore) -> UnderReplicationManager:
     urm = UnderReplicationManager(store, ROOT)
     for ledger_id in (1, 2):
@@ -60,16 +78,7 @@ async def test_a_lease_that_expired_is_replaced(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(store, "grant_lease", grant_lease)
     monkeypatch.setattr(ReplicationWorker, "heal", heal_outliving_the_lease)
-    bk = types.SimpleNamespace(context=None)
-    outcome = await autorecovery_commands._heal_inline(
-        bk,  # type: ignore[arg-type]
-        urm,
-        AutorecoveryConfig(lease_ttl_s=2),
-        [1, 2],
-        BOOKIE,
-        30.0,
-        "recover",
-    )
+    outcome = await _recover_inline(urm, [1, 2], 30.0, AutorecoveryConfig(lease_ttl_s=2))
     assert (outcome.healed, outcome.left, outcome.stuck) == (2, [], ())
     assert len(granted) == 2  # a new lease for the ledger after the expiry
     assert await urm.get(2) is None
@@ -91,16 +100,7 @@ async def test_a_heal_timing_out_is_retried_and_reported(
         return await heal(self, mark, lock)  # type: ignore[operator]
 
     monkeypatch.setattr(ReplicationWorker, "heal", heal_timing_out)
-    bk = types.SimpleNamespace(context=None)
-    outcome = await autorecovery_commands._heal_inline(
-        bk,  # type: ignore[arg-type]
-        urm,
-        AutorecoveryConfig(),
-        [1, 2],
-        BOOKIE,
-        1.5,
-        "recover",
-    )
+    outcome = await _recover_inline(urm, [1, 2], 1.5)
     assert (outcome.healed, outcome.stuck) == (1, ())
     assert outcome.left == ["ledger 2: TimeoutError: metadata CAS attempt over metadata_timeout_s"]
     assert attempts.count(1) == 2
@@ -136,18 +136,9 @@ async def test_every_ledger_failing_for_what_needs_the_operator_stops_it_early(
     monkeypatch.setattr(ReplicationWorker, "heal", heal_failing)
     monkeypatch.setattr(autorecovery_commands, "HEAL_RETRY_S", 0.05)
     monkeypatch.setattr(autorecovery_commands, "STUCK_S", 0.3)
-    bk = types.SimpleNamespace(context=None)
     loop = asyncio.get_running_loop()
     started = loop.time()
-    outcome = await autorecovery_commands._heal_inline(
-        bk,  # type: ignore[arg-type]
-        urm,
-        AutorecoveryConfig(),
-        [1, 2, 3],
-        BOOKIE,
-        60.0,
-        "recover",
-    )
+    outcome = await _recover_inline(urm, [1, 2, 3], 60.0)
     assert loop.time() - started < 10  # not the 60 s timeout
     assert attempts.count(3) == 4  # the passing failure: retried until it healed
     assert outcome.healed == 1
@@ -172,16 +163,7 @@ async def test_a_ledger_held_by_a_daemon_does_not_stop_it(monkeypatch: pytest.Mo
     monkeypatch.setattr(ReplicationWorker, "heal", heal_without_password)
     monkeypatch.setattr(autorecovery_commands, "HEAL_RETRY_S", 0.05)
     monkeypatch.setattr(autorecovery_commands, "STUCK_S", 0.1)
-    bk = types.SimpleNamespace(context=None)
-    outcome = await autorecovery_commands._heal_inline(
-        bk,  # type: ignore[arg-type]
-        urm,
-        AutorecoveryConfig(),
-        [1, 2],
-        BOOKIE,
-        1.0,
-        "recover",
-    )
+    outcome = await _recover_inline(urm, [1, 2], 1.0)
     assert outcome.stuck == ()
     assert outcome.left == [
         "ledger 1: NoPasswordForLedger: ledger 1: no password of the daemon's matches",
@@ -208,15 +190,6 @@ async def test_a_daemon_taking_its_turn_at_a_stuck_ledger_does_not_keep_it_going
     monkeypatch.setattr(ReplicationWorker, "heal", heal_without_password)
     monkeypatch.setattr(autorecovery_commands, "HEAL_RETRY_S", 0.05)
     monkeypatch.setattr(autorecovery_commands, "STUCK_S", 0.2)
-    bk = types.SimpleNamespace(context=None)
-    outcome = await autorecovery_commands._heal_inline(
-        bk,  # type: ignore[arg-type]
-        urm,
-        AutorecoveryConfig(),
-        [1, 2],
-        BOOKIE,
-        60.0,
-        "recover",
-    )
+    outcome = await _recover_inline(urm, [1, 2], 60.0)
     assert outcome.stuck == (NoPasswordForLedger,)
     assert outcome.left[0] == "ledger 1: NoPasswordForLedger: ledger 1: no password of the daemon's matches"
