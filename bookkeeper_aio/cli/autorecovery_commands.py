@@ -32,6 +32,7 @@ from bookkeeper_aio.autorecovery.worker import ReplicationWorker
 from bookkeeper_aio.cli import output
 from bookkeeper_aio.cli import passwords as cli_passwords
 from bookkeeper_aio.cli.admin_endpoint import ADMIN_TIMEOUT_S, check_admin_is, registered_admin
+from bookkeeper_aio.cli.argtypes import int_in
 from bookkeeper_aio.cli.demo import DEMO_PASSWORD
 from bookkeeper_aio.cli.state import ADMIN_TOKEN_ENV, admin_token, resolve_metadata_url
 from bookkeeper_aio.client.bookkeeper import BookKeeper, RegistryDirectory
@@ -133,17 +134,6 @@ def serve_metrics(metrics: AutorecoveryMetrics, host: str, port: int) -> WSGISer
             f"the metrics endpoint cannot listen on {host}:{port}: {reason}; {hint}"
         ) from error
     return server
-
-
-def _port(text: str) -> int:
-    """An argparse type: a TCP port, 0..65535 (0: any free one)."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is out of range 0..65535")
-    return port
 
 
 async def _exit_with(pid: int, stop: asyncio.Event) -> None:
@@ -763,7 +753,12 @@ def add_commands(sub: Any) -> None:
         default=None,
         help="seconds between checks of every ledger's replicas (default 86400; 0: never)",
     )
-    run.add_argument("--metrics-port", type=_port, default=None, help="serve Prometheus metrics on this port")
+    run.add_argument(
+        "--metrics-port",
+        type=int_in(0, 65535),
+        default=None,
+        help="serve Prometheus metrics on this port (0: any free one)",
+    )
     run.add_argument(
         "--metrics-host",
         default=METRICS_HOST,
